@@ -1,0 +1,223 @@
+"""Typed schemas of every config group, registered in Hydra's ConfigStore.
+
+YAML under ``conf/`` holds values only; these dataclasses say which keys exist,
+their types and what they mean. Composing against them makes a wrong key, type
+or choice fail before any training starts.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class RunConfig:
+    name: str = "default"  # names the job: the same name means the same job (resume)
+    work_dir: str = ".cache/work"  # local scratch for staging checkpoints; never the source of truth
+
+
+@dataclass
+class RecipeConfig:
+    name: str = MISSING  # sft | dpo | qlora
+    peft: str = "lora"  # lora | full (full fine-tune; sft only)
+    lora_r: int = 8
+    lora_alpha: int = 16  # usually 2 x lora_r
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    dpo_beta: float = 0.1
+    quantization: str = "none"  # none | nf4 (qlora sets nf4)
+    eval_generate_max_new_tokens: int = 8
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = MISSING  # a hub id or a local folder; "builtin:tiny-llama" builds one locally
+    preset: str = "custom"  # name of the preset, for tags and the planner
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    trust_remote_code: bool = False
+    # for builtin:tiny-llama only
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    vocab_size: int = 512
+
+
+@dataclass
+class DataConfig:
+    source: str = "synthetic"  # synthetic | jsonl | hub
+    path: Optional[str] = None  # jsonl: the file; hub: the dataset id
+    split: str = "train"
+    eval_split: Optional[str] = None  # hub: an eval split; else a slice of train is held out
+    eval_fraction: float = 0.1
+    max_eval_examples: int = 64
+    num_examples: int = 1200  # synthetic only
+    seed: int = 1234  # synthetic generation and held-out split
+    max_length: int = 64
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200
+    num_epochs: float = 1.0  # used when max_steps <= 0
+    per_device_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 2e-3
+    lr_scheduler: str = "linear"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    seed: int = 42
+    logging_steps: int = 10
+    eval_at_end: bool = True
+    trial_steps: int = 0  # >0: run this many steps, print plan vs measurement, stop
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class ComputeConfig:
+    name: str = "cpu"
+    gpu_type: str = "none"  # key into the price catalog (conf/pricing/catalog.yaml)
+    gpus_per_node: int = 0
+    nodes: int = 1
+    spot: bool = False
+    cloud: str = "any"
+    price_per_hour: Optional[float] = None  # overrides the catalog; USD per GPU-hour (per node-hour for cpu)
+    memory_gb: Optional[float] = None  # GPU memory per device, from the catalog when unset
+
+
+@dataclass
+class StorageConfig:
+    uri: str = ".cache/runs"  # a folder, file://..., or s3://bucket/prefix
+    endpoint_url: Optional[str] = None  # S3-compatible stores (MinIO, R2, GCS XML API)
+    region: Optional[str] = None
+    profile: Optional[str] = None  # AWS profile; credentials never go in config
+    checksum_compat: bool = False  # for stores that reject boto3's default checksum headers
+    multipart_threshold_mb: int = 64
+
+
+@dataclass
+class CheckpointConfig:
+    every: str = "15m"  # wall-clock interval: 90s, 15m, 1h; "0" or "off" disables
+    every_steps: int = 0  # also save every N optimizer steps (0: off)
+    keep_last: int = 3
+    allow_config_change: bool = False  # resume although a trajectory-shaping field changed
+    allow_data_change: bool = False  # resume although the dataset fingerprint changed
+    save_final_weights: bool = True
+
+
+@dataclass
+class PreemptionConfig:
+    provider: str = "auto"  # auto | aws | gcp | azure | none
+    grace: str = "30s"
+    metadata_url: Optional[str] = None  # override the provider's metadata base URL
+    poll_seconds: float = 5.0
+
+
+@dataclass
+class RequeueConfig:
+    max_preemptions: int = 20
+    max_failures: int = 3
+    backoff_base_seconds: float = 5.0
+    backoff_max_seconds: float = 300.0
+    crash_loop_threshold: int = 3  # consecutive attempts that made no progress past the last checkpoint
+
+
+@dataclass
+class BudgetConfig:
+    max_usd: Optional[float] = None
+    alert_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.0])
+    webhook_url: Optional[str] = None
+    projection_alert: bool = True
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    uri: Optional[str] = None  # None: embedded SQLite under .cache/mlflow
+    experiment: str = "spot-orchestrator"
+    log_system_metrics: bool = False
+    log_final_weights: bool = False
+
+
+@dataclass
+class BackendConfig:
+    name: str = "local"  # local | slurm | skypilot | kubernetes
+    dry_run: bool = False
+    image: Optional[str] = None
+    partition: Optional[str] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DistributedConfig:
+    name: str = "none"  # none | ddp | zero2 | zero3 | fsdp
+    processes_per_node: int = 1
+    nodes: int = 1
+    cpu_offload: bool = False
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    requeue: RequeueConfig = field(default_factory=RequeueConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+GROUP_SCHEMAS = {
+    "recipe": RecipeConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "compute": ComputeConfig,
+    "storage": StorageConfig,
+    "checkpoint": CheckpointConfig,
+    "preemption": PreemptionConfig,
+    "requeue": RequeueConfig,
+    "budget": BudgetConfig,
+    "tracking": TrackingConfig,
+    "backend": BackendConfig,
+    "distributed": DistributedConfig,
+    "train": TrainConfig,
+}
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=group, name=f"base_{group}", node=schema)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str | int | float, *, key: str = "duration") -> float:
+    """'90s' -> 90.0, '15m' -> 900.0, '1h' -> 3600.0; 'off'/'0' -> 0.0.
+
+    Raises ValueError naming ``key`` and the accepted forms.
+    """
+    if isinstance(text, (int, float)):
+        return float(text)
+    if str(text).strip().lower() in {"off", "none", "no", "false", ""}:
+        return 0.0
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(
+            f"{key}={text!r} is not a duration. Write a number with a unit: "
+            "90s, 15m, 1h (or 'off')."
+        )
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
