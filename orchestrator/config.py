@@ -27,7 +27,9 @@ class RecipeConfig:
     lora_r: int = 8
     lora_alpha: int = 16  # usually 2 x lora_r
     lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # every linear layer of Llama/Qwen blocks (the QLoRA paper's choice)
     dpo_beta: float = 0.1
     quantization: str = "none"  # none | nf4 (qlora sets nf4)
     eval_generate_max_new_tokens: int = 8
@@ -61,11 +63,11 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 200
+    max_steps: int = 300
     num_epochs: float = 1.0  # used when max_steps <= 0
     per_device_batch_size: int = 8
     gradient_accumulation_steps: int = 1
-    learning_rate: float = 2e-3
+    learning_rate: float = 5e-3
     lr_scheduler: str = "linear"
     warmup_steps: int = 0
     weight_decay: float = 0.0

@@ -1,0 +1,161 @@
+"""Slurm: an sbatch script that runs one attempt and requeues itself.
+
+The script asks Slurm for ``--signal=B:USR1@<grace>`` (USR1 to the batch shell
+<grace> seconds before the time limit), traps USR1, TERM and INT and forwards
+them to the worker, which saves and exits 75. On 75, on a crash, or on a worker
+killed by a signal it runs ``scontrol requeue $SLURM_JOB_ID``; the worker
+checks the ledger's caps when it starts, and exits 5 when they are spent, so
+the requeues end there. Final codes (0, 3, 4, 5, 6) end the job. As a bound of
+its own (a worker that dies before reaching the ledger is never counted there)
+the script stops requeueing after max_preemptions + max_failures restarts.
+
+Settings read from the config: ``run.name`` (job name), ``backend.partition``,
+``compute.gpus_per_node``, ``preemption.grace``, ``run.work_dir`` (logs), and
+from ``backend.extra``: ``python`` (the interpreter on the compute node;
+default: this launcher's, which suits a shared filesystem), ``output`` (the log
+file; Slurm patterns like %j allowed), ``sbatch_args`` (more ``#SBATCH``
+options, e.g. ["--time=04:00:00", "--mem=64G"]).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from orchestrator import exitcodes
+from orchestrator.backends import extra, grace_seconds, single_node, worker_command
+from orchestrator.errors import ConfigError
+
+SBATCH_TIMEOUT_SECONDS = 60
+FINAL_CODES = (
+    exitcodes.COMPLETED,
+    exitcodes.BUDGET_EXHAUSTED,
+    exitcodes.CONFIG_ERROR,
+    exitcodes.CAPS_REACHED,
+    exitcodes.FENCED,
+)
+
+_BODY = r"""
+export PYTHONUNBUFFERED=1
+cd {workdir}
+
+# bash runs a trap only after a foreground child exits, so the worker runs in
+# the background and the shell waits on it: a signal then interrupts the wait,
+# the trap forwards it at once, and the loop waits again for the real status.
+worker_pid=""
+signalled=0
+forward() {{
+  signalled=1
+  echo "slurm job $SLURM_JOB_ID: got SIG$1; forwarding it to the worker (pid $worker_pid)" >&2
+  [ -n "$worker_pid" ] && kill -s "$1" "$worker_pid" 2>/dev/null || true
+}}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+
+echo "slurm job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): starting the worker" >&2
+{command} &
+worker_pid=$!
+rc=""
+while :; do
+  signalled=0
+  wait "$worker_pid"; status=$?
+  # 127: the status was already collected by an earlier wait
+  if [ "$status" -eq 127 ] && [ -n "$rc" ]; then break; fi
+  rc=$status
+  [ "$signalled" = 1 ] || break
+done
+
+case "$rc" in
+  {final_codes})
+    echo "slurm job $SLURM_JOB_ID: worker exited $rc (final); not requeued" >&2
+    exit "$rc" ;;
+  {preempted})
+    echo "slurm job $SLURM_JOB_ID: worker exited $rc (preempted, checkpoint committed); requeueing" >&2 ;;
+  *)
+    echo "slurm job $SLURM_JOB_ID: worker exited $rc (crashed or killed); requeueing, the worker checks the caps" >&2 ;;
+esac
+# a bound of its own: a worker that dies before it reaches the ledger is never counted there
+if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_restarts} ]; then
+  echo "slurm job $SLURM_JOB_ID: not requeued: restarted $SLURM_RESTART_COUNT times (requeue.max_preemptions + requeue.max_failures = {max_restarts})" >&2
+  exit "$rc"
+fi
+scontrol requeue "$SLURM_JOB_ID"
+exit "$rc"
+"""
+
+
+def _output_path(cfg: Any) -> str:
+    default = Path(cfg.run.work_dir).expanduser().resolve() / "slurm" / f"{cfg.run.name}-%j.out"
+    return str(extra(cfg, "output", default))
+
+
+def render(cfg: Any, overrides: Sequence[str]) -> str:
+    """The sbatch script for this job (text; nothing is written or run).
+
+    Raises:
+        ConfigError: a multi-node job, a bad grace, or a malformed sbatch_args.
+    """
+    single_node(cfg, "slurm")
+    grace = grace_seconds(cfg)
+    options = [
+        f"--job-name={cfg.run.name}",
+        "--requeue",
+        f"--signal=B:USR1@{grace}",
+        "--open-mode=append",
+        f"--output={_output_path(cfg)}",
+        "--nodes=1",
+        "--ntasks=1",
+    ]
+    if cfg.backend.partition:
+        options.append(f"--partition={cfg.backend.partition}")
+    if int(cfg.compute.gpus_per_node) > 0:
+        options.append(f"--gpus-per-node={int(cfg.compute.gpus_per_node)}")
+    sbatch_args = extra(cfg, "sbatch_args", [])
+    if isinstance(sbatch_args, str) or not all(str(a).startswith("--") for a in sbatch_args):
+        raise ConfigError(
+            f"backend.extra.sbatch_args={sbatch_args!r} must be a list of long sbatch options, "
+            "e.g. ['--time=04:00:00', '--mem=64G']."
+        )
+    options.extend(str(a) for a in sbatch_args)
+
+    header = ["#!/bin/bash", *(f"#SBATCH {opt}" for opt in options)]
+    header.append(f"# submitted by: python -m orchestrator.launch backend=slurm (run.name={cfg.run.name})")
+    body = _BODY.format(
+        workdir=shlex.quote(os.getcwd()),
+        command=worker_command(overrides, python=str(extra(cfg, "python", sys.executable))),
+        final_codes="|".join(str(c) for c in FINAL_CODES),
+        preempted=exitcodes.PREEMPTED,
+        max_restarts=int(cfg.requeue.max_preemptions) + int(cfg.requeue.max_failures),
+    )
+    return "\n".join(header) + "\n" + body
+
+
+def submit(cfg: Any, overrides: Sequence[str]) -> str:
+    """Write the script under ``run.work_dir/slurm/``, ``sbatch --parsable`` it, return the job id.
+
+    Raises:
+        ConfigError: sbatch is missing or refused the job (its message included).
+    """
+    script = render(cfg, overrides)
+    out_dir = Path(_output_path(cfg)).parent
+    out_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create it, and the job would fail silently
+    script_path = Path(cfg.run.work_dir).expanduser().resolve() / "slurm" / f"{cfg.run.name}.sbatch"
+    script_path.parent.mkdir(parents=True, exist_ok=True)
+    script_path.write_text(script)
+    try:
+        done = subprocess.run(
+            ["sbatch", "--parsable", str(script_path)],
+            capture_output=True,
+            text=True,
+            timeout=SBATCH_TIMEOUT_SECONDS,
+        )
+    except FileNotFoundError:
+        raise ConfigError("backend=slurm needs the sbatch command on PATH; run the launcher on a Slurm login node.") from None
+    if done.returncode != 0:
+        raise ConfigError(f"sbatch refused {script_path}: {done.stderr.strip() or done.stdout.strip()}")
+    # --parsable prints "jobid" or "jobid;cluster"
+    return done.stdout.strip().split(";")[0]

@@ -1,0 +1,232 @@
+"""Commit checkpoints to object storage in the background; find, verify and restore the newest.
+
+Commit protocol (after Composer's "pointer written last"):
+1. the Trainer writes its checkpoint folder locally (the only part training waits for);
+2. the folder is moved into a staging area the uploader owns;
+3. a background thread hashes and uploads every data file (boto3's transfer
+   manager goes multipart for large ones);
+4. if this attempt still holds the job's epoch, the manifest is written last:
+   only then does the checkpoint exist;
+5. retention deletes older checkpoints beyond ``keep_last``, manifest first, and
+   never the newest committed one.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from orchestrator.checkpoint import manifest as mf
+from orchestrator.storage.base import ObjectStore
+
+log = logging.getLogger("orchestrator.checkpoint")
+
+_NAME = re.compile(r"^(\d{9})-(\d{4})$")
+
+
+def checkpoint_name(step: int, epoch: int) -> str:
+    return f"{step:09d}-{epoch:04d}"
+
+
+@dataclass(order=True)
+class CommittedCheckpoint:
+    step: int
+    epoch: int
+    name: str = field(compare=False)
+    manifest_key: str = field(compare=False)
+
+
+@dataclass
+class CommitResult:
+    name: str
+    step: int
+    ok: bool
+    seconds: float
+    bytes: int = 0
+    error: Optional[str] = None
+
+
+class CheckpointStore:
+    """One job's checkpoints under ``<run_name>/checkpoints/`` in ``store``."""
+
+    def __init__(self, store: ObjectStore, run_name: str, *, keep_last: int = 3, staging_dir: Path):
+        self.store = store
+        self.run_name = run_name
+        self.keep_last = keep_last
+        self.prefix = f"{run_name}/checkpoints/"
+        self.staging_dir = Path(staging_dir)
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+        self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._pending = 0
+        self._pending_lock = threading.Condition()
+        self.results: list[CommitResult] = []
+
+    # ---- listing -------------------------------------------------------------
+    def committed(self) -> list[CommittedCheckpoint]:
+        """Committed checkpoints (those with a manifest), oldest first."""
+        found = []
+        for key in self.store.list(self.prefix):
+            rest = key[len(self.prefix):]
+            name, _, leaf = rest.partition("/")
+            m = _NAME.match(name)
+            if m and leaf == mf.MANIFEST_NAME:
+                found.append(CommittedCheckpoint(int(m.group(1)), int(m.group(2)), name, key))
+        return sorted(found)
+
+    def uncommitted_names(self) -> list[str]:
+        names = set()
+        committed = {c.name for c in self.committed()}
+        for key in self.store.list(self.prefix):
+            name = key[len(self.prefix):].partition("/")[0]
+            if _NAME.match(name) and name not in committed:
+                names.add(name)
+        return sorted(names)
+
+    def newest_step(self) -> int:
+        c = self.committed()
+        return c[-1].step if c else 0
+
+    # ---- commit --------------------------------------------------------------
+    def commit_async(self, local_folder: Path, *, step: int, epoch: int, meta: dict,
+                     may_commit: Callable[[], None], on_committed: Callable[[CommitResult, dict], None]) -> str:
+        """Take ownership of ``local_folder`` and commit it in the background.
+
+        ``may_commit`` is called just before the manifest is written and raises
+        (e.g. Fenced) when this attempt may no longer commit. ``on_committed``
+        runs after the manifest is written. Returns the checkpoint's name.
+        """
+        name = checkpoint_name(step, epoch)
+        staged = self.staging_dir / name
+        if staged.exists():
+            shutil.rmtree(staged)
+        local_folder.rename(staged)  # instant, same filesystem: the Trainer can write its next one
+        with self._pending_lock:
+            self._pending += 1
+        self._ensure_thread()
+        self._queue.put((staged, name, step, epoch, meta, may_commit, on_committed))
+        return name
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until every queued commit finished; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._pending_lock:
+            while self._pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._pending_lock.wait(left)
+        return True
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="checkpoint-uploader", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                self._commit(*job)
+            finally:
+                with self._pending_lock:
+                    self._pending -= 1
+                    self._pending_lock.notify_all()
+
+    def _commit(self, staged: Path, name: str, step: int, epoch: int, meta: dict, may_commit, on_committed) -> None:
+        started = time.monotonic()
+        key_prefix = f"{self.prefix}{name}/"
+        try:
+            manifest = mf.build_manifest(staged, run_name=self.run_name, step=step, epoch=epoch, meta=meta)
+            for entry in manifest["files"]:
+                self._retry(lambda e=entry: self.store.upload_file(staged / e["path"], key_prefix + e["path"]))
+            may_commit()
+            self._retry(lambda: self.store.put_bytes(key_prefix + mf.MANIFEST_NAME, mf.dumps(manifest)))
+            result = CommitResult(name, step, True, time.monotonic() - started, manifest["total_bytes"])
+            log.info("checkpoint %s committed (step %d, %.1f MB, %.2fs)", name, step,
+                     manifest["total_bytes"] / 1e6, result.seconds)
+            self.results.append(result)
+            on_committed(result, manifest)
+            self.apply_retention()
+        except Exception as err:  # noqa: BLE001 - a failed upload must not kill training
+            result = CommitResult(name, step, False, time.monotonic() - started, error=f"{type(err).__name__}: {err}")
+            self.results.append(result)
+            log.error("checkpoint %s NOT committed: %s; the previous checkpoint stays the newest", name, result.error)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    @staticmethod
+    def _retry(fn, attempts: int = 4, first_delay_s: float = 0.5):
+        from orchestrator.storage.base import TransientStorageError
+
+        for i in range(attempts):
+            try:
+                return fn()
+            except TransientStorageError:
+                if i == attempts - 1:
+                    raise
+                time.sleep(first_delay_s * 2**i)
+
+    # ---- retention -----------------------------------------------------------
+    def apply_retention(self) -> list[str]:
+        """Delete committed checkpoints beyond ``keep_last`` (manifest first, so a half-deleted one never looks valid)."""
+        committed = self.committed()
+        doomed = committed[: max(0, len(committed) - self.keep_last)]
+        for ckpt in doomed:
+            self.store.delete(ckpt.manifest_key)
+            self.store.delete_prefix(f"{self.prefix}{ckpt.name}/")
+            log.info("retention: deleted checkpoint %s (keep_last=%d)", ckpt.name, self.keep_last)
+        return [c.name for c in doomed]
+
+    def remove_uncommitted(self) -> list[str]:
+        """Delete data of checkpoints whose manifest never landed (an attempt killed mid-upload).
+
+        Called at the start of an attempt, after it took the job's epoch, so no
+        live attempt is still uploading them.
+        """
+        names = self.uncommitted_names()
+        for name in names:
+            self.store.delete_prefix(f"{self.prefix}{name}/")
+            log.warning("checkpoint %s has no manifest (an upload was interrupted); its partial files were removed", name)
+        return names
+
+    # ---- restore -------------------------------------------------------------
+    def restore_latest(self, dest_root: Path, *, check: Callable[[dict], None] | None = None) -> tuple[Optional[Path], Optional[dict]]:
+        """Download and verify the newest committed checkpoint, falling back to older ones.
+
+        Every file's size and SHA-256 are checked before anything is deserialised;
+        a corrupt or partial checkpoint is reported and the previous one tried.
+        ``check(manifest)`` may raise (e.g. a changed config) to refuse the resume.
+        Returns (local folder, manifest) or (None, None) when there is none.
+        """
+        for ckpt in reversed(self.committed()):
+            local = Path(dest_root) / ckpt.name
+            shutil.rmtree(local, ignore_errors=True)
+            try:
+                manifest = mf.loads(self.store.get_bytes(ckpt.manifest_key))
+                for entry in manifest["files"]:
+                    self.store.download_file(f"{self.prefix}{ckpt.name}/{entry['path']}", local / entry["path"])
+                mf.verify_folder(local, manifest)
+            except (mf.CorruptCheckpoint, FileNotFoundError, ValueError) as err:
+                log.warning("checkpoint %s is unusable (%s); trying the previous one", ckpt.name, err)
+                shutil.rmtree(local, ignore_errors=True)
+                continue
+            if check is not None:
+                check(manifest)
+            log.info("restoring checkpoint %s (step %d), all %d files verified", ckpt.name, ckpt.step, len(manifest["files"]))
+            return local, manifest
+        return None, None

@@ -1,0 +1,216 @@
+"""The price catalog and the cost meter.
+
+``load_catalog`` reads ``conf/pricing.yaml`` (or ``$ORCH_PRICING_FILE``);
+``price_for`` turns a ``compute`` config into a :class:`Price`; a
+:class:`CostMeter` says what the running attempt has cost so far. The summary
+helpers at the bottom are pure arithmetic over numbers the ledger and the
+trainer already hold, so the report, the budget guard and the tests share them.
+
+Nothing here talks to storage, MLflow or the trainer.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import yaml
+
+PRICING_FILE_ENV = "ORCH_PRICING_FILE"
+SECONDS_PER_HOUR = 3600.0
+# gpu_type values that mean "no GPU": priced from the catalog's ``cpu`` entry, per node.
+CPU_TYPES = frozenset({"cpu", "none", ""})
+ANY_CLOUD = "any"
+
+
+def default_catalog_path() -> Path:
+    """``$ORCH_PRICING_FILE`` if set, else ``<repo>/conf/pricing.yaml`` (never the working dir)."""
+    override = os.environ.get(PRICING_FILE_ENV)
+    if override:
+        return Path(override).expanduser()
+    import orchestrator
+
+    return Path(orchestrator.__file__).resolve().parents[1] / "conf" / "pricing.yaml"
+
+
+def load_catalog(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Read a price catalog: ``{gpu_type: {memory_gb, clouds: {cloud: {on_demand, spot}}}}``.
+
+    Raises FileNotFoundError / ValueError with the path and the fix when the
+    file is missing or not a catalog.
+    """
+    catalog_path = Path(path) if path is not None else default_catalog_path()
+    if not catalog_path.is_file():
+        raise FileNotFoundError(
+            f"price catalog {catalog_path} does not exist. Point {PRICING_FILE_ENV} at a catalog "
+            "laid out like conf/pricing.yaml, or set compute.price_per_hour."
+        )
+    data = yaml.safe_load(catalog_path.read_text())
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and "clouds" in v for v in data.values()):
+        raise ValueError(
+            f"{catalog_path} is not a price catalog: every top-level key must be a GPU type "
+            "with a `clouds:` mapping (see conf/pricing.yaml)."
+        )
+    return data
+
+
+@dataclass(frozen=True)
+class Price:
+    """What the whole allocation (all nodes, all GPUs) costs per hour.
+
+    ``usd_per_gpu_hour`` is the per-unit price (per node-hour for CPU jobs);
+    ``on_demand_usd_per_hour_total`` is the same allocation at on-demand prices,
+    the baseline for spot savings. ``gpus`` is 0 for CPU jobs.
+    """
+
+    usd_per_hour_total: float
+    usd_per_gpu_hour: float
+    on_demand_usd_per_hour_total: float
+    source: str
+    gpus: int = 0
+    cloud: str = ANY_CLOUD
+    spot: bool = False
+
+
+def _cheapest_cloud(clouds: Mapping[str, Any], mode: str) -> str:
+    offered = {name: entry[mode]["usd"] for name, entry in clouds.items() if mode in entry}
+    return min(offered, key=offered.__getitem__)
+
+
+def price_for(compute_cfg: Any, catalog: Mapping[str, Any]) -> Price:
+    """Price a ``compute`` config (see ``orchestrator.config.ComputeConfig``).
+
+    total = per-unit price x gpus_per_node x nodes (CPU jobs: per-node price x nodes).
+    ``compute.price_per_hour`` replaces the per-unit price and may name a GPU type
+    the catalog lacks (its on-demand baseline is then the override itself).
+    ``cloud: any`` takes the cheapest cloud the catalog lists for that mode.
+
+    Raises ValueError for an unknown gpu_type (listing the known ones) or a cloud
+    that does not offer it (listing the ones that do).
+    """
+    gpu_type = str(getattr(compute_cfg, "gpu_type", "none") or "none").lower()
+    nodes = int(getattr(compute_cfg, "nodes", 1) or 1)
+    gpus_per_node = int(getattr(compute_cfg, "gpus_per_node", 0) or 0)
+    spot = bool(getattr(compute_cfg, "spot", False))
+    cloud = str(getattr(compute_cfg, "cloud", ANY_CLOUD) or ANY_CLOUD).lower()
+    override = getattr(compute_cfg, "price_per_hour", None)
+
+    is_cpu = gpu_type in CPU_TYPES or gpus_per_node == 0
+    key = "cpu" if is_cpu else gpu_type
+    # CPU jobs are priced per node; GPU jobs per GPU.
+    units = nodes if is_cpu else gpus_per_node * nodes
+    gpus = 0 if is_cpu else units
+    mode = "spot" if spot else "on_demand"
+
+    entry = catalog.get(key)
+    if entry is None:
+        if override is not None:
+            per_unit = float(override)
+            return Price(per_unit * units, per_unit, per_unit * units, "compute.price_per_hour override", gpus, cloud, spot)
+        known = ", ".join(sorted(catalog))
+        raise ValueError(
+            f"compute.gpu_type={gpu_type!r} is not in the price catalog (known: {known}). "
+            f"Use one of those, add it to conf/pricing.yaml (or ${PRICING_FILE_ENV}), "
+            "or set compute.price_per_hour=<USD per GPU-hour>."
+        )
+
+    clouds = entry["clouds"]
+    if cloud == ANY_CLOUD or (is_cpu and cloud not in clouds):
+        cloud = _cheapest_cloud(clouds, mode)
+    elif cloud not in clouds:
+        raise ValueError(
+            f"compute.cloud={cloud!r} has no price for {key!r} in the catalog (listed: "
+            f"{', '.join(sorted(clouds))}). Pick one of those, cloud=any, or set compute.price_per_hour."
+        )
+    figures = clouds[cloud]
+    on_demand_per_unit = float(figures["on_demand"]["usd"])
+    if override is not None:
+        per_unit = float(override)
+        source = "compute.price_per_hour override"
+    else:
+        quoted = figures.get(mode) or figures["on_demand"]
+        per_unit = float(quoted["usd"])
+        source = f"{quoted.get('source', 'catalog')} (as of {quoted.get('as_of', '?')})"
+    return Price(per_unit * units, per_unit, on_demand_per_unit * units, source, gpus, cloud, spot)
+
+
+class CostMeter:
+    """Cost of the current attempt so far: wall seconds since it started x price.
+
+    The clock starts when the attempt starts, so set-up, download and restore
+    are paid for too -- they are on the bill. ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, price: Price, *, started_at: Optional[float] = None, clock: Callable[[], float] = time.time):
+        self.price = price
+        self._clock = clock
+        self.started_at = clock() if started_at is None else float(started_at)
+
+    def attempt_seconds(self) -> float:
+        return max(0.0, self._clock() - self.started_at)
+
+    def attempt_cost_usd(self) -> float:
+        return self.attempt_seconds() / SECONDS_PER_HOUR * self.price.usd_per_hour_total
+
+    def gpu_hours(self) -> float:
+        return self.attempt_seconds() / SECONDS_PER_HOUR * self.price.gpus
+
+    def on_demand_cost_usd(self) -> float:
+        """What this attempt would have cost at on-demand prices."""
+        return self.attempt_seconds() / SECONDS_PER_HOUR * self.price.on_demand_usd_per_hour_total
+
+
+# ---- summary helpers: pure arithmetic, None where the ratio has no meaning ----
+
+
+def total_cost_usd(attempts: Iterable[Mapping[str, Any]], current_attempt_usd: float = 0.0) -> float:
+    """Cost of the job: the ledger's finished attempts (``cost_usd``) plus the running one."""
+    return sum(float(a.get("cost_usd") or 0.0) for a in attempts) + float(current_attempt_usd)
+
+
+def usd_per_million_tokens(cost_usd: float, tokens: int) -> Optional[float]:
+    return cost_usd / tokens * 1e6 if tokens > 0 else None
+
+
+def usd_per_step(cost_usd: float, steps: int) -> Optional[float]:
+    return cost_usd / steps if steps > 0 else None
+
+
+def spot_savings_usd(on_demand_cost_usd: float, actual_cost_usd: float) -> float:
+    """Money saved against running the same hours on demand (negative if spot cost more)."""
+    return on_demand_cost_usd - actual_cost_usd
+
+
+@dataclass(frozen=True)
+class LostWork:
+    """Training redone because an interruption came after the last checkpoint."""
+
+    steps: int
+    seconds: float
+    usd: float
+
+
+def lost_work(attempts: Iterable[Mapping[str, Any]], *, seconds_per_step: float, usd_per_hour: float) -> LostWork:
+    """Steps computed twice across attempts, and their time and money.
+
+    Each attempt is a mapping with ``checkpoint_step_at_start`` (the step it
+    restored; falls back to ``step_start``, then 0) and ``step_end`` (the last
+    step it reached; None when it vanished without saying, taken as no
+    progress). An attempt redoes the steps between its restore point and the
+    furthest step any earlier attempt had reached, up to where it got itself.
+    Attempts must be in the order they ran.
+    """
+    furthest = 0
+    redone = 0
+    for attempt in attempts:
+        start = attempt.get("checkpoint_step_at_start")
+        if start is None:
+            start = attempt.get("step_start") or 0
+        end = attempt.get("step_end")
+        end = start if end is None else end
+        redone += max(0, min(end, furthest) - start)
+        furthest = max(furthest, end)
+    seconds = redone * seconds_per_step
+    return LostWork(redone, seconds, seconds / SECONDS_PER_HOUR * usd_per_hour)

@@ -1,0 +1,322 @@
+"""The run's record in storage: attempts, epochs (fencing), cost, alerts, MLflow run id.
+
+The ledger lives at ``<run_name>/ledger.json`` and moves only by conditional
+write: read it with its version, change it, write it back only if nobody
+else wrote in between, else re-read and retry. That makes every change
+atomic across machines sharing the store.
+
+Fencing: each attempt takes a new ``epoch`` in ``begin_attempt``. Every later
+write through ``update`` first checks that the stored epoch is still this
+attempt's; if a newer attempt took over (the old machine was presumed dead but
+was only partitioned), the old one gets ``Fenced`` and must stop without
+writing.
+
+Shape (other modules and ``orchestrator status --json`` rely on these names)::
+
+    {"run_name", "status", "epoch", "attempts": [...], "checkpoints": [...],
+     "alerts": {name: unix_time}, "mlflow_run_id", "cost_usd", "step",
+     "created_at", "repro"}
+
+``status`` is one of RUN_STATUSES. Each attempt is
+``{"epoch", "host", "pid", "started_at", "ended_at", "last_seen", "exit_class",
+"step_start", "step_end", "checkpoint_step_at_start", "cost_usd",
+"instance_type", "gpu_type", "gpus", "spot", "extra"}`` with ``exit_class``
+"running" while live, else an ExitClass value. Each checkpoint is
+``{"step", "key", "size", "time", "epoch"}``.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any, Callable
+
+from orchestrator.errors import CapsReached, Fenced
+from orchestrator.exitcodes import ExitClass
+from orchestrator.storage.base import ObjectStore, PreconditionFailed, TransientStorageError
+
+LEDGER_FILENAME = "ledger.json"
+RUNNING = "running"
+RUN_STATUSES = ("running", "completed", "preempted", "failed", "budget_exhausted", "caps_reached", "config_error")
+# Statuses a refused begin_attempt leaves alone: the job already ended for a reason worth keeping.
+FINAL_RUN_STATUSES = frozenset({"completed", "budget_exhausted", "caps_reached", "config_error"})
+# Conditional writes that lose a race are retried; contention between the few
+# writers of one job clears in well under this many rounds.
+MAX_WRITE_ATTEMPTS = 50
+RETRY_BASE_SECONDS = 0.02
+RETRY_MAX_SECONDS = 1.0
+
+Mutation = Callable[[dict], Any]
+
+
+def new_ledger(run_name: str) -> dict:
+    """An empty ledger for ``run_name``, before any attempt."""
+    return {
+        "run_name": run_name,
+        "status": RUNNING,
+        "epoch": 0,
+        "attempts": [],
+        "checkpoints": [],
+        "alerts": {},
+        "mlflow_run_id": None,
+        "cost_usd": 0.0,
+        "step": 0,
+        "created_at": time.time(),
+        "repro": None,
+    }
+
+
+def _total_cost(ledger: dict) -> float:
+    return float(sum(float(a.get("cost_usd") or 0.0) for a in ledger["attempts"]))
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+class Ledger:
+    """One job's ledger in ``store``.
+
+    Args:
+        store: where the job lives (``storage.uri``).
+        run_name: the job's name; the ledger is ``<run_name>/ledger.json``.
+        epoch: the attempt this instance acts for. Set by ``begin_attempt``;
+            pass it explicitly only to act for an attempt started elsewhere
+            (a supervisor closing its child's attempt).
+    """
+
+    def __init__(self, store: ObjectStore, run_name: str, *, epoch: int | None = None):
+        if not run_name or "/" in run_name:
+            raise ValueError(f"run name {run_name!r} must be non-empty and contain no '/'")
+        self.store = store
+        self.run_name = run_name
+        self.key = f"{run_name}/{LEDGER_FILENAME}"
+        self.epoch = epoch
+
+    @property
+    def uri(self) -> str:
+        return self.store.get_uri(self.key)
+
+    # -- reading -----------------------------------------------------------
+    def load(self) -> dict:
+        """The stored ledger, or {} when the job has never started."""
+        try:
+            return json.loads(self.store.get_bytes(self.key))
+        except FileNotFoundError:
+            return {}
+
+    def current_attempt(self, ledger: dict) -> dict:
+        """This instance's attempt in ``ledger``. Raises KeyError if absent."""
+        for attempt in reversed(ledger.get("attempts", [])):
+            if attempt["epoch"] == self.epoch:
+                return attempt
+        raise KeyError(f"no attempt with epoch {self.epoch} in {self.uri}")
+
+    # -- the one write path ------------------------------------------------
+    def _transact(self, mutate: Callable[[dict | None], dict | None]) -> dict:
+        """Read, apply ``mutate``, conditionally write; retry when another writer won.
+
+        ``mutate`` gets a fresh copy (None when absent) each round and returns
+        the ledger to write, or None to write nothing. Exceptions it raises
+        propagate with nothing written.
+        """
+        for round_ in range(MAX_WRITE_ATTEMPTS):
+            try:
+                raw, version = self.store.get_versioned(self.key)
+                ledger: dict | None = json.loads(raw)
+            except FileNotFoundError:
+                ledger, version = None, None
+            result = mutate(ledger)
+            if result is None:
+                return ledger or {}
+            data = json.dumps(result, indent=2, sort_keys=False).encode()
+            try:
+                self.store.put_if(self.key, data, if_version=version)
+                return result
+            except PreconditionFailed:
+                # Jittered backoff so racing writers do not collide again in lockstep.
+                delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**round_)
+                time.sleep(random.uniform(0, delay))
+        raise TransientStorageError(
+            f"could not update {self.uri}: {MAX_WRITE_ATTEMPTS} conditional writes in a row lost to other writers"
+        )
+
+    def _fence(self, ledger: dict | None) -> dict:
+        if self.epoch is None:
+            raise RuntimeError("Ledger.update called before begin_attempt (or without an epoch)")
+        if ledger is None:
+            raise Fenced(f"the ledger {self.uri} was deleted; this attempt (epoch {self.epoch}) stops")
+        stored = int(ledger.get("epoch", 0))
+        if stored != self.epoch:
+            newer = next((a for a in ledger.get("attempts", []) if a["epoch"] == stored), {})
+            raise Fenced(
+                f"another attempt (epoch {stored}, host {newer.get('host', '?')}) took over this job; "
+                f"this attempt (epoch {self.epoch}) stops"
+            )
+        return ledger
+
+    # -- attempts ------------------------------------------------------------
+    def begin_attempt(
+        self,
+        *,
+        host: str,
+        pid: int,
+        instance_type: str | None,
+        gpu_type: str | None,
+        gpus: int,
+        spot: bool,
+        checkpoint_step: int,
+        refuse: Callable[[dict], str | None] | None = None,
+        extra: dict | None = None,
+    ) -> dict:
+        """Start a new attempt and take the next epoch, in one conditional write.
+
+        Creates the ledger if absent; marks any attempt still "running" as
+        "vanished" (ended at its last heartbeat); then asks ``refuse(ledger)``
+        (which sees the vanished marks) for a reason to stop. If it returns a
+        string, no attempt is added and CapsReached(reason) is raised; the
+        vanished marks are still written and, unless the job already had a
+        final status, the status becomes "caps_reached". Otherwise bumps the
+        epoch, appends the attempt, sets status "running", and remembers the
+        epoch on this instance.
+
+        Returns the new attempt dict. Raises CapsReached.
+        """
+        refused: list[str] = []
+
+        def mutate(ledger: dict | None) -> dict | None:
+            created = ledger is None
+            ledger = new_ledger(self.run_name) if created else ledger
+            refused.clear()
+            now = time.time()
+            marked = False
+            for attempt in ledger["attempts"]:
+                if attempt["exit_class"] == RUNNING:
+                    attempt["exit_class"] = ExitClass.VANISHED.value
+                    attempt["ended_at"] = attempt["last_seen"]
+                    marked = True
+            reason = refuse(ledger) if refuse is not None else None
+            if reason:
+                refused.append(str(reason))
+                if ledger["status"] not in FINAL_RUN_STATUSES:
+                    ledger["status"] = "caps_reached"
+                    marked = True
+                return ledger if (marked and not created) else None
+            ledger["epoch"] = int(ledger["epoch"]) + 1
+            ledger["attempts"].append(
+                {
+                    "epoch": ledger["epoch"],
+                    "host": host,
+                    "pid": pid,
+                    "started_at": now,
+                    "ended_at": None,
+                    "last_seen": now,
+                    "exit_class": RUNNING,
+                    "step_start": checkpoint_step,
+                    "step_end": checkpoint_step,
+                    "checkpoint_step_at_start": checkpoint_step,
+                    "cost_usd": 0.0,
+                    "instance_type": instance_type,
+                    "gpu_type": gpu_type,
+                    "gpus": gpus,
+                    "spot": spot,
+                    "extra": dict(extra or {}),
+                }
+            )
+            ledger["status"] = RUNNING
+            ledger["step"] = checkpoint_step
+            ledger["cost_usd"] = _total_cost(ledger)
+            return ledger
+
+        ledger = self._transact(mutate)
+        if refused:
+            raise CapsReached(refused[0])
+        self.epoch = ledger["epoch"]
+        return ledger["attempts"][-1]
+
+    def update(self, fn: Callable[[dict], Any]) -> dict:
+        """Fenced read-modify-write: ``fn(ledger)`` changes the ledger in place.
+
+        ``fn`` may run more than once (once per lost race), each time on a
+        fresh copy, so it must only change the dict it is given. Returns the
+        ledger as written. Raises Fenced, without writing, when another
+        attempt holds a newer epoch.
+        """
+
+        def mutate(ledger: dict | None) -> dict:
+            ledger = self._fence(ledger)
+            fn(ledger)
+            ledger["cost_usd"] = _total_cost(ledger)
+            return ledger
+
+        return self._transact(mutate)
+
+    def check_epoch(self) -> None:
+        """Raise Fenced if another attempt has taken over; writes nothing."""
+        raw = self.load()
+        self._fence(raw or None)
+
+    def heartbeat(self, step: int, cost_usd: float) -> dict:
+        """Record that this attempt is alive at ``step`` having cost ``cost_usd`` so far."""
+
+        def fn(ledger: dict) -> None:
+            attempt = self.current_attempt(ledger)
+            attempt["last_seen"] = time.time()
+            attempt["step_end"] = step
+            attempt["cost_usd"] = float(cost_usd)
+            ledger["step"] = step
+
+        return self.update(fn)
+
+    def record_checkpoint(self, step: int, key: str, size: int) -> dict:
+        """Add a committed checkpoint (``key`` relative to the store) to the ledger."""
+
+        def fn(ledger: dict) -> None:
+            now = time.time()
+            ledger["checkpoints"].append({"step": step, "key": key, "size": int(size), "time": now, "epoch": self.epoch})
+            attempt = self.current_attempt(ledger)
+            attempt["last_seen"] = now
+            attempt["step_end"] = max(int(attempt["step_end"] or 0), step)
+            ledger["step"] = max(int(ledger.get("step") or 0), step)
+
+        return self.update(fn)
+
+    def end_attempt(self, exit_class: ExitClass | str, step: int, cost_usd: float, status: str) -> dict:
+        """Close this attempt with ``exit_class`` and set the job's ``status`` (one of RUN_STATUSES)."""
+        exit_value = ExitClass(exit_class).value
+        if status not in RUN_STATUSES:
+            raise ValueError(f"ledger status {status!r} is not one of {', '.join(RUN_STATUSES)}")
+
+        def fn(ledger: dict) -> None:
+            now = time.time()
+            attempt = self.current_attempt(ledger)
+            attempt.update(ended_at=now, last_seen=now, exit_class=exit_value, step_end=step, cost_usd=float(cost_usd))
+            ledger["status"] = status
+            ledger["step"] = step
+
+        return self.update(fn)
+
+    def record_alert(self, name: str) -> bool:
+        """Mark alert ``name`` as sent; True only the first time across the whole job (all attempts)."""
+        first: list[bool] = []
+
+        def mutate(ledger: dict | None) -> dict | None:
+            ledger = self._fence(ledger)
+            first.clear()
+            if name in ledger["alerts"]:
+                return None
+            ledger["alerts"][name] = time.time()
+            first.append(True)
+            return ledger
+
+        self._transact(mutate)
+        return bool(first)
+
+    def set_mlflow_run_id(self, run_id: str) -> dict:
+        """Remember the job's MLflow run so every attempt logs into the same one."""
+
+        def fn(ledger: dict) -> None:
+            ledger["mlflow_run_id"] = run_id
+
+        return self.update(fn)

@@ -1,0 +1,685 @@
+"""Pre-flight plan: memory per GPU, which GPUs fit, and what the run will cost.
+
+``orchestrator plan [hydra overrides]`` prints it; ``launch`` prints it before a
+job starts; a trial (``train.trial_steps``) prints it beside what was measured.
+Everything is computed from the model's ``config.json`` alone (never weights)
+and the composed job config. Units: bytes; "GB" means 1e9 bytes everywhere.
+
+Assumptions, stated once
+------------------------
+Parameters (``count_parameters``): a Llama-style decoder (llama, mistral, qwen2,
+qwen3): embeddings V*h; per layer q (h x H*d), k and v (h x K*d, GQA), o (H*d x h),
+MLP gate/up (h x I) and down (I x h), two RMSNorms (h each); a final norm (h);
+lm_head V*h unless ``tie_word_embeddings``. Biases: q/k/v for qwen2, all four
+attention projections when ``attention_bias``, MLP when ``mlp_bias``; qwen3 adds
+q/k norms (d each). d = ``head_dim`` or h/H.
+
+LoRA (``lora_parameters``): r*(in + out) per targeted projection per layer
+(A: r x in, B: out x r). Adapters are held in fp32 (PEFT's default
+``autocast_adapter_dtype``): 4 weights + 4 grads + 8 Adam = 16 bytes/adapter param.
+
+Weights, per parameter: float32 4, bfloat16/float16 2. NF4 (QLoRA, bitsandbytes):
+only the decoder's linear weights are quantised (embeddings, lm_head, norms and
+biases stay at model.dtype); 4 bits = 0.5 byte each, plus quantisation constants
+with blocksize 64 and double quantisation: one 8-bit absmax per 64 weights
+(8/64 bit) plus one fp32 absmax per 256 of those blocks (32/(64*256) bit)
+= 0.126953125 bit/param (``NF4_CONSTANT_BITS_PER_PARAM``).
+
+Full fine-tune with Adam: float32 model -> 4 weights + 4 grads + 8 Adam = 16
+bytes/param; 16-bit model -> 2 weights + 2 grads + 4 fp32 master + 8 fp32 Adam
+= 16 bytes/param (mixed precision as DeepSpeed/FSDP do it; a bf16 model under
+plain torch AdamW keeps bf16 states and needs less -- the plan errs safe).
+DPO with a full fine-tune would also hold a frozen reference copy; DPO with LoRA
+uses the base with adapters off as the reference (no extra weights).
+
+Activations (``activation_bytes``), per token and layer, at the model dtype's
+width, assuming fused attention (SDPA/flash: no s x s score matrix stored) and
+no dropout: inputs of both norms and their outputs (4h), q and attention output
+(2*H*d), k and v (2*K*d), gate, up, SiLU(gate) and their product (4I). With
+gradient checkpointing each layer keeps only its input (h); one layer's full set
+is rebuilt during backward. Logits add s*b*V*(width + 4 + 4): the lm_head output,
+its fp32 upcast (16-bit models only) and the fp32 log-softmax the loss keeps.
+DPO runs chosen and rejected together: 2 sequences per example.
+s = data.max_length, b = train.per_device_batch_size. Checked against the
+tensors autograd saves for a small Llama (SDPA, fp32): within ~5%.
+
+Sharding over the world size W (distributed.processes_per_node x nodes; 1 when
+distributed=none): zero2 divides gradients, master weights and optimizer states
+by W; zero3 and fsdp divide weights (and adapters, constants) too; ddp and none
+divide nothing. distributed.cpu_offload (zero2/zero3/fsdp) moves optimizer
+states and master weights to CPU RAM. A GPU also holds ~1 GB of CUDA context and
+library workspaces (``RUNTIME_OVERHEAD_BYTES``).
+
+Throughput (``estimate_cost``): forward FLOPs per token = 2 x matmul params
+(all but the input embedding; lm_head counts even when tied) + 2*L*s*H*d for
+causal attention. Training multiplies the forward by 3 for a full fine-tune
+(backward = 2 forwards) and by 2 for LoRA/QLoRA (backward through activations
+only), +1 with gradient checkpointing, +1 for DPO's reference forward. Tokens/s
+= W x peak 16-bit dense TFLOPs (``GPU_PEAK_TFLOPS``) x MFU (35%; 25% for QLoRA,
+whose every matmul first dequantises its weight) / FLOPs per token.
+Tokens = max_steps x micro-batch x grad-accum x W x seq (x2 for DPO).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from orchestrator.errors import ConfigError, UserError
+
+GB = 1e9
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+NF4_BITS_PER_PARAM = 4
+NF4_BLOCKSIZE = 64
+NF4_DOUBLE_QUANT_BLOCKSIZE = 256
+NF4_CONSTANT_BITS_PER_PARAM = 8 / NF4_BLOCKSIZE + 32 / (NF4_BLOCKSIZE * NF4_DOUBLE_QUANT_BLOCKSIZE)
+ADAM_STATE_BYTES_PER_PARAM = 8  # exp_avg + exp_avg_sq, fp32
+ADAPTER_BYTES_PER_PARAM = 4  # LoRA weights and their grads are fp32
+RUNTIME_OVERHEAD_BYTES = int(1 * GB)
+MFU = 0.35
+QLORA_MFU = 0.25
+HUB_TIMEOUT_SECONDS = 5.0
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+CPU_GPU_TYPES = frozenset({"cpu", "none", ""})
+# gpu_type -> (memory GB per GPU, peak dense 16-bit tensor TFLOPs) from vendor data sheets.
+# Memory is a fallback when the price catalog lacks the type; T4 has no bf16 (fp16 figure).
+GPU_SPECS = {
+    "t4": (16, 65.0),
+    "a10g": (24, 70.0),
+    "l4": (24, 121.0),
+    "l40s": (48, 362.0),
+    "a100-40gb": (40, 312.0),
+    "a100-80gb": (80, 312.0),
+    "h100-80gb": (80, 989.0),
+    "h200": (141, 989.0),
+}
+NO_BF16_GPUS = frozenset({"t4"})  # pre-Ampere: bfloat16 is emulated or refused
+GPU_PEAK_TFLOPS = {name: spec[1] for name, spec in GPU_SPECS.items()}
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+COMPONENT_LABELS = {
+    "weights": "weights (base model)",
+    "quant_constants": "NF4 quantisation constants",
+    "reference_model": "DPO reference model",
+    "adapters": "LoRA adapters (fp32)",
+    "gradients": "gradients",
+    "master_weights": "fp32 master weights",
+    "optimizer": "Adam states (2 x fp32)",
+    "activations": "activations",
+    "runtime": "CUDA context + workspaces",
+}
+
+
+# ---------------------------------------------------------------- model config
+
+
+def tiny_llama_config(model_cfg: Any) -> dict:
+    """config.json fields of ``builtin:tiny-llama`` from a ``model`` config.
+
+    The same function ``recipes.tiny`` builds the model from, so the planner and
+    the builder cannot disagree (intermediate_size = 4 x hidden_size, no GQA).
+    """
+    from recipes.tiny import tiny_llama_config as build_spec
+
+    return build_spec(int(model_cfg.hidden_size), int(model_cfg.num_layers), int(model_cfg.num_heads),
+                      int(model_cfg.vocab_size))
+
+
+def load_model_config(name_or_path: str, preset: str = "custom", *, model_cfg: Any = None,
+                      timeout_seconds: float = HUB_TIMEOUT_SECONDS) -> dict:
+    """The model's config.json as a dict, without downloading weights.
+
+    ``builtin:tiny-llama``: computed by :func:`tiny_llama_config` from ``model_cfg``
+    (defaults of ``ModelConfig`` when None). A local folder (or .json file): its
+    config.json. A hub id: config.json only, via ``hf_hub_download`` with a short
+    timeout; when the hub cannot be reached, the shipped ``presets/<preset>.json``,
+    saying so in one line on stderr. Raises ConfigError when none of these works.
+    """
+    if name_or_path.startswith("builtin:"):
+        if model_cfg is None:
+            from orchestrator.config import ModelConfig
+
+            model_cfg = ModelConfig(name_or_path=name_or_path)
+        return tiny_llama_config(model_cfg)
+    local = Path(name_or_path).expanduser()
+    if local.exists():
+        path = local / "config.json" if local.is_dir() else local
+        if not path.is_file():
+            raise ConfigError(f"{local} has no config.json; point model.name_or_path at a saved model folder.")
+        return json.loads(path.read_text())
+    try:
+        return json.loads(Path(_hub_config_path(name_or_path, timeout_seconds)).read_text())
+    except Exception as err:  # noqa: BLE001 - any hub failure means: use the shipped copy
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+    shipped = PRESETS_DIR / f"{preset}.json"
+    if shipped.is_file():
+        print(f"plan: no config.json for {name_or_path} from the hub ({reason}); using the shipped presets/{shipped.name}",
+              file=sys.stderr)
+        return json.loads(shipped.read_text())
+    known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.json")))
+    raise ConfigError(
+        f"cannot read config.json for {name_or_path!r}: the hub is unreachable ({reason}) and there is no shipped "
+        f"preset {preset!r} (shipped: {known}). Set model.name_or_path to a local folder holding config.json, "
+        "or model.preset to one of the shipped presets."
+    )
+
+
+def _hub_config_path(repo_id: str, timeout_seconds: float) -> str:
+    """config.json from the local hub cache, else from the hub when its host answers within the timeout.
+
+    The reachability probe keeps an offline machine from sitting through
+    huggingface_hub's retries with backoff (about 25 s).
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, hf_hub_download
+
+    try:
+        return hf_hub_download(repo_id, "config.json", local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached: go on to the hub
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise ConnectionError("HF_HUB_OFFLINE is set")
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_seconds).close()
+    except OSError as err:
+        raise ConnectionError(f"cannot connect to {host}: {err}") from None
+    return hf_hub_download(repo_id, "config.json", etag_timeout=timeout_seconds)
+
+
+def _dims(config: Mapping[str, Any]) -> dict:
+    try:
+        h, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+        heads, vocab = int(config["num_attention_heads"]), int(config["vocab_size"])
+        inter = int(config["intermediate_size"])
+    except KeyError as err:
+        raise ConfigError(
+            f"model config lacks {err.args[0]!r}; the planner needs a Llama-style config.json "
+            "(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)."
+        ) from None
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or h // heads)
+    return {"h": h, "layers": layers, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+            "inter": inter, "vocab": vocab, "q_dim": heads * head_dim, "kv_dim": kv_heads * head_dim}
+
+
+def projection_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each linear projection in one decoder layer."""
+    d = _dims(config)
+    return {"q_proj": (d["h"], d["q_dim"]), "k_proj": (d["h"], d["kv_dim"]), "v_proj": (d["h"], d["kv_dim"]),
+            "o_proj": (d["q_dim"], d["h"]), "gate_proj": (d["h"], d["inter"]), "up_proj": (d["h"], d["inter"]),
+            "down_proj": (d["inter"], d["h"])}
+
+
+def count_parameters(config: Mapping[str, Any]) -> dict[str, int]:
+    """Parameter counts by part, from config.json alone (see the module docstring).
+
+    Returns embeddings, attention, mlp, norms, lm_head (0 when tied), total, and
+    linear_weights (the decoder's projection weights: what NF4 quantises).
+    """
+    d = _dims(config)
+    shapes = projection_shapes(config)
+    model_type = str(config.get("model_type", "llama"))
+    attn_w = sum(i * o for name, (i, o) in shapes.items() if name in ATTENTION_MODULES)
+    mlp_w = sum(i * o for name, (i, o) in shapes.items() if name in MLP_MODULES)
+    attn_b = 0
+    if config.get("attention_bias"):
+        attn_b = d["q_dim"] + 2 * d["kv_dim"] + d["h"]
+    elif model_type == "qwen2":
+        attn_b = d["q_dim"] + 2 * d["kv_dim"]
+    mlp_b = 2 * d["inter"] + d["h"] if config.get("mlp_bias") else 0
+    qk_norms = 2 * d["head_dim"] if model_type == "qwen3" else 0
+    L = d["layers"]
+    counts = {
+        "embeddings": d["vocab"] * d["h"],
+        "attention": L * (attn_w + attn_b),
+        "mlp": L * (mlp_w + mlp_b),
+        "norms": L * (2 * d["h"] + qk_norms) + d["h"],
+        "lm_head": 0 if config.get("tie_word_embeddings", False) else d["vocab"] * d["h"],
+    }
+    counts["total"] = sum(counts.values())
+    counts["linear_weights"] = L * (attn_w + mlp_w)
+    return counts
+
+
+def lora_parameters(config: Mapping[str, Any], r: int, target_modules: Any) -> int:
+    """Trainable LoRA parameters: r*(in + out) per targeted projection, every layer.
+
+    ``target_modules`` is a list of projection names or "all-linear" (every
+    projection, not lm_head). Raises ConfigError for a name that is not a projection.
+    """
+    shapes = projection_shapes(config)
+    if isinstance(target_modules, str):
+        targets = list(shapes) if target_modules == "all-linear" else [target_modules]
+    else:
+        targets = list(target_modules)
+    if "all-linear" in targets:
+        targets = list(shapes)
+    unknown = [t for t in targets if t not in shapes]
+    if unknown:
+        raise ConfigError(
+            f"recipe.lora_target_modules: {', '.join(unknown)} is not a projection of this model; "
+            f"choose from {', '.join(shapes)} or all-linear."
+        )
+    return _dims(config)["layers"] * sum(int(r) * (shapes[t][0] + shapes[t][1]) for t in dict.fromkeys(targets))
+
+
+# ---------------------------------------------------------------- memory
+
+
+def activation_bytes(config: Mapping[str, Any], seq_len: int, micro_batch: int, dtype_bytes: int,
+                     checkpointing: bool) -> int:
+    """Activations kept for backward on one GPU (formula in the module docstring)."""
+    d = _dims(config)
+    tokens = int(seq_len) * int(micro_batch)
+    per_layer = tokens * dtype_bytes * (4 * d["h"] + 2 * d["q_dim"] + 2 * d["kv_dim"] + 4 * d["inter"])
+    logits = tokens * d["vocab"] * (dtype_bytes + (4 if dtype_bytes < 4 else 0) + 4)
+    if checkpointing:
+        return d["layers"] * tokens * dtype_bytes * d["h"] + per_layer + logits
+    return d["layers"] * per_layer + logits
+
+
+@dataclass
+class MemoryPlan:
+    """Estimated bytes per GPU by component (keys of ``COMPONENT_LABELS``, in order).
+
+    ``activations_alternative`` is the activation figure with gradient
+    checkpointing toggled, to show what switching it would save or cost.
+    """
+
+    components: dict[str, int]
+    params: dict[str, int]
+    trainable_params: int
+    world_size: int
+    sharding: str
+    dtype: str
+    checkpointing: bool
+    activations_alternative: int
+    cpu_offload_bytes: int = 0
+    tokens_per_step: int = 0
+    describe: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def trainable_state_bytes(self) -> int:
+        """Adapters (when LoRA) + gradients + master weights + optimizer, on one GPU and offloaded."""
+        keys = ("gradients", "master_weights", "optimizer") + (("adapters",) if "adapters" in self.components else ())
+        return sum(self.components.get(k, 0) for k in keys) + self.cpu_offload_bytes
+
+
+def world_size(cfg: Any) -> int:
+    """Training processes (one GPU each): distributed.processes_per_node x nodes; 1 for distributed=none."""
+    dist = cfg.distributed
+    if dist.name == "none":
+        return 1
+    return max(1, int(dist.processes_per_node)) * max(1, int(dist.nodes))
+
+
+def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) -> MemoryPlan:
+    """Per-GPU memory of the job ``cfg`` (a composed config; see the module docstring).
+
+    ``model_config`` is the config.json dict; loaded with :func:`load_model_config` when None.
+    Raises ConfigError for an unknown dtype or a quantised full fine-tune.
+    """
+    if model_config is None:
+        model_config = load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
+    recipe, train = cfg.recipe, cfg.train
+    dtype = str(cfg.model.dtype)
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"model.dtype={dtype!r} is not one of float32, bfloat16, float16.")
+    width = DTYPE_BYTES[dtype]
+    full = recipe.peft == "full"
+    nf4 = recipe.quantization == "nf4"
+    if full and nf4:
+        raise ConfigError("recipe.quantization=nf4 needs recipe.peft=lora: a 4-bit base cannot be fully fine-tuned.")
+    params = count_parameters(model_config)
+    W, sharding = world_size(cfg), str(cfg.distributed.name)
+    notes: list[str] = []
+
+    c: dict[str, float] = {}
+    if nf4:
+        c["weights"] = params["linear_weights"] * NF4_BITS_PER_PARAM / 8 + (params["total"] - params["linear_weights"]) * width
+        c["quant_constants"] = params["linear_weights"] * NF4_CONSTANT_BITS_PER_PARAM / 8
+    else:
+        c["weights"] = params["total"] * width
+    if full:
+        trainable = params["total"]
+        if recipe.name == "dpo":
+            c["reference_model"] = params["total"] * width
+        c["gradients"] = trainable * width
+        c["master_weights"] = trainable * 4 if width < 4 else 0
+    else:
+        trainable = lora_parameters(model_config, recipe.lora_r, recipe.lora_target_modules)
+        c["adapters"] = trainable * ADAPTER_BYTES_PER_PARAM
+        c["gradients"] = trainable * ADAPTER_BYTES_PER_PARAM
+        c["master_weights"] = 0
+    c["optimizer"] = trainable * ADAM_STATE_BYTES_PER_PARAM
+
+    sharded = {"zero2": ("gradients", "master_weights", "optimizer"),
+               "zero3": ("weights", "quant_constants", "reference_model", "adapters", "gradients", "master_weights",
+                         "optimizer")}
+    sharded["fsdp"] = sharded["zero3"]
+    for key in sharded.get(sharding, ()):
+        if key in c:
+            c[key] /= W
+    offload = 0.0
+    if cfg.distributed.cpu_offload:
+        if sharding in sharded:
+            offload = c["optimizer"] + c["master_weights"]
+            c["optimizer"] = c["master_weights"] = 0
+        else:
+            notes.append(f"distributed.cpu_offload is ignored with distributed={sharding}: it needs zero2, zero3 or fsdp.")
+    if sharding in ("zero3", "fsdp"):
+        notes.append("zero3/fsdp also gather one layer's full weights at a time (not counted).")
+
+    sequences = int(train.per_device_batch_size) * (2 if recipe.name == "dpo" else 1)
+    ckpt = bool(train.gradient_checkpointing)
+    c["activations"] = activation_bytes(model_config, cfg.data.max_length, sequences, width, ckpt)
+    alternative = activation_bytes(model_config, cfg.data.max_length, sequences, width, not ckpt)
+    if str(cfg.compute.gpu_type).lower() not in CPU_GPU_TYPES:
+        c["runtime"] = RUNTIME_OVERHEAD_BYTES
+    components = {k: int(round(c[k])) for k in COMPONENT_LABELS if k in c and c[k]}
+    method = "full fine-tune" if full else ("QLoRA (NF4 base + LoRA)" if nf4 else "LoRA")
+    describe = (f"{recipe.name} / {method} on {cfg.model.name_or_path} ({cfg.model.preset}), {dtype}, "
+                f"{params['total'] / 1e9:.3g}B params, trainable {trainable:,} ({100 * trainable / params['total']:.3g}%)")
+    return MemoryPlan(
+        components=components, params=params, trainable_params=trainable, world_size=W, sharding=sharding,
+        dtype=dtype, checkpointing=ckpt, activations_alternative=int(alternative), cpu_offload_bytes=int(offload),
+        tokens_per_step=sequences * int(cfg.data.max_length) * int(train.gradient_accumulation_steps) * W,
+        describe=describe, notes=notes,
+    )
+
+
+def fits(plan: MemoryPlan, gpu_memory_gb: float, headroom: float = 0.1) -> bool:
+    """True when the plan's per-GPU total fits in ``gpu_memory_gb`` less a ``headroom`` fraction
+    (kept free for allocator fragmentation and transient buffers)."""
+    return plan.total_bytes <= float(gpu_memory_gb) * GB * (1.0 - headroom)
+
+
+def gpu_memory_gb(gpu_type: str, catalog: Optional[Mapping[str, Any]] = None) -> Optional[float]:
+    """Memory of one GPU of ``gpu_type``: the catalog's memory_gb, else ``GPU_SPECS``; None if unknown."""
+    entry = (catalog or {}).get(gpu_type)
+    if isinstance(entry, Mapping) and entry.get("memory_gb"):
+        return float(entry["memory_gb"])
+    spec = GPU_SPECS.get(gpu_type)
+    return float(spec[0]) if spec else None
+
+
+# ---------------------------------------------------------------- cost
+
+
+@dataclass
+class CostEstimate:
+    """What the run costs. ``usd`` is at the chosen compute's price (spot when compute.spot);
+    ``on_demand_usd`` the same hours on demand. Hours and USD are None when throughput is unknown."""
+
+    tokens: int
+    tokens_per_second: Optional[float]
+    flops_per_token: float
+    hours: Optional[float]
+    usd: Optional[float]
+    on_demand_usd: Optional[float]
+    spot: bool
+    basis: str
+
+
+def flops_per_token(cfg: Any, model_config: Mapping[str, Any]) -> float:
+    """Training FLOPs per token (rule of thumb in the module docstring)."""
+    d, params = _dims(model_config), count_parameters(model_config)
+    matmul = params["total"] - params["embeddings"] - params["lm_head"] + d["vocab"] * d["h"]
+    forward = 2 * matmul + 2 * d["layers"] * int(cfg.data.max_length) * d["q_dim"]
+    multiplier = (3 if cfg.recipe.peft == "full" else 2) + int(bool(cfg.train.gradient_checkpointing))
+    multiplier += int(cfg.recipe.name == "dpo")
+    return float(forward * multiplier)
+
+
+def estimate_cost(cfg: Any, price: Any, tokens_per_second: Optional[float] = None,
+                  model_config: Optional[Mapping[str, Any]] = None) -> CostEstimate:
+    """Tokens, hours and USD for ``cfg``'s run at ``price`` (an ``orchestrator.cost.Price``).
+
+    ``tokens_per_second`` (all GPUs together, e.g. measured in a trial) replaces
+    the rule-of-thumb throughput. ``price`` may be None: hours only.
+    """
+    if model_config is None:
+        model_config = load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
+    W = world_size(cfg)
+    sequences = int(cfg.train.per_device_batch_size) * (2 if cfg.recipe.name == "dpo" else 1)
+    tokens = int(cfg.train.max_steps) * sequences * int(cfg.train.gradient_accumulation_steps) * W * int(cfg.data.max_length)
+    fpt = flops_per_token(cfg, model_config)
+    if tokens_per_second:
+        basis = "measured throughput"
+    else:
+        peak = GPU_PEAK_TFLOPS.get(str(cfg.compute.gpu_type).lower())
+        mfu = QLORA_MFU if cfg.recipe.quantization == "nf4" else MFU
+        tokens_per_second = W * peak * 1e12 * mfu / fpt if peak else None
+        basis = (f"{W} x {peak:g} TFLOPs x {mfu:.0%} MFU / {fpt:.3g} FLOPs per token" if peak
+                 else f"no peak TFLOPs known for {cfg.compute.gpu_type!r}; pass a measured tokens/s")
+    hours = tokens / tokens_per_second / 3600 if tokens_per_second else None
+    usd = on_demand = None
+    if hours is not None and price is not None:
+        usd, on_demand = hours * price.usd_per_hour_total, hours * price.on_demand_usd_per_hour_total
+    return CostEstimate(tokens, tokens_per_second, fpt, hours, usd, on_demand, bool(cfg.compute.spot), basis)
+
+
+def _with_gpu(cfg: Any, gpu_type: str) -> Any:
+    """A copy of ``cfg`` on ``gpu_type`` with the catalog's price and memory (overrides dropped)."""
+    change = {"gpu_type": gpu_type, "price_per_hour": None, "memory_gb": None}
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, **change))
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(cfg, {"compute": change})
+
+
+@dataclass
+class GpuOption:
+    gpu_type: str
+    memory_gb: float
+    usd_per_hour_total: Optional[float]
+    run_usd: Optional[float]
+
+
+def gpu_types_that_fit(plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], model_config: Mapping[str, Any],
+                       headroom: float = 0.1) -> list[GpuOption]:
+    """Catalog GPU types whose memory holds ``plan``, cheapest run first (then cheapest hour;
+    unpriced last), each priced at cfg's GPU count, spot mode and cloud."""
+    from orchestrator.cost import price_for
+
+    options = []
+    for gpu_type in sorted(set(catalog) | set(GPU_SPECS)):
+        memory = gpu_memory_gb(gpu_type, catalog)
+        if memory is None or str(gpu_type).lower() in CPU_GPU_TYPES or not fits(plan, memory, headroom):
+            continue
+        variant = _with_gpu(cfg, gpu_type)
+        try:
+            price = price_for(variant.compute, catalog)
+        except (ValueError, KeyError):
+            price = None
+        run = estimate_cost(variant, price, model_config=model_config).usd
+        options.append(GpuOption(gpu_type, memory, price.usd_per_hour_total if price else None, run))
+    inf = float("inf")
+    return sorted(options, key=lambda o: (o.run_usd if o.run_usd is not None else inf,
+                                          o.usd_per_hour_total if o.usd_per_hour_total is not None else inf))
+
+
+# ---------------------------------------------------------------- report
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:,.2f} GB"
+
+
+def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], options: list[GpuOption],
+                cost: Optional[CostEstimate], headroom: float = 0.1) -> str:
+    """The plan as text: breakdown table, fit verdict (a WARNING line when it will not
+    fit), GPU types that fit, and the run's estimated cost, spot vs on-demand."""
+    lines = [f"plan: {plan.describe}",
+             f"  world size {plan.world_size} (distributed={plan.sharding}), {plan.tokens_per_step:,} tokens per "
+             f"optimizer step, gradient checkpointing {'on' if plan.checkpointing else 'off'}", "",
+             f"  {'component':<30}{'per GPU':>14}"]
+    for key, value in plan.components.items():
+        lines.append(f"  {COMPONENT_LABELS[key]:<30}{_gb(value):>14}")
+    lines.append(f"  {'total':<30}{_gb(plan.total_bytes):>14}")
+    if plan.cpu_offload_bytes:
+        lines.append(f"  {'(offloaded to CPU RAM)':<30}{_gb(plan.cpu_offload_bytes):>14}")
+    other = "on" if not plan.checkpointing else "off"
+    lines += [f"  activations with gradient checkpointing {other}: {_gb(plan.activations_alternative)}", ""]
+    if str(gpu_type).lower() in CPU_GPU_TYPES:
+        lines.append(f"fit: compute has no GPU; needs ~{_gb(plan.total_bytes)} of RAM.")
+    elif memory_gb is None:
+        lines.append(f"fit: unknown memory for gpu_type {gpu_type!r}; set compute.memory_gb to check it.")
+    else:
+        usable = memory_gb * (1 - headroom)
+        share = plan.total_bytes / (memory_gb * GB)
+        if fits(plan, memory_gb, headroom):
+            lines.append(f"fit: OK on {gpu_type} ({memory_gb:g} GB; {usable:.1f} GB usable at {headroom:.0%} headroom): "
+                         f"{share:.0%} used.")
+        else:
+            hint = ("turn on train.gradient_checkpointing=true, " if not plan.checkpointing
+                    and plan.activations_alternative < plan.components.get("activations", 0) else "")
+            lines.append(f"WARNING: will NOT fit on {gpu_type} ({memory_gb:g} GB; {usable:.1f} GB usable): needs "
+                         f"{_gb(plan.total_bytes)} per GPU. Fix: {hint}lower train.per_device_batch_size or "
+                         "data.max_length, shard (distributed=zero3), or pick a GPU type below.")
+    if str(gpu_type).lower() in NO_BF16_GPUS and plan.dtype == "bfloat16":
+        lines.append(f"WARNING: {gpu_type} has no bfloat16 support; set model.dtype=float16 (or pick an Ampere+ GPU).")
+    if options:
+        lines.append("GPU types that fit (cheapest run first):")
+        for o in options:
+            hourly = f"${o.usd_per_hour_total:,.2f}/h" if o.usd_per_hour_total is not None else "unpriced"
+            run = f"~${o.run_usd:,.2f} for the run" if o.run_usd is not None else ""
+            caveat = " (no bf16: set model.dtype=float16)" if o.gpu_type in NO_BF16_GPUS and plan.dtype == "bfloat16" else ""
+            lines.append(f"  {o.gpu_type:<11}{o.memory_gb:>5g} GB  {hourly:>11}  {run}{caveat}".rstrip())
+    else:
+        lines.append("GPU types that fit: none in the catalog at this world size; shard over more GPUs (zero3/fsdp).")
+    lines += [f"note: {n}" for n in plan.notes]
+    if cost is not None:
+        lines.append(f"cost: {cost.tokens:,} tokens; " + _cost_line(cost))
+    return "\n".join(lines)
+
+
+def _cost_line(cost: CostEstimate) -> str:
+    if cost.hours is None:
+        return f"duration unknown ({cost.basis})."
+    text = f"~{cost.tokens_per_second:,.0f} tokens/s ({cost.basis}), ~{cost.hours:,.2f} h"
+    if cost.usd is None:
+        return text + "; no price."
+    mode = "spot" if cost.spot else "on-demand (compute.spot=false)"
+    return text + f": {mode} ~${cost.usd:,.2f} vs on-demand ~${cost.on_demand_usd:,.2f}."
+
+
+def plan_text(cfg: Any, headroom: float = 0.1) -> str:
+    """The whole pre-flight plan for a composed config (what ``orchestrator plan`` and launch print)."""
+    from orchestrator.cost import load_catalog, price_for
+
+    model_config = load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
+    plan = estimate_memory(cfg, model_config)
+    catalog = load_catalog()
+    try:
+        price = price_for(cfg.compute, catalog)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    gpu_type = str(cfg.compute.gpu_type).lower()
+    memory = float(cfg.compute.memory_gb) if cfg.compute.memory_gb else gpu_memory_gb(gpu_type, catalog)
+    options = gpu_types_that_fit(plan, cfg, catalog, model_config, headroom)
+    cost = estimate_cost(cfg, price, model_config=model_config)
+    return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``orchestrator plan [hydra overrides]``: print the plan. Exit 0, or the error's code (4: bad config)."""
+    from orchestrator.launch import compose_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: orchestrator plan [hydra overrides]   e.g. model=llama-3.1-8b recipe=qlora compute=l40s-spot")
+        return 0
+    try:
+        print(plan_text(compose_config(argv)))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+# ---------------------------------------------------------------- trial: estimate vs measurement
+
+
+def count_allocated_state_bytes(model: Any, optimizer: Any = None) -> dict[str, int]:
+    """Bytes held by a live model's parameters (with bitsandbytes quantisation
+    constants), their gradients, and the optimizer's state tensors, counted from
+    the tensors themselves; shared storage (tied weights) counts once."""
+    import torch
+
+    seen: set[tuple[int, int]] = set()
+
+    def size(t: Any) -> int:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return 0
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key in seen:
+            return 0
+        seen.add(key)
+        return t.untyped_storage().nbytes()
+
+    out = {"params": 0, "grads": 0, "optimizer": 0}
+    for p in model.parameters():
+        out["params"] += size(p)
+        state = getattr(p, "quant_state", None)
+        for t in _tensors(vars(state) if state is not None else {}):
+            out["params"] += size(t)
+    for p in model.parameters():
+        out["grads"] += size(p.grad)
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            out["optimizer"] += sum(size(t) for t in _tensors(state))
+    return out
+
+
+def _tensors(mapping: Mapping[str, Any]):
+    for value in mapping.values():
+        if hasattr(value, "untyped_storage"):
+            yield value
+        elif hasattr(value, "absmax"):  # bitsandbytes' nested QuantState (double quantisation)
+            yield from _tensors(vars(value))
+
+
+def format_trial(plan: MemoryPlan, measured: Mapping[str, Any], cost: Optional[CostEstimate] = None) -> str:
+    """Estimate beside measurement after a trial. ``measured`` keys (each optional):
+    params, grads, optimizer (bytes, from :func:`count_allocated_state_bytes`),
+    peak_memory_bytes, step_time_s, tokens_per_second, data_wait_s (per step)."""
+    comp = plan.components
+    est_params = sum(comp.get(k, 0) for k in ("weights", "quant_constants", "reference_model", "adapters"))
+    est_opt = comp.get("optimizer", 0) + comp.get("master_weights", 0)
+    est_tps = cost.tokens_per_second if cost else None
+    est_step = plan.tokens_per_step / est_tps if est_tps else None
+    rows = [("parameters", est_params, measured.get("params"), _gb), ("gradients", comp.get("gradients", 0),
+            measured.get("grads"), _gb), ("optimizer states", est_opt, measured.get("optimizer"), _gb),
+            ("peak memory", plan.total_bytes, measured.get("peak_memory_bytes"), _gb),
+            ("step time", est_step, measured.get("step_time_s"), lambda s: f"{s:.3f} s"),
+            ("tokens/s", est_tps, measured.get("tokens_per_second"), lambda s: f"{s:,.0f}"),
+            ("data-loader wait", None, measured.get("data_wait_s"), lambda s: f"{s:.3f} s/step")]
+    lines = [f"trial: {plan.describe}", f"  {'':<18}{'estimate':>14}{'measured':>14}{'ratio':>8}"]
+    for label, est, got, fmt in rows:
+        ratio = f"{got / est:.2f}" if est and got is not None else ""
+        lines.append(f"  {label:<18}{fmt(est) if est is not None else '-':>14}"
+                     f"{fmt(got) if got is not None else '-':>14}{ratio:>8}")
+    step, wait = measured.get("step_time_s"), measured.get("data_wait_s")
+    if step and wait is not None and wait > 0.1 * step:
+        lines.append(f"WARNING: the data loader holds up {wait / step:.0%} of each step; raise dataloader workers "
+                     "or pre-tokenise the data.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""``orchestrator report``: every job of an experiment, its cost and quality, and a chart.
+
+Reads MLflow only. Each job is one run (tagged ``job``) carrying:
+    tags     recipe, model, quality_metric (the name of its main quality metric)
+    metrics  cost_usd, attempts, preemptions, and the metric named by quality_metric
+             (a fraction in [0, 1], e.g. eval_accuracy or eval_reward_accuracy)
+
+The chart (cost against quality, one labelled point per job) is written to
+``--out`` and logged as ``cost_vs_quality.png`` to one run named "report"
+(tagged ``orchestrator.kind=report``) in the same experiment, reused by each
+invocation, so the latest chart sits beside the jobs it describes and no job's
+run is touched after it ended. That run is left out of the table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Optional
+
+from orchestrator.tracking import JOB_TAG, KIND_TAG, scrub_text
+
+REPORT_RUN_NAME = "report"
+REPORT_KIND = "report"
+CHART_ARTIFACT = "cost_vs_quality.png"
+DEFAULT_EXPERIMENT = "spot-orchestrator"
+COLUMNS = ("job", "recipe", "model", "status", "attempts", "preemptions", "cost_usd", "quality", "usd_per_point")
+
+
+@dataclass
+class JobRow:
+    job: str
+    recipe: str
+    model: str
+    status: str
+    attempts: Optional[int]
+    preemptions: Optional[int]
+    cost_usd: Optional[float]
+    quality_metric: str
+    quality: Optional[float]
+
+    @property
+    def usd_per_point(self) -> Optional[float]:
+        """USD per percentage point of the quality metric (a fraction in [0, 1])."""
+        if self.cost_usd is None or not self.quality:
+            return None
+        return self.cost_usd / (self.quality * 100.0)
+
+
+def _number(run, key: str) -> Optional[float]:
+    if key in run.data.metrics:
+        return float(run.data.metrics[key])
+    try:
+        return float(run.data.tags[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def collect_jobs(client, experiment_id: str) -> list[JobRow]:
+    # Filtered here, not in the query: a tag filter would also drop runs without the tag.
+    runs = client.search_runs([experiment_id], max_results=5000)
+    rows = []
+    for run in runs:
+        tags = run.data.tags
+        if tags.get(KIND_TAG) == REPORT_KIND:
+            continue
+        quality_metric = tags.get("quality_metric", "")
+        attempts = _number(run, "attempts")
+        preemptions = _number(run, "preemptions")
+        rows.append(
+            JobRow(
+                job=tags.get(JOB_TAG) or run.info.run_name or run.info.run_id,
+                recipe=tags.get("recipe", "?"),
+                model=tags.get("model", "?"),
+                status=run.info.status,
+                attempts=None if attempts is None else int(attempts),
+                preemptions=None if preemptions is None else int(preemptions),
+                cost_usd=_number(run, "cost_usd"),
+                quality_metric=quality_metric,
+                quality=_number(run, quality_metric) if quality_metric else None,
+            )
+        )
+    return sorted(rows, key=lambda r: r.job)
+
+
+def format_table(rows: list[JobRow]) -> str:
+    def cell(value, fmt="{}") -> str:
+        return "-" if value is None else fmt.format(value)
+
+    lines = [
+        (r.job, r.recipe, r.model, r.status, cell(r.attempts), cell(r.preemptions), cell(r.cost_usd, "{:.2f}"),
+         "-" if r.quality is None else f"{r.quality_metric}={r.quality:.3f}", cell(r.usd_per_point, "{:.3f}"))
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(COLUMNS)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(COLUMNS, widths))]
+    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
+    return "\n".join(out)
+
+
+def plot_cost_vs_quality(rows: list[JobRow], out_path: str) -> int:
+    """Write the scatter; returns how many jobs had both a cost and a quality to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a training box or in CI
+    import matplotlib.pyplot as plt
+
+    points = [r for r in rows if r.cost_usd is not None and r.quality is not None]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for r in points:
+        ax.scatter(r.cost_usd, r.quality)
+        ax.annotate(f"{r.job} ({r.recipe})", (r.cost_usd, r.quality), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("cost (USD)")
+    ax.set_ylabel("quality (each job's quality_metric)")
+    ax.set_title("cost vs quality" if points else "cost vs quality (no job has both yet)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return len(points)
+
+
+def _report_run_id(client, experiment_id: str) -> str:
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = '{REPORT_KIND}'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(experiment_id, tags={KIND_TAG: REPORT_KIND}, run_name=REPORT_RUN_NAME)
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="orchestrator report", description=__doc__.splitlines()[0])
+    parser.add_argument("--tracking-uri", help="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./.cache/mlflow SQLite)")
+    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})")
+    parser.add_argument("--out", default="cost_vs_quality.png", help="where to write the chart")
+    args = parser.parse_args(argv)
+
+    from mlflow import MlflowClient
+
+    from orchestrator.tracking import resolve_tracking_uri
+
+    class _Cfg:
+        uri = args.tracking_uri
+
+    # An explicit --tracking-uri beats the environment; otherwise the same rule as jobs use.
+    uri = args.tracking_uri or resolve_tracking_uri(_Cfg)
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        experiment = client.get_experiment_by_name(args.experiment)
+    except Exception as err:
+        print(f"orchestrator report: cannot reach MLflow at {scrub_text(uri)} ({type(err).__name__}). "
+              "Check --tracking-uri or MLFLOW_TRACKING_URI.", file=sys.stderr)
+        return 2
+    if experiment is None:
+        print(f"orchestrator report: no experiment {args.experiment!r} at {scrub_text(uri)}. "
+              "Pass --experiment with the name your jobs used (tracking.experiment).", file=sys.stderr)
+        return 2
+    rows = collect_jobs(client, experiment.experiment_id)
+    if not rows:
+        print(f"no jobs in experiment {args.experiment!r} yet")
+        return 0
+    print(format_table(rows))
+    plotted = plot_cost_vs_quality(rows, args.out)
+    run_id = _report_run_id(client, experiment.experiment_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        # Logged under a fixed name whatever --out says, so the report run holds one current chart.
+        staged = os.path.join(tmp, CHART_ARTIFACT)
+        shutil.copyfile(args.out, staged)
+        client.log_artifact(run_id, staged)
+    print(f"\nchart of {plotted} job(s): {args.out} (also logged to MLflow run {run_id!r}, named {REPORT_RUN_NAME!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""``orchestrator status <storage-uri>/<run-name> [--json]``: print a job's ledger.
+
+The table shows the job's status, step, cost and MLflow run, one row per
+attempt (epoch, host, start, duration, exit class, steps, cost), then the
+committed checkpoints. ``--json`` prints the ledger itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from orchestrator.errors import UserError
+from orchestrator.ledger import LEDGER_FILENAME, Ledger
+from orchestrator.storage import TransientStorageError, open_store, split_run_uri
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def format_ledger(ledger: dict, *, now: float | None = None) -> str:
+    """The human-readable view of a ledger, as ``orchestrator status`` prints it."""
+    now = time.time() if now is None else now
+    out = [
+        f"run       {ledger.get('run_name', '?')}",
+        f"status    {ledger.get('status', '?')}",
+        f"step      {ledger.get('step', 0)}",
+        f"cost      ${float(ledger.get('cost_usd') or 0):.4f}",
+        f"mlflow    {ledger.get('mlflow_run_id') or '-'}",
+        f"epoch     {ledger.get('epoch', 0)}",
+        f"created   {_when(ledger.get('created_at'))}",
+    ]
+    if ledger.get("alerts"):
+        out.append("alerts    " + ", ".join(f"{k} ({_when(v)})" for k, v in ledger["alerts"].items()))
+    attempts = ledger.get("attempts", [])
+    rows = []
+    for a in attempts:
+        end = a.get("ended_at") or (now if a.get("exit_class") == "running" else a.get("last_seen"))
+        started = a.get("started_at") or 0
+        machine = a.get("gpu_type") or "-"
+        if a.get("gpus"):
+            machine = f"{a['gpus']}x{machine}"
+        if a.get("spot"):
+            machine += " spot"
+        rows.append([
+            str(a.get("epoch")),
+            str(a.get("host")),
+            _when(started),
+            _duration((end or started) - started),
+            str(a.get("exit_class")),
+            f"{a.get('step_start')}->{a.get('step_end')}",
+            f"${float(a.get('cost_usd') or 0):.4f}",
+            machine,
+        ])
+    out += ["", f"attempts ({len(attempts)})"]
+    out.append(_table(["epoch", "host", "started", "duration", "exit class", "steps", "cost", "machine"], rows) if rows else "  none")
+    checkpoints = ledger.get("checkpoints", [])
+    out += ["", f"checkpoints ({len(checkpoints)})"]
+    if checkpoints:
+        out.append(_table(
+            ["step", "epoch", "size", "saved", "key"],
+            [[str(c.get("step")), str(c.get("epoch")), _size(int(c.get("size") or 0)), _when(c.get("time")), str(c.get("key"))]
+             for c in checkpoints],
+        ))
+    else:
+        out.append("  none")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="orchestrator status",
+        description="Print a job's ledger: status, attempts with exit classes, cost, checkpoints.",
+    )
+    parser.add_argument("target", metavar="STORAGE_URI/RUN_NAME", help="e.g. s3://bucket/runs/exp1 or .cache/runs/exp1")
+    parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
+    parser.add_argument(
+        "--endpoint-url", default=None,
+        help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable",
+    )
+    args = parser.parse_args(argv)
+    try:
+        store_uri, run_name = split_run_uri(args.target)
+        # endpoint_url None lets boto3 read AWS_ENDPOINT_URL itself.
+        store = open_store(store_uri, endpoint_url=args.endpoint_url or None)
+        ledger = Ledger(store, run_name).load()
+    except (ValueError, UserError, TransientStorageError) as err:
+        print(f"orchestrator status: {err}", file=sys.stderr)
+        return 1
+    if not ledger:
+        print(
+            f"orchestrator status: no ledger at {store.get_uri(f'{run_name}/{LEDGER_FILENAME}')}: "
+            f"no job named {run_name!r} has started under {store.uri}. "
+            "Check the run name (run.name) and the storage URI (storage.uri), and --endpoint-url for S3-compatible stores.",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        print(json.dumps(ledger, indent=2))
+    else:
+        print(format_ledger(ledger))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

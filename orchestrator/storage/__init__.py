@@ -1,0 +1,108 @@
+"""Object storage for checkpoints and the run ledger.
+
+``open_store`` picks the backend from the URI; callers only see the
+``ObjectStore`` interface and its three error types.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.storage.base import ObjectStore, PreconditionFailed, TransientStorageError
+from orchestrator.storage.local import LocalStore
+
+__all__ = [
+    "ObjectStore",
+    "PreconditionFailed",
+    "TransientStorageError",
+    "LocalStore",
+    "open_store",
+    "store_from_config",
+    "split_run_uri",
+]
+
+_ACCEPTED_FORMS = "a local folder (runs/ or /abs/path), file:///abs/path, or s3://bucket/prefix"
+
+
+def open_store(
+    uri: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    profile: str | None = None,
+    checksum_compat: bool = False,
+    multipart_threshold_mb: int = 64,
+) -> ObjectStore:
+    """Open the store at ``uri``.
+
+    A plain path or ``file://`` URI gives a LocalStore; ``s3://bucket/prefix``
+    gives an S3Store (the other arguments apply to S3 only; S3-compatible
+    stores such as MinIO, R2 or GCS use s3:// with ``endpoint_url``).
+    Raises ValueError for any other scheme.
+    """
+    uri = str(uri)
+    if uri.startswith("s3://"):
+        from orchestrator.storage.s3 import S3Store  # boto3 is slow to import; local runs skip it
+
+        return S3Store(
+            uri,
+            endpoint_url=endpoint_url,
+            region=region,
+            profile=profile,
+            checksum_compat=checksum_compat,
+            multipart_threshold_mb=multipart_threshold_mb,
+        )
+    if uri.startswith("file://"):
+        path = uri[len("file://"):]
+        if not path:
+            raise ValueError(f"storage URI {uri!r} names no folder; use {_ACCEPTED_FORMS}")
+        return LocalStore(path)
+    if "://" in uri or not uri:
+        raise ValueError(
+            f"unsupported storage URI {uri!r}: use {_ACCEPTED_FORMS}. "
+            "For MinIO, R2 or GCS use s3://bucket/prefix with storage.endpoint_url."
+        )
+    return LocalStore(uri)
+
+
+def store_from_config(storage_cfg: Any) -> ObjectStore:
+    """Open the store a ``StorageConfig`` (or any object with its attributes) describes."""
+    return open_store(
+        storage_cfg.uri,
+        endpoint_url=getattr(storage_cfg, "endpoint_url", None),
+        region=getattr(storage_cfg, "region", None),
+        profile=getattr(storage_cfg, "profile", None),
+        checksum_compat=bool(getattr(storage_cfg, "checksum_compat", False)),
+        multipart_threshold_mb=int(getattr(storage_cfg, "multipart_threshold_mb", 64)),
+    )
+
+
+def split_run_uri(uri: str) -> tuple[str, str]:
+    """Split ``<storage-uri>/<run-name>`` into (storage uri, run name) on the last path component.
+
+    ``s3://b/runs/exp1`` -> ("s3://b/runs", "exp1"); ``.cache/runs/exp1`` ->
+    (".cache/runs", "exp1"); a bare ``exp1`` -> (".", "exp1").
+    Raises ValueError when there is no run name (``s3://bucket``).
+    """
+    text = str(uri)
+    no_run = ValueError(
+        f"{uri!r} names no run: give <storage-uri>/<run-name>, e.g. s3://bucket/runs/exp1 or .cache/runs/exp1"
+    )
+    if text.startswith("s3://"):
+        from orchestrator.storage.s3 import parse_s3_uri
+
+        bucket, prefix = parse_s3_uri(text)
+        if not prefix:
+            raise no_run
+        head, _, run_name = prefix.rpartition("/")
+        return (f"s3://{bucket}/{head}" if head else f"s3://{bucket}"), run_name
+    scheme = "file://" if text.startswith("file://") else ""
+    path = text[len(scheme):]
+    trimmed = path.rstrip("/")
+    if not trimmed:
+        raise no_run
+    head, slash, run_name = trimmed.rpartition("/")
+    if not slash:
+        head = "."
+    elif not head:
+        head = "/"
+    return scheme + head, run_name

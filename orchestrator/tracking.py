@@ -1,0 +1,437 @@
+"""MLflow for one job: resume its run, redact secrets, log without duplicates, buffer while down.
+
+One job (``run.name``) is one MLflow run across all its attempts. The run id
+lives in the ledger; when that write was lost, the run is found again by its
+``job`` tag, so a resume never makes a second run.
+
+Metrics go through a background thread that sends batches with
+``MlflowClient.log_batch``. If the server is down, points stay buffered and
+are retried with backoff until it is back; training never waits on it. After a
+resume, points at steps the run already has (per key) are dropped, so a step
+replayed from the last checkpoint is not logged twice.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+log = logging.getLogger(__name__)
+
+JOB_TAG = "job"
+KIND_TAG = "orchestrator.kind"
+REDACTED = "***"
+MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
+MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow's log_batch limit
+MAX_PARAM_VALUE_CHARS = 6000
+MAX_BUFFERED_POINTS = 1_000_000  # ~100 MB; beyond this new points are dropped with a warning
+RETRY_INITIAL_SECONDS = 1.0
+RETRY_MAX_SECONDS = 30.0
+# MLflow's own HTTP client retries 7 times with a 120 s timeout by default, which can
+# hold a call for minutes while the server is down. Our thread retries forever with
+# its own backoff, so each HTTP call only needs to fail fast. setdefault: a user's
+# explicit environment still wins.
+MLFLOW_HTTP_ENV_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+
+# ---------------------------------------------------------------- redaction
+
+_SECRET_KEY_WORDS = {"key", "secret", "token", "password", "passwd", "pwd", "credential", "credentials", "auth", "apikey"}
+# Split "aws_secret_access_key", "apiKey", "hf-token" into words, so "max_new_tokens"
+# or "tokenizer" (harmless numbers and names) are not mistaken for secrets.
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@:]+:[^/\s@]+@")
+_AWS_ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")
+# 40 chars of base64 alphabet with upper, lower and a digit: the shape of an AWS
+# secret access key. Requiring mixed case spares 40-char hex digests (git SHAs).
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+=]*[a-z])(?=[A-Za-z0-9/+=]*[A-Z])(?=[A-Za-z0-9/+=]*[0-9])[A-Za-z0-9/+=]{40}(?![A-Za-z0-9/+=])")
+
+
+def is_secret_key(key: str) -> bool:
+    words = {w.lower() for w in _WORD_SPLIT.split(str(key)) if w}
+    return bool(words & _SECRET_KEY_WORDS) or str(key).lower().endswith(("password", "secret", "token", "apikey"))
+
+
+def _scrub_patterns(text: str) -> str:
+    text = _URL_USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@", text)
+    text = _AWS_ACCESS_KEY_ID.sub(REDACTED, text)
+    return _AWS_SECRET.sub(REDACTED, text)
+
+
+def redact(obj: Any, _found: Optional[set] = None) -> Any:
+    """A copy of ``obj`` (dicts, lists, scalars) with secrets replaced by ``"***"``.
+
+    Replaced: values of keys whose words include key/secret/token/password/
+    passwd/credential/auth; strings shaped like AWS access keys or secret keys;
+    ``user:password@`` in URLs. ``_found`` collects the replaced strings, for
+    :func:`scrub_text`.
+    """
+    if isinstance(obj, Mapping):
+        out = {}
+        for key, value in obj.items():
+            if value is not None and not isinstance(value, (bool, Mapping, list, tuple)) and is_secret_key(key):
+                if _found is not None and isinstance(value, str) and value:
+                    _found.add(value)
+                out[key] = REDACTED
+            else:
+                out[key] = redact(value, _found)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [redact(v, _found) for v in obj]
+    if isinstance(obj, str):
+        cleaned = _scrub_patterns(obj)
+        if cleaned != obj and _found is not None:
+            _found.add(obj)
+        return cleaned
+    return obj
+
+
+def scrub_text(text: str, secrets: Any = ()) -> str:
+    """``text`` with each of ``secrets`` (strings of 4+ chars) and secret-shaped strings replaced."""
+    for secret in sorted({s for s in secrets if isinstance(s, str) and len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return _scrub_patterns(text)
+
+
+def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": "1", "c": "[1, 2]"}``: MLflow params are flat strings."""
+    flat: dict[str, str] = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = json.dumps(list(value), default=str)
+        else:
+            flat[name] = "None" if value is None else str(value)
+    return flat
+
+
+def resolve_tracking_uri(tracking_cfg: Any) -> str:
+    """``$MLFLOW_TRACKING_URI``, else ``tracking.uri``, else SQLite under ``./.cache/mlflow``."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or getattr(tracking_cfg, "uri", None)
+    if uri:
+        return uri
+    folder = Path.cwd() / ".cache" / "mlflow"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def _is_permanent(err: Exception) -> bool:
+    """A 4xx from the server (bad value, deleted run) will fail the same way forever."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(err, MlflowException):
+        status = err.get_http_status_code()
+        return 400 <= status < 500 and status != 429
+    return False
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server could not be reached when the run had to be opened."""
+
+
+# ---------------------------------------------------------------- the tracker
+
+
+class JobTracker:
+    """The MLflow run of one job, shared by all its attempts.
+
+    Args:
+        tracking_cfg: ``orchestrator.config.TrackingConfig``; ``enabled=False`` makes every method a no-op.
+        job_name: ``run.name``; tagged ``job=<job_name>`` and used as the run name.
+        tags: set on the run (redacted).
+        params: the resolved config, nested or flat; flattened and redacted.
+        run_id: the run recorded in the ledger, if any.
+    """
+
+    def __init__(self, tracking_cfg: Any, *, job_name: str, tags: Optional[dict] = None, params: Optional[dict] = None, run_id: Optional[str] = None):
+        self.cfg = tracking_cfg
+        self.enabled = bool(getattr(tracking_cfg, "enabled", True))
+        self.job_name = job_name
+        self.run_id = run_id
+        self._secrets: set[str] = set()
+        self._tags = {k: str(v) for k, v in redact(dict(tags or {}), self._secrets).items()}
+        self._params = flatten(redact(dict(params or {}), self._secrets))
+        self.uri: Optional[str] = None
+        self.client = None
+        self._last_step: dict[str, int] = {}
+        self._metrics: deque = deque()
+        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file)
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._in_flight = False
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+        self._dropped_overflow = 0
+        self._system_monitor = None
+
+    # -- opening the run ---------------------------------------------------
+
+    def start(self) -> Optional[str]:
+        """Open the job's run (resume ``run_id``, else the run tagged with the job, else a new one).
+
+        Returns the run id (None when tracking is disabled). Raises
+        TrackingUnavailable when the server cannot be reached.
+        """
+        if not self.enabled:
+            return None
+        from mlflow import MlflowClient
+
+        for name, value in MLFLOW_HTTP_ENV_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        self.uri = resolve_tracking_uri(self.cfg)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        try:
+            experiment_id = self._experiment_id()
+            run, resumed = self._find_or_create_run(experiment_id)
+            self.run_id = run.info.run_id
+            if resumed:
+                self.client.update_run(self.run_id, status="RUNNING")
+                self._last_step = self._last_steps(run)
+            self._log_params_and_tags(run if resumed else None)
+        except Exception as err:
+            if _is_permanent(err):
+                raise
+            raise TrackingUnavailable(
+                f"MLflow at {scrub_text(self.uri)} could not be reached ({type(err).__name__}: "
+                f"{scrub_text(str(err))[:300]}). Start the server, fix tracking.uri / MLFLOW_TRACKING_URI, "
+                "or set tracking.enabled=false."
+            ) from err
+        log.info("MLflow run %s (%s) for job %r at %s", self.run_id, "resumed" if resumed else "new", self.job_name, scrub_text(self.uri))
+        self._thread = threading.Thread(target=self._deliver_forever, name="mlflow-delivery", daemon=True)
+        self._thread.start()
+        if getattr(self.cfg, "log_system_metrics", False):
+            self._start_system_metrics(resumed)
+        return self.run_id
+
+    def _experiment_id(self) -> str:
+        name = getattr(self.cfg, "experiment", "spot-orchestrator")
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        artifact_location = None
+        if self.uri.startswith("sqlite:///"):
+            # A local SQLite store would otherwise put artifacts in ./mlruns of whatever
+            # the working dir is; keep them beside the database.
+            artifact_location = (Path(self.uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+        try:
+            return self.client.create_experiment(name, artifact_location=artifact_location)
+        except Exception:
+            # Another attempt created it between our lookup and create.
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
+
+    def _find_or_create_run(self, experiment_id: str):
+        from mlflow.exceptions import MlflowException
+
+        if self.run_id:
+            try:
+                run = self.client.get_run(self.run_id)
+                if run.info.lifecycle_stage == "active":
+                    return run, True
+                log.warning("MLflow run %s from the ledger was deleted; looking for the job's run by tag", self.run_id)
+            except MlflowException as err:
+                if not _is_permanent(err):
+                    raise
+                log.warning("MLflow run %s from the ledger is not in %s; looking for the job's run by tag", self.run_id, scrub_text(self.uri))
+        quoted = self.job_name.replace("\\", "\\\\").replace("'", "\\'")
+        found = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.{JOB_TAG} = '{quoted}'", order_by=["attributes.start_time DESC"], max_results=1
+        )
+        if found:
+            return found[0], True
+        tags = {JOB_TAG: self.job_name, KIND_TAG: "job"}
+        return self.client.create_run(experiment_id, tags=tags, run_name=self.job_name), False
+
+    def _last_steps(self, run) -> dict[str, int]:
+        """The last logged step of each metric key, so replayed steps are not logged twice."""
+        # run.data keeps, per key, the point at the largest step: one call, no history scan.
+        metric_objs = getattr(run.data, "_metric_objs", None)
+        if metric_objs is not None:
+            return {m.key: int(m.step) for m in metric_objs}
+        return {key: max(int(m.step) for m in self.client.get_metric_history(run.info.run_id, key)) for key in run.data.metrics}
+
+    def _log_params_and_tags(self, existing_run) -> None:
+        from mlflow.entities import Param, RunTag
+
+        params = {k: v[:MAX_PARAM_VALUE_CHARS] for k, v in self._params.items()}
+        if existing_run is not None:
+            # MLflow params are immutable: log only keys the run lacks; a changed value
+            # (allowed by checkpoint.allow_config_change) is reported, not fatal.
+            old = existing_run.data.params
+            changed = sorted(k for k, v in params.items() if k in old and old[k] != v)
+            if changed:
+                log.warning("config changed since the run was created (MLflow keeps the first value): %s", ", ".join(changed))
+            params = {k: v for k, v in params.items() if k not in old}
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS_TAGS_PER_BATCH], synchronous=True)
+        tags = [RunTag(k, v) for k, v in {**self._tags, JOB_TAG: self.job_name}.items()]
+        for i in range(0, len(tags), MAX_PARAMS_TAGS_PER_BATCH):
+            self.client.log_batch(self.run_id, tags=tags[i : i + MAX_PARAMS_TAGS_PER_BATCH], synchronous=True)
+
+    def _start_system_metrics(self, resumed: bool) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._system_monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed, tracking_uri=self.uri)
+            self._system_monitor.start()
+        except Exception as err:  # psutil/pynvml missing: tracking goes on without them
+            log.warning("MLflow system metrics are off: %s", err)
+            self._system_monitor = None
+
+    # -- logging (never blocks, never raises) ---------------------------------
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Queue numeric ``metrics`` at ``step``; steps at or below a key's last logged step are dropped."""
+        if not self.enabled or self.run_id is None:
+            return
+        from mlflow.entities import Metric
+
+        timestamp_ms = int(time.time() * 1000)
+        with self._cond:
+            for key, value in metrics.items():
+                try:
+                    number = float(value)
+                except (TypeError, ValueError):
+                    continue  # strings and None are not metrics
+                if step <= self._last_step.get(key, -math.inf):
+                    continue
+                if len(self._metrics) >= MAX_BUFFERED_POINTS:
+                    self._dropped_overflow += 1
+                    if self._dropped_overflow == 1:
+                        log.warning("MLflow buffer full (%d points, server down?); new points are being dropped", MAX_BUFFERED_POINTS)
+                    continue
+                # The timestamp is fixed now, so a resend after a lost reply is the
+                # identical row, which MLflow's store de-duplicates.
+                self._metrics.append(Metric(key, number, timestamp_ms, int(step)))
+                self._last_step[key] = int(step)
+            self._cond.notify_all()
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if not self.enabled or self.run_id is None:
+            return
+        from mlflow.entities import RunTag
+
+        clean = redact(dict(tags), self._secrets)
+        self._enqueue(("tags", [RunTag(k, str(v)) for k, v in clean.items()]))
+
+    def set_tag(self, key: str, value: Any) -> None:
+        self.set_tags({key: value})
+
+    def log_text_artifact(self, text: str, artifact_file: str) -> None:
+        """Queue ``text`` as an artifact, with every secret seen in params/tags scrubbed out."""
+        if self.enabled and self.run_id is not None:
+            self._enqueue(("text", scrub_text(text, self._secrets), artifact_file))
+
+    def log_dict_artifact(self, obj: Mapping[str, Any], artifact_file: str) -> None:
+        if self.enabled and self.run_id is not None:
+            self._enqueue(("dict", redact(obj, self._secrets), artifact_file))
+
+    def _enqueue(self, op: tuple) -> None:
+        with self._cond:
+            self._ops.append(op)
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        """Points and operations not yet delivered."""
+        with self._cond:
+            return len(self._metrics) + len(self._ops) + (1 if self._in_flight else 0)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""
+        if not self.enabled or self._thread is None:
+            return True
+        self._wake.set()
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._metrics and not self._ops and not self._in_flight, timeout_s)
+
+    def close(self, status: str = "FINISHED", *, flush_timeout_s: float = 60.0) -> bool:
+        """Deliver what is queued (up to ``flush_timeout_s``), end the run with ``status``
+        (FINISHED | KILLED | FAILED). Returns False if points were left undelivered."""
+        if not self.enabled or self.run_id is None:
+            return True
+        if self._system_monitor is not None:
+            try:
+                self._system_monitor.finish()
+            except Exception as err:
+                log.warning("stopping MLflow system metrics failed: %s", err)
+        delivered = self.flush(flush_timeout_s)
+        with self._cond:
+            self._stop = True
+            left = len(self._metrics) + len(self._ops)
+            self._cond.notify_all()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if not delivered:
+            log.warning("MLflow unreachable: %d metric points/operations were not delivered before close", left)
+        try:
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception as err:
+            log.warning("could not mark MLflow run %s %s: %s", self.run_id, status, err)
+        return delivered
+
+    # -- the delivery thread ----------------------------------------------------
+
+    def _deliver_forever(self) -> None:
+        delay = RETRY_INITIAL_SECONDS
+        failures = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop or self._metrics or self._ops)
+                if self._stop:
+                    return
+                batch = [self._metrics[i] for i in range(min(len(self._metrics), MAX_METRICS_PER_BATCH))]
+                op = None if batch else self._ops[0]
+                self._in_flight = True
+            try:
+                self._send(batch, op)
+                outcome = "sent"
+            except Exception as err:
+                outcome = "dropped" if _is_permanent(err) else "retry"
+                failures += 1
+                if outcome == "dropped":
+                    log.error("MLflow refused %s and it was dropped: %s", "metrics" if batch else op[0], err)
+                elif failures == 1 or failures % 20 == 0:
+                    log.warning("MLflow unreachable (%d tries, %d queued); retrying in the background: %s",
+                                failures, len(self._metrics) + len(self._ops), str(err)[:200])
+            with self._cond:
+                self._in_flight = False
+                if outcome != "retry":
+                    for _ in batch:
+                        self._metrics.popleft()  # only this thread removes, so the front is still the batch
+                    if op is not None:
+                        self._ops.popleft()
+                self._cond.notify_all()
+            if outcome == "retry":
+                self._wake.wait(delay)  # flush() cuts the wait short
+                self._wake.clear()
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+            else:
+                if failures and outcome == "sent":
+                    log.info("MLflow reachable again; buffered points delivered")
+                delay, failures = RETRY_INITIAL_SECONDS, 0 if outcome == "sent" else failures
+
+    def _send(self, batch: list, op: Optional[tuple]) -> None:
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
+        elif op[0] == "tags":
+            self.client.log_batch(self.run_id, tags=op[1], synchronous=True)
+        elif op[0] == "text":
+            self.client.log_text(self.run_id, op[1], op[2])
+        elif op[0] == "dict":
+            self.client.log_dict(self.run_id, op[1], op[2])

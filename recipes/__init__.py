@@ -1,0 +1,7 @@
+"""Training recipes: one readable module per method, each building one TRL trainer.
+
+Recipes know nothing of storage, cost or requeue; the orchestrator reaches them
+through Trainer callbacks. Shared loading code lives in ``recipes.common``.
+"""
+
+RECIPES = ("sft", "dpo", "qlora")

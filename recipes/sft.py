@@ -1,0 +1,43 @@
+"""Supervised fine-tuning with TRL's SFTTrainer: LoRA by default, full fine-tune with recipe.peft=full.
+
+Data: prompt/completion rows (loss on the completion only) or chat ``messages``.
+Quality: eval loss and exact-match accuracy of greedy generations on the held-out split.
+"""
+from __future__ import annotations
+
+from recipes import common
+
+QUALITY_METRIC = "eval_accuracy"
+
+
+def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str = "none"):
+    from trl import SFTConfig, SFTTrainer
+
+    path = common.resolve_model_path(cfg.model)
+    tokenizer = common.load_tokenizer(path, cfg.model.trust_remote_code)
+    model = common.load_model(path, cfg.model, quantization=quantization)
+    peft_config = common.lora_config(cfg.recipe) if cfg.recipe.peft == "lora" else None
+    args = SFTConfig(**common.training_kwargs(cfg, output_dir), packing=False, dataset_num_proc=None)
+    return SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=callbacks,
+    )
+
+
+def evaluate(trainer, cfg, eval_dataset) -> dict:
+    """Eval loss (Trainer.evaluate) and generation accuracy on the held-out split."""
+    metrics = {"eval_loss": float(trainer.evaluate(eval_dataset=eval_dataset)["eval_loss"])}
+    metrics["eval_accuracy"] = accuracy(trainer, cfg, eval_dataset)
+    return metrics
+
+
+def accuracy(trainer, cfg, eval_dataset) -> float:
+    prompts, answers = common.eval_prompts(eval_dataset, trainer.processing_class)
+    return common.generation_accuracy(
+        trainer.model, trainer.processing_class, prompts, answers, cfg.recipe.eval_generate_max_new_tokens
+    )

@@ -1,0 +1,158 @@
+"""The run ledger: fencing by epoch, the refuse hook, vanished attempts, once-only alerts.
+
+Run against a local folder and a real S3 server (moto), whose conditional
+writes are what make the ledger safe between machines.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from orchestrator.errors import CapsReached, Fenced
+from orchestrator.exitcodes import ExitClass
+from orchestrator.ledger import Ledger
+from orchestrator.storage import LocalStore
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return request.getfixturevalue("s3_store")
+
+
+def _begin(ledger: Ledger, host: str = "host-a", **kw):
+    args = dict(host=host, pid=123, instance_type="g5.xlarge", gpu_type="a10g", gpus=1, spot=True, checkpoint_step=0)
+    args.update(kw)
+    return ledger.begin_attempt(**args)
+
+
+def test_first_attempt_creates_the_ledger(store):
+    ledger = Ledger(store, "exp1")
+    assert ledger.load() == {}
+    attempt = _begin(ledger, checkpoint_step=0, extra={"note": "first"})
+    assert attempt["epoch"] == 1 and ledger.epoch == 1
+    record = ledger.load()
+    assert record["status"] == "running" and record["epoch"] == 1 and record["run_name"] == "exp1"
+    assert [a["exit_class"] for a in record["attempts"]] == ["running"]
+    assert record["attempts"][0]["extra"] == {"note": "first"}
+    assert store.list("exp1/") == ["exp1/ledger.json"]
+
+
+def test_racing_begins_get_distinct_epochs_and_the_older_is_fenced(store):
+    ledgers = [Ledger(store, "race"), Ledger(store, "race")]
+    barrier = threading.Barrier(len(ledgers))
+    errors: list[BaseException] = []
+
+    def start(i: int) -> None:
+        try:
+            barrier.wait()
+            _begin(ledgers[i], host=f"host-{i}")
+        except BaseException as err:  # surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(len(ledgers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(led.epoch for led in ledgers) == [1, 2]
+    older, newer = sorted(ledgers, key=lambda led: led.epoch)
+    record = older.load()
+    assert record["epoch"] == 2 and len(record["attempts"]) == 2
+
+    before = store.get_bytes("race/ledger.json")
+    with pytest.raises(Fenced, match=r"another attempt \(epoch 2, host host-\d\) took over this job; this attempt \(epoch 1\) stops"):
+        older.update(lambda led: led.update(status="completed"))
+    assert store.get_bytes("race/ledger.json") == before  # the fenced attempt wrote nothing
+    with pytest.raises(Fenced):
+        older.heartbeat(step=5, cost_usd=0.1)
+    with pytest.raises(Fenced):
+        older.check_epoch()
+    newer.heartbeat(step=7, cost_usd=0.2)
+    newer.check_epoch()
+    assert newer.load()["step"] == 7
+
+
+def test_refuse_hook_raises_caps_reached_and_adds_no_attempt(store):
+    ledger = Ledger(store, "capped")
+    _begin(ledger)
+    ledger.end_attempt(ExitClass.PREEMPTED, step=10, cost_usd=0.5, status="preempted")
+
+    def refuse(record: dict):
+        preemptions = sum(a["exit_class"] in ("preempted", "vanished") for a in record["attempts"])
+        return f"requeue caps spent: {preemptions}/1 preemptions" if preemptions >= 1 else None
+
+    second = Ledger(store, "capped")
+    with pytest.raises(CapsReached, match=r"1/1 preemptions"):
+        _begin(second, refuse=refuse)
+    record = second.load()
+    assert record["epoch"] == 1 and len(record["attempts"]) == 1
+    assert record["status"] == "caps_reached"
+    assert second.epoch is None
+
+
+def test_refuse_on_a_new_job_writes_nothing(store):
+    with pytest.raises(CapsReached):
+        _begin(Ledger(store, "never"), refuse=lambda record: "no")
+    assert not store.exists("never/ledger.json")
+
+
+def test_running_attempt_is_marked_vanished_by_the_next_begin(store):
+    first = Ledger(store, "exp")
+    _begin(first, host="spot-1")
+    first.heartbeat(step=40, cost_usd=1.25)
+    last_seen = first.load()["attempts"][0]["last_seen"]
+    # spot-1 is SIGKILLed: it never records its end. The requeued attempt:
+    second = Ledger(store, "exp")
+    attempt = _begin(second, host="spot-2", checkpoint_step=30)
+    record = second.load()
+    gone = record["attempts"][0]
+    assert gone["exit_class"] == ExitClass.VANISHED.value and gone["ended_at"] == last_seen
+    assert attempt["epoch"] == 2 and attempt["checkpoint_step_at_start"] == 30 and attempt["step_start"] == 30
+    assert record["cost_usd"] == pytest.approx(1.25)  # the vanished attempt's cost is still counted
+    second.heartbeat(step=50, cost_usd=0.5)
+    second.record_checkpoint(step=50, key="exp/checkpoints/50-2", size=1234)
+    record = second.end_attempt(ExitClass.COMPLETED, step=60, cost_usd=0.75, status="completed")
+    assert record["status"] == "completed" and record["step"] == 60
+    assert record["cost_usd"] == pytest.approx(2.0)
+    assert record["checkpoints"] == [
+        {"step": 50, "key": "exp/checkpoints/50-2", "size": 1234, "time": record["checkpoints"][0]["time"], "epoch": 2}
+    ]
+    assert [a["exit_class"] for a in record["attempts"]] == ["vanished", "completed"]
+
+
+def test_record_alert_is_true_exactly_once_across_attempts_and_threads(store):
+    first = Ledger(store, "alerts")
+    _begin(first)
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda: results.append(first.record_alert("budget-50%"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, False, False, True]
+    first.end_attempt(ExitClass.PREEMPTED, step=3, cost_usd=0.1, status="preempted")
+    second = Ledger(store, "alerts")
+    _begin(second)
+    assert second.record_alert("budget-50%") is False  # sent by an earlier attempt
+    assert second.record_alert("budget-80%") is True
+    assert set(second.load()["alerts"]) == {"budget-50%", "budget-80%"}
+
+
+def test_mlflow_run_id_survives_attempts(store):
+    first = Ledger(store, "ml")
+    _begin(first)
+    first.set_mlflow_run_id("abc123")
+    second = Ledger(store, "ml")
+    _begin(second)
+    assert second.load()["mlflow_run_id"] == "abc123"
+
+
+def test_end_attempt_rejects_unknown_status(store):
+    ledger = Ledger(store, "bad")
+    _begin(ledger)
+    with pytest.raises(ValueError, match="not one of"):
+        ledger.end_attempt(ExitClass.CRASHED, step=0, cost_usd=0.0, status="exploded")

@@ -1,0 +1,150 @@
+"""MLflow tracking against a real `mlflow server`: one run per job, no duplicate points, nothing lost
+while the server is down, no secret in params, tags or artifacts."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from mlflow import MlflowClient
+
+from orchestrator.config import TrackingConfig
+from orchestrator.tracking import JobTracker, redact, scrub_text
+
+FAKE_AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+URL_PASSWORD = "hunter2Pass"
+HF_TOKEN = "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ012345"
+
+
+@pytest.fixture
+def cfg(mlflow_server, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return TrackingConfig(uri=mlflow_server.uri, experiment=f"test-{uuid.uuid4().hex[:8]}")
+
+
+def _history(client, run_id, key):
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def _runs_of_job(client, cfg, job):
+    experiment = client.get_experiment_by_name(cfg.experiment)
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.job = '{job}'")
+
+
+def test_all_attempts_of_a_job_share_one_run(cfg, mlflow_server):
+    first = JobTracker(cfg, job_name="exp1", tags={"recipe": "sft"}, params={"train": {"max_steps": 20}})
+    run_id = first.start()
+    first.log_metrics({"loss": 1.0}, step=1)
+    assert first.close("KILLED")
+
+    by_ledger = JobTracker(cfg, job_name="exp1", params={"train": {"max_steps": 20}}, run_id=run_id)
+    assert by_ledger.start() == run_id
+    by_ledger.log_metrics({"loss": 0.9}, step=2)
+    assert by_ledger.close("KILLED")
+
+    # The ledger write of the run id was lost: the run is found by its job tag.
+    by_tag = JobTracker(cfg, job_name="exp1", params={"train": {"max_steps": 20}}, run_id=None)
+    assert by_tag.start() == run_id
+    by_tag.log_metrics({"loss": 0.8}, step=3)
+    assert by_tag.close("FINISHED")
+
+    client = MlflowClient(mlflow_server.uri)
+    runs = _runs_of_job(client, cfg, "exp1")
+    assert [r.info.run_id for r in runs] == [run_id]
+    assert runs[0].info.status == "FINISHED"
+    assert _history(client, run_id, "loss") == [1, 2, 3]
+
+
+def test_steps_replayed_after_a_resume_are_not_logged_twice(cfg, mlflow_server):
+    first = JobTracker(cfg, job_name="exp-replay")
+    run_id = first.start()
+    for step in range(1, 11):
+        first.log_metrics({"loss": 1.0 / step, "lr": 0.001}, step=step)
+    first.log_metrics({"loss": 123.0}, step=10)  # the same step again in one lifetime
+    assert first.close("KILLED")
+
+    # Preempted at step 10, last checkpoint at 5: steps 6..10 are trained again.
+    second = JobTracker(cfg, job_name="exp-replay")
+    assert second.start() == run_id
+    for step in range(6, 16):
+        second.log_metrics({"loss": 1.0 / step, "lr": 0.001}, step=step)
+    assert second.close()
+
+    client = MlflowClient(mlflow_server.uri)
+    assert _history(client, run_id, "loss") == list(range(1, 16))
+    assert _history(client, run_id, "lr") == list(range(1, 16))
+    values = {m.step: m.value for m in client.get_metric_history(run_id, "loss")}
+    assert values[10] == pytest.approx(0.1)
+
+
+def test_points_logged_while_the_server_is_down_arrive_once_it_is_back(cfg, mlflow_server):
+    tracker = JobTracker(cfg, job_name="exp-outage")
+    run_id = tracker.start()
+    try:
+        for step in range(1, 6):
+            tracker.log_metrics({"loss": float(step)}, step=step)
+        assert tracker.flush(30)
+
+        mlflow_server.stop()
+        began = time.monotonic()
+        for step in range(6, 21):
+            tracker.log_metrics({"loss": float(step)}, step=step)
+        assert time.monotonic() - began < 0.5  # training did not wait for the dead server
+        tracker.set_tags({"phase": "during-outage"})
+        assert not tracker.flush(2)  # nothing can be delivered yet, and flush says so
+        assert tracker.pending() > 0
+    finally:
+        mlflow_server.start()
+    assert tracker.flush(120)
+    assert tracker.close()
+
+    client = MlflowClient(mlflow_server.uri)
+    assert _history(client, run_id, "loss") == list(range(1, 21))  # every point, exactly once
+    assert client.get_run(run_id).data.tags["phase"] == "during-outage"
+
+
+def test_planted_secrets_appear_nowhere_in_mlflow(cfg, mlflow_server, tmp_path):
+    params = {
+        "storage": {"uri": "s3://bucket/runs", "endpoint_url": f"https://minio:{URL_PASSWORD}@minio.local:9000"},
+        "data": {"notes": f"exported with {FAKE_AWS_SECRET}"},
+        "hub": {"hf_token": HF_TOKEN},
+        "recipe": {"eval_generate_max_new_tokens": 8},  # a number, not a secret
+        "run": {"git_commit": "0123456789abcdef0123456789abcdef01234567"},  # a hex digest, not a secret
+    }
+    tracker = JobTracker(cfg, job_name="exp-secrets", tags={"mlflow_auth": "Bearer abcdefgh", "recipe": "sft"}, params=params)
+    run_id = tracker.start()
+    tracker.log_dict_artifact(params, "config.json")
+    tracker.log_text_artifact(
+        f"download from https://minio:{URL_PASSWORD}@minio.local:9000 token={HF_TOKEN} key={FAKE_AWS_SECRET}\n", "logs/attempt-1.log"
+    )
+    assert tracker.close()
+
+    client = MlflowClient(mlflow_server.uri)
+    run = client.get_run(run_id)
+    artifacts_dir = client.download_artifacts(run_id, "", str(tmp_path))
+    artifact_text = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    assert "config.json" in artifact_text or (tmp_path / "config.json").exists() or artifacts_dir
+    assert "minio.local" in artifact_text  # the artifacts really came back (through S3)
+    everything = json.dumps(run.data.params) + json.dumps(run.data.tags) + artifact_text
+    for secret in (FAKE_AWS_SECRET, URL_PASSWORD, HF_TOKEN, "Bearer abcdefgh"):
+        assert secret not in everything, secret
+    assert run.data.params["recipe.eval_generate_max_new_tokens"] == "8"
+    assert run.data.params["storage.uri"] == "s3://bucket/runs"
+    assert run.data.params["run.git_commit"] == params["run"]["git_commit"]
+    assert run.data.params["hub.hf_token"] == "***"
+    assert run.data.tags["recipe"] == "sft"
+
+
+def test_redact_and_scrub_text_units():
+    cleaned = redact({"AWS_SECRET_ACCESS_KEY": "x", "apiKey": "y", "password": 5, "use_auth": True, "max_new_tokens": 8, "tokenizer": "gpt2"})
+    assert cleaned == {"AWS_SECRET_ACCESS_KEY": "***", "apiKey": "***", "password": "***", "use_auth": True, "max_new_tokens": 8, "tokenizer": "gpt2"}
+    assert redact(["postgresql://me:pw@db/x"]) == ["postgresql://***@db/x"]
+    assert scrub_text("id AKIAABCDEFGHIJKLMNOP and mysecretvalue", ["mysecretvalue"]) == "id *** and ***"
+
+
+def test_disabled_tracking_is_a_no_op():
+    tracker = JobTracker(TrackingConfig(enabled=False), job_name="x")
+    assert tracker.start() is None
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    assert tracker.flush(1) and tracker.close()
