@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,22 +365,7 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
         c["master_weights"] = 0
     c["optimizer"] = trainable * ADAM_STATE_BYTES_PER_PARAM
 
-    sharded = {"zero2": ("gradients", "master_weights", "optimizer"),
-               "zero3": ("weights", "quant_constants", "reference_model", "adapters", "gradients", "master_weights",
-                         "optimizer")}
-    sharded["fsdp"] = sharded["zero3"]
-    for key in sharded.get(sharding, ()):
-        if key in c:
-            c[key] /= W
-    offload = 0.0
-    if cfg.distributed.cpu_offload:
-        if sharding in sharded:
-            offload = c["optimizer"] + c["master_weights"]
-            c["optimizer"] = c["master_weights"] = 0
-        else:
-            notes.append(f"distributed.cpu_offload is ignored with distributed={sharding}: it needs zero2, zero3 or fsdp.")
-    if sharding in ("zero3", "fsdp"):
-        notes.append("zero3/fsdp also gather one layer's full weights at a time (not counted).")
+    offload = _shard(c, sharding, W, bool(cfg.distributed.cpu_offload), notes)
 
     sequences = int(train.per_device_batch_size) * (2 if recipe.name == "dpo" else 1)
     ckpt = bool(train.gradient_checkpointing)
@@ -392,13 +376,44 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
     components = {k: int(round(c[k])) for k in COMPONENT_LABELS if k in c and c[k]}
     method = "full fine-tune" if full else ("QLoRA (NF4 base + LoRA)" if nf4 else "LoRA")
     describe = (f"{recipe.name} / {method} on {cfg.model.name_or_path} ({cfg.model.preset}), {dtype}, "
-                f"{params['total'] / 1e9:.3g}B params, trainable {trainable:,} ({100 * trainable / params['total']:.3g}%)")
+                f"{_count(params['total'])} params, trainable {_count(trainable)} ({100 * trainable / params['total']:.3g}%)")
     return MemoryPlan(
         components=components, params=params, trainable_params=trainable, world_size=W, sharding=sharding,
         dtype=dtype, checkpointing=ckpt, activations_alternative=int(alternative), cpu_offload_bytes=int(offload),
         tokens_per_step=sequences * int(cfg.data.max_length) * int(train.gradient_accumulation_steps) * W,
         describe=describe, notes=notes,
     )
+
+
+def _count(n: int) -> str:
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+SHARDED_COMPONENTS = {
+    "zero2": ("gradients", "master_weights", "optimizer"),
+    "zero3": ("weights", "quant_constants", "reference_model", "adapters", "gradients", "master_weights", "optimizer"),
+}
+SHARDED_COMPONENTS["fsdp"] = SHARDED_COMPONENTS["zero3"]
+
+
+def _shard(components: dict[str, float], sharding: str, world: int, cpu_offload: bool, notes: list[str]) -> float:
+    """Divide the sharded components by the world size in place; return the bytes offloaded to CPU."""
+    for key in SHARDED_COMPONENTS.get(sharding, ()):
+        if key in components:
+            components[key] /= world
+    if sharding in ("zero3", "fsdp"):
+        notes.append("zero3/fsdp also gather one layer's full weights at a time (not counted).")
+    if not cpu_offload:
+        return 0.0
+    if sharding not in SHARDED_COMPONENTS:
+        notes.append(f"distributed.cpu_offload is ignored with distributed={sharding}: it needs zero2, zero3 or fsdp.")
+        return 0.0
+    offloaded = components["optimizer"] + components["master_weights"]
+    components["optimizer"] = components["master_weights"] = 0
+    return offloaded
 
 
 def fits(plan: MemoryPlan, gpu_memory_gb: float, headroom: float = 0.1) -> bool:
@@ -473,8 +488,10 @@ def estimate_cost(cfg: Any, price: Any, tokens_per_second: Optional[float] = Non
 
 
 def _with_gpu(cfg: Any, gpu_type: str) -> Any:
-    """A copy of ``cfg`` on ``gpu_type`` with the catalog's price and memory (overrides dropped)."""
-    change = {"gpu_type": gpu_type, "price_per_hour": None, "memory_gb": None}
+    """A copy of ``cfg`` on ``gpu_type`` (one GPU per process at least), priced and sized by the
+    catalog: compute.price_per_hour and compute.memory_gb are dropped."""
+    gpus = max(int(cfg.compute.gpus_per_node or 0), world_size(cfg) // max(1, int(cfg.compute.nodes or 1)), 1)
+    change = {"gpu_type": gpu_type, "gpus_per_node": gpus, "price_per_hour": None, "memory_gb": None}
     if dataclasses.is_dataclass(cfg):
         return dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, **change))
     from omegaconf import OmegaConf
@@ -497,7 +514,7 @@ def gpu_types_that_fit(plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], m
     from orchestrator.cost import price_for
 
     options = []
-    for gpu_type in sorted(set(catalog) | set(GPU_SPECS)):
+    for gpu_type in sorted(catalog):
         memory = gpu_memory_gb(gpu_type, catalog)
         if memory is None or str(gpu_type).lower() in CPU_GPU_TYPES or not fits(plan, memory, headroom):
             continue
@@ -517,7 +534,7 @@ def gpu_types_that_fit(plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], m
 
 
 def _gb(n: float) -> str:
-    return f"{n / GB:,.2f} GB"
+    return f"{n / GB:,.2f} GB" if n >= 0.1 * GB else f"{n / 1e6:,.2f} MB"
 
 
 def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], options: list[GpuOption],
@@ -657,7 +674,9 @@ def _tensors(mapping: Mapping[str, Any]):
 def format_trial(plan: MemoryPlan, measured: Mapping[str, Any], cost: Optional[CostEstimate] = None) -> str:
     """Estimate beside measurement after a trial. ``measured`` keys (each optional):
     params, grads, optimizer (bytes, from :func:`count_allocated_state_bytes`),
-    peak_memory_bytes, step_time_s, tokens_per_second, data_wait_s (per step)."""
+    peak_memory_bytes, step_time_s, tokens_per_second, data_wait_s (per step).
+    The peak estimate includes ~1 GB of CUDA context that ``torch.cuda.max_memory_allocated``
+    does not see; ``cost`` (from :func:`estimate_cost`) supplies the step-time and tokens/s estimates."""
     comp = plan.components
     est_params = sum(comp.get(k, 0) for k in ("weights", "quant_constants", "reference_model", "adapters"))
     est_opt = comp.get("optimizer", 0) + comp.get("master_weights", 0)

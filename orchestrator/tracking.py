@@ -52,9 +52,9 @@ _SECRET_KEY_WORDS = {"key", "secret", "token", "password", "passwd", "pwd", "cre
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@:]+:[^/\s@]+@")
 _AWS_ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")
-# 40 chars of base64 alphabet with upper, lower and a digit: the shape of an AWS
-# secret access key. Requiring mixed case spares 40-char hex digests (git SHAs).
-_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+=]*[a-z])(?=[A-Za-z0-9/+=]*[A-Z])(?=[A-Za-z0-9/+=]*[0-9])[A-Za-z0-9/+=]{40}(?![A-Za-z0-9/+=])")
+# 40 chars of [A-Za-z0-9/+] with upper, lower and a digit: the shape of an AWS secret
+# access key ("key=<secret>" included). Requiring mixed case spares 40-char hex digests (git SHAs).
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+])(?=[A-Za-z0-9/+]{0,39}[a-z])(?=[A-Za-z0-9/+]{0,39}[A-Z])(?=[A-Za-z0-9/+]{0,39}[0-9])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])")
 
 
 def is_secret_key(key: str) -> bool:
@@ -73,8 +73,8 @@ def redact(obj: Any, _found: Optional[set] = None) -> Any:
 
     Replaced: values of keys whose words include key/secret/token/password/
     passwd/credential/auth; strings shaped like AWS access keys or secret keys;
-    ``user:password@`` in URLs. ``_found`` collects the replaced strings, for
-    :func:`scrub_text`.
+    ``user:password@`` in URLs. ``_found`` collects the values replaced
+    because of their key, for :func:`scrub_text`.
     """
     if isinstance(obj, Mapping):
         out = {}
@@ -89,10 +89,9 @@ def redact(obj: Any, _found: Optional[set] = None) -> Any:
     if isinstance(obj, (list, tuple)):
         return [redact(v, _found) for v in obj]
     if isinstance(obj, str):
-        cleaned = _scrub_patterns(obj)
-        if cleaned != obj and _found is not None:
-            _found.add(obj)
-        return cleaned
+        # Secret-shaped substrings are found again by pattern in scrub_text, so only
+        # the secret part goes, not the whole value (a URL keeps its host).
+        return _scrub_patterns(obj)
     return obj
 
 

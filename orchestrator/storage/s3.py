@@ -112,8 +112,9 @@ class S3Store(ObjectStore):
         try:
             yield
         except boto3.exceptions.S3UploadFailedError as err:
-            # The transfer manager wraps the ClientError; translate the cause.
-            cause = err.__cause__
+            # The transfer manager re-raises a ClientError as this inside its
+            # except block (so it is the context, not always the cause): translate that.
+            cause = err.__cause__ or err.__context__
             if isinstance(cause, botocore.exceptions.ClientError):
                 with self.translate_errors(key, missing_means_precondition=missing_means_precondition):
                     raise cause from None

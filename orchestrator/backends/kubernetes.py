@@ -1,0 +1,158 @@
+"""Kubernetes: a batch/v1 Job whose pod runs one attempt, retried by the Job controller.
+
+The ``podFailurePolicy`` makes the Job controller speak our exit codes: 75
+(preempted, checkpoint committed) and a pod disrupted by the cluster (spot node
+reclaimed: the ``DisruptionTarget`` condition) are retried without counting
+against ``backoffLimit``; 3, 4, 5 and 6 fail the Job at once; anything else
+counts against ``backoffLimit = max_failures + max_preemptions``. The worker's
+ledger check (exit 5) has the last word whoever retries.
+
+Settings read from the config: ``run.name``, ``backend.image`` (required),
+``compute.gpus_per_node``, ``compute.spot``, ``compute.cloud`` (gcp | aws |
+azure: which spot node label to select; other values select none),
+``preemption.grace``, ``requeue.*``, ``storage.*`` (as env vars, never
+credentials), and from ``backend.extra``: ``namespace`` (default "default"),
+``service_account`` (for workload identity to the bucket), ``cpu``,
+``memory`` (resource requests, e.g. "8", "64Gi").
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from orchestrator import exitcodes
+from orchestrator.backends import WORKER_MODULE, extra, grace_seconds, single_node, worker_overrides
+from orchestrator.errors import ConfigError
+
+KUBECTL_TIMEOUT_SECONDS = 120
+# after the worker's emergency save must commit, leave it this long to upload and exit
+TERMINATION_MARGIN_SECONDS = 30
+STOP_EXIT_CODES = [exitcodes.BUDGET_EXHAUSTED, exitcodes.CONFIG_ERROR, exitcodes.CAPS_REACHED, exitcodes.FENCED]
+
+# per cloud: the label its managed Kubernetes puts on spot nodes, and the taint it puts on them (if any)
+SPOT_NODE_LABELS = {
+    "gcp": ("cloud.google.com/gke-spot", "true"),
+    "aws": ("eks.amazonaws.com/capacityType", "SPOT"),
+    "azure": ("kubernetes.azure.com/scalesetpriority", "spot"),
+}
+SPOT_TOLERATIONS = {
+    "gcp": [{"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+    "aws": [],
+    "azure": [
+        {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
+    ],
+}
+
+
+def job_name(run_name: str) -> str:
+    """A DNS-1123 label from ``run.name`` (lowercase, [a-z0-9-], at most 63 characters)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")[:63].strip("-")
+    return name or "run"
+
+
+def _container(cfg: Any, overrides: Sequence[str]) -> dict:
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "STORAGE_URI", "value": str(cfg.storage.uri)}]
+    for key, name in (("endpoint_url", "STORAGE_ENDPOINT_URL"), ("region", "STORAGE_REGION")):
+        if cfg.storage.get(key):
+            env.append({"name": name, "value": str(cfg.storage[key])})
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if extra(cfg, "cpu"):
+        requests["cpu"] = str(extra(cfg, "cpu"))
+    if extra(cfg, "memory"):
+        requests["memory"] = limits["memory"] = str(extra(cfg, "memory"))
+    gpus = int(cfg.compute.gpus_per_node)
+    if gpus > 0:
+        limits["nvidia.com/gpu"] = str(gpus)
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": str(cfg.backend.image),
+        "command": ["python", "-m", WORKER_MODULE],
+        "args": worker_overrides(overrides),
+        "env": env,
+    }
+    if requests or limits:
+        container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    return container
+
+
+def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
+    """The Job manifest as a dict (batch/v1).
+
+    Raises:
+        ConfigError: no ``backend.image``, or a multi-node job.
+    """
+    single_node(cfg, "kubernetes")
+    if not cfg.backend.image:
+        raise ConfigError(
+            "backend=kubernetes needs backend.image: a container image with the project installed "
+            "(see containers/README.md), e.g. backend.image=ghcr.io/you/spot-orchestrator:0.1."
+        )
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": grace_seconds(cfg) + TERMINATION_MARGIN_SECONDS,
+        "containers": [_container(cfg, overrides)],
+    }
+    if extra(cfg, "service_account"):
+        pod_spec["serviceAccountName"] = str(extra(cfg, "service_account"))
+    cloud = str(cfg.compute.cloud).lower()
+    if cfg.compute.spot and cloud in SPOT_NODE_LABELS:
+        key, value = SPOT_NODE_LABELS[cloud]
+        pod_spec["nodeSelector"] = {key: value}
+        if SPOT_TOLERATIONS[cloud]:
+            pod_spec["tolerations"] = SPOT_TOLERATIONS[cloud]
+    if int(cfg.compute.gpus_per_node) > 0:
+        # GPU node pools are commonly tainted so that only GPU pods land there
+        pod_spec.setdefault("tolerations", []).append(
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        )
+    labels = {"app.kubernetes.io/name": "spot-orchestrator", "spot-orchestrator/run": job_name(str(cfg.run.name))}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job_name(str(cfg.run.name)), "namespace": str(extra(cfg, "namespace", "default")), "labels": labels},
+        "spec": {
+            "backoffLimit": int(cfg.requeue.max_failures) + int(cfg.requeue.max_preemptions),
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onExitCodes": {"containerName": "worker", "operator": "In", "values": [exitcodes.PREEMPTED]}},
+                    {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In", "values": STOP_EXIT_CODES}},
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                ]
+            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def render(cfg: Any, overrides: Sequence[str]) -> str:
+    """The manifest as YAML text, as ``submit`` would apply it."""
+    return f"# kubectl apply -f <this file>   (run.name={cfg.run.name})\n" + yaml.safe_dump(
+        manifest(cfg, overrides), sort_keys=False
+    )
+
+
+def submit(cfg: Any, overrides: Sequence[str]) -> str:
+    """``kubectl apply -f`` the manifest; returns "<namespace>/<job name>".
+
+    Raises:
+        ConfigError: kubectl is missing or the API server refused the Job (its message included).
+    """
+    text = render(cfg, overrides)
+    work = Path(cfg.run.work_dir).expanduser().resolve() / "kubernetes"
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{job_name(str(cfg.run.name))}-", dir=work, delete=False) as f:
+        f.write(text)
+    try:
+        done = subprocess.run(["kubectl", "apply", "-f", f.name], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_SECONDS)
+    except FileNotFoundError:
+        raise ConfigError("backend=kubernetes needs kubectl on PATH, pointed at your cluster (kubectl config current-context).") from None
+    if done.returncode != 0:
+        raise ConfigError(f"kubectl apply -f {f.name} failed: {done.stderr.strip() or done.stdout.strip()}")
+    meta = manifest(cfg, overrides)["metadata"]
+    return f"{meta['namespace']}/{meta['name']}"

@@ -1,0 +1,20 @@
+"""The local backend: the supervisor runs each attempt as a child process on this machine."""
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any, Sequence
+
+
+def render(cfg: Any, overrides: Sequence[str]) -> str:
+    """The command each attempt runs, under the supervisor's requeue policy."""
+    cmd = " ".join(shlex.quote(x) for x in [sys.executable, "-m", "orchestrator.worker", *overrides])
+    r = cfg.requeue
+    return (f"# local supervisor: one child per attempt; requeue.max_preemptions={r.max_preemptions}, "
+            f"requeue.max_failures={r.max_failures}, crash_loop_threshold={r.crash_loop_threshold}\n{cmd}\n")
+
+
+def run(cfg: Any, overrides: Sequence[str]) -> int:
+    from orchestrator.supervisor import Supervisor
+
+    return Supervisor(cfg, list(overrides)).run()

@@ -1,0 +1,139 @@
+"""SkyPilot: a managed-job task that SkyPilot recovers across spot preemptions.
+
+SkyPilot relaunches the task when the spot VM is reclaimed (no charge against
+the error cap), when the worker exits 75 (``recover_on_exit_codes``), and on
+other errors up to ``requeue.max_failures`` times; the worker's own ledger
+check (exit 5) has the last word. ``EAGER_NEXT_REGION`` moves to another
+region right after a preemption, where spot capacity is more likely.
+
+Settings read from the config: ``run.name``, ``compute.gpu_type``,
+``compute.gpus_per_node``, ``compute.spot``, ``compute.cloud``,
+``backend.image`` (a Docker image with the project installed; without one the
+project is synced as ``workdir`` and installed by ``setup``),
+``requeue.max_failures``, ``storage.*`` (carried as envs, never credentials:
+the VM's own role or service account reaches the bucket), and from
+``backend.extra``: ``region``, ``disk_size`` (GB), ``setup`` (a command
+replacing the default one).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from orchestrator import exitcodes
+from orchestrator.backends import extra, single_node, worker_command
+from orchestrator.errors import ConfigError
+
+RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
+LAUNCH_TIMEOUT_SECONDS = 1800  # sky jobs launch waits for the controller, which may need provisioning
+DEFAULT_SETUP = "pip install -e ."
+
+# our gpu_type keys (conf/pricing.yaml) -> SkyPilot accelerator names
+ACCELERATOR_NAMES = {
+    "h100-80gb": "H100",
+    "h200": "H200",
+    "a100-80gb": "A100-80GB",
+    "a100-40gb": "A100",
+    "a10g": "A10G",
+    "l4": "L4",
+    "l40s": "L40S",
+    "t4": "T4",
+    "v100": "V100",
+}
+
+
+def accelerator(cfg: Any) -> str | None:
+    """"<GPU>:<count>" for SkyPilot, or None for a CPU-only job."""
+    count = int(cfg.compute.gpus_per_node)
+    if count <= 0:
+        return None
+    gpu = str(cfg.compute.gpu_type)
+    return f"{ACCELERATOR_NAMES.get(gpu.lower(), gpu.upper())}:{count}"
+
+
+def task_config(cfg: Any, overrides: Sequence[str]) -> dict:
+    """The managed-job task as a dict, in SkyPilot's task YAML schema.
+
+    Raises:
+        ConfigError: a multi-node job.
+    """
+    single_node(cfg, "skypilot")
+    resources: dict[str, Any] = {
+        "use_spot": bool(cfg.compute.spot),
+        "job_recovery": {
+            "strategy": RECOVERY_STRATEGY,
+            "max_restarts_on_errors": int(cfg.requeue.max_failures),
+            "recover_on_exit_codes": [exitcodes.PREEMPTED],
+        },
+    }
+    if accelerator(cfg):
+        resources["accelerators"] = accelerator(cfg)
+    if cfg.compute.cloud and cfg.compute.cloud != "any":
+        resources["cloud"] = str(cfg.compute.cloud)
+    if extra(cfg, "region"):
+        resources["region"] = str(extra(cfg, "region"))
+    if extra(cfg, "disk_size"):
+        resources["disk_size"] = int(extra(cfg, "disk_size"))
+    if cfg.backend.image:
+        resources["image_id"] = f"docker:{cfg.backend.image}"
+
+    envs = {"PYTHONUNBUFFERED": "1", "STORAGE_URI": str(cfg.storage.uri)}
+    for key, env in (("endpoint_url", "STORAGE_ENDPOINT_URL"), ("region", "STORAGE_REGION")):
+        if cfg.storage.get(key):
+            envs[env] = str(cfg.storage[key])
+
+    task: dict[str, Any] = {
+        "name": str(cfg.run.name),
+        "resources": resources,
+        "num_nodes": 1,
+        "envs": envs,
+        "run": worker_command(overrides),
+    }
+    if cfg.backend.image:
+        # the image has the project installed (containers/Dockerfile); its entrypoint is not used by SkyPilot
+        task["setup"] = extra(cfg, "setup", "python -c 'import orchestrator'")
+    else:
+        task["workdir"] = os.getcwd()
+        task["setup"] = extra(cfg, "setup", DEFAULT_SETUP)
+    return task
+
+
+def render(cfg: Any, overrides: Sequence[str]) -> str:
+    """The task YAML text that ``submit`` would hand to ``sky jobs launch``."""
+    return f"# sky jobs launch -y <this file>   (run.name={cfg.run.name})\n" + yaml.safe_dump(
+        task_config(cfg, overrides), sort_keys=False
+    )
+
+
+def submit(cfg: Any, overrides: Sequence[str]) -> str:
+    """Run ``sky jobs launch -y <task.yaml>``; returns the job's name (SkyPilot's handle for it).
+
+    Raises:
+        ConfigError: the sky CLI is missing or the launch failed (its output included).
+    """
+    text = render(cfg, overrides)
+    work = Path(cfg.run.work_dir).expanduser().resolve() / "skypilot"
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{cfg.run.name}-", dir=work, delete=False) as f:
+        f.write(text)
+    try:
+        done = subprocess.run(
+            ["sky", "jobs", "launch", "-y", "--name", str(cfg.run.name), f.name],
+            capture_output=True,
+            text=True,
+            timeout=LAUNCH_TIMEOUT_SECONDS,
+        )
+    except FileNotFoundError:
+        raise ConfigError(
+            "backend=skypilot needs the sky CLI: pip install 'skypilot[aws]' (or [gcp], [azure], [kubernetes]), "
+            "then run `sky check`."
+        ) from None
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise ConfigError(f"sky jobs launch failed for {f.name}:\n{tail}")
+    return str(cfg.run.name)

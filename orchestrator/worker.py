@@ -1,0 +1,384 @@
+"""One training attempt: ``python -m orchestrator.worker [hydra overrides]``.
+
+Every backend runs this same command (the local supervisor as a child process,
+Slurm from an sbatch script, SkyPilot and Kubernetes in the container):
+1. open the run's ledger, take a new attempt epoch (fencing), refuse if caps or budget are spent;
+2. find the newest committed checkpoint, download it, verify its hashes, check its fingerprints;
+3. build the recipe's TRL trainer with the orchestrator's callback;
+4. train; the callback saves on time, steps, a preemption notice or an exhausted budget;
+5. commit the final weights, close the ledger and the MLflow run, and exit with a
+   code that says what happened (see ``orchestrator.exitcodes``).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from orchestrator import exitcodes
+from orchestrator.checkpoint import manifest as mf
+from orchestrator.checkpoint.callback import OrchestratorCallback
+from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.config import parse_duration
+from orchestrator.errors import BudgetExhausted, ConfigError, UserError
+from orchestrator.exitcodes import ExitClass
+
+log = logging.getLogger("orchestrator.worker")
+
+HEARTBEAT_SECONDS = float(os.environ.get("ORCH_HEARTBEAT_SECONDS", "15"))
+# Fields that do not shape the training trajectory; every other one is fingerprinted.
+_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps"}, "data": {"max_eval_examples"},
+                   "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
+
+
+def trajectory_config(cfg) -> dict:
+    """The config fields that shape the training trajectory, flattened."""
+    out = {}
+    for group in ("recipe", "model", "data", "train"):
+        for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
+            if key not in _NON_TRAJECTORY.get(group, set()) and not (group == "model" and key == "preset"):
+                out[f"{group}.{key}"] = value
+    out["distributed.name"] = cfg.distributed.name
+    out["distributed.world_size"] = cfg.distributed.processes_per_node * cfg.distributed.nodes
+    return out
+
+
+def check_resumable(manifest: dict, trajectory: dict, dataset_fp: str, cfg) -> None:
+    """Refuse a checkpoint of another trajectory, naming what changed and how to go on anyway."""
+    meta = manifest.get("meta", {})
+    name = f"{manifest['step']:09d}-{manifest['epoch']:04d}"
+    old = meta.get("trajectory", {})
+    changed = [f"{k}: {old.get(k)!r} -> {trajectory.get(k)!r}" for k in sorted(set(old) | set(trajectory))
+               if old.get(k) != trajectory.get(k)]
+    if changed and not cfg.checkpoint.allow_config_change:
+        raise ConfigError(
+            f"checkpoint {name} of job {cfg.run.name!r} was written with another config ({'; '.join(changed)}). "
+            "Resuming would not continue the same run. Start a new job with another run.name, or set "
+            "checkpoint.allow_config_change=true to resume anyway."
+        )
+    if meta.get("dataset_fingerprint") not in (None, dataset_fp) and not cfg.checkpoint.allow_data_change:
+        raise ConfigError(
+            f"the training data changed since checkpoint {name} of job {cfg.run.name!r} "
+            f"(fingerprint {meta['dataset_fingerprint'][:12]} -> {dataset_fp[:12]}). Start a new job with another "
+            "run.name, or set checkpoint.allow_data_change=true to resume on the new data."
+        )
+    for msg in changed:
+        log.warning("resuming despite a changed config field (checkpoint.allow_config_change=true): %s", msg)
+
+
+class Job:
+    """The state of one attempt; also the hooks the Trainer callback calls."""
+
+    def __init__(self, cfg, overrides: list[str]):
+        from orchestrator.cost import CostMeter, load_catalog, price_for
+        from orchestrator.ledger import Ledger
+        from orchestrator.preemption import PreemptionHandler
+        from orchestrator.requeue import RequeuePolicy
+        from orchestrator.storage import store_from_config
+
+        self.cfg = cfg
+        self.overrides = overrides
+        self.run_name = cfg.run.name
+        try:
+            self.price = price_for(cfg.compute, load_catalog())
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        self.meter = CostMeter(self.price)
+        self.store = store_from_config(cfg.storage)
+        self.ledger = Ledger(self.store, self.run_name)
+        self.policy = RequeuePolicy(cfg.requeue)
+        work = Path(cfg.run.work_dir).expanduser().resolve() / self.run_name / f"pid{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        self.work = work
+        self.checkpoints = CheckpointStore(self.store, self.run_name, keep_last=cfg.checkpoint.keep_last,
+                                           staging_dir=work / "staging")
+        self.preemption = PreemptionHandler.from_config(cfg.preemption)
+        self.every_seconds = parse_duration(cfg.checkpoint.every, key="checkpoint.every")
+        self.prior_cost_usd = 0.0
+        self.tracker = None
+        self.guard = None
+        self.step = 0
+        self.step_at_start = 0
+        self._last_heartbeat = time.monotonic()
+        self._budget_stop = False
+        self.fenced_error = None
+        self.dataset_fp = ""
+        self.trajectory = trajectory_config(cfg)
+
+    # ---- 1. ledger ---------------------------------------------------------
+    def begin(self) -> None:
+        def refuse(ledger: dict):
+            reason = self.policy.refuse_reason(ledger)
+            if reason:
+                return reason
+            spent = sum(float(a.get("cost_usd") or 0) for a in ledger.get("attempts", []))
+            if ledger.get("status") == "budget_exhausted" or (
+                    self.cfg.budget.max_usd is not None and spent >= self.cfg.budget.max_usd):
+                return f"budget spent: ${spent:.4f} of budget.max_usd=${self.cfg.budget.max_usd}"
+            if ledger.get("status") == "completed":
+                return "the job already completed; use a new run.name to train again"
+            return None
+
+        self.store.abort_incomplete_uploads(f"{self.run_name}/")
+        newest = self.checkpoints.newest_step()
+        try:
+            attempt = self.ledger.begin_attempt(
+                host=socket.gethostname(), pid=os.getpid(), instance_type=self.cfg.compute.name,
+                gpu_type=self.cfg.compute.gpu_type, gpus=self.cfg.compute.gpus_per_node * self.cfg.compute.nodes,
+                spot=bool(self.cfg.compute.spot), checkpoint_step=newest, refuse=refuse,
+            )
+        except UserError as err:
+            if "budget spent" in str(err):
+                raise BudgetExhausted(str(err)) from None
+            if "already completed" in str(err):
+                log.info("not started: %s", err)
+                raise
+            raise
+        ledger = self.ledger.load()
+        self.prior_cost_usd = sum(float(a.get("cost_usd") or 0) for a in ledger["attempts"][:-1])
+        log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
+                 self.run_name, attempt["host"], newest)
+        self.checkpoints.remove_uncommitted()
+
+    # ---- hooks for the callback -------------------------------------------
+    def total_cost_usd(self) -> float:
+        return self.prior_cost_usd + self.meter.attempt_cost_usd()
+
+    def stop_reason(self) -> str | None:
+        if self.preemption.requested:
+            return f"preempted ({self.preemption.reason})"
+        if self.guard is not None:
+            total = self.total_cost_usd()
+            steps = max(1, self.step - self.step_at_start)
+            self.guard.check(total, steps_done=self.step, max_steps=self.cfg.train.max_steps,
+                             recent_usd_per_step=self.meter.attempt_cost_usd() / steps)
+            if self.guard.exhausted(total):
+                self._budget_stop = True
+                return f"budget exhausted (${total:.4f} of ${self.cfg.budget.max_usd})"
+        return None
+
+    def on_step(self, step: int) -> None:
+        self.step = step
+        if time.monotonic() - self._last_heartbeat >= HEARTBEAT_SECONDS:
+            self.heartbeat()
+
+    def heartbeat(self) -> None:
+        self._last_heartbeat = time.monotonic()
+        try:
+            self.ledger.heartbeat(self.step, self.meter.attempt_cost_usd())
+        except UserError as err:  # fenced: another attempt took over
+            self.fenced_error = err
+            self.preemption.request(f"fenced: {err}")
+
+    def on_metrics(self, metrics: dict, step: int) -> None:
+        if self.tracker is None:
+            return
+        from orchestrator.cost import usd_per_step
+
+        cost = self.total_cost_usd()
+        metrics = dict(metrics, cost_usd=cost, attempt_cost_usd=self.meter.attempt_cost_usd(),
+                       gpu_hours=self.meter.gpu_hours())
+        per_step = usd_per_step(cost, step)
+        if per_step is not None:
+            metrics["usd_per_step"] = per_step
+        self.tracker.log_metrics(metrics, step)
+
+    def commit(self, folder: Path, step: int, *, wait: bool) -> None:
+        meta = {"trajectory": self.trajectory, "dataset_fingerprint": self.dataset_fp,
+                "attempt_epoch": self.ledger.epoch, "wall_time": time.time()}
+        started = time.monotonic()
+
+        def on_committed(result, manifest):
+            self.ledger.record_checkpoint(step, f"{self.run_name}/checkpoints/{result.name}", result.bytes)
+            self.ledger.heartbeat(step, self.meter.attempt_cost_usd())
+
+        self.checkpoints.commit_async(folder, step=step, epoch=self.ledger.epoch, meta=meta,
+                                      may_commit=self.ledger.check_epoch, on_committed=on_committed)
+        if wait:
+            self.checkpoints.wait()
+            took = time.monotonic() - started
+            left = self.preemption.seconds_left()
+            ok = self.checkpoints.results and self.checkpoints.results[-1].ok
+            log.warning("emergency checkpoint at step %d %s in %.2fs%s", step, "committed" if ok else "FAILED", took,
+                        "" if left is None else f" ({left:.1f}s before the deadline)")
+
+    # ---- tracking -----------------------------------------------------------
+    def start_tracking(self) -> None:
+        from orchestrator.budget import BudgetGuard, default_sinks
+        from orchestrator.tracking import JobTracker, TrackingUnavailable
+
+        cfg = self.cfg
+        if cfg.tracking.enabled:
+            ledger = self.ledger.load()
+            tags = {"job": self.run_name, "recipe": cfg.recipe.name, "model": cfg.model.name_or_path,
+                    "gpu_type": cfg.compute.gpu_type, "spot": str(bool(cfg.compute.spot)),
+                    "status": "running", "attempts": str(len(ledger["attempts"])),
+                    "quality_metric": self.recipe.QUALITY_METRIC}
+            self.tracker = JobTracker(cfg.tracking, job_name=self.run_name, tags=tags,
+                                      params=OmegaConf.to_container(cfg, resolve=True),
+                                      run_id=ledger.get("mlflow_run_id"))
+            try:
+                run_id = self.tracker.start()
+            except TrackingUnavailable as err:
+                log.warning("MLflow unavailable (%s); training goes on and metrics are buffered", err)
+                run_id = None
+            if run_id and run_id != ledger.get("mlflow_run_id"):
+                self.ledger.set_mlflow_run_id(run_id)
+        set_tag = self.tracker.set_tag if self.tracker else None
+        self.guard = BudgetGuard(cfg.budget, record_alert=self.ledger.record_alert,
+                                 sinks=default_sinks(cfg.budget, set_tag=set_tag), job_name=self.run_name)
+
+    # ---- 2-5. restore, train, finish -----------------------------------------
+    def run(self) -> int:
+        from recipes.data import fingerprint, load_datasets
+
+        cfg = self.cfg
+        self.recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
+        self.begin()
+        self.preemption.install()
+        try:
+            self.start_tracking()
+            train_ds, eval_ds = load_datasets(cfg.data, cfg.recipe.name)
+            self.dataset_fp = fingerprint(train_ds)
+            restored, manifest = self.checkpoints.restore_latest(
+                self.work / "restore", check=lambda m: check_resumable(m, self.trajectory, self.dataset_fp, cfg))
+            self.step = self.step_at_start = manifest["step"] if manifest else 0
+            callback = OrchestratorCallback(self, every_seconds=self.every_seconds,
+                                            every_steps=cfg.checkpoint.every_steps)
+            trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
+                                                output_dir=str(self.work / "trainer"), callbacks=[callback])
+            if restored is None:
+                self.record_quality_before(trainer, eval_ds)
+            restore_s = self.meter.attempt_seconds()
+            log.info("start to first step: %.2fs (restore included)", restore_s)
+            trainer.train(resume_from_checkpoint=str(restored) if restored else None)
+            self.checkpoints.wait()
+            if callback.stop_reason:
+                return self.stop(callback.stop_reason)
+            return self.finish(trainer, eval_ds)
+        finally:
+            self.preemption.uninstall()
+            self.checkpoints.close()
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def record_quality_before(self, trainer, eval_ds) -> None:
+        acc = self.recipe.accuracy(trainer, self.cfg, eval_ds)
+        print(f"held-out accuracy before training: {acc:.3f}", flush=True)
+        self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update({"eval_accuracy_before": acc}))
+        if self.tracker:
+            self.tracker.log_metrics({"eval_accuracy": acc}, 0)
+
+    def stop(self, reason: str) -> int:
+        """After an emergency checkpoint: preempted (requeue) or budget exhausted (stop)."""
+        if self.fenced_error is not None:
+            raise self.fenced_error
+        if self._budget_stop:
+            self.end(ExitClass.BUDGET_EXHAUSTED, "budget_exhausted", tracker_status="KILLED")
+            print(f"stopped: {reason}; the final checkpoint is committed and the job will not be requeued", flush=True)
+            return exitcodes.BUDGET_EXHAUSTED
+        self.end(ExitClass.PREEMPTED, "preempted", tracker_status="KILLED")
+        return exitcodes.PREEMPTED
+
+    def finish(self, trainer, eval_ds) -> int:
+        cfg = self.cfg
+        final = self.work / "final"
+        trainer.save_model(str(final))
+        trainer.processing_class.save_pretrained(str(final))
+        (final / "config.yaml").write_text(OmegaConf.to_yaml(redacted_config(cfg)))
+        self.ledger.check_epoch()
+        self.upload_final(final)
+        metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
+        before = (self.ledger.load().get("quality") or {}).get("eval_accuracy_before")
+        if "eval_accuracy" in metrics:
+            print(f"held-out accuracy before training: {before if before is None else f'{before:.3f}'}; "
+                  f"after: {metrics['eval_accuracy']:.3f}", flush=True)
+        print("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
+        self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update(metrics))
+        if self.tracker:
+            self.tracker.log_metrics(metrics, self.step)
+        self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED", final_metrics=metrics)
+        print(f"final weights: {self.store.get_uri(f'{self.run_name}/final/')}", flush=True)
+        return exitcodes.COMPLETED
+
+    def upload_final(self, folder: Path) -> None:
+        """Final weights under ``<run>/final/``, manifest last, like a checkpoint."""
+        manifest = mf.build_manifest(folder, run_name=self.run_name, step=self.step, epoch=self.ledger.epoch,
+                                     meta={"trajectory": self.trajectory, "dataset_fingerprint": self.dataset_fp})
+        prefix = f"{self.run_name}/final/"
+        self.store.delete(prefix + mf.MANIFEST_NAME)
+        for entry in manifest["files"]:
+            self.store.upload_file(folder / entry["path"], prefix + entry["path"])
+        self.store.put_bytes(prefix + mf.MANIFEST_NAME, mf.dumps(manifest))
+
+    def end(self, exit_class: ExitClass, status: str, *, tracker_status: str, final_metrics: dict | None = None) -> None:
+        self.ledger.end_attempt(exit_class, self.step, self.meter.attempt_cost_usd(), status)
+        ledger = self.ledger.load()
+        if self.tracker:
+            attempts = ledger["attempts"]
+            preemptions = sum(a["exit_class"] in ("preempted", "vanished") for a in attempts)
+            self.tracker.log_metrics({"cost_usd": ledger["cost_usd"], "attempts": len(attempts),
+                                      "preemptions": preemptions}, self.step)
+            self.tracker.set_tags({"status": status, "attempts": str(len(attempts)),
+                                   "preemptions": str(preemptions)})
+            self.tracker.close(tracker_status)
+
+    def fail(self, exit_class: ExitClass, status: str) -> None:
+        """Best effort: record a failed attempt; the ledger may be what failed."""
+        try:
+            self.ledger.end_attempt(exit_class, self.step, self.meter.attempt_cost_usd(), status)
+        except Exception as err:  # noqa: BLE001
+            log.warning("could not record the attempt's end in the ledger: %s", err)
+        if self.tracker:
+            self.tracker.close("FAILED", flush_timeout_s=10)
+
+
+def redacted_config(cfg) -> dict:
+    from orchestrator.tracking import redact
+
+    return redact(OmegaConf.to_container(cfg, resolve=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orchestrator.launch import absolutize, compose_config, setup_logging
+
+    setup_logging()
+    overrides = absolutize(list(sys.argv[1:] if argv is None else argv))
+    job = None
+    try:
+        cfg = compose_config(overrides)
+        job = Job(cfg, overrides)
+        return job.run()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        if job is not None and job.ledger.epoch and err.exit_code in (exitcodes.CONFIG_ERROR, exitcodes.BUDGET_EXHAUSTED):
+            job.fail(ExitClass.CONFIG_ERROR if err.exit_code == exitcodes.CONFIG_ERROR else ExitClass.BUDGET_EXHAUSTED,
+                     "config_error" if err.exit_code == exitcodes.CONFIG_ERROR else "budget_exhausted")
+        return err.exit_code
+    except MemoryError:
+        log.exception("out of memory")
+        if job is not None:
+            job.fail(ExitClass.OUT_OF_MEMORY, "failed")
+        return exitcodes.OUT_OF_MEMORY
+    except Exception as err:  # a bug or an infrastructure failure: keep the traceback
+        import torch
+
+        if isinstance(err, torch.OutOfMemoryError):
+            log.exception("out of GPU memory")
+            if job is not None:
+                job.fail(ExitClass.OUT_OF_MEMORY, "failed")
+            return exitcodes.OUT_OF_MEMORY
+        log.exception("attempt crashed")
+        if job is not None and job.ledger.epoch:
+            job.fail(ExitClass.CRASHED, "failed")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

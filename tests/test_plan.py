@@ -1,0 +1,268 @@
+"""The pre-flight planner: worked memory sums, sharding, cost, fallbacks and the CLI."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from orchestrator import plan
+from orchestrator.config import Config
+from orchestrator.cost import Price
+from orchestrator.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+LLAMA_7B = json.loads((FIXTURES / "llama-7b-config.json").read_text())
+LLAMA_70B = json.loads((FIXTURES / "llama-70b-config.json").read_text())
+
+
+def preset(name: str) -> dict:
+    return json.loads((plan.PRESETS_DIR / f"{name}.json").read_text())
+
+
+def job(**groups) -> OmegaConf:
+    """A composed-like config: schema defaults plus the given group values."""
+    base = {"recipe": {"name": "sft"}, "model": {"name_or_path": "some/model", "dtype": "bfloat16"},
+            "compute": {"gpu_type": "a100-80gb", "gpus_per_node": 1}}
+    for group, values in groups.items():
+        base.setdefault(group, {}).update(values)
+    return OmegaConf.merge(OmegaConf.structured(Config), base)
+
+
+def full(**extra):
+    return job(recipe={"name": "sft", "peft": "full"}, **extra)
+
+
+def qlora(**extra):
+    return job(recipe={"name": "qlora", "quantization": "nf4"}, **extra)
+
+
+# ---------------------------------------------------------------- parameter counts
+
+
+def test_shipped_configs_give_the_published_parameter_counts():
+    assert plan.count_parameters(preset("llama-3.1-8b"))["total"] == pytest.approx(8.03e9, rel=0.002)
+    assert plan.count_parameters(preset("qwen2.5-7b"))["total"] == pytest.approx(7.6e9, rel=0.01)
+    assert plan.count_parameters(preset("qwen2.5-0.5b"))["total"] == pytest.approx(0.494e9, rel=0.002)
+    assert plan.count_parameters(preset("llama-3.1-70b"))["total"] == pytest.approx(70.6e9, rel=0.002)
+    assert plan.count_parameters(LLAMA_7B)["total"] == 6_738_415_616  # Llama-2-7B, exactly
+    tied = plan.count_parameters(preset("qwen2.5-0.5b"))
+    assert tied["lm_head"] == 0
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen2.5-0.5b"])
+def test_counts_match_a_real_model_and_peft(name):
+    """A shrunk copy of each shipped architecture (GQA; Qwen2's q/k/v biases and tied
+    embeddings) built by transformers has exactly the counted parameters and LoRA size."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = preset(name)
+    config.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=100, bos_token_id=1, eos_token_id=2)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    assert plan.count_parameters(config)["total"] == sum(p.numel() for p in model.parameters())
+    targets = ["q_proj", "k_proj", "down_proj"]
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=targets))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert plan.lora_parameters(config, 4, targets) == trainable
+
+
+def test_tiny_llama_config_is_the_builders_and_counts_right():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = plan.tiny_llama_config(OmegaConf.structured(Config).model)
+    assert spec["intermediate_size"] == 4 * spec["hidden_size"] and spec["model_type"] == "llama"
+    model = LlamaForCausalLM(LlamaConfig(**spec))
+    assert plan.count_parameters(spec)["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_unknown_lora_target_is_a_config_error():
+    with pytest.raises(ConfigError, match="lm_head_x.*all-linear"):
+        plan.lora_parameters(LLAMA_7B, 8, ["lm_head_x"])
+
+
+# ---------------------------------------------------------------- worked memory sums
+
+
+def test_full_finetune_7b_mixed_precision_is_16_bytes_per_param():
+    p = plan.estimate_memory(full(), LLAMA_7B)
+    c, n = p.components, p.params["total"]
+    assert c["weights"] == 2 * n and c["gradients"] == 2 * n and c["master_weights"] == 4 * n
+    assert c["optimizer"] == 8 * n
+    states = c["weights"] + c["gradients"] + c["master_weights"] + c["optimizer"]
+    assert states / n == 16
+    assert states == pytest.approx(112e9, rel=0.05)  # 6.74e9 params x 16 = 107.8 GB
+    fp32 = plan.estimate_memory(full(model={"dtype": "float32"}), LLAMA_7B).components
+    assert "master_weights" not in fp32
+    assert (fp32["weights"] + fp32["gradients"] + fp32["optimizer"]) / n == 16
+
+
+def test_nf4_7b_base_is_half_a_byte_per_param_plus_constants():
+    p = plan.estimate_memory(qlora(), LLAMA_7B)
+    c, linear = p.components, p.params["linear_weights"]
+    assert c["quant_constants"] == round(linear * (8 / 64 + 32 / (64 * 256)) / 8)  # 0.127 bit/param
+    base = c["weights"] + c["quant_constants"]
+    assert 3.5e9 <= base <= 4.0e9  # 3.24 GB NF4 + 0.10 GB constants + 0.52 GB bf16 embeddings/lm_head
+    unquantised = (p.params["total"] - linear) * 2
+    assert (base - unquantised) / linear == pytest.approx(0.5 + 0.127 / 8, rel=0.001)
+
+
+@pytest.mark.parametrize("config", [LLAMA_70B, preset("llama-3.1-70b")], ids=["llama-2-70b", "llama-3.1-70b"])
+def test_nf4_70b_base_is_35_to_40_gb(config):
+    c = plan.estimate_memory(qlora(), config).components
+    assert 35e9 <= c["weights"] + c["quant_constants"] <= 40e9
+
+
+def test_lora_state_is_proportional_to_rank_and_target_count():
+    def state(r, targets):
+        return plan.estimate_memory(job(recipe={"lora_r": r, "lora_target_modules": targets}), LLAMA_7B)
+
+    r8, r16 = state(8, ["q_proj", "v_proj"]), state(16, ["q_proj", "v_proj"])
+    assert r16.trainable_state_bytes == 2 * r8.trainable_state_bytes
+    assert r8.trainable_state_bytes == 16 * r8.trainable_params  # fp32 adapter + grad + 2 Adam states
+    four = state(8, ["q_proj", "k_proj", "v_proj", "o_proj"])  # all 4096 x 4096 in Llama-2-7B
+    assert four.trainable_state_bytes == 2 * r8.trainable_state_bytes
+    assert r8.components["weights"] == r8.params["total"] * 2  # frozen base, no gradients for it
+
+
+def test_zero2_over_8_gpus_shards_grads_and_optimizer_by_8():
+    single = plan.estimate_memory(full(), LLAMA_7B).components
+    z2 = plan.estimate_memory(full(distributed={"name": "zero2", "processes_per_node": 8}), LLAMA_7B).components
+    for key in ("gradients", "master_weights", "optimizer"):
+        assert z2[key] == pytest.approx(single[key] / 8, abs=1)
+    assert z2["weights"] == single["weights"]
+    z3 = plan.estimate_memory(full(distributed={"name": "zero3", "processes_per_node": 8}), LLAMA_7B).components
+    assert z3["weights"] == pytest.approx(single["weights"] / 8, abs=1)
+    ddp = plan.estimate_memory(full(distributed={"name": "ddp", "processes_per_node": 8}), LLAMA_7B).components
+    assert ddp["optimizer"] == single["optimizer"]
+
+
+def test_cpu_offload_moves_optimizer_states_off_the_gpu():
+    cfg = full(distributed={"name": "zero3", "processes_per_node": 8, "cpu_offload": True})
+    p = plan.estimate_memory(cfg, LLAMA_7B)
+    assert "optimizer" not in p.components and "master_weights" not in p.components
+    assert p.cpu_offload_bytes == pytest.approx(12 * p.params["total"] / 8, abs=2)
+
+
+def test_activation_checkpointing_reduces_activations():
+    data = {"max_length": 2048}
+    off = plan.estimate_memory(full(data=data), LLAMA_7B)
+    on = plan.estimate_memory(full(data=data, train={"gradient_checkpointing": True}), LLAMA_7B)
+    assert on.components["activations"] < off.components["activations"] / 5
+    assert on.activations_alternative == off.components["activations"]
+    dpo = plan.estimate_memory(job(recipe={"name": "dpo"}, data=data), LLAMA_7B)
+    sft = plan.estimate_memory(job(data=data), LLAMA_7B)
+    assert dpo.components["activations"] == 2 * sft.components["activations"]  # chosen + rejected
+
+
+def test_fit_verdict_and_warning():
+    p = plan.estimate_memory(full(), LLAMA_7B)
+    assert not plan.fits(p, 80) and plan.fits(p, 141 * 2)
+    text = plan.format_plan(p, gpu_type="a100-80gb", memory_gb=80, options=[], cost=None)
+    assert "WARNING: will NOT fit on a100-80gb" in text
+    small = plan.estimate_memory(qlora(), LLAMA_7B)
+    assert plan.fits(small, 24) and "fit: OK on l4" in plan.format_plan(small, gpu_type="l4", memory_gb=24,
+                                                                        options=[], cost=None)
+
+
+def test_gpu_types_that_fit_are_cheapest_run_first():
+    catalog = {
+        "a": {"memory_gb": 24, "clouds": {"x": {"on_demand": {"usd": 2.0}, "spot": {"usd": 1.0}}}},
+        "b": {"memory_gb": 80, "clouds": {"x": {"on_demand": {"usd": 1.0}, "spot": {"usd": 0.5}}}},
+        "c": {"memory_gb": 8, "clouds": {"x": {"on_demand": {"usd": 0.1}, "spot": {"usd": 0.05}}}},
+    }
+    cfg = qlora(compute={"gpu_type": "a", "spot": True})
+    p = plan.estimate_memory(cfg, LLAMA_7B)
+    options = plan.gpu_types_that_fit(p, cfg, catalog, LLAMA_7B)
+    assert [o.gpu_type for o in options] == ["b", "a"]  # c is too small; a and b have no peak TFLOPs: by $/h
+    assert options[0].usd_per_hour_total == 0.5
+
+
+# ---------------------------------------------------------------- cost
+
+
+def test_estimate_cost_counts_tokens_and_prices_spot_against_on_demand():
+    cfg = job(train={"max_steps": 100, "per_device_batch_size": 4, "gradient_accumulation_steps": 2},
+              data={"max_length": 512}, distributed={"name": "ddp", "processes_per_node": 2},
+              compute={"gpu_type": "h100-80gb", "gpus_per_node": 2, "spot": True})
+    price = Price(usd_per_hour_total=4.0, usd_per_gpu_hour=2.0, on_demand_usd_per_hour_total=10.0, source="test")
+    est = plan.estimate_cost(cfg, price, model_config=LLAMA_7B)
+    assert est.tokens == 100 * 4 * 2 * 2 * 512
+    assert est.usd < est.on_demand_usd and est.usd == pytest.approx(est.hours * 4.0)
+    measured = plan.estimate_cost(cfg, price, tokens_per_second=1000.0, model_config=LLAMA_7B)
+    assert measured.hours == pytest.approx(est.tokens / 1000 / 3600)
+    full_ft = plan.estimate_cost(full(), price, model_config=LLAMA_7B)
+    lora = plan.estimate_cost(job(), price, model_config=LLAMA_7B)
+    assert full_ft.flops_per_token == pytest.approx(1.5 * lora.flops_per_token)  # 6P vs 4P
+
+
+# ---------------------------------------------------------------- loading config.json
+
+
+def test_load_model_config_reads_a_local_folder(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_7B))
+    assert plan.load_model_config(str(tmp_path)) == LLAMA_7B
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no config.json"):
+        plan.load_model_config(str(tmp_path / "empty"))
+
+
+def test_hub_unreachable_falls_back_to_the_shipped_preset(monkeypatch, capsys):
+    monkeypatch.setattr(plan, "_hub_config_path", lambda *a: (_ for _ in ()).throw(ConnectionError("offline")))
+    assert plan.load_model_config("meta-llama/Llama-3.1-8B", "llama-3.1-8b") == preset("llama-3.1-8b")
+    assert "using the shipped presets/llama-3.1-8b.json" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="model.name_or_path to a local folder"):
+        plan.load_model_config("someone/unknown-model", "custom")
+
+
+# ---------------------------------------------------------------- trial
+
+
+def test_count_allocated_state_bytes_and_format_trial():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 8))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 32)).sum().backward()
+    optimizer.step()
+    n = sum(p.numel() for p in model.parameters())
+    got = plan.count_allocated_state_bytes(model, optimizer)
+    assert got["params"] == 4 * n and got["grads"] == 4 * n
+    assert 8 * n <= got["optimizer"] <= 8 * n + 64  # exp_avg + exp_avg_sq, plus a scalar step per tensor
+    p = plan.estimate_memory(job(model={"name_or_path": "builtin:tiny-llama", "dtype": "float32"}))
+    text = plan.format_trial(p, {**got, "peak_memory_bytes": 10**8, "step_time_s": 0.5, "data_wait_s": 0.2})
+    assert "estimate" in text and "measured" in text and "WARNING: the data loader" in text
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "orchestrator", "plan", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_plans_qlora_llama_8b_on_l40s_offline():
+    done = _cli("model=llama-3.1-8b", "recipe=qlora", "compute=l40s-spot")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "NF4 quantisation constants" in out and "total" in out
+    assert "fit: OK on l40s" in out
+    assert "GPU types that fit" in out
+    assert "cost:" in out and "spot ~$" in out and "on-demand ~$" in out
+    assert "shipped presets/llama-3.1-8b.json" in done.stderr
+
+
+def test_cli_warns_when_it_will_not_fit_and_exits_4_on_a_bad_config():
+    done = _cli("model=llama-3.1-8b", "recipe=sft", "recipe.peft=full", "compute=l4-spot")
+    assert done.returncode == 0, done.stderr
+    assert "WARNING: will NOT fit on l4" in done.stdout
+    bad = _cli("model=no-such-model")
+    assert bad.returncode == 4 and "model=no-such-model" in bad.stderr

@@ -1,0 +1,244 @@
+"""Preemption: signal flags, and spot notices read from real HTTP metadata servers on 127.0.0.1.
+
+Each fake server speaks one cloud's protocol (AWS IMDSv2 refuses requests
+without a session token, as EC2 does when IMDSv2 is required); a notice is
+posted while the watcher is already polling.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from orchestrator.config import PreemptionConfig
+from orchestrator.preemption import GCP_NOTICE_SECONDS, PreemptionHandler
+
+POLL_SECONDS = 0.05
+DETECT_TIMEOUT_SECONDS = 2.0
+
+
+class FakeMetadata:
+    """A metadata service for one provider ("aws", "gcp" or "azure") on 127.0.0.1.
+
+    Set ``notice`` to the provider's notice while it runs: aws: the
+    instance-action dict; gcp: True; azure: the list of events. ``fail_next``
+    makes that many polls answer HTTP 500.
+    """
+
+    def __init__(self, provider: str):
+        self.provider = provider
+        self.notice = None
+        self.fail_next = 0
+        self.tokens: set[str] = set()
+        self.requests: list[tuple[str, str, bool]] = []  # (method, path, had a valid token)
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _send(self, status: int, body: str = "", content_type: str = "text/plain"):
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self):
+                fake.requests.append(("PUT", self.path, False))
+                if fake.provider == "aws" and self.path == "/latest/api/token":
+                    if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                        return self._send(400, "missing TTL header")
+                    token = f"token-{len(fake.tokens)}"
+                    fake.tokens.add(token)
+                    return self._send(200, token)
+                self._send(404, "not found")
+
+            def do_GET(self):
+                token_ok = self.headers.get("X-aws-ec2-metadata-token") in fake.tokens
+                fake.requests.append(("GET", self.path, token_ok))
+                if fake.fail_next > 0:
+                    fake.fail_next -= 1
+                    return self._send(500, "internal error")
+                if fake.provider == "aws" and self.path.startswith("/latest/"):
+                    if not token_ok:
+                        return self._send(401, "Unauthorized")
+                    if self.path == "/latest/meta-data/spot/instance-action" and fake.notice:
+                        return self._send(200, json.dumps(fake.notice), "application/json")
+                    return self._send(404, "Not Found")
+                if fake.provider == "gcp" and self.path == "/computeMetadata/v1/instance/preempted":
+                    if self.headers.get("Metadata-Flavor") != "Google":
+                        return self._send(403, "Missing Metadata-Flavor:Google header")
+                    return self._send(200, "TRUE" if fake.notice else "FALSE")
+                if fake.provider == "azure" and self.path == "/metadata/scheduledevents?api-version=2020-07-01":
+                    if self.headers.get("Metadata") != "true":
+                        return self._send(400, "Bad request: Metadata header required")
+                    body = {"DocumentIncarnation": 1 if fake.notice else 0, "Events": fake.notice or []}
+                    return self._send(200, json.dumps(body), "application/json")
+                self._send(404, "Not Found")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeMetadata":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def handlers():
+    """Handlers made in a test, uninstalled afterwards whatever happens."""
+    made: list[PreemptionHandler] = []
+    yield made
+    for handler in made:
+        handler.uninstall()
+
+
+def _watch(handlers, provider: str, url: str, grace_seconds: float = 120.0) -> PreemptionHandler:
+    handler = PreemptionHandler(grace_seconds, provider=provider, metadata_url=url, poll_seconds=POLL_SECONDS)
+    handlers.append(handler)
+    return handler.install()
+
+
+def _utc_in(seconds: float) -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds)
+
+
+def test_aws_imdsv2_server_refuses_requests_without_a_token():
+    with FakeMetadata("aws") as fake:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{fake.url}/latest/meta-data/spot/instance-action", timeout=2)
+        assert err.value.code == 401
+
+
+def test_aws_notice_posted_mid_run_raises_the_flag_with_the_notices_deadline(handlers):
+    with FakeMetadata("aws") as fake:
+        handler = _watch(handlers, "aws", fake.url, grace_seconds=120)
+        time.sleep(5 * POLL_SECONDS)
+        assert not handler.requested  # 404: no notice yet
+
+        when = _utc_in(20).replace(microsecond=0)
+        fake.notice = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        assert handler.wait(DETECT_TIMEOUT_SECONDS)
+
+        assert handler.reason.startswith("aws spot notice: terminate at ")
+        assert 17 < handler.seconds_left() <= 20.5  # the notice's time, not the 120 s grace
+        polls = [r for r in fake.requests if r[0] == "GET"]
+        assert polls and all(had_token for _, _, had_token in polls)
+        assert len(fake.tokens) == 1  # one token, reused across polls
+
+
+def test_aws_notice_later_than_grace_keeps_the_grace_deadline(handlers):
+    with FakeMetadata("aws") as fake:
+        fake.notice = {"action": "stop", "time": _utc_in(600).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        handler = _watch(handlers, "aws", fake.url, grace_seconds=30)
+        assert handler.wait(DETECT_TIMEOUT_SECONDS)
+        assert "stop" in handler.reason
+        assert 28 < handler.seconds_left() <= 30
+
+
+def test_gcp_preempted_flag_gives_a_30_second_deadline(handlers):
+    with FakeMetadata("gcp") as fake:
+        handler = _watch(handlers, "gcp", fake.url, grace_seconds=120)
+        time.sleep(5 * POLL_SECONDS)
+        assert not handler.requested  # "FALSE"
+        fake.notice = True
+        assert handler.wait(DETECT_TIMEOUT_SECONDS)
+        assert handler.reason.startswith("gcp preemption notice")
+        assert GCP_NOTICE_SECONDS - 3 < handler.seconds_left() <= GCP_NOTICE_SECONDS
+
+
+def test_azure_preempt_event_deadline_is_its_not_before(handlers):
+    with FakeMetadata("azure") as fake:
+        handler = _watch(handlers, "azure", fake.url, grace_seconds=120)
+        fake.notice = [{"EventId": "reboot-1", "EventType": "Reboot", "NotBefore": email.utils.format_datetime(_utc_in(15), usegmt=True)}]
+        time.sleep(5 * POLL_SECONDS)
+        assert not handler.requested  # a reboot is not an eviction
+
+        not_before = email.utils.format_datetime(_utc_in(15).replace(microsecond=0), usegmt=True)
+        fake.notice = [{"EventId": "evict-1", "EventType": "Preempt", "ResourceType": "VirtualMachine",
+                        "Resources": ["vm0"], "EventStatus": "Scheduled", "NotBefore": not_before}]
+        assert handler.wait(DETECT_TIMEOUT_SECONDS)
+        assert "evict-1" in handler.reason
+        assert 12 < handler.seconds_left() <= 15.5
+
+
+def test_watcher_survives_metadata_errors(handlers, caplog):
+    with FakeMetadata("gcp") as fake:
+        fake.fail_next = 4
+        with caplog.at_level(logging.WARNING, logger="orchestrator.preemption"):
+            handler = _watch(handlers, "gcp", fake.url)
+            time.sleep(8 * POLL_SECONDS)
+            fake.notice = True
+            assert handler.wait(DETECT_TIMEOUT_SECONDS)
+        failures = [r for r in caplog.records if "poll failed" in r.getMessage()]
+        assert len(failures) == 1  # one line for a repeated failure, not one per poll
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_auto_picks_the_provider_that_answers(handlers, provider):
+    with FakeMetadata(provider) as fake:
+        handler = _watch(handlers, "auto", fake.url)
+        until = time.monotonic() + DETECT_TIMEOUT_SECONDS
+        while handler.watcher_name is None and time.monotonic() < until:
+            time.sleep(0.02)
+        assert handler.watcher_name == provider
+
+
+def test_auto_with_no_metadata_service_relies_on_signals(handlers):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    handler = _watch(handlers, "auto", url)
+    time.sleep(0.5)
+    assert handler.watcher_name is None and not handler.requested
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert handler.wait(DETECT_TIMEOUT_SECONDS) and handler.reason == "SIGUSR1"
+
+
+def test_first_signal_sets_the_flag_and_a_second_only_logs(handlers, caplog):
+    previous = signal.getsignal(signal.SIGTERM)
+    handler = PreemptionHandler(30, provider="none")
+    handlers.append(handler)
+    handler.install()
+    assert not handler.requested and handler.deadline is None and handler.seconds_left() is None
+
+    before = time.monotonic()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert handler.wait(DETECT_TIMEOUT_SECONDS)
+    assert handler.reason == "SIGTERM"
+    assert before + 30 <= handler.deadline <= time.monotonic() + 30
+    first_deadline = handler.deadline
+
+    with caplog.at_level(logging.INFO, logger="orchestrator.preemption"):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)  # let the interpreter run the handler
+    assert handler.reason == "SIGTERM" and handler.deadline == first_deadline
+    assert any("already saving" in r.getMessage() for r in caplog.records)
+
+    handler.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_from_config_reads_grace_and_validates_provider():
+    handler = PreemptionHandler.from_config(PreemptionConfig(provider="none", grace="2m", poll_seconds=1))
+    assert handler.grace_seconds == 120
+    with pytest.raises(ValueError, match="preemption.provider='ibm'"):
+        PreemptionHandler.from_config(PreemptionConfig(provider="ibm"))

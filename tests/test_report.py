@@ -1,0 +1,53 @@
+"""`orchestrator report` against a real MLflow server: the table lists every job, the chart is written and logged."""
+from __future__ import annotations
+
+import uuid
+
+from mlflow import MlflowClient
+
+from orchestrator import report
+from orchestrator.config import TrackingConfig
+from orchestrator.tracking import JobTracker
+
+
+def _job(uri, experiment, name, recipe, quality_metric, quality, cost, preemptions):
+    tracker = JobTracker(
+        TrackingConfig(uri=uri, experiment=experiment),
+        job_name=name,
+        tags={"recipe": recipe, "model": "qwen2.5-0.5b", "quality_metric": quality_metric},
+    )
+    tracker.start()
+    tracker.log_metrics({quality_metric: quality, "cost_usd": cost, "attempts": preemptions + 1, "preemptions": preemptions}, step=100)
+    assert tracker.close()
+
+
+def test_report_lists_jobs_and_logs_the_chart(mlflow_server, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    experiment = f"report-{uuid.uuid4().hex[:8]}"
+    _job(mlflow_server.uri, experiment, "sft-run", "sft", "eval_accuracy", 0.80, 4.0, 2)
+    _job(mlflow_server.uri, experiment, "dpo-run", "dpo", "eval_reward_accuracy", 0.65, 1.3, 0)
+    out = tmp_path / "chart.png"
+    argv = ["--tracking-uri", mlflow_server.uri, "--experiment", experiment, "--out", str(out)]
+
+    assert report.main(argv) == 0
+    table = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in table.splitlines() if line.strip()}
+    assert {"sft-run", "dpo-run"} <= set(lines)
+    assert "eval_accuracy=0.800" in lines["sft-run"] and "4.00" in lines["sft-run"]
+    assert "0.050" in lines["sft-run"]  # $4.00 / 80 points
+    assert "eval_reward_accuracy=0.650" in lines["dpo-run"] and "0.020" in lines["dpo-run"]  # $1.30 / 65 points
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # A second report reuses the one "report" run, which never shows up as a job.
+    assert report.main(argv) == 0
+    assert "report " not in capsys.readouterr().out.split("\n\n")[0]
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name(experiment)
+    report_runs = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == report.REPORT_RUN_NAME]
+    assert len(report_runs) == 1
+    assert [a.path for a in client.list_artifacts(report_runs[0].info.run_id)] == ["cost_vs_quality.png"]
+
+
+def test_unknown_experiment_says_how_to_fix_it(mlflow_server, capsys):
+    assert report.main(["--tracking-uri", mlflow_server.uri, "--experiment", "no-such-experiment"]) == 2
+    assert "--experiment" in capsys.readouterr().err

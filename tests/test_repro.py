@@ -1,0 +1,65 @@
+"""The environment record of an attempt, and which differences between two records matter."""
+from __future__ import annotations
+
+import copy
+
+from orchestrator import repro
+
+FIELDS = {"git_commit", "git_dirty", "packages", "packages_sha256", "packages_count", "image", "python", "torch",
+          "cuda", "driver", "gpu_model", "gpu_count", "hostname", "platform", "config_sha256", "created_at"}
+
+
+def test_record_has_every_field(monkeypatch):
+    monkeypatch.setenv(repro.CONTAINER_IMAGE_ENV, "ghcr.io/acme/train:1.2")
+    record = repro.collect_record({"backend": {"image": None}, "run": {"name": "a"}})
+    assert FIELDS <= set(record)
+    assert set(record["packages"]) == set(repro.KEY_PACKAGES)
+    assert record["packages"]["torch"] == record["torch"]
+    assert len(record["packages_sha256"]) == 64 and record["packages_count"] > 10
+    assert record["image"] == "ghcr.io/acme/train:1.2"
+    assert record["python"].count(".") == 2 and record["hostname"]
+    assert repro.collect_record({"backend": {"image": "img:2"}})["image"] == "img:2"
+    assert repro.collect_record({}, image="explicit:3")["image"] == "explicit:3"
+
+
+def test_record_without_git_says_none(tmp_path):
+    assert repro.git_state(tmp_path) == (None, None)
+
+
+def _record() -> dict:
+    return {"git_commit": "abc", "git_dirty": False, "image": "img:1", "python": "3.11.7",
+            "torch": "2.4.0", "cuda": "12.4", "driver": "550.54", "gpu_model": "NVIDIA H100 80GB HBM3",
+            "gpu_count": 8, "hostname": "node-a", "platform": "Linux",
+            "packages": {"torch": "2.4.0", "transformers": "4.46.0", "trl": "0.12.0"},
+            "packages_sha256": "1" * 64}
+
+
+def test_diff_flags_torch_and_gpu_changes_but_not_the_hostname():
+    first = _record()
+    current = copy.deepcopy(first)
+    current["hostname"] = "node-b"
+    current["driver"] = "560.1"
+    assert repro.diff_records(first, current) == []
+    current.update(torch="2.5.1", gpu_model="NVIDIA A100-SXM4-80GB")
+    current["packages"]["torch"] = "2.5.1"
+    current["packages_sha256"] = "2" * 64
+    diffs = repro.diff_records(first, current)
+    assert any("torch: 2.4.0 -> 2.5.1" in d for d in diffs)
+    assert any("GPU model" in d and "A100" in d for d in diffs)
+    assert not any("node-" in d for d in diffs)
+    assert len(diffs) == 2  # torch is not repeated under packages, nor as a hash change
+
+
+def test_diff_names_changed_packages_and_gpu_count_and_ignores_missing_git():
+    first = _record()
+    current = copy.deepcopy(first)
+    current["packages"]["trl"] = "0.13.0"
+    current["gpu_count"] = 4
+    current["git_commit"] = None  # an image without git: unknown, not a change
+    diffs = repro.diff_records(first, current)
+    assert "package trl 0.12.0 -> 0.13.0" in diffs
+    assert "GPU count: 8 -> 4" in diffs
+    assert not any("commit" in d for d in diffs)
+    other = copy.deepcopy(first)
+    other["packages_sha256"] = "3" * 64
+    assert repro.diff_records(first, other) == ["other installed packages changed (sha256 111111111111 -> 333333333333)"]
