@@ -191,7 +191,8 @@ class AzureWatcher:
                 if not_before
                 else AZURE_DEFAULT_NOTICE_SECONDS
             )
-            return SpotNotice(f"azure preempt event {event.get('EventId', '?')}: not before {not_before or 'unset'}", seconds_left)
+            event_id = event.get("EventId", "?")
+            return SpotNotice(f"azure preempt event {event_id}: not before {not_before or 'unset'}", seconds_left)
         return None
 
 
@@ -309,7 +310,9 @@ class PreemptionHandler:
             if self._requested:
                 if deadline < self._deadline:
                     self._deadline = deadline
-                    log.warning("preemption: %s brings the save deadline forward to %.0f s from now", reason, deadline - now)
+                    log.warning(
+                        "preemption: %s brings the save deadline forward to %.0f s from now", reason, deadline - now
+                    )
                 else:
                     log.info("preemption: %s while already saving; ignored", reason)
                 return False

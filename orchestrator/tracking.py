@@ -420,10 +420,10 @@ class JobTracker:
                 self._wake.wait(delay)  # flush() cuts the wait short
                 self._wake.clear()
                 delay = min(delay * 2, RETRY_MAX_SECONDS)
-            else:
-                if failures and outcome == "sent":
-                    log.info("MLflow reachable again; buffered points delivered")
-                delay, failures = RETRY_INITIAL_SECONDS, 0 if outcome == "sent" else failures
+            elif outcome == "sent":
+                if failures:
+                    log.info("MLflow reachable again after %d failed tries; delivering the buffer", failures)
+                delay, failures = RETRY_INITIAL_SECONDS, 0
 
     def _send(self, batch: list, op: Optional[tuple]) -> None:
         if batch:

@@ -154,6 +154,19 @@ def test_aws_notice_later_than_grace_keeps_the_grace_deadline(handlers):
         assert 28 < handler.seconds_left() <= 30
 
 
+def test_notice_after_a_signal_brings_the_deadline_forward(handlers):
+    with FakeMetadata("aws") as fake:
+        handler = _watch(handlers, "aws", fake.url, grace_seconds=120)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert handler.wait(DETECT_TIMEOUT_SECONDS) and handler.seconds_left() > 110
+        fake.notice = {"action": "terminate", "time": _utc_in(10).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        until = time.monotonic() + DETECT_TIMEOUT_SECONDS
+        while handler.seconds_left() > 11 and time.monotonic() < until:
+            time.sleep(0.02)
+        assert handler.seconds_left() <= 11
+        assert handler.reason == "SIGTERM"  # the first cause is kept
+
+
 def test_gcp_preempted_flag_gives_a_30_second_deadline(handlers):
     with FakeMetadata("gcp") as fake:
         handler = _watch(handlers, "gcp", fake.url, grace_seconds=120)
@@ -168,7 +181,8 @@ def test_gcp_preempted_flag_gives_a_30_second_deadline(handlers):
 def test_azure_preempt_event_deadline_is_its_not_before(handlers):
     with FakeMetadata("azure") as fake:
         handler = _watch(handlers, "azure", fake.url, grace_seconds=120)
-        fake.notice = [{"EventId": "reboot-1", "EventType": "Reboot", "NotBefore": email.utils.format_datetime(_utc_in(15), usegmt=True)}]
+        soon = email.utils.format_datetime(_utc_in(15), usegmt=True)
+        fake.notice = [{"EventId": "reboot-1", "EventType": "Reboot", "NotBefore": soon}]
         time.sleep(5 * POLL_SECONDS)
         assert not handler.requested  # a reboot is not an eviction
 

@@ -151,3 +151,19 @@ def test_disabled_tracking_is_a_no_op():
     assert tracker.start() is None
     tracker.log_metrics({"loss": 1.0}, step=1)
     assert tracker.flush(1) and tracker.close()
+
+
+def test_unreachable_server_at_start_fails_fast_with_the_fix(monkeypatch):
+    import socket
+
+    from orchestrator.tracking import TrackingUnavailable
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    began = time.monotonic()
+    with pytest.raises(TrackingUnavailable) as err:
+        JobTracker(TrackingConfig(uri=f"http://me:{URL_PASSWORD}@127.0.0.1:{port}"), job_name="x").start()
+    assert time.monotonic() - began < 30  # MLflow's default retries would take minutes
+    assert "tracking.enabled=false" in str(err.value) and URL_PASSWORD not in str(err.value)

@@ -55,6 +55,10 @@ def job_name(run_name: str) -> str:
     return name or "run"
 
 
+def _exit_codes(codes: list[int]) -> dict:
+    return {"containerName": "worker", "operator": "In", "values": list(codes)}
+
+
 def _container(cfg: Any, overrides: Sequence[str]) -> dict:
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "STORAGE_URI", "value": str(cfg.storage.uri)}]
     for key, name in (("endpoint_url", "STORAGE_ENDPOINT_URL"), ("region", "STORAGE_REGION")):
@@ -115,13 +119,17 @@ def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": job_name(str(cfg.run.name)), "namespace": str(extra(cfg, "namespace", "default")), "labels": labels},
+        "metadata": {
+            "name": job_name(str(cfg.run.name)),
+            "namespace": str(extra(cfg, "namespace", "default")),
+            "labels": labels,
+        },
         "spec": {
             "backoffLimit": int(cfg.requeue.max_failures) + int(cfg.requeue.max_preemptions),
             "podFailurePolicy": {
                 "rules": [
-                    {"action": "Ignore", "onExitCodes": {"containerName": "worker", "operator": "In", "values": [exitcodes.PREEMPTED]}},
-                    {"action": "FailJob", "onExitCodes": {"containerName": "worker", "operator": "In", "values": STOP_EXIT_CODES}},
+                    {"action": "Ignore", "onExitCodes": _exit_codes([exitcodes.PREEMPTED])},
+                    {"action": "FailJob", "onExitCodes": _exit_codes(STOP_EXIT_CODES)},
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 ]
             },
@@ -146,12 +154,17 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     text = render(cfg, overrides)
     work = Path(cfg.run.work_dir).expanduser().resolve() / "kubernetes"
     work.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{job_name(str(cfg.run.name))}-", dir=work, delete=False) as f:
+    prefix = f"{job_name(str(cfg.run.name))}-"
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=prefix, dir=work, delete=False) as f:
         f.write(text)
     try:
-        done = subprocess.run(["kubectl", "apply", "-f", f.name], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_SECONDS)
+        done = subprocess.run(
+            ["kubectl", "apply", "-f", f.name], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_SECONDS
+        )
     except FileNotFoundError:
-        raise ConfigError("backend=kubernetes needs kubectl on PATH, pointed at your cluster (kubectl config current-context).") from None
+        raise ConfigError(
+            "backend=kubernetes needs kubectl on PATH, pointed at your cluster (kubectl config current-context)."
+        ) from None
     if done.returncode != 0:
         raise ConfigError(f"kubectl apply -f {f.name} failed: {done.stderr.strip() or done.stdout.strip()}")
     meta = manifest(cfg, overrides)["metadata"]

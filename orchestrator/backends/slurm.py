@@ -80,7 +80,8 @@ case "$rc" in
 esac
 # a bound of its own: a worker that dies before it reaches the ledger is never counted there
 if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_restarts} ]; then
-  echo "slurm job $SLURM_JOB_ID: not requeued: restarted $SLURM_RESTART_COUNT times (requeue.max_preemptions + requeue.max_failures = {max_restarts})" >&2
+  echo "slurm job $SLURM_JOB_ID: not requeued: restarted $SLURM_RESTART_COUNT times" \
+       "(requeue.max_preemptions + requeue.max_failures = {max_restarts})" >&2
   exit "$rc"
 fi
 scontrol requeue "$SLURM_JOB_ID"
@@ -154,7 +155,9 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
             timeout=SBATCH_TIMEOUT_SECONDS,
         )
     except FileNotFoundError:
-        raise ConfigError("backend=slurm needs the sbatch command on PATH; run the launcher on a Slurm login node.") from None
+        raise ConfigError(
+            "backend=slurm needs the sbatch command on PATH; run the launcher on a Slurm login node."
+        ) from None
     if done.returncode != 0:
         raise ConfigError(f"sbatch refused {script_path}: {done.stderr.strip() or done.stdout.strip()}")
     # --parsable prints "jobid" or "jobid;cluster"

@@ -1,0 +1,143 @@
+"""Run real jobs (``python -m orchestrator.launch``) as subprocesses, interrupt them, read their results.
+
+Used by the end-to-end tests: a job is launched exactly as a user would, in its
+own process group, and interrupted with real signals.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+# Small, fast jobs: a few seconds of training, checkpoints every second.
+FAST = [
+    "train.max_steps=40",
+    "train.logging_steps=5",
+    "data.num_examples=200",
+    "checkpoint.every=1s",
+    "preemption.provider=none",
+    "tracking.enabled=false",
+    "requeue.backoff_base_seconds=0.2",
+]
+
+
+@dataclass
+class Storage:
+    uri: str
+    endpoint_url: str | None = None
+
+    def overrides(self) -> list[str]:
+        out = [f"storage.uri={self.uri}"]
+        if self.endpoint_url:
+            out.append(f"storage.endpoint_url={self.endpoint_url}")
+        return out
+
+    def store(self):
+        from orchestrator.storage import open_store
+
+        return open_store(self.uri, endpoint_url=self.endpoint_url)
+
+
+def job_env(tmp_path: Path, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.setdefault("ORCH_CACHE_DIR", str(REPO / ".cache" / "test-models"))
+    env["ORCH_HEARTBEAT_SECONDS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def launch_cmd(overrides: list[str]) -> list[str]:
+    return [PYTHON, "-m", "orchestrator.launch", *overrides]
+
+
+def run_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(launch_cmd(overrides), cwd=tmp_path, env=env or job_env(tmp_path), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, log_name: str = "job.log") -> subprocess.Popen:
+    log = open(tmp_path / log_name, "ab")
+    return subprocess.Popen(launch_cmd(overrides), cwd=tmp_path, env=env or job_env(tmp_path), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def committed_steps(storage: Storage, run: str) -> list[int]:
+    keys = storage.store().list(f"{run}/checkpoints/")
+    return sorted(int(k.split("/")[2].split("-")[0]) for k in keys if k.endswith("/manifest.json"))
+
+
+def worker_of(proc: subprocess.Popen) -> psutil.Process | None:
+    try:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    kids = [k for k in kids if "orchestrator.worker" in " ".join(k.cmdline())]
+    return kids[0] if kids else None
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_for_new_checkpoint(storage: Storage, run: str, proc: subprocess.Popen, after: int, timeout: float = 120) -> int:
+    """Wait until a checkpoint newer than step ``after`` is committed; returns its step."""
+    def newer():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the job ended (rc={proc.returncode}) before a new checkpoint")
+        steps = committed_steps(storage, run)
+        return steps[-1] if steps and steps[-1] > after else None
+
+    return wait_for(newer, timeout, f"a checkpoint after step {after}")
+
+
+def interrupt_worker(proc, storage: Storage, run: str, rng: random.Random, sig: int = signal.SIGKILL) -> int:
+    """After the next commit and a random pause, send ``sig`` to the current worker; returns the step seen."""
+    seen = committed_steps(storage, run)
+    step = wait_for_new_checkpoint(storage, run, proc, seen[-1] if seen else 0)
+    time.sleep(rng.uniform(0.0, 1.2))
+    worker = worker_of(proc)
+    if worker is not None:
+        worker.send_signal(sig)
+        try:
+            worker.wait(60)
+        except psutil.TimeoutExpired:
+            pass
+    return step
+
+
+def final_digest(storage: Storage, run: str) -> str:
+    """SHA-256 over the final weight files (safetensors), from storage."""
+    store = storage.store()
+    manifest = json.loads(store.get_bytes(f"{run}/final/manifest.json"))
+    weights = sorted(f["path"] for f in manifest["files"] if f["path"].endswith(".safetensors"))
+    assert weights, f"no safetensors in {run}/final: {manifest['files']}"
+    h = hashlib.sha256()
+    for path in weights:
+        h.update(store.get_bytes(f"{run}/final/{path}"))
+    return h.hexdigest()
+
+
+def ledger(storage: Storage, run: str) -> dict:
+    return json.loads(storage.store().get_bytes(f"{run}/ledger.json"))
+
+
+def log_text(tmp_path: Path, log_name: str = "job.log") -> str:
+    return (tmp_path / log_name).read_text(errors="replace")

@@ -1,0 +1,277 @@
+"""Backends: what each would submit, checked by the engines' own parsers where we have them.
+
+- Slurm: the sbatch header, and the script body run by bash with a stand-in
+  ``scontrol`` and worker (signal forwarding, requeue decisions). The full
+  Slurm end-to-end test lives elsewhere (it needs the worker).
+- SkyPilot: the task YAML loads with ``sky.Task.from_yaml_config``. SkyPilot
+  pins click and uvicorn below what this project's venv holds, so it lives in
+  its own venv: ``$SKYPILOT_PYTHON`` or /opt/venvs/skypilot/bin/python
+  (``python3.11 -m venv /opt/venvs/skypilot && /opt/venvs/skypilot/bin/pip install skypilot``).
+- Kubernetes: the manifest round-trips through the official client's V1Job
+  model unchanged (a misspelled or misplaced field would be dropped).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import exitcodes
+from orchestrator.backends import get_backend, run_backend, worker_command, worker_overrides
+from orchestrator.errors import ConfigError
+from orchestrator.launch import compose_config
+
+USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "run.name=exp1", "storage.uri=s3://bucket/runs",
+                  "storage.endpoint_url=http://minio:9000", "preemption.grace=30s"]
+SKYPILOT_PYTHON = os.environ.get("SKYPILOT_PYTHON", "/opt/venvs/skypilot/bin/python")
+
+
+def compose(backend: str, *extra: str):
+    overrides = [*USER_OVERRIDES, f"backend={backend}", *extra]
+    return _composed(tuple(overrides)), overrides
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]):
+    return compose_config(list(overrides))  # the backends only read it
+
+
+# -- shared -------------------------------------------------------------------
+
+
+def test_unknown_backend_names_the_valid_ones():
+    with pytest.raises(ValueError, match="local, slurm, skypilot, kubernetes"):
+        get_backend("nomad")
+
+
+def test_worker_command_drops_backend_overrides_only():
+    overrides = ["recipe=dpo", "backend=slurm", "backend.partition=gpu", "+backend.extra.x=1", "run.name=a b"]
+    assert worker_overrides(overrides) == ["recipe=dpo", "run.name=a b"]
+    assert worker_command(overrides) == "python -m orchestrator.worker recipe=dpo 'run.name=a b'"
+
+
+@pytest.mark.parametrize("backend", ["slurm", "skypilot", "kubernetes"])
+def test_dry_run_prints_what_would_be_submitted(backend, capsys):
+    cfg, overrides = compose(backend, "backend.dry_run=true", "backend.image=registry.example/orch:1")
+    assert run_backend(cfg, overrides) == 0
+    printed = capsys.readouterr().out
+    assert printed.strip() == get_backend(backend).render(cfg, overrides).strip()
+    assert "-m orchestrator.worker" in printed or "orchestrator.worker" in printed
+    assert "backend" not in printed.split("orchestrator.worker", 1)[1].split("\n")[0]  # no backend.* for the worker
+
+
+@pytest.mark.parametrize("backend", ["slurm", "skypilot", "kubernetes"])
+def test_multi_node_is_refused_with_the_fix(backend):
+    cfg, overrides = compose(backend, "compute.nodes=2", "backend.image=x")
+    with pytest.raises(ConfigError, match="compute.nodes=1"):
+        get_backend(backend).render(cfg, overrides)
+
+
+# -- slurm ----------------------------------------------------------------------
+
+
+def test_sbatch_header():
+    cfg, overrides = compose("slurm", "backend.partition=gpu")
+    script = get_backend("slurm").render(cfg, overrides)
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --requeue" in header
+    assert "#SBATCH --signal=B:USR1@30" in header
+    assert "#SBATCH --job-name=exp1" in header
+    assert "#SBATCH --open-mode=append" in header
+    assert "#SBATCH --partition=gpu" in header
+    assert "#SBATCH --gpus-per-node=8" in header
+    assert any(line.startswith("#SBATCH --output=") and line.endswith("exp1-%j.out") for line in header)
+    assert "scontrol requeue \"$SLURM_JOB_ID\"" in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_sbatch_without_gpus_asks_for_none():
+    cfg, overrides = compose("slurm", "compute=cpu", "preemption.grace=2m")
+    script = get_backend("slurm").render(cfg, overrides)
+    assert "--gpus" not in script and "--partition" not in script
+    assert "#SBATCH --signal=B:USR1@120" in script
+
+
+FAKE_WORKER = textwrap.dedent(
+    """\
+    #!/bin/bash
+    # stands in for python: $1 $2 are "-m orchestrator.worker"; behaviour from $FAKE_WORKER_MODE
+    echo "worker args: $*" > "$FAKE_DIR/args"
+    case "$FAKE_WORKER_MODE" in
+      wait-for-signal)
+        trap 'echo "$1" > /dev/null; echo USR1 >> "$FAKE_DIR/signals"; exit 75' USR1
+        echo started > "$FAKE_DIR/started"
+        for i in $(seq 200); do sleep 0.05; done; exit 0 ;;
+      *) exit "$FAKE_WORKER_MODE" ;;
+    esac
+    """
+)
+
+
+@pytest.fixture
+def fake_slurm(tmp_path):
+    """Runs a rendered sbatch script with bash, a fake worker and a recording scontrol."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$*" >> {tmp_path}/scontrol\n')
+    (bin_dir / "worker").write_text(FAKE_WORKER)
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+
+    def start(mode: str, restart_count: int = 0) -> subprocess.Popen:
+        cfg, overrides = compose("slurm", f"+backend.extra.python={bin_dir / 'worker'}",
+                                 "requeue.max_failures=2", "requeue.max_preemptions=3")
+        script = tmp_path / "job.sbatch"
+        script.write_text(get_backend("slurm").render(cfg, overrides))
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+               "SLURM_RESTART_COUNT": str(restart_count), "FAKE_WORKER_MODE": mode, "FAKE_DIR": str(tmp_path)}
+        return subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def requeued() -> bool:
+        return (tmp_path / "scontrol").exists() and "requeue 4242" in (tmp_path / "scontrol").read_text()
+
+    start.requeued = requeued
+    start.dir = tmp_path
+    return start
+
+
+def test_sbatch_script_forwards_usr1_and_requeues_on_preemption(fake_slurm):
+    job = fake_slurm("wait-for-signal")
+    until = time.monotonic() + 10
+    while not (fake_slurm.dir / "started").exists() and time.monotonic() < until:
+        time.sleep(0.02)
+    job.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@30 does before the time limit
+    out, _ = job.communicate(timeout=10)
+    assert (fake_slurm.dir / "signals").read_text().strip() == "USR1", out
+    assert job.returncode == exitcodes.PREEMPTED, out
+    assert fake_slurm.requeued(), out
+    assert "run.name=exp1" in (fake_slurm.dir / "args").read_text()
+    assert "backend" not in (fake_slurm.dir / "args").read_text()
+
+
+@pytest.mark.parametrize("code", [exitcodes.COMPLETED, exitcodes.BUDGET_EXHAUSTED, exitcodes.CONFIG_ERROR,
+                                  exitcodes.CAPS_REACHED, exitcodes.FENCED])
+def test_sbatch_script_does_not_requeue_final_exits(fake_slurm, code):
+    job = fake_slurm(str(code))
+    job.communicate(timeout=10)
+    assert job.returncode == code and not fake_slurm.requeued()
+
+
+@pytest.mark.parametrize("code", [1, exitcodes.OUT_OF_MEMORY, 128 + 9])
+def test_sbatch_script_requeues_crashes_and_killed_workers(fake_slurm, code):
+    job = fake_slurm(str(code))
+    job.communicate(timeout=10)
+    assert job.returncode == code and fake_slurm.requeued()
+
+
+def test_sbatch_script_stops_requeueing_after_its_own_bound(fake_slurm):
+    job = fake_slurm("1", restart_count=5)  # max_failures + max_preemptions = 5
+    out, _ = job.communicate(timeout=10)
+    assert not fake_slurm.requeued() and "not requeued" in out
+
+
+# -- skypilot -------------------------------------------------------------------
+
+
+def test_skypilot_task_fields():
+    cfg, overrides = compose("skypilot", "requeue.max_failures=4", "compute.cloud=aws")
+    task = yaml.safe_load(get_backend("skypilot").render(cfg, overrides))
+    resources = task["resources"]
+    assert resources["use_spot"] is True
+    assert resources["accelerators"] == "H100:8"
+    assert resources["cloud"] == "aws"
+    assert resources["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 4,
+                                         "recover_on_exit_codes": [75]}
+    assert task["envs"]["STORAGE_URI"] == "s3://bucket/runs"
+    assert task["envs"]["STORAGE_ENDPOINT_URL"] == "http://minio:9000"
+    assert not any("SECRET" in k or "KEY" in k for k in task["envs"])
+    assert task["run"].startswith("python -m orchestrator.worker ") and "backend" not in task["run"]
+    assert task["setup"]
+
+
+@pytest.mark.skipif(not Path(SKYPILOT_PYTHON).exists(), reason=f"SkyPilot's own venv not found at {SKYPILOT_PYTHON}")
+def test_skypilot_yaml_loads_with_skypilots_own_parser(tmp_path):
+    variants = {
+        "h100x8-aws": ["compute.cloud=aws"],
+        "cpu-any": ["compute=cpu"],
+        "image-gcp": ["backend.image=registry.example/orch:1", "compute.cloud=gcp", "+backend.extra.region=us-central1"],
+    }
+    paths = {}
+    for name, extra in variants.items():
+        cfg, overrides = compose("skypilot", *extra)
+        paths[name] = tmp_path / f"{name}.yaml"
+        paths[name].write_text(get_backend("skypilot").render(cfg, overrides))
+    check = textwrap.dedent(
+        """\
+        import json, sys, yaml, sky
+        out = {}
+        for name, path in json.loads(sys.argv[1]).items():
+            task = sky.Task.from_yaml_config(yaml.safe_load(open(path)))
+            (res,) = list(task.resources)
+            out[name] = {"spot": res.use_spot, "accelerators": res.accelerators, "recovery": res.job_recovery,
+                         "cloud": str(res.cloud) if res.cloud else None, "run": task.run, "envs": task.envs}
+        print(json.dumps(out))
+        """
+    )
+    done = subprocess.run([SKYPILOT_PYTHON, "-c", check, json.dumps({k: str(v) for k, v in paths.items()})],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parsed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert parsed["h100x8-aws"]["spot"] is True
+    assert parsed["h100x8-aws"]["accelerators"] == {"H100": 8}
+    assert parsed["h100x8-aws"]["cloud"].lower() == "aws"
+    assert parsed["h100x8-aws"]["recovery"]["recover_on_exit_codes"] == [75]
+    assert parsed["cpu-any"]["accelerators"] is None and parsed["cpu-any"]["spot"] is False
+    assert parsed["image-gcp"]["run"].startswith("python -m orchestrator.worker")
+    assert parsed["image-gcp"]["envs"]["STORAGE_URI"] == "s3://bucket/runs"
+
+
+# -- kubernetes -------------------------------------------------------------------
+
+
+def test_kubernetes_requires_an_image():
+    cfg, overrides = compose("kubernetes")
+    with pytest.raises(ConfigError, match="backend.image"):
+        get_backend("kubernetes").render(cfg, overrides)
+
+
+@pytest.mark.parametrize(
+    "cloud,label",
+    [("gcp", ("cloud.google.com/gke-spot", "true")), ("aws", ("eks.amazonaws.com/capacityType", "SPOT")),
+     ("azure", ("kubernetes.azure.com/scalesetpriority", "spot"))],
+)
+def test_kubernetes_job_validates_against_the_official_model(cloud, label):
+    from kubernetes.client import ApiClient
+
+    cfg, overrides = compose("kubernetes", "backend.image=registry.example/orch:1", f"compute.cloud={cloud}",
+                             "requeue.max_failures=3", "requeue.max_preemptions=20")
+    manifest = yaml.safe_load(get_backend("kubernetes").render(cfg, overrides))
+
+    api = ApiClient()
+    job = api.deserialize(json.dumps(manifest), "V1Job", None)  # raises on a wrong type or a missing field
+    assert api.sanitize_for_serialization(job) == manifest  # nothing unknown was dropped
+
+    spec = job.spec
+    assert spec.backoff_limit == 23
+    rules = spec.pod_failure_policy.rules
+    assert (rules[0].action, rules[0].on_exit_codes.values) == ("Ignore", [75])
+    assert (rules[1].action, sorted(rules[1].on_exit_codes.values)) == ("FailJob", [3, 4, 5, 6])
+    assert rules[2].action == "Ignore" and rules[2].on_pod_conditions[0].type == "DisruptionTarget"
+    pod = spec.template.spec
+    assert pod.restart_policy == "Never"
+    assert pod.termination_grace_period_seconds >= 30
+    assert pod.node_selector == {label[0]: label[1]}
+    container = pod.containers[0]
+    assert container.image == "registry.example/orch:1"
+    assert container.resources.limits["nvidia.com/gpu"] == "8"
+    assert container.command == ["python", "-m", "orchestrator.worker"]
+    assert "run.name=exp1" in container.args and not any(a.startswith("backend") for a in container.args)
+    assert job.metadata.name == "exp1"

@@ -1,0 +1,163 @@
+"""The requeue policy over ledger attempts: separate caps, backoff, crash-loop breaker."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.config import RequeueConfig
+from orchestrator.requeue import RequeuePolicy
+
+
+def attempt(exit_class: str, start: int = 0, end: int | None = None, epoch: int = 0) -> dict:
+    """A ledger attempt that started from the checkpoint at ``start`` and reached ``end``."""
+    return {
+        "epoch": epoch, "host": "h", "pid": 1, "started_at": 0.0, "ended_at": 1.0, "last_seen": 1.0,
+        "exit_class": exit_class, "step_start": start, "step_end": start if end is None else end,
+        "checkpoint_step_at_start": start, "cost_usd": 0.0,
+    }
+
+
+def run_job(policy: RequeuePolicy, outcomes) -> tuple[list[dict], list]:
+    """Feed attempts one by one, as the supervisor would, until the policy stops the job.
+
+    ``outcomes(n)`` returns the n-th attempt (0-based). Returns (attempts, decisions).
+    """
+    attempts, decisions = [], []
+    rng = random.Random(0)
+    for n in range(1000):
+        attempts.append(outcomes(n))
+        decisions.append(policy.decide(attempts, rng=rng))
+        if not decisions[-1].requeue:
+            return attempts, decisions
+    raise AssertionError("the policy never stopped the job")
+
+
+def test_always_crashing_job_runs_exactly_max_failures_attempts():
+    # progress each time, so only the failure cap can stop it
+    policy = RequeuePolicy(RequeueConfig(max_failures=3, crash_loop_threshold=100))
+    attempts, decisions = run_job(policy, lambda n: attempt("crashed", start=10 * n, end=10 * n + 5))
+    assert len(attempts) == 3
+    assert [d.log_line.split(":")[0] for d in decisions] == ["requeue [1/3]", "requeue [2/3]", "not requeued"]
+    assert decisions[-1].log_line == "not requeued: 3 failures reached requeue.max_failures=3"
+    assert policy.refuse_reason({"attempts": attempts}) is not None  # a person re-running it is refused too
+
+
+def test_out_of_memory_counts_as_a_failure():
+    policy = RequeuePolicy(RequeueConfig(max_failures=2, crash_loop_threshold=100))
+    attempts, _ = run_job(policy, lambda n: attempt("out_of_memory", start=n, end=n + 1))
+    assert len(attempts) == 2
+
+
+def test_preemptions_do_not_count_against_failures():
+    policy = RequeuePolicy(RequeueConfig(max_failures=2, max_preemptions=50, crash_loop_threshold=100))
+    # five preemptions and one crash, all making progress: the job goes on
+    history = [attempt("preempted" if i != 2 else "crashed", start=i * 10, end=i * 10 + 5) for i in range(6)]
+    history[-1]["exit_class"] = "vanished"
+    decision = policy.decide(history, rng=random.Random(0))
+    assert decision.requeue
+    assert decision.delay_seconds == 0
+    assert decision.log_line == "requeue [5/50]: vanished; no charge against failures"
+    assert policy.refuse_reason({"attempts": history}) is None
+
+
+def test_preemption_cap_stops_the_job():
+    policy = RequeuePolicy(RequeueConfig(max_preemptions=4, crash_loop_threshold=100))
+    attempts, decisions = run_job(policy, lambda n: attempt("preempted", start=n, end=n + 1))
+    assert len(attempts) == 4
+    assert decisions[-1].log_line == "not requeued: 4 preemptions reached requeue.max_preemptions=4"
+    assert "requeue.max_preemptions=14" in policy.refuse_reason({"attempts": attempts})
+
+
+def test_crash_loop_breaker_trips_on_attempts_that_make_no_progress():
+    policy = RequeuePolicy(RequeueConfig(max_failures=10, max_preemptions=10, crash_loop_threshold=3))
+    # first attempt makes progress; then every attempt dies at the checkpoint it restored (step 40)
+    def outcomes(n):
+        if n == 0:
+            return attempt("crashed", start=0, end=40)
+        return attempt(["crashed", "preempted", "out_of_memory"][n % 3], start=40, end=40)
+
+    attempts, decisions = run_job(policy, outcomes)
+    assert len(attempts) == 4  # 1 with progress + 3 without
+    assert decisions[-1].log_line.startswith("not requeued: crash loop: the last 3 attempts made no progress")
+    assert "step 40" in decisions[-1].reason
+    refused = policy.refuse_reason({"attempts": attempts})
+    assert refused and "crash_loop_threshold=4" in refused
+
+
+def test_progress_resets_the_crash_loop_count():
+    policy = RequeuePolicy(RequeueConfig(max_failures=10, crash_loop_threshold=3))
+    history = [attempt("crashed", 0, 0), attempt("crashed", 0, 0), attempt("crashed", 0, 25), attempt("crashed", 20, 20)]
+    assert policy.no_progress_streak(history) == 1
+    assert policy.decide(history, rng=random.Random(0)).requeue
+
+
+def test_attempt_that_never_recorded_its_last_step_counts_as_no_progress():
+    policy = RequeuePolicy(RequeueConfig(crash_loop_threshold=2))
+    history = [attempt("vanished", 30), attempt("running", 30)]
+    for a in history:
+        a["step_end"] = None
+    assert policy.no_progress_streak(history) == 2
+    assert not policy.decide(history).requeue
+
+
+@pytest.mark.parametrize(
+    "final", ["config_error", "budget_exhausted", "caps_reached", "fenced", "completed"]
+)
+def test_final_classes_are_never_requeued(final):
+    policy = RequeuePolicy(RequeueConfig(max_failures=100, max_preemptions=100))
+    decision = policy.decide([attempt(final, 0, 10)])
+    assert not decision.requeue
+    assert decision.log_line.startswith("not requeued: ")
+
+
+def test_config_error_is_not_requeued_even_with_caps_left():
+    policy = RequeuePolicy(RequeueConfig(max_failures=100))
+    decision = policy.decide([attempt("crashed", 0, 5), attempt("config_error", 5, 5)])
+    assert not decision.requeue and "config or data error" in decision.reason
+
+
+def test_backoff_grows_exponentially_with_full_jitter_and_is_capped():
+    policy = RequeuePolicy(RequeueConfig(backoff_base_seconds=5, backoff_max_seconds=60))
+
+    class Top(random.Random):  # the top of the jitter range: the ceiling itself
+        def uniform(self, a, b):
+            return b
+
+    assert [policy.backoff_seconds(n, Top()) for n in range(1, 7)] == [5, 10, 20, 40, 60, 60]
+    samples = [policy.backoff_seconds(3, random.Random(seed)) for seed in range(200)]
+    assert all(0 <= s <= 20 for s in samples) and min(samples) < 5 and max(samples) > 15  # full jitter
+
+
+def test_failure_decision_carries_the_backoff_delay():
+    policy = RequeuePolicy(RequeueConfig(max_failures=5, backoff_base_seconds=5, backoff_max_seconds=300, crash_loop_threshold=100))
+    history = [attempt("crashed", i, i + 1) for i in range(3)]
+    decision = policy.decide(history, rng=random.Random(7))
+    assert decision.requeue and 0 <= decision.delay_seconds <= 20
+    assert decision.log_line == f"requeue [3/5]: crashed; retrying in {decision.delay_seconds:.1f}s"
+
+
+def test_refuse_reason_allows_a_fresh_or_healthy_job():
+    policy = RequeuePolicy(RequeueConfig())
+    assert policy.refuse_reason({"attempts": []}) is None
+    assert policy.refuse_reason({}) is None
+    assert policy.refuse_reason({"attempts": [attempt("preempted", 0, 50), attempt("crashed", 50, 60)]}) is None
+
+
+def test_raising_the_cap_lets_a_person_go_on():
+    history = [attempt("crashed", i, i + 1) for i in range(3)]
+    assert RequeuePolicy(RequeueConfig(max_failures=3)).refuse_reason({"attempts": history})
+    assert RequeuePolicy(RequeueConfig(max_failures=4)).refuse_reason({"attempts": history}) is None
+
+
+def test_zero_failures_allowed_means_one_attempt():
+    policy = RequeuePolicy(RequeueConfig(max_failures=0))
+    assert not policy.decide([attempt("crashed", 0, 5)]).requeue
+    assert policy.refuse_reason({"attempts": []}) is None
+
+
+def test_invalid_config_is_refused_with_the_key():
+    with pytest.raises(ValueError, match="crash_loop_threshold"):
+        RequeuePolicy(RequeueConfig(crash_loop_threshold=0))
+    with pytest.raises(ValueError, match="max_failures"):
+        RequeuePolicy(RequeueConfig(max_failures=-1))
