@@ -296,7 +296,7 @@ class JobTracker:
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         """Queue numeric ``metrics`` at ``step``; steps at or below a key's last logged step are dropped."""
-        if not self.enabled or self.run_id is None:
+        if not self.enabled or self._thread is None:  # not started
             return
         from mlflow.entities import Metric
 
@@ -321,7 +321,7 @@ class JobTracker:
             self._cond.notify_all()
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        if not self.enabled or self.run_id is None:
+        if not self.enabled or self._thread is None:  # not started
             return
         from mlflow.entities import RunTag
 
@@ -333,11 +333,11 @@ class JobTracker:
 
     def log_text_artifact(self, text: str, artifact_file: str) -> None:
         """Queue ``text`` as an artifact, with every secret seen in params/tags scrubbed out."""
-        if self.enabled and self.run_id is not None:
+        if self.enabled and self._thread is not None:
             self._enqueue(("text", scrub_text(text, self._secrets), artifact_file))
 
     def log_dict_artifact(self, obj: Mapping[str, Any], artifact_file: str) -> None:
-        if self.enabled and self.run_id is not None:
+        if self.enabled and self._thread is not None:
             self._enqueue(("dict", redact(obj, self._secrets), artifact_file))
 
     def _enqueue(self, op: tuple) -> None:
@@ -361,7 +361,7 @@ class JobTracker:
     def close(self, status: str = "FINISHED", *, flush_timeout_s: float = 60.0) -> bool:
         """Deliver what is queued (up to ``flush_timeout_s``), end the run with ``status``
         (FINISHED | KILLED | FAILED). Returns False if points were left undelivered."""
-        if not self.enabled or self.run_id is None:
+        if not self.enabled or self._thread is None:  # not started
             return True
         if self._system_monitor is not None:
             try:

@@ -33,6 +33,8 @@ from orchestrator.exitcodes import ExitClass
 log = logging.getLogger("orchestrator.worker")
 
 HEARTBEAT_SECONDS = float(os.environ.get("ORCH_HEARTBEAT_SECONDS", "15"))
+# Chaos testing: crash every attempt this many steps after it started (0: off).
+FAULT_AFTER_STEPS = int(os.environ.get("ORCH_FAULT_AFTER_STEPS", "0"))
 # Fields that do not shape the training trajectory; every other one is fingerprinted.
 _NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps"}, "data": {"max_eval_examples"},
                    "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
@@ -85,7 +87,8 @@ class Job:
 
         self.cfg = cfg
         self.overrides = overrides
-        self.run_name = cfg.run.name
+        # a trial is its own job, so it neither resumes nor completes the real one
+        self.run_name = cfg.run.name + ("-trial" if cfg.train.trial_steps > 0 else "")
         try:
             self.price = price_for(cfg.compute, load_catalog())
         except ValueError as err:
@@ -111,6 +114,8 @@ class Job:
         self.fenced_error = None
         self.dataset_fp = ""
         self.trajectory = trajectory_config(cfg)
+        self.first_step_seconds: float | None = None
+        self.trial = cfg.train.trial_steps > 0
 
     # ---- 1. ledger ---------------------------------------------------------
     def begin(self) -> None:
@@ -166,6 +171,12 @@ class Job:
 
     def on_step(self, step: int) -> None:
         self.step = step
+        if self.first_step_seconds is None:
+            self.first_step_seconds = self.meter.attempt_seconds()
+            log.info("start to first step: %.2fs (set-up and restore included, resumed at step %d)",
+                     self.first_step_seconds, self.step_at_start)
+        if FAULT_AFTER_STEPS and step - self.step_at_start >= FAULT_AFTER_STEPS:
+            raise RuntimeError(f"injected fault after {FAULT_AFTER_STEPS} steps (ORCH_FAULT_AFTER_STEPS)")
         if time.monotonic() - self._last_heartbeat >= HEARTBEAT_SECONDS:
             self.heartbeat()
 
@@ -184,7 +195,8 @@ class Job:
 
         cost = self.total_cost_usd()
         metrics = dict(metrics, cost_usd=cost, attempt_cost_usd=self.meter.attempt_cost_usd(),
-                       gpu_hours=self.meter.gpu_hours())
+                       gpu_hours=self.meter.gpu_hours(), peak_memory_bytes=peak_memory_bytes())
+        metrics.update(self.callback.timing_metrics())
         per_step = usd_per_step(cost, step)
         if per_step is not None:
             metrics["usd_per_step"] = per_step
@@ -245,28 +257,75 @@ class Job:
         self.preemption.install()
         try:
             self.start_tracking()
+            self.record_repro()
             train_ds, eval_ds = load_datasets(cfg.data, cfg.recipe.name)
             self.dataset_fp = fingerprint(train_ds)
             restored, manifest = self.checkpoints.restore_latest(
                 self.work / "restore", check=lambda m: check_resumable(m, self.trajectory, self.dataset_fp, cfg))
             self.step = self.step_at_start = manifest["step"] if manifest else 0
-            callback = OrchestratorCallback(self, every_seconds=self.every_seconds,
-                                            every_steps=cfg.checkpoint.every_steps)
+            self.callback = OrchestratorCallback(self, every_seconds=0 if self.trial else self.every_seconds,
+                                                 every_steps=0 if self.trial else cfg.checkpoint.every_steps,
+                                                 stop_after_steps=cfg.train.trial_steps)
             trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
-                                                output_dir=str(self.work / "trainer"), callbacks=[callback])
-            if restored is None:
+                                                output_dir=str(self.work / "trainer"), callbacks=[self.callback])
+            if restored is None and not self.trial:
                 self.record_quality_before(trainer, eval_ds)
-            restore_s = self.meter.attempt_seconds()
-            log.info("start to first step: %.2fs (restore included)", restore_s)
             trainer.train(resume_from_checkpoint=str(restored) if restored else None)
             self.checkpoints.wait()
-            if callback.stop_reason:
-                return self.stop(callback.stop_reason)
+            if self.trial:
+                return self.finish_trial(trainer)
+            if self.callback.stop_reason:
+                return self.stop(self.callback.stop_reason)
             return self.finish(trainer, eval_ds)
         finally:
             self.preemption.uninstall()
             self.checkpoints.close()
             shutil.rmtree(self.work, ignore_errors=True)
+
+    def finish_trial(self, trainer) -> int:
+        """``train.trial_steps=N``: print the plan beside what N steps measured; log both to MLflow."""
+        from orchestrator import plan
+
+        measured = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
+        timing = self.callback.timing_metrics(reset=False, whole_run=True)
+        measured.update(peak_memory_bytes=peak_memory_bytes(), step_time_s=timing.get("step_time_s"),
+                        data_wait_s=timing.get("data_wait_s"))
+        tokens_per_step = (self.cfg.train.per_device_batch_size * self.cfg.train.gradient_accumulation_steps
+                           * self.cfg.data.max_length)
+        if measured["step_time_s"]:
+            measured["tokens_per_second"] = tokens_per_step / measured["step_time_s"]
+        estimate = plan.estimate_memory(self.cfg)
+        cost = plan.estimate_cost(self.cfg, self.price)
+        print(plan.format_trial(estimate, measured, cost), flush=True)
+        if self.tracker:
+            self.tracker.log_metrics({f"trial_{k}": float(v) for k, v in measured.items() if v is not None}, self.step)
+            self.tracker.log_dict_artifact({"estimate": estimate.components, "measured": measured}, "trial.json")
+        self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED")
+        return exitcodes.COMPLETED
+
+    def record_repro(self) -> None:
+        """Record what this attempt runs on; warn when it differs from the first attempt in a result-changing way."""
+        from orchestrator.repro import collect_record, diff_records
+
+        record = collect_record(OmegaConf.to_container(self.cfg, resolve=True), image=self.cfg.backend.image)
+        first = {}
+
+        def fn(ledger):
+            nonlocal first
+            first = ledger.get("repro") or {}
+            if not first:
+                ledger["repro"] = record
+            self.ledger.current_attempt(ledger)["extra"]["repro"] = record
+
+        self.ledger.update(fn)
+        differences = diff_records(first, record) if first else []
+        for line in differences:
+            log.warning("this attempt differs from the first one: %s", line)
+        if self.tracker:
+            self.tracker.log_dict_artifact(record, f"repro/attempt-{self.ledger.epoch}.json")
+            if differences:
+                self.tracker.set_tags({"repro_differs": "true"})
+                self.tracker.log_text_artifact("\n".join(differences), f"repro/attempt-{self.ledger.epoch}-differences.txt")
 
     def record_quality_before(self, trainer, eval_ds) -> None:
         acc = self.recipe.accuracy(trainer, self.cfg, eval_ds)
@@ -337,6 +396,17 @@ class Job:
             log.warning("could not record the attempt's end in the ledger: %s", err)
         if self.tracker:
             self.tracker.close("FAILED", flush_timeout_s=10)
+
+
+def peak_memory_bytes() -> int:
+    """CUDA max allocated on a GPU; peak RSS of this process on CPU."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def redacted_config(cfg) -> dict:

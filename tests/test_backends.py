@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from orchestrator import exitcodes
 from orchestrator.backends import get_backend, run_backend, worker_command, worker_overrides
@@ -35,13 +37,28 @@ SKYPILOT_PYTHON = os.environ.get("SKYPILOT_PYTHON", "/opt/venvs/skypilot/bin/pyt
 
 
 def compose(backend: str, *extra: str):
+    """The composed config for ``backend`` plus ``extra`` overrides, and the override list.
+
+    Composing costs about a second on a small machine, so the base config is
+    composed once per backend with the real launcher code, and ``extra`` (plain
+    ``key=value`` settings) is applied to a copy.
+    """
     overrides = [*USER_OVERRIDES, f"backend={backend}", *extra]
-    return _composed(tuple(overrides)), overrides
+    cfg = copy.deepcopy(_composed((*USER_OVERRIDES, f"backend={backend}")))
+    for item in extra:
+        key, _, value = item.partition("=")
+        OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value), force_add=True)
+    return cfg, overrides
 
 
 @functools.lru_cache(maxsize=None)
 def _composed(overrides: tuple[str, ...]):
-    return compose_config(list(overrides))  # the backends only read it
+    return compose_config(list(overrides))
+
+
+def test_variants_compose_the_same_way_as_the_launcher():
+    cfg, overrides = compose("slurm", "backend.partition=gpu", "compute.gpus_per_node=0", "preemption.grace=2m")
+    assert cfg == compose_config(overrides)
 
 
 # -- shared -------------------------------------------------------------------
@@ -94,7 +111,7 @@ def test_sbatch_header():
 
 
 def test_sbatch_without_gpus_asks_for_none():
-    cfg, overrides = compose("slurm", "compute=cpu", "preemption.grace=2m")
+    cfg, overrides = compose("slurm", "compute.gpus_per_node=0", "preemption.grace=2m")
     script = get_backend("slurm").render(cfg, overrides)
     assert "--gpus" not in script and "--partition" not in script
     assert "#SBATCH --signal=B:USR1@120" in script
@@ -201,7 +218,7 @@ def test_skypilot_task_fields():
 def test_skypilot_yaml_loads_with_skypilots_own_parser(tmp_path):
     variants = {
         "h100x8-aws": ["compute.cloud=aws"],
-        "cpu-any": ["compute=cpu"],
+        "cpu-any": ["compute.gpus_per_node=0", "compute.spot=false"],
         "image-gcp": ["backend.image=registry.example/orch:1", "compute.cloud=gcp", "+backend.extra.region=us-central1"],
     }
     paths = {}

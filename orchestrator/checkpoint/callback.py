@@ -34,8 +34,16 @@ class JobHooks(Protocol):
 
 
 class OrchestratorCallback(TrainerCallback):
-    def __init__(self, hooks: JobHooks, *, every_seconds: float, every_steps: int = 0, clock=time.monotonic):
+    def __init__(self, hooks: JobHooks, *, every_seconds: float, every_steps: int = 0, stop_after_steps: int = 0,
+                 clock=time.monotonic):
         self.hooks = hooks
+        self.stop_after_steps = stop_after_steps
+        self._steps_this_attempt = 0
+        self._step_began: float | None = None
+        self._last_step_end: float | None = None
+        # (step seconds, data-wait seconds) since the last log, and over the whole attempt
+        self._window: list[tuple[float, float]] = []
+        self._all: list[tuple[float, float]] = []
         self.every_seconds = every_seconds
         self.every_steps = every_steps
         self.clock = clock
@@ -47,8 +55,23 @@ class OrchestratorCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._last_save = self.clock()
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_began = self.clock()
+
     def on_step_end(self, args, state, control, **kwargs):
+        now = self.clock()
+        if self._step_began is not None and self._last_step_end is not None:
+            # the gap between one step's end and the next one's start is mostly the data loader
+            # (plus logging); the first step of an attempt is left out (it includes warm-up)
+            sample = (now - self._last_step_end, self._step_began - self._last_step_end)
+            self._window.append(sample)
+            self._all.append(sample)
+        self._steps_this_attempt += 1
         self.hooks.on_step(state.global_step)
+        self._last_step_end = self.clock()
+        if self.stop_after_steps and self._steps_this_attempt >= self.stop_after_steps:
+            control.should_training_stop = True
+            return control
         reason = self.hooks.stop_reason()
         if reason:
             self._stop_reason = reason
@@ -71,12 +94,25 @@ class OrchestratorCallback(TrainerCallback):
         now = self.clock()
         self.save_stall_seconds.append(now - self._save_started)
         self._last_save = now
+        self._last_step_end = now  # the save's stall is not the data loader's
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:
             self.hooks.on_metrics({k: v for k, v in logs.items() if isinstance(v, (int, float))}, state.global_step)
+        self._last_step_end = self.clock()
         return control
+
+    def timing_metrics(self, *, reset: bool = True, whole_run: bool = False) -> dict:
+        """Mean step time and data-loader wait (seconds) since the last call, or over the attempt."""
+        samples = self._all if whole_run else self._window
+        if not samples:
+            return {}
+        out = {"step_time_s": sum(s for s, _ in samples) / len(samples),
+               "data_wait_s": sum(w for _, w in samples) / len(samples)}
+        if reset and not whole_run:
+            self._window = []
+        return out
 
     @property
     def stop_reason(self) -> str | None:
