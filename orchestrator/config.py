@@ -81,7 +81,7 @@ class TrainConfig:
 @dataclass
 class ComputeConfig:
     name: str = "cpu"
-    gpu_type: str = "none"  # key into the price catalog (conf/pricing/catalog.yaml)
+    gpu_type: str = "none"  # key into the price catalog (conf/pricing.yaml)
     gpus_per_node: int = 0
     nodes: int = 1
     spot: bool = False

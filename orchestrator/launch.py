@@ -111,10 +111,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("recipe=qlora needs recipe.quantization=nf4 (a 4-bit base); use recipe=sft for an unquantised base.")
     if cfg.data.source in ("jsonl", "hub") and not cfg.data.path:
         raise ConfigError(f"data={cfg.data.source} needs data.path (a JSONL file or a hub dataset id).")
-    if cfg.data.source == "jsonl" and not Path(cfg.data.path).expanduser().is_file():
-        raise ConfigError(
-            f"data.path={cfg.data.path!r}: no such file. Point it at an existing JSONL file, or use data=synthetic."
-        )
+    if cfg.data.source == "jsonl":
+        from recipes.data import check_jsonl
+
+        check_jsonl(cfg.data.path, cfg.recipe.name)  # raises DataError naming the file and the fix
     for key in ("checkpoint.every", "preemption.grace"):
         try:
             parse_duration(OmegaConf.select(cfg, key), key=key)

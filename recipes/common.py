@@ -125,7 +125,7 @@ def training_kwargs(cfg, output_dir: str) -> dict:
         use_cpu=not cuda,
         dataloader_num_workers=0,
         disable_tqdm=True,
-        gradient_checkpointing=t.gradient_checkpointing,
+        activation_checkpointing=t.gradient_checkpointing,
         max_length=cfg.data.max_length,
         save_only_model=False,
     )

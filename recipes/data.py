@@ -85,6 +85,12 @@ def _check_columns(rows_columns: set[str], recipe_name: str, where: str) -> None
     )
 
 
+def check_jsonl(path: str, recipe_name: str) -> None:
+    """Validate a JSONL file up front: it exists, parses, and has the recipe's columns. Raises DataError."""
+    rows = _read_jsonl(path)
+    _check_columns(set().union(*(r.keys() for r in rows)), recipe_name, f"data.path={path!r}")
+
+
 def load_datasets(data_cfg, recipe_name: str):
     """Return (train, eval) ``datasets.Dataset`` for the recipe, validated.
 

@@ -1,0 +1,158 @@
+"""``orchestrator checkpoints <storage-uri>/<run-name> [--verify] [--endpoint-url URL] [--json]``.
+
+Lists a job's committed checkpoints (those with a manifest): step, when it was
+written, its size and the attempt epoch that wrote it. ``--verify`` downloads
+each into a clean temporary folder, checks every file's size and SHA-256
+against the manifest, and only then deserialises the weights and training
+state (safetensors files with ``safetensors.torch.load_file``; ``.pt``,
+``.pth`` and ``.bin`` files with ``torch.load(weights_only=True)``) to prove the
+checkpoint restores. Exit code 1 when any checkpoint fails, 2 for a bad argument.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from orchestrator.checkpoint import manifest as mf
+from orchestrator.checkpoint.store import CheckpointStore, CommittedCheckpoint
+
+# Files the Trainer writes with torch.save; everything else is JSON, text or safetensors.
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+# A pickled TrainingArguments object: the Trainer never loads it on resume, and it cannot be
+# loaded with weights_only=True, so it is hash-checked but not deserialised.
+NOT_RESTORED = {"training_args.bin"}
+
+
+def load_files(folder: Path, manifest: dict) -> int:
+    """Deserialise every weight and state file listed in ``manifest``; returns how many were loaded.
+
+    Call only after :func:`manifest.verify_folder` passed: nothing unverified is unpickled.
+    Raises the loader's exception (with the file named) when one does not load.
+    """
+    import torch
+    from safetensors.torch import load_file
+    from transformers.trainer_pt_utils import safe_globals
+
+    loaded = 0
+    for entry in manifest["files"]:
+        path = folder / entry["path"]
+        try:
+            if path.suffix == ".safetensors":
+                load_file(str(path))
+            elif path.suffix in TORCH_SUFFIXES and path.name not in NOT_RESTORED:
+                # the numpy RNG state in rng_state.pth needs the same allowlist the Trainer uses
+                with safe_globals():
+                    torch.load(path, map_location="cpu", weights_only=True)
+            else:
+                continue
+        except Exception as err:  # noqa: BLE001 - reported per checkpoint, with the file named
+            raise mf.CorruptCheckpoint(f"file {entry['path']} does not load: {type(err).__name__}: {err}") from err
+        loaded += 1
+    return loaded
+
+
+def verify_one(checkpoints: CheckpointStore, ckpt: CommittedCheckpoint, manifest: dict) -> str | None:
+    """Download ``ckpt`` into a clean temporary folder, check hashes, load it. Returns the failure reason or None."""
+    with tempfile.TemporaryDirectory(prefix=f"verify-{ckpt.name}-") as tmp:
+        local = Path(tmp)
+        try:
+            for entry in manifest["files"]:
+                checkpoints.store.download_file(f"{checkpoints.prefix}{ckpt.name}/{entry['path']}", local / entry["path"])
+            mf.verify_folder(local, manifest)  # every hash before anything is deserialised
+            load_files(local, manifest)
+        except FileNotFoundError as err:
+            return f"a listed file is missing from storage ({err})"
+        except mf.CorruptCheckpoint as err:
+            return str(err)
+    return None
+
+
+def describe(ckpt: CommittedCheckpoint, manifest: dict | None, error: str | None) -> dict:
+    """One checkpoint as a JSON-able row."""
+    row = {"name": ckpt.name, "step": ckpt.step, "epoch": ckpt.epoch, "created_at": None, "bytes": None,
+           "files": None, "manifest_error": error}
+    if manifest is not None:
+        row.update(created_at=manifest.get("created_at"), bytes=manifest.get("total_bytes"),
+                   files=len(manifest.get("files", [])))
+    return row
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _size(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f} MB"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="orchestrator checkpoints", description=__doc__.split("\n\n")[1])
+    parser.add_argument("run_uri", help="<storage-uri>/<run-name>, e.g. s3://bucket/runs/exp1 or .cache/runs/exp1")
+    parser.add_argument("--verify", action="store_true", help="download, hash-check and load each checkpoint")
+    parser.add_argument("--endpoint-url", default=None, help="an S3-compatible endpoint (MinIO, R2, moto)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orchestrator.errors import UserError
+    from orchestrator.storage import open_store, split_run_uri
+
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        storage_uri, run_name = split_run_uri(args.run_uri)
+        store = open_store(storage_uri, endpoint_url=args.endpoint_url)
+        with tempfile.TemporaryDirectory(prefix="orch-inspect-") as staging:
+            checkpoints = CheckpointStore(store, run_name, staging_dir=Path(staging))
+            committed = checkpoints.committed()
+            rows = []
+            for ckpt in committed:
+                manifest, error = None, None
+                try:
+                    manifest = mf.loads(store.get_bytes(ckpt.manifest_key))
+                except (mf.CorruptCheckpoint, ValueError, FileNotFoundError) as err:
+                    error = f"unreadable manifest: {err}"
+                row = describe(ckpt, manifest, error)
+                if args.verify:
+                    if not args.json:
+                        print(f"verifying {ckpt.name} ...", flush=True)
+                    reason = error or verify_one(checkpoints, ckpt, manifest)
+                    row.update(ok=reason is None, reason=reason)
+                rows.append(row)
+    except (ValueError, UserError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    failed = [r for r in rows if args.verify and not r["ok"]]
+    if args.json:
+        print(json.dumps({"run": run_name, "storage": storage_uri, "checkpoints": rows,
+                          "verified": args.verify, "failed": len(failed)}, indent=1))
+    else:
+        print_table(run_name, storage_uri, rows, verify=args.verify)
+    return 1 if failed else 0
+
+
+def print_table(run_name: str, storage_uri: str, rows: list[dict], *, verify: bool) -> None:
+    if not rows:
+        print(f"no committed checkpoints for run {run_name!r} in {storage_uri}")
+        return
+    print(f"committed checkpoints of run {run_name!r} in {storage_uri}:")
+    print(f"  {'name':<16}{'step':>10}{'epoch':>7}  {'written':<24}{'size':>11}{'files':>7}" + ("  verify" if verify else ""))
+    for r in rows:
+        line = (f"  {r['name']:<16}{r['step']:>10}{r['epoch']:>7}  {_when(r['created_at']):<24}"
+                f"{_size(r['bytes']):>11}{r['files'] if r['files'] is not None else '-':>7}")
+        if verify:
+            line += "  OK" if r["ok"] else f"  FAILED: {r['reason']}"
+        print(line)
+    if verify:
+        bad = sum(not r["ok"] for r in rows)
+        print(f"{len(rows) - bad} of {len(rows)} checkpoints verified OK" + (f"; {bad} FAILED" if bad else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

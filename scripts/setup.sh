@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create .venv (once) and install the project into it: torch first (the CPU wheel
+# where there is no NVIDIA GPU, the default CUDA build where there is one), then
+# the project with the versions it was tested with (constraints.txt).
+#   bash scripts/setup.sh          # idempotent: a second run only checks
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null || PY=python3
+STAMP=.venv/.setup-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+if [ -f "$STAMP" ]; then exit 0; fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if .venv/bin/python -c "import torch" 2>/dev/null; then
+  :  # keep the torch that is there
+elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+else
+  # CPU wheel: on PyPI's index the plain name would pull a multi-GB CUDA build
+  .venv/bin/python -m pip install -q "torch==2.13.0" \
+    || .venv/bin/python -m pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+fi
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+rm -f .venv/.setup-*
+touch "$STAMP"
+echo "set-up done: $(.venv/bin/python -c 'import torch, transformers, trl; print("torch", torch.__version__, "transformers", transformers.__version__, "trl", trl.__version__)')"

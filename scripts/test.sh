@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up (first time only), start the services the tests need, run the test suite.
+#   bash scripts/test.sh [pytest args]
+# The S3 server (moto) and the MLflow server are started by the tests themselves
+# on 127.0.0.1; a single-node Slurm cluster is started here (needs root and apt),
+# and a service that cannot start fails the run rather than skipping tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ "${ORCH_SKIP_SLURM:-0}" != 1 ]; then
+  bash .ci/slurm-up.sh || { echo "FATAL: the Slurm test cluster could not start (see above)." >&2; exit 1; }
+fi
+export ORCH_CACHE_DIR="${ORCH_CACHE_DIR:-$PWD/.cache/test-models}"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

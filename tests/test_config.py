@@ -1,0 +1,106 @@
+"""Every config in conf/ composes; bad input is refused before training with a clear message and exit 4."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.launch import compose_config, conf_dir
+
+GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "experiment")
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_config_composes(group, option, tmp_path):
+    extra = []
+    if group == "data" and option == "jsonl":
+        f = tmp_path / "d.jsonl"
+        f.write_text(json.dumps({"prompt": "Q: 1 + 1 =\\nA:", "completion": " 2"}) + "\n")
+        extra = [f"data.path={f}"]
+    if group == "data" and option == "hub":
+        extra = ["data.path=trl-lib/Capybara"]
+    if group == "storage" and option == "s3":
+        extra = ["storage.uri=s3://bucket/runs"]
+    if group == "recipe" and option == "dpo":
+        pass
+    cfg = compose_config([f"{group}={option}", *extra])
+    assert cfg[group] is not None
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml")))
+def test_every_experiment_composes(experiment):
+    cfg = compose_config([f"+experiment={experiment}"])
+    assert cfg.run.name
+
+
+def test_the_default_job_is_sft_lora_on_the_tiny_model():
+    cfg = compose_config([])
+    assert (cfg.recipe.name, cfg.recipe.peft, cfg.model.name_or_path) == ("sft", "lora", "builtin:tiny-llama")
+
+
+def test_every_yaml_starts_with_the_command_that_uses_it():
+    for path in conf_dir().rglob("*.yaml"):
+        head = path.read_text().splitlines()[:5]
+        assert head[0].startswith("#"), path
+        assert any("python -m orchestrator.launch" in line for line in head), path
+
+
+def _launch(args, tmp_path):
+    return subprocess.run([sys.executable, "-m", "orchestrator.launch", *args, f"storage.uri={tmp_path / 'runs'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
+    f = tmp_path / "data.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["train.no_such_key=1"], ["train.no_such_key", "its keys are", "max_steps"]),
+        (["train.max_steps=many"], ["train.max_steps=many", "could not be converted"]),
+        (["recipe=ppo"], ["recipe=ppo", "choose one of: dpo, qlora, sft"]),
+        (["data=jsonl", "data.path=/no/such/file.jsonl"], ["/no/such/file.jsonl", "no such file"]),
+        (["model.name_or_path=/no/such/model"], ["/no/such/model", "does not exist"]),
+        (["checkpoint.every=sometimes"], ["checkpoint.every", "90s, 15m, 1h"]),
+        (["recipe=dpo", "recipe.peft=full"], ["recipe.peft=full works with recipe=sft only"]),
+    ],
+)
+def test_bad_input_is_refused_with_a_clear_message(args, needles, tmp_path):
+    result = _launch(args, tmp_path)
+    assert result.returncode == 4, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists(), "nothing may be written for a refused job"
+
+
+def test_a_dataset_without_the_recipes_columns_is_refused(tmp_path):
+    data = _jsonl(tmp_path, [{"question": "1+1", "answer": "2"}])
+    result = _launch(["data=jsonl", f"data.path={data}"], tmp_path)
+    assert result.returncode == 4
+    assert "needs {completion, prompt} or {messages}" in result.stderr
+    dpo = _launch(["recipe=dpo", "data=jsonl", f"data.path={_jsonl(tmp_path, [{'prompt': 'a', 'completion': 'b'}])}"], tmp_path)
+    assert dpo.returncode == 4 and "{chosen, prompt, rejected}" in dpo.stderr
+
+
+def test_invalid_json_names_the_line(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"prompt": "a", "completion": "b"}\n{not json\n')
+    result = _launch(["data=jsonl", f"data.path={f}"], tmp_path)
+    assert result.returncode == 4 and "line 2" in result.stderr
+
+
+def test_compose_raises_config_error_for_unknown_group():
+    with pytest.raises(ConfigError, match="there is no config group 'nosuch'"):
+        compose_config(["nosuch.key=1"])
