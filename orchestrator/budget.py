@@ -97,6 +97,17 @@ class BudgetGuard:
             fired += self._fire(Alert(PROJECTION_ALERT, message, total_cost_usd, self.max_usd, projected))
         return fired
 
+    def wait_for_delivery(self, timeout_s: float = 15.0) -> bool:
+        """Wait for alerts still being sent (webhooks post from daemon threads, which die with the
+        process). The worker calls this before it exits. True if nothing is left in flight."""
+        deadline = time.monotonic() + timeout_s
+        done = True
+        for sink in self._sinks:
+            wait = getattr(sink, "wait", None)
+            if wait is not None:
+                done = wait(max(0.0, deadline - time.monotonic())) and done
+        return done
+
     @staticmethod
     def _projected(total: float, steps_done: int, max_steps: int, usd_per_step: Optional[float]) -> Optional[float]:
         if usd_per_step is None or max_steps <= 0:

@@ -189,18 +189,52 @@ class Job:
             self.preemption.request(f"fenced: {err}")
 
     def on_metrics(self, metrics: dict, step: int) -> None:
+        """The Trainer's logs plus the job's cost and throughput figures, keyed by optimizer step.
+
+        At the attempt's closing step (a stop was decided, max_steps reached, or the
+        end-of-training summary) the cost figures are left to ``end``, which logs them
+        once the attempt's bill is closed: a metric takes one point per step, and
+        the last one must be the final total.
+        """
         if self.tracker is None:
             return
-        from orchestrator.cost import usd_per_step
-
-        cost = self.total_cost_usd()
-        metrics = dict(metrics, cost_usd=cost, attempt_cost_usd=self.meter.attempt_cost_usd(),
-                       gpu_hours=self.meter.gpu_hours(), peak_memory_bytes=peak_memory_bytes())
-        metrics.update(self.callback.timing_metrics())
-        per_step = usd_per_step(cost, step)
-        if per_step is not None:
-            metrics["usd_per_step"] = per_step
+        figures = self.figures()
+        figures.observe_logs(metrics, step)
+        timing = self.callback.timing_metrics()
+        metrics = dict(metrics, peak_memory_bytes=peak_memory_bytes(), **timing)
+        max_steps = self.cfg.train.max_steps
+        closing = (self.callback.stop_reason is not None or "train_runtime" in metrics
+                   or (max_steps > 0 and step >= max_steps))
+        if not closing:
+            metrics.update(self.cost_figures(step, window_step_seconds=timing.get("step_time_s")))
         self.tracker.log_metrics(metrics, step)
+
+    def figures(self):
+        """The job's running cost figures (``orchestrator.cost_report.JobFigures``), built on first use."""
+        if getattr(self, "_figures", None) is None:
+            from orchestrator.cost_report import JobFigures, estimated_tokens_per_step
+
+            prior = [a for a in self.ledger.load().get("attempts", []) if a.get("epoch") != self.ledger.epoch]
+            self._figures = JobFigures(self.price, prior, step_at_start=self.step_at_start,
+                                       fallback_tokens_per_step=estimated_tokens_per_step(self.cfg))
+        return self._figures
+
+    def cost_figures(self, step: int, *, window_step_seconds: float | None = None, ledger: dict | None = None) -> dict:
+        """Cost, GPU-hours, tokens, lost work, savings and checkpoint time at ``step``; with ``ledger``
+        (after ``end_attempt``) the totals are the ledger's."""
+        callback = getattr(self, "callback", None)
+        whole = callback.timing_metrics(reset=False, whole_run=True) if callback is not None else {}
+        overrides = {}
+        if ledger is not None:
+            attempts = ledger["attempts"]
+            overrides = dict(total_cost_usd=float(ledger["cost_usd"]), attempts=len(attempts),
+                             preemptions=sum(a["exit_class"] in ("preempted", "vanished") for a in attempts))
+        return self.figures().figures(
+            step=step, attempt_cost_usd=self.meter.attempt_cost_usd(), attempt_gpu_hours=self.meter.gpu_hours(),
+            attempt_on_demand_usd=self.meter.on_demand_cost_usd(), mean_step_seconds=whole.get("step_time_s"),
+            window_step_seconds=window_step_seconds,
+            checkpoint_stall_seconds=sum(callback.save_stall_seconds) if callback is not None else 0.0,
+            checkpoint_upload_seconds=sum(r.seconds for r in self.checkpoints.results), **overrides)
 
     def commit(self, folder: Path, step: int, *, wait: bool) -> None:
         meta = {"trajectory": self.trajectory, "dataset_fingerprint": self.dataset_fp,
@@ -377,15 +411,32 @@ class Job:
         self.store.put_bytes(prefix + mf.MANIFEST_NAME, mf.dumps(manifest))
 
     def end(self, exit_class: ExitClass, status: str, *, tracker_status: str, final_metrics: dict | None = None) -> None:
+        """Close the attempt in the ledger; log the final cost figures, the cost report and the
+        redacted config to MLflow; tag the run with its status; close the run."""
         self.ledger.end_attempt(exit_class, self.step, self.meter.attempt_cost_usd(), status)
         ledger = self.ledger.load()
+        if self.guard is not None and not self.guard.wait_for_delivery():
+            log.warning("a budget alert was still being sent when the attempt ended; it may not arrive")
         if self.tracker:
-            attempts = ledger["attempts"]
-            preemptions = sum(a["exit_class"] in ("preempted", "vanished") for a in attempts)
-            self.tracker.log_metrics({"cost_usd": ledger["cost_usd"], "attempts": len(attempts),
-                                      "preemptions": preemptions}, self.step)
-            self.tracker.set_tags({"status": status, "attempts": str(len(attempts)),
-                                   "preemptions": str(preemptions)})
+            from orchestrator.cost_report import build_report, format_report, usd_per_quality_point
+
+            figures = self.cost_figures(self.step, ledger=ledger)
+            quality = (final_metrics or {}).get(self.recipe.QUALITY_METRIC)
+            per_point = usd_per_quality_point(figures["cost_usd"], quality)
+            if per_point is not None:
+                figures["usd_per_quality_point"] = per_point
+            self.tracker.log_metrics(figures, self.step)
+            report = build_report(job=self.run_name, status=status, ledger=ledger, price=self.price, figures=figures,
+                                  quality_metric=self.recipe.QUALITY_METRIC, quality=quality,
+                                  tokens_per_step=self.figures().tokens_per_step,
+                                  tokens_measured=self.figures().measured_tokens_per_step is not None)
+            text = format_report(report)
+            print(text, flush=True)
+            self.tracker.log_dict_artifact(report, "cost_report.json")
+            self.tracker.log_text_artifact(text, "cost_report.txt")
+            self.tracker.log_text_artifact(OmegaConf.to_yaml(redacted_config(self.cfg)), "config.yaml")
+            self.tracker.set_tags({"status": status, "attempts": str(figures["attempts"]),
+                                   "preemptions": str(figures["preemptions"])})
             self.tracker.close(tracker_status)
 
     def fail(self, exit_class: ExitClass, status: str) -> None:

@@ -141,3 +141,32 @@ def ledger(storage: Storage, run: str) -> dict:
 
 def log_text(tmp_path: Path, log_name: str = "job.log") -> str:
     return (tmp_path / log_name).read_text(errors="replace")
+
+
+def with_overrides(base: list[str], *extra: str) -> list[str]:
+    """``base`` with each ``key=value`` of ``extra`` replacing the same key (or appended)."""
+    keys = {item.partition("=")[0] for item in extra}
+    return [item for item in base if item.partition("=")[0] not in keys] + list(extra)
+
+
+def kill_group(proc: subprocess.Popen) -> int:
+    """SIGKILL the job's whole process group (launcher, supervisor, worker): the machine vanished."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.wait(60)
+
+
+def attempt_classes(storage: Storage, run: str) -> list[str]:
+    return [a["exit_class"] for a in ledger(storage, run)["attempts"]]
+
+
+def status_json(storage: Storage, run: str, tmp_path: Path) -> dict:
+    """``python -m orchestrator status <uri>/<run> --json``, as a user runs it; returns the parsed ledger."""
+    cmd = [PYTHON, "-m", "orchestrator", "status", f"{storage.uri}/{run}", "--json"]
+    if storage.endpoint_url:
+        cmd += ["--endpoint-url", storage.endpoint_url]
+    done = subprocess.run(cmd, cwd=tmp_path, env=job_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout)

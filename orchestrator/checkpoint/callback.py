@@ -33,6 +33,33 @@ class JobHooks(Protocol):
     def on_step(self, step: int) -> None: ...
 
 
+def restore_trainable_dtypes(model, optimizer, dtypes: dict) -> int:
+    """Put trainable parameters (and their optimizer state) back in the dtype the recipe built them in.
+
+    On resume the Trainer reloads a PEFT adapter with ``load_adapter``, which
+    upcasts LoRA weights to fp32; TRL builds QLoRA adapters in bf16. Training on
+    from fp32 would part from the uninterrupted run. The checkpoint holds the
+    bf16 values, so casting back is exact. Returns how many parameters were cast.
+    """
+    import torch
+
+    cast = 0
+    for name, param in model.named_parameters():
+        want = dtypes.get(name)
+        if want is None or param.dtype == want:
+            continue
+        param.data = param.data.to(want)
+        if optimizer is not None:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.is_floating_point() and key != "step":
+                    state[key] = value.to(want)
+        cast += 1
+    if cast:
+        log.info("restored the build dtype of %d trainable parameters after loading the checkpoint", cast)
+    return cast
+
+
 class OrchestratorCallback(TrainerCallback):
     def __init__(self, hooks: JobHooks, *, every_seconds: float, every_steps: int = 0, stop_after_steps: int = 0,
                  clock=time.monotonic):
@@ -52,8 +79,15 @@ class OrchestratorCallback(TrainerCallback):
         self.save_stall_seconds: list[float] = []
         self._save_started = 0.0
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        # dtypes of the trainable parameters as the recipe built them (TRL keeps QLoRA adapters in bf16)
+        if model is not None:
+            self._trainable_dtypes = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self._last_save = self.clock()
+        if model is not None and getattr(self, "_trainable_dtypes", None):
+            restore_trainable_dtypes(model, optimizer, self._trainable_dtypes)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_began = self.clock()
@@ -93,6 +127,7 @@ class OrchestratorCallback(TrainerCallback):
         self.hooks.commit(folder, state.global_step, wait=self._stop_reason is not None)
         now = self.clock()
         self.save_stall_seconds.append(now - self._save_started)
+        log.info("checkpoint save at step %d stalled training for %.2fs", state.global_step, now - self._save_started)
         self._last_save = now
         self._last_step_end = now  # the save's stall is not the data loader's
         return control

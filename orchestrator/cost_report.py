@@ -1,0 +1,195 @@
+"""A job's cost and throughput figures: per logging step to MLflow, and the cost report at its end.
+
+Pure arithmetic over numbers the ledger, the cost meter and the Trainer callback
+already hold; the worker feeds :class:`JobFigures` and sends what it returns to
+MLflow. Every figure is for the whole job (all attempts so far) unless its name
+starts with ``attempt_``.
+
+Tokens: SFT's trainer logs ``num_tokens``, the non-padding tokens this attempt
+has trained on (all ranks); tokens per optimizer step is that over the steps
+this attempt took. Recipes that do not log it (DPO) fall back to an upper bound,
+per-device batch x gradient accumulation x world size x data.max_length (x2 for
+DPO's chosen and rejected sequences). Tokens trained at step s is s x tokens per
+step: each token the model has learned from counts once, so steps redone after
+an interruption do not count again -- but their cost does, which is what makes
+USD per million tokens show the price of lost work.
+
+Lost work is :func:`orchestrator.cost.lost_work` over the ledger's attempts at
+this attempt's mean step time. A SIGKILLed attempt's progress is known only up to
+its last heartbeat or checkpoint, so lost work is a lower bound.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+from orchestrator import cost as costs
+
+INTERRUPTED_CLASSES = ("preempted", "vanished")
+SECONDS_PER_HOUR = costs.SECONDS_PER_HOUR
+
+
+def estimated_tokens_per_step(cfg: Any) -> int:
+    """Upper bound on the tokens in one optimizer step (every sequence padded to data.max_length)."""
+    world = int(cfg.distributed.processes_per_node) * int(cfg.distributed.nodes)
+    sequences = 2 if cfg.recipe.name == "dpo" else 1
+    return (int(cfg.train.per_device_batch_size) * int(cfg.train.gradient_accumulation_steps) * world
+            * int(cfg.data.max_length) * sequences)
+
+
+def attempt_seconds(attempt: Mapping[str, Any]) -> float:
+    """Wall seconds of one ledger attempt (to its end, else its last heartbeat)."""
+    started = float(attempt.get("started_at") or 0.0)
+    ended = attempt.get("ended_at") or attempt.get("last_seen") or started
+    return max(0.0, float(ended) - started)
+
+
+def usd_per_quality_point(cost_usd: float, quality: Optional[float]) -> Optional[float]:
+    """USD per percentage point of a quality metric that is a fraction in [0, 1] (as ``orchestrator report``)."""
+    if quality is None or quality <= 0:
+        return None
+    return cost_usd / (float(quality) * 100.0)
+
+
+class JobFigures:
+    """Running totals of one attempt of a job, given the attempts before it.
+
+    Args:
+        price: this attempt's ``cost.Price``.
+        prior_attempts: the ledger's attempts before this one, in the order they ran.
+        step_at_start: the step this attempt restored (0 for a fresh job).
+        fallback_tokens_per_step: used until the trainer logs ``num_tokens``.
+    """
+
+    def __init__(self, price: costs.Price, prior_attempts: Iterable[Mapping[str, Any]], *, step_at_start: int,
+                 fallback_tokens_per_step: int):
+        self.price = price
+        self.prior_attempts = [dict(a) for a in prior_attempts]
+        self.step_at_start = int(step_at_start)
+        self.fallback_tokens_per_step = int(fallback_tokens_per_step)
+        self.measured_tokens_per_step: Optional[float] = None
+        self.prior_cost_usd = sum(float(a.get("cost_usd") or 0.0) for a in self.prior_attempts)
+        self.prior_gpu_hours = sum(attempt_seconds(a) / SECONDS_PER_HOUR * int(a.get("gpus") or 0)
+                                   for a in self.prior_attempts)
+        self.preemptions = sum(a.get("exit_class") in INTERRUPTED_CLASSES for a in self.prior_attempts)
+
+    def observe_logs(self, logs: Mapping[str, Any], step: int) -> None:
+        """Take the trainer's cumulative ``num_tokens`` (this attempt's) when it logs one."""
+        tokens = logs.get("num_tokens")
+        steps_done = step - self.step_at_start
+        if isinstance(tokens, (int, float)) and tokens > 0 and steps_done > 0:
+            self.measured_tokens_per_step = float(tokens) / steps_done
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.measured_tokens_per_step or float(self.fallback_tokens_per_step)
+
+    def on_demand_ratio(self) -> float:
+        """On-demand price over the price paid (1.0 when they are the same or unknown)."""
+        paid = self.price.usd_per_hour_total
+        return self.price.on_demand_usd_per_hour_total / paid if paid > 0 else 1.0
+
+    def figures(self, *, step: int, attempt_cost_usd: float, attempt_gpu_hours: float, attempt_on_demand_usd: float,
+                mean_step_seconds: Optional[float] = None, window_step_seconds: Optional[float] = None,
+                checkpoint_stall_seconds: float = 0.0, checkpoint_upload_seconds: float = 0.0,
+                total_cost_usd: Optional[float] = None, attempts: Optional[int] = None,
+                preemptions: Optional[int] = None) -> dict[str, float]:
+        """The figures at ``step``; ``total_cost_usd``/``attempts``/``preemptions`` override the running ones
+        (the worker passes the ledger's when the attempt has ended)."""
+        total = self.prior_cost_usd + attempt_cost_usd if total_cost_usd is None else float(total_cost_usd)
+        tokens = step * self.tokens_per_step
+        on_demand = self.prior_cost_usd * self.on_demand_ratio() + attempt_on_demand_usd
+        out = {
+            "cost_usd": total,
+            "attempt_cost_usd": attempt_cost_usd,
+            "gpu_hours": self.prior_gpu_hours + attempt_gpu_hours,
+            "tokens_trained": tokens,
+            "on_demand_cost_usd": on_demand,
+            "spot_savings_usd": costs.spot_savings_usd(on_demand, total),
+            "attempts": len(self.prior_attempts) + 1 if attempts is None else attempts,
+            "preemptions": self.preemptions if preemptions is None else preemptions,
+            "attempt_checkpoint_stall_s": checkpoint_stall_seconds,
+            "attempt_checkpoint_upload_s": checkpoint_upload_seconds,
+        }
+        per_step = costs.usd_per_step(total, step)
+        if per_step is not None:
+            out["usd_per_step"] = per_step
+        per_mtok = costs.usd_per_million_tokens(total, int(tokens))
+        if per_mtok is not None:
+            out["usd_per_million_tokens"] = per_mtok
+        if window_step_seconds:
+            out["tokens_per_second"] = self.tokens_per_step / window_step_seconds
+        if mean_step_seconds:
+            lost = self.lost_work(step, mean_step_seconds)
+            out.update(lost_work_steps=lost.steps, lost_work_seconds=lost.seconds, lost_work_usd=lost.usd)
+        return out
+
+    def lost_work(self, step: int, seconds_per_step: float) -> costs.LostWork:
+        current = {"checkpoint_step_at_start": self.step_at_start, "step_end": step}
+        return costs.lost_work(self.prior_attempts + [current], seconds_per_step=seconds_per_step,
+                               usd_per_hour=self.price.usd_per_hour_total)
+
+
+def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: costs.Price, figures: Mapping[str, float],
+                 quality_metric: str, quality: Optional[float], tokens_per_step: float,
+                 tokens_measured: bool) -> dict:
+    """The cost report (JSON-ready): price, each attempt, totals, lost work, savings, checkpointing, quality."""
+    attempts = [
+        {"epoch": a.get("epoch"), "exit_class": a.get("exit_class"), "host": a.get("host"),
+         "duration_s": round(attempt_seconds(a), 3), "cost_usd": float(a.get("cost_usd") or 0.0),
+         "checkpoint_step_at_start": a.get("checkpoint_step_at_start"), "step_end": a.get("step_end"),
+         "spot": a.get("spot"), "instance_type": a.get("instance_type")}
+        for a in ledger.get("attempts", [])
+    ]
+    get = figures.get
+    return {
+        "job": job,
+        "status": status,
+        "price": {"usd_per_hour": price.usd_per_hour_total, "on_demand_usd_per_hour": price.on_demand_usd_per_hour_total,
+                  "spot": price.spot, "cloud": price.cloud, "gpus": price.gpus, "source": price.source},
+        "attempts": attempts,
+        "totals": {"cost_usd": get("cost_usd"), "gpu_hours": get("gpu_hours"), "attempts": len(attempts),
+                   "preemptions": get("preemptions"), "steps": ledger.get("step"),
+                   "tokens_trained": get("tokens_trained"), "tokens_per_step": tokens_per_step,
+                   "tokens_counted": "trainer num_tokens" if tokens_measured else "batch x grad-accum x world x max_length",
+                   "usd_per_step": get("usd_per_step"), "usd_per_million_tokens": get("usd_per_million_tokens")},
+        "lost_work": {"steps": get("lost_work_steps"), "seconds": get("lost_work_seconds"), "usd": get("lost_work_usd")},
+        "spot": {"on_demand_cost_usd": get("on_demand_cost_usd"), "savings_usd": get("spot_savings_usd")},
+        "checkpointing_this_attempt": {"stall_s": get("attempt_checkpoint_stall_s"),
+                                       "upload_s": get("attempt_checkpoint_upload_s")},
+        "quality": {"metric": quality_metric, "value": quality, "usd_per_point": get("usd_per_quality_point")},
+    }
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The report as a short plain-text table."""
+    def num(value, fmt="{:.4f}") -> str:
+        return "-" if value is None else fmt.format(value)
+
+    price, totals, lost, spot = report["price"], report["totals"], report["lost_work"], report["spot"]
+    lines = [
+        f"cost report of job {report['job']!r} ({report['status']})",
+        f"price: ${price['usd_per_hour']:.4f}/h {'spot' if price['spot'] else 'on demand'} "
+        f"(on demand: ${price['on_demand_usd_per_hour']:.4f}/h; {price['source']})",
+        "",
+        f"{'attempt':>7}  {'exit_class':<16}  {'duration_s':>10}  {'steps':>13}  {'cost_usd':>10}",
+    ]
+    for a in report["attempts"]:
+        steps = f"{a['checkpoint_step_at_start']}->{a['step_end']}"
+        lines.append(f"{a['epoch']!s:>7}  {a['exit_class']!s:<16}  {a['duration_s']:>10.1f}  {steps:>13}  "
+                     f"{a['cost_usd']:>10.4f}")
+    lines += [
+        "",
+        f"total: ${num(totals['cost_usd'])} over {totals['attempts']} attempt(s), {num(totals['preemptions'], '{}')} "
+        f"preemption(s), {num(totals['gpu_hours'])} GPU-hours",
+        f"per step: ${num(totals['usd_per_step'], '{:.6f}')}; per million tokens: ${num(totals['usd_per_million_tokens'])} "
+        f"({num(totals['tokens_trained'], '{:.0f}')} tokens, counted from {totals['tokens_counted']})",
+        f"lost work: {num(lost['steps'], '{}')} step(s) redone, {num(lost['seconds'], '{:.1f}')}s, ${num(lost['usd'])}",
+        f"spot savings against on demand: ${num(spot['savings_usd'])} (on demand: ${num(spot['on_demand_cost_usd'])})",
+        f"checkpointing (this attempt): {num(report['checkpointing_this_attempt']['stall_s'], '{:.2f}')}s training "
+        f"stalled, {num(report['checkpointing_this_attempt']['upload_s'], '{:.2f}')}s uploading",
+    ]
+    quality = report["quality"]
+    if quality["value"] is not None:
+        lines.append(f"quality: {quality['metric']}={quality['value']:.4f}; "
+                     f"${num(quality['usd_per_point'])} per point")
+    return "\n".join(lines)

@@ -1,0 +1,179 @@
+"""Measure what checkpointing costs a training job, side by side in one run.
+
+    .venv/bin/python scripts/bench_checkpoint.py            # full fine-tune, 640 x 4 tiny Llama (~320 MB checkpoint)
+
+Prints one table:
+  * steps/s with ``checkpoint.every=10s`` divided by steps/s with ``checkpoint.every=off``
+    (target >= 0.97); runs alternate off, on, off, on so a noisy machine hurts both alike;
+  * the training loop's stall per checkpoint (the time the Trainer spends writing its
+    local folder; the upload runs in the background), from the callback's log line;
+  * the time from start to first step when resuming at step 10 and at step 1000
+    (target: within 10% of each other), with the same model and a small batch and
+    short sequences so 1000 steps are quick to produce.
+
+Every job is a real ``python -m orchestrator.launch`` against a local storage folder.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = ["recipe.peft=full", "model.hidden_size=640", "model.num_layers=4"]
+COMMON = ["preemption.provider=none", "tracking.enabled=false", "train.eval_at_end=false", "train.logging_steps=10",
+          "requeue.crash_loop_threshold=20"]
+# Small batches and short sequences for the resume runs: the model stays the same.
+SHORT = ["train.per_device_batch_size=1", "data.max_length=16", "train.max_steps=3000"]
+
+RUNTIME = re.compile(r"'train_runtime': '?([\d.]+)")
+STALL = re.compile(r"checkpoint save at step (\d+) stalled training for ([\d.]+)s")
+COMMITTED = re.compile(r"checkpoint \S+ committed \(step (\d+), ([\d.]+) MB, ([\d.]+)s\)")
+FIRST_STEP = re.compile(r"start to first step: ([\d.]+)s .*resumed at step (\d+)")
+
+
+class Bench:
+    def __init__(self, root: Path, model: list[str]):
+        self.root = root
+        self.model = model
+        self.storage = root / "runs"
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.env.setdefault("ORCH_CACHE_DIR", str(REPO / ".cache" / "test-models"))
+
+    def start(self, name: str, overrides: list[str]) -> tuple[subprocess.Popen, Path]:
+        log = self.root / f"{name}-{time.monotonic_ns()}.log"
+        cmd = [sys.executable, "-m", "orchestrator.launch", *COMMON, *self.model, *overrides,
+               f"storage.uri={self.storage}", f"run.name={name}", f"run.work_dir={self.root / 'work'}"]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=self.root, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        return proc, log
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def wait_log(self, proc: subprocess.Popen, log: Path, pattern: re.Pattern, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            m = pattern.search(log.read_text(errors="replace"))
+            if m:
+                return m
+            if proc.poll() is not None:
+                raise RuntimeError(f"{log.name} ended (rc={proc.returncode}) before {pattern.pattern!r}:\n"
+                                   + log.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+        raise TimeoutError(f"{log.name}: no {pattern.pattern!r} within {timeout_s:.0f}s")
+
+    def committed(self, name: str) -> list[int]:
+        folder = self.storage / name / "checkpoints"
+        return sorted(int(p.parent.name.split("-")[0]) for p in folder.glob("*/manifest.json"))
+
+    # ---- steps/s with and without checkpoints ---------------------------------
+    def throughput(self, name: str, every: str, steps: int) -> dict:
+        proc, log = self.start(name, [f"checkpoint.every={every}", f"train.max_steps={steps}"])
+        rc = proc.wait()
+        text = log.read_text(errors="replace")
+        if rc != 0:
+            raise RuntimeError(f"{name} failed (rc={rc}):\n{text[-3000:]}")
+        runtime = float(RUNTIME.search(text).group(1))
+        return {"steps_per_s": steps / runtime, "stalls": [float(s) for _, s in STALL.findall(text)],
+                "commits": [(float(mb), float(sec)) for _, mb, sec in COMMITTED.findall(text)]}
+
+    # ---- start to first step after a resume ----------------------------------
+    def make_checkpoint(self, name: str, step: int, timeout_s: float) -> None:
+        """Train ``name`` until a checkpoint at ``step`` is committed, then kill it (as a lost machine)."""
+        proc, _ = self.start(name, SHORT + ["checkpoint.every=off", f"checkpoint.every_steps={step}"])
+        try:
+            deadline = time.monotonic() + timeout_s
+            while step not in self.committed(name):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{name}: no checkpoint at step {step} (rc={proc.poll()})")
+                time.sleep(0.2)
+        finally:
+            self.kill(proc)
+
+    def resume(self, name: str) -> tuple[float, int]:
+        proc, log = self.start(name, SHORT + ["checkpoint.every=off", "checkpoint.every_steps=0"])
+        try:
+            m = self.wait_log(proc, log, FIRST_STEP, 600)
+        finally:
+            self.kill(proc)
+        return float(m.group(1)), int(m.group(2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", default=str(REPO / ".cache" / "bench-checkpoint"), help="scratch folder (emptied)")
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per throughput run")
+    parser.add_argument("--pairs", type=int, default=2, help="off/on pairs of throughput runs")
+    parser.add_argument("--resumes", type=int, default=2, help="resumes timed at each of step 10 and step 1000")
+    parser.add_argument("--far-step", type=int, default=1000)
+    args = parser.parse_args(argv)
+
+    root = Path(args.root).resolve()
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    bench = Bench(root, MODEL)
+    began = time.monotonic()
+
+    off, on = [], []
+    for i in range(args.pairs):
+        for mode, every, into in (("off", "off", off), ("on", "10s", on)):
+            r = bench.throughput(f"tput-{mode}-{i}", every, args.steps)
+            into.append(r)
+            print(f"  [{time.monotonic() - began:6.0f}s] checkpoint.every={every:<4} run {i}: {r['steps_per_s']:.3f} steps/s, "
+                  f"{len(r['stalls'])} saves", flush=True)
+
+    bench.make_checkpoint("resume-near", 10, 600)
+    bench.make_checkpoint("resume-far", args.far_step, 3600)
+    print(f"  [{time.monotonic() - began:6.0f}s] checkpoints at step 10 and {args.far_step} committed", flush=True)
+    near, far = [], []
+    for _ in range(args.resumes):
+        for name, into in (("resume-near", near), ("resume-far", far)):
+            seconds, step = bench.resume(name)
+            into.append((seconds, step))
+            print(f"  [{time.monotonic() - began:6.0f}s] resumed {name} at step {step}: first step after {seconds:.2f}s",
+                  flush=True)
+
+    off_rate = statistics.mean(r["steps_per_s"] for r in off)
+    on_rate = statistics.mean(r["steps_per_s"] for r in on)
+    stalls = [s for r in on for s in r["stalls"]]
+    commits = [c for r in on for c in r["commits"]]
+    size_mb = max((mb for mb, _ in commits), default=0.0)
+    near_s = statistics.mean(s for s, _ in near)
+    far_s = statistics.mean(s for s, _ in far)
+    rows = [
+        ("checkpoint size", f"{size_mb:.0f} MB", "(weights + optimizer + state)"),
+        ("steps/s, checkpoint.every=off", f"{off_rate:.3f}", " / ".join(f"{r['steps_per_s']:.3f}" for r in off)),
+        ("steps/s, checkpoint.every=10s", f"{on_rate:.3f}", " / ".join(f"{r['steps_per_s']:.3f}" for r in on)),
+        ("ratio on/off", f"{on_rate / off_rate:.3f}", "target >= 0.97 " + ("MET" if on_rate / off_rate >= 0.97 else "MISSED")),
+        ("saves during the 'on' runs", f"{len(stalls)}", f"over {args.pairs * args.steps} steps"),
+        ("stall per checkpoint", f"{statistics.mean(stalls):.2f} s" if stalls else "-",
+         f"min {min(stalls):.2f} / max {max(stalls):.2f} s" if stalls else ""),
+        ("background commit per checkpoint", f"{statistics.mean(s for _, s in commits):.2f} s" if commits else "-",
+         "hash + upload, off the training loop"),
+        ("start to first step, resume at 10", f"{near_s:.2f} s", " / ".join(f"{s:.2f}" for s, _ in near)),
+        (f"start to first step, resume at {args.far_step}", f"{far_s:.2f} s", " / ".join(f"{s:.2f}" for s, _ in far)),
+        ("difference", f"{100 * (far_s - near_s) / near_s:+.1f}%",
+         "target within 10% " + ("MET" if abs(far_s - near_s) <= 0.10 * near_s else "MISSED")),
+    ]
+    print(f"\ncheckpoint benchmark: {' '.join(MODEL)}, local storage, {time.monotonic() - began:.0f}s in all")
+    for label, value, note in rows:
+        print(f"  {label:<38}{value:>12}   {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Cost, budget and MLflow end to end: real jobs (``python -m orchestrator.launch``) against a real
+``mlflow server`` and S3 (moto) storage.
+
+1. A job interrupted three times has one MLflow run, tagged attempts=4, whose final cost_usd is the
+   ledger's, with no metric point logged twice.
+2. A budget reached mid-run sends each alert once, stops with a committed checkpoint and exit 3, is
+   not requeued, and a re-launch refuses to start.
+3. Secrets planted in the config appear nowhere in MLflow or the job's log.
+4. The MLflow server stopped mid-run loses no metric point.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import random
+import re
+import signal
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tests import jobs
+
+# 40 characters of [A-Za-z0-9/+] with upper, lower and digits: the shape of an AWS secret access key.
+FAKE_SECRET = "Zx9fQ2rT7vLm3nB8kW4pY6sD1hJ5gC0aE2uI7oK3"
+URL_PASSWORD = "hunter2pass"
+
+
+class WebhookReceiver:
+    """An HTTP server on 127.0.0.1 recording each POSTed JSON body and its Authorization header."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+        self.auth_headers: list[str] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                receiver.bodies.append(json.loads(self.rfile.read(length)))
+                receiver.auth_headers.append(self.headers.get("Authorization") or "")
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alert_names(self) -> collections.Counter:
+        return collections.Counter(re.match(r"\[(\w+)\]", b["text"]).group(1) for b in self.bodies)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = WebhookReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def storage(s3_server, s3_bucket) -> jobs.Storage:
+    return jobs.Storage(s3_bucket, s3_server.endpoint_url)
+
+
+@pytest.fixture
+def experiment() -> str:
+    return f"e2e-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def client(mlflow_server) -> MlflowClient:
+    return MlflowClient(tracking_uri=mlflow_server.uri)
+
+
+def _overrides(storage: jobs.Storage, mlflow_server, experiment: str, run: str) -> list[str]:
+    fast = [o for o in jobs.FAST if not o.startswith("tracking.")]
+    return fast + storage.overrides() + [
+        f"run.name={run}", "tracking.enabled=true", f"tracking.uri={mlflow_server.uri}",
+        f"tracking.experiment={experiment}",
+    ]
+
+
+def _env(tmp_path: Path, **extra: str) -> dict:
+    env = jobs.job_env(tmp_path, extra)
+    env.pop("MLFLOW_TRACKING_URI", None)  # tracking.uri must be the one used
+    return env
+
+
+def _the_run(client: MlflowClient, experiment: str, job: str):
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment!r}"
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.job = '{job}'")
+    assert len(runs) == 1, f"expected exactly one MLflow run for job {job!r}, found {len(runs)}"
+    return runs[0]
+
+
+def _histories(client: MlflowClient, run) -> dict[str, list]:
+    return {key: client.get_metric_history(run.info.run_id, key) for key in run.data.metrics}
+
+
+def _assert_no_duplicate_points(histories: dict[str, list]) -> None:
+    duplicated = {key: sorted(s for s, n in collections.Counter(m.step for m in points).items() if n > 1)
+                  for key, points in histories.items()}
+    duplicated = {k: v for k, v in duplicated.items() if v}
+    assert not duplicated, f"metrics logged twice at the same step: {duplicated}"
+
+
+def _last_point(points: list):
+    return max(points, key=lambda m: (m.step, m.timestamp))
+
+
+def _download_artifacts(client: MlflowClient, run_id: str, dest: Path) -> list[Path]:
+    local = Path(client.download_artifacts(run_id, "", str(dest)))
+    return [p for p in local.rglob("*") if p.is_file()]
+
+
+def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points(
+        storage, mlflow_server, client, experiment, tmp_path):
+    run = "chaos"
+    overrides = _overrides(storage, mlflow_server, experiment, run) + ["tracking.log_system_metrics=true"]
+    proc = jobs.start_job(overrides, tmp_path, env=_env(tmp_path, MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1"))
+    rng = random.Random("tracking-e2e")
+    try:
+        for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL):
+            jobs.interrupt_worker(proc, storage, run, rng, sig)
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = jobs.log_text(tmp_path)
+    assert rc == 0, log[-4000:]
+    ledger = jobs.ledger(storage, run)
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "preempted", "vanished", "completed"]
+
+    mlrun = _the_run(client, experiment, run)
+    assert mlrun.data.tags["attempts"] == "4"
+    assert mlrun.data.tags["status"] == "completed"
+    histories = _histories(client, mlrun)
+    _assert_no_duplicate_points(histories)
+    final_cost = _last_point(histories["cost_usd"]).value
+    assert final_cost == pytest.approx(ledger["cost_usd"], rel=0.01), (final_cost, ledger["cost_usd"])
+    assert _last_point(histories["attempts"]).value == 4
+    assert _last_point(histories["preemptions"]).value == 3
+    for key in ("gpu_hours", "usd_per_step", "usd_per_million_tokens", "tokens_per_second", "lost_work_seconds",
+                "lost_work_usd", "spot_savings_usd", "attempt_checkpoint_stall_s", "eval_accuracy", "loss"):
+        assert key in histories, f"metric {key!r} was not logged; logged: {sorted(histories)}"
+    assert any(k.startswith("system/") for k in histories), "tracking.log_system_metrics=true logged no system/ metric"
+
+    files = {p.name: p for p in _download_artifacts(client, mlrun.info.run_id, tmp_path / "artifacts")}
+    report = json.loads(files["cost_report.json"].read_text())
+    assert [a["exit_class"] for a in report["attempts"]] == ["vanished", "preempted", "vanished", "completed"]
+    assert report["totals"]["cost_usd"] == pytest.approx(ledger["cost_usd"], rel=1e-9)
+    assert "lost work" in files["cost_report.txt"].read_text()
+    assert f"name: {run}" in files["config.yaml"].read_text()
+
+
+def test_budget_alerts_once_each_stops_with_a_checkpoint_and_refuses_a_relaunch(
+        storage, mlflow_server, client, experiment, receiver, tmp_path):
+    run = "capped"
+    # $1 at $90/h is 40 s of the attempt (set-up included): reached mid-run, long before 2000 steps.
+    overrides = _overrides(storage, mlflow_server, experiment, run) + [
+        "train.max_steps=2000", "checkpoint.every=off", "budget.max_usd=1.0", "compute.price_per_hour=90",
+        f"budget.webhook_url={receiver.url}",
+    ]
+    env = _env(tmp_path)
+    done = jobs.run_job(overrides, tmp_path, env=env, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 3, out[-4000:]
+    assert "will not be requeued" in out
+
+    ledger = jobs.ledger(storage, run)
+    assert ledger["status"] == "budget_exhausted"
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["budget_exhausted"]
+    stopped_at = ledger["attempts"][0]["step_end"]
+    assert 0 < stopped_at < 2000
+    assert jobs.committed_steps(storage, run) == [stopped_at], "no checkpoint committed at the budget stop"
+
+    names = receiver.alert_names()
+    assert names["budget_50"] == names["budget_80"] == names["budget_100"] == 1, names
+    assert names["budget_projection"] <= 1, names
+    assert set(names) <= {"budget_50", "budget_80", "budget_100", "budget_projection"}, names
+    mlrun = _the_run(client, experiment, run)
+    assert mlrun.data.tags["status"] == "budget_exhausted"
+    assert "alert.budget_100" in mlrun.data.tags
+
+    again = jobs.run_job(overrides, tmp_path, env=env, timeout=300)
+    assert again.returncode == 3, (again.stdout + again.stderr)[-4000:]
+    assert "budget spent" in again.stderr and "budget.max_usd" in again.stderr, again.stderr[-2000:]
+    assert len(jobs.ledger(storage, run)["attempts"]) == 1
+    assert receiver.alert_names() == names, "the refused re-launch sent alerts"
+
+
+def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_server, client, experiment, receiver,
+                                                             tmp_path):
+    run = "secrets"
+    hook = f"http://alice:{URL_PASSWORD}@127.0.0.1:{receiver.port}/hook"
+    overrides = _overrides(storage, mlflow_server, experiment, run) + [
+        "train.max_steps=10",
+        "+backend.extra.aws_secret_access_key=${oc.env:FAKE_SECRET}",
+        # a budget far away, with a tiny first threshold, so the webhook (and its password) is used
+        f"budget.webhook_url={hook}", "budget.max_usd=1000", "compute.price_per_hour=1",
+        "budget.alert_thresholds=[0.000001]",
+    ]
+    done = jobs.run_job(overrides, tmp_path, env=_env(tmp_path, FAKE_SECRET=FAKE_SECRET), timeout=600)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    # the secrets were live: the webhook got the password, the config the key
+    assert receiver.bodies, "the budget alert did not reach the webhook"
+    assert base64.b64encode(f"alice:{URL_PASSWORD}".encode()).decode() in receiver.auth_headers[0]
+
+    mlrun = _the_run(client, experiment, run)
+    assert mlrun.data.params["backend.extra.aws_secret_access_key"] == "***"
+    places = {f"param {k}": v for k, v in mlrun.data.params.items()}
+    places.update({f"tag {k}": v for k, v in mlrun.data.tags.items()})
+    files = _download_artifacts(client, mlrun.info.run_id, tmp_path / "artifacts")
+    assert {"config.yaml", "cost_report.json", "cost_report.txt"} <= {p.name for p in files}
+    places.update({f"artifact {p.name}": p.read_text(errors="replace") for p in files})
+    places["job stdout/stderr"] = log
+    for secret in (FAKE_SECRET, URL_PASSWORD):
+        leaks = [where for where, text in places.items() if secret in text]
+        assert not leaks, f"secret {secret[:4]}... leaked into: {leaks}"
+
+
+def test_mlflow_server_down_mid_run_loses_no_point(storage, mlflow_server, client, experiment, tmp_path):
+    run = "outage"
+    max_steps, every = 60, 5
+    overrides = _overrides(storage, mlflow_server, experiment, run) + [
+        f"train.max_steps={max_steps}", f"train.logging_steps={every}"]
+    proc = jobs.start_job(overrides, tmp_path, env=_env(tmp_path))
+    try:
+        jobs.wait_for_new_checkpoint(storage, run, proc, 0)
+        mlflow_server.stop()
+        time.sleep(5)
+    finally:
+        mlflow_server.start()
+    try:
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = jobs.log_text(tmp_path)
+    assert rc == 0, log[-4000:]
+    assert "MLflow unreachable" in log, "the job never noticed the outage; the test proved nothing"
+
+    mlrun = _the_run(client, experiment, run)
+    histories = _histories(client, mlrun)
+    _assert_no_duplicate_points(histories)
+    assert sorted(m.step for m in histories["loss"]) == list(range(every, max_steps + 1, every))
+    assert _last_point(histories["cost_usd"]).step == max_steps
+    assert _last_point(histories["cost_usd"]).value == pytest.approx(jobs.ledger(storage, run)["cost_usd"], rel=0.01)
