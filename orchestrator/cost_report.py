@@ -88,7 +88,7 @@ class JobFigures:
         paid = self.price.usd_per_hour_total
         return self.price.on_demand_usd_per_hour_total / paid if paid > 0 else 1.0
 
-    def figures(self, *, step: int, attempt_cost_usd: float, attempt_gpu_hours: float, attempt_on_demand_usd: float,
+    def figures(self, *, step: int, attempt_cost_usd: float, attempt_gpu_hours: float,
                 mean_step_seconds: Optional[float] = None, window_step_seconds: Optional[float] = None,
                 checkpoint_stall_seconds: float = 0.0, checkpoint_upload_seconds: float = 0.0,
                 total_cost_usd: Optional[float] = None, attempts: Optional[int] = None,
@@ -97,7 +97,9 @@ class JobFigures:
         (the worker passes the ledger's when the attempt has ended)."""
         total = self.prior_cost_usd + attempt_cost_usd if total_cost_usd is None else float(total_cost_usd)
         tokens = step * self.tokens_per_step
-        on_demand = self.prior_cost_usd * self.on_demand_ratio() + attempt_on_demand_usd
+        # Every attempt of a job is priced from the same compute config, so the on-demand
+        # bill is the actual one at the on-demand rate (the meter's ratio, applied to the total).
+        on_demand = total * self.on_demand_ratio()
         out = {
             "cost_usd": total,
             "attempt_cost_usd": attempt_cost_usd,

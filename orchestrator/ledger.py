@@ -19,7 +19,7 @@ Shape (other modules and ``orchestrator status --json`` rely on these names)::
 
 ``status`` is one of RUN_STATUSES. Each attempt is
 ``{"epoch", "host", "pid", "started_at", "ended_at", "last_seen", "exit_class",
-"step_start", "step_end", "checkpoint_step_at_start", "cost_usd",
+"step_start", "step_end", "checkpoint_step_at_start", "checkpoint_step_end", "cost_usd",
 "instance_type", "gpu_type", "gpus", "spot", "extra"}`` with ``exit_class``
 "running" while live, else an ExitClass value. Each checkpoint is
 ``{"step", "key", "size", "time", "epoch"}``.
@@ -216,6 +216,8 @@ class Ledger:
                     "step_start": checkpoint_step,
                     "step_end": checkpoint_step,
                     "checkpoint_step_at_start": checkpoint_step,
+                    # the newest checkpoint this attempt committed: its durable progress (steps past it are lost)
+                    "checkpoint_step_end": checkpoint_step,
                     "cost_usd": 0.0,
                     "instance_type": instance_type,
                     "gpu_type": gpu_type,
@@ -278,6 +280,7 @@ class Ledger:
             attempt = self.current_attempt(ledger)
             attempt["last_seen"] = now
             attempt["step_end"] = max(int(attempt["step_end"] or 0), step)
+            attempt["checkpoint_step_end"] = max(int(attempt.get("checkpoint_step_end") or 0), step)
             ledger["step"] = max(int(ledger.get("step") or 0), step)
 
         return self.update(fn)

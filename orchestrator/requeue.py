@@ -58,10 +58,14 @@ def attempt_class(attempt: Mapping[str, Any]) -> Optional[ExitClass]:
 def _made_no_progress(attempt: Mapping[str, Any]) -> bool:
     """True when the attempt ended no further than the checkpoint it started from.
 
-    An attempt that never recorded its last step is taken as having made none.
+    Progress is the newest checkpoint it committed (``checkpoint_step_end``):
+    steps trained past it are lost when the attempt dies, so an attempt that
+    crashes before its first checkpoint made none. Attempts recorded without
+    that field fall back to ``step_end``; one that never recorded its last
+    step is taken as having made none.
     """
     start = attempt.get("checkpoint_step_at_start") or 0
-    end = attempt.get("step_end")
+    end = attempt.get("checkpoint_step_end", attempt.get("step_end"))
     return end is None or end <= start
 
 

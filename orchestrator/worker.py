@@ -22,6 +22,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from orchestrator import distributed as dist
 from orchestrator import exitcodes
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.callback import OrchestratorCallback
@@ -59,6 +60,15 @@ def check_resumable(manifest: dict, trajectory: dict, dataset_fp: str, cfg) -> N
     old = meta.get("trajectory", {})
     changed = [f"{k}: {old.get(k)!r} -> {trajectory.get(k)!r}" for k in sorted(set(old) | set(trajectory))
                if old.get(k) != trajectory.get(k)]
+    old_world, new_world = old.get("distributed.world_size"), trajectory.get("distributed.world_size")
+    if old_world is not None and old_world != new_world and not cfg.checkpoint.allow_config_change:
+        raise ConfigError(
+            f"checkpoint {name} of job {cfg.run.name!r} was written by {old_world} training processes; this "
+            f"attempt has {new_world}. Per-rank RNG streams and the data order cannot be mapped exactly onto "
+            f"another world size. Run with {old_world} processes (distributed.processes_per_node x "
+            "distributed.nodes), or set checkpoint.allow_config_change=true to continue from the saved weights "
+            "and optimizer state (LoRA adapters and unsharded optimizers load; the run is then no longer bit-exact)."
+        )
     if changed and not cfg.checkpoint.allow_config_change:
         raise ConfigError(
             f"checkpoint {name} of job {cfg.run.name!r} was written with another config ({'; '.join(changed)}). "
@@ -97,12 +107,18 @@ class Job:
         self.store = store_from_config(cfg.storage)
         self.ledger = Ledger(self.store, self.run_name)
         self.policy = RequeuePolicy(cfg.requeue)
-        work = Path(cfg.run.work_dir).expanduser().resolve() / self.run_name / f"pid{os.getpid()}"
-        shutil.rmtree(work, ignore_errors=True)
+        self.main = dist.is_main()
+        # one folder per attempt, shared by its ranks (the launcher hands them a token)
+        token = os.environ.get("ORCH_ATTEMPT_TOKEN", f"pid{os.getpid()}")
+        work = Path(cfg.run.work_dir).expanduser().resolve() / self.run_name / token
+        if self.main:
+            shutil.rmtree(work, ignore_errors=True)
         self.work = work
         self.checkpoints = CheckpointStore(self.store, self.run_name, keep_last=cfg.checkpoint.keep_last,
                                            staging_dir=work / "staging")
         self.preemption = PreemptionHandler.from_config(cfg.preemption)
+        if not self.main:  # rank 0 alone watches the cloud; every rank must survive the signal to save
+            self.preemption.provider = "none"
         self.every_seconds = parse_duration(cfg.checkpoint.every, key="checkpoint.every")
         self.prior_cost_usd = 0.0
         self.tracker = None
@@ -171,6 +187,8 @@ class Job:
 
     def on_step(self, step: int) -> None:
         self.step = step
+        if not self.main:
+            return
         if self.first_step_seconds is None:
             self.first_step_seconds = self.meter.attempt_seconds()
             log.info("start to first step: %.2fs (set-up and restore included, resumed at step %d)",
@@ -196,7 +214,7 @@ class Job:
         once the attempt's bill is closed: a metric takes one point per step, and
         the last one must be the final total.
         """
-        if self.tracker is None:
+        if self.tracker is None or not self.main:
             return
         figures = self.figures()
         figures.observe_logs(metrics, step)
@@ -231,12 +249,15 @@ class Job:
                              preemptions=sum(a["exit_class"] in ("preempted", "vanished") for a in attempts))
         return self.figures().figures(
             step=step, attempt_cost_usd=self.meter.attempt_cost_usd(), attempt_gpu_hours=self.meter.gpu_hours(),
-            attempt_on_demand_usd=self.meter.on_demand_cost_usd(), mean_step_seconds=whole.get("step_time_s"),
+            mean_step_seconds=whole.get("step_time_s"),
             window_step_seconds=window_step_seconds,
             checkpoint_stall_seconds=sum(callback.save_stall_seconds) if callback is not None else 0.0,
             checkpoint_upload_seconds=sum(r.seconds for r in self.checkpoints.results), **overrides)
 
     def commit(self, folder: Path, step: int, *, wait: bool) -> None:
+        dist.barrier()  # every rank's files (RNG, optimizer shards) are written before rank 0 commits
+        if not self.main:
+            return
         meta = {"trajectory": self.trajectory, "dataset_fingerprint": self.dataset_fp,
                 "attempt_epoch": self.ledger.epoch, "wall_time": time.time()}
         started = time.monotonic()
@@ -287,22 +308,23 @@ class Job:
 
         cfg = self.cfg
         self.recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
-        self.begin()
+        if self.main:
+            self.begin()
         self.preemption.install()
         try:
-            self.start_tracking()
-            self.record_repro()
+            if self.main:
+                self.start_tracking()
+                self.record_repro()
             train_ds, eval_ds = load_datasets(cfg.data, cfg.recipe.name)
             self.dataset_fp = fingerprint(train_ds)
-            restored, manifest = self.checkpoints.restore_latest(
-                self.work / "restore", check=lambda m: check_resumable(m, self.trajectory, self.dataset_fp, cfg))
+            restored, manifest = self.restore()
             self.step = self.step_at_start = manifest["step"] if manifest else 0
             self.callback = OrchestratorCallback(self, every_seconds=0 if self.trial else self.every_seconds,
                                                  every_steps=0 if self.trial else cfg.checkpoint.every_steps,
                                                  stop_after_steps=cfg.train.trial_steps)
             trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
                                                 output_dir=str(self.work / "trainer"), callbacks=[self.callback])
-            if restored is None and not self.trial:
+            if restored is None and not self.trial and self.main and cfg.distributed.name != "zero3":
                 self.record_quality_before(trainer, eval_ds)
             trainer.train(resume_from_checkpoint=str(restored) if restored else None)
             self.checkpoints.wait()
@@ -314,7 +336,26 @@ class Job:
         finally:
             self.preemption.uninstall()
             self.checkpoints.close()
-            shutil.rmtree(self.work, ignore_errors=True)
+            if self.main:
+                shutil.rmtree(self.work, ignore_errors=True)
+
+    def restore(self):
+        """Rank 0 downloads and verifies the newest checkpoint; every rank gets its local path."""
+        if self.main:
+            try:
+                restored, manifest = self.checkpoints.restore_latest(
+                    self.work / "restore",
+                    check=lambda m: check_resumable(m, self.trajectory, self.dataset_fp, self.cfg))
+            except UserError as err:
+                dist.broadcast(("error", str(err)))
+                raise
+            dist.broadcast(("ok", (str(restored) if restored else None, manifest)))
+            return restored, manifest
+        status, payload = dist.broadcast(None)
+        if status == "error":
+            raise ConfigError(payload)
+        path, manifest = payload
+        return (Path(path) if path else None), manifest
 
     def finish_trial(self, trainer) -> int:
         """``train.trial_steps=N``: print the plan beside what N steps measured; log both to MLflow."""
@@ -370,6 +411,8 @@ class Job:
 
     def stop(self, reason: str) -> int:
         """After an emergency checkpoint: preempted (requeue) or budget exhausted (stop)."""
+        if not self.main:
+            return exitcodes.BUDGET_EXHAUSTED if "budget" in reason else exitcodes.PREEMPTED
         if self.fenced_error is not None:
             raise self.fenced_error
         if self._budget_stop:
@@ -382,12 +425,16 @@ class Job:
     def finish(self, trainer, eval_ds) -> int:
         cfg = self.cfg
         final = self.work / "final"
-        trainer.save_model(str(final))
-        trainer.processing_class.save_pretrained(str(final))
-        (final / "config.yaml").write_text(OmegaConf.to_yaml(redacted_config(cfg)))
-        self.ledger.check_epoch()
-        self.upload_final(final)
+        trainer.save_model(str(final))  # collective under ZeRO-3; the Trainer writes on rank 0
+        dist.barrier()
+        if self.main:
+            trainer.processing_class.save_pretrained(str(final))
+            (final / "config.yaml").write_text(OmegaConf.to_yaml(redacted_config(cfg)))
+            self.ledger.check_epoch()
+            self.upload_final(final)
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
+        if not self.main:
+            return exitcodes.COMPLETED
         before = (self.ledger.load().get("quality") or {}).get("eval_accuracy_before")
         if "eval_accuracy" in metrics:
             print(f"held-out accuracy before training: {before if before is None else f'{before:.3f}'}; "
@@ -467,6 +514,12 @@ def redacted_config(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _run(argv)
+    dist.report_exit(code)  # under torchrun, the launcher reads rank 0's code from here
+    return code
+
+
+def _run(argv: list[str] | None = None) -> int:
     from orchestrator.launch import absolutize, compose_config, setup_logging
 
     setup_logging()
@@ -474,8 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     job = None
     try:
         cfg = compose_config(overrides)
+        if dist.needs_launcher(cfg):
+            return dist.launch_ranks(cfg, overrides, Path(cfg.run.work_dir).expanduser().resolve() / cfg.run.name)
+        dist.init_process_group()
         job = Job(cfg, overrides)
-        return job.run()
+        code = job.run()
+        dist.report_exit(code)
+        return code
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         if job is not None and job.ledger.epoch and err.exit_code in (exitcodes.CONFIG_ERROR, exitcodes.BUDGET_EXHAUSTED):

@@ -129,6 +129,39 @@ def training_kwargs(cfg, output_dir: str) -> dict:
         max_length=cfg.data.max_length,
         save_only_model=False,
     )
+    kw.update(distributed_kwargs(cfg.distributed, cuda))
+    return kw
+
+
+def deepspeed_config(stage: int, cpu_offload: bool) -> dict:
+    """A DeepSpeed ZeRO config; "auto" lets the Trainer fill sizes and precision (a fixed
+    bf16 setting is refused as a mismatch with TRL's own)."""
+    zero: dict = {"stage": stage, "overlap_comm": False, "contiguous_gradients": True}
+    if cpu_offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu"}
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+    }
+
+
+def distributed_kwargs(dist_cfg, cuda: bool) -> dict:
+    """Trainer arguments for the ``distributed`` group (the ranks are started by torchrun)."""
+    name = dist_cfg.name
+    if name == "none":
+        return {}
+    kw: dict = {"ddp_backend": "nccl" if cuda else "gloo"}
+    if name in ("zero2", "zero3"):
+        kw["deepspeed"] = deepspeed_config(2 if name == "zero2" else 3, dist_cfg.cpu_offload)
+    elif name == "fsdp":
+        kw["fsdp"] = "full_shard auto_wrap" + (" offload" if dist_cfg.cpu_offload else "")
     return kw
 
 

@@ -120,6 +120,7 @@ def test_aws_spot_notice_commits_a_checkpoint_before_the_deadline(tmp_path):
         proc = jobs.start_job(cmd, tmp_path)
         try:
             jobs.wait_for_new_checkpoint(storage, "notice", proc, 0)
+            before = jobs.committed_steps(storage, "notice")[-1]
             when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=AWS_NOTICE_SECONDS)
             imds.notice = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
             noticed_at = time.time()
@@ -136,7 +137,6 @@ def test_aws_spot_notice_commits_a_checkpoint_before_the_deadline(tmp_path):
 
     ledger = jobs.ledger(storage, "notice")
     assert [a["exit_class"] for a in ledger["attempts"]] == ["preempted"]
-    before = max(c["step"] for c in ledger["checkpoints"] if c["time"] <= noticed_at)
     emergency = max(ledger["checkpoints"], key=lambda c: c["step"])
     assert emergency["step"] > before and emergency["step"] == ledger["attempts"][0]["step_end"]
     assert f"emergency checkpoint at step {emergency['step']} committed" in log

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Protocol
 
 from transformers import TrainerCallback
+
+from orchestrator import distributed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 log = logging.getLogger("orchestrator.checkpoint")
@@ -106,24 +108,30 @@ class OrchestratorCallback(TrainerCallback):
         if self.stop_after_steps and self._steps_this_attempt >= self.stop_after_steps:
             control.should_training_stop = True
             return control
-        reason = self.hooks.stop_reason()
+        # rank 0 decides; every rank must save (DeepSpeed's save is collective) and stop at the same step
+        decision = self._decide(state.global_step) if distributed.is_main() else None
+        save, reason = distributed.broadcast(decision)
         if reason:
             self._stop_reason = reason
             control.should_save = True
             control.should_training_stop = True
             log.warning("%s: saving an emergency checkpoint at step %d, then stopping", reason, state.global_step)
-        elif self.every_seconds > 0 and self.clock() - self._last_save >= self.every_seconds:
-            control.should_save = True
-        elif self.every_steps > 0 and state.global_step % self.every_steps == 0:
+        elif save:
             control.should_save = True
         if control.should_save:
             self._save_started = self.clock()
         return control
 
+    def _decide(self, step: int) -> tuple[bool, str | None]:
+        reason = self.hooks.stop_reason()
+        if reason:
+            return True, reason
+        if self.every_seconds > 0 and self.clock() - self._last_save >= self.every_seconds:
+            return True, None
+        return bool(self.every_steps > 0 and step % self.every_steps == 0), None
+
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if not folder.is_dir():  # e.g. a save on a non-zero rank
-            return control
         self.hooks.commit(folder, state.global_step, wait=self._stop_reason is not None)
         now = self.clock()
         self.save_stall_seconds.append(now - self._save_started)

@@ -1,0 +1,135 @@
+"""Multi-process training: start the ranks with torchrun, and let them agree.
+
+``python -m orchestrator.worker`` stays the one entry point every backend runs.
+With ``distributed`` other than ``none`` and no ``RANK`` in the environment, it
+becomes a launcher: it starts ``torch.distributed.run`` (torchrun) with one
+worker per process, forwards preemption signals to the ranks, and exits with
+rank 0's exit code (torchrun itself turns any non-zero rank exit into 1).
+Inside the ranks, rank 0 alone talks to storage, the ledger and MLflow; the
+others follow its decisions, broadcast over the process group.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+log = logging.getLogger("orchestrator.distributed")
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def needs_launcher(cfg) -> bool:
+    return cfg.distributed.name != "none" and "RANK" not in os.environ
+
+
+def init_process_group() -> None:
+    """Join the ranks early, so rank 0 can share its restore before the Trainer exists."""
+    import torch
+    import torch.distributed as dist
+
+    if world_size() <= 1 or dist.is_initialized():
+        return
+    die_with_parent()  # torchrun killed with its launcher takes the ranks along
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl")
+    else:
+        dist.init_process_group(backend="gloo")
+
+
+def broadcast(obj):
+    """Rank 0's ``obj`` on every rank (identity when not distributed)."""
+    import torch.distributed as dist
+
+    if world_size() <= 1 or not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if world_size() > 1 and dist.is_initialized():
+        dist.barrier()
+
+
+def die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent dies, so no rank outlives a killed launcher."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the ledger's fencing still stops an orphan
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_ranks(cfg, overrides: list[str], work_root: Path) -> int:
+    """Run the ranks under torchrun; return rank 0's exit code."""
+    import psutil
+
+    token = uuid.uuid4().hex[:12]
+    exit_file = work_root / f"exit-{token}"
+    work_root.mkdir(parents=True, exist_ok=True)
+    nproc = cfg.distributed.processes_per_node
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           f"--nnodes={cfg.distributed.nodes}", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+           "-m", "orchestrator.worker", *overrides]
+    if cfg.distributed.nodes > 1:
+        cmd[3:6] = [f"--nnodes={cfg.distributed.nodes}", "--rdzv_backend=c10d",
+                    f"--rdzv_endpoint={os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"]
+    env = dict(os.environ, ORCH_ATTEMPT_TOKEN=token, ORCH_EXIT_FILE=str(exit_file))
+    # torchrun in its own session: a signal to our process group must reach the ranks
+    # (which save and exit 75), not torchrun (which would kill them after its own timeout)
+    child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+
+    def forward(signum, _frame):
+        for proc in psutil.Process(child.pid).children(recursive=True):
+            if "orchestrator.worker" in " ".join(proc.cmdline()):
+                proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        rc = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if exit_file.exists():
+        code = int(exit_file.read_text().strip() or rc)
+        exit_file.unlink()
+        return code
+    log.error("the ranks exited (torchrun rc=%s) without rank 0 reporting an exit code", rc)
+    return rc if rc else 1
+
+
+def report_exit(code: int) -> None:
+    """Rank 0 leaves its exit code for the launcher."""
+    path = os.environ.get("ORCH_EXIT_FILE")
+    if path and is_main():
+        Path(path).write_text(str(code))

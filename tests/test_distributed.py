@@ -1,0 +1,53 @@
+"""Two-process CPU training (gloo): DDP and DeepSpeed ZeRO-2 resume exactly after a SIGKILL.
+
+The ranks are started by torchrun under ``python -m orchestrator.worker``; a
+SIGKILL of the worker takes torchrun and the ranks along (as a vanished machine
+would), the supervisor requeues, and the final weights must match an
+uninterrupted two-process run byte for byte.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests import jobs
+
+DIST_FAST = [o for o in jobs.FAST if not o.startswith("train.max_steps")] + ["train.max_steps=24", "checkpoint.every=2s"]
+
+
+@pytest.mark.parametrize("mode", ["ddp", "zero2"])
+def test_two_process_run_resumes_bit_identical(mode, tmp_path):
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    common = DIST_FAST + [f"distributed={mode}", "distributed.processes_per_node=2"] + storage.overrides()
+    clean = jobs.run_job(common + ["run.name=clean"], tmp_path, timeout=900)
+    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-4000:]
+
+    proc = jobs.start_job(common + ["run.name=chaos"], tmp_path)
+    try:
+        killed_at = jobs.interrupt_worker(proc, storage, "chaos", random.Random(mode))
+        rc = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = jobs.log_text(tmp_path)
+    assert rc == 0, log[-4000:]
+    ledger = jobs.ledger(storage, "chaos")
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "completed"], killed_at
+    assert jobs.final_digest(storage, "chaos") == jobs.final_digest(storage, "clean")
+
+
+def test_a_different_world_size_is_refused_with_the_fix(tmp_path):
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    common = DIST_FAST + storage.overrides() + ["run.name=ws", "requeue.max_preemptions=0"]
+    proc = jobs.start_job(common + ["distributed=ddp", "distributed.processes_per_node=2"], tmp_path)
+    try:
+        jobs.interrupt_worker(proc, storage, "ws", random.Random(0))
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    again = jobs.run_job(common + ["distributed=none"], tmp_path, timeout=600)
+    assert again.returncode == 4, again.stderr[-3000:]
+    assert "written by 2 training processes; this attempt has 1" in again.stderr
+    assert "checkpoint.allow_config_change=true" in again.stderr

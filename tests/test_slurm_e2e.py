@@ -1,0 +1,131 @@
+"""Slurm, for real: a job requeued mid-run by ``scontrol requeue`` resumes and ends bit-identical.
+
+The job is launched as a user launches it (``python -m orchestrator.launch
+backend=slurm ...``) on the one-node cluster of ``tests/slurm_cluster.py``.
+Once it has committed a checkpoint it is requeued with ``scontrol requeue``:
+Slurm then sends SIGCONT and SIGTERM to every process of the batch step (the
+batch shell and the worker; SIGKILL follows after the cluster's KillWait), so
+the worker saves an emergency checkpoint and exits 75 when it can, and is
+killed otherwise. Slurm holds a requeued job for about two minutes (its
+BeginTime); the test releases it at once with ``scontrol update
+StartTime=now``. The second run restores the newest checkpoint and completes;
+its final weights must be byte-identical to those of an uninterrupted local run
+of the same config, which runs meanwhile.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests import jobs
+from tests.slurm_cluster import ensure_slurm
+
+# Long enough that the job is still training when the test requeues it (after
+# its first committed checkpoint): about 20-40 s of training on an idle 2-core
+# machine, with a checkpoint every second.
+MAX_STEPS = 200
+SCONTROL_TIMEOUT_SECONDS = 30
+JOB_START_TIMEOUT_SECONDS = 300  # queueing, then the worker's start-up and first checkpoint
+JOB_END_TIMEOUT_SECONDS = 1200  # the machine is shared: be generous
+FINAL_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                    "DEADLINE", "PREEMPTED"}
+
+
+def scontrol(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_SECONDS)
+    if check and done.returncode != 0:
+        raise AssertionError(f"scontrol {' '.join(args)} failed ({done.returncode}): {done.stderr or done.stdout}")
+    return done
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a dict; empty when Slurm no longer knows the job (past MinJobAge)."""
+    done = scontrol("show", "job", "--oneliner", job_id, check=False)
+    if done.returncode != 0:
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", done.stdout))
+
+
+def job_state(job_id: str) -> str:
+    return job_info(job_id).get("JobState", "GONE")
+
+
+def output_text(path: Path | None) -> str:
+    return path.read_text(errors="replace") if path and path.exists() else "(no Slurm output file)"
+
+
+def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
+    ensure_slurm()
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    common = jobs.with_overrides(jobs.FAST, f"train.max_steps={MAX_STEPS}", "train.logging_steps=20") + storage.overrides()
+    run = f"slurm-e2e-{uuid.uuid4().hex[:8]}"
+    env = jobs.job_env(tmp_path)  # sbatch exports it (--export=ALL is its default): ORCH_CACHE_DIR, PATH, ...
+
+    # the uninterrupted reference runs meanwhile, on the local backend
+    clean = jobs.start_job(common + ["run.name=clean"], tmp_path, env=env, log_name="clean.log")
+    job_id = None
+    out_file = None
+    try:
+        submitted = jobs.run_job(common + ["backend=slurm", f"run.name={run}"], tmp_path, env=env, timeout=300)
+        assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+        found = re.search(r"submitted .* to slurm: job (\d+)", submitted.stdout)
+        assert found, f"the launcher printed no Slurm job id:\n{submitted.stdout[-2000:]}"
+        job_id = found.group(1)
+        out_file = tmp_path / ".cache" / "work" / "slurm" / f"{run}-{job_id}.out"
+        script = (tmp_path / ".cache" / "work" / "slurm" / f"{run}.sbatch").read_text()
+        assert "--requeue" in script and f"cd {tmp_path}" in script, script
+
+        # 1. the job runs and commits a checkpoint
+        def trained_a_while():
+            state = job_state(job_id)
+            if state in FINAL_JOB_STATES or state == "GONE":
+                raise AssertionError(f"job {job_id} ended ({state}) before its first checkpoint:\n{output_text(out_file)}")
+            return state == "RUNNING" and jobs.committed_steps(storage, run)
+
+        jobs.wait_for(trained_a_while, JOB_START_TIMEOUT_SECONDS, f"Slurm job {job_id} to commit a checkpoint", 0.2)
+        assert jobs.ledger(storage, run)["status"] == "running", "the job completed before the requeue: raise MAX_STEPS"
+        requeued_after = jobs.committed_steps(storage, run)[-1]
+
+        # 2. requeue it mid-run; release it from Slurm's two-minute hold once it is pending again
+        scontrol("requeue", job_id)
+        jobs.wait_for(lambda: job_state(job_id) == "PENDING", 120, f"job {job_id} to be pending after the requeue", 0.5)
+        scontrol("update", f"JobId={job_id}", "StartTime=now")
+
+        # 3. the second run resumes and completes
+        jobs.wait_for(lambda: job_state(job_id) in FINAL_JOB_STATES | {"GONE"}, JOB_END_TIMEOUT_SECONDS,
+                      f"Slurm job {job_id} to finish", 1.0)
+        info = job_info(job_id)
+        log = output_text(out_file)
+        assert info.get("JobState", "COMPLETED") == "COMPLETED", (info, log[-6000:])
+        assert int(info.get("Restarts", "1")) >= 1, info
+        assert clean.wait(timeout=JOB_END_TIMEOUT_SECONDS) == 0, jobs.log_text(tmp_path, "clean.log")[-4000:]
+    finally:
+        if job_id and job_state(job_id) not in FINAL_JOB_STATES | {"GONE"}:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=SCONTROL_TIMEOUT_SECONDS)
+        if clean.poll() is None:
+            jobs.kill_group(clean)
+
+    # what Slurm did on the requeue, as the batch shell and the worker logged it
+    print(f"\n--- Slurm job {job_id} output ({out_file}):\n" + "\n".join(
+        line for line in log.splitlines()
+        if re.search(r"slurm job|slurmstepd|emergency checkpoint|restoring checkpoint|scontrol|error", line)
+    ))
+    assert "DUE TO JOB REQUEUE" in log, log[-6000:]
+    assert "restoring checkpoint" in log, log[-6000:]
+
+    ledger = jobs.ledger(storage, run)
+    classes = [a["exit_class"] for a in ledger["attempts"]]
+    assert len(classes) >= 2, classes
+    assert classes[0] in ("preempted", "vanished"), classes
+    assert classes[-1] == "completed", classes
+    assert ledger["status"] == "completed", ledger["status"]
+    assert ledger["attempts"][-1]["checkpoint_step_at_start"] >= requeued_after, (ledger["attempts"], requeued_after)
+    assert jobs.final_digest(storage, run) == jobs.final_digest(storage, "clean"), (
+        f"the requeued Slurm job's final weights differ from the uninterrupted local run (requeued after step "
+        f"{requeued_after}; attempts {classes})"
+    )
