@@ -24,15 +24,14 @@ class RunConfig:
 class RecipeConfig:
     name: str = MISSING  # sft | dpo | qlora
     peft: str = "lora"  # lora | full (full fine-tune; sft only)
-    lora_r: int = 8
+    lora_r: int = 8  # LoRA rank: adapter size and capacity
     lora_alpha: int = 16  # usually 2 x lora_r
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )  # every linear layer of Llama/Qwen blocks (the QLoRA paper's choice)
-    dpo_beta: float = 0.1
+    lora_dropout: float = 0.0  # dropout on the adapters' input (resume stays exact: RNG is checkpointed)
+    lora_target_modules: list[str] = field(  # modules that get adapters: every linear layer of Llama/Qwen blocks
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    dpo_beta: float = 0.1  # DPO: strength of the pull toward the reference model
     quantization: str = "none"  # none | nf4 (qlora sets nf4)
-    eval_generate_max_new_tokens: int = 8
+    eval_generate_max_new_tokens: int = 8  # tokens generated per held-out prompt for exact-match accuracy
 
 
 @dataclass
@@ -40,52 +39,52 @@ class ModelConfig:
     name_or_path: str = MISSING  # a hub id or a local folder; "builtin:tiny-llama" builds one locally
     preset: str = "custom"  # name of the preset, for tags and the planner
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # let from_pretrained run the model repository's own code
     # for builtin:tiny-llama only
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    vocab_size: int = 512
+    hidden_size: int = 64  # builtin:tiny-llama only: width
+    num_layers: int = 2  # builtin:tiny-llama only: decoder blocks
+    num_heads: int = 4  # builtin:tiny-llama only: attention heads
+    vocab_size: int = 512  # builtin:tiny-llama only: BPE vocabulary trained on the built-in task
 
 
 @dataclass
 class DataConfig:
     source: str = "synthetic"  # synthetic | jsonl | hub
     path: Optional[str] = None  # jsonl: the file; hub: the dataset id
-    split: str = "train"
+    split: str = "train"  # hub: the training split
     eval_split: Optional[str] = None  # hub: an eval split; else a slice of train is held out
-    eval_fraction: float = 0.1
-    max_eval_examples: int = 64
+    eval_fraction: float = 0.1  # share of the data held out for evaluation when there is no eval_split
+    max_eval_examples: int = 64  # cap on the held-out examples
     num_examples: int = 1200  # synthetic only
     seed: int = 1234  # synthetic generation and held-out split
-    max_length: int = 64
+    max_length: int = 64  # tokens per example (longer ones are truncated)
 
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 300
+    max_steps: int = 300  # optimizer steps to train (<= 0: train for num_epochs)
     num_epochs: float = 1.0  # used when max_steps <= 0
-    per_device_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 5e-3
-    lr_scheduler: str = "linear"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    seed: int = 42
-    logging_steps: int = 10
-    eval_at_end: bool = True
+    per_device_batch_size: int = 8  # micro-batch per process
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    learning_rate: float = 5e-3  # peak learning rate
+    lr_scheduler: str = "linear"  # a transformers scheduler name: linear, cosine, constant, ...
+    warmup_steps: int = 0  # linear warm-up steps
+    weight_decay: float = 0.0  # AdamW weight decay
+    seed: int = 42  # seeds model init, dropout and the data order
+    logging_steps: int = 10  # log metrics (to MLflow too) every N optimizer steps
+    eval_at_end: bool = True  # evaluate on the held-out split after training
     trial_steps: int = 0  # >0: run this many steps, print plan vs measurement, stop
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
 
 
 @dataclass
 class ComputeConfig:
-    name: str = "cpu"
+    name: str = "cpu"  # the preset's name (conf/compute/)
     gpu_type: str = "none"  # key into the price catalog (conf/pricing.yaml)
-    gpus_per_node: int = 0
-    nodes: int = 1
-    spot: bool = False
-    cloud: str = "any"
+    gpus_per_node: int = 0  # GPUs per machine (0: CPU)
+    nodes: int = 1  # machines
+    spot: bool = False  # spot/preemptible capacity (priced at the catalog's spot rate)
+    cloud: str = "any"  # aws | gcp | azure | any (the catalog's cheapest)
     price_per_hour: Optional[float] = None  # overrides the catalog; USD per GPU-hour (per node-hour for cpu)
     memory_gb: Optional[float] = None  # GPU memory per device, from the catalog when unset
 
@@ -94,71 +93,71 @@ class ComputeConfig:
 class StorageConfig:
     uri: str = ".cache/runs"  # a folder, file://..., or s3://bucket/prefix
     endpoint_url: Optional[str] = None  # S3-compatible stores (MinIO, R2, GCS XML API)
-    region: Optional[str] = None
+    region: Optional[str] = None  # S3 region
     profile: Optional[str] = None  # AWS profile; credentials never go in config
     checksum_compat: bool = False  # for stores that reject boto3's default checksum headers
-    multipart_threshold_mb: int = 64
+    multipart_threshold_mb: int = 64  # files above this size upload in parallel parts
 
 
 @dataclass
 class CheckpointConfig:
     every: str = "15m"  # wall-clock interval: 90s, 15m, 1h; "0" or "off" disables
     every_steps: int = 0  # also save every N optimizer steps (0: off)
-    keep_last: int = 3
+    keep_last: int = 3  # committed checkpoints kept (at least 2; older ones deleted after a newer commit)
     allow_config_change: bool = False  # resume although a trajectory-shaping field changed
     allow_data_change: bool = False  # resume although the dataset fingerprint changed
-    save_final_weights: bool = True
+    save_final_weights: bool = True  # write the trained weights to <storage.uri>/<run.name>/final/
 
 
 @dataclass
 class PreemptionConfig:
     provider: str = "auto"  # auto | aws | gcp | azure | none
-    grace: str = "30s"
+    grace: str = "30s"  # deadline from a signal to the emergency checkpoint's commit
     metadata_url: Optional[str] = None  # override the provider's metadata base URL
-    poll_seconds: float = 5.0
+    poll_seconds: float = 5.0  # how often the spot-notice watcher polls the metadata service
 
 
 @dataclass
 class RequeueConfig:
-    max_preemptions: int = 20
-    max_failures: int = 3
-    backoff_base_seconds: float = 5.0
-    backoff_max_seconds: float = 300.0
+    max_preemptions: int = 20  # requeues after preemptions or vanished attempts
+    max_failures: int = 3  # attempts that may crash (or run out of memory) before the job stops
+    backoff_base_seconds: float = 5.0  # first wait after a failure; doubles per failure, with jitter
+    backoff_max_seconds: float = 300.0  # cap on that wait
     crash_loop_threshold: int = 3  # consecutive attempts that made no progress past the last checkpoint
 
 
 @dataclass
 class BudgetConfig:
-    max_usd: Optional[float] = None
-    alert_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.0])
-    webhook_url: Optional[str] = None
-    projection_alert: bool = True
+    max_usd: Optional[float] = None  # hard stop: final checkpoint, BUDGET_EXHAUSTED, never requeued
+    alert_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.0])  # fractions of max_usd
+    webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (retried; never stops training)
+    projection_alert: bool = True  # alert once when spent + remaining steps x recent cost/step > max_usd
 
 
 @dataclass
 class TrackingConfig:
-    enabled: bool = True
+    enabled: bool = True  # MLflow tracking on/off
     uri: Optional[str] = None  # None: embedded SQLite under .cache/mlflow
-    experiment: str = "spot-orchestrator"
-    log_system_metrics: bool = False
-    log_final_weights: bool = False
+    experiment: str = "spot-orchestrator"  # MLflow experiment name
+    log_system_metrics: bool = False  # MLflow's own CPU/GPU/memory sampling
+    log_final_weights: bool = False  # also upload the final weights as MLflow artifacts
 
 
 @dataclass
 class BackendConfig:
     name: str = "local"  # local | slurm | skypilot | kubernetes
-    dry_run: bool = False
-    image: Optional[str] = None
-    partition: Optional[str] = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    dry_run: bool = False  # print what would be submitted, submit nothing
+    image: Optional[str] = None  # container image (kubernetes; recorded for reproducibility)
+    partition: Optional[str] = None  # slurm partition
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific settings (see docs/scale-out.md)
 
 
 @dataclass
 class DistributedConfig:
     name: str = "none"  # none | ddp | zero2 | zero3 | fsdp
-    processes_per_node: int = 1
-    nodes: int = 1
-    cpu_offload: bool = False
+    processes_per_node: int = 1  # training processes per machine (one per GPU)
+    nodes: int = 1  # machines (multi-node runs need a backend that starts one worker per node)
+    cpu_offload: bool = False  # ZeRO/FSDP: keep optimizer state (zero3/fsdp: also params) in CPU memory
 
 
 @dataclass

@@ -104,3 +104,11 @@ def test_invalid_json_names_the_line(tmp_path):
 def test_compose_raises_config_error_for_unknown_group():
     with pytest.raises(ConfigError, match="there is no config group 'nosuch'"):
         compose_config(["nosuch.key=1"])
+
+
+def test_readme_config_reference_is_current():
+    """The README's reference is the script's output: a new or renamed key fails until it is regenerated."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "config_reference.py")], capture_output=True,
+                         text=True, check=True).stdout
+    assert out in (root / "README.md").read_text(), "run scripts/config_reference.py and paste its table into README.md"

@@ -39,8 +39,9 @@ def test_two_process_run_resumes_bit_identical(mode, tmp_path):
 
 def test_a_different_world_size_is_refused_with_the_fix(tmp_path):
     storage = jobs.Storage(str(tmp_path / "runs"))
-    common = DIST_FAST + storage.overrides() + ["run.name=ws", "requeue.max_preemptions=0"]
-    proc = jobs.start_job(common + ["distributed=ddp", "distributed.processes_per_node=2"], tmp_path)
+    common = DIST_FAST + storage.overrides() + ["run.name=ws"]
+    proc = jobs.start_job(common + ["distributed=ddp", "distributed.processes_per_node=2", "requeue.max_preemptions=0"],
+                          tmp_path)
     try:
         jobs.interrupt_worker(proc, storage, "ws", random.Random(0))
         proc.wait(timeout=300)

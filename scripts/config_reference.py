@@ -1,0 +1,50 @@
+"""Print the config reference (every group and key, with type, default and meaning) as Markdown.
+
+    python scripts/config_reference.py > /tmp/ref.md     # the README's "Config reference" section
+
+Read from ``orchestrator/config.py``: the dataclass fields and their trailing comments.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+
+from omegaconf import MISSING
+
+from orchestrator import config as c
+
+GROUP_OPTIONS_NOTE = "options: the files in `conf/<group>/`"
+
+
+def field_comments(cls) -> dict[str, str]:
+    comments, lines = {}, inspect.getsource(cls).splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"\s+(\w+): [^#]*?(?:# (.*))?$", line)
+        if m and m.group(1) in {f.name for f in dataclasses.fields(cls)}:
+            comments[m.group(1)] = (m.group(2) or "").replace("|", "\\|")
+    return comments
+
+
+def default_of(f) -> str:
+    if f.default is not dataclasses.MISSING:
+        return "required" if f.default == MISSING else repr(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return repr(f.default_factory())
+    return ""
+
+
+def main() -> None:
+    print("| key | type | default | meaning |\n|---|---|---|---|")
+    for group_field in dataclasses.fields(c.Config):
+        cls = group_field.default_factory
+        comments = field_comments(cls)
+        for f in dataclasses.fields(cls):
+            typ = str(f.type)
+            typ = (typ[len("Optional["):-1] + " or null") if typ.startswith("Optional[") else typ
+            row = f"| `{group_field.name}.{f.name}` | {typ} | `{default_of(f)}` | {comments.get(f.name, '')} |"
+            print(row)
+
+
+if __name__ == "__main__":
+    main()
