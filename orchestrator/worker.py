@@ -362,6 +362,7 @@ class Job:
         from orchestrator import plan
 
         measured = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
+        measured["grads"] = gradient_bytes(trainer)  # the Trainer frees gradients after each step
         timing = self.callback.timing_metrics(reset=False, whole_run=True)
         measured.update(peak_memory_bytes=peak_memory_bytes(), step_time_s=timing.get("step_time_s"),
                         data_wait_s=timing.get("data_wait_s"))
@@ -494,6 +495,19 @@ class Job:
             log.warning("could not record the attempt's end in the ledger: %s", err)
         if self.tracker:
             self.tracker.close("FAILED", flush_timeout_s=10)
+
+
+def gradient_bytes(trainer) -> int:
+    """Bytes of gradients one backward pass allocates, measured on a training batch."""
+    model = trainer.model
+    batch = next(iter(trainer.get_train_dataloader()))
+    batch = trainer._prepare_inputs(batch)
+    model.train()
+    loss = trainer.compute_loss(model, batch)
+    loss.backward()
+    total = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+    model.zero_grad(set_to_none=True)
+    return int(total)
 
 
 def peak_memory_bytes() -> int:

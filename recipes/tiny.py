@@ -18,6 +18,7 @@ from pathlib import Path
 BUILTIN_PREFIX = "builtin:"
 TINY_NAME = "builtin:tiny-llama"
 FORMAT_PRETRAIN_STEPS = 300
+BUILD_VERSION = 2  # bump when the build changes, so cached models are rebuilt
 CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n"
     "{% elif m['role'] == 'system' %}{{ m['content'] }}\n"
@@ -59,7 +60,7 @@ def ensure_tiny_model(hidden_size: int = 64, num_layers: int = 2, num_heads: int
     # only the default-sized model is taught the task's format: larger ones (benchmarks) stay random,
     # where a few hundred CPU steps would cost minutes and buy nothing
     pretrain_steps = FORMAT_PRETRAIN_STEPS if hidden_size <= 128 else 0
-    digest = hashlib.sha256(json.dumps([spec, pretrain_steps], sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps([spec, pretrain_steps, BUILD_VERSION], sort_keys=True).encode()).hexdigest()[:12]
     root = cache_root() / "models"
     target = root / f"tiny-llama-{digest}"
     if (target / "config.json").exists():
@@ -109,7 +110,8 @@ def _build(spec: dict, out: Path, pretrain_steps: int) -> None:
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
     )
-    config.vocab_size = len(fast)
+    # the configured size (what the planner counts), or more if the tokenizer came out larger
+    config.vocab_size = max(spec["vocab_size"], len(fast))
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     if pretrain_steps:

