@@ -16,7 +16,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import exitcodes
 from orchestrator.config import parse_duration, register_configs
 from orchestrator.errors import ConfigError, UserError
 

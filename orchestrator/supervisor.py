@@ -9,7 +9,6 @@ person re-running the launch command after the machine vanished.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -71,7 +70,6 @@ class Supervisor:
             attempts = self._attempts_with(exit_class, recorded_before)
             decision = self.policy.decide(attempts)
             log.warning(decision.log_line)
-            print(decision.log_line, file=sys.stderr, flush=True)
             if not decision.requeue:
                 return exitcodes.CAPS_REACHED if returncode in (exitcodes.PREEMPTED, 0) else (returncode or 1)
             if decision.delay_seconds > 0:

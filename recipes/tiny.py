@@ -70,7 +70,9 @@ def ensure_tiny_model(hidden_size: int = 64, num_layers: int = 2, num_heads: int
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent attempts must not build it twice
         if (target / "config.json").exists():
             return target
-        staging = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
+        for stale in root.glob(f".build-{digest}-*"):  # left by a killed build of this model; we hold its lock
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{digest}-"))
         try:
             _build(spec, staging, pretrain_steps)
             os.replace(staging, target)

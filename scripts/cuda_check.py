@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = out / "model"
     if not (model_dir / "config.json").exists():
         params = build_model(model_dir, shape, "cuda" if cuda else "cpu")
-        print(f"built a random Llama with {params / 1e9:.2f}B parameters (bf16) in {model_dir}", flush=True)
+        print(f"built a random Llama with {params / 1e6:,.1f}M parameters (bf16) in {model_dir}", flush=True)
     train = SMOKE_TRAIN if smoke else GPU_TRAIN
     batch = int(train[0].split("=")[1])
     max_length = int(train[1].split("=")[1])

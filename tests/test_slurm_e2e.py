@@ -30,7 +30,7 @@ from tests.slurm_cluster import ensure_slurm
 # machine, with a checkpoint every second.
 MAX_STEPS = 200
 SCONTROL_TIMEOUT_SECONDS = 30
-JOB_START_TIMEOUT_SECONDS = 300  # queueing, then the worker's start-up and first checkpoint
+JOB_START_TIMEOUT_SECONDS = 600  # queueing, then the worker's start-up and first checkpoint
 JOB_END_TIMEOUT_SECONDS = 1200  # the machine is shared: be generous
 FINAL_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                     "DEADLINE", "PREEMPTED"}
@@ -93,7 +93,10 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
                 raise AssertionError(f"job {job_id} ended ({state}) before its first checkpoint:\n{output_text(out_file)}")
             return state == "RUNNING" and jobs.committed_steps(storage, run)
 
-        jobs.wait_for(trained_a_while, JOB_START_TIMEOUT_SECONDS, f"Slurm job {job_id} to commit a checkpoint", 0.2)
+        try:
+            jobs.wait_for(trained_a_while, JOB_START_TIMEOUT_SECONDS, f"Slurm job {job_id} to commit a checkpoint", 0.2)
+        except TimeoutError as err:
+            raise AssertionError(f"{err}; job {job_info(job_id)}\n{output_text(out_file)[-6000:]}") from None
         assert jobs.ledger(storage, run)["status"] == "running", "the job completed before the requeue: raise MAX_STEPS"
         requeued_after = jobs.committed_steps(storage, run)[-1]
         # the worker runs with the submitter's environment (the tiny model's cache, not a rebuild elsewhere)
@@ -106,8 +109,11 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
         scontrol("update", f"JobId={job_id}", "StartTime=now")
 
         # 3. the second run resumes and completes
-        jobs.wait_for(lambda: job_state(job_id) in FINAL_JOB_STATES | {"GONE"}, JOB_END_TIMEOUT_SECONDS,
-                      f"Slurm job {job_id} to finish", 1.0)
+        try:
+            jobs.wait_for(lambda: job_state(job_id) in FINAL_JOB_STATES | {"GONE"}, JOB_END_TIMEOUT_SECONDS,
+                          f"Slurm job {job_id} to finish", 1.0)
+        except TimeoutError as err:
+            raise AssertionError(f"{err}; job {job_info(job_id)}\n{output_text(out_file)[-6000:]}") from None
         info = job_info(job_id)
         log = output_text(out_file)
         assert info.get("JobState", "COMPLETED") == "COMPLETED", (info, log[-6000:])
