@@ -97,7 +97,7 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
-def wait_for_new_checkpoint(storage: Storage, run: str, proc: subprocess.Popen, after: int, timeout: float = 120) -> int:
+def wait_for_new_checkpoint(storage: Storage, run: str, proc: subprocess.Popen, after: int, timeout: float = 600) -> int:
     """Wait until a checkpoint newer than step ``after`` is committed; returns its step."""
     def newer():
         if proc.poll() is not None:

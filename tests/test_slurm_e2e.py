@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 import uuid
 from pathlib import Path
-
-import pytest
 
 from tests import jobs
 from tests.slurm_cluster import ensure_slurm
@@ -68,7 +65,8 @@ def output_text(path: Path | None) -> str:
 def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
     ensure_slurm()
     storage = jobs.Storage(str(tmp_path / "runs"))
-    common = jobs.with_overrides(jobs.FAST, f"train.max_steps={MAX_STEPS}", "train.logging_steps=20") + storage.overrides()
+    common = jobs.with_overrides(jobs.FAST, f"train.max_steps={MAX_STEPS}", "train.logging_steps=20")
+    common += storage.overrides()
     run = f"slurm-e2e-{uuid.uuid4().hex[:8]}"
     env = jobs.job_env(tmp_path)  # sbatch exports it (--export=ALL is its default): ORCH_CACHE_DIR, PATH, ...
 
@@ -90,7 +88,7 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
         def trained_a_while():
             state = job_state(job_id)
             if state in FINAL_JOB_STATES or state == "GONE":
-                raise AssertionError(f"job {job_id} ended ({state}) before its first checkpoint:\n{output_text(out_file)}")
+                raise AssertionError(f"job {job_id} ended ({state}) before a checkpoint:\n{output_text(out_file)}")
             return state == "RUNNING" and jobs.committed_steps(storage, run)
 
         try:
