@@ -140,9 +140,9 @@ class Job:
             if reason:
                 return reason
             spent = sum(float(a.get("cost_usd") or 0) for a in ledger.get("attempts", []))
-            if ledger.get("status") == "budget_exhausted" or (
-                    self.cfg.budget.max_usd is not None and spent >= self.cfg.budget.max_usd):
-                return f"budget spent: ${spent:.4f} of budget.max_usd=${self.cfg.budget.max_usd}"
+            if self.cfg.budget.max_usd is not None and spent >= self.cfg.budget.max_usd:
+                return (f"budget spent: ${spent:.4f} of budget.max_usd=${self.cfg.budget.max_usd}; "
+                        "raise budget.max_usd to let the job go on from its last checkpoint")
             if ledger.get("status") == "completed":
                 return "the job already completed; use a new run.name to train again"
             return None
