@@ -36,6 +36,8 @@ log = logging.getLogger("orchestrator.worker")
 HEARTBEAT_SECONDS = float(os.environ.get("ORCH_HEARTBEAT_SECONDS", "15"))
 # Chaos testing: crash every attempt this many steps after it started (0: off).
 FAULT_AFTER_STEPS = int(os.environ.get("ORCH_FAULT_AFTER_STEPS", "0"))
+# Chaos testing: a floor under each step's duration, so interruptions land mid-run on fast and slow machines alike.
+STEP_DELAY_SECONDS = float(os.environ.get("ORCH_STEP_DELAY_SECONDS", "0"))
 # Fields that do not shape the training trajectory; every other one is fingerprinted.
 _NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps"}, "data": {"max_eval_examples"},
                    "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
@@ -193,6 +195,8 @@ class Job:
             self.first_step_seconds = self.meter.attempt_seconds()
             log.info("start to first step: %.2fs (set-up and restore included, resumed at step %d)",
                      self.first_step_seconds, self.step_at_start)
+        if STEP_DELAY_SECONDS:
+            time.sleep(STEP_DELAY_SECONDS)
         if FAULT_AFTER_STEPS and step - self.step_at_start >= FAULT_AFTER_STEPS:
             raise RuntimeError(f"injected fault after {FAULT_AFTER_STEPS} steps (ORCH_FAULT_AFTER_STEPS)")
         if time.monotonic() - self._last_heartbeat >= HEARTBEAT_SECONDS:

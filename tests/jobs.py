@@ -53,6 +53,9 @@ def job_env(tmp_path: Path, extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.setdefault("ORCH_CACHE_DIR", str(REPO / ".cache" / "test-models"))
     env["ORCH_HEARTBEAT_SECONDS"] = "1"
+    # each step takes at least 0.1 s: with checkpoints every second and interruptions at most
+    # 0.6 s after a commit, a job makes ~10 steps of net progress per attempt on any machine
+    env.setdefault("ORCH_STEP_DELAY_SECONDS", "0.1")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -112,7 +115,7 @@ def interrupt_worker(proc, storage: Storage, run: str, rng: random.Random, sig: 
     """After the next commit and a random pause, send ``sig`` to the current worker; returns the step seen."""
     seen = committed_steps(storage, run)
     step = wait_for_new_checkpoint(storage, run, proc, seen[-1] if seen else 0)
-    time.sleep(rng.uniform(0.0, 1.2))
+    time.sleep(rng.uniform(0.0, 0.6))
     worker = worker_of(proc)
     if worker is not None:
         worker.send_signal(sig)

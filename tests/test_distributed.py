@@ -13,7 +13,7 @@ import pytest
 
 from tests import jobs
 
-DIST_FAST = [o for o in jobs.FAST if not o.startswith("train.max_steps")] + ["train.max_steps=24", "checkpoint.every=2s"]
+DIST_FAST = [o for o in jobs.FAST if not o.startswith("train.max_steps")] + ["train.max_steps=30"]
 
 
 @pytest.mark.parametrize("mode", ["ddp", "zero2"])

@@ -23,7 +23,7 @@ from tests.fixtures_s3 import _empty_bucket
 from tests.test_preemption import FakeMetadata
 
 # Long enough for ten interruptions (each attempt trains a few steps past its restore point) and a finish.
-COMMON = jobs.with_overrides(jobs.FAST, "train.max_steps=100")
+COMMON = jobs.with_overrides(jobs.FAST, "train.max_steps=160")
 INTERRUPTIONS = 10
 AWS_NOTICE_SECONDS = 120  # EC2 gives a spot instance two minutes between the notice and the stop
 
@@ -87,7 +87,7 @@ def test_ten_random_interruptions_end_with_the_uninterrupted_weights(s3_storage,
             # each interruption lands after fresh progress: a new committed checkpoint, then a random pause
             seen = jobs.committed_steps(storage, run)
             step = jobs.wait_for_new_checkpoint(storage, run, proc, seen[-1] if seen else 0, timeout=600)
-            time.sleep(rng.uniform(0.2, 0.7))
+            time.sleep(rng.uniform(0.1, 0.6))
             if kind == "killpg":
                 jobs.kill_group(proc)
                 proc = jobs.start_job(cmd, tmp_path)  # a person re-runs the same command
