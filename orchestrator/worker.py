@@ -26,6 +26,7 @@ from orchestrator import distributed as dist
 from orchestrator import exitcodes
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.callback import OrchestratorCallback
+from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.config import parse_duration
 from orchestrator.errors import BudgetExhausted, ConfigError, UserError
@@ -38,55 +39,6 @@ HEARTBEAT_SECONDS = float(os.environ.get("ORCH_HEARTBEAT_SECONDS", "15"))
 FAULT_AFTER_STEPS = int(os.environ.get("ORCH_FAULT_AFTER_STEPS", "0"))
 # Chaos testing: a floor under each step's duration, so interruptions land mid-run on fast and slow machines alike.
 STEP_DELAY_SECONDS = float(os.environ.get("ORCH_STEP_DELAY_SECONDS", "0"))
-# Fields that do not shape the training trajectory; every other one is fingerprinted.
-_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps"}, "data": {"max_eval_examples"},
-                   "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
-
-
-def trajectory_config(cfg) -> dict:
-    """The config fields that shape the training trajectory, flattened."""
-    out = {}
-    for group in ("recipe", "model", "data", "train"):
-        for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
-            if key not in _NON_TRAJECTORY.get(group, set()) and not (group == "model" and key == "preset"):
-                out[f"{group}.{key}"] = value
-    out["distributed.name"] = cfg.distributed.name
-    out["distributed.world_size"] = cfg.distributed.processes_per_node * cfg.distributed.nodes
-    return out
-
-
-def check_resumable(manifest: dict, trajectory: dict, dataset_fp: str, cfg) -> None:
-    """Refuse a checkpoint of another trajectory, naming what changed and how to go on anyway."""
-    meta = manifest.get("meta", {})
-    name = f"{manifest['step']:09d}-{manifest['epoch']:04d}"
-    old = meta.get("trajectory", {})
-    changed = [f"{k}: {old.get(k)!r} -> {trajectory.get(k)!r}" for k in sorted(set(old) | set(trajectory))
-               if old.get(k) != trajectory.get(k)]
-    old_world, new_world = old.get("distributed.world_size"), trajectory.get("distributed.world_size")
-    if old_world is not None and old_world != new_world and not cfg.checkpoint.allow_config_change:
-        raise ConfigError(
-            f"checkpoint {name} of job {cfg.run.name!r} was written by {old_world} training processes; this "
-            f"attempt has {new_world}. Per-rank RNG streams and the data order cannot be mapped exactly onto "
-            f"another world size. Run with {old_world} processes (distributed.processes_per_node x "
-            "distributed.nodes), or set checkpoint.allow_config_change=true to continue from the saved weights "
-            "and optimizer state (LoRA adapters and unsharded optimizers load; the run is then no longer bit-exact)."
-        )
-    if changed and not cfg.checkpoint.allow_config_change:
-        raise ConfigError(
-            f"checkpoint {name} of job {cfg.run.name!r} was written with another config ({'; '.join(changed)}). "
-            "Resuming would not continue the same run. Start a new job with another run.name, or set "
-            "checkpoint.allow_config_change=true to resume anyway."
-        )
-    if meta.get("dataset_fingerprint") not in (None, dataset_fp) and not cfg.checkpoint.allow_data_change:
-        raise ConfigError(
-            f"the training data changed since checkpoint {name} of job {cfg.run.name!r} "
-            f"(fingerprint {meta['dataset_fingerprint'][:12]} -> {dataset_fp[:12]}). Start a new job with another "
-            "run.name, or set checkpoint.allow_data_change=true to resume on the new data."
-        )
-    for msg in changed:
-        log.warning("resuming despite a changed config field (checkpoint.allow_config_change=true): %s", msg)
-
-
 class Job:
     """The state of one attempt; also the hooks the Trainer callback calls."""
 
