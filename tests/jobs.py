@@ -173,3 +173,19 @@ def status_json(storage: Storage, run: str, tmp_path: Path) -> dict:
     done = subprocess.run(cmd, cwd=tmp_path, env=job_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads(done.stdout)
+
+
+def interrupt_then_finish(overrides: list[str], tmp_path: Path, storage: Storage, run: str, rng: random.Random,
+                          signals: list[int], *, env: dict | None = None, timeout: float = 600) -> tuple[int, str, list[int]]:
+    """Launch a job, interrupt its worker once per signal (each after a fresh commit), wait for the end.
+
+    Returns (launcher exit code, the job's log, the committed step seen before each interruption).
+    """
+    proc = start_job(overrides, tmp_path, env=env)
+    try:
+        seen = [interrupt_worker(proc, storage, run, rng, sig) for sig in signals]
+        rc = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return rc, log_text(tmp_path), seen

@@ -8,6 +8,7 @@ uninterrupted two-process run byte for byte.
 from __future__ import annotations
 
 import random
+import signal
 
 import pytest
 
@@ -23,14 +24,8 @@ def test_two_process_run_resumes_bit_identical(mode, tmp_path):
     clean = jobs.run_job(common + ["run.name=clean"], tmp_path, timeout=900)
     assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-4000:]
 
-    proc = jobs.start_job(common + ["run.name=chaos"], tmp_path)
-    try:
-        killed_at = jobs.interrupt_worker(proc, storage, "chaos", random.Random(mode))
-        rc = proc.wait(timeout=900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = jobs.log_text(tmp_path)
+    rc, log, killed_at = jobs.interrupt_then_finish(common + ["run.name=chaos"], tmp_path, storage, "chaos",
+                                                    random.Random(mode), [signal.SIGKILL], timeout=900)
     assert rc == 0, log[-4000:]
     ledger = jobs.ledger(storage, "chaos")
     assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "completed"], killed_at

@@ -8,6 +8,7 @@ final weights must be byte-identical to an uninterrupted run with the same seed.
 from __future__ import annotations
 
 import random
+import signal
 
 import pytest
 
@@ -40,15 +41,8 @@ def test_sigkilled_three_times_ends_bit_identical(recipe, kind, tmp_path, reques
     clean = jobs.run_job(common + ["run.name=clean"], tmp_path)
     assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
 
-    rng = random.Random(f"{recipe}-{kind}")
-    proc = jobs.start_job(common + ["run.name=chaos"], tmp_path)
-    try:
-        killed_at = [jobs.interrupt_worker(proc, storage, "chaos", rng) for _ in range(3)]
-        rc = proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = jobs.log_text(tmp_path)
+    rc, log, killed_at = jobs.interrupt_then_finish(common + ["run.name=chaos"], tmp_path, storage, "chaos",
+                                                    random.Random(f"{recipe}-{kind}"), [signal.SIGKILL] * 3)
     assert rc == 0, log[-4000:]
     assert "restoring checkpoint" in log
 

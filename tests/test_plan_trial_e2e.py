@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import re
 import uuid
 from pathlib import Path
@@ -94,14 +95,8 @@ def test_a_resumed_job_records_reproducibility_in_mlflow_and_the_ledger(mlflow_s
         "run.name=repro", "tracking.enabled=true", f"tracking.uri={mlflow_server.uri}",
         f"tracking.experiment=repro-{uuid.uuid4().hex[:8]}",
     ]
-    proc = jobs.start_job(overrides, tmp_path)
-    try:
-        jobs.interrupt_worker(proc, storage, "repro", random.Random("repro"))
-        rc = proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = jobs.log_text(tmp_path)
+    rc, log, _ = jobs.interrupt_then_finish(overrides, tmp_path, storage, "repro", random.Random("repro"),
+                                            [signal.SIGKILL])
     assert rc == 0, log[-4000:]
     assert "restoring checkpoint" in log
 

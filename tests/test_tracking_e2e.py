@@ -133,16 +133,9 @@ def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points
         storage, mlflow_server, client, experiment, tmp_path):
     run = "chaos"
     overrides = _overrides(storage, mlflow_server, experiment, run) + ["tracking.log_system_metrics=true"]
-    proc = jobs.start_job(overrides, tmp_path, env=_env(tmp_path, MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1"))
-    rng = random.Random("tracking-e2e")
-    try:
-        for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL):
-            jobs.interrupt_worker(proc, storage, run, rng, sig)
-        rc = proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = jobs.log_text(tmp_path)
+    rc, log, _ = jobs.interrupt_then_finish(
+        overrides, tmp_path, storage, run, random.Random("tracking-e2e"), [signal.SIGKILL, signal.SIGTERM, signal.SIGKILL],
+        env=_env(tmp_path, MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1"))
     assert rc == 0, log[-4000:]
     ledger = jobs.ledger(storage, run)
     assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "preempted", "vanished", "completed"]
