@@ -135,7 +135,9 @@ def test_on_s3_a_flipped_byte_is_flagged_by_verify_and_skipped_on_resume(s3_serv
     # the CLI against the S3 server: all good, then one flipped byte in the newest
     good = _checkpoints_cli(f"{s3_bucket}/{RUN}", "--endpoint-url", s3_server.endpoint_url)
     assert good.returncode == 0, good.stdout + good.stderr
-    assert good.stdout.count(" OK") == len(names), good.stdout
+    rows_ok = [line for line in good.stdout.splitlines() if line.split()[:1] in ([n] for n in names)
+               and line.rstrip().endswith(" OK")]
+    assert len(rows_ok) == len(names), good.stdout
     _flip_byte(storage.store(), f"{RUN}/checkpoints/{names[-1]}/adapter_model.safetensors")
     bad = _checkpoints_cli(f"{s3_bucket}/{RUN}", "--endpoint-url", s3_server.endpoint_url)
     assert bad.returncode == 1, bad.stdout + bad.stderr

@@ -52,6 +52,22 @@ class CommitResult:
     error: Optional[str] = None
 
 
+UPLOADER_NICENESS = 10
+
+
+def _lower_thread_priority() -> None:
+    """Let the training threads win the CPU: hashing and copying can wait, the next step cannot.
+
+    Linux gives each thread its own nice value; elsewhere this is a no-op.
+    """
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPLOADER_NICENESS)
+    except (AttributeError, OSError):
+        pass
+
+
 class CheckpointStore:
     """One job's checkpoints under ``<run_name>/checkpoints/`` in ``store``."""
 
@@ -136,6 +152,7 @@ class CheckpointStore:
             self._thread.start()
 
     def _run(self) -> None:
+        _lower_thread_priority()
         while True:
             job = self._queue.get()
             if job is None:
