@@ -32,6 +32,7 @@ MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow's log_batch limit
 MAX_PARAM_VALUE_CHARS = 6000
 MAX_BUFFERED_POINTS = 1_000_000  # ~100 MB; beyond this new points are dropped with a warning
+SEND_INTERVAL_SECONDS = 5.0
 RETRY_INITIAL_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
 # MLflow's own HTTP client retries 7 times with a 120 s timeout by default, which can
@@ -424,6 +425,10 @@ class JobTracker:
                 if failures:
                     log.info("MLflow reachable again after %d failed tries; delivering the buffer", failures)
                 delay, failures = RETRY_INITIAL_SECONDS, 0
+                # coalesce: one request per interval carries everything logged meanwhile, so a
+                # fast job costs the server (often on the same machine) a few requests a minute
+                self._wake.wait(SEND_INTERVAL_SECONDS)  # flush() and close() cut the wait short
+                self._wake.clear()
 
     def _send(self, batch: list, op: Optional[tuple]) -> None:
         if batch:

@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=2, help="off/on pairs of throughput runs")
     parser.add_argument("--resumes", type=int, default=2, help="resumes timed at each of step 10 and step 1000")
     parser.add_argument("--far-step", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=1, help="throughput runs made first and left out (model build, caches)")
     args = parser.parse_args(argv)
 
     root = Path(args.root).resolve()
@@ -128,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(root, MODEL)
     began = time.monotonic()
 
+    for i in range(args.warmup):
+        r = bench.throughput(f"warmup-{i}", "off", args.steps)
+        print(f"  [{time.monotonic() - began:6.0f}s] warm-up run {i}: {r['steps_per_s']:.3f} steps/s (left out)", flush=True)
     off, on = [], []
     for i in range(args.pairs):
         for mode, every, into in (("off", "off", off), ("on", "10s", on)):
