@@ -16,9 +16,9 @@ if .venv/bin/python -c "import torch" 2>/dev/null; then
 elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
 else
-  # CPU wheel: on PyPI's index the plain name would pull a multi-GB CUDA build
-  .venv/bin/python -m pip install -q "torch==2.13.0" \
-    || .venv/bin/python -m pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+  # the CPU wheel: this pin is served as a CPU build where one is on hand; elsewhere PyPI's Linux
+  # default is a multi-GB CUDA build, so point TORCH_INDEX_URL at a CPU wheel index to avoid it
+  .venv/bin/python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
 rm -f .venv/.setup-*
