@@ -107,6 +107,7 @@ class CheckpointConfig:
     allow_config_change: bool = False  # resume although a trajectory-shaping field changed
     allow_data_change: bool = False  # resume although the dataset fingerprint changed
     save_final_weights: bool = True  # write the trained weights to <storage.uri>/<run.name>/final/
+    snapshot_dir: str = "auto"  # where the Trainer writes the local snapshot: auto (/dev/shm if it fits) | work | a path
 
 
 @dataclass

@@ -43,6 +43,9 @@ MLFLOW_HTTP_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+    # MLflow 3 sends usage telemetry from a background thread; a training job on a
+    # spot machine should not phone home (nor spend its CPU on it). Set it to false to opt in.
+    "MLFLOW_DISABLE_TELEMETRY": "true",
 }
 
 # ---------------------------------------------------------------- redaction
@@ -186,10 +189,10 @@ class JobTracker:
         """
         if not self.enabled:
             return None
+        for name, value in MLFLOW_HTTP_ENV_DEFAULTS.items():
+            os.environ.setdefault(name, value)  # before mlflow is imported: some are read at import
         from mlflow import MlflowClient
 
-        for name, value in MLFLOW_HTTP_ENV_DEFAULTS.items():
-            os.environ.setdefault(name, value)
         self.uri = resolve_tracking_uri(self.cfg)
         self.client = MlflowClient(tracking_uri=self.uri)
         try:

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from orchestrator import distributed as dist
 from orchestrator import exitcodes
 from orchestrator.checkpoint import manifest as mf
+from orchestrator.checkpoint import snapshot
 from orchestrator.checkpoint.callback import OrchestratorCallback
 from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
 from orchestrator.checkpoint.store import CheckpointStore
@@ -68,6 +69,8 @@ class Job:
         if self.main:
             shutil.rmtree(work, ignore_errors=True)
         self.work = work
+        self.token = token
+        self.snapshot_root = work  # moved to memory by use_snapshot_root() when there is room
         self.checkpoints = CheckpointStore(self.store, self.run_name, keep_last=cfg.checkpoint.keep_last,
                                            staging_dir=work / "staging")
         self.preemption = PreemptionHandler.from_config(cfg.preemption)
@@ -280,6 +283,7 @@ class Job:
                                                  stop_after_steps=cfg.train.trial_steps)
             trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
                                                 output_dir=str(self.work / "trainer"), callbacks=[self.callback])
+            self.use_snapshot_root(trainer)
             if restored is None and not self.trial and self.main and cfg.distributed.name != "zero3":
                 self.record_quality_before(trainer, eval_ds)
             trainer.train(resume_from_checkpoint=str(restored) if restored else None)
@@ -294,6 +298,31 @@ class Job:
             self.checkpoints.close()
             if self.main:
                 shutil.rmtree(self.work, ignore_errors=True)
+                if self.snapshot_root != self.work:
+                    snapshot.release(self.snapshot_root)
+
+    def use_snapshot_root(self, trainer) -> None:
+        """Let the Trainer write its checkpoint folder (and the uploader stage it) in memory when there is room.
+
+        The Trainer's save is the only part of a checkpoint training waits for;
+        into ``/dev/shm`` it is serialisation into memory. Rank 0 decides, every
+        rank of the attempt uses the same folder.
+        """
+        chosen = None
+        if self.main:
+            estimate = snapshot.estimate_snapshot_bytes(trainer.model, full_model=self.cfg.recipe.peft == "full")
+            root, why = snapshot.choose_root(self.cfg.checkpoint.snapshot_dir, run_name=self.run_name,
+                                             token=self.token, work=self.work, estimate_bytes=estimate)
+            if root != self.work:
+                snapshot.remove_orphans(root.parent)
+                snapshot.claim(root)
+            log.info("local checkpoint snapshots in %s (%s; about %.0f MB each)", root, why, estimate / 1e6)
+            chosen = str(root)
+        root = Path(dist.broadcast(chosen))
+        self.snapshot_root = root
+        trainer.args.output_dir = str(root / "trainer")
+        self.checkpoints.staging_dir = root / "staging"
+        self.checkpoints.staging_dir.mkdir(parents=True, exist_ok=True)
 
     def restore(self):
         """Rank 0 downloads and verifies the newest checkpoint; every rank gets its local path."""

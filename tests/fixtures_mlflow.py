@@ -28,6 +28,9 @@ import pytest
 SERVER_START_TIMEOUT_SECONDS = 120.0
 SERVER_STOP_TIMEOUT_SECONDS = 15.0
 ARTIFACT_BUCKET = "mlflow-artifacts"
+# No GenAI job runner (eight huey worker processes, ~35 CPU-seconds to start on 2 cores) and
+# no usage telemetry: the tests need the tracking API only.
+MLFLOW_SERVER_QUIET_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
 def _free_port() -> int:
@@ -121,6 +124,7 @@ def mlflow_server(tmp_path_factory, s3_server):
     # endpoint and the moto credentials (set by s3_server) go to its environment.
     env["MLFLOW_S3_ENDPOINT_URL"] = s3_server.endpoint_url
     env.pop("MLFLOW_TRACKING_URI", None)
+    env.update(MLFLOW_SERVER_QUIET_ENV)
     server = MlflowServer(workdir, f"s3://{ARTIFACT_BUCKET}/mlflow", env)
     server.start()
     try:

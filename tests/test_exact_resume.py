@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import random
 import signal
+from pathlib import Path
 
 import pytest
 
 from tests import jobs
+
+SHM = Path("/dev/shm")
 
 RECIPE_OVERRIDES = {
     # dropout on, gradient accumulation 2, short epochs so several epoch boundaries are crossed
@@ -53,3 +56,7 @@ def test_sigkilled_three_times_ends_bit_identical(recipe, kind, tmp_path, reques
     assert jobs.final_digest(storage, "chaos") == jobs.final_digest(storage, "clean"), (
         f"resumed {recipe} weights differ from the uninterrupted run (kills after checkpoints at {killed_at})"
     )
+    if SHM.is_dir():
+        # the Trainer wrote its snapshots to memory, and no SIGKILLed attempt's folder was left there
+        assert f"local checkpoint snapshots in {SHM}" in log
+        assert not (SHM / "orchestrator" / "chaos").exists() or not any((SHM / "orchestrator" / "chaos").iterdir())
