@@ -1,19 +1,21 @@
 """What the orchestrator costs in training speed: the same SFT job, bare TRL against fully orchestrated.
 
-    .venv/bin/python scripts/bench_overhead.py                 # 2 rounds of 80 steps, tiny model, CPU or GPU
-    .venv/bin/python scripts/bench_overhead.py --steps 150 --rounds 3 -- model.hidden_size=128
+    .venv/bin/python scripts/bench_overhead.py                 # 4 rounds of 1200 steps, tiny model, CPU
+    .venv/bin/python scripts/bench_overhead.py --steps 600 --rounds 2 -- model.hidden_size=128
 
-Each round runs both, one after the other in fresh processes, alternating which goes first
-(so a drift in the machine's load hits both alike); the verdict is the median of the
-per-round ratios, which a single disturbed run (another tenant on a shared machine) cannot
-swing the way it swings a mean:
+The two sides run at the same time, each pinned to a core of its own, so whatever else
+the machine is doing (these machines are shared) hits both alike; rounds swap the cores.
   bare          recipes.sft.build_trainer(...) with no callbacks and no saves, trainer.train();
   orchestrated  python -m orchestrator.launch with every feature on: checkpoints every 10 s to
                 local storage, MLflow tracking to a local ``mlflow server`` this script starts on
-                127.0.0.1, a budget (never reached), preemption.provider=none.
-Both report the Trainer's own ``train_steps_per_second`` (max_steps / train_runtime: set-up,
-restore and the final evaluation are outside it; checkpoint stalls and logging are inside).
-Prints a table and the ratio orchestrated / bare (target >= 0.98).
+                127.0.0.1 (pinned to the orchestrated side's core: its cost is the orchestrator's),
+                a budget (never reached), preemption.provider=none.
+Training uses one torch thread on each side (as a GPU job's Python process uses one core).
+The bare side builds its trainer and waits; both start training when the orchestrated job
+logs its first step. Both report the Trainer's own ``train_steps_per_second`` (max_steps /
+train_runtime: set-up, restore and the final evaluation are outside it; checkpoint stalls
+and logging are inside). Prints a table, the per-round ratios orchestrated / bare and their
+median (target >= 0.98).
 """
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def start_mlflow(workdir: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"mlflow server did not answer within {SERVER_START_TIMEOUT_SECONDS}s")
 
 
-def bare_child(overrides: list[str]) -> None:
+def bare_child(overrides: list[str], go_file: str | None = None) -> None:
     """In a fresh process: the recipe's trainer, no orchestrator callback, no saves."""
     from orchestrator.launch import compose_config
     from recipes import sft
@@ -88,82 +90,123 @@ def bare_child(overrides: list[str]) -> None:
     train_ds, eval_ds = load_datasets(cfg.data, cfg.recipe.name)
     with tempfile.TemporaryDirectory() as out:
         trainer = sft.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds, output_dir=out, callbacks=[])
+        while go_file and not os.path.exists(go_file):
+            time.sleep(0.05)
         metrics = trainer.train().metrics
     print(RESULT_PREFIX + json.dumps({"steps_per_second": metrics["train_steps_per_second"],
                                       "train_runtime": metrics["train_runtime"]}), flush=True)
 
 
-def run_bare(overrides: list[str], workdir: Path) -> dict:
-    done = subprocess.run([PYTHON, str(Path(__file__).resolve()), "--bare-child", "--", *overrides], cwd=workdir,
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    raise SystemExit(f"bare run failed (rc={done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+def pin(core: int):
+    """A preexec_fn: the child (and every thread and process it starts) runs on ``core`` only."""
+    return lambda: os.sched_setaffinity(0, {core})
 
 
-def run_orchestrated(overrides: list[str], workdir: Path, uri: str, name: str) -> dict:
+def pin_tree(pid: int, core: int) -> None:
+    """Move a running process tree, every thread of it, onto ``core``."""
+    import psutil
+
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        for thread in proc.threads():
+            try:
+                os.sched_setaffinity(thread.id, {core})
+            except OSError:
+                pass  # the thread ended meanwhile
+
+
+def one_thread_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    return env
+
+
+def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core: int, bare_core: int,
+             server_pid: int) -> tuple[dict, dict]:
+    """Run both sides at once on their own cores; (bare, orchestrated) results."""
+    pin_tree(server_pid, orch_core)
+    go = workdir / f"go-{name}"
+    orch_log = workdir / f"{name}.log"
     full = overrides + [
         f"run.name={name}", f"storage.uri={workdir / 'runs'}", "checkpoint.every=10s", "preemption.provider=none",
         "tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=bench-overhead",
         "budget.max_usd=1000",
     ]
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    done = subprocess.run([PYTHON, "-m", "orchestrator.launch", *full], cwd=workdir, capture_output=True, text=True,
-                          env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"orchestrated run failed (rc={done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
-    summary = re.search(r"'train_runtime': '?([0-9.eE+-]+)'?.*?'train_steps_per_second': '?([0-9.eE+-]+)'?",
-                        done.stdout)
+    env = one_thread_env()
+    with open(orch_log, "wb") as out:
+        orch = subprocess.Popen([PYTHON, "-m", "orchestrator.launch", *full], cwd=workdir, stdout=out,
+                                stderr=subprocess.STDOUT, env=env, preexec_fn=pin(orch_core))
+    bare = subprocess.Popen([PYTHON, str(Path(__file__).resolve()), "--bare-child", "--go-file", str(go), "--",
+                             *overrides], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, preexec_fn=pin(bare_core))
+    try:
+        while "start to first step" not in orch_log.read_text(errors="replace"):
+            if orch.poll() is not None:
+                raise SystemExit(f"orchestrated run failed (rc={orch.returncode}):\n"
+                                 f"{orch_log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.05)
+        go.touch()
+        bare_out, _ = bare.communicate()
+        orch.wait()
+    finally:
+        for proc in (orch, bare):
+            if proc.poll() is None:
+                proc.kill()
+    text = orch_log.read_text(errors="replace")
+    if orch.returncode != 0:
+        raise SystemExit(f"orchestrated run failed (rc={orch.returncode}):\n{text[-3000:]}")
+    summary = re.search(r"'train_runtime': '?([0-9.eE+-]+)'?.*?'train_steps_per_second': '?([0-9.eE+-]+)'?", text)
     if not summary:
-        raise SystemExit(f"no train_steps_per_second in the orchestrated run's output:\n{done.stdout[-3000:]}")
-    commits = len(re.findall(r"checkpoint \S+ committed", done.stdout + done.stderr))
-    return {"steps_per_second": float(summary.group(2)), "train_runtime": float(summary.group(1)),
-            "checkpoints": commits}
+        raise SystemExit(f"no train_steps_per_second in the orchestrated run's output:\n{text[-3000:]}")
+    orch_result = {"steps_per_second": float(summary.group(2)), "train_runtime": float(summary.group(1)),
+                   "checkpoints": len(re.findall(r"checkpoint \S+ committed", text)), "core": orch_core}
+    for line in bare_out.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return dict(json.loads(line[len(RESULT_PREFIX):]), core=bare_core), orch_result
+    raise SystemExit(f"bare run failed (rc={bare.returncode}):\n{bare_out[-3000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=80, help="optimizer steps per run (default 80)")
-    parser.add_argument("--rounds", type=int, default=2, help="bare/orchestrated pairs (default 2)")
+    parser.add_argument("--steps", type=int, default=1200, help="optimizer steps per run (default 1200)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of bare and orchestrated side by side (default 4)")
     parser.add_argument("--warmup", type=int, default=1,
                         help="pairs run first and left out (caches, the MLflow server's own start-up; default 1)")
     parser.add_argument("--bare-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--go-file", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for both sides (after --)")
     args = parser.parse_args(argv)
     if args.bare_child:
-        bare_child(args.overrides)
+        bare_child(args.overrides, args.go_file)
         return 0
 
     overrides = job_overrides(args.steps, args.overrides)
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        raise SystemExit("this benchmark runs both sides at once on a core each: it needs 2 cores")
     workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     server, uri = start_mlflow(workdir)
     rows = []
     try:
         print(f"mlflow server at {uri}; {args.rounds} round(s) of {args.steps} steps; work dir {workdir}", flush=True)
         for i in range(1 - args.warmup, args.rounds + 1):
-            # alternate the order (bare first in odd rounds, orchestrated first in even ones) so a
-            # drift in the machine's load over a round does not favour one side
-            order = ("bare", "orchestrated") if i % 2 else ("orchestrated", "bare")
-            pair = {}
-            for kind in order:
-                if kind == "bare":
-                    pair[kind] = run_bare(overrides, workdir)
-                else:
-                    pair[kind] = run_orchestrated(overrides, workdir, uri, f"bench-{int(time.time())}-{i}")
-                extra = f" ({pair[kind]['checkpoints']} checkpoints)" if kind == "orchestrated" else ""
-                print(f"round {i}{' (warm-up)' if i < 1 else ''} {kind + ':':<14}"
-                      f"{pair[kind]['steps_per_second']:.3f} steps/s{extra}", flush=True)
+            orch_core, bare_core = cores if i % 2 else cores[::-1]  # swap the cores every round
+            bare, orch = run_pair(overrides, workdir, uri, f"bench-{int(time.time())}-{i}", orch_core, bare_core,
+                                  server.pid)
+            tag = f"round {i}{' (warm-up)' if i < 1 else ''}"
+            print(f"{tag}: bare {bare['steps_per_second']:.3f} steps/s (core {bare_core}), orchestrated "
+                  f"{orch['steps_per_second']:.3f} steps/s (core {orch_core}, {orch['checkpoints']} checkpoints): "
+                  f"{orch['steps_per_second'] / bare['steps_per_second']:.3f}", flush=True)
             if i >= 1:
-                rows += [("bare", i, pair["bare"]), ("orchestrated", i, pair["orchestrated"])]
+                rows += [("bare", i, bare), ("orchestrated", i, orch)]
     finally:
         os.killpg(server.pid, 15)
         server.wait(30)
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n{'kind':<13} {'round':>5} {'steps/s':>9} {'train_runtime_s':>16} {'checkpoints':>11}")
+    print(f"\n{'kind':<13} {'round':>5} {'core':>4} {'steps/s':>9} {'train_runtime_s':>16} {'checkpoints':>11}")
     for kind, i, r in rows:
-        print(f"{kind:<13} {i:>5} {r['steps_per_second']:>9.3f} {r['train_runtime']:>16.2f} "
+        print(f"{kind:<13} {i:>5} {r['core']:>4} {r['steps_per_second']:>9.3f} {r['train_runtime']:>16.2f} "
               f"{r.get('checkpoints', '-')!s:>11}")
     bare_mean = statistics.mean(r["steps_per_second"] for k, _, r in rows if k == "bare")
     orch_mean = statistics.mean(r["steps_per_second"] for k, _, r in rows if k == "orchestrated")

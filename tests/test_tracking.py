@@ -167,3 +167,36 @@ def test_unreachable_server_at_start_fails_fast_with_the_fix(monkeypatch):
         JobTracker(TrackingConfig(uri=f"http://me:{URL_PASSWORD}@127.0.0.1:{port}"), job_name="x").start()
     assert time.monotonic() - began < 30  # MLflow's default retries would take minutes
     assert "tracking.enabled=false" in str(err.value) and URL_PASSWORD not in str(err.value)
+
+
+CI_MARKERS = ("PYTEST_CURRENT_TEST", "GITHUB_ACTIONS", "CI", "CIRCLECI", "GITLAB_CI", "JENKINS_URL", "TRAVIS", "TF_BUILD",
+              "BITBUCKET_BUILD_NUMBER", "CODEBUILD_BUILD_ARN", "BUILDKITE", "TEAMCITY_VERSION", "CLOUD_RUN_EXECUTION",
+              "DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY")
+
+
+@pytest.mark.parametrize("user_setting,expect_client", [(None, False), ("false", True)])
+def test_a_tracked_job_sends_no_usage_telemetry_unless_the_user_opts_in(mlflow_server, tmp_path, user_setting,
+                                                                         expect_client):
+    """MLflow 3 phones home from a background thread unless told not to; a job does not, unless the user set
+    MLFLOW_DISABLE_TELEMETRY=false. Run in a fresh process, as a worker starts: MLflow decides at its first
+    import, and it stays quiet by itself under pytest or CI, so those markers are removed."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+from orchestrator.config import TrackingConfig
+from orchestrator.tracking import JobTracker
+tracker = JobTracker(TrackingConfig(uri={mlflow_server.uri!r}, experiment="telemetry"), job_name="t")
+tracker.start()
+from mlflow.telemetry.client import get_telemetry_client
+print("CLIENT", get_telemetry_client() is not None)
+tracker.close("FINISHED")
+"""
+    env = {k: v for k, v in os.environ.items() if k not in CI_MARKERS}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    if user_setting is not None:
+        env["MLFLOW_DISABLE_TELEMETRY"] = user_setting
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=120)
+    assert f"CLIENT {expect_client}" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
