@@ -7,8 +7,9 @@ The two sides run at the same time, each pinned to a core of its own, so whateve
 the machine is doing (these machines are shared) hits both alike; rounds swap the cores.
   bare          recipes.sft.build_trainer(...) with no callbacks and no saves, trainer.train();
   orchestrated  python -m orchestrator.launch with every feature on: checkpoints every 10 s to
-                local storage, MLflow tracking to a local ``mlflow server`` this script starts on
-                127.0.0.1 (pinned to the orchestrated side's core: its cost is the orchestrator's),
+                local storage, MLflow tracking (with MLflow's system metrics) to a local ``mlflow server``
+                this script starts on 127.0.0.1 (pinned to the orchestrated side's core: its cost is the
+                orchestrator's),
                 a budget (never reached), preemption.provider=none.
 Training uses one torch thread on each side (as a GPU job's Python process uses one core).
 The bare side builds its trainer and waits; both start training when the orchestrated job
@@ -130,7 +131,7 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
     full = overrides + [
         f"run.name={name}", f"storage.uri={workdir / 'runs'}", "checkpoint.every=10s", "preemption.provider=none",
         "tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=bench-overhead",
-        "budget.max_usd=1000",
+        "tracking.log_system_metrics=true", "budget.max_usd=1000",
     ]
     env = one_thread_env()
     with open(orch_log, "wb") as out:

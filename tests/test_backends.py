@@ -291,3 +291,6 @@ def test_kubernetes_job_validates_against_the_official_model(cloud, label):
     assert container.command == ["python", "-m", "orchestrator.worker"]
     assert "run.name=exp1" in container.args and not any(a.startswith("backend") for a in container.args)
     assert job.metadata.name == "exp1"
+    # checkpoint snapshots go to memory: /dev/shm is an in-memory emptyDir, not the pod's default 64 MiB
+    shm = [v for v in pod.volumes if v.name == container.volume_mounts[0].name][0]
+    assert container.volume_mounts[0].mount_path == "/dev/shm" and shm.empty_dir.medium == "Memory"

@@ -13,7 +13,8 @@ azure: which spot node label to select; other values select none),
 ``preemption.grace``, ``requeue.*``, ``storage.*`` (as env vars, never
 credentials), and from ``backend.extra``: ``namespace`` (default "default"),
 ``service_account`` (for workload identity to the bucket), ``cpu``,
-``memory`` (resource requests, e.g. "8", "64Gi").
+``memory`` (resource requests, e.g. "8", "64Gi"), ``shm_size`` (cap on the
+memory-backed ``/dev/shm`` the pod gets for checkpoint snapshots).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from orchestrator.errors import ConfigError
 KUBECTL_TIMEOUT_SECONDS = 120
 # after the worker's emergency save must commit, leave it this long to upload and exit
 TERMINATION_MARGIN_SECONDS = 30
+SHM_VOLUME = "dshm"
 STOP_EXIT_CODES = [exitcodes.BUDGET_EXHAUSTED, exitcodes.CONFIG_ERROR, exitcodes.CAPS_REACHED, exitcodes.FENCED]
 
 # per cloud: the label its managed Kubernetes puts on spot nodes, and the taint it puts on them (if any)
@@ -53,6 +55,14 @@ def job_name(run_name: str) -> str:
     """A DNS-1123 label from ``run.name`` (lowercase, [a-z0-9-], at most 63 characters)."""
     name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")[:63].strip("-")
     return name or "run"
+
+
+def _shm_volume(cfg: Any) -> dict:
+    """emptyDir in memory; ``backend.extra.shm_size`` (e.g. "16Gi") caps it (it counts against the pod's memory)."""
+    volume: dict[str, Any] = {"medium": "Memory"}
+    if extra(cfg, "shm_size"):
+        volume["sizeLimit"] = str(extra(cfg, "shm_size"))
+    return volume
 
 
 def _exit_codes(codes: list[int]) -> dict:
@@ -79,6 +89,9 @@ def _container(cfg: Any, overrides: Sequence[str]) -> dict:
         "command": ["python", "-m", WORKER_MODULE],
         "args": worker_overrides(overrides),
         "env": env,
+        # a memory-backed /dev/shm (a pod gets 64 MiB otherwise): the Trainer's checkpoint snapshot goes
+        # there, so training pauses only for the serialisation (checkpoint.snapshot_dir=auto)
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
     }
     if requests or limits:
         container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
@@ -101,6 +114,7 @@ def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": grace_seconds(cfg) + TERMINATION_MARGIN_SECONDS,
         "containers": [_container(cfg, overrides)],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": _shm_volume(cfg)}],
     }
     if extra(cfg, "service_account"):
         pod_spec["serviceAccountName"] = str(extra(cfg, "service_account"))
