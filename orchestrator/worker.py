@@ -20,7 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+# A training job does not phone home: TRL reports every trainer it builds to the Hugging Face Hub,
+# and MLflow 3 sends usage data, each from a background thread of the job's process. Both read
+# these when first imported, so they are set before anything imports them; a user's setting wins.
+for _name, _value in (("HF_HUB_DISABLE_TELEMETRY", "1"), ("MLFLOW_DISABLE_TELEMETRY", "true")):
+    os.environ.setdefault(_name, _value)
+
+from omegaconf import OmegaConf  # noqa: E402
 
 from orchestrator import distributed as dist
 from orchestrator import exitcodes
@@ -80,6 +86,7 @@ class Job:
         self.prior_cost_usd = 0.0
         self.tracker = None
         self.guard = None
+        self._max_steps = int(cfg.train.max_steps)
         self.step = 0
         self.step_at_start = 0
         self._last_heartbeat = time.monotonic()
@@ -135,7 +142,8 @@ class Job:
         if self.guard is not None:
             total = self.total_cost_usd()
             steps = max(1, self.step - self.step_at_start)
-            self.guard.check(total, steps_done=self.step, max_steps=self.cfg.train.max_steps,
+            # plain numbers: this runs every step, and an OmegaConf lookup costs tens of microseconds
+            self.guard.check(total, steps_done=self.step, max_steps=self._max_steps,
                              recent_usd_per_step=self.meter.attempt_cost_usd() / steps)
             if self.guard.exhausted(total):
                 self._budget_stop = True

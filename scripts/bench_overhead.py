@@ -3,8 +3,9 @@
     .venv/bin/python scripts/bench_overhead.py                 # 4 rounds of 1200 steps, tiny model, CPU
     .venv/bin/python scripts/bench_overhead.py --steps 600 --rounds 2 -- model.hidden_size=128
 
-The two sides run at the same time, each pinned to a core of its own, so whatever else
-the machine is doing (these machines are shared) hits both alike; rounds swap the cores.
+The two sides run at the same time, each pinned to a core of its own and the two swapping
+cores every second, so whatever else the machine is doing (these machines are shared, and
+another tenant may load one core more than the other) hits both alike.
   bare          recipes.sft.build_trainer(...) with no callbacks and no saves, trainer.train();
   orchestrated  python -m orchestrator.launch with every feature on: checkpoints every 10 s to
                 local storage, MLflow tracking (with MLflow's system metrics) to a local ``mlflow server``
@@ -39,6 +40,7 @@ PYTHON = sys.executable
 SERVER_START_TIMEOUT_SECONDS = 180
 RESULT_PREFIX = "BENCH_RESULT "
 TARGET_RATIO = 0.98
+SWAP_SECONDS = 1.0
 
 
 def job_overrides(steps: int, extra: list[str]) -> list[str]:
@@ -107,9 +109,17 @@ def pin_tree(pid: int, core: int) -> None:
     """Move a running process tree, every thread of it, onto ``core``."""
     import psutil
 
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        for thread in proc.threads():
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return  # it ended meanwhile
+    for proc in procs:
+        try:
+            threads = proc.threads()
+        except psutil.Error:
+            continue
+        for thread in threads:
             try:
                 os.sched_setaffinity(thread.id, {core})
             except OSError:
@@ -134,12 +144,14 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
         "tracking.log_system_metrics=true", "budget.max_usd=1000",
     ]
     env = one_thread_env()
+    bare_log = workdir / f"{name}-bare.log"
     with open(orch_log, "wb") as out:
         orch = subprocess.Popen([PYTHON, "-m", "orchestrator.launch", *full], cwd=workdir, stdout=out,
                                 stderr=subprocess.STDOUT, env=env, preexec_fn=pin(orch_core))
-    bare = subprocess.Popen([PYTHON, str(Path(__file__).resolve()), "--bare-child", "--go-file", str(go), "--",
-                             *overrides], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, preexec_fn=pin(bare_core))
+    with open(bare_log, "wb") as out:
+        bare = subprocess.Popen([PYTHON, str(Path(__file__).resolve()), "--bare-child", "--go-file", str(go), "--",
+                                 *overrides], cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=pin(bare_core))
     try:
         while "start to first step" not in orch_log.read_text(errors="replace"):
             if orch.poll() is not None:
@@ -147,12 +159,20 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
                                  f"{orch_log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.05)
         go.touch()
-        bare_out, _ = bare.communicate()
-        orch.wait()
+        # swap the two sides' cores every SWAP_SECONDS, so that neither trains longer on the core that
+        # another tenant happens to load; the orchestrated side's server moves with it
+        swaps = 0
+        while bare.poll() is None or orch.poll() is None:
+            time.sleep(SWAP_SECONDS)
+            swaps += 1
+            here, there = (orch_core, bare_core) if swaps % 2 == 0 else (bare_core, orch_core)
+            for pid, core in ((orch.pid, here), (server_pid, here), (bare.pid, there)):
+                pin_tree(pid, core)
     finally:
         for proc in (orch, bare):
             if proc.poll() is None:
                 proc.kill()
+    bare_out = bare_log.read_text(errors="replace")
     text = orch_log.read_text(errors="replace")
     if orch.returncode != 0:
         raise SystemExit(f"orchestrated run failed (rc={orch.returncode}):\n{text[-3000:]}")
@@ -195,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             bare, orch = run_pair(overrides, workdir, uri, f"bench-{int(time.time())}-{i}", orch_core, bare_core,
                                   server.pid)
             tag = f"round {i}{' (warm-up)' if i < 1 else ''}"
-            print(f"{tag}: bare {bare['steps_per_second']:.3f} steps/s (core {bare_core}), orchestrated "
-                  f"{orch['steps_per_second']:.3f} steps/s (core {orch_core}, {orch['checkpoints']} checkpoints): "
+            print(f"{tag}: bare {bare['steps_per_second']:.3f} steps/s (starts on core {bare_core}), orchestrated "
+                  f"{orch['steps_per_second']:.3f} steps/s (starts on core {orch_core}, {orch['checkpoints']} checkpoints): "
                   f"{orch['steps_per_second'] / bare['steps_per_second']:.3f}", flush=True)
             if i >= 1:
                 rows += [("bare", i, bare), ("orchestrated", i, orch)]
@@ -205,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         server.wait(30)
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n{'kind':<13} {'round':>5} {'core':>4} {'steps/s':>9} {'train_runtime_s':>16} {'checkpoints':>11}")
+    print(f"\n{'kind':<13} {'round':>5} {'start':>5} {'steps/s':>9} {'train_runtime_s':>16} {'checkpoints':>11}")
     for kind, i, r in rows:
-        print(f"{kind:<13} {i:>5} {r['core']:>4} {r['steps_per_second']:>9.3f} {r['train_runtime']:>16.2f} "
+        print(f"{kind:<13} {i:>5} {r['core']:>5} {r['steps_per_second']:>9.3f} {r['train_runtime']:>16.2f} "
               f"{r.get('checkpoints', '-')!s:>11}")
     bare_mean = statistics.mean(r["steps_per_second"] for k, _, r in rows if k == "bare")
     orch_mean = statistics.mean(r["steps_per_second"] for k, _, r in rows if k == "orchestrated")
