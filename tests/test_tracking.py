@@ -200,3 +200,25 @@ tracker.close("FINISHED")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                          timeout=120)
     assert f"CLIENT {expect_client}" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("user_setting,expect_disabled", [(None, True), ("0", False)])
+def test_a_worker_turns_off_the_hub_telemetry_trl_sends_unless_the_user_set_it(tmp_path, user_setting,
+                                                                                expect_disabled):
+    """TRL reports every trainer it builds to the Hugging Face Hub from a background thread; huggingface_hub
+    reads HF_HUB_DISABLE_TELEMETRY once, when imported. Importing the worker must have turned it off first."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import orchestrator.worker\n"
+            "from huggingface_hub import constants\n"
+            "print('DISABLED', constants.HF_HUB_DISABLE_TELEMETRY)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_TELEMETRY", "DISABLE_TELEMETRY",
+                                                            "HF_HUB_OFFLINE", "DO_NOT_TRACK")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    if user_setting is not None:
+        env["HF_HUB_DISABLE_TELEMETRY"] = user_setting
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=120)
+    assert f"DISABLED {expect_disabled}" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
