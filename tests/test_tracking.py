@@ -3,6 +3,9 @@ while the server is down, no secret in params, tags or artifacts."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -171,19 +174,25 @@ def test_unreachable_server_at_start_fails_fast_with_the_fix(monkeypatch):
 
 CI_MARKERS = ("PYTEST_CURRENT_TEST", "GITHUB_ACTIONS", "CI", "CIRCLECI", "GITLAB_CI", "JENKINS_URL", "TRAVIS", "TF_BUILD",
               "BITBUCKET_BUILD_NUMBER", "CODEBUILD_BUILD_ARN", "BUILDKITE", "TEAMCITY_VERSION", "CLOUD_RUN_EXECUTION",
-              "DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY")
+              "DO_NOT_TRACK", "DISABLE_TELEMETRY", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY",
+              "HF_HUB_OFFLINE")
+
+
+def _fresh_python(code: str, cwd: Path, **env_overrides: str) -> str:
+    """Run ``code`` in a new interpreter without any telemetry switch or CI marker (MLflow stays quiet by
+    itself under pytest or CI, which would make these tests unable to fail); returns its stdout + stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in CI_MARKERS}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env.update(env_overrides)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    return out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("user_setting,expect_client", [(None, False), ("false", True)])
 def test_a_tracked_job_sends_no_usage_telemetry_unless_the_user_opts_in(mlflow_server, tmp_path, user_setting,
                                                                          expect_client):
     """MLflow 3 phones home from a background thread unless told not to; a job does not, unless the user set
-    MLFLOW_DISABLE_TELEMETRY=false. Run in a fresh process, as a worker starts: MLflow decides at its first
-    import, and it stays quiet by itself under pytest or CI, so those markers are removed."""
-    import os
-    import subprocess
-    import sys
-
+    MLFLOW_DISABLE_TELEMETRY=false. MLflow decides at its first import, so this runs in a fresh process."""
     code = f"""
 from orchestrator.config import TrackingConfig
 from orchestrator.tracking import JobTracker
@@ -193,13 +202,9 @@ from mlflow.telemetry.client import get_telemetry_client
 print("CLIENT", get_telemetry_client() is not None)
 tracker.close("FINISHED")
 """
-    env = {k: v for k, v in os.environ.items() if k not in CI_MARKERS}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    if user_setting is not None:
-        env["MLFLOW_DISABLE_TELEMETRY"] = user_setting
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
-                         timeout=120)
-    assert f"CLIENT {expect_client}" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    setting = {} if user_setting is None else {"MLFLOW_DISABLE_TELEMETRY": user_setting}
+    out = _fresh_python(code, tmp_path, **setting)
+    assert f"CLIENT {expect_client}" in out, out[-4000:]
 
 
 @pytest.mark.parametrize("user_setting,expect_disabled", [(None, True), ("0", False)])
@@ -207,18 +212,9 @@ def test_a_worker_turns_off_the_hub_telemetry_trl_sends_unless_the_user_set_it(t
                                                                                 expect_disabled):
     """TRL reports every trainer it builds to the Hugging Face Hub from a background thread; huggingface_hub
     reads HF_HUB_DISABLE_TELEMETRY once, when imported. Importing the worker must have turned it off first."""
-    import os
-    import subprocess
-    import sys
-
     code = ("import orchestrator.worker\n"
             "from huggingface_hub import constants\n"
             "print('DISABLED', constants.HF_HUB_DISABLE_TELEMETRY)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_TELEMETRY", "DISABLE_TELEMETRY",
-                                                            "HF_HUB_OFFLINE", "DO_NOT_TRACK")}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    if user_setting is not None:
-        env["HF_HUB_DISABLE_TELEMETRY"] = user_setting
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
-                         timeout=120)
-    assert f"DISABLED {expect_disabled}" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    setting = {} if user_setting is None else {"HF_HUB_DISABLE_TELEMETRY": user_setting}
+    out = _fresh_python(code, tmp_path, **setting)
+    assert f"DISABLED {expect_disabled}" in out, out[-4000:]
