@@ -43,10 +43,17 @@ MLFLOW_HTTP_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
-    # MLflow 3 sends usage telemetry from a background thread; a training job on a
-    # spot machine should not phone home (nor spend its CPU on it). Set it to false to opt in.
-    "MLFLOW_DISABLE_TELEMETRY": "true",
 }
+# A training job does not phone home: TRL reports every trainer it builds to the Hugging Face
+# Hub, and MLflow 3 sends usage data, each from a background thread of the job's process. Both
+# read these when first imported; a user's own setting wins (false / 0 opts in).
+NO_TELEMETRY_ENV = {"HF_HUB_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def quiet_telemetry() -> None:
+    """Turn the libraries' usage telemetry off unless the user chose; call before they are imported."""
+    for name, value in NO_TELEMETRY_ENV.items():
+        os.environ.setdefault(name, value)
 
 # ---------------------------------------------------------------- redaction
 
@@ -190,7 +197,8 @@ class JobTracker:
         if not self.enabled:
             return None
         for name, value in MLFLOW_HTTP_ENV_DEFAULTS.items():
-            os.environ.setdefault(name, value)  # before mlflow is imported: some are read at import
+            os.environ.setdefault(name, value)
+        quiet_telemetry()  # before mlflow is imported: it decides then
         from mlflow import MlflowClient
 
         self.uri = resolve_tracking_uri(self.cfg)

@@ -20,11 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-# A training job does not phone home: TRL reports every trainer it builds to the Hugging Face Hub,
-# and MLflow 3 sends usage data, each from a background thread of the job's process. Both read
-# these when first imported, so they are set before anything imports them; a user's setting wins.
-for _name, _value in (("HF_HUB_DISABLE_TELEMETRY", "1"), ("MLFLOW_DISABLE_TELEMETRY", "true")):
-    os.environ.setdefault(_name, _value)
+from orchestrator.tracking import quiet_telemetry
+
+quiet_telemetry()  # before transformers/TRL/MLflow are imported below
 
 from omegaconf import OmegaConf  # noqa: E402
 
