@@ -114,7 +114,7 @@ def validate(cfg: DictConfig) -> None:
         from recipes.data import check_jsonl
 
         check_jsonl(cfg.data.path, cfg.recipe.name)  # raises DataError naming the file and the fix
-    for key in ("checkpoint.every", "preemption.grace"):
+    for key in ("checkpoint.every", "preemption.grace", "tracking.system_metrics_every", "tracking.job_metrics_every"):
         try:
             parse_duration(OmegaConf.select(cfg, key), key=key)
         except ValueError as err:

@@ -298,7 +298,13 @@ class JobTracker:
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-            self._system_monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed, tracking_uri=self.uri)
+            from orchestrator.config import parse_duration
+
+            # each sample is a log_batch plus a get_run (MLflow checks whether the run ended) on the
+            # server: MLflow's own 10 s default costs a busy server more than the sampling is worth
+            every = parse_duration(getattr(self.cfg, "system_metrics_every", "30s"), key="tracking.system_metrics_every")
+            self._system_monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed, tracking_uri=self.uri,
+                                                        sampling_interval=max(every, 1.0))
             self._system_monitor.start()
         except Exception as err:  # psutil/pynvml missing: tracking goes on without them
             log.warning("MLflow system metrics are off: %s", err)

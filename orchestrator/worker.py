@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import shutil
 import socket
@@ -81,6 +82,8 @@ class Job:
         if not self.main:  # rank 0 alone watches the cloud; every rank must survive the signal to save
             self.preemption.provider = "none"
         self.every_seconds = parse_duration(cfg.checkpoint.every, key="checkpoint.every")
+        self.job_metrics_every = parse_duration(cfg.tracking.job_metrics_every, key="tracking.job_metrics_every")
+        self._last_job_metrics = -math.inf  # the first log carries them
         self.prior_cost_usd = 0.0
         self.tracker = None
         self.guard = None
@@ -181,15 +184,19 @@ class Job:
         """
         if self.tracker is None or not self.main:
             return
-        figures = self.figures()
-        figures.observe_logs(metrics, step)
-        timing = self.callback.timing_metrics()
-        metrics = dict(metrics, peak_memory_bytes=peak_memory_bytes(), **timing)
-        max_steps = self.cfg.train.max_steps
+        self.figures().observe_logs(metrics, step)
         closing = (self.callback.stop_reason is not None or "train_runtime" in metrics
-                   or (max_steps > 0 and step >= max_steps))
-        if not closing:
-            metrics.update(self.cost_figures(step, window_step_seconds=timing.get("step_time_s")))
+                   or (self._max_steps > 0 and step >= self._max_steps))
+        now = time.monotonic()
+        # The Trainer's metrics go at every logging step. The orchestrator's own (cost, lost work,
+        # throughput, step time, memory) change slowly and are a third of the job's points: they go
+        # at the first log, then at most every tracking.job_metrics_every, and at the close.
+        if closing or now - self._last_job_metrics >= self.job_metrics_every:
+            self._last_job_metrics = now
+            timing = self.callback.timing_metrics()
+            metrics = dict(metrics, peak_memory_bytes=peak_memory_bytes(), **timing)
+            if not closing:
+                metrics.update(self.cost_figures(step, window_step_seconds=timing.get("step_time_s")))
         self.tracker.log_metrics(metrics, step)
 
     def figures(self):

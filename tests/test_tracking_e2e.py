@@ -233,7 +233,7 @@ def test_mlflow_server_down_mid_run_loses_no_point(storage, mlflow_server, clien
     run = "outage"
     max_steps, every = 60, 5
     overrides = _overrides(storage, mlflow_server, experiment, run) + [
-        f"train.max_steps={max_steps}", f"train.logging_steps={every}"]
+        f"train.max_steps={max_steps}", f"train.logging_steps={every}", "tracking.job_metrics_every=2s"]
     proc = jobs.start_job(overrides, tmp_path, env=_env(tmp_path))
     try:
         jobs.wait_for_new_checkpoint(storage, run, proc, 0)
@@ -255,4 +255,11 @@ def test_mlflow_server_down_mid_run_loses_no_point(storage, mlflow_server, clien
     _assert_no_duplicate_points(histories)
     assert sorted(m.step for m in histories["loss"]) == list(range(every, max_steps + 1, every))
     assert _last_point(histories["cost_usd"]).step == max_steps
+    # the orchestrator's own metrics: at the first log, then at most every tracking.job_metrics_every
+    # (2 s), then the closing total; the Trainer's loss above has a point at every logging step
+    cost = sorted(histories["cost_usd"], key=lambda m: m.step)
+    assert cost[0].step == every, [m.step for m in cost]
+    assert 2 <= len(cost) < len(histories["loss"]), [m.step for m in cost]
+    gaps_ms = [b.timestamp - a.timestamp for a, b in zip(cost[:-2], cost[1:-1])]
+    assert all(gap >= 1900 for gap in gaps_ms), (gaps_ms, [m.step for m in cost])
     assert _last_point(histories["cost_usd"]).value == pytest.approx(jobs.ledger(storage, run)["cost_usd"], rel=0.01)

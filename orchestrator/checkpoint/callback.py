@@ -94,9 +94,10 @@ class OrchestratorCallback(TrainerCallback):
         self._steps_this_attempt = 0
         self._step_began: float | None = None
         self._last_step_end: float | None = None
-        # (step seconds, data-wait seconds) since the last log, and over the whole attempt
-        self._window: list[tuple[float, float]] = []
-        self._all: list[tuple[float, float]] = []
+        # [steps, step seconds, data-wait seconds] since the last timing_metrics(), and over the
+        # whole attempt: running sums, so a log costs the same at step 100 and at step 100 000
+        self._window = [0, 0.0, 0.0]
+        self._all = [0, 0.0, 0.0]
         self.every_seconds = every_seconds
         self.every_steps = every_steps
         self.clock = clock
@@ -123,9 +124,11 @@ class OrchestratorCallback(TrainerCallback):
         if self._step_began is not None and self._last_step_end is not None:
             # the gap between one step's end and the next one's start is mostly the data loader
             # (plus logging); the first step of an attempt is left out (it includes warm-up)
-            sample = (now - self._last_step_end, self._step_began - self._last_step_end)
-            self._window.append(sample)
-            self._all.append(sample)
+            step_s, wait_s = now - self._last_step_end, self._step_began - self._last_step_end
+            for sums in (self._window, self._all):
+                sums[0] += 1
+                sums[1] += step_s
+                sums[2] += wait_s
         self._steps_this_attempt += 1
         self.hooks.on_step(state.global_step)
         self._last_step_end = self.clock()
@@ -174,14 +177,12 @@ class OrchestratorCallback(TrainerCallback):
 
     def timing_metrics(self, *, reset: bool = True, whole_run: bool = False) -> dict:
         """Mean step time and data-loader wait (seconds) since the last call, or over the attempt."""
-        samples = self._all if whole_run else self._window
-        if not samples:
+        steps, step_s, wait_s = self._all if whole_run else self._window
+        if not steps:
             return {}
-        out = {"step_time_s": sum(s for s, _ in samples) / len(samples),
-               "data_wait_s": sum(w for _, w in samples) / len(samples)}
         if reset and not whole_run:
-            self._window = []
-        return out
+            self._window = [0, 0.0, 0.0]
+        return {"step_time_s": step_s / steps, "data_wait_s": wait_s / steps}
 
     @property
     def stop_reason(self) -> str | None:
