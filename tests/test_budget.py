@@ -1,50 +1,19 @@
 """Budget alerts: each threshold once per job, the projection early, webhooks that never hurt training."""
 from __future__ import annotations
 
-import json
 import logging
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from orchestrator.budget import BudgetGuard, LogSink, MlflowTagSink, WebhookSink
 from orchestrator.config import BudgetConfig
-
-
-class WebhookReceiver:
-    """A real HTTP server on 127.0.0.1 recording every POSTed JSON body."""
-
-    def __init__(self, status: int = 200):
-        self.bodies: list[dict] = []
-        self.status = status
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length", 0))
-                receiver.bodies.append(json.loads(self.rfile.read(length)))
-                self.send_response(receiver.status)
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T000/B000/SECRETPATH"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+from tests.webhooks import WebhookReceiver
 
 
 @pytest.fixture
 def receiver():
-    r = WebhookReceiver()
+    r = WebhookReceiver(path="/hooks/T000/B000/SECRETPATH")
     yield r
     r.close()
 

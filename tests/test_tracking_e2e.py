@@ -14,55 +14,20 @@ import base64
 import collections
 import json
 import random
-import re
 import signal
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
 from tests import jobs
+from tests.webhooks import WebhookReceiver
 
 # 40 characters of [A-Za-z0-9/+] with upper, lower and digits: the shape of an AWS secret access key.
 FAKE_SECRET = "Zx9fQ2rT7vLm3nB8kW4pY6sD1hJ5gC0aE2uI7oK3"
 URL_PASSWORD = "hunter2pass"
-
-
-class WebhookReceiver:
-    """An HTTP server on 127.0.0.1 recording each POSTed JSON body and its Authorization header."""
-
-    def __init__(self):
-        self.bodies: list[dict] = []
-        self.auth_headers: list[str] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length", 0))
-                receiver.bodies.append(json.loads(self.rfile.read(length)))
-                receiver.auth_headers.append(self.headers.get("Authorization") or "")
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def alert_names(self) -> collections.Counter:
-        return collections.Counter(re.match(r"\[(\w+)\]", b["text"]).group(1) for b in self.bodies)
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
