@@ -329,7 +329,7 @@ class Job:
             if root != self.work:
                 snapshot.remove_orphans(root.parent)
                 snapshot.claim(root)
-            log.info("local checkpoint snapshots in %s (%s; about %.0f MB each)", root, why, estimate / 1e6)
+            log.info("local checkpoint snapshots in %s (%s; about %.1f MB each)", root, why, estimate / 1e6)
             chosen = str(root)
         root = Path(dist.broadcast(chosen))
         self.snapshot_root = root

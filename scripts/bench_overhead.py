@@ -17,7 +17,8 @@ The bare side builds its trainer and waits; both start training when the orchest
 logs its first step. Both report the Trainer's own ``train_steps_per_second`` (max_steps /
 train_runtime: set-up, restore and the final evaluation are outside it; checkpoint stalls
 and logging are inside). Prints a table, the per-round ratios orchestrated / bare and their
-median (target >= 0.98).
+median (target >= 0.98), and the CPU seconds the MLflow server used from the start of training
+until both sides ended (the orchestrated job's closing requests included).
 """
 from __future__ import annotations
 
@@ -126,6 +127,21 @@ def pin_tree(pid: int, core: int) -> None:
                 pass  # the thread ended meanwhile
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children so far."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        for proc in (root, *root.children(recursive=True)):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    except psutil.Error:
+        pass
+    return total
+
+
 def one_thread_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
@@ -159,6 +175,7 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
                                  f"{orch_log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.05)
         go.touch()
+        server_cpu_before = tree_cpu_seconds(server_pid)
         # swap the two sides' cores every SWAP_SECONDS, so that neither trains longer on the core that
         # another tenant happens to load; the orchestrated side's server moves with it
         swaps = 0
@@ -168,6 +185,7 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
             here, there = (orch_core, bare_core) if swaps % 2 == 0 else (bare_core, orch_core)
             for pid, core in ((orch.pid, here), (server_pid, here), (bare.pid, there)):
                 pin_tree(pid, core)
+        server_cpu = tree_cpu_seconds(server_pid) - server_cpu_before
     finally:
         for proc in (orch, bare):
             if proc.poll() is None:
@@ -180,7 +198,8 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
     if not summary:
         raise SystemExit(f"no train_steps_per_second in the orchestrated run's output:\n{text[-3000:]}")
     orch_result = {"steps_per_second": float(summary.group(2)), "train_runtime": float(summary.group(1)),
-                   "checkpoints": len(re.findall(r"checkpoint \S+ committed", text)), "core": orch_core}
+                   "checkpoints": len(re.findall(r"checkpoint \S+ committed", text)), "core": orch_core,
+                   "server_cpu_s": server_cpu}
     for line in bare_out.splitlines():
         if line.startswith(RESULT_PREFIX):
             return dict(json.loads(line[len(RESULT_PREFIX):]), core=bare_core), orch_result
@@ -216,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                                   server.pid)
             tag = f"round {i}{' (warm-up)' if i < 1 else ''}"
             print(f"{tag}: bare {bare['steps_per_second']:.3f} steps/s (starts on core {bare_core}), orchestrated "
-                  f"{orch['steps_per_second']:.3f} steps/s (starts on core {orch_core}, {orch['checkpoints']} checkpoints): "
+                  f"{orch['steps_per_second']:.3f} steps/s (starts on core {orch_core}, {orch['checkpoints']} checkpoints, "
+                  f"MLflow server {orch['server_cpu_s']:.2f} CPU-s): "
                   f"{orch['steps_per_second'] / bare['steps_per_second']:.3f}", flush=True)
             if i >= 1:
                 rows += [("bare", i, bare), ("orchestrated", i, orch)]
@@ -225,10 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         server.wait(30)
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\n{'kind':<13} {'round':>5} {'start':>5} {'steps/s':>9} {'train_runtime_s':>16} {'checkpoints':>11}")
+    print(f"\n{'kind':<13} {'round':>5} {'start':>5} {'steps/s':>9} {'train_runtime_s':>16} {'checkpoints':>11} "
+          f"{'server_cpu_s':>12}")
     for kind, i, r in rows:
+        server = f"{r['server_cpu_s']:.2f}" if "server_cpu_s" in r else "-"
         print(f"{kind:<13} {i:>5} {r['core']:>5} {r['steps_per_second']:>9.3f} {r['train_runtime']:>16.2f} "
-              f"{r.get('checkpoints', '-')!s:>11}")
+              f"{r.get('checkpoints', '-')!s:>11} {server:>12}")
     bare_mean = statistics.mean(r["steps_per_second"] for k, _, r in rows if k == "bare")
     orch_mean = statistics.mean(r["steps_per_second"] for k, _, r in rows if k == "orchestrated")
     ratio = orch_mean / bare_mean
