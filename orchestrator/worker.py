@@ -235,8 +235,8 @@ class Job:
         started = time.monotonic()
 
         def on_committed(result, manifest):
-            self.ledger.record_checkpoint(step, f"{self.run_name}/checkpoints/{result.name}", result.bytes)
-            self.ledger.heartbeat(step, self.meter.attempt_cost_usd())
+            self.ledger.record_checkpoint(step, f"{self.run_name}/checkpoints/{result.name}", result.bytes,
+                                          cost_usd=self.meter.attempt_cost_usd())
 
         self.checkpoints.commit_async(folder, step=step, epoch=self.ledger.epoch, meta=meta,
                                       may_commit=self.ledger.check_epoch, on_committed=on_committed)

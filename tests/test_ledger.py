@@ -124,6 +124,23 @@ def test_running_attempt_is_marked_vanished_by_the_next_begin(store):
     assert [a["exit_class"] for a in record["attempts"]] == ["vanished", "completed"]
 
 
+def test_a_checkpoint_record_with_a_cost_is_the_attempts_heartbeat(store):
+    ledger = Ledger(store, "beat")
+    _begin(ledger)
+    ledger.heartbeat(step=10, cost_usd=0.1)
+    before = ledger.load()["attempts"][0]["last_seen"]
+    record = ledger.record_checkpoint(step=25, key="beat/checkpoints/25-1", size=10, cost_usd=0.3)
+    attempt = record["attempts"][0]
+    assert attempt["step_end"] == 25 and attempt["checkpoint_step_end"] == 25
+    assert attempt["cost_usd"] == pytest.approx(0.3) and record["cost_usd"] == pytest.approx(0.3)
+    assert attempt["last_seen"] >= before
+    # a vanished attempt is billed up to its last checkpoint record, as up to its last heartbeat
+    second = Ledger(store, "beat")
+    _begin(second, host="host-b")
+    assert second.load()["attempts"][0]["exit_class"] == "vanished"
+    assert second.load()["cost_usd"] == pytest.approx(0.3)
+
+
 def test_record_alert_is_true_exactly_once_across_attempts_and_threads(store):
     first = Ledger(store, "alerts")
     _begin(first)
