@@ -304,7 +304,7 @@ class JobTracker:
             # server: MLflow's own 10 s default costs a busy server more than the sampling is worth
             every = parse_duration(getattr(self.cfg, "system_metrics_every", "30s"), key="tracking.system_metrics_every")
             self._system_monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed, tracking_uri=self.uri,
-                                                        sampling_interval=max(every, 1.0))
+                                                        sampling_interval=every if every > 0 else 10)
             self._system_monitor.start()
         except Exception as err:  # psutil/pynvml missing: tracking goes on without them
             log.warning("MLflow system metrics are off: %s", err)

@@ -189,7 +189,7 @@ class Job:
                    or (self._max_steps > 0 and step >= self._max_steps))
         now = time.monotonic()
         # The Trainer's metrics go at every logging step. The orchestrator's own (cost, lost work,
-        # throughput, step time, memory) change slowly and are a third of the job's points: they go
+        # throughput, step time, memory) change slowly and were most of the job's points: they go
         # at the first log, then at most every tracking.job_metrics_every, and at the close.
         if closing or now - self._last_job_metrics >= self.job_metrics_every:
             self._last_job_metrics = now

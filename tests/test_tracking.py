@@ -60,6 +60,18 @@ def test_all_attempts_of_a_job_share_one_run(cfg, mlflow_server):
     assert _history(client, run_id, "loss") == [1, 2, 3]
 
 
+def test_system_metrics_are_sampled_every_system_metrics_every(cfg, mlflow_server, monkeypatch):
+    monkeypatch.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", raising=False)
+    cfg.log_system_metrics, cfg.system_metrics_every = True, "1s"
+    tracker = JobTracker(cfg, job_name="sysmetrics", params={})
+    run_id = tracker.start()
+    time.sleep(4.5)
+    assert tracker.close("FINISHED")
+    points = MlflowClient(mlflow_server.uri).get_metric_history(run_id, "system/cpu_utilization_percentage")
+    # MLflow's own default (10 s) would have logged none in 4.5 s
+    assert len(points) >= 2, [(p.step, p.timestamp) for p in points]
+
+
 def test_steps_replayed_after_a_resume_are_not_logged_twice(cfg, mlflow_server):
     first = JobTracker(cfg, job_name="exp-replay")
     run_id = first.start()
