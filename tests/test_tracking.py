@@ -211,12 +211,18 @@ from orchestrator.tracking import JobTracker
 tracker = JobTracker(TrackingConfig(uri={mlflow_server.uri!r}, experiment="telemetry"), job_name="t")
 tracker.start()
 from mlflow.telemetry.client import get_telemetry_client
-print("CLIENT", get_telemetry_client() is not None)
+from mlflow.telemetry.utils import is_telemetry_disabled
+print("CLIENT", get_telemetry_client() is not None, "DISABLED", is_telemetry_disabled())
 tracker.close("FINISHED")
 """
     setting = {} if user_setting is None else {"MLFLOW_DISABLE_TELEMETRY": user_setting}
     out = _fresh_python(code, tmp_path, **setting)
-    assert f"CLIENT {expect_client}" in out, out[-4000:]
+    if expect_client:
+        # MLflow's own verdict; its client may already be gone again here (offline, its config fetch
+        # fails and it drops the client), so the client's presence is only checked in the default case
+        assert "DISABLED False" in out, out[-4000:]
+    else:
+        assert "CLIENT False DISABLED True" in out, out[-4000:]
 
 
 @pytest.mark.parametrize("user_setting,expect_disabled", [(None, True), ("0", False)])
