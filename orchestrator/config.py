@@ -6,7 +6,6 @@ or choice fail before any training starts.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -203,25 +202,3 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
     for group, schema in GROUP_SCHEMAS.items():
         cs.store(group=group, name=f"base_{group}", node=schema)
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(text: str | int | float, *, key: str = "duration") -> float:
-    """'90s' -> 90.0, '15m' -> 900.0, '1h' -> 3600.0; 'off'/'0' -> 0.0.
-
-    Raises ValueError naming ``key`` and the accepted forms.
-    """
-    if isinstance(text, (int, float)):
-        return float(text)
-    if str(text).strip().lower() in {"off", "none", "no", "false", ""}:
-        return 0.0
-    m = _DURATION.match(str(text))
-    if not m:
-        raise ValueError(
-            f"{key}={text!r} is not a duration. Write a number with a unit: "
-            "90s, 15m, 1h (or 'off')."
-        )
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]

@@ -615,7 +615,7 @@ def plan_text(cfg: Any, headroom: float = 0.1) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``orchestrator plan [hydra overrides]``: print the plan. Exit 0, or the error's code (4: bad config)."""
-    from orchestrator.launch import compose_config
+    from orchestrator.compose import compose_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from orchestrator.config import parse_duration
+from orchestrator.durations import parse_duration
 
 log = logging.getLogger(__name__)
 

@@ -298,7 +298,7 @@ class JobTracker:
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-            from orchestrator.config import parse_duration
+            from orchestrator.durations import parse_duration
 
             # each sample is a log_batch plus a get_run (MLflow checks whether the run ended) on the
             # server: MLflow's own 10 s default costs a busy server more than the sampling is worth

@@ -34,7 +34,7 @@ from orchestrator.checkpoint import snapshot
 from orchestrator.checkpoint.callback import OrchestratorCallback
 from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.config import parse_duration
+from orchestrator.durations import parse_duration
 from orchestrator.errors import BudgetExhausted, ConfigError, UserError
 from orchestrator.exitcodes import ExitClass
 
@@ -532,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None = None) -> int:
-    from orchestrator.launch import absolutize, compose_config, setup_logging
+    from orchestrator.compose import absolutize, compose_config
+    from orchestrator.logsetup import setup_logging
 
     setup_logging()
     overrides = absolutize(list(sys.argv[1:] if argv is None else argv))

@@ -86,7 +86,7 @@ def start_mlflow(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 def bare_child(overrides: list[str], go_file: str | None = None) -> None:
     """In a fresh process: the recipe's trainer, no orchestrator callback, no saves."""
-    from orchestrator.launch import compose_config
+    from orchestrator.compose import compose_config
     from recipes import sft
     from recipes.data import load_datasets
 

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from orchestrator import exitcodes
 from orchestrator.backends import get_backend, run_backend, worker_command, worker_overrides
 from orchestrator.errors import ConfigError
-from orchestrator.launch import compose_config
+from orchestrator.compose import compose_config
 
 USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "run.name=exp1", "storage.uri=s3://bucket/runs",
                   "storage.endpoint_url=http://minio:9000", "preemption.grace=30s"]

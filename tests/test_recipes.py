@@ -5,7 +5,7 @@ import re
 
 import torch
 
-from orchestrator.launch import compose_config
+from orchestrator.compose import compose_config
 from recipes import data, dpo, qlora, sft
 from tests import jobs
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
-from orchestrator.config import parse_duration
+from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError
 
 BACKEND_NAMES = ("local", "slurm", "skypilot", "kubernetes")
