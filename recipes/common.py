@@ -14,6 +14,11 @@ from recipes.tiny import TINY_NAME, ensure_tiny_model
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
+def quantisation_stack_needed(cfg) -> bool:
+    """Whether the job loads a quantised base (bitsandbytes): ``recipe.quantization`` other than none."""
+    return str(cfg.recipe.quantization) != "none"
+
+
 def resolve_model_path(model_cfg) -> str:
     """A local folder or hub id for ``from_pretrained``; builds the tiny model when asked.
 

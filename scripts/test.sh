@@ -17,4 +17,7 @@ if [ ! -x .venv-skypilot/bin/python ] || ! .venv-skypilot/bin/python -c "import 
   .venv-skypilot/bin/python -m pip install -q "skypilot==0.14.1"
 fi
 export ORCH_CACHE_DIR="${ORCH_CACHE_DIR:-$PWD/.cache/test-models}"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two workers (this machine has two cores; each job's torch uses one thread, see tests/jobs.py);
+# tests that share a service that cannot take two at once (the one-node Slurm) are one xdist_group.
+# The 25 slowest tests are listed at the end of every run.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${ORCH_TEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@"

@@ -56,6 +56,8 @@ def job_env(tmp_path: Path, extra: dict | None = None) -> dict:
     # each step takes at least 0.1 s: with checkpoints every second and interruptions at most
     # 0.6 s after a commit, a job makes ~10 steps of net progress per attempt on any machine
     env.setdefault("ORCH_STEP_DELAY_SECONDS", "0.1")
+    # one thread per job: the tiny model gains nothing from two, and two xdist workers share two cores
+    env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env

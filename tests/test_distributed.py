@@ -18,18 +18,16 @@ DIST_FAST = [o for o in jobs.FAST if not o.startswith("train.max_steps")] + ["tr
 
 
 @pytest.mark.parametrize("mode", ["ddp", "zero2"])
-def test_two_process_run_resumes_bit_identical(mode, tmp_path):
+def test_two_process_run_resumes_bit_identical(mode, tmp_path, references):
     storage = jobs.Storage(str(tmp_path / "runs"))
     common = DIST_FAST + [f"distributed={mode}", "distributed.processes_per_node=2"] + storage.overrides()
-    clean = jobs.run_job(common + ["run.name=clean"], tmp_path, timeout=900)
-    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-4000:]
-
-    rc, log, killed_at = jobs.interrupt_then_finish(common + ["run.name=chaos"], tmp_path, storage, "chaos",
+    run = f"chaos-{mode}"
+    rc, log, killed_at = jobs.interrupt_then_finish(common + [f"run.name={run}"], tmp_path, storage, run,
                                                     random.Random(mode), [signal.SIGKILL], timeout=900)
     assert rc == 0, log[-4000:]
-    ledger = jobs.ledger(storage, "chaos")
+    ledger = jobs.ledger(storage, run)
     assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "completed"], killed_at
-    assert jobs.final_digest(storage, "chaos") == jobs.final_digest(storage, "clean")
+    assert jobs.final_digest(storage, run) == references.digest(common)
 
 
 def test_a_different_world_size_is_refused_with_the_fix(tmp_path):

@@ -28,24 +28,6 @@ INTERRUPTIONS = 10
 AWS_NOTICE_SECONDS = 120  # EC2 gives a spot instance two minutes between the notice and the stop
 
 
-class Reference:
-    """An uninterrupted run of COMMON, started in the background so it overlaps the test that first asks for it."""
-
-    def __init__(self, storage: jobs.Storage, tmp_path):
-        self.storage = storage
-        self.tmp_path = tmp_path
-        self.proc = jobs.start_job(COMMON + storage.overrides() + ["run.name=reference"], tmp_path,
-                                   log_name="reference.log")
-        self._digest = None
-
-    def digest(self) -> str:
-        if self._digest is None:
-            rc = self.proc.wait(timeout=900)
-            assert rc == 0, jobs.log_text(self.tmp_path, "reference.log")[-4000:]
-            self._digest = jobs.final_digest(self.storage, "reference")
-        return self._digest
-
-
 @pytest.fixture(scope="module")
 def s3_storage(s3_server):
     """One bucket on the S3 server for this module's jobs (each test uses its own run.name)."""
@@ -58,11 +40,9 @@ def s3_storage(s3_server):
 
 
 @pytest.fixture(scope="module")
-def reference(s3_storage, tmp_path_factory):
-    ref = Reference(s3_storage, tmp_path_factory.mktemp("reference"))
-    yield ref
-    if ref.proc.poll() is None:
-        jobs.kill_group(ref.proc)
+def reference(references) -> str:
+    """Final weights of an uninterrupted run of COMMON (shared with every test of this trajectory)."""
+    return references.digest(COMMON)
 
 
 def _local(tmp_path, run: str) -> tuple[jobs.Storage, list[str]]:
@@ -109,7 +89,7 @@ def test_ten_random_interruptions_end_with_the_uninterrupted_weights(s3_storage,
     status = jobs.status_json(storage, run, tmp_path)
     assert status["status"] == "completed"
     assert [a["exit_class"] for a in status["attempts"]] == expected
-    assert jobs.final_digest(storage, run) == reference.digest(), f"weights differ after {done}"
+    assert jobs.final_digest(storage, run) == reference, f"weights differ after {done}"
 
 
 def test_aws_spot_notice_commits_a_checkpoint_before_the_deadline(tmp_path):
@@ -207,4 +187,4 @@ def test_two_launches_of_one_job_one_trains_the_other_steps_aside(s3_storage, re
     assert newest == sorted(newest), f"the newest committed checkpoint went backwards: {newest}"
     ledger = jobs.ledger(storage, run)
     assert ledger["status"] == "completed" and ledger["attempts"][-1]["exit_class"] == "completed"
-    assert jobs.final_digest(storage, run) == reference.digest()
+    assert jobs.final_digest(storage, run) == reference

@@ -70,3 +70,33 @@ def test_default_job_improves_held_out_accuracy(tmp_path):
     assert m, result.stdout[-2000:]
     before, after = map(float, m.groups())
     assert after > before + 0.05, (before, after)
+
+
+def _modules_after_recipe_imports(overrides: list[str]) -> dict:
+    """In a fresh interpreter, as the worker starts: skip what the job doesn't need, import the recipe stack."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from orchestrator.compose import compose_config\n"
+        "from orchestrator.worker import skip_unused_quantisation_stack\n"
+        f"cfg = compose_config({overrides!r})\n"
+        "skip_unused_quantisation_stack(cfg)\n"
+        "import peft, trl, transformers\n"
+        "from recipes import common\n"
+        "print(json.dumps({'bitsandbytes': sys.modules.get('bitsandbytes') is not None,"
+        " 'peft_sees_bnb': peft.import_utils.is_bnb_available(),"
+        " 'transformers_sees_bnb': transformers.utils.is_bitsandbytes_available()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_an_unquantised_job_never_loads_bitsandbytes_and_a_4bit_one_does():
+    plain = _modules_after_recipe_imports(["recipe=sft"])
+    assert plain == {"bitsandbytes": False, "peft_sees_bnb": False, "transformers_sees_bnb": False}, plain
+    four_bit = _modules_after_recipe_imports(["recipe=qlora"])
+    assert four_bit["peft_sees_bnb"] and four_bit["transformers_sees_bnb"], four_bit

@@ -19,8 +19,12 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests import jobs
 from tests.slurm_cluster import ensure_slurm
+
+pytestmark = pytest.mark.xdist_group("slurm")  # one Slurm node: its tests run one at a time
 
 # Long enough that the job is still training when the test requeues it (after
 # its first committed checkpoint): about 20-40 s of training on an idle 2-core
@@ -62,7 +66,7 @@ def output_text(path: Path | None) -> str:
     return path.read_text(errors="replace") if path and path.exists() else "(no Slurm output file)"
 
 
-def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
+def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
     ensure_slurm()
     storage = jobs.Storage(str(tmp_path / "runs"))
     common = jobs.with_overrides(jobs.FAST, f"train.max_steps={MAX_STEPS}", "train.logging_steps=20")
@@ -70,8 +74,6 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
     run = f"slurm-e2e-{uuid.uuid4().hex[:8]}"
     env = jobs.job_env(tmp_path)  # sbatch exports it (--export=ALL is its default): ORCH_CACHE_DIR, PATH, ...
 
-    # the uninterrupted reference runs meanwhile, on the local backend
-    clean = jobs.start_job(common + ["run.name=clean"], tmp_path, env=env, log_name="clean.log")
     job_id = None
     out_file = None
     try:
@@ -116,12 +118,9 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
         log = output_text(out_file)
         assert info.get("JobState", "COMPLETED") == "COMPLETED", (info, log[-6000:])
         assert int(info.get("Restarts", "1")) >= 1, info
-        assert clean.wait(timeout=JOB_END_TIMEOUT_SECONDS) == 0, jobs.log_text(tmp_path, "clean.log")[-4000:]
     finally:
         if job_id and job_state(job_id) not in FINAL_JOB_STATES | {"GONE"}:
             subprocess.run(["scancel", job_id], capture_output=True, timeout=SCONTROL_TIMEOUT_SECONDS)
-        if clean.poll() is None:
-            jobs.kill_group(clean)
 
     # what Slurm did on the requeue, as the batch shell and the worker logged it
     print(f"\n--- Slurm job {job_id} output ({out_file}):\n" + "\n".join(
@@ -138,7 +137,7 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path):
     assert classes[-1] == "completed", classes
     assert ledger["status"] == "completed", ledger["status"]
     assert ledger["attempts"][-1]["checkpoint_step_at_start"] >= requeued_after, (ledger["attempts"], requeued_after)
-    assert jobs.final_digest(storage, run) == jobs.final_digest(storage, "clean"), (
+    assert jobs.final_digest(storage, run) == references.digest(common), (
         f"the requeued Slurm job's final weights differ from the uninterrupted local run (requeued after step "
         f"{requeued_after}; attempts {classes})"
     )
