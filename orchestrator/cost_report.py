@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from orchestrator import cost as costs
 
-INTERRUPTED_CLASSES = ("preempted", "vanished")
+from orchestrator.exitcodes import INTERRUPTED_CLASSES
 SECONDS_PER_HOUR = costs.SECONDS_PER_HOUR
 
 

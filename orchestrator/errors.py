@@ -33,3 +33,7 @@ class Fenced(UserError):
     """Another attempt of the same job took a newer epoch."""
 
     exit_code = exitcodes.FENCED
+
+
+class JobAlreadyCompleted(CapsReached):
+    """A launch of a job whose ledger says it completed: nothing to train."""

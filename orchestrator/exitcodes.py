@@ -67,3 +67,8 @@ def classify_exit(returncode: int) -> ExitClass:
 FINAL_CLASSES = frozenset(
     {ExitClass.COMPLETED, ExitClass.BUDGET_EXHAUSTED, ExitClass.CONFIG_ERROR, ExitClass.CAPS_REACHED, ExitClass.FENCED}
 )
+
+# Attempts ended from outside (a notice honoured, or the machine gone): requeued against
+# requeue.max_preemptions, counted as preemptions in the cost figures. The ledger stores the values.
+INTERRUPTED = frozenset({ExitClass.PREEMPTED, ExitClass.VANISHED})
+INTERRUPTED_CLASSES = frozenset(c.value for c in INTERRUPTED)

@@ -66,8 +66,13 @@ def new_ledger(run_name: str) -> dict:
     }
 
 
+def attempts_cost_usd(attempts) -> float:
+    """What a job's attempts cost together, as the ledger bills them: the one sum every figure uses."""
+    return float(sum(float(a.get("cost_usd") or 0.0) for a in attempts))
+
+
 def _total_cost(ledger: dict) -> float:
-    return float(sum(float(a.get("cost_usd") or 0.0) for a in ledger["attempts"]))
+    return attempts_cost_usd(ledger["attempts"])
 
 
 class _Refused(Exception):

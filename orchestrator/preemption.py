@@ -264,11 +264,14 @@ class PreemptionHandler:
         self.watcher_name: Optional[str] = None  # the provider the watcher settled on, once known
 
     @classmethod
-    def from_config(cls, preemption_cfg: Any) -> "PreemptionHandler":
-        """Build from the ``preemption`` config group (a DictConfig or PreemptionConfig)."""
+    def from_config(cls, preemption_cfg: Any, *, watch_cloud: bool = True) -> "PreemptionHandler":
+        """Build from the ``preemption`` config group (a DictConfig or PreemptionConfig).
+
+        ``watch_cloud=False`` (every rank but the main one): signals only, no spot-notice watcher.
+        """
         return cls(
             parse_duration(preemption_cfg.grace, key="preemption.grace"),
-            provider=preemption_cfg.provider,
+            provider=preemption_cfg.provider if watch_cloud else "none",
             metadata_url=preemption_cfg.metadata_url,
             poll_seconds=float(preemption_cfg.poll_seconds),
         )
@@ -412,9 +415,3 @@ class PreemptionHandler:
                 self.request(notice.reason, notice.seconds_left)
                 return
             self._sleep(self.poll_seconds)
-
-
-def install_from_config(preemption_cfg: Any) -> PreemptionHandler:
-    """Shorthand for ``PreemptionHandler.from_config(cfg).install()``."""
-    return PreemptionHandler.from_config(preemption_cfg).install()
-

@@ -18,9 +18,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from orchestrator.exitcodes import FINAL_CLASSES, ExitClass
+from orchestrator.exitcodes import FINAL_CLASSES, INTERRUPTED, ExitClass
 
-PREEMPTION_CLASSES = frozenset({ExitClass.PREEMPTED, ExitClass.VANISHED})
+PREEMPTION_CLASSES = INTERRUPTED  # requeued against requeue.max_preemptions
 FAILURE_CLASSES = frozenset({ExitClass.CRASHED, ExitClass.OUT_OF_MEMORY})
 RUNNING = "running"  # an attempt in the ledger that has not recorded its end
 

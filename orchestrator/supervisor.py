@@ -64,7 +64,7 @@ class Supervisor:
             log.info("attempt exited with code %s (%s)", returncode, exit_class.value)
             if self.signalled is not None:
                 log.warning("not requeued: this supervisor received %s", signal.Signals(self.signalled).name)
-                return exitcodes.PREEMPTED if exit_class in (ExitClass.PREEMPTED, ExitClass.VANISHED) else returncode
+                return exitcodes.PREEMPTED if exit_class in exitcodes.INTERRUPTED else returncode
             if exit_class in exitcodes.FINAL_CLASSES:
                 return returncode
             attempts = self._attempts_with(exit_class, recorded_before)

@@ -168,11 +168,7 @@ class CheckpointStore:
         started = time.monotonic()
         key_prefix = f"{self.prefix}{name}/"
         try:
-            manifest = mf.build_manifest(staged, run_name=self.run_name, step=step, epoch=epoch, meta=meta)
-            for entry in manifest["files"]:
-                self._retry(lambda e=entry: self.store.upload_file(staged / e["path"], key_prefix + e["path"]))
-            may_commit()
-            self._retry(lambda: self.store.put_bytes(key_prefix + mf.MANIFEST_NAME, mf.dumps(manifest)))
+            manifest = self._upload(staged, key_prefix, step=step, epoch=epoch, meta=meta, may_commit=may_commit)
             result = CommitResult(name, step, True, time.monotonic() - started, manifest["total_bytes"])
             log.info("checkpoint %s committed (step %d, %.1f MB, %.2fs)", name, step,
                      manifest["total_bytes"] / 1e6, result.seconds)
@@ -185,6 +181,23 @@ class CheckpointStore:
             log.error("checkpoint %s NOT committed: %s; the previous checkpoint stays the newest", name, result.error)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
+
+    def _upload(self, folder: Path, key_prefix: str, *, step: int, epoch: int, meta: dict,
+                may_commit: Callable[[], None] = lambda: None) -> dict:
+        """Hash and upload every file of ``folder`` under ``key_prefix``, then (if ``may_commit()`` does not
+        raise) the manifest, last: the one commit protocol. Returns the manifest."""
+        manifest = mf.build_manifest(folder, run_name=self.run_name, step=step, epoch=epoch, meta=meta)
+        for entry in manifest["files"]:
+            self._retry(lambda e=entry: self.store.upload_file(folder / e["path"], key_prefix + e["path"]))
+        may_commit()
+        self._retry(lambda: self.store.put_bytes(key_prefix + mf.MANIFEST_NAME, mf.dumps(manifest)))
+        return manifest
+
+    def commit_folder(self, folder: Path, key_prefix: str, *, step: int, epoch: int, meta: dict) -> dict:
+        """Commit ``folder`` under ``key_prefix`` now (the final weights): an older manifest there is removed
+        first, so a half-replaced folder never looks complete. Raises on failure."""
+        self.store.delete(key_prefix + mf.MANIFEST_NAME)
+        return self._upload(folder, key_prefix, step=step, epoch=epoch, meta=meta)
 
     @staticmethod
     def _retry(fn, attempts: int = 4, first_delay_s: float = 0.5):

@@ -1,0 +1,5 @@
+"""One training attempt as a composed runner (see docs/architecture.md).
+
+``build.build_attempt(cfg)`` makes the parts once and hands them to a
+``runner.Runner``, which sequences them: begin -> restore -> build -> train -> finish.
+"""

@@ -1,0 +1,72 @@
+"""The one place an attempt's parts are made: ``build_attempt(cfg)`` -> a ``Runner`` ready to run.
+
+The main rank gets the parts that write (ledger record, MLflow, the budget
+guard, the cloud's spot-notice watcher); other ranks get the same kinds of
+object with those capabilities left out, never a mutated config.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from orchestrator import distributed as dist
+from orchestrator.attempt.checkpoints import CheckpointController
+from orchestrator.attempt.money import MoneyWatch
+from orchestrator.attempt.record import AttemptRecord, FollowerRecord
+from orchestrator.attempt.reporting import AttemptTracking
+from orchestrator.attempt.runner import Runner, TestHooks
+from orchestrator.durations import parse_duration
+from orchestrator.errors import ConfigError
+
+
+def job_name(cfg: Any) -> str:
+    """The job's name in storage: a trial is its own job, so it neither resumes nor completes the real one."""
+    return cfg.run.name + ("-trial" if cfg.train.trial_steps > 0 else "")
+
+
+def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
+    from orchestrator.budget import BudgetGuard, default_sinks
+    from orchestrator.checkpoint.fingerprint import trajectory_config
+    from orchestrator.checkpoint.store import CheckpointStore
+    from orchestrator.cost import load_catalog, price_for
+    from orchestrator.ledger import Ledger
+    from orchestrator.preemption import PreemptionHandler
+    from orchestrator.requeue import RequeuePolicy
+    from orchestrator.storage import store_from_config
+
+    main = dist.is_main()
+    run_name = job_name(cfg)
+    try:
+        price = price_for(cfg.compute, load_catalog())
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    store = store_from_config(cfg.storage)
+    ledger = Ledger(store, run_name)
+    record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=cfg.compute, budget_max_usd=cfg.budget.max_usd)
+              if main else FollowerRecord())
+    money = MoneyWatch.from_config(cfg, price)
+
+    # one folder per attempt, shared by its ranks (the launcher hands them a token)
+    token = environ.get("ORCH_ATTEMPT_TOKEN", f"pid{os.getpid()}")
+    work = Path(cfg.run.work_dir).expanduser().resolve() / run_name / token
+    checkpoints = CheckpointController(
+        CheckpointStore(store, run_name, keep_last=cfg.checkpoint.keep_last, staging_dir=work / "staging"), record,
+        main=main, work=work, token=token, snapshot_dir=cfg.checkpoint.snapshot_dir,
+        full_model=cfg.recipe.peft == "full", trajectory=trajectory_config(cfg),
+        attempt_cost_usd=money.attempt_cost_usd)
+
+    recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
+    tracking = AttemptTracking.from_config(
+        cfg, main=main, run_name=run_name, ledger=ledger.load() if main and cfg.tracking.enabled else {},
+        quality_metric=recipe.QUALITY_METRIC,
+        job_metrics_every_s=parse_duration(cfg.tracking.job_metrics_every, key="tracking.job_metrics_every"))
+    if main:
+        money.watch_budget(BudgetGuard(cfg.budget, record_alert=record.record_alert, job_name=run_name,
+                                       sinks=default_sinks(cfg.budget, set_tag=tracking.set_tag if tracking.active else None)))
+    # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
+    preemption = PreemptionHandler.from_config(cfg.preemption, watch_cloud=main)
+    return Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
+                  tracking=tracking, preemption=preemption, hooks=TestHooks.from_environ(environ),
+                  every_seconds=parse_duration(cfg.checkpoint.every, key="checkpoint.every"), main=main)

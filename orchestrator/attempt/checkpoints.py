@@ -1,0 +1,164 @@
+"""The attempt's checkpoint controller: where the Trainer's snapshots go, commit, restore, final weights.
+
+It owns the attempt's local folders (work folder, snapshot root) and the
+checkpoint store (background uploader, retention). The main rank commits and
+restores; every rank calls the same methods, and the others only take part in
+the collectives (barrier before a commit, the broadcast of the restored path).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from orchestrator import distributed as dist
+from orchestrator.checkpoint import snapshot
+from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.errors import ConfigError, UserError
+
+log = logging.getLogger("orchestrator.worker")
+
+
+class CheckpointController:
+    """Args:
+        checkpoints: the job's checkpoint store (``<storage>/<run>/checkpoints/``).
+        record: the attempt's ledger record (epoch fencing, one ledger entry per commit).
+        main: whether this rank commits and restores.
+        work: this attempt's local folder (removed at the end).
+        token: the attempt's token, shared by its ranks (names its snapshot root).
+        snapshot_dir: ``checkpoint.snapshot_dir`` (auto | work | a path).
+        full_model: a full fine-tune (snapshots hold the whole model and its optimizer state).
+        meta: what every manifest records (trajectory, dataset fingerprint are filled in by ``set_dataset``).
+        attempt_cost_usd: the attempt's cost so far, recorded with each commit (the ledger's heartbeat).
+    """
+
+    def __init__(self, checkpoints: CheckpointStore, record: Any, *, main: bool, work: Path, token: str,
+                 snapshot_dir: str, full_model: bool, trajectory: dict, attempt_cost_usd: Callable[[], float]):
+        self.checkpoints = checkpoints
+        self.store = checkpoints.store
+        self.run_name = checkpoints.run_name
+        self.record = record
+        self.main = main
+        self.work = work
+        self.token = token
+        self.snapshot_dir = snapshot_dir
+        self.full_model = full_model
+        self.trajectory = trajectory
+        self.dataset_fp = ""
+        self.attempt_cost_usd = attempt_cost_usd
+        self.snapshot_root = work  # moved to memory by use_snapshot_root() when there is room
+        if main:
+            shutil.rmtree(work, ignore_errors=True)
+
+    # ---- around the ledger's begin --------------------------------------------
+    def newest_step(self) -> int:
+        """The newest committed step, after aborting multipart uploads a killed attempt left open."""
+        self.store.abort_incomplete_uploads(f"{self.run_name}/")
+        return self.checkpoints.newest_step()
+
+    def remove_uncommitted(self) -> None:
+        """Once this attempt holds the epoch, no live attempt is still uploading the manifest-less ones."""
+        if self.main:
+            self.checkpoints.remove_uncommitted()
+
+    def set_dataset(self, fingerprint: str) -> None:
+        self.dataset_fp = fingerprint
+
+    @property
+    def meta(self) -> dict:
+        return {"trajectory": self.trajectory, "dataset_fingerprint": self.dataset_fp}
+
+    # ---- restore ----------------------------------------------------------------
+    def restore(self, check: Callable[[dict], None]) -> tuple[Optional[Path], Optional[dict]]:
+        """Rank 0 downloads and verifies the newest usable checkpoint; every rank gets its local path."""
+        if self.main:
+            try:
+                restored, manifest = self.checkpoints.restore_latest(self.work / "restore", check=check)
+            except UserError as err:
+                dist.broadcast(("error", str(err)))
+                raise
+            dist.broadcast(("ok", (str(restored) if restored else None, manifest)))
+            return restored, manifest
+        status, payload = dist.broadcast(None)
+        if status == "error":
+            raise ConfigError(payload)
+        path, manifest = payload
+        return (Path(path) if path else None), manifest
+
+    # ---- saving -----------------------------------------------------------------
+    def use_snapshot_root(self, trainer) -> None:
+        """Let the Trainer write its checkpoint folder (and the uploader stage it) in memory when there is room.
+
+        The Trainer's save is the only part of a checkpoint training waits for;
+        into ``/dev/shm`` it is serialisation into memory. Rank 0 decides, every
+        rank of the attempt uses the same folder.
+        """
+        chosen = None
+        if self.main:
+            estimate = snapshot.estimate_snapshot_bytes(trainer.model, full_model=self.full_model)
+            root, why = snapshot.choose_root(self.snapshot_dir, run_name=self.run_name, token=self.token,
+                                             work=self.work, estimate_bytes=estimate)
+            if root != self.work:
+                snapshot.remove_orphans(root.parent)
+                snapshot.claim(root)
+            log.info("local checkpoint snapshots in %s (%s; about %.1f MB each)", root, why, estimate / 1e6)
+            chosen = str(root)
+        root = Path(dist.broadcast(chosen))
+        self.snapshot_root = root
+        trainer.args.output_dir = str(root / "trainer")
+        self.checkpoints.staging_dir = root / "staging"
+        self.checkpoints.staging_dir.mkdir(parents=True, exist_ok=True)
+
+    def commit(self, folder: Path, step: int, *, wait: bool, seconds_left: Optional[float] = None) -> None:
+        """Commit the Trainer's folder in the background (``wait``: before returning, for an emergency save)."""
+        dist.barrier()  # every rank's files (RNG, optimizer shards) are written before rank 0 commits
+        if not self.main:
+            return
+        meta = dict(self.meta, attempt_epoch=self.record.epoch, wall_time=time.time())
+        started = time.monotonic()
+
+        def on_committed(result, manifest):
+            self.record.record_checkpoint(step, f"{self.run_name}/checkpoints/{result.name}", result.bytes,
+                                          cost_usd=self.attempt_cost_usd())
+
+        self.checkpoints.commit_async(folder, step=step, epoch=self.record.epoch, meta=meta,
+                                      may_commit=self.record.check_epoch, on_committed=on_committed)
+        if wait:
+            self.checkpoints.wait()
+            took = time.monotonic() - started
+            ok = self.checkpoints.results and self.checkpoints.results[-1].ok
+            log.warning("emergency checkpoint at step %d %s in %.2fs%s", step, "committed" if ok else "FAILED", took,
+                        "" if seconds_left is None else f" ({seconds_left:.1f}s before the deadline)")
+
+    def save_final(self, trainer, step: int, *, config_yaml: str) -> None:
+        """The trained weights, tokenizer and (redacted) config under ``<run>/final/``, committed through the
+        store's protocol (retried, manifest last) if this attempt still holds the job."""
+        final = self.work / "final"
+        trainer.save_model(str(final))  # collective under ZeRO-3; the Trainer writes on rank 0
+        dist.barrier()
+        if not self.main:
+            return
+        trainer.processing_class.save_pretrained(str(final))
+        (final / "config.yaml").write_text(config_yaml)
+        self.record.check_epoch()
+        self.checkpoints.commit_folder(final, f"{self.run_name}/final/", step=step, epoch=self.record.epoch,
+                                       meta=self.meta)
+
+    def final_uri(self) -> str:
+        return self.store.get_uri(f"{self.run_name}/final/")
+
+    def upload_seconds(self) -> float:
+        return sum(r.seconds for r in self.checkpoints.results)
+
+    def wait(self) -> None:
+        self.checkpoints.wait()
+
+    def close(self) -> None:
+        """Stop the uploader; the main rank removes the attempt's local folders."""
+        self.checkpoints.close()
+        if self.main:
+            shutil.rmtree(self.work, ignore_errors=True)
+            if self.snapshot_root != self.work:
+                snapshot.release(self.snapshot_root)

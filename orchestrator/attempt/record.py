@@ -1,0 +1,207 @@
+"""This attempt's record in the job's ledger: begin (with the caps and budget refusal), heartbeat,
+checkpoints, quality, repro, end; and the fence (an attempt that lost the job's epoch stops).
+
+Only the main rank writes the ledger. Other ranks get a ``FollowerRecord``: the
+same methods, none of which touch storage.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any, Optional
+
+from orchestrator.errors import BudgetExhausted, CapsReached, JobAlreadyCompleted, UserError
+from orchestrator.exitcodes import ExitClass
+from orchestrator.ledger import Ledger, attempts_cost_usd
+from orchestrator.requeue import RequeuePolicy
+
+log = logging.getLogger("orchestrator.worker")
+
+
+class AttemptRecord:
+    """The main rank's view of the ledger for one attempt.
+
+    Args:
+        ledger: the job's ledger (``<storage>/<run>/ledger.json``).
+        policy: the requeue caps and crash-loop breaker, asked before an attempt starts.
+        compute: the ``compute`` config (what this attempt runs on, for the bill).
+        budget_max_usd: the job's hard budget, or None.
+    """
+
+    writes = True
+
+    def __init__(self, ledger: Ledger, policy: RequeuePolicy, *, compute: Any, budget_max_usd: Optional[float]):
+        self.ledger = ledger
+        self.policy = policy
+        self.compute = compute
+        self.budget_max_usd = budget_max_usd
+        self.prior_cost_usd = 0.0
+        self.prior_attempts: list[dict] = []
+
+    @property
+    def epoch(self) -> Optional[int]:
+        return self.ledger.epoch
+
+    def refuse_reason(self, ledger: dict) -> Optional[UserError]:
+        """Why this attempt must not start (caps, budget, already completed), as the error to raise."""
+        reason = self.policy.refuse_reason(ledger)
+        if reason:
+            return CapsReached(reason)
+        spent = attempts_cost_usd(ledger.get("attempts", []))
+        if self.budget_max_usd is not None and spent >= self.budget_max_usd:
+            return BudgetExhausted(f"budget spent: ${spent:.4f} of budget.max_usd=${self.budget_max_usd}; "
+                                   "raise budget.max_usd to let the job go on from its last checkpoint")
+        if ledger.get("status") == "completed":
+            return JobAlreadyCompleted("the job already completed; use a new run.name to train again")
+        return None
+
+    def begin(self, newest_checkpoint_step: int) -> dict:
+        """Take the next epoch (fencing older attempts) or raise why not. Returns the new attempt."""
+        refused: list[UserError] = []
+
+        def refuse(ledger: dict) -> Optional[str]:
+            error = self.refuse_reason(ledger)
+            refused[:] = [error] if error else []
+            return str(error) if error else None
+
+        compute = self.compute
+        try:
+            attempt = self.ledger.begin_attempt(
+                host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
+                gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
+                checkpoint_step=newest_checkpoint_step, refuse=refuse)
+        except CapsReached:
+            if refused:
+                raise refused[0] from None
+            raise
+        self.prior_attempts = [a for a in self.ledger.load()["attempts"] if a["epoch"] != attempt["epoch"]]
+        self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
+        log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
+                 self.ledger.run_name, attempt["host"], newest_checkpoint_step)
+        return attempt
+
+    def load(self) -> dict:
+        return self.ledger.load()
+
+    def heartbeat(self, step: int, cost_usd: float) -> Optional[UserError]:
+        """Record progress; returns the fencing error when another attempt took over (else None)."""
+        try:
+            self.ledger.heartbeat(step, cost_usd)
+        except UserError as err:
+            return err
+        return None
+
+    def check_epoch(self) -> None:
+        """Raise Fenced when another attempt holds the job's epoch."""
+        self.ledger.check_epoch()
+
+    def record_checkpoint(self, step: int, key: str, size: int, *, cost_usd: float) -> None:
+        self.ledger.record_checkpoint(step, key, size, cost_usd=cost_usd)
+
+    def record_alert(self, name: str) -> bool:
+        return self.ledger.record_alert(name)
+
+    def set_mlflow_run_id(self, run_id: str) -> None:
+        self.ledger.set_mlflow_run_id(run_id)
+
+    def quality(self) -> dict:
+        return dict(self.ledger.load().get("quality") or {})
+
+    def update_quality(self, metrics: dict) -> None:
+        self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update(metrics))
+
+    def record_repro(self, record: dict) -> dict:
+        """Store this attempt's reproducibility record (and the job's, on the first attempt); returns the first's."""
+        first: dict = {}
+
+        def fn(ledger):
+            nonlocal first
+            first = ledger.get("repro") or {}
+            if not first:
+                ledger["repro"] = record
+            self.ledger.current_attempt(ledger)["extra"]["repro"] = record
+
+        self.ledger.update(fn)
+        return first
+
+    def end(self, exit_class: ExitClass, step: int, cost_usd: float, status: str) -> dict:
+        """Close the attempt; returns the ledger as written."""
+        self.ledger.end_attempt(exit_class, step, cost_usd, status)
+        return self.ledger.load()
+
+    def fail(self, exit_class: ExitClass, step: int, cost_usd: float, status: str) -> None:
+        """Best effort: record a failed attempt; the ledger may be what failed."""
+        if not self.epoch:
+            return
+        try:
+            self.ledger.end_attempt(exit_class, step, cost_usd, status)
+        except Exception as err:  # noqa: BLE001
+            log.warning("could not record the attempt's end in the ledger: %s", err)
+
+
+class FollowerRecord:
+    """What a non-main rank has of the record: nothing it may write."""
+
+    writes = False
+    epoch = None
+    prior_cost_usd = 0.0
+    prior_attempts: list = []
+
+    def begin(self, newest_checkpoint_step: int) -> None:
+        return None
+
+    def load(self) -> dict:
+        return {}
+
+    def heartbeat(self, step: int, cost_usd: float) -> None:
+        return None
+
+    def check_epoch(self) -> None:
+        return None
+
+    def record_checkpoint(self, *args, **kwargs) -> None:
+        return None
+
+    def record_alert(self, name: str) -> bool:
+        return False
+
+    def set_mlflow_run_id(self, run_id: str) -> None:
+        return None
+
+    def quality(self) -> dict:
+        return {}
+
+    def update_quality(self, metrics: dict) -> None:
+        return None
+
+    def record_repro(self, record: dict) -> dict:
+        return {}
+
+    def end(self, *args, **kwargs) -> dict:
+        return {}
+
+    def fail(self, *args, **kwargs) -> None:
+        return None
+
+
+
+def record_repro(cfg: Any, record: Any, tracking: Any) -> list[str]:
+    """Record what this attempt runs on (ledger and MLflow); warn about, and return, the ways it differs
+    from the first attempt that can change results."""
+    if not record.writes:
+        return []
+    from omegaconf import OmegaConf
+
+    from orchestrator.repro import collect_record, diff_records
+
+    this = collect_record(OmegaConf.to_container(cfg, resolve=True), image=cfg.backend.image)
+    first = record.record_repro(this)
+    differences = diff_records(first, this) if first else []
+    for line in differences:
+        log.warning("this attempt differs from the first one: %s", line)
+    tracking.log_dict(this, f"repro/attempt-{record.epoch}.json")
+    if differences:
+        tracking.set_tags({"repro_differs": "true"})
+        tracking.log_text("\n".join(differences), f"repro/attempt-{record.epoch}-differences.txt")
+    return differences

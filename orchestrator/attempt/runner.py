@@ -1,0 +1,279 @@
+"""One attempt, in order: begin -> restore -> build -> train -> finish.
+
+The runner only sequences the collaborators ``orchestrator.attempt.build``
+made for it (record, checkpoints, money, tracking, preemption, recipe), and is
+what the Trainer callback calls back into (``on_step``, ``stop_reason``,
+``commit``, ``on_metrics``). It decides nothing about storage, cost or MLflow
+itself.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from orchestrator import exitcodes
+from orchestrator.attempt.record import record_repro
+from orchestrator.exitcodes import ExitClass
+
+log = logging.getLogger("orchestrator.worker")
+
+
+@dataclass(frozen=True)
+class TestHooks:
+    """Knobs for the tests, read once at start; all off (costing nothing per step) unless set.
+
+    ORCH_HEARTBEAT_SECONDS: how often the ledger hears from the attempt (default 15 s).
+    ORCH_FAULT_AFTER_STEPS: crash every attempt this many steps after it started (chaos tests).
+    ORCH_STEP_DELAY_SECONDS: a floor under each step, so interruptions land mid-run on any machine.
+    """
+
+    heartbeat_seconds: float = 15.0
+    fault_after_steps: int = 0
+    step_delay_seconds: float = 0.0
+
+    def after_step(self, steps_this_attempt: int) -> None:
+        if self.step_delay_seconds:
+            time.sleep(self.step_delay_seconds)
+        if self.fault_after_steps and steps_this_attempt >= self.fault_after_steps:
+            raise RuntimeError(f"injected fault after {self.fault_after_steps} steps (ORCH_FAULT_AFTER_STEPS)")
+
+    @classmethod
+    def from_environ(cls, environ=os.environ) -> "TestHooks":
+        return cls(heartbeat_seconds=float(environ.get("ORCH_HEARTBEAT_SECONDS", "15")),
+                   fault_after_steps=int(environ.get("ORCH_FAULT_AFTER_STEPS", "0")),
+                   step_delay_seconds=float(environ.get("ORCH_STEP_DELAY_SECONDS", "0")))
+
+
+class StopReason(str):
+    """Why training stops early (the text users read), with the outcome it leads to."""
+
+    def __new__(cls, text: str, exit_class: ExitClass):
+        obj = super().__new__(cls, text)
+        obj.exit_class = exit_class
+        return obj
+
+    def __reduce__(self):  # broadcast to the other ranks by pickling
+        return StopReason, (str(self), self.exit_class)
+
+
+class Runner:
+    """Sequences the parts ``build_attempt`` made (record, checkpoints, money, tracking, preemption, recipe);
+    ``run_name`` is the job's name in storage, ``main`` whether this rank prints the results."""
+
+    def __init__(self, cfg: Any, *, run_name: str, recipe: Any, record: Any, checkpoints: Any, money: Any,
+                 tracking: Any, preemption: Any, hooks: TestHooks, every_seconds: float, main: bool):
+        self.cfg = cfg
+        self.run_name = run_name
+        self.recipe = recipe
+        self.record = record
+        self.checkpoints = checkpoints
+        self.money = money
+        self.tracking = tracking
+        self.preemption = preemption
+        self.hooks = hooks
+        self.main = main
+        self.trial = cfg.train.trial_steps > 0
+        self.every_seconds = every_seconds
+        self.step = 0
+        self.step_at_start = 0
+        self.first_step_seconds: Optional[float] = None
+        self.fenced_error: Optional[Exception] = None
+        self.callback = None  # the Trainer callback, made in build()
+        self._last_heartbeat = time.monotonic()
+
+    # ---- the sequence ---------------------------------------------------------
+    def run(self) -> int:
+        self.begin()
+        self.preemption.install()
+        try:
+            train_ds, eval_ds = self.load_data()
+            restored, manifest = self.restore()
+            trainer = self.build(train_ds, eval_ds)
+            if restored is None and not self.trial and self.record.writes and self.cfg.distributed.name != "zero3":
+                self.record_quality_before(trainer, eval_ds)
+            trainer.train(resume_from_checkpoint=str(restored) if restored else None)
+            self.checkpoints.wait()
+            if self.trial:
+                from orchestrator.attempt.trial import finish_trial
+
+                finish_trial(self, trainer)
+                self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED")
+                return exitcodes.COMPLETED
+            if self.callback.stop_reason:
+                return self.stop(self.callback.stop_reason)
+            return self.finish(trainer, eval_ds)
+        finally:
+            self.preemption.uninstall()
+            self.checkpoints.close()
+
+    def begin(self) -> None:
+        """1. Take the job's next epoch in the ledger (or stop: caps, budget, completed); open MLflow."""
+        self.record.begin(self.checkpoints.newest_step())
+        self.checkpoints.remove_uncommitted()
+        run_id = self.tracking.start()
+        if run_id and run_id != self.record.load().get("mlflow_run_id"):
+            self.record.set_mlflow_run_id(run_id)
+        record_repro(self.cfg, self.record, self.tracking)
+
+    def load_data(self):
+        from recipes.data import fingerprint, load_datasets
+
+        train_ds, eval_ds = load_datasets(self.cfg.data, self.cfg.recipe.name)
+        self.checkpoints.set_dataset(fingerprint(train_ds))
+        return train_ds, eval_ds
+
+    def restore(self):
+        """2. The newest usable checkpoint of this trajectory, verified (None: start fresh)."""
+        from orchestrator.checkpoint.fingerprint import check_resumable
+
+        restored, manifest = self.checkpoints.restore(
+            check=lambda m: check_resumable(m, self.checkpoints.trajectory, self.checkpoints.dataset_fp, self.cfg))
+        self.step = self.step_at_start = manifest["step"] if manifest else 0
+        self.money.start(self.record.prior_attempts, self.record.prior_cost_usd, self.step_at_start)
+        return restored, manifest
+
+    def build(self, train_ds, eval_ds):
+        """3. The recipe's TRL trainer, with the orchestrator's callback."""
+        from orchestrator.checkpoint.callback import OrchestratorCallback
+
+        cfg = self.cfg
+        self.callback = OrchestratorCallback(self, every_seconds=0 if self.trial else self.every_seconds,
+                                             every_steps=0 if self.trial else cfg.checkpoint.every_steps,
+                                             stop_after_steps=cfg.train.trial_steps)
+        trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
+                                            output_dir=str(self.checkpoints.work / "trainer"), callbacks=[self.callback])
+        self.checkpoints.use_snapshot_root(trainer)
+        return trainer
+
+    # ---- the callback's hooks ---------------------------------------------------
+    def stop_reason(self) -> Optional[StopReason]:
+        if self.preemption.requested:
+            return StopReason(f"preempted ({self.preemption.reason})", ExitClass.PREEMPTED)
+        budget = self.money.stop_reason(self.step, self.step_at_start)
+        return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else None
+
+    def on_step(self, step: int) -> None:
+        self.step = step
+        if not self.record.writes:
+            return
+        if self.first_step_seconds is None:
+            self.first_step_seconds = self.money.meter.attempt_seconds()
+            log.info("start to first step: %.2fs (set-up and restore included, resumed at step %d)",
+                     self.first_step_seconds, self.step_at_start)
+        self.hooks.after_step(step - self.step_at_start)
+        if time.monotonic() - self._last_heartbeat >= self.hooks.heartbeat_seconds:
+            self.heartbeat()
+
+    def heartbeat(self) -> None:
+        self._last_heartbeat = time.monotonic()
+        fenced = self.record.heartbeat(self.step, self.money.attempt_cost_usd())
+        if fenced is not None:  # another attempt took over: save nothing more, stop
+            self.fenced_error = fenced
+            self.preemption.request(f"fenced: {fenced}")
+
+    def commit(self, folder, step: int, *, wait: bool) -> None:
+        self.checkpoints.commit(folder, step, wait=wait, seconds_left=self.preemption.seconds_left())
+
+    def on_metrics(self, metrics: dict, step: int) -> None:
+        """The Trainer's logs plus the job's cost and throughput figures, keyed by optimizer step."""
+        if not self.tracking.active:
+            return
+        self.money.figures.observe_logs(metrics, step)
+        closing = (self.callback.stop_reason is not None or "train_runtime" in metrics
+                   or (self.cfg.train.max_steps > 0 and step >= self.cfg.train.max_steps))
+
+        def job_figures(closing: bool) -> dict:
+            timing = self.callback.timing_metrics()
+            out = dict(peak_memory_bytes=peak_memory_bytes(), **timing)
+            if not closing:
+                out.update(self.cost_figures(step, window_step_seconds=timing.get("step_time_s")))
+            return out
+
+        self.tracking.on_trainer_log(metrics, step, closing=closing, job_figures=job_figures)
+
+    def cost_figures(self, step: int, *, window_step_seconds: Optional[float] = None,
+                     ledger: Optional[dict] = None) -> dict:
+        return self.money.cost_figures(step, callback=self.callback, upload_seconds=self.checkpoints.upload_seconds(),
+                                       window_step_seconds=window_step_seconds, ledger=ledger)
+
+    def record_quality_before(self, trainer, eval_ds) -> None:
+        acc = self.recipe.accuracy(trainer, self.cfg, eval_ds)
+        print(f"held-out accuracy before training: {acc:.3f}", flush=True)
+        self.record.update_quality({"eval_accuracy_before": acc})
+        self.tracking.log_metrics({"eval_accuracy": acc}, 0)
+
+    # ---- 4-5. how the attempt ends ----------------------------------------------------
+    def stop(self, reason: StopReason) -> int:
+        """After an emergency checkpoint: preempted (requeue) or budget exhausted (stop)."""
+        if self.fenced_error is not None:
+            raise self.fenced_error
+        if reason.exit_class is ExitClass.BUDGET_EXHAUSTED:
+            self.end(ExitClass.BUDGET_EXHAUSTED, "budget_exhausted", tracker_status="KILLED")
+            if self.main:
+                print(f"stopped: {reason}; the final checkpoint is committed and the job will not be requeued",
+                      flush=True)
+            return exitcodes.BUDGET_EXHAUSTED
+        self.end(ExitClass.PREEMPTED, "preempted", tracker_status="KILLED")
+        return exitcodes.PREEMPTED
+
+    def finish(self, trainer, eval_ds) -> int:
+        """5. Final weights committed, held-out evaluation, the attempt closed as completed."""
+        cfg = self.cfg
+        self.checkpoints.save_final(trainer, self.step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)))
+        metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
+        if not self.main:
+            return exitcodes.COMPLETED
+        before = self.record.quality().get("eval_accuracy_before")
+        if "eval_accuracy" in metrics:
+            print(f"held-out accuracy before training: {before if before is None else f'{before:.3f}'}; "
+                  f"after: {metrics['eval_accuracy']:.3f}", flush=True)
+        print("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
+        self.record.update_quality(metrics)
+        self.tracking.log_metrics(metrics, self.step)
+        self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED", final_metrics=metrics)
+        print(f"final weights: {self.checkpoints.final_uri()}", flush=True)
+        return exitcodes.COMPLETED
+
+    def end(self, exit_class: ExitClass, status: str, *, tracker_status: str, final_metrics: Optional[dict] = None) -> None:
+        """Close the attempt in the ledger; log the final cost figures, the cost report and the redacted
+        config to MLflow; tag the run with its status; close the run."""
+        if not self.record.writes:
+            return
+        ledger = self.record.end(exit_class, self.step, self.money.attempt_cost_usd(), status)
+        if not self.money.wait_for_alerts():
+            log.warning("a budget alert was still being sent when the attempt ended; it may not arrive")
+        if not self.tracking.active:
+            return
+        figures = self.cost_figures(self.step, ledger=ledger)
+        self.tracking.close_with_report(
+            job=self.run_name, step=self.step, status=status, tracker_status=tracker_status, ledger=ledger, figures=figures,
+            money=self.money, quality_metric=self.recipe.QUALITY_METRIC,
+            quality=(final_metrics or {}).get(self.recipe.QUALITY_METRIC),
+            config_yaml=OmegaConf.to_yaml(redacted_config(self.cfg)))
+
+    def fail(self, exit_class: ExitClass, status: str) -> None:
+        """Best effort: record a failed attempt; the ledger may be what failed."""
+        self.record.fail(exit_class, self.step, self.money.attempt_cost_usd(), status)
+        self.tracking.close("FAILED", flush_timeout_s=10)
+
+
+def peak_memory_bytes() -> int:
+    """CUDA max allocated on a GPU; peak RSS of this process on CPU."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def redacted_config(cfg) -> dict:
+    from orchestrator.tracking import redact
+
+    return redact(OmegaConf.to_container(cfg, resolve=True))

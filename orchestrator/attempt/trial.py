@@ -1,0 +1,37 @@
+"""``train.trial_steps=N``: print the plan beside what N steps measured; log both to MLflow."""
+from __future__ import annotations
+
+from orchestrator.attempt.runner import peak_memory_bytes
+
+
+def finish_trial(runner, trainer) -> None:
+    from orchestrator import plan
+    from orchestrator.cost_report import estimated_tokens_per_step
+
+    cfg = runner.cfg
+    measured = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
+    measured["grads"] = gradient_bytes(trainer)  # the Trainer frees gradients after each step
+    timing = runner.callback.timing_metrics(reset=False, whole_run=True)
+    measured.update(peak_memory_bytes=peak_memory_bytes(), step_time_s=timing.get("step_time_s"),
+                    data_wait_s=timing.get("data_wait_s"))
+    if measured["step_time_s"]:
+        # every process's sequences (and DPO's chosen + rejected) count, as in the cost figures
+        measured["tokens_per_second"] = estimated_tokens_per_step(cfg) / measured["step_time_s"]
+    estimate = plan.estimate_memory(cfg)
+    cost = plan.estimate_cost(cfg, runner.money.price)
+    print(plan.format_trial(estimate, measured, cost), flush=True)
+    runner.tracking.log_metrics({f"trial_{k}": float(v) for k, v in measured.items() if v is not None}, runner.step)
+    runner.tracking.log_dict({"estimate": estimate.components, "measured": measured}, "trial.json")
+
+
+def gradient_bytes(trainer) -> int:
+    """Bytes of gradients one backward pass allocates, measured on a training batch."""
+    model = trainer.model
+    batch = next(iter(trainer.get_train_dataloader()))
+    batch = trainer._prepare_inputs(batch)
+    model.train()
+    loss = trainer.compute_loss(model, batch)
+    loss.backward()
+    total = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+    model.zero_grad(set_to_none=True)
+    return int(total)

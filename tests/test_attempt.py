@@ -1,0 +1,198 @@
+"""The attempt's parts, in-process, against the real stores (a local folder and the moto S3 server) and a
+real tiny TRL trainer: logic that whole jobs prove too, each proven here in seconds.
+
+- the runner: a whole attempt in this process; a crashed one resumed by the next ends bit-identical;
+- the record: refusals (caps, budget, completed) and fencing between two attempts;
+- the checkpoint controller: manifest last (a fenced commit leaves no checkpoint), restore fallback, retention,
+  final weights through the store's commit;
+- the money watch: the budget's hard stop and its alerts, once each.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.attempt.build import build_attempt
+from orchestrator.attempt.checkpoints import CheckpointController
+from orchestrator.attempt.money import MoneyWatch
+from orchestrator.attempt.record import AttemptRecord
+from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.compose import compose_config
+from orchestrator.config import ComputeConfig, RequeueConfig
+from orchestrator.cost import Price
+from orchestrator.errors import BudgetExhausted, CapsReached, Fenced, JobAlreadyCompleted
+from orchestrator.exitcodes import ExitClass
+from orchestrator.ledger import Ledger
+from orchestrator.requeue import RequeuePolicy
+from orchestrator.storage import LocalStore
+from tests import jobs
+
+IN_PROCESS = ["train.max_steps=16", "train.logging_steps=4", "data.num_examples=120", "checkpoint.every=off",
+              "checkpoint.every_steps=5", "preemption.provider=none", "tracking.enabled=false",
+              "recipe.lora_dropout=0.1"]
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return request.getfixturevalue("s3_store")
+
+
+def _weights_digest(store, run: str) -> str:
+    manifest = json.loads(store.get_bytes(f"{run}/final/manifest.json"))
+    h = hashlib.sha256()
+    for entry in sorted(manifest["files"], key=lambda e: e["path"]):
+        if entry["path"].endswith(".safetensors"):
+            h.update(store.get_bytes(f"{run}/final/{entry['path']}"))
+    return h.hexdigest()
+
+
+def _cfg(tmp_path: Path, run: str, *extra: str):
+    return compose_config(IN_PROCESS + [f"storage.uri={tmp_path / 'runs'}", f"run.name={run}",
+                                        f"run.work_dir={tmp_path / 'work'}", *extra])
+
+
+# ---- the runner -----------------------------------------------------------------
+def test_an_attempt_that_crashed_is_resumed_by_the_next_and_ends_bit_identical(tmp_path):
+    store = LocalStore(tmp_path / "runs")
+    assert build_attempt(_cfg(tmp_path, "clean")).run() == 0
+
+    crashing = build_attempt(_cfg(tmp_path, "crashy"), environ={"ORCH_FAULT_AFTER_STEPS": "12"})
+    with pytest.raises(RuntimeError, match="injected fault"):
+        crashing.run()
+    crashing.fail(ExitClass.CRASHED, "failed")
+    assert jobs.committed_steps(jobs.Storage(str(tmp_path / "runs")), "crashy")[-1] == 10
+
+    resumed = build_attempt(_cfg(tmp_path, "crashy"))
+    assert resumed.run() == 0
+    assert resumed.step_at_start == 10
+    ledger = Ledger(store, "crashy").load()
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["crashed", "completed"]
+    assert _weights_digest(store, "crashy") == _weights_digest(store, "clean")
+
+    # the final folder was committed through the store's protocol: manifest last, every file listed and present
+    manifest = json.loads(store.get_bytes("crashy/final/manifest.json"))
+    assert {"config.yaml", "adapter_model.safetensors"} <= {e["path"] for e in manifest["files"]}
+    with pytest.raises(JobAlreadyCompleted):
+        build_attempt(_cfg(tmp_path, "crashy")).run()
+
+
+# ---- the record -------------------------------------------------------------------
+def _record(store, run="job", **requeue) -> AttemptRecord:
+    return AttemptRecord(Ledger(store, run), RequeuePolicy(RequeueConfig(**requeue)),
+                         compute=ComputeConfig(name="t", gpu_type="a10g", gpus_per_node=1, spot=True),
+                         budget_max_usd=1.0)
+
+
+def test_a_newer_attempt_fences_the_older_one(store):
+    first, second = _record(store), _record(store)
+    first.begin(0)
+    second.begin(0)
+    assert isinstance(first.heartbeat(5, 0.01), Fenced)
+    with pytest.raises(Fenced):
+        first.check_epoch()
+    assert second.heartbeat(5, 0.01) is None
+    ledger = second.load()
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "running"]
+
+
+def test_a_record_refuses_a_spent_budget_spent_caps_and_a_completed_job(store):
+    spent = _record(store, "spent")
+    spent.begin(0)
+    spent.end(ExitClass.PREEMPTED, 3, 1.5, "preempted")  # $1.50 of a $1.00 budget
+    with pytest.raises(BudgetExhausted, match="budget.max_usd"):
+        _record(store, "spent").begin(3)
+
+    capped = _record(store, "capped", max_preemptions=1)
+    capped.begin(0)
+    capped.end(ExitClass.PREEMPTED, 3, 0.01, "preempted")
+    with pytest.raises(CapsReached, match="requeue.max_preemptions"):
+        _record(store, "capped", max_preemptions=1).begin(3)
+
+    done = _record(store, "done")
+    done.begin(0)
+    done.end(ExitClass.COMPLETED, 9, 0.01, "completed")
+    again = _record(store, "done")
+    with pytest.raises(JobAlreadyCompleted):
+        again.begin(9)
+    assert [a["exit_class"] for a in again.load()["attempts"]] == ["completed"]  # nothing added
+
+
+# ---- the checkpoint controller -------------------------------------------------------
+def _controller(store, tmp_path, record, keep_last=2) -> CheckpointController:
+    work = tmp_path / "attempt"
+    ctl = CheckpointController(CheckpointStore(store, "job", keep_last=keep_last, staging_dir=work / "staging"),
+                               record, main=True, work=work, token="t", snapshot_dir="work", full_model=False,
+                               trajectory={"train.seed": 1}, attempt_cost_usd=lambda: 0.0)
+    ctl.checkpoints.staging_dir.mkdir(parents=True)
+    return ctl
+
+
+def _trainer_folder(tmp_path: Path, step: int) -> Path:
+    folder = tmp_path / "trainer" / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(f"weights at {step}".encode() * 100)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def test_commits_restore_the_newest_good_one_and_retention_keeps_the_last_two(store, tmp_path):
+    record = _record(store)
+    record.begin(0)
+    ctl = _controller(store, tmp_path, record)
+    for step in (5, 10, 15):
+        ctl.commit(_trainer_folder(tmp_path, step), step, wait=True)
+    assert [c.step for c in ctl.checkpoints.committed()] == [10, 15]
+    assert [c["step"] for c in record.load()["checkpoints"]][-2:] == [10, 15]
+
+    # the newest is damaged in storage: the previous one is restored, verified
+    newest = ctl.checkpoints.committed()[-1]
+    store.put_bytes(f"job/checkpoints/{newest.name}/adapter_model.safetensors", b"tampered")
+    folder, manifest = ctl.restore(check=lambda m: None)
+    assert manifest["step"] == 10
+    assert (folder / "adapter_model.safetensors").read_bytes() == b"weights at 10" * 100
+
+
+def test_a_fenced_attempt_commits_no_checkpoint(store, tmp_path):
+    old = _record(store)
+    old.begin(0)
+    ctl = _controller(store, tmp_path, old)
+    ctl.commit(_trainer_folder(tmp_path, 5), 5, wait=True)
+    _record(store).begin(5)  # a newer attempt takes the job
+    ctl.commit(_trainer_folder(tmp_path, 10), 10, wait=True)
+    assert [c.step for c in ctl.checkpoints.committed()] == [5], "the manifest goes last, only while holding the job"
+    assert not ctl.checkpoints.results[-1].ok and "Fenced" in ctl.checkpoints.results[-1].error
+
+
+# ---- the money watch ------------------------------------------------------------------
+def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store):
+    from orchestrator.budget import BudgetGuard
+    from orchestrator.config import BudgetConfig
+
+    record = _record(store)
+    record.begin(0)
+    clock = [1000.0]
+    price = Price(usd_per_hour_total=3.6, usd_per_gpu_hour=3.6, on_demand_usd_per_hour_total=7.2, source="test", gpus=1)
+    money = MoneyWatch(price, max_steps=100, budget_max_usd=1.0, fallback_tokens_per_step=64)
+    money.meter._clock = lambda: clock[0]
+    money.meter.started_at = clock[0]
+    sent = []
+
+    class Sink:
+        def send(self, alert):
+            sent.append(alert.name)
+
+    money.watch_budget(BudgetGuard(BudgetConfig(max_usd=1.0, projection_alert=False), record_alert=record.record_alert,
+                                   sinks=[Sink()], job_name="job"))
+    clock[0] += 600  # $0.60: the 50% alert
+    assert money.stop_reason(10, 0) is None
+    clock[0] += 300  # $0.90: 80%
+    assert money.stop_reason(20, 0) is None
+    clock[0] += 200  # $1.10: spent
+    assert "budget exhausted" in money.stop_reason(30, 0) and money.budget_stopped
+    money.stop_reason(31, 0)
+    assert sent == ["budget_50", "budget_80", "budget_100"]
