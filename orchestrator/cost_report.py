@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 from orchestrator import cost as costs
+from orchestrator.distributed import configured_world_size
 
 from orchestrator.exitcodes import INTERRUPTED_CLASSES
 SECONDS_PER_HOUR = costs.SECONDS_PER_HOUR
@@ -30,7 +31,7 @@ SECONDS_PER_HOUR = costs.SECONDS_PER_HOUR
 
 def estimated_tokens_per_step(cfg: Any) -> int:
     """Upper bound on the tokens in one optimizer step (every sequence padded to data.max_length)."""
-    world = int(cfg.distributed.processes_per_node) * int(cfg.distributed.nodes)
+    world = configured_world_size(cfg)
     sequences = 2 if cfg.recipe.name == "dpo" else 1
     return (int(cfg.train.per_device_batch_size) * int(cfg.train.gradient_accumulation_steps) * world
             * int(cfg.data.max_length) * sequences)

@@ -32,6 +32,15 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def configured_world_size(cfg) -> int:
+    """Training processes the config asks for (one GPU each): distributed.processes_per_node x nodes;
+    1 for distributed=none. The planner, the fingerprint and the cost figures all use this."""
+    d = cfg.distributed
+    if d.name == "none":
+        return 1
+    return max(1, int(d.processes_per_node)) * max(1, int(d.nodes))
+
+
 def is_main() -> bool:
     return rank() == 0
 

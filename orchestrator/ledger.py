@@ -46,7 +46,6 @@ MAX_WRITE_ATTEMPTS = 50
 RETRY_BASE_SECONDS = 0.02
 RETRY_MAX_SECONDS = 1.0
 
-Mutation = Callable[[dict], Any]
 
 
 def new_ledger(run_name: str) -> dict:
@@ -73,11 +72,6 @@ def attempts_cost_usd(attempts) -> float:
 
 def _total_cost(ledger: dict) -> float:
     return attempts_cost_usd(ledger["attempts"])
-
-
-class _Refused(Exception):
-    def __init__(self, reason: str):
-        self.reason = reason
 
 
 class Ledger:

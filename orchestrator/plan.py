@@ -318,11 +318,10 @@ class MemoryPlan:
 
 
 def world_size(cfg: Any) -> int:
-    """Training processes (one GPU each): distributed.processes_per_node x nodes; 1 for distributed=none."""
-    dist = cfg.distributed
-    if dist.name == "none":
-        return 1
-    return max(1, int(dist.processes_per_node)) * max(1, int(dist.nodes))
+    """Training processes (one GPU each); see ``orchestrator.distributed.configured_world_size``."""
+    from orchestrator.distributed import configured_world_size
+
+    return configured_world_size(cfg)
 
 
 def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) -> MemoryPlan:

@@ -3,5 +3,3 @@
 Recipes know nothing of storage, cost or requeue; the orchestrator reaches them
 through Trainer callbacks. Shared loading code lives in ``recipes.common``.
 """
-
-RECIPES = ("sft", "dpo", "qlora")

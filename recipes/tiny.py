@@ -15,7 +15,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-BUILTIN_PREFIX = "builtin:"
 TINY_NAME = "builtin:tiny-llama"
 FORMAT_PRETRAIN_STEPS = 300
 BUILD_VERSION = 2  # bump when the build changes, so cached models are rebuilt

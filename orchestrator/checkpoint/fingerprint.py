@@ -10,6 +10,7 @@ import logging
 
 from omegaconf import OmegaConf
 
+from orchestrator.distributed import configured_world_size
 from orchestrator.errors import ConfigError
 
 log = logging.getLogger("orchestrator.checkpoint")
@@ -27,7 +28,7 @@ def trajectory_config(cfg) -> dict:
             if key not in _NON_TRAJECTORY.get(group, set()) and not (group == "model" and key == "preset"):
                 out[f"{group}.{key}"] = value
     out["distributed.name"] = cfg.distributed.name
-    out["distributed.world_size"] = cfg.distributed.processes_per_node * cfg.distributed.nodes
+    out["distributed.world_size"] = configured_world_size(cfg)
     return out
 
 
