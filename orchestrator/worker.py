@@ -30,7 +30,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from orchestrator import distributed as dist
 from orchestrator import exitcodes
 from orchestrator.checkpoint import manifest as mf
-from orchestrator.checkpoint import snapshot
+from orchestrator.checkpoint import safe_load, snapshot
 from orchestrator.checkpoint.callback import OrchestratorCallback
 from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
 from orchestrator.checkpoint.store import CheckpointStore
@@ -299,7 +299,8 @@ class Job:
             self.use_snapshot_root(trainer)
             if restored is None and not self.trial and self.main and cfg.distributed.name != "zero3":
                 self.record_quality_before(trainer, eval_ds)
-            trainer.train(resume_from_checkpoint=str(restored) if restored else None)
+            with safe_load.no_code_from_storage():  # every torch.load weights_only=True, DeepSpeed's too
+                trainer.train(resume_from_checkpoint=str(restored) if restored else None)
             self.checkpoints.wait()
             if self.trial:
                 return self.finish_trial(trainer)
