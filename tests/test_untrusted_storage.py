@@ -229,3 +229,53 @@ def test_training_args_are_never_unpickled(tmp_path):
     manifest = mf.build_manifest(folder, run_name="job", step=1, epoch=1, meta={})
     assert safe_load.check_restorable(folder, manifest) == 1
     assert not marker.exists()
+
+
+# ---- optional signing (ORCH_MANIFEST_HMAC_KEY) -----------------------------------------------------
+
+def _commit(store, tmp_path: Path, step: int, data: bytes) -> str:
+    """A real commit through CheckpointStore (so the manifest is written, and signed, as a job writes it)."""
+    folder = tmp_path / f"trainer-{step}"
+    folder.mkdir()
+    (folder / "state.json").write_bytes(data)
+    checkpoints = CheckpointStore(store, "job", staging_dir=tmp_path / "staging")
+    name = checkpoints.commit_async(folder, step=step, epoch=1, meta={}, may_commit=lambda: None,
+                                    on_committed=lambda result, manifest: None)
+    checkpoints.wait()
+    checkpoints.close()
+    assert checkpoints.results[-1].ok, checkpoints.results
+    return name
+
+
+def test_with_a_key_a_re_hashed_manifest_is_refused_and_the_previous_one_restored(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(mf.SIGNING_KEY_VARIABLE, "k" * 32)
+    store = LocalStore(tmp_path / "store")
+    older = _commit(store, tmp_path, 4, b"older")
+    newer = _commit(store, tmp_path, 8, b"newer")
+    # a bucket writer replaces a file and fixes its hash, but cannot sign
+    key = f"job/checkpoints/{newer}/manifest.json"
+    manifest = json.loads(store.get_bytes(key))
+    store.put_bytes(f"job/checkpoints/{newer}/state.json", b"replaced")
+    manifest["files"] = [_entry("state.json", b"replaced")]
+    store.put_bytes(key, json.dumps(manifest).encode())
+
+    with caplog.at_level(logging.WARNING, logger="orchestrator.checkpoint"):
+        local, _ = CheckpointStore(store, "job", staging_dir=tmp_path / "s").restore_latest(tmp_path / "restore")
+    assert local.name == older and (local / "state.json").read_bytes() == b"older"
+    assert f"checkpoint {newer} is unusable (the manifest's signature does not match" in caplog.text
+
+
+def test_with_a_key_unsigned_and_foreign_manifests_are_refused_without_one_ignored(tmp_path, monkeypatch):
+    store = LocalStore(tmp_path / "store")
+    unsigned = json.loads(store.get_bytes(f"job/checkpoints/{_commit(store, tmp_path, 4, b'x')}/manifest.json"))
+    assert "signature" not in unsigned
+    monkeypatch.setenv(mf.SIGNING_KEY_VARIABLE, "one key")
+    with pytest.raises(mf.CorruptCheckpoint, match=f"not signed, and {mf.SIGNING_KEY_VARIABLE} is set"):
+        mf.loads(json.dumps(unsigned).encode())
+    signed = mf.dumps(unsigned)
+    assert mf.loads(signed)["files"] == unsigned["files"]
+    monkeypatch.setenv(mf.SIGNING_KEY_VARIABLE, "another key")
+    with pytest.raises(mf.CorruptCheckpoint, match="signature does not match"):
+        mf.loads(signed)
+    monkeypatch.delenv(mf.SIGNING_KEY_VARIABLE)
+    assert mf.loads(signed)["step"] == 4  # no key here: the signature is not checked

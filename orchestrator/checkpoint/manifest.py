@@ -7,12 +7,16 @@ restore can refuse a checkpoint that belongs to another trajectory.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
 from pathlib import Path, PurePosixPath
 
 MANIFEST_NAME = "manifest.json"
+# A secret shared by the machines that write and restore a job (never stored in the bucket or the config):
+# when set, manifests are signed with HMAC-SHA256 and an unsigned or badly signed one is corrupt.
+SIGNING_KEY_VARIABLE = "ORCH_MANIFEST_HMAC_KEY"
 MANIFEST_VERSION = 1
 _CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -129,12 +133,40 @@ def verify_folder(folder: Path, manifest: dict) -> None:
             raise CorruptCheckpoint(f"file {entry['path']} does not match its SHA-256 (stored data changed)")
 
 
+def _signing_key() -> bytes | None:
+    key = os.environ.get(SIGNING_KEY_VARIABLE)
+    return key.encode() if key else None
+
+
+def _signature(manifest: dict, key: bytes) -> str:
+    body = {k: v for k, v in manifest.items() if k != "signature"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
+
+
+def check_signature(manifest: dict) -> None:
+    """With ``ORCH_MANIFEST_HMAC_KEY`` set, the manifest must carry its HMAC-SHA256. Raises CorruptCheckpoint."""
+    key = _signing_key()
+    if key is None:
+        return
+    given = manifest.get("signature")
+    if not isinstance(given, str):
+        raise CorruptCheckpoint(f"the manifest is not signed, and {SIGNING_KEY_VARIABLE} is set")
+    if not hmac.compare_digest(given, _signature(manifest, key)):
+        raise CorruptCheckpoint("the manifest's signature does not match (changed after signing, or signed with another key)")
+
+
 def dumps(manifest: dict) -> bytes:
-    return json.dumps(manifest, indent=1, sort_keys=True).encode()
+    """The manifest as stored; signed when ``ORCH_MANIFEST_HMAC_KEY`` is set."""
+    key = _signing_key()
+    body = {k: v for k, v in manifest.items() if k != "signature"}
+    if key is not None:
+        body["signature"] = _signature(body, key)
+    return json.dumps(body, indent=1, sort_keys=True).encode()
 
 
 def loads(data: bytes) -> dict:
-    """Parse a manifest read from storage and check every listed path (see :func:`check_entries`).
+    """Parse a manifest read from storage, check its signature (when a key is set) and every listed path.
 
     Raises CorruptCheckpoint for anything but a well-formed manifest of this version.
     """
@@ -144,5 +176,6 @@ def loads(data: bytes) -> dict:
         raise CorruptCheckpoint(f"the manifest is not valid JSON ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION or "files" not in manifest:
         raise CorruptCheckpoint("the manifest is not one this version writes")
+    check_signature(manifest)
     check_entries(manifest)
     return manifest
