@@ -39,10 +39,7 @@ def load_files(folder: Path, manifest: dict) -> int:
         rel = entry["path"]
         path = mf.safe_join(folder, rel)
         if rel in pickled:
-            try:
-                safe_load.load_torch_file(path, deepspeed=deepspeed)
-            except mf.CorruptCheckpoint as err:
-                raise mf.CorruptCheckpoint(f"file {rel} does not load: {err}") from err
+            safe_load.load_torch_file(path, deepspeed=deepspeed, name=rel)
         elif path.suffix == ".safetensors":
             try:
                 load_file(str(path))

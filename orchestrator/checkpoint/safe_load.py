@@ -92,15 +92,18 @@ def _refusal(err: Exception) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
-def load_torch_file(path: Path, *, deepspeed: bool, mmap: bool = False):
-    """``torch.load(path, weights_only=True)`` with the allow-list. Raises CorruptCheckpoint naming the reason."""
+def load_torch_file(path: Path, *, deepspeed: bool, mmap: bool = False, name: str | None = None):
+    """``torch.load(path, weights_only=True)`` with the allow-list.
+
+    ``name``: how the error names the file (default: its file name). Raises CorruptCheckpoint with the reason.
+    """
     import torch
 
     try:
         with torch.serialization.safe_globals(allowed_globals(deepspeed=deepspeed)):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # noqa: BLE001 - whatever refuses the file makes the checkpoint corrupt
-        raise mf.CorruptCheckpoint(f"file {path.name} is refused: {_refusal(err)}") from err
+        raise mf.CorruptCheckpoint(f"file {name or path.name} is refused: {_refusal(err)}") from err
 
 
 def check_deepspeed_tag(folder: Path, manifest: dict) -> None:
@@ -128,10 +131,7 @@ def check_restorable(folder: Path, manifest: dict) -> int:
     deepspeed = uses_deepspeed(manifest)
     paths = pickled_files(manifest)
     for rel in paths:
-        try:
-            load_torch_file(mf.safe_join(folder, rel), deepspeed=deepspeed, mmap=True)
-        except mf.CorruptCheckpoint as err:
-            raise mf.CorruptCheckpoint(str(err).replace(f"file {Path(rel).name} ", f"file {rel} ", 1)) from err
+        load_torch_file(mf.safe_join(folder, rel), deepspeed=deepspeed, mmap=True, name=rel)
     return len(paths)
 
 
