@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from orchestrator import exitcodes
 from orchestrator.attempt.record import record_repro
+from orchestrator.checkpoint import safe_load
 from orchestrator.exitcodes import ExitClass
 
 log = logging.getLogger("orchestrator.worker")
@@ -96,7 +97,8 @@ class Runner:
             trainer = self.build(train_ds, eval_ds)
             if restored is None and not self.trial and self.record.writes and self.cfg.distributed.name != "zero3":
                 self.record_quality_before(trainer, eval_ds)
-            trainer.train(resume_from_checkpoint=str(restored) if restored else None)
+            with safe_load.no_code_from_storage():  # every torch.load weights_only=True, DeepSpeed's too
+                trainer.train(resume_from_checkpoint=str(restored) if restored else None)
             self.checkpoints.wait()
             if self.trial:
                 from orchestrator.attempt.trial import finish_trial

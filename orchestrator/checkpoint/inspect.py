@@ -5,8 +5,9 @@ written, its size and the attempt epoch that wrote it. ``--verify`` downloads
 each into a clean temporary folder, checks every file's size and SHA-256
 against the manifest, and only then deserialises the weights and training
 state (safetensors files with ``safetensors.torch.load_file``; ``.pt``,
-``.pth`` and ``.bin`` files with ``torch.load(weights_only=True)``) to prove the
-checkpoint restores. Exit code 1 when any checkpoint fails, 2 for a bad argument.
+``.pth`` and ``.bin`` files with ``torch.load(weights_only=True)`` and the
+restore's allow-list) to prove the checkpoint restores. A manifest listing an
+unsafe path (absolute, ``..``, empty parts) fails before anything is downloaded. Exit code 1 when any checkpoint fails, 2 for a bad argument.
 """
 from __future__ import annotations
 
@@ -18,39 +19,34 @@ import tempfile
 from pathlib import Path
 
 from orchestrator.checkpoint import manifest as mf
+from orchestrator.checkpoint import safe_load
 from orchestrator.checkpoint.store import CheckpointStore, CommittedCheckpoint
-
-# Files the Trainer writes with torch.save; everything else is JSON, text or safetensors.
-TORCH_SUFFIXES = (".pt", ".pth", ".bin")
-# A pickled TrainingArguments object: the Trainer never loads it on resume, and it cannot be
-# loaded with weights_only=True, so it is hash-checked but not deserialised.
-NOT_RESTORED = {"training_args.bin"}
-
 
 def load_files(folder: Path, manifest: dict) -> int:
     """Deserialise every weight and state file listed in ``manifest``; returns how many were loaded.
 
-    Call only after :func:`manifest.verify_folder` passed: nothing unverified is unpickled.
-    Raises the loader's exception (with the file named) when one does not load.
+    Call only after :func:`manifest.verify_folder` passed: nothing unverified is unpickled, and
+    pickles go through the restore's own allow-list (:mod:`orchestrator.checkpoint.safe_load`).
+    Raises CorruptCheckpoint (with the file named) when one does not load.
     """
-    import torch
     from safetensors.torch import load_file
-    from transformers.trainer_pt_utils import safe_globals
 
+    safe_load.check_deepspeed_tag(folder, manifest)
+    deepspeed = safe_load.uses_deepspeed(manifest)
+    pickled = set(safe_load.pickled_files(manifest))
     loaded = 0
     for entry in manifest["files"]:
-        path = folder / entry["path"]
-        try:
-            if path.suffix == ".safetensors":
+        rel = entry["path"]
+        path = mf.safe_join(folder, rel)
+        if rel in pickled:
+            safe_load.load_torch_file(path, deepspeed=deepspeed, name=rel)
+        elif path.suffix == ".safetensors":
+            try:
                 load_file(str(path))
-            elif path.suffix in TORCH_SUFFIXES and path.name not in NOT_RESTORED:
-                # the numpy RNG state in rng_state.pth needs the same allowlist the Trainer uses
-                with safe_globals():
-                    torch.load(path, map_location="cpu", weights_only=True)
-            else:
-                continue
-        except Exception as err:  # noqa: BLE001 - reported per checkpoint, with the file named
-            raise mf.CorruptCheckpoint(f"file {entry['path']} does not load: {type(err).__name__}: {err}") from err
+            except Exception as err:  # noqa: BLE001 - reported per checkpoint, with the file named
+                raise mf.CorruptCheckpoint(f"file {rel} does not load: {type(err).__name__}: {err}") from err
+        else:
+            continue
         loaded += 1
     return loaded
 
@@ -60,8 +56,7 @@ def verify_one(checkpoints: CheckpointStore, ckpt: CommittedCheckpoint, manifest
     with tempfile.TemporaryDirectory(prefix=f"verify-{ckpt.name}-") as tmp:
         local = Path(tmp)
         try:
-            for entry in manifest["files"]:
-                checkpoints.store.download_file(f"{checkpoints.prefix}{ckpt.name}/{entry['path']}", local / entry["path"])
+            checkpoints.download(ckpt, manifest, local)  # every path checked before its download
             mf.verify_folder(local, manifest)  # every hash before anything is deserialised
             load_files(local, manifest)
         except FileNotFoundError as err:

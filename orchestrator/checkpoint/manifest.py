@@ -7,17 +7,85 @@ restore can refuse a checkpoint that belongs to another trajectory.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 
 MANIFEST_NAME = "manifest.json"
+# A secret shared by the machines that write and restore a job (never stored in the bucket or the config):
+# when set, manifests are signed with HMAC-SHA256 and an unsigned or badly signed one is corrupt.
+SIGNING_KEY_VARIABLE = "ORCH_MANIFEST_HMAC_KEY"
 MANIFEST_VERSION = 1
 _CHUNK_BYTES = 8 * 1024 * 1024
 
 
 class CorruptCheckpoint(Exception):
-    """A file is missing, truncated or does not match its hash."""
+    """A file is missing, truncated, does not match its hash, or the manifest itself is unsafe."""
+
+
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# A Windows drive ("C:") would make the path absolute where the restore runs on Windows.
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def check_path(path: object) -> str:
+    """Return ``path`` if it is a safe relative path inside a checkpoint; raise CorruptCheckpoint otherwise.
+
+    Safe means: a non-empty string of '/'-separated parts, none of them empty, '.' or '..',
+    not absolute, no drive letter, no backslash, NUL or other control character. Whoever
+    can write the bucket writes the manifest, so this runs before anything is downloaded.
+    """
+    if not isinstance(path, str) or not path:
+        raise CorruptCheckpoint(f"the manifest lists an unsafe path {path!r} (not a non-empty string)")
+    why = None
+    if path.startswith("/") or _DRIVE.match(path):
+        why = "absolute"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in path):
+        why = "contains a control character"
+    elif "\\" in path:
+        why = "contains a backslash"
+    else:
+        parts = path.split("/")
+        if ".." in parts:
+            why = "climbs out with '..'"
+        elif any(p in ("", ".") for p in parts):
+            why = "an empty or '.' part"
+    if why:
+        raise CorruptCheckpoint(f"the manifest lists an unsafe path {path!r} ({why})")
+    return path
+
+
+def safe_join(folder: Path, path: str) -> Path:
+    """``folder / path`` after :func:`check_path`, and only if it stays inside ``folder`` once resolved
+    (a symbolic link already in ``folder`` cannot lead out). Raises CorruptCheckpoint."""
+    check_path(path)
+    joined = Path(folder).joinpath(*PurePosixPath(path).parts)
+    root = Path(folder).resolve()
+    if not joined.resolve().is_relative_to(root):
+        raise CorruptCheckpoint(f"the manifest lists an unsafe path {path!r} (leads out of the checkpoint folder)")
+    return joined
+
+
+def check_entries(manifest: dict) -> None:
+    """Check every file entry's shape and path (no duplicates, no manifest in the list). Raises CorruptCheckpoint."""
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        raise CorruptCheckpoint("the manifest's 'files' is not a list")
+    seen = set()
+    for entry in files:
+        if not isinstance(entry, dict):
+            raise CorruptCheckpoint(f"the manifest lists a file entry that is not an object: {entry!r}")
+        path = check_path(entry.get("path"))
+        if path in seen or path == MANIFEST_NAME:
+            raise CorruptCheckpoint(f"the manifest lists the path {path!r} twice or lists itself")
+        seen.add(path)
+        size, digest = entry.get("size"), entry.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise CorruptCheckpoint(f"the manifest gives {path!r} an invalid size {size!r}")
+        if not isinstance(digest, str) or not _SHA256_HEX.match(digest):
+            raise CorruptCheckpoint(f"the manifest gives {path!r} an invalid SHA-256 {digest!r}")
 
 
 def sha256_file(path: str | Path) -> str:
@@ -54,7 +122,7 @@ def build_manifest(folder: Path, *, run_name: str, step: int, epoch: int, meta: 
 def verify_folder(folder: Path, manifest: dict) -> None:
     """Check every listed file's size and hash before anything is deserialised. Raises CorruptCheckpoint."""
     for entry in manifest["files"]:
-        path = folder / entry["path"]
+        path = safe_join(folder, entry["path"])
         if not path.is_file():
             raise CorruptCheckpoint(f"file {entry['path']} is missing")
         size = os.path.getsize(path)
@@ -65,12 +133,49 @@ def verify_folder(folder: Path, manifest: dict) -> None:
             raise CorruptCheckpoint(f"file {entry['path']} does not match its SHA-256 (stored data changed)")
 
 
+def _signing_key() -> bytes | None:
+    key = os.environ.get(SIGNING_KEY_VARIABLE)
+    return key.encode() if key else None
+
+
+def _signature(manifest: dict, key: bytes) -> str:
+    body = {k: v for k, v in manifest.items() if k != "signature"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
+
+
+def check_signature(manifest: dict) -> None:
+    """With ``ORCH_MANIFEST_HMAC_KEY`` set, the manifest must carry its HMAC-SHA256. Raises CorruptCheckpoint."""
+    key = _signing_key()
+    if key is None:
+        return
+    given = manifest.get("signature")
+    if not isinstance(given, str):
+        raise CorruptCheckpoint(f"the manifest is not signed, and {SIGNING_KEY_VARIABLE} is set")
+    if not hmac.compare_digest(given, _signature(manifest, key)):
+        raise CorruptCheckpoint("the manifest's signature does not match (changed after signing, or signed with another key)")
+
+
 def dumps(manifest: dict) -> bytes:
-    return json.dumps(manifest, indent=1, sort_keys=True).encode()
+    """The manifest as stored; signed when ``ORCH_MANIFEST_HMAC_KEY`` is set."""
+    key = _signing_key()
+    body = {k: v for k, v in manifest.items() if k != "signature"}
+    if key is not None:
+        body["signature"] = _signature(body, key)
+    return json.dumps(body, indent=1, sort_keys=True).encode()
 
 
 def loads(data: bytes) -> dict:
-    manifest = json.loads(data)
-    if manifest.get("version") != MANIFEST_VERSION or "files" not in manifest:
+    """Parse a manifest read from storage, check its signature (when a key is set) and every listed path.
+
+    Raises CorruptCheckpoint for anything but a well-formed manifest of this version.
+    """
+    try:
+        manifest = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CorruptCheckpoint(f"the manifest is not valid JSON ({err})") from None
+    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION or "files" not in manifest:
         raise CorruptCheckpoint("the manifest is not one this version writes")
+    check_signature(manifest)
+    check_entries(manifest)
     return manifest

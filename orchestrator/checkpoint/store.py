@@ -238,19 +238,28 @@ class CheckpointStore:
     def restore_latest(self, dest_root: Path, *, check: Callable[[dict], None] | None = None) -> tuple[Optional[Path], Optional[dict]]:
         """Download and verify the newest committed checkpoint, falling back to older ones.
 
-        Every file's size and SHA-256 are checked before anything is deserialised;
-        a corrupt or partial checkpoint is reported and the previous one tried.
+        Every manifest path is checked before anything is downloaded, every file's
+        size and SHA-256 before anything is deserialised, and every pickle is
+        loaded once with ``weights_only=True`` and the allow-list of
+        :mod:`orchestrator.checkpoint.safe_load` (which cannot run code); a
+        checkpoint failing any of these is reported and the previous one tried.
         ``check(manifest)`` may raise (e.g. a changed config) to refuse the resume.
         Returns (local folder, manifest) or (None, None) when there is none.
         """
-        for ckpt in reversed(self.committed()):
+        from orchestrator.checkpoint import safe_load
+
+        committed = self.committed()
+        for ckpt in reversed(committed):
             local = Path(dest_root) / ckpt.name
             shutil.rmtree(local, ignore_errors=True)
             try:
+                # 1. the manifest, every listed path checked before anything is downloaded
                 manifest = mf.loads(self.store.get_bytes(ckpt.manifest_key))
-                for entry in manifest["files"]:
-                    self.store.download_file(f"{self.prefix}{ckpt.name}/{entry['path']}", local / entry["path"])
+                # 2. the files, each into its checked place inside ``local``
+                self.download(ckpt, manifest, local)
+                # 3. sizes and hashes, then 4. every pickle through the allow-list, without running it
                 mf.verify_folder(local, manifest)
+                safe_load.check_restorable(local, manifest)
             except (mf.CorruptCheckpoint, FileNotFoundError, ValueError) as err:
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", ckpt.name, err)
                 shutil.rmtree(local, ignore_errors=True)
@@ -259,4 +268,15 @@ class CheckpointStore:
                 check(manifest)
             log.info("restoring checkpoint %s (step %d), all %d files verified", ckpt.name, ckpt.step, len(manifest["files"]))
             return local, manifest
+        if committed:
+            log.warning("none of the %d committed checkpoints is usable; training starts from scratch", len(committed))
         return None, None
+
+    def download(self, ckpt: CommittedCheckpoint, manifest: dict, local: Path) -> None:
+        """Download every file ``manifest`` lists into ``local``; each path is checked before its download.
+
+        Raises CorruptCheckpoint for a path that would land outside ``local``, FileNotFoundError for a missing file.
+        """
+        for entry in manifest["files"]:
+            dest = mf.safe_join(local, entry["path"])
+            self.store.download_file(f"{self.prefix}{ckpt.name}/{entry['path']}", dest)
