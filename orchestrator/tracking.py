@@ -128,8 +128,12 @@ def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def resolve_tracking_uri(tracking_cfg: Any) -> str:
-    """``$MLFLOW_TRACKING_URI``, else ``tracking.uri``, else SQLite under ``./.cache/mlflow``."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or getattr(tracking_cfg, "uri", None)
+    """``tracking.uri`` when the config sets one, else ``$MLFLOW_TRACKING_URI``, else SQLite under ``./.cache/mlflow``.
+
+    An explicit key wins over the environment: a variable left set in a shell
+    must not send a job's run to another server than the one its config names.
+    """
+    uri = getattr(tracking_cfg, "uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
     folder = Path.cwd() / ".cache" / "mlflow"

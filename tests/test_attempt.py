@@ -23,7 +23,12 @@ from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.compose import compose_config
 from orchestrator.config import ComputeConfig, RequeueConfig
 from orchestrator.cost import Price
-from orchestrator.errors import BudgetExhausted, CapsReached, Fenced, JobAlreadyCompleted
+from orchestrator.errors import (
+    BudgetExhausted,
+    CapsReached,
+    Fenced,
+    JobAlreadyCompleted,
+)
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.requeue import RequeuePolicy

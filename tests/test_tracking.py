@@ -236,3 +236,14 @@ def test_a_worker_turns_off_the_hub_telemetry_trl_sends_unless_the_user_set_it(t
     setting = {} if user_setting is None else {"HF_HUB_DISABLE_TELEMETRY": user_setting}
     out = _fresh_python(code, tmp_path, **setting)
     assert f"DISABLED {expect_disabled}" in out, out[-4000:]
+
+
+def test_an_explicit_tracking_uri_wins_over_mlflow_tracking_uri_in_the_environment(monkeypatch, tmp_path):
+    from orchestrator.tracking import resolve_tracking_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://left-in-the-shell:5000")
+    assert resolve_tracking_uri(TrackingConfig(uri="http://the-configured-server:5000")) == "http://the-configured-server:5000"
+    assert resolve_tracking_uri(TrackingConfig(uri=None)) == "http://left-in-the-shell:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_tracking_uri(TrackingConfig(uri=None)) == f"sqlite:///{tmp_path}/.cache/mlflow/mlflow.db"

@@ -11,7 +11,12 @@ import os
 import socket
 from typing import Any, Optional
 
-from orchestrator.errors import BudgetExhausted, CapsReached, JobAlreadyCompleted, UserError
+from orchestrator.errors import (
+    BudgetExhausted,
+    CapsReached,
+    JobAlreadyCompleted,
+    UserError,
+)
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger, attempts_cost_usd
 from orchestrator.requeue import RequeuePolicy

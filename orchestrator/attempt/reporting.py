@@ -100,7 +100,11 @@ class AttemptTracking:
         """The attempt's closing figures, the cost report (printed too), the redacted config; tag and close the run."""
         if self.tracker is None:
             return
-        from orchestrator.cost_report import build_report, format_report, usd_per_quality_point
+        from orchestrator.cost_report import (
+            build_report,
+            format_report,
+            usd_per_quality_point,
+        )
 
         per_point = usd_per_quality_point(figures["cost_usd"], quality)
         if per_point is not None:

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from orchestrator import exitcodes
+from orchestrator.attempt.measure import peak_memory_bytes
 from orchestrator.attempt.record import record_repro
 from orchestrator.checkpoint import safe_load
 from orchestrator.exitcodes import ExitClass
@@ -262,17 +263,6 @@ class Runner:
         """Best effort: record a failed attempt; the ledger may be what failed."""
         self.record.fail(exit_class, self.step, self.money.attempt_cost_usd(), status)
         self.tracking.close("FAILED", flush_timeout_s=10)
-
-
-def peak_memory_bytes() -> int:
-    """CUDA max allocated on a GPU; peak RSS of this process on CPU."""
-    import resource
-
-    import torch
-
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def redacted_config(cfg) -> dict:

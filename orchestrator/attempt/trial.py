@@ -1,7 +1,7 @@
 """``train.trial_steps=N``: print the plan beside what N steps measured; log both to MLflow."""
 from __future__ import annotations
 
-from orchestrator.attempt.runner import peak_memory_bytes
+from orchestrator.attempt.measure import gradient_bytes, peak_memory_bytes
 
 
 def finish_trial(runner, trainer) -> None:
@@ -22,16 +22,3 @@ def finish_trial(runner, trainer) -> None:
     print(plan.format_trial(estimate, measured, cost), flush=True)
     runner.tracking.log_metrics({f"trial_{k}": float(v) for k, v in measured.items() if v is not None}, runner.step)
     runner.tracking.log_dict({"estimate": estimate.components, "measured": measured}, "trial.json")
-
-
-def gradient_bytes(trainer) -> int:
-    """Bytes of gradients one backward pass allocates, measured on a training batch."""
-    model = trainer.model
-    batch = next(iter(trainer.get_train_dataloader()))
-    batch = trainer._prepare_inputs(batch)
-    model.train()
-    loss = trainer.compute_loss(model, batch)
-    loss.backward()
-    total = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
-    model.zero_grad(set_to_none=True)
-    return int(total)

@@ -1,0 +1,85 @@
+"""The package's import graph: no cycles, nothing imports the launcher, and the Hydra-free modules stay so.
+
+Every import counts, also those inside functions (a lazy import is still a dependency).
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("orchestrator", "recipes")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for target in targets:
+                # a module imports the deepest known module its target names
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state, stack = [], {}, []
+
+    def visit(node: str) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_and_nothing_imports_the_launcher():
+    graph = _graph()
+    assert "orchestrator.launch" in graph and "orchestrator.attempt.runner" in graph
+    assert not _cycles(graph), _cycles(graph)
+    importers = sorted(name for name, deps in graph.items() if "orchestrator.launch" in deps)
+    assert importers == [], f"modules importing orchestrator.launch: {importers}"
+
+
+def test_the_cycle_check_finds_a_planted_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_storage_preemption_and_the_backends_import_without_hydra():
+    code = ("import sys\n"
+            "import orchestrator.durations, orchestrator.storage, orchestrator.preemption, orchestrator.backends\n"
+            "import orchestrator.ledger, orchestrator.checkpoint.store\n"
+            "print(sorted(m for m in ('hydra', 'torch', 'transformers') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
