@@ -125,7 +125,6 @@ def test_lora_state_is_proportional_to_rank_and_target_count():
 
     r8, r16 = state(8, ["q_proj", "v_proj"]), state(16, ["q_proj", "v_proj"])
     assert r16.trainable_state_bytes == 2 * r8.trainable_state_bytes
-    assert r8.trainable_state_bytes == 16 * r8.trainable_params  # fp32 adapter + grad + 2 Adam states
     four = state(8, ["q_proj", "k_proj", "v_proj", "o_proj"])  # all 4096 x 4096 in Llama-2-7B
     assert four.trainable_state_bytes == 2 * r8.trainable_state_bytes
     assert r8.components["weights"] == r8.params["total"] * 2  # frozen base, no gradients for it

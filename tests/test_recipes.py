@@ -1,6 +1,7 @@
 """The three recipes train on CPU with real TRL trainers, and the default job learns its task."""
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -46,7 +47,10 @@ def test_dpo_trains_adapters_against_the_frozen_base(tmp_path):
 
 def test_sft_full_fine_tune_trains_every_weight(tmp_path):
     cfg, trainer, _ = _trainer(sft, ["recipe.peft=full", "train.max_steps=3", "data.num_examples=64"], tmp_path)
-    assert all(p.requires_grad for p in trainer.model.parameters())
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
+    assert not unchanged, f"a full fine-tune left these weights untouched: {unchanged}"
 
 
 def test_sft_accepts_chat_messages(tmp_path):
@@ -57,8 +61,14 @@ def test_sft_accepts_chat_messages(tmp_path):
 
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg, trainer, evald = _trainer(sft, ["data=jsonl", f"data.path={f}", "train.max_steps=3"], tmp_path / "out")
+    # each row is rendered with the tokenizer's chat template: the user's turn, then the assistant's answer
+    text = trainer.processing_class.decode(trainer.train_dataset[0]["input_ids"])
+    turn = re.search(r"(\d+) \+ (\d+) =\s*A: (\d+)", text)
+    assert turn and int(turn.group(3)) == int(turn.group(1)) + int(turn.group(2)), text
     trainer.train()
-    assert 0.0 <= sft.accuracy(trainer, cfg, evald) <= 1.0
+    summary = trainer.state.log_history[-1]
+    assert trainer.state.global_step == 3 and math.isfinite(summary["train_loss"]), trainer.state.log_history
+    assert isinstance(sft.accuracy(trainer, cfg, evald), float)
 
 
 def test_default_job_improves_held_out_accuracy(tmp_path):
