@@ -131,7 +131,7 @@ class BudgetConfig:
     max_usd: Optional[float] = None  # hard stop: final checkpoint, BUDGET_EXHAUSTED, never requeued
     alert_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.0])  # fractions of max_usd
     webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (retried; never stops training)
-    projection_alert: bool = True  # alert once when spent + remaining steps x recent cost/step > max_usd
+    projection_alert: bool = True  # alert once when spent + remaining steps x steady cost/step + start-ups to come > max_usd
 
 
 @dataclass

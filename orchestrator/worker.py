@@ -85,6 +85,7 @@ class Job:
         self.job_metrics_every = parse_duration(cfg.tracking.job_metrics_every, key="tracking.job_metrics_every")
         self._last_job_metrics = -math.inf  # the first log carries them
         self.prior_cost_usd = 0.0
+        self.restarts = 0
         self.tracker = None
         self.guard = None
         self._max_steps = int(cfg.train.max_steps)
@@ -129,6 +130,7 @@ class Job:
             raise
         ledger = self.ledger.load()
         self.prior_cost_usd = sum(float(a.get("cost_usd") or 0) for a in ledger["attempts"][:-1])
+        self.restarts = len(ledger["attempts"]) - 1  # attempts before this one
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
                  self.run_name, attempt["host"], newest)
         self.checkpoints.remove_uncommitted()
@@ -142,10 +144,11 @@ class Job:
             return f"preempted ({self.preemption.reason})"
         if self.guard is not None:
             total = self.total_cost_usd()
-            steps = max(1, self.step - self.step_at_start)
             # plain numbers: this runs every step, and an OmegaConf lookup costs tens of microseconds
             self.guard.check(total, steps_done=self.step, max_steps=self._max_steps,
-                             recent_usd_per_step=self.meter.attempt_cost_usd() / steps)
+                             attempt_cost_usd=self.meter.attempt_cost_usd(),
+                             startup_cost_usd=self.meter.cost_usd(self.first_step_seconds),
+                             steps_this_attempt=self.step - self.step_at_start, restarts=self.restarts)
             if self.guard.exhausted(total):
                 self._budget_stop = True
                 return f"budget exhausted (${total:.4f} of ${self.cfg.budget.max_usd})"
