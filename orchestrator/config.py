@@ -86,6 +86,7 @@ class ComputeConfig:
     cloud: str = "any"  # aws | gcp | azure | any (the catalog's cheapest)
     price_per_hour: Optional[float] = None  # overrides the catalog; USD per GPU-hour (per node-hour for cpu)
     memory_gb: Optional[float] = None  # GPU memory per device, from the catalog when unset
+    allow_idle_gpus: bool = False  # let a job bill more GPUs than it starts training processes for (refused otherwise)
 
 
 @dataclass

@@ -29,8 +29,12 @@ def test_every_config_composes(group, option, tmp_path):
         extra = ["data.path=trl-lib/Capybara"]
     if group == "storage" and option == "s3":
         extra = ["storage.uri=s3://bucket/runs"]
-    if group == "recipe" and option == "dpo":
-        pass
+    if group == "compute":
+        import yaml
+
+        gpus = yaml.safe_load((conf_dir() / "compute" / f"{option}.yaml").read_text()).get("gpus_per_node", 0)
+        if gpus > 1:  # one training process per GPU, or the job is refused for billing idle GPUs
+            extra = ["distributed=ddp", f"distributed.processes_per_node={gpus}"]
     cfg = compose_config([f"{group}={option}", *extra])
     assert cfg[group] is not None
 
