@@ -101,8 +101,14 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value!r} is not a valid choice; choose one of: {', '.join(allowed)}.")
     if cfg.recipe.peft == "full" and cfg.recipe.name != "sft":
         raise ConfigError(f"recipe.peft=full works with recipe=sft only; {cfg.recipe.name} trains LoRA adapters.")
+    if cfg.recipe.quantization == "nf4" and cfg.recipe.peft == "full":
+        raise ConfigError("recipe.quantization=nf4 needs recipe.peft=lora: a 4-bit base cannot be fully fine-tuned. "
+                          "Use recipe.peft=lora (QLoRA) or recipe.quantization=none.")
     if cfg.recipe.name == "qlora" and cfg.recipe.quantization != "nf4":
         raise ConfigError("recipe=qlora needs recipe.quantization=nf4 (a 4-bit base); use recipe=sft for an unquantised base.")
+    if cfg.tracking.log_final_weights and not cfg.tracking.enabled:
+        raise ConfigError("tracking.log_final_weights=true logs the final weights to MLflow, but tracking.enabled=false. "
+                          "Set tracking.enabled=true, or drop tracking.log_final_weights.")
     if cfg.data.source in ("jsonl", "hub") and not cfg.data.path:
         raise ConfigError(f"data={cfg.data.source} needs data.path (a JSONL file or a hub dataset id).")
     if cfg.data.source == "jsonl":

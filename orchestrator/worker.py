@@ -427,13 +427,18 @@ class Job:
     def finish(self, trainer, eval_ds) -> int:
         cfg = self.cfg
         final = self.work / "final"
-        trainer.save_model(str(final))  # collective under ZeRO-3; the Trainer writes on rank 0
+        save, log_weights = cfg.checkpoint.save_final_weights, cfg.tracking.log_final_weights and self.main
+        if save or cfg.tracking.log_final_weights:
+            trainer.save_model(str(final))  # collective under ZeRO-3; the Trainer writes on rank 0
         dist.barrier()
-        if self.main:
+        if self.main and (save or log_weights):
             trainer.processing_class.save_pretrained(str(final))
             (final / "config.yaml").write_text(OmegaConf.to_yaml(redacted_config(cfg)))
             self.ledger.check_epoch()
-            self.upload_final(final)
+            if save:
+                self.upload_final(final)
+            if log_weights and self.tracker:
+                self.tracker.log_artifacts_dir(final, "final_weights")
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
         if not self.main:
             return exitcodes.COMPLETED
@@ -446,7 +451,8 @@ class Job:
         if self.tracker:
             self.tracker.log_metrics(metrics, self.step)
         self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED", final_metrics=metrics)
-        print(f"final weights: {self.store.get_uri(f'{self.run_name}/final/')}", flush=True)
+        if cfg.checkpoint.save_final_weights:
+            print(f"final weights: {self.store.get_uri(f'{self.run_name}/final/')}", flush=True)
         return exitcodes.COMPLETED
 
     def upload_final(self, folder: Path) -> None:

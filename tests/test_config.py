@@ -78,6 +78,8 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
         (["model.name_or_path=/no/such/model"], ["/no/such/model", "does not exist"]),
         (["checkpoint.every=sometimes"], ["checkpoint.every", "90s, 15m, 1h"]),
         (["recipe=dpo", "recipe.peft=full"], ["recipe.peft=full works with recipe=sft only"]),
+        (["recipe.quantization=nf4", "recipe.peft=full"], ["recipe.quantization=nf4 needs recipe.peft=lora"]),
+        (["tracking.enabled=false", "tracking.log_final_weights=true"], ["tracking.log_final_weights=true", "tracking.enabled=true"]),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_message(args, needles, tmp_path):
