@@ -185,13 +185,19 @@ def _check_gpus_match_processes(cfg: DictConfig) -> None:
 
 
 def _check_attempt_settings(cfg: DictConfig) -> None:
-    """What the requeue policy, the preemption handler and the store would refuse when an attempt starts.
+    """What the price catalog, the requeue policy, the preemption handler and the store would refuse
+    when an attempt starts.
 
     Their constructors raise ValueError for these; found here, at launch, they exit 4 instead of
     a traceback in the launcher or a crash that an engine requeues.
     """
+    from orchestrator.cost import load_catalog, price_for
     from orchestrator.storage import check_uri
 
+    try:  # the worker prices its attempt first thing (orchestrator.cost.CostMeter)
+        price_for(cfg.compute, load_catalog())
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(str(err)) from None
     requeue = cfg.requeue
     for key in ("max_preemptions", "max_failures"):
         if requeue[key] < 0:

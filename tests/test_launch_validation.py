@@ -33,11 +33,13 @@ FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_fa
         ("storage.uri=file://", ["storage.uri", "names no folder"]),
         ("storage.uri=s3://", ["storage.uri", "names no bucket"]),
         ("storage.multipart_threshold_mb=0", ["storage.multipart_threshold_mb=0", "storage.multipart_threshold_mb=64"]),
+        # price_for, the worker's first step
+        ("compute=h100-spot compute.gpu_type=b200", ["compute.gpu_type='b200' is not in the price catalog", "compute.price_per_hour"]),
     ],
 )
 def test_a_setting_an_attempt_would_refuse_exits_4_at_launch(bad, needles, tmp_path):
     storage = [] if bad.startswith("storage.uri=") else [f"storage.uri={tmp_path / 'runs'}"]
-    done = jobs.run_job(FAST + storage + ["run.name=refused", bad], tmp_path, timeout=300)
+    done = jobs.run_job(FAST + storage + ["run.name=refused", *bad.split()], tmp_path, timeout=300)
     assert done.returncode == 4, (done.returncode, done.stderr[-3000:])
     assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
