@@ -163,8 +163,10 @@ def projected_total_usd(
     - steady cost per step: (``attempt_usd`` - start-up cost) / (steps_this_attempt - 1), the
       steps after the first one; checkpoint saves and logging between them are included.
     - expected start-ups: the attempts still to come, each paying the start-up again,
-      estimated from the job's own record: ``restarts`` (attempts before this one) per step
-      reached so far, times the remaining steps. A job never interrupted projects none.
+      estimated from the job's own interruption rate: ``restarts`` (attempts before this one)
+      per dollar spent so far, times what the remaining steps will cost. The price per hour is
+      fixed, so that is restarts per machine-hour times the hours to go. A job never
+      interrupted projects none.
 
     Lost work (steps redone after an interruption) is not projected.
 
@@ -185,8 +187,9 @@ def projected_total_usd(
         return None
     usd_per_step = max(0.0, attempt_usd - startup_usd) / steady_steps
     remaining = max(0, max_steps - step)
-    startups_to_come = restarts / step * remaining if step > 0 else 0.0
-    return spent_usd + remaining * usd_per_step + startups_to_come * startup_usd
+    steps_usd = remaining * usd_per_step
+    startups_to_come = restarts * steps_usd / spent_usd if spent_usd > 0 else 0.0
+    return spent_usd + steps_usd + startups_to_come * startup_usd
 
 
 class LogSink:

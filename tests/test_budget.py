@@ -101,11 +101,15 @@ def test_projection_waits_for_steady_steps():
 
 
 def test_projection_charges_the_start_ups_the_next_attempts_will_pay():
-    # attempt 3 of a job (2 restarts by step 100) resumed at step 90: $2 start-up, $0.01/step.
-    # 100 steps to go at 2 restarts per 100 steps: 2 more start-ups at $2
+    # attempt 3 of a job (2 restarts in its first $10) resumed at step 90: $2 start-up, $0.01/step.
+    # 100 steps to go cost $1 of machine time: at 2 restarts per $10, 0.2 more start-ups at $2
     projected = projected_total_usd(spent_usd=10.0, step=100, max_steps=200, attempt_usd=2.09, startup_usd=2.0,
                                     steps_this_attempt=10, restarts=2)
-    assert projected == pytest.approx(10.0 + 100 * 0.01 + 2 * 2.0)
+    assert projected == pytest.approx(10.0 + 100 * 0.01 + 0.2 * 2.0)
+    # three kills during loading, then 4 steps: the rate is per machine-hour, not per step reached
+    early = projected_total_usd(spent_usd=8.0, step=4, max_steps=2004, attempt_usd=2.03, startup_usd=2.0,
+                                steps_this_attempt=4, restarts=3)
+    assert early == pytest.approx(8.0 + 20.0 + 3 * 20.0 / 8.0 * 2.0)
     resumed_in_place = projected_total_usd(spent_usd=10.0, step=100, max_steps=200, attempt_usd=2.09,
                                            startup_usd=2.0, steps_this_attempt=10, restarts=0)
     assert resumed_in_place == pytest.approx(10.0 + 100 * 0.01)
@@ -193,11 +197,11 @@ def test_a_raising_sink_does_not_stop_the_others():
 USD_PER_SECOND = ["compute.price_per_hour=3600", "budget.alert_thresholds=[]"]
 
 
-def _budgeted_job(tmp_path, receiver, *extra):
+def _budgeted_job(tmp_path, receiver, *extra, env=None):
     storage = jobs.Storage(str(tmp_path / "runs"))
     overrides = jobs.with_overrides(jobs.FAST + storage.overrides() + USD_PER_SECOND,
                                     "run.name=budgeted", f"budget.webhook_url={receiver.url}", *extra)
-    done = jobs.run_job(overrides, tmp_path, timeout=600)
+    done = jobs.run_job(overrides, tmp_path, env=jobs.job_env(tmp_path, env), timeout=600)
     out = done.stdout + done.stderr
     first_step = re.search(r"start to first step: ([0-9.]+)s", out)
     assert first_step, out[-3000:]
@@ -205,19 +209,26 @@ def _budgeted_job(tmp_path, receiver, *extra):
 
 
 def test_start_up_alone_sets_off_no_projection_alert(tmp_path, receiver):
-    """60 steps at ~0.15 s after several seconds of start-up: the job costs well under its $50, though
-    start-up over one step, times 60 steps, is far over it (the alert the issue saw at step 1)."""
-    done, out, startup_usd, ledger = _budgeted_job(tmp_path, receiver, "train.max_steps=60", "budget.max_usd=50")
+    """Seconds of start-up (the "before" evaluation made long), then 100 fast steps and no final
+    evaluation: the job costs several times less than its $80, while start-up over one step, times 100
+    steps, is several times more (the alert the issue saw at step 1)."""
+    done, out, startup_usd, ledger = _budgeted_job(
+        tmp_path, receiver, "train.max_steps=100", "budget.max_usd=80", "checkpoint.every=off",
+        "train.eval_at_end=false", "data.num_examples=1000", "recipe.eval_generate_max_new_tokens=24",
+        # no floor under the step time, and one thread: steps stay fast next to the start-up on a busy machine
+        env={"ORCH_STEP_DELAY_SECONDS": "0", "OMP_NUM_THREADS": "1"})
+    print(f"start-up ${startup_usd:.2f}, job ${ledger['cost_usd']:.2f}")
     assert done.returncode == 0, out[-3000:]
-    assert ledger["cost_usd"] < 50, ledger["cost_usd"]
-    assert startup_usd * 60 > 50, f"start-up of ${startup_usd:.2f} is too short for this test to prove anything"
+    assert ledger["cost_usd"] < 80, ledger["cost_usd"]
+    assert startup_usd * 100 > 80, f"start-up of ${startup_usd:.2f} is too short for this test to prove anything"
     assert receiver.alert_names()["budget_projection"] == 0, [b["text"] for b in receiver.bodies]
 
 
 def test_a_real_overrun_gets_exactly_one_projection_alert_near_the_truth(tmp_path, receiver):
     """2000 steps on a $20 budget: the projection fires once, early, and says about what 2000 steps
     at this job's own steady rate would cost; the budget then stops the job."""
-    done, out, startup_usd, ledger = _budgeted_job(tmp_path, receiver, "train.max_steps=2000", "budget.max_usd=20")
+    done, out, startup_usd, ledger = _budgeted_job(tmp_path, receiver, "train.max_steps=2000", "budget.max_usd=20",
+                                                   env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 3, out[-3000:]
     assert receiver.alert_names()["budget_projection"] == 1, [b["text"] for b in receiver.bodies]
     (text,) = [b["text"] for b in receiver.bodies if b["text"].startswith("[budget_projection]")]
