@@ -19,6 +19,9 @@ from typing import Any, Callable, Iterable, Optional, Protocol
 log = logging.getLogger(__name__)
 
 PROJECTION_ALERT = "budget_projection"
+# Steps after an attempt's first one that the projection waits for: the first step carries the
+# start-up (imports, model load, restore, the "before" evaluation) and says nothing of the rate.
+MIN_STEADY_STEPS = 3
 
 
 def threshold_alert_name(fraction: float) -> str:
@@ -72,9 +75,19 @@ class BudgetGuard:
         *,
         steps_done: int,
         max_steps: int,
-        recent_usd_per_step: Optional[float],
+        attempt_cost_usd: Optional[float] = None,
+        startup_cost_usd: Optional[float] = None,
+        steps_this_attempt: int = 0,
+        restarts: int = 0,
     ) -> list[Alert]:
-        """Return (and send) the alerts that fire now for the first time in this job."""
+        """Return (and send) the alerts that fire now for the first time in this job.
+
+        Args:
+            total_cost_usd: the job's spend so far (all attempts).
+            steps_done: the job's optimizer step; max_steps: where it ends.
+            attempt_cost_usd, startup_cost_usd, steps_this_attempt, restarts: this attempt's
+                figures for the projection (see :func:`projected_total_usd`); None: no projection.
+        """
         if self.max_usd is None:
             return []
         fired = []
@@ -87,14 +100,17 @@ class BudgetGuard:
                     + ("; it stops at the next checkpoint." if fraction >= 1.0 else ".")
                 )
                 fired += self._fire(Alert(name, message, total_cost_usd, self.max_usd))
-        projected = self._projected(total_cost_usd, steps_done, max_steps, recent_usd_per_step)
-        if self.projection_alert and projected is not None and projected > self.max_usd:
-            message = (
-                f"[{PROJECTION_ALERT}] job {self.job_name!r} is projected to cost ${projected:,.2f} "
-                f"(spent ${total_cost_usd:,.2f} at step {steps_done}/{max_steps}), over its "
-                f"${self.max_usd:,.2f} budget. Raise budget.max_usd or lower train.max_steps."
-            )
-            fired += self._fire(Alert(PROJECTION_ALERT, message, total_cost_usd, self.max_usd, projected))
+        if self.projection_alert and PROJECTION_ALERT not in self._decided:
+            projected = projected_total_usd(
+                spent_usd=total_cost_usd, step=steps_done, max_steps=max_steps, attempt_usd=attempt_cost_usd,
+                startup_usd=startup_cost_usd, steps_this_attempt=steps_this_attempt, restarts=restarts)
+            if projected is not None and projected > self.max_usd:
+                message = (
+                    f"[{PROJECTION_ALERT}] job {self.job_name!r} is projected to cost ${projected:,.2f} "
+                    f"(spent ${total_cost_usd:,.2f} at step {steps_done}/{max_steps}), over its "
+                    f"${self.max_usd:,.2f} budget. Raise budget.max_usd or lower train.max_steps."
+                )
+                fired += self._fire(Alert(PROJECTION_ALERT, message, total_cost_usd, self.max_usd, projected))
         return fired
 
     def wait_for_delivery(self, timeout_s: float = 15.0) -> bool:
@@ -107,12 +123,6 @@ class BudgetGuard:
             if wait is not None:
                 done = wait(max(0.0, deadline - time.monotonic())) and done
         return done
-
-    @staticmethod
-    def _projected(total: float, steps_done: int, max_steps: int, usd_per_step: Optional[float]) -> Optional[float]:
-        if usd_per_step is None or max_steps <= 0:
-            return None
-        return total + max(0, max_steps - steps_done) * usd_per_step
 
     def _fire(self, alert: Alert) -> list[Alert]:
         if alert.name in self._decided:
@@ -131,6 +141,55 @@ class BudgetGuard:
             except Exception:
                 log.exception("alert sink %s failed for %s", type(sink).__name__, alert.name)
         return [alert]
+
+
+def projected_total_usd(
+    *,
+    spent_usd: float,
+    step: int,
+    max_steps: int,
+    attempt_usd: Optional[float],
+    startup_usd: Optional[float],
+    steps_this_attempt: int,
+    restarts: int = 0,
+) -> Optional[float]:
+    """What the job will have cost when it reaches ``max_steps``, from the steady-state rate.
+
+    projected = spent + remaining x steady cost per step + expected start-ups x start-up cost
+
+    - start-up cost (``startup_usd``): this attempt's cost from its start to the end of its
+      first step -- imports, model load, download and restore, the "before" evaluation, the
+      first step's warm-up. Paid once per attempt, so it is not a per-step cost.
+    - steady cost per step: (``attempt_usd`` - start-up cost) / (steps_this_attempt - 1), the
+      steps after the first one; checkpoint saves and logging between them are included.
+    - expected start-ups: the attempts still to come, each paying the start-up again,
+      estimated from the job's own interruption rate: ``restarts`` (attempts before this one)
+      per dollar spent so far, times what the remaining steps will cost. The price per hour is
+      fixed, so that is restarts per machine-hour times the hours to go. A job never
+      interrupted projects none.
+
+    Lost work (steps redone after an interruption) is not projected.
+
+    Args:
+        spent_usd: the job's spend so far, all attempts.
+        step: the job's optimizer step now; max_steps: its last step.
+        attempt_usd: this attempt's cost so far; startup_usd: its cost at its first step.
+        steps_this_attempt: optimizer steps this attempt has done (its first included).
+        restarts: attempts of the job before this one.
+
+    Returns None while there is nothing to project from: no start-up figure yet, fewer than
+    ``MIN_STEADY_STEPS`` steps after the first, or no step limit (``max_steps <= 0``).
+    """
+    if attempt_usd is None or startup_usd is None or max_steps <= 0:
+        return None
+    steady_steps = steps_this_attempt - 1
+    if steady_steps < MIN_STEADY_STEPS:
+        return None
+    usd_per_step = max(0.0, attempt_usd - startup_usd) / steady_steps
+    remaining = max(0, max_steps - step)
+    steps_usd = remaining * usd_per_step
+    startups_to_come = restarts * steps_usd / spent_usd if spent_usd > 0 else 0.0
+    return spent_usd + steps_usd + startups_to_come * startup_usd
 
 
 class LogSink:

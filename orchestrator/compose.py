@@ -101,8 +101,14 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value!r} is not a valid choice; choose one of: {', '.join(allowed)}.")
     if cfg.recipe.peft == "full" and cfg.recipe.name != "sft":
         raise ConfigError(f"recipe.peft=full works with recipe=sft only; {cfg.recipe.name} trains LoRA adapters.")
+    if cfg.recipe.quantization == "nf4" and cfg.recipe.peft == "full":
+        raise ConfigError("recipe.quantization=nf4 needs recipe.peft=lora: a 4-bit base cannot be fully fine-tuned. "
+                          "Use recipe.peft=lora (QLoRA) or recipe.quantization=none.")
     if cfg.recipe.name == "qlora" and cfg.recipe.quantization != "nf4":
         raise ConfigError("recipe=qlora needs recipe.quantization=nf4 (a 4-bit base); use recipe=sft for an unquantised base.")
+    if cfg.tracking.log_final_weights and not cfg.tracking.enabled:
+        raise ConfigError("tracking.log_final_weights=true logs the final weights to MLflow, but tracking.enabled=false. "
+                          "Set tracking.enabled=true, or drop tracking.log_final_weights.")
     if cfg.data.source in ("jsonl", "hub") and not cfg.data.path:
         raise ConfigError(f"data={cfg.data.source} needs data.path (a JSONL file or a hub dataset id).")
     if cfg.data.source == "jsonl":
@@ -128,11 +134,94 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"run.name={cfg.run.name!r} must be a non-empty name without '/'.")
     if cfg.budget.max_usd is not None and cfg.budget.max_usd <= 0:
         raise ConfigError("budget.max_usd must be positive (or null for no budget).")
+    _check_gpus_match_processes(cfg)
+    _check_attempt_settings(cfg)
     if cfg.model.name_or_path.startswith(("/", "./", "../", "~")) and not Path(cfg.model.name_or_path).expanduser().is_dir():
         raise ConfigError(
             f"model.name_or_path={cfg.model.name_or_path!r} does not exist. Give an existing local model folder "
             "(with config.json) or a hub id such as Qwen/Qwen2.5-0.5B."
         )
+
+
+def training_processes(cfg: DictConfig) -> int:
+    """Training processes the job starts: distributed.processes_per_node x distributed.nodes, 1 for distributed=none."""
+    if cfg.distributed.name == "none":
+        return 1
+    return int(cfg.distributed.processes_per_node) * int(cfg.distributed.nodes)
+
+
+def _check_gpus_match_processes(cfg: DictConfig) -> None:
+    """Refuse a job that bills GPUs it does not train on (or starts more processes than it has GPUs).
+
+    One training process drives one GPU. CPU presets (no GPUs) are exempt;
+    ``compute.allow_idle_gpus=true`` lets a job bill more GPUs than it uses, deliberately.
+    """
+    from orchestrator.cost import CPU_TYPES
+
+    per_node, nodes = int(cfg.compute.gpus_per_node), int(cfg.compute.nodes)
+    if per_node <= 0 or str(cfg.compute.gpu_type or "none").lower() in CPU_TYPES:
+        return
+    gpus, processes = per_node * nodes, training_processes(cfg)
+    if gpus == processes or (processes < gpus and cfg.compute.allow_idle_gpus):
+        return
+    started = (f"distributed={cfg.distributed.name} starts {processes} training process{'es' if processes > 1 else ''}"
+               + ("" if cfg.distributed.name == "none" else
+                  f" (distributed.processes_per_node={cfg.distributed.processes_per_node} x "
+                  f"distributed.nodes={cfg.distributed.nodes})"))
+    billed = (f"compute={cfg.compute.name} bills {gpus} GPUs (compute.gpus_per_node={per_node} x "
+              f"compute.nodes={nodes})")
+    spread = f"distributed.processes_per_node={per_node}" + (f" distributed.nodes={nodes}" if nodes > 1 else "")
+    if processes < gpus:
+        raise ConfigError(
+            f"{billed} but {started}, so {gpus - processes} of them would be paid for and sit idle. "
+            f"Train on all of them (distributed=ddp, zero2, zero3 or fsdp with {spread}), pick compute with "
+            f"{processes} GPU{'s' if processes > 1 else ''} (e.g. compute.gpus_per_node={max(1, processes // nodes)}), "
+            "or set compute.allow_idle_gpus=true if the idle GPUs are deliberate."
+        )
+    raise ConfigError(
+        f"{billed} but {started}: one process per GPU. Set {spread}, or compute.gpus_per_node so that "
+        f"gpus_per_node x nodes = {processes}."
+    )
+
+
+def _check_attempt_settings(cfg: DictConfig) -> None:
+    """What the price catalog, the requeue policy, the preemption handler and the store would refuse
+    when an attempt starts.
+
+    Their constructors raise ValueError for these; found here, at launch, they exit 4 instead of
+    a traceback in the launcher or a crash that an engine requeues.
+    """
+    from orchestrator.cost import load_catalog, price_for
+    from orchestrator.storage import check_uri
+
+    try:  # the worker prices its attempt first thing (orchestrator.cost.CostMeter)
+        price_for(cfg.compute, load_catalog())
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(str(err)) from None
+    requeue = cfg.requeue
+    for key in ("max_preemptions", "max_failures"):
+        if requeue[key] < 0:
+            raise ConfigError(f"requeue.{key}={requeue[key]} must be at least 0 (0: never requeue); "
+                              f"set requeue.{key}=0 or more.")
+    for key in ("backoff_base_seconds", "backoff_max_seconds"):
+        if requeue[key] < 0:
+            raise ConfigError(f"requeue.{key}={requeue[key]} must be at least 0 seconds; set requeue.{key}=0 or more.")
+    if requeue.crash_loop_threshold < 1:
+        raise ConfigError(
+            f"requeue.crash_loop_threshold={requeue.crash_loop_threshold} must be at least 1: it counts consecutive "
+            "attempts without progress, and stopping after zero of them would stop every job. "
+            "Set requeue.crash_loop_threshold=3 (the default) or more."
+        )
+    if cfg.preemption.poll_seconds <= 0:
+        raise ConfigError(f"preemption.poll_seconds={cfg.preemption.poll_seconds} must be more than 0 (seconds "
+                          "between polls of the cloud's metadata service); set e.g. preemption.poll_seconds=5.")
+    try:
+        check_uri(cfg.storage.uri)
+    except ValueError as err:
+        raise ConfigError(f"storage.uri: {err}") from None
+    if cfg.storage.multipart_threshold_mb < 1:
+        raise ConfigError(f"storage.multipart_threshold_mb={cfg.storage.multipart_threshold_mb} must be at least 1 "
+                          "(files this large or larger upload in parts); set e.g. storage.multipart_threshold_mb=64.")
 
 
 def absolutize(overrides: list[str]) -> list[str]:

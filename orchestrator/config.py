@@ -29,7 +29,7 @@ class RecipeConfig:
     lora_target_modules: list[str] = field(  # modules that get adapters: every linear layer of Llama/Qwen blocks
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     dpo_beta: float = 0.1  # DPO: strength of the pull toward the reference model
-    quantization: str = "none"  # none | nf4 (qlora sets nf4)
+    quantization: str = "none"  # none | nf4: a 4-bit NF4 base under LoRA (qlora sets it; sft and dpo honour it)
     eval_generate_max_new_tokens: int = 8  # tokens generated per held-out prompt for exact-match accuracy
 
 
@@ -86,6 +86,7 @@ class ComputeConfig:
     cloud: str = "any"  # aws | gcp | azure | any (the catalog's cheapest)
     price_per_hour: Optional[float] = None  # overrides the catalog; USD per GPU-hour (per node-hour for cpu)
     memory_gb: Optional[float] = None  # GPU memory per device, from the catalog when unset
+    allow_idle_gpus: bool = False  # let a job bill more GPUs than it starts training processes for (refused otherwise)
 
 
 @dataclass
@@ -105,7 +106,7 @@ class CheckpointConfig:
     keep_last: int = 3  # committed checkpoints kept (at least 2; older ones deleted after a newer commit)
     allow_config_change: bool = False  # resume although a trajectory-shaping field changed
     allow_data_change: bool = False  # resume although the dataset fingerprint changed
-    save_final_weights: bool = True  # write the trained weights to <storage.uri>/<run.name>/final/
+    save_final_weights: bool = True  # write the trained weights to <storage.uri>/<run.name>/final/ (false: the job keeps none)
     snapshot_dir: str = "auto"  # where the Trainer writes the local snapshot: auto (/dev/shm if it fits) | work | a path
 
 
@@ -131,7 +132,7 @@ class BudgetConfig:
     max_usd: Optional[float] = None  # hard stop: final checkpoint, BUDGET_EXHAUSTED, never requeued
     alert_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.0])  # fractions of max_usd
     webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (retried; never stops training)
-    projection_alert: bool = True  # alert once when spent + remaining steps x recent cost/step > max_usd
+    projection_alert: bool = True  # alert once when spent + remaining steps x steady cost/step + start-ups to come > max_usd
 
 
 @dataclass
@@ -142,7 +143,7 @@ class TrackingConfig:
     log_system_metrics: bool = False  # MLflow's own CPU/GPU/memory sampling
     system_metrics_every: str = "30s"  # MLflow's sampling interval; 0: MLflow's 10 s (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL wins)
     job_metrics_every: str = "30s"  # the orchestrator's own metrics (cost, lost work, throughput) at most this often; 0: every log
-    log_final_weights: bool = False  # also upload the final weights as MLflow artifacts
+    log_final_weights: bool = False  # also upload the final weights to the MLflow run, under final_weights/
 
 
 @dataclass

@@ -154,6 +154,10 @@ class CostMeter:
     def attempt_cost_usd(self) -> float:
         return self.attempt_seconds() / SECONDS_PER_HOUR * self.price.usd_per_hour_total
 
+    def cost_usd(self, seconds: Optional[float]) -> Optional[float]:
+        """What ``seconds`` of this allocation cost (None stays None)."""
+        return None if seconds is None else seconds / SECONDS_PER_HOUR * self.price.usd_per_hour_total
+
     def gpu_hours(self) -> float:
         return self.attempt_seconds() / SECONDS_PER_HOUR * self.price.gpus
 
@@ -179,8 +183,35 @@ def usd_per_step(cost_usd: float, steps: int) -> Optional[float]:
 
 
 def spot_savings_usd(on_demand_cost_usd: float, actual_cost_usd: float) -> float:
-    """Money saved against running the same hours on demand (negative if spot cost more)."""
+    """Money saved against an on-demand baseline (negative if spot cost more)."""
     return on_demand_cost_usd - actual_cost_usd
+
+
+def uninterrupted_on_demand_usd(*, attempt_seconds: float, step_at_start: int, seconds_per_step: Optional[float],
+                                on_demand_usd_per_hour: float) -> Optional[float]:
+    """What one uninterrupted on-demand run to the current step would have cost: the spot baseline.
+
+    seconds = this attempt's wall time + step_at_start x seconds_per_step, at the on-demand rate.
+
+    This attempt stands for the one start-up (and its checkpoints and end) such a run pays; the
+    steps earlier attempts made, up to the checkpoint this one restored, are charged once at the
+    steady step time. Restarts, lost work, back-off and earlier start-ups are not in it, so a
+    job whose interruptions cost more than the spot discount saved shows negative savings.
+
+    Args:
+        attempt_seconds: the current attempt's wall seconds so far.
+        step_at_start: the step it restored (0 for a fresh job: the attempt is the whole run).
+        seconds_per_step: the steady step time (None: unknown).
+        on_demand_usd_per_hour: the whole allocation at on-demand prices.
+
+    Returns None when earlier steps exist but no step time is known yet.
+    """
+    prior_seconds = 0.0
+    if step_at_start > 0:
+        if not seconds_per_step:
+            return None
+        prior_seconds = step_at_start * seconds_per_step
+    return (attempt_seconds + prior_seconds) / SECONDS_PER_HOUR * on_demand_usd_per_hour
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,10 @@ an interruption do not count again -- but their cost does, which is what makes
 USD per million tokens show the price of lost work.
 
 Lost work is :func:`orchestrator.cost.lost_work` over the ledger's attempts at
-this attempt's mean step time. A SIGKILLed attempt's progress is known only up to
+this attempt's mean step time. Spot savings compare the job's spend with one
+uninterrupted on-demand run of the same steps
+(:func:`orchestrator.cost.uninterrupted_on_demand_usd`), so restarts and lost
+work count against spot. A SIGKILLed attempt's progress is known only up to
 its last heartbeat or checkpoint, so lost work is a lower bound.
 """
 from __future__ import annotations
@@ -84,10 +87,15 @@ class JobFigures:
     def tokens_per_step(self) -> float:
         return self.measured_tokens_per_step or float(self.fallback_tokens_per_step)
 
-    def on_demand_ratio(self) -> float:
-        """On-demand price over the price paid (1.0 when they are the same or unknown)."""
+    def uninterrupted_on_demand_usd(self, attempt_cost_usd: float, seconds_per_step: Optional[float]) -> Optional[float]:
+        """The spot baseline (``cost.uninterrupted_on_demand_usd``); this attempt's seconds are its cost
+        over the price paid. None when they or the step time are unknown."""
         paid = self.price.usd_per_hour_total
-        return self.price.on_demand_usd_per_hour_total / paid if paid > 0 else 1.0
+        if paid <= 0:
+            return None
+        return costs.uninterrupted_on_demand_usd(
+            attempt_seconds=attempt_cost_usd / paid * SECONDS_PER_HOUR, step_at_start=self.step_at_start,
+            seconds_per_step=seconds_per_step, on_demand_usd_per_hour=self.price.on_demand_usd_per_hour_total)
 
     def figures(self, *, step: int, attempt_cost_usd: float, attempt_gpu_hours: float,
                 mean_step_seconds: Optional[float] = None, window_step_seconds: Optional[float] = None,
@@ -98,21 +106,19 @@ class JobFigures:
         (the worker passes the ledger's when the attempt has ended)."""
         total = self.prior_cost_usd + attempt_cost_usd if total_cost_usd is None else float(total_cost_usd)
         tokens = step * self.tokens_per_step
-        # Every attempt of a job is priced from the same compute config, so the on-demand
-        # bill is the actual one at the on-demand rate (the meter's ratio, applied to the total).
-        on_demand = total * self.on_demand_ratio()
         out = {
             "cost_usd": total,
             "attempt_cost_usd": attempt_cost_usd,
             "gpu_hours": self.prior_gpu_hours + attempt_gpu_hours,
             "tokens_trained": tokens,
-            "on_demand_cost_usd": on_demand,
-            "spot_savings_usd": costs.spot_savings_usd(on_demand, total),
             "attempts": len(self.prior_attempts) + 1 if attempts is None else attempts,
             "preemptions": self.preemptions if preemptions is None else preemptions,
             "attempt_checkpoint_stall_s": checkpoint_stall_seconds,
             "attempt_checkpoint_upload_s": checkpoint_upload_seconds,
         }
+        on_demand = self.uninterrupted_on_demand_usd(attempt_cost_usd, mean_step_seconds or window_step_seconds)
+        if on_demand is not None:
+            out.update(on_demand_cost_usd=on_demand, spot_savings_usd=costs.spot_savings_usd(on_demand, total))
         per_step = costs.usd_per_step(total, step)
         if per_step is not None:
             out["usd_per_step"] = per_step
@@ -187,7 +193,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"per step: ${num(totals['usd_per_step'], '{:.6f}')}; per million tokens: ${num(totals['usd_per_million_tokens'])} "
         f"({num(totals['tokens_trained'], '{:.0f}')} tokens, counted from {totals['tokens_counted']})",
         f"lost work: {num(lost['steps'], '{}')} step(s) redone, {num(lost['seconds'], '{:.1f}')}s, ${num(lost['usd'])}",
-        f"spot savings against on demand: ${num(spot['savings_usd'])} (on demand: ${num(spot['on_demand_cost_usd'])})",
+        f"spot savings against an uninterrupted on-demand run: ${num(spot['savings_usd'])} "
+        f"(that run: ${num(spot['on_demand_cost_usd'])}; negative: spot cost more)",
         f"checkpointing (this attempt): {num(report['checkpointing_this_attempt']['stall_s'], '{:.2f}')}s training "
         f"stalled, {num(report['checkpointing_this_attempt']['upload_s'], '{:.2f}')}s uploading",
     ]

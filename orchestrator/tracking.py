@@ -362,6 +362,25 @@ class JobTracker:
         if self.enabled and self._thread is not None:
             self._enqueue(("dict", redact(obj, self._secrets), artifact_file))
 
+    def log_artifacts_dir(self, folder: Path, artifact_path: str) -> bool:
+        """Upload every file under ``folder`` as artifacts under ``artifact_path``, now.
+
+        For the final weights: large, and their folder is removed when the attempt ends, so they
+        are not queued behind the delivery thread. Files go as they are: the caller puts nothing
+        secret there (its config.yaml is redacted). Returns False, logged, when MLflow refused
+        or could not be reached; never raises.
+        """
+        if not self.enabled or self.client is None or not self.run_id:
+            return False
+        try:
+            self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+        except Exception as err:  # noqa: BLE001 - the weights are the run's, not the tracker's, to lose
+            log.warning("could not log %s to MLflow as artifacts under %s/: %s", folder.name, artifact_path,
+                        scrub_text(str(err), self._secrets)[:300])
+            return False
+        log.info("logged %s to MLflow run %s under %s/", folder.name, self.run_id, artifact_path)
+        return True
+
     def _enqueue(self, op: tuple) -> None:
         with self._cond:
             self._ops.append(op)

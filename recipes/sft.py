@@ -1,5 +1,7 @@
 """Supervised fine-tuning with TRL's SFTTrainer: LoRA by default, full fine-tune with recipe.peft=full.
 
+``recipe.quantization=nf4`` loads the base in 4-bit NF4: that is QLoRA, as ``recipe=qlora``.
+
 Data: prompt/completion rows (loss on the completion only) or chat ``messages``.
 Quality: eval loss and exact-match accuracy of greedy generations on the held-out split.
 """
@@ -10,12 +12,13 @@ from recipes import common
 QUALITY_METRIC = "eval_accuracy"
 
 
-def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str = "none"):
+def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None):
     from trl import SFTConfig, SFTTrainer
 
     path = common.resolve_model_path(cfg.model)
     tokenizer = common.load_tokenizer(path, cfg.model.trust_remote_code)
-    model = common.load_model(path, cfg.model, quantization=quantization)
+    # recipe.quantization=nf4 loads a 4-bit base (recipes.qlora passes it explicitly)
+    model = common.load_model(path, cfg.model, quantization=quantization or cfg.recipe.quantization)
     peft_config = common.lora_config(cfg.recipe) if cfg.recipe.peft == "lora" else None
     args = SFTConfig(**common.training_kwargs(cfg, output_dir), packing=False, dataset_num_proc=None)
     return SFTTrainer(

@@ -30,7 +30,7 @@ from orchestrator.backends import get_backend, run_backend, worker_command, work
 from orchestrator.errors import ConfigError
 from orchestrator.compose import compose_config
 
-USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "run.name=exp1", "storage.uri=s3://bucket/runs",
+USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "distributed=ddp", "distributed.processes_per_node=8", "run.name=exp1", "storage.uri=s3://bucket/runs",
                   "storage.endpoint_url=http://minio:9000", "preemption.grace=30s"]
 # scripts/test.sh builds .venv-skypilot (SkyPilot pins an older click than the project's stack needs)
 SKYPILOT_PYTHON = os.environ.get("SKYPILOT_PYTHON", str(Path(__file__).resolve().parents[1] / ".venv-skypilot" / "bin" / "python"))

@@ -29,8 +29,12 @@ def test_every_config_composes(group, option, tmp_path):
         extra = ["data.path=trl-lib/Capybara"]
     if group == "storage" and option == "s3":
         extra = ["storage.uri=s3://bucket/runs"]
-    if group == "recipe" and option == "dpo":
-        pass
+    if group == "compute":
+        import yaml
+
+        gpus = yaml.safe_load((conf_dir() / "compute" / f"{option}.yaml").read_text()).get("gpus_per_node", 0)
+        if gpus > 1:  # one training process per GPU, or the job is refused for billing idle GPUs
+            extra = ["distributed=ddp", f"distributed.processes_per_node={gpus}"]
     cfg = compose_config([f"{group}={option}", *extra])
     assert cfg[group] is not None
 
@@ -74,6 +78,8 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
         (["model.name_or_path=/no/such/model"], ["/no/such/model", "does not exist"]),
         (["checkpoint.every=sometimes"], ["checkpoint.every", "90s, 15m, 1h"]),
         (["recipe=dpo", "recipe.peft=full"], ["recipe.peft=full works with recipe=sft only"]),
+        (["recipe.quantization=nf4", "recipe.peft=full"], ["recipe.quantization=nf4 needs recipe.peft=lora"]),
+        (["tracking.enabled=false", "tracking.log_final_weights=true"], ["tracking.log_final_weights=true", "tracking.enabled=true"]),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_message(args, needles, tmp_path):

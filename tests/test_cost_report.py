@@ -29,11 +29,42 @@ def test_running_totals_span_all_attempts():
     assert out["usd_per_step"] == pytest.approx(0.25 / 60)
     assert out["usd_per_million_tokens"] == pytest.approx(0.25 / 60_000 * 1e6)
     assert out["tokens_per_second"] == pytest.approx(2000)
-    assert out["on_demand_cost_usd"] == pytest.approx(0.75)
-    assert out["spot_savings_usd"] == pytest.approx(0.5)
+    # uninterrupted on demand: this attempt's 50 s (0.05 / 3.6 h) plus the 50 steps before its restore
+    # point at 2 s each = 150 s at $10.8/h = $0.45, against $0.25 paid on spot
+    assert out["on_demand_cost_usd"] == pytest.approx(0.45)
+    assert out["spot_savings_usd"] == pytest.approx(0.2)
     # attempt 2 redid steps 20..30: 10 steps x 2 s at $3.6/h
     assert (out["lost_work_steps"], out["lost_work_seconds"]) == (10, 20.0)
     assert out["lost_work_usd"] == pytest.approx(0.02)
+
+
+def test_spot_savings_go_negative_when_restarts_and_lost_work_outweigh_the_discount():
+    # a short job on volatile capacity: 6 attempts of 100 s each at a third of the on-demand price,
+    # each paying a 60 s start-up and redoing steps; 60 steps of 1 s reached in the end
+    attempts = [{"epoch": i + 1, "exit_class": "vanished", "started_at": 200.0 * i, "ended_at": 200.0 * i + 100,
+                 "checkpoint_step_at_start": 10 * i, "step_end": 10 * i + 25, "cost_usd": 0.1, "gpus": 1}
+                for i in range(5)]
+    figures = JobFigures(SPOT, attempts, step_at_start=50, fallback_tokens_per_step=1000)
+    out = figures.figures(step=60, attempt_cost_usd=0.1, attempt_gpu_hours=100 / 3600, mean_step_seconds=1.0)
+    assert out["cost_usd"] == pytest.approx(0.6)
+    # on demand, uninterrupted: one start-up and its 10 steps (this attempt's 100 s) + 50 steps x 1 s
+    assert out["on_demand_cost_usd"] == pytest.approx(150 / 3600 * 10.8)
+    assert out["spot_savings_usd"] == pytest.approx(0.45 - 0.6)
+    assert out["spot_savings_usd"] < 0
+    # the spend x (on-demand / spot) - spend it replaced could never go below zero
+    assert out["cost_usd"] * 3 - out["cost_usd"] > 0
+
+
+def test_a_fresh_uninterrupted_spot_attempt_saves_the_whole_discount():
+    out = JobFigures(SPOT, [], step_at_start=0, fallback_tokens_per_step=1000).figures(
+        step=40, attempt_cost_usd=0.1, attempt_gpu_hours=0.0)
+    assert out["on_demand_cost_usd"] == pytest.approx(0.3)
+    assert out["spot_savings_usd"] == pytest.approx(0.2)
+
+
+def test_savings_are_left_out_until_a_resumed_attempt_knows_its_step_time():
+    out = _figures().figures(step=50, attempt_cost_usd=0.01, attempt_gpu_hours=0.0)
+    assert "spot_savings_usd" not in out and "on_demand_cost_usd" not in out
 
 
 def test_tokens_per_step_is_measured_from_the_trainer_once_it_logs_num_tokens():

@@ -35,6 +35,22 @@ def test_qlora_base_is_4bit_and_only_adapters_change(tmp_path):
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
 
 
+def test_nf4_under_sft_and_dpo_trains_on_a_4bit_base(tmp_path):
+    """recipe.quantization=nf4 is planned and fingerprinted as a 4-bit base: SFT and DPO must load one
+    (the loading path of recipe=qlora) and train only their adapters on it."""
+    import bitsandbytes as bnb
+
+    for module, recipe in ((sft, "sft"), (dpo, "dpo")):
+        cfg, trainer, _ = _trainer(module, [f"recipe={recipe}", "recipe.quantization=nf4", "train.max_steps=2",
+                                            "data.num_examples=64"], tmp_path / recipe)
+        four_bit = [n for n, m in trainer.model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+        assert len(four_bit) >= 7 * cfg.model.num_layers, (recipe, len(four_bit))
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        trainer.train()
+        assert before and all("lora_" in n for n in before), recipe
+        assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters() if n in before)
+
+
 def test_dpo_trains_adapters_against_the_frozen_base(tmp_path):
     cfg, trainer, evald = _trainer(dpo, ["recipe=dpo", "train.max_steps=10", "data.num_examples=100"], tmp_path)
     assert trainer.ref_model is None, "the frozen base (adapters disabled) is the reference"
@@ -43,6 +59,24 @@ def test_dpo_trains_adapters_against_the_frozen_base(tmp_path):
     assert all(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters() if n in before)
     metrics = dpo.evaluate(trainer, cfg, evald)
     assert 0.0 <= metrics["eval_reward_accuracy"] <= 1.0 and "eval_reward_margin" in metrics
+
+
+def test_dpo_keeps_the_lora_dropout_it_was_given(tmp_path):
+    """TRL's DPOConfig.disable_dropout (default true) zeroes every dropout after PEFT wraps the model;
+    recipe.lora_dropout=0.1 must still be dropout at p=0.1 while DPO trains."""
+    cfg, trainer, _ = _trainer(dpo, ["recipe=dpo", "recipe.lora_dropout=0.1", "train.max_steps=3",
+                                     "data.num_examples=64"], tmp_path)
+    trainer.train()  # lora_B starts at zero; after a few steps dropout on the adapters' input shows in the output
+    model = trainer.model
+    drops = [m for n, m in model.named_modules() if "lora_dropout" in n and isinstance(m, torch.nn.Dropout)]
+    assert drops and all(m.p == 0.1 for m in drops), sorted({m.p for m in drops})
+    model.train()
+    ids = trainer.processing_class("12 + 30 =", return_tensors="pt")["input_ids"]
+    torch.manual_seed(0)
+    first, second = model(input_ids=ids).logits, model(input_ids=ids).logits
+    assert not torch.equal(first, second), "two training-mode passes agree: no dropout is active"
+    model.eval()
+    assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
 def test_sft_full_fine_tune_trains_every_weight(tmp_path):

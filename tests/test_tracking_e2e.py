@@ -187,6 +187,7 @@ def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_ser
     places.update({f"tag {k}": v for k, v in mlrun.data.tags.items()})
     files = _download_artifacts(client, mlrun.info.run_id, tmp_path / "artifacts")
     assert {"config.yaml", "cost_report.json", "cost_report.txt"} <= {p.name for p in files}
+    assert not any("final_weights" in p.parts for p in files), "tracking.log_final_weights is off by default"
     places.update({f"artifact {p.name}": p.read_text(errors="replace") for p in files})
     places["job stdout/stderr"] = log
     for secret in (FAKE_SECRET, URL_PASSWORD):

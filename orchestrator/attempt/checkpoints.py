@@ -132,19 +132,27 @@ class CheckpointController:
             log.warning("emergency checkpoint at step %d %s in %.2fs%s", step, "committed" if ok else "FAILED", took,
                         "" if seconds_left is None else f" ({seconds_left:.1f}s before the deadline)")
 
-    def save_final(self, trainer, step: int, *, config_yaml: str) -> None:
-        """The trained weights, tokenizer and (redacted) config under ``<run>/final/``, committed through the
-        store's protocol (retried, manifest last) if this attempt still holds the job."""
+    def save_final(self, trainer, step: int, *, config_yaml: str, upload: bool, to_mlflow: Any = None) -> bool:
+        """The trained weights, tokenizer and (redacted) config: under ``<run>/final/`` when ``upload``
+        (``checkpoint.save_final_weights``), committed through the store's protocol (retried, manifest
+        last) if this attempt still holds the job; as MLflow artifacts under ``final_weights/`` through
+        ``to_mlflow`` (``tracking.log_final_weights``). Returns whether ``<run>/final/`` was written."""
+        if not (upload or to_mlflow is not None):
+            return False
         final = self.work / "final"
         trainer.save_model(str(final))  # collective under ZeRO-3; the Trainer writes on rank 0
         dist.barrier()
         if not self.main:
-            return
+            return upload
         trainer.processing_class.save_pretrained(str(final))
         (final / "config.yaml").write_text(config_yaml)
         self.record.check_epoch()
-        self.checkpoints.commit_folder(final, f"{self.run_name}/final/", step=step, epoch=self.record.epoch,
-                                       meta=self.meta)
+        if upload:
+            self.checkpoints.commit_folder(final, f"{self.run_name}/final/", step=step, epoch=self.record.epoch,
+                                           meta=self.meta)
+        if to_mlflow is not None:
+            to_mlflow.log_artifacts_dir(final, "final_weights")
+        return upload
 
     def final_uri(self) -> str:
         return self.store.get_uri(f"{self.run_name}/final/")

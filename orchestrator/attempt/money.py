@@ -53,14 +53,21 @@ class MoneyWatch:
     def total_cost_usd(self) -> float:
         return self.prior_cost_usd + self.meter.attempt_cost_usd()
 
-    def stop_reason(self, step: int, step_at_start: int) -> Optional[str]:
-        """Send the alerts due at ``step``; a reason to stop when the budget is spent. Runs every step."""
+    def stop_reason(self, step: int, step_at_start: int, *, first_step_seconds: Optional[float],
+                    restarts: int) -> Optional[str]:
+        """Send the alerts due at ``step``; a reason to stop when the budget is spent. Runs every step.
+
+        ``first_step_seconds``: this attempt's start-up (to the end of its first step), which the
+        projection counts once per restart still to come, not once per step; ``restarts``: attempts before this one.
+        """
         if self.guard is None:
             return None
         total = self.total_cost_usd()
-        steps = max(1, step - step_at_start)
+        # plain numbers: this runs every step, and an OmegaConf lookup costs tens of microseconds
         self.guard.check(total, steps_done=step, max_steps=self.max_steps,
-                         recent_usd_per_step=self.meter.attempt_cost_usd() / steps)
+                         attempt_cost_usd=self.meter.attempt_cost_usd(),
+                         startup_cost_usd=self.meter.cost_usd(first_step_seconds),
+                         steps_this_attempt=step - step_at_start, restarts=restarts)
         if self.guard.exhausted(total):
             self.budget_stopped = True
             return f"budget exhausted (${total:.4f} of ${self.budget_max_usd})"

@@ -94,6 +94,9 @@ class AttemptTracking:
             metrics = dict(metrics, **job_figures(closing))
         self.tracker.log_metrics(metrics, step)
 
+    def log_artifacts_dir(self, folder, artifact_path: str) -> bool:
+        return self.tracker is not None and self.tracker.log_artifacts_dir(folder, artifact_path)
+
     def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: dict,
                           figures: dict, money: Any,
                           quality_metric: str, quality: Optional[float], config_yaml: str) -> None:

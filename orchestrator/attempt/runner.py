@@ -157,7 +157,8 @@ class Runner:
     def stop_reason(self) -> Optional[StopReason]:
         if self.preemption.requested:
             return StopReason(f"preempted ({self.preemption.reason})", ExitClass.PREEMPTED)
-        budget = self.money.stop_reason(self.step, self.step_at_start)
+        budget = self.money.stop_reason(self.step, self.step_at_start, first_step_seconds=self.first_step_seconds,
+                                        restarts=len(self.record.prior_attempts))
         return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else None
 
     def on_step(self, step: int) -> None:
@@ -227,7 +228,9 @@ class Runner:
     def finish(self, trainer, eval_ds) -> int:
         """5. Final weights committed, held-out evaluation, the attempt closed as completed."""
         cfg = self.cfg
-        self.checkpoints.save_final(trainer, self.step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)))
+        saved = self.checkpoints.save_final(trainer, self.step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)),
+                                            upload=cfg.checkpoint.save_final_weights,
+                                            to_mlflow=self.tracking if cfg.tracking.log_final_weights else None)
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
         if not self.main:
             return exitcodes.COMPLETED
@@ -239,7 +242,8 @@ class Runner:
         self.record.update_quality(metrics)
         self.tracking.log_metrics(metrics, self.step)
         self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED", final_metrics=metrics)
-        print(f"final weights: {self.checkpoints.final_uri()}", flush=True)
+        if saved:
+            print(f"final weights: {self.checkpoints.final_uri()}", flush=True)
         return exitcodes.COMPLETED
 
     def end(self, exit_class: ExitClass, status: str, *, tracker_status: str, final_metrics: Optional[dict] = None) -> None:

@@ -15,12 +15,34 @@ __all__ = [
     "PreconditionFailed",
     "TransientStorageError",
     "LocalStore",
+    "check_uri",
     "open_store",
     "store_from_config",
     "split_run_uri",
 ]
 
 _ACCEPTED_FORMS = "a local folder (runs/ or /abs/path), file:///abs/path, or s3://bucket/prefix"
+
+
+def check_uri(uri: str) -> None:
+    """Raise ValueError (naming the URI and the accepted forms) for a URI ``open_store`` cannot open.
+
+    Reads no credentials and imports no cloud SDK, so the launcher checks ``storage.uri`` with it.
+    """
+    uri = str(uri)
+    if uri.startswith("s3://"):
+        if not uri[len("s3://"):].partition("/")[0]:
+            raise ValueError(f"S3 URI {uri!r} names no bucket; expected s3://bucket/prefix")
+        return
+    if uri.startswith("file://"):
+        if not uri[len("file://"):]:
+            raise ValueError(f"storage URI {uri!r} names no folder; use {_ACCEPTED_FORMS}")
+        return
+    if "://" in uri or not uri:
+        raise ValueError(
+            f"unsupported storage URI {uri!r}: use {_ACCEPTED_FORMS}. "
+            "For MinIO, R2 or GCS use s3://bucket/prefix with storage.endpoint_url."
+        )
 
 
 def open_store(
@@ -40,6 +62,7 @@ def open_store(
     Raises ValueError for any other scheme.
     """
     uri = str(uri)
+    check_uri(uri)
     if uri.startswith("s3://"):
         from orchestrator.storage.s3 import S3Store  # boto3 is slow to import; local runs skip it
 
@@ -52,15 +75,7 @@ def open_store(
             multipart_threshold_mb=multipart_threshold_mb,
         )
     if uri.startswith("file://"):
-        path = uri[len("file://"):]
-        if not path:
-            raise ValueError(f"storage URI {uri!r} names no folder; use {_ACCEPTED_FORMS}")
-        return LocalStore(path)
-    if "://" in uri or not uri:
-        raise ValueError(
-            f"unsupported storage URI {uri!r}: use {_ACCEPTED_FORMS}. "
-            "For MinIO, R2 or GCS use s3://bucket/prefix with storage.endpoint_url."
-        )
+        return LocalStore(uri[len("file://"):])
     return LocalStore(uri)
 
 
