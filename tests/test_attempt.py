@@ -194,10 +194,10 @@ def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store
     money.watch_budget(BudgetGuard(BudgetConfig(max_usd=1.0, projection_alert=False), record_alert=record.record_alert,
                                    sinks=[Sink()], job_name="job"))
     clock[0] += 600  # $0.60: the 50% alert
-    assert money.stop_reason(10, 0) is None
+    assert money.stop_reason(10, 0, first_step_seconds=1.0, restarts=0) is None
     clock[0] += 300  # $0.90: 80%
-    assert money.stop_reason(20, 0) is None
+    assert money.stop_reason(20, 0, first_step_seconds=1.0, restarts=0) is None
     clock[0] += 200  # $1.10: spent
-    assert "budget exhausted" in money.stop_reason(30, 0) and money.budget_stopped
-    money.stop_reason(31, 0)
+    assert "budget exhausted" in money.stop_reason(30, 0, first_step_seconds=1.0, restarts=0) and money.budget_stopped
+    money.stop_reason(31, 0, first_step_seconds=1.0, restarts=0)
     assert sent == ["budget_50", "budget_80", "budget_100"]
