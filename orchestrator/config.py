@@ -130,7 +130,8 @@ class RequeueConfig:
 class BudgetConfig:
     max_usd: Optional[float] = None  # hard stop: final checkpoint, BUDGET_EXHAUSTED, never requeued
     alert_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.0])  # fractions of max_usd
-    webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (retried; never stops training)
+    webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (a credential: prefer webhook_url_env)
+    webhook_url_env: Optional[str] = None  # name of an environment variable holding the webhook URL (preferred)
     projection_alert: bool = True  # alert once when spent + remaining steps x recent cost/step > max_usd
 
 

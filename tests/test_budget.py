@@ -147,3 +147,18 @@ def test_a_raising_sink_does_not_stop_the_others():
     guard = _guard(BudgetConfig(max_usd=10.0, projection_alert=False), LedgerAlerts(), [Broken(), MlflowTagSink(tags.__setitem__)])
     guard.check(5.0, steps_done=1, max_steps=10, recent_usd_per_step=None)
     assert "alert.budget_50" in tags
+
+
+def test_webhook_named_by_an_environment_variable_gets_the_alert(receiver, monkeypatch):
+    """budget.webhook_url_env: the config names a variable, the URL (a credential) stays out of the config."""
+    from orchestrator.budget import default_sinks
+
+    monkeypatch.setenv("TEST_SLACK_WEBHOOK", receiver.url)
+    cfg = BudgetConfig(max_usd=10.0, webhook_url_env="TEST_SLACK_WEBHOOK", projection_alert=False)
+    sinks = default_sinks(cfg)
+    hooks = [s for s in sinks if isinstance(s, WebhookSink)]
+    assert len(hooks) == 1
+    guard = _guard(cfg, LedgerAlerts(), sinks)
+    guard.check(6.0, steps_done=1, max_steps=100, recent_usd_per_step=None)
+    assert hooks[0].wait(10)
+    assert [b["text"].split("]")[0] for b in receiver.bodies] == ["[budget_50"]
