@@ -98,12 +98,20 @@ def _schema_keys(path: str) -> list[str] | None:
 
 def validate(cfg: DictConfig) -> None:
     """Cross-field checks the schemas cannot express. Raises ConfigError."""
-    from omegaconf.errors import MissingMandatoryValue
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
         raise ConfigError(f"{err.full_key} is required but not set. Set it on the command line: {err.full_key}=VALUE.") from None
+    except InterpolationResolutionError as err:
+        missing = re.search(r"Environment variable '([^']+)' not found", str(err))
+        if not missing:
+            raise
+        raise ConfigError(
+            f"{err.full_key} reads the environment variable {missing.group(1)}, which is not set. "
+            f"export {missing.group(1)}=... before launching (or give a default: ${{oc.env:{missing.group(1)},VALUE}})."
+        ) from None
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:

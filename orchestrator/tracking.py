@@ -61,6 +61,7 @@ _SECRET_KEY_WORDS = {"key", "secret", "token", "password", "passwd", "pwd", "cre
 # query parameters that carry credentials: the words above plus signed-URL signatures (S3's X-Amz-Signature,
 # Azure SAS "sig")
 _SECRET_PARAM_WORDS = _SECRET_KEY_WORDS | {"sig", "signature"}
+_POINTER_WORDS = {"name", "env", "file", "path"}
 # a webhook URL is a credential as a whole: Slack, Discord and Teams keep the secret in its path
 _WEBHOOK_KEY_WORDS = {"webhook", "webhooks", "hook", "hooks"}
 # Split "aws_secret_access_key", "apiKey", "hf-token" into words, so "max_new_tokens"
@@ -77,7 +78,7 @@ _KNOWN_WEBHOOK = re.compile(
 _QUERY_PARAM = re.compile(r"(?P<pre>[?&;])(?P<name>[^=&#;\s'\"]+)=(?P<value>[^&#;\s'\"]+)")
 # key=value in free text and in list items ("--hf_token=...", "budget.webhook_url=...", "HF_TOKEN=...")
 _ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_.\-])(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",;&]+)")
-_ENV_REFERENCE = re.compile(r"^['\"]?\$\{[^}]*\}['\"]?$")  # ${oc.env:NAME}: names a secret, holds none
+_ENV_REFERENCE = re.compile(r"^['\"]?\$\{(?:[^{}]|\$\{[^{}]*\})*\}['\"]?$")  # ${oc.env:NAME}: names a secret, holds none
 _AWS_ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")
 # 40 chars of [A-Za-z0-9/+] with upper, lower and a digit: the shape of an AWS secret
 # access key ("key=<secret>" included). Requiring mixed case spares 40-char hex digests (git SHAs).
@@ -89,7 +90,10 @@ def _words(key: str) -> set[str]:
 
 
 def is_secret_key(key: str) -> bool:
-    words = _words(key)
+    words = [w.lower() for w in _WORD_SPLIT.split(str(key)) if w]
+    if len(words) > 1 and words[-1] in _POINTER_WORDS:
+        return False  # "secret_name", "hf_token_env", "key_file": says where a secret is, holds none
+    words = set(words)
     return bool(words & _SECRET_KEY_WORDS) or str(key).lower().endswith(("password", "secret", "token", "apikey"))
 
 
