@@ -150,7 +150,7 @@ class TrackingConfig:
 class BackendConfig:
     name: str = "local"  # local | slurm | skypilot | kubernetes
     dry_run: bool = False  # print what would be submitted, submit nothing
-    image: Optional[str] = None  # container image (kubernetes; recorded for reproducibility)
+    image: Optional[str] = None  # container image (kubernetes; skypilot optional); recorded in each attempt's repro record
     partition: Optional[str] = None  # slurm partition
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific settings (see docs/scale-out.md)
 
