@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import urllib.parse
@@ -274,6 +275,18 @@ def default_sinks(budget_cfg: Any, *, set_tag: Optional[Callable[[str, str], Any
     sinks: list[Sink] = [LogSink()]
     if set_tag is not None:
         sinks.append(MlflowTagSink(set_tag))
-    if getattr(budget_cfg, "webhook_url", None):
-        sinks.append(WebhookSink(budget_cfg.webhook_url))
+    url = webhook_url(budget_cfg)
+    if url:
+        sinks.append(WebhookSink(url))
     return sinks
+
+
+def webhook_url(budget_cfg: Any) -> Optional[str]:
+    """The alert webhook: ``$<budget.webhook_url_env>`` when that names a variable, else ``budget.webhook_url``.
+
+    A variable named but unset gives no webhook (launch refuses that case; see compose.validate).
+    """
+    name = getattr(budget_cfg, "webhook_url_env", None)
+    if name:
+        return os.environ.get(name) or None
+    return getattr(budget_cfg, "webhook_url", None) or None

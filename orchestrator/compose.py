@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config import register_configs
+from orchestrator.distributed import configured_world_size
 from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError
 
@@ -26,6 +27,15 @@ CHOICES = {
     "backend.name": ("local", "slurm", "skypilot", "kubernetes"),
     "distributed.name": ("none", "ddp", "zero2", "zero3", "fsdp"),
 }
+
+
+# letters, digits, '.', '_', '-', starting and ending with a letter or digit, at most 63 characters:
+# a valid Kubernetes label value, Slurm job name and storage prefix (Kubernetes object names derive from it)
+RUN_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+MULTILINE_KEYS = {"backend.extra.setup"}  # a multi-line setup script, written as a YAML block by the serialiser
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+REMOTE_STORAGE_BACKENDS = ("kubernetes", "skypilot")
 
 
 def conf_dir() -> Path:
@@ -89,12 +99,20 @@ def _schema_keys(path: str) -> list[str] | None:
 
 def validate(cfg: DictConfig) -> None:
     """Cross-field checks the schemas cannot express. Raises ConfigError."""
-    from omegaconf.errors import MissingMandatoryValue
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
         raise ConfigError(f"{err.full_key} is required but not set. Set it on the command line: {err.full_key}=VALUE.") from None
+    except InterpolationResolutionError as err:
+        missing = re.search(r"Environment variable '([^']+)' not found", str(err))
+        if not missing:
+            raise
+        raise ConfigError(
+            f"{err.full_key} reads the environment variable {missing.group(1)}, which is not set. "
+            f"export {missing.group(1)}=... before launching (or give a default: ${{oc.env:{missing.group(1)},VALUE}})."
+        ) from None
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
@@ -130,8 +148,15 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("checkpoint.keep_last must be at least 2: the newest checkpoint may still be uploading.")
     if cfg.train.max_steps <= 0 and cfg.train.num_epochs <= 0:
         raise ConfigError("set train.max_steps > 0 or train.num_epochs > 0.")
-    if not cfg.run.name or "/" in cfg.run.name:
-        raise ConfigError(f"run.name={cfg.run.name!r} must be a non-empty name without '/'.")
+    if not RUN_NAME.fullmatch(str(cfg.run.name)):
+        raise ConfigError(
+            f"run.name={cfg.run.name!r} is not a valid job name: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting and ending with a letter or digit (so it is also a valid Kubernetes label value and "
+            "Slurm job name), e.g. run.name=qwen7b-capybara.1."
+        )
+    _check_strings(OmegaConf.to_container(cfg, resolve=True))
+    _check_webhook(cfg)
+    _check_remote_storage(cfg)
     if cfg.budget.max_usd is not None and cfg.budget.max_usd <= 0:
         raise ConfigError("budget.max_usd must be positive (or null for no budget).")
     _check_gpus_match_processes(cfg)
@@ -141,13 +166,6 @@ def validate(cfg: DictConfig) -> None:
             f"model.name_or_path={cfg.model.name_or_path!r} does not exist. Give an existing local model folder "
             "(with config.json) or a hub id such as Qwen/Qwen2.5-0.5B."
         )
-
-
-def training_processes(cfg: DictConfig) -> int:
-    """Training processes the job starts: distributed.processes_per_node x distributed.nodes, 1 for distributed=none."""
-    if cfg.distributed.name == "none":
-        return 1
-    return int(cfg.distributed.processes_per_node) * int(cfg.distributed.nodes)
 
 
 def _check_gpus_match_processes(cfg: DictConfig) -> None:
@@ -161,7 +179,7 @@ def _check_gpus_match_processes(cfg: DictConfig) -> None:
     per_node, nodes = int(cfg.compute.gpus_per_node), int(cfg.compute.nodes)
     if per_node <= 0 or str(cfg.compute.gpu_type or "none").lower() in CPU_TYPES:
         return
-    gpus, processes = per_node * nodes, training_processes(cfg)
+    gpus, processes = per_node * nodes, configured_world_size(cfg)
     if gpus == processes or (processes < gpus and cfg.compute.allow_idle_gpus):
         return
     started = (f"distributed={cfg.distributed.name} starts {processes} training process{'es' if processes > 1 else ''}"
@@ -222,6 +240,53 @@ def _check_attempt_settings(cfg: DictConfig) -> None:
     if cfg.storage.multipart_threshold_mb < 1:
         raise ConfigError(f"storage.multipart_threshold_mb={cfg.storage.multipart_threshold_mb} must be at least 1 "
                           "(files this large or larger upload in parts); set e.g. storage.multipart_threshold_mb=64.")
+
+
+def _check_strings(node, path: str = "") -> None:
+    """Refuse control characters (a newline would start a new line of an sbatch script) in any string value."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_strings(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_strings(value, f"{path}[{i}]")
+    elif isinstance(node, str) and CONTROL_CHARS.search(node):
+        if path in MULTILINE_KEYS and not CONTROL_CHARS.search(node.replace("\n", "").replace("\t", "")):
+            return
+        raise ConfigError(
+            f"{path}={node!r} contains a control character (newline, tab, escape...); backends write config "
+            f"values into scripts and manifests, so they must be single-line printable text. Remove it."
+        )
+
+
+def _check_webhook(cfg: DictConfig) -> None:
+    """budget.webhook_url_env names a variable that is set (where the launcher can see it); not both keys."""
+    name = cfg.budget.get("webhook_url_env")
+    if not name:
+        return
+    if cfg.budget.webhook_url:
+        raise ConfigError("set budget.webhook_url_env or budget.webhook_url, not both (webhook_url_env is preferred).")
+    if not ENV_NAME.fullmatch(str(name)):
+        raise ConfigError(
+            f"budget.webhook_url_env={name!r} must be the name of an environment variable (letters, digits and "
+            "'_', not starting with a digit), e.g. budget.webhook_url_env=SLACK_WEBHOOK_URL."
+        )
+    # on Kubernetes the variable comes from a Secret in the pod (see docs/scale-out.md), not from here
+    if cfg.backend.name != "kubernetes" and not os.environ.get(str(name)):
+        raise ConfigError(
+            f"budget.webhook_url_env={name}: the environment variable {name} is not set, so budget alerts "
+            f"could not reach the webhook. export {name}=https://hooks.slack.com/services/... before launching."
+        )
+
+
+def _check_remote_storage(cfg: DictConfig) -> None:
+    """Remote backends run on machines that vanish: the ledger and checkpoints must outlive them."""
+    if cfg.backend.name in REMOTE_STORAGE_BACKENDS and not str(cfg.storage.uri).startswith("s3://"):
+        raise ConfigError(
+            f"backend={cfg.backend.name} with storage.uri={cfg.storage.uri!r}: a local folder lives on the node's "
+            "disk and vanishes with it, taking the ledger (the requeue and budget caps) and the checkpoints. "
+            "Use object storage: storage=s3 storage.uri=s3://bucket/runs (storage.endpoint_url for MinIO, R2...)."
+        )
 
 
 def absolutize(overrides: list[str]) -> list[str]:

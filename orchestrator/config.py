@@ -131,7 +131,8 @@ class RequeueConfig:
 class BudgetConfig:
     max_usd: Optional[float] = None  # hard stop: final checkpoint, BUDGET_EXHAUSTED, never requeued
     alert_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 1.0])  # fractions of max_usd
-    webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (retried; never stops training)
+    webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (a credential: prefer webhook_url_env)
+    webhook_url_env: Optional[str] = None  # name of an environment variable holding the webhook URL (preferred)
     projection_alert: bool = True  # alert once when spent + remaining steps x steady cost/step + start-ups to come > max_usd
 
 
@@ -150,7 +151,7 @@ class TrackingConfig:
 class BackendConfig:
     name: str = "local"  # local | slurm | skypilot | kubernetes
     dry_run: bool = False  # print what would be submitted, submit nothing
-    image: Optional[str] = None  # container image (kubernetes; recorded for reproducibility)
+    image: Optional[str] = None  # container image (kubernetes; skypilot optional); recorded in each attempt's repro record
     partition: Optional[str] = None  # slurm partition
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific settings (see docs/scale-out.md)
 

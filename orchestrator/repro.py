@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 CONTAINER_IMAGE_ENV = "ORCH_CONTAINER_IMAGE"
+# the commit of code that has no .git beside it: baked into the image at build time
+# (containers/Dockerfile, --build-arg GIT_COMMIT=...) or set by the SkyPilot backend for a synced workdir
+GIT_COMMIT_ENV = "ORCH_GIT_COMMIT"
+GIT_DIRTY_ENV = "ORCH_GIT_DIRTY"
 KEY_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "bitsandbytes", "datasets",
                 "mlflow", "boto3", "hydra-core")
 COMMAND_TIMEOUT_SECONDS = 10
@@ -54,11 +58,17 @@ def _run(args: list[str], cwd: Optional[Path] = None) -> Optional[str]:
 
 
 def git_state(repo_dir: Optional[Path] = None) -> tuple[Optional[str], Optional[bool]]:
-    """(commit, dirty) of the checkout holding this package; (None, None) without git or a repository."""
+    """(commit, dirty) of the checkout holding this package.
+
+    Without git or a repository (an image, a synced folder): ``$ORCH_GIT_COMMIT``
+    and ``$ORCH_GIT_DIRTY`` ("true"/"false") when set, else (None, None).
+    """
     repo_dir = repo_dir or Path(__file__).resolve().parents[1]
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo_dir)
     if not commit:
-        return None, None
+        baked = os.environ.get(GIT_COMMIT_ENV, "").strip() or None
+        dirty = {"true": True, "false": False}.get(os.environ.get(GIT_DIRTY_ENV, "").strip().lower())
+        return baked, (dirty if baked else None)
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo_dir)
     return commit, (bool(status) if status is not None else None)
 

@@ -15,6 +15,7 @@ import copy
 import functools
 import json
 import os
+import shlex
 import signal
 import subprocess
 import textwrap
@@ -26,7 +27,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from orchestrator import exitcodes
-from orchestrator.backends import get_backend, run_backend, worker_command, worker_overrides
+from orchestrator.backends import get_backend, run_backend, worker_command, worker_invocation, worker_overrides
 from orchestrator.errors import ConfigError
 from orchestrator.compose import compose_config
 
@@ -143,14 +144,16 @@ def fake_slurm(tmp_path):
     for f in bin_dir.iterdir():
         f.chmod(0o755)
 
-    def start(mode: str, restart_count: int = 0) -> subprocess.Popen:
-        cfg, overrides = compose("slurm", f"+backend.extra.python={bin_dir / 'worker'}",
-                                 "requeue.max_failures=2", "requeue.max_preemptions=3")
+    def start(mode: str, restart_count: int = 0, extra: tuple = ()) -> subprocess.Popen:
+        overrides = [*USER_OVERRIDES, "backend=slurm", f"+backend.extra.python={bin_dir / 'worker'}",
+                     "requeue.max_failures=2", "requeue.max_preemptions=3", *extra]
+        cfg = _composed(tuple(overrides))
         script = tmp_path / "job.sbatch"
         script.write_text(get_backend("slurm").render(cfg, overrides))
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
                "SLURM_RESTART_COUNT": str(restart_count), "FAKE_WORKER_MODE": mode, "FAKE_DIR": str(tmp_path)}
-        return subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=tmp_path)
 
     def requeued() -> bool:
         return (tmp_path / "scontrol").exists() and "requeue 4242" in (tmp_path / "scontrol").read_text()
@@ -207,8 +210,8 @@ def test_skypilot_task_fields():
     assert resources["cloud"] == "aws"
     assert resources["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 4,
                                          "recover_on_exit_codes": [75]}
-    assert task["envs"]["STORAGE_URI"] == "s3://bucket/runs"
-    assert task["envs"]["STORAGE_ENDPOINT_URL"] == "http://minio:9000"
+    # nothing reads STORAGE_* variables: the worker takes storage.* from its overrides
+    assert not any(k.startswith("STORAGE_") for k in task["envs"]), task["envs"]
     assert not any("SECRET" in k or "KEY" in k for k in task["envs"])
     assert task["run"].startswith("python -m orchestrator.worker ") and "backend" not in task["run"]
     assert task["setup"]
@@ -247,7 +250,7 @@ def test_skypilot_yaml_loads_with_skypilots_own_parser(tmp_path):
     assert parsed["h100x8-aws"]["recovery"]["recover_on_exit_codes"] == [75]
     assert parsed["cpu-any"]["accelerators"] is None and parsed["cpu-any"]["spot"] is False
     assert parsed["image-gcp"]["run"].startswith("python -m orchestrator.worker")
-    assert parsed["image-gcp"]["envs"]["STORAGE_URI"] == "s3://bucket/runs"
+    assert parsed["image-gcp"]["envs"]["ORCH_CONTAINER_IMAGE"] == "registry.example/orch:1"
 
 
 # -- kubernetes -------------------------------------------------------------------
@@ -294,3 +297,177 @@ def test_kubernetes_job_validates_against_the_official_model(cloud, label):
     # checkpoint snapshots go to memory: /dev/shm is an in-memory emptyDir, not the pod's default 64 MiB
     shm = [v for v in pod.volumes if v.name == container.volume_mounts[0].name][0]
     assert container.volume_mounts[0].mount_path == "/dev/shm" and shm.empty_dir.medium == "Memory"
+    assert not any(e.name.startswith("STORAGE_") for e in container.env), container.env
+
+
+# -- secrets, quoting and the reproducibility record, for every remote backend -----------------------
+
+SLACK_PATH_SECRET = "XoxbSLACKPATH0123456789"
+QUERY_TOKEN = "QRYTOKEN0123456789"
+LIST_SECRET = "LISTSECRET0123456789"
+SECRET_OVERRIDES = [
+    f"budget.webhook_url=https://hooks.slack.com/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}",
+    f"+data.source_url='https://data.example/train.jsonl?v=2&token={QUERY_TOKEN}'",
+    f"+data.auth_headers=['Bearer {LIST_SECRET}']",
+]
+# values a shell or a YAML reader would take apart if they were pasted in, not quoted
+NASTY = "a b \"c\" 'd' $(touch PWNED) `touch PWNED2` ; #e: {f}"
+NOTE = "+data.note='" + NASTY.replace("'", "\\'") + "'"  # as a Hydra override: a quoted string
+
+
+def _render(backend: str, *extra: str) -> str:
+    overrides = [*USER_OVERRIDES, f"backend={backend}", *extra]
+    cfg = _composed(tuple(overrides))
+    return get_backend(backend).render(cfg, overrides)
+
+
+def _slurm_worker_argv(script: str) -> list[str]:
+    line = next(line for line in script.splitlines() if "-m orchestrator.worker" in line)
+    argv = shlex.split(line)
+    assert argv[-1] == "&", line
+    return argv[:-1]
+
+
+def test_worker_invocation_passes_secrets_by_variable_name(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_x")  # the launcher resolves the config, so a named variable must be set
+    overrides = [*USER_OVERRIDES, "backend=slurm", *SECRET_OVERRIDES, "+data.hf_token=${oc.env:HF_TOKEN}"]
+    cfg = _composed(tuple(overrides))
+    inv = worker_invocation(cfg, overrides)
+    text = " ".join(inv.overrides)
+    for secret in (SLACK_PATH_SECRET, QUERY_TOKEN, LIST_SECRET):
+        assert secret not in text
+    assert "budget.webhook_url='${oc.env:ORCH_SECRET_BUDGET_WEBHOOK_URL}'" in inv.overrides
+    assert inv.secret_values["ORCH_SECRET_BUDGET_WEBHOOK_URL"].endswith(SLACK_PATH_SECRET)
+    assert QUERY_TOKEN in inv.secret_values["ORCH_SECRET_DATA_SOURCE_URL"]
+    assert json.loads(inv.secret_values["ORCH_SECRET_DATA_AUTH_HEADERS"]) == [f"Bearer {LIST_SECRET}"]
+    assert inv.secret_names == ["ORCH_SECRET_BUDGET_WEBHOOK_URL", "ORCH_SECRET_DATA_SOURCE_URL",
+                                "ORCH_SECRET_DATA_AUTH_HEADERS", "HF_TOKEN"]
+    assert "run.name=exp1" in inv.overrides and "storage.uri=s3://bucket/runs" in inv.overrides
+
+    # the worker composes exactly the values the user gave, reading them from the environment
+    env = {**inv.secret_values, "HF_TOKEN": "hf_x"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        worker_cfg = compose_config(inv.overrides)
+        assert worker_cfg.budget.webhook_url == cfg.budget.webhook_url
+        assert worker_cfg.data.source_url == cfg.data.source_url
+        assert list(worker_cfg.data.auth_headers) == [f"Bearer {LIST_SECRET}"]
+
+
+@pytest.mark.parametrize("backend", ["slurm", "skypilot"])
+def test_slurm_and_skypilot_text_holds_no_secret(backend):
+    text = _render(backend, *SECRET_OVERRIDES)
+    for secret in (SLACK_PATH_SECRET, QUERY_TOKEN, LIST_SECRET, "hooks.slack.com"):
+        assert secret not in text, (secret, text)
+    assert "ORCH_SECRET_BUDGET_WEBHOOK_URL" in text
+
+
+def test_skypilot_passes_secrets_as_skypilot_secrets(tmp_path):
+    overrides = [*USER_OVERRIDES, "backend=skypilot", *SECRET_OVERRIDES]
+    cfg = _composed(tuple(overrides))
+    task = yaml.safe_load(get_backend("skypilot").render(cfg, overrides))
+    names = worker_invocation(cfg, overrides).secret_names
+    assert task["secrets"] == {name: None for name in names}
+    # SkyPilot's own parser takes the values from --secret at launch; they never touch the file
+    path = tmp_path / "task.yaml"
+    path.write_text(get_backend("skypilot").render(cfg, overrides))
+    check = ("import json, sys, yaml, sky\n"
+             "t = sky.Task.from_yaml_config(yaml.safe_load(open(sys.argv[1])), secrets_overrides=[(n, 'v-' + n) for n in json.loads(sys.argv[2])])\n"
+             "print(json.dumps(sorted(t.secrets)))\n")
+    done = subprocess.run([SKYPILOT_PYTHON, "-c", check, str(path), json.dumps(names)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == sorted(names)
+
+
+def test_kubernetes_refuses_a_literal_secret_with_the_fix():
+    with pytest.raises(ConfigError, match=r"budget.webhook_url.*kubectl create secret generic spot-orchestrator"):
+        _render("kubernetes", "backend.image=registry.example/orch:1", SECRET_OVERRIDES[0])
+
+
+def test_kubernetes_reads_secrets_from_a_secret_by_name(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    text = _render("kubernetes", "backend.image=registry.example/orch:1", "budget.webhook_url_env=SLACK_WEBHOOK_URL",
+                   "+data.hf_token=${oc.env:HF_TOKEN}", "+backend.extra.secret_name=train-secrets")
+    env = {e["name"]: e for e in yaml.safe_load(text)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for name in ("SLACK_WEBHOOK_URL", "HF_TOKEN"):
+        assert env[name]["valueFrom"] == {"secretKeyRef": {"name": "train-secrets", "key": name}}
+    assert "budget.webhook_url_env=SLACK_WEBHOOK_URL" in text
+
+
+def test_slurm_submit_hands_secrets_to_sbatch_in_its_environment(tmp_path, monkeypatch):
+    """The script holds only variable names; sbatch (which exports its environment to the job) gets the values."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/bash\nenv > {tmp_path}/sbatch.env\ncp "$2" {tmp_path}/job.sbatch\necho 77\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    overrides = [*USER_OVERRIDES, "backend=slurm", f"run.work_dir={tmp_path / 'work'}", *SECRET_OVERRIDES]
+    cfg = compose_config(overrides)
+    assert get_backend("slurm").submit(cfg, overrides) == "77"
+    script = (tmp_path / "job.sbatch").read_text()
+    for secret in (SLACK_PATH_SECRET, QUERY_TOKEN, LIST_SECRET):
+        assert secret not in script
+    env = dict(line.split("=", 1) for line in (tmp_path / "sbatch.env").read_text().splitlines() if "=" in line)
+    assert env["ORCH_SECRET_BUDGET_WEBHOOK_URL"].endswith(SLACK_PATH_SECRET)
+    assert QUERY_TOKEN in env["ORCH_SECRET_DATA_SOURCE_URL"]
+
+
+def test_sbatch_script_stops_with_exit_4_when_a_secret_did_not_reach_the_job(tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(_render("slurm", SECRET_OVERRIDES[0], f"+backend.extra.python={tmp_path / 'never-run'}"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_SECRET_")}
+    done = subprocess.run(["bash", str(script)], env={**env, "SLURM_JOB_ID": "1"}, capture_output=True, text=True,
+                          timeout=30, cwd=tmp_path)
+    assert done.returncode == exitcodes.CONFIG_ERROR, done.stderr
+    assert "ORCH_SECRET_BUDGET_WEBHOOK_URL is not set" in done.stderr
+
+
+def test_sbatch_quotes_every_interpolated_value(fake_slurm, tmp_path):
+    out = tmp_path / "logs dir" / "o-%j.out"
+    overrides = [NOTE, f"+backend.extra.output={out}",
+                 "+backend.extra.sbatch_args=['--comment=two words']"]
+    script = _render("slurm", *overrides)
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    options = [line[len("#SBATCH "):] for line in script.splitlines() if line.startswith("#SBATCH ")]
+    assert all(len(shlex.split(opt)) == 1 for opt in options), options  # sbatch reads each as one option
+    assert f"--output={out}" in [shlex.split(opt)[0] for opt in options]
+    assert "--comment=two words" in [shlex.split(opt)[0] for opt in options]
+    argv = _slurm_worker_argv(script)
+    assert argv[1:3] == ["-m", "orchestrator.worker"] and NOTE in argv
+    # and bash, running it, hands the worker the value untouched and runs nothing from it
+    job = fake_slurm("0", extra=(NOTE,))
+    job.communicate(timeout=10)
+    assert NOTE in (fake_slurm.dir / "args").read_text()
+    assert not list(fake_slurm.dir.glob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
+
+
+def test_kubernetes_and_skypilot_serialise_values_with_yaml(tmp_path):
+    note = NOTE
+    pod = yaml.safe_load(_render("kubernetes", "backend.image=registry.example/orch:1", note))
+    assert note in pod["spec"]["template"]["spec"]["containers"][0]["args"]
+    task = yaml.safe_load(_render("skypilot", note))
+    run = shlex.split(task["run"])  # SkyPilot runs it with bash
+    assert run[:3] == ["python", "-m", "orchestrator.worker"] and note in run
+
+
+@pytest.mark.parametrize("backend", ["slurm", "skypilot", "kubernetes"])
+def test_generated_text_carries_the_image_for_the_repro_record(backend):
+    text = _render(backend, "backend.image=registry.example/orch:1.2")
+    if backend == "slurm":
+        assert "export ORCH_CONTAINER_IMAGE=registry.example/orch:1.2" in text
+    elif backend == "skypilot":
+        assert yaml.safe_load(text)["envs"]["ORCH_CONTAINER_IMAGE"] == "registry.example/orch:1.2"
+    else:
+        env = yaml.safe_load(text)["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "ORCH_CONTAINER_IMAGE", "value": "registry.example/orch:1.2"} in env
+
+
+def test_skypilot_without_an_image_carries_the_launch_commit():
+    """The synced workdir has no .git: the task carries the commit it was launched from."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    envs = yaml.safe_load(_render("skypilot"))["envs"]
+    assert envs["ORCH_GIT_COMMIT"] == head
+    assert envs["ORCH_GIT_DIRTY"] in ("true", "false")
+    assert "ORCH_GIT_COMMIT" not in yaml.safe_load(_render("skypilot", "backend.image=registry.example/orch:1"))["envs"]

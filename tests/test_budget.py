@@ -237,3 +237,18 @@ def test_a_real_overrun_gets_exactly_one_projection_alert_near_the_truth(tmp_pat
     steady_usd_per_step = (attempt["cost_usd"] - startup_usd) / (attempt["step_end"] - 1)
     truth = startup_usd + steady_usd_per_step * 1999
     assert truth / 3 < projected < truth * 3, (projected, truth, text)
+
+
+def test_webhook_named_by_an_environment_variable_gets_the_alert(receiver, monkeypatch):
+    """budget.webhook_url_env: the config names a variable, the URL (a credential) stays out of the config."""
+    from orchestrator.budget import default_sinks
+
+    monkeypatch.setenv("TEST_SLACK_WEBHOOK", receiver.url)
+    cfg = BudgetConfig(max_usd=10.0, webhook_url_env="TEST_SLACK_WEBHOOK", projection_alert=False)
+    sinks = default_sinks(cfg)
+    hooks = [s for s in sinks if isinstance(s, WebhookSink)]
+    assert len(hooks) == 1
+    guard = _guard(cfg, LedgerAlerts(), sinks)
+    guard.check(6.0, steps_done=1, max_steps=100)
+    assert hooks[0].wait(10)
+    assert [b["text"].split("]")[0] for b in receiver.bodies] == ["[budget_50"]

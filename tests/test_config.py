@@ -35,6 +35,8 @@ def test_every_config_composes(group, option, tmp_path):
         gpus = yaml.safe_load((conf_dir() / "compute" / f"{option}.yaml").read_text()).get("gpus_per_node", 0)
         if gpus > 1:  # one training process per GPU, or the job is refused for billing idle GPUs
             extra = ["distributed=ddp", f"distributed.processes_per_node={gpus}"]
+    if group == "backend" and option in ("kubernetes", "skypilot"):
+        extra = ["storage.uri=s3://bucket/runs"]  # remote nodes vanish with their disks: local storage is refused
     cfg = compose_config([f"{group}={option}", *extra])
     assert cfg[group] is not None
 
@@ -80,6 +82,16 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
         (["recipe=dpo", "recipe.peft=full"], ["recipe.peft=full works with recipe=sft only"]),
         (["recipe.quantization=nf4", "recipe.peft=full"], ["recipe.quantization=nf4 needs recipe.peft=lora"]),
         (["tracking.enabled=false", "tracking.log_final_weights=true"], ["tracking.log_final_weights=true", "tracking.enabled=true"]),
+        # a quoted Hydra value can hold a newline, which would become a line of the sbatch script
+        (["run.name='x\necho hi'"], ["run.name='x\\necho hi'", "letters, digits, '.', '_' or '-'", "Kubernetes label"]),
+        (["run.name=-x"], ["run.name='-x'", "starting and ending with a letter or digit"]),
+        (["run.name=" + "a" * 64], ["1-63"]),
+        (["+data.note='a\x1b[2Jb'"], ["data.note=", "control character"]),
+        (["budget.webhook_url_env=NO_SUCH_WEBHOOK_VAR"], ["NO_SUCH_WEBHOOK_VAR is not set", "export NO_SUCH_WEBHOOK_VAR="]),
+        (["budget.webhook_url_env=A-B"], ["budget.webhook_url_env='A-B'", "name of an environment variable"]),
+        # the node's disk vanishes with the node: the ledger, caps and checkpoints must live in object storage
+        (["backend=kubernetes", "backend.image=x", "backend.dry_run=true"], ["backend=kubernetes", "s3://bucket/runs"]),
+        (["backend=skypilot", "backend.dry_run=true"], ["backend=skypilot", "vanishes", "s3://"]),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_message(args, needles, tmp_path):

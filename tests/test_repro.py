@@ -63,3 +63,42 @@ def test_diff_names_changed_packages_and_gpu_count_and_ignores_missing_git():
     other = copy.deepcopy(first)
     other["packages_sha256"] = "3" * 64
     assert repro.diff_records(first, other) == ["other installed packages changed (sha256 111111111111 -> 333333333333)"]
+
+
+def test_code_without_git_records_the_commit_baked_into_the_image(tmp_path):
+    """An image's /app has no .git: the commit comes from ORCH_GIT_COMMIT (containers/Dockerfile's GIT_COMMIT)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    app = tmp_path / "app"  # the project as the image holds it: no .git anywhere above it
+    shutil.copytree(Path(repro.__file__).resolve().parents[0], app / "orchestrator",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    probe = "import json; from orchestrator.repro import collect_record; r = collect_record({}); " \
+            "print(json.dumps([r['git_commit'], r['git_dirty']]))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_GIT", "GIT_"))}
+    env.update(PYTHONPATH=str(app), GIT_CEILING_DIRECTORIES=str(tmp_path))
+    bare = subprocess.run([sys.executable, "-c", probe], cwd=app, env=env, capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 0, bare.stderr[-2000:]
+    assert bare.stdout.strip().splitlines()[-1] == "[null, null]"
+    env[repro.GIT_COMMIT_ENV] = "0123456789abcdef0123456789abcdef01234567"
+    baked = subprocess.run([sys.executable, "-c", probe], cwd=app, env=env, capture_output=True, text=True, timeout=120)
+    assert baked.returncode == 0, baked.stderr[-2000:]
+    assert baked.stdout.strip().splitlines()[-1] == '["0123456789abcdef0123456789abcdef01234567", null]'
+
+
+def test_the_dockerfile_bakes_the_build_commit_where_repro_reads_it():
+    """No Docker engine here: check the Dockerfile's last stage turns --build-arg GIT_COMMIT into ORCH_GIT_COMMIT."""
+    from pathlib import Path
+
+    text = (Path(repro.__file__).resolve().parents[1] / "containers" / "Dockerfile").read_text()
+    lines = [line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
+    stage = lines[max(i for i, line in enumerate(lines) if line.startswith("FROM ")):]
+    assert any(line.startswith("ARG GIT_COMMIT") for line in stage), stage
+    assert f"ENV {repro.GIT_COMMIT_ENV}=${{GIT_COMMIT}}" in stage
+    assert "LABEL org.opencontainers.image.revision=${GIT_COMMIT}" in stage
+    # set before the project is copied in, so the layer with the code carries it
+    assert stage.index(f"ENV {repro.GIT_COMMIT_ENV}=${{GIT_COMMIT}}") < next(
+        i for i, line in enumerate(stage) if line.startswith("COPY orchestrator"))

@@ -23,6 +23,7 @@ import pytest
 
 from tests import jobs
 from tests.slurm_cluster import ensure_slurm
+from tests.webhooks import WebhookReceiver
 
 pytestmark = pytest.mark.xdist_group("slurm")  # one Slurm node: its tests run one at a time
 
@@ -30,6 +31,8 @@ pytestmark = pytest.mark.xdist_group("slurm")  # one Slurm node: its tests run o
 # its first committed checkpoint): about 20-40 s of training on an idle 2-core
 # machine, with a checkpoint every second.
 MAX_STEPS = 200
+IMAGE = "registry.example/spot-orchestrator:test-1"
+SLACK_PATH_SECRET = "XoxbSLACKPATH0123456789"
 SCONTROL_TIMEOUT_SECONDS = 30
 JOB_START_TIMEOUT_SECONDS = 600  # queueing, then the worker's start-up and first checkpoint
 JOB_END_TIMEOUT_SECONDS = 1200  # the machine is shared: be generous
@@ -68,6 +71,8 @@ def output_text(path: Path | None) -> str:
 
 def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
     ensure_slurm()
+    receiver = WebhookReceiver()
+    hook = f"http://127.0.0.1:{receiver.port}/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}"
     storage = jobs.Storage(str(tmp_path / "runs"))
     common = jobs.with_overrides(jobs.FAST, f"train.max_steps={MAX_STEPS}", "train.logging_steps=20")
     common += storage.overrides()
@@ -77,7 +82,11 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
     job_id = None
     out_file = None
     try:
-        submitted = jobs.run_job(common + ["backend=slurm", f"run.name={run}"], tmp_path, env=env, timeout=300)
+        # a secret (a Slack-style webhook path) and an image: the script must name neither secret nor lose
+        # the image; the worker gets the webhook through the environment sbatch exports
+        slurm_only = ["backend=slurm", f"run.name={run}", f"backend.image={IMAGE}", f"budget.webhook_url={hook}",
+                      "budget.max_usd=1000", "compute.price_per_hour=1", "budget.alert_thresholds=[0.000001]"]
+        submitted = jobs.run_job(common + slurm_only, tmp_path, env=env, timeout=300)
         assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
         found = re.search(r"submitted .* to slurm: job (\d+)", submitted.stdout)
         assert found, f"the launcher printed no Slurm job id:\n{submitted.stdout[-2000:]}"
@@ -85,6 +94,7 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
         out_file = tmp_path / ".cache" / "work" / "slurm" / f"{run}-{job_id}.out"
         script = (tmp_path / ".cache" / "work" / "slurm" / f"{run}.sbatch").read_text()
         assert "--requeue" in script and f"cd {tmp_path}" in script, script
+        assert SLACK_PATH_SECRET not in script and f"export ORCH_CONTAINER_IMAGE={IMAGE}" in script, script
 
         # 1. the job runs and commits a checkpoint
         def trained_a_while():
@@ -119,6 +129,7 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
         assert info.get("JobState", "COMPLETED") == "COMPLETED", (info, log[-6000:])
         assert int(info.get("Restarts", "1")) >= 1, info
     finally:
+        receiver.close()
         if job_id and job_state(job_id) not in FINAL_JOB_STATES | {"GONE"}:
             subprocess.run(["scancel", job_id], capture_output=True, timeout=SCONTROL_TIMEOUT_SECONDS)
 
@@ -141,3 +152,12 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
         f"the requeued Slurm job's final weights differ from the uninterrupted local run (requeued after step "
         f"{requeued_after}; attempts {classes})"
     )
+    # every attempt recorded the code and the image it ran (the ledger's reproducibility record)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=jobs.REPO, capture_output=True, text=True).stdout.strip()
+    records = [a["extra"]["repro"] for a in ledger["attempts"] if "repro" in a["extra"]]
+    assert len(records) >= 2, ledger["attempts"]
+    for record in records:
+        assert (record["image"], record["git_commit"]) == (IMAGE, head or None), record
+    # the webhook secret reached the worker (by the environment sbatch exported), not the script
+    assert receiver.paths and receiver.paths[0] == f"/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}", receiver.paths
+    assert SLACK_PATH_SECRET not in log

@@ -161,6 +161,38 @@ def test_redact_and_scrub_text_units():
     assert scrub_text(f"aws_secret_access_key={FAKE_AWS_SECRET}") == "aws_secret_access_key=***"
 
 
+def test_redact_covers_webhook_paths_token_queries_and_secrets_in_lists():
+    slack = "https://hooks.slack.com/services/T0AAAA/B0BBBB/SLACKPATHSECRET42"
+    found: set = set()
+    cleaned = redact({
+        "budget": {"webhook_url": slack, "alert_thresholds": [0.5, 1.0]},
+        "data": {"source_url": "https://data.example/x.jsonl?v=2&token=QUERYTOKEN77&X-Amz-Signature=SIGVALUE99"},
+        "extra": {"auth_headers": ["Bearer LISTBEARER11", "Bearer LISTBEARER12"],
+                  "env": [{"name": "HF_TOKEN", "value": "hf_ENVLISTVALUE"}, {"name": "LOG_LEVEL", "value": "info"}],
+                  "launcher_args": ["--hf_token=ARGLISTSECRET", "--max_new_tokens=8"]},
+        "tracking": {"uri": "http://mlflow.internal:5000"},
+    }, found)
+    assert cleaned["budget"]["webhook_url"] == "https://hooks.slack.com/***"
+    assert cleaned["budget"]["alert_thresholds"] == [0.5, 1.0]
+    assert cleaned["data"]["source_url"] == "https://data.example/x.jsonl?v=2&token=***&X-Amz-Signature=***"
+    assert cleaned["extra"]["auth_headers"] == ["***", "***"]
+    assert cleaned["extra"]["env"] == [{"name": "HF_TOKEN", "value": "***"}, {"name": "LOG_LEVEL", "value": "info"}]
+    assert cleaned["extra"]["launcher_args"] == ["--hf_token=***", "--max_new_tokens=8"]
+    assert cleaned["tracking"]["uri"] == "http://mlflow.internal:5000"
+    # everything replaced is remembered, so free text (logs, artifacts) is scrubbed of it too
+    text = f"posting to {slack}; fetched QUERYTOKEN77 with LISTBEARER11, hf_ENVLISTVALUE and ARGLISTSECRET"
+    scrubbed = scrub_text(text, found)
+    for secret in ("SLACKPATHSECRET42", "QUERYTOKEN77", "LISTBEARER11", "hf_ENVLISTVALUE", "ARGLISTSECRET"):
+        assert secret not in scrubbed, (secret, scrubbed)
+    # a webhook URL or a token query found in free text alone, without the config, goes too
+    assert scrub_text(f"alert to {slack} failed") == "alert to https://hooks.slack.com/*** failed"
+    assert scrub_text("budget.webhook_url=http://127.0.0.1:9/services/A/B/C ok") == "budget.webhook_url=http://127.0.0.1:9/*** ok"
+    assert scrub_text("GET https://x.example/a?access_token=ABCDEFGH&page=2") == "GET https://x.example/a?access_token=***&page=2"
+    # references to environment variables are not secrets and stay readable
+    assert redact({"webhook_url": "${oc.env:SLACK_URL}"}) == {"webhook_url": "${oc.env:SLACK_URL}"}
+    assert scrub_text("budget.webhook_url=${oc.env:SLACK_URL}") == "budget.webhook_url=${oc.env:SLACK_URL}"
+
+
 def test_disabled_tracking_is_a_no_op():
     tracker = JobTracker(TrackingConfig(enabled=False), job_name="x")
     assert tracker.start() is None

@@ -5,7 +5,8 @@
    ledger's, with no metric point logged twice.
 2. A budget reached mid-run sends each alert once, stops with a committed checkpoint and exit 3, is
    not requeued, and a re-launch refuses to start.
-3. Secrets planted in the config appear nowhere in MLflow or the job's log.
+3. Secrets planted in the config (a webhook path, a ?token= URL, secrets in lists) appear nowhere in MLflow,
+   the job's log, its storage, or what the remote backends would submit.
 4. The MLflow server stopped mid-run loses no metric point.
 """
 from __future__ import annotations
@@ -28,6 +29,10 @@ from tests.webhooks import WebhookReceiver
 # 40 characters of [A-Za-z0-9/+] with upper, lower and digits: the shape of an AWS secret access key.
 FAKE_SECRET = "Zx9fQ2rT7vLm3nB8kW4pY6sD1hJ5gC0aE2uI7oK3"
 URL_PASSWORD = "hunter2pass"
+SLACK_PATH_SECRET = "XoxbSLACKPATH0123456789"
+QUERY_TOKEN = "QRYTOKEN0123456789"
+LIST_SECRET = "LISTSECRET0123456789"
+ARG_SECRET = "ARGSECRET0123456789"
 
 
 @pytest.fixture
@@ -165,24 +170,35 @@ def test_budget_alerts_once_each_stops_with_a_checkpoint_and_refuses_a_relaunch(
 
 def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_server, client, experiment, receiver,
                                                              tmp_path):
+    """Secrets in the shapes that leaked: a Slack-style webhook path, a ?token= URL, a secret in a list."""
     run = "secrets"
-    hook = f"http://alice:{URL_PASSWORD}@127.0.0.1:{receiver.port}/hook"
-    overrides = _overrides(storage, mlflow_server, experiment, run) + [
-        "train.max_steps=10",
+    # a Slack-style webhook: the secret is the path (and here a password in the URL too)
+    hook = f"http://alice:{URL_PASSWORD}@127.0.0.1:{receiver.port}/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}"
+    planted = [
         "+backend.extra.aws_secret_access_key=${oc.env:FAKE_SECRET}",
-        # a budget far away, with a tiny first threshold, so the webhook (and its password) is used
-        f"budget.webhook_url={hook}", "budget.max_usd=1000", "compute.price_per_hour=1",
-        "budget.alert_thresholds=[0.000001]",
+        f"+data.source_url='https://data.example/train.jsonl?v=2&token={QUERY_TOKEN}'",
+        f"+data.auth_headers=['Bearer {LIST_SECRET}']",
+        f"+data.launcher_args=['--hf_token={ARG_SECRET}','--max_new_tokens=8']",
+        f"budget.webhook_url={hook}",
     ]
-    done = jobs.run_job(overrides, tmp_path, env=_env(tmp_path, FAKE_SECRET=FAKE_SECRET), timeout=600)
+    overrides = _overrides(storage, mlflow_server, experiment, run) + planted + [
+        "train.max_steps=10",
+        # a budget far away, with a tiny first threshold, so the webhook (and its secrets) is used
+        "budget.max_usd=1000", "compute.price_per_hour=1", "budget.alert_thresholds=[0.000001]",
+    ]
+    env = _env(tmp_path, FAKE_SECRET=FAKE_SECRET)
+    done = jobs.run_job(overrides, tmp_path, env=env, timeout=600)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
-    # the secrets were live: the webhook got the password, the config the key
+    # the secrets were live: the webhook got the password at the secret path, the config the key
     assert receiver.bodies, "the budget alert did not reach the webhook"
     assert base64.b64encode(f"alice:{URL_PASSWORD}".encode()).decode() in receiver.auth_headers[0]
+    assert receiver.paths[0] == f"/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}"
 
     mlrun = _the_run(client, experiment, run)
     assert mlrun.data.params["backend.extra.aws_secret_access_key"] == "***"
+    assert mlrun.data.params["budget.webhook_url"] == f"http://***@127.0.0.1:{receiver.port}/***"
+    assert mlrun.data.params["data.source_url"] == "https://data.example/train.jsonl?v=2&token=***"
     places = {f"param {k}": v for k, v in mlrun.data.params.items()}
     places.update({f"tag {k}": v for k, v in mlrun.data.tags.items()})
     files = _download_artifacts(client, mlrun.info.run_id, tmp_path / "artifacts")
@@ -190,7 +206,24 @@ def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_ser
     assert not any("final_weights" in p.parts for p in files), "tracking.log_final_weights is off by default"
     places.update({f"artifact {p.name}": p.read_text(errors="replace") for p in files})
     places["job stdout/stderr"] = log
-    for secret in (FAKE_SECRET, URL_PASSWORD):
+    # storage: the ledger, final/config.yaml, manifests, checkpoints: every object of the job
+    store = storage.store()
+    keys = store.list(f"{run}/")
+    assert f"{run}/ledger.json" in keys and f"{run}/final/config.yaml" in keys
+    places.update({f"storage {k}": store.get_bytes(k).decode(errors="replace") for k in keys})
+
+    # what the remote backends would submit, printed by their dry runs
+    for backend, extra, code in (("slurm", [], 0), ("skypilot", [], 0),
+                                 ("kubernetes", ["backend.image=registry.example/orch:1"], 4)):
+        dry = jobs.run_job(overrides + [f"backend={backend}", "backend.dry_run=true", *extra], tmp_path, env=env,
+                           timeout=300)
+        assert dry.returncode == code, (backend, (dry.stdout + dry.stderr)[-3000:])
+        places[f"{backend} dry run"] = dry.stdout + dry.stderr
+    assert "orchestrator.worker" in places["slurm dry run"] and "ORCH_SECRET_BUDGET_WEBHOOK_URL" in places["slurm dry run"]
+    assert "secrets:" in places["skypilot dry run"]
+    assert "kubectl create secret generic" in places["kubernetes dry run"]  # a literal secret is refused, with the fix
+
+    for secret in (FAKE_SECRET, URL_PASSWORD, SLACK_PATH_SECRET, QUERY_TOKEN, LIST_SECRET, ARG_SECRET):
         leaks = [where for where, text in places.items() if secret in text]
         assert not leaks, f"secret {secret[:4]}... leaked into: {leaks}"
 

@@ -9,11 +9,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class WebhookReceiver:
-    """Records every POSTed JSON body and its Authorization header; answers ``status``."""
+    """Records every POSTed JSON body, its Authorization header and path; answers ``status``."""
 
     def __init__(self, status: int = 200, path: str = "/hook"):
         self.bodies: list[dict] = []
         self.auth_headers: list[str] = []
+        self.paths: list[str] = []
         self.status = status
         receiver = self
 
@@ -22,6 +23,7 @@ class WebhookReceiver:
                 length = int(self.headers.get("Content-Length", 0))
                 receiver.bodies.append(json.loads(self.rfile.read(length)))
                 receiver.auth_headers.append(self.headers.get("Authorization") or "")
+                receiver.paths.append(self.path)
                 self.send_response(receiver.status)
                 self.end_headers()
                 self.wfile.write(b"ok")

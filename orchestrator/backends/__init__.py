@@ -19,9 +19,11 @@ and defines ``run(cfg, overrides) -> int`` (an exit code) besides ``render``.
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
@@ -104,8 +106,114 @@ def worker_overrides(overrides: Sequence[str]) -> list[str]:
 
 
 def worker_command(overrides: Sequence[str], python: str = WORKER_PYTHON) -> str:
-    """The shell-quoted command that runs one attempt: ``python -m orchestrator.worker ...``."""
+    """The shell-quoted command that runs one attempt: ``python -m orchestrator.worker ...``.
+
+    ``overrides`` go through :func:`worker_overrides`; pass ``WorkerInvocation.overrides``
+    so that no secret is written into the command.
+    """
     return shlex.join([python, "-m", WORKER_MODULE, *worker_overrides(overrides)])
+
+
+# -- secrets and the attempt's environment -----------------------------------------
+
+SECRET_ENV_PREFIX = "ORCH_SECRET_"
+_ENV_REFERENCE_NAME = re.compile(r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@dataclass(frozen=True)
+class WorkerInvocation:
+    """What a remote attempt runs, with its secrets passed by the name of an environment variable.
+
+    overrides: the worker's overrides (no ``backend.*``); an override whose value
+        is a secret (whatever ``tracking.redact`` would replace: a webhook URL, a
+        ``?token=`` URL, a value under a key named like a token...) reads
+        ``${oc.env:ORCH_SECRET_<KEY>}`` instead of the value.
+    secret_values: ORCH_SECRET_<KEY> -> the value taken out of the overrides; the
+        backend hands them to the engine through the submitting process's
+        environment (never through the generated text).
+    secret_names: every environment variable the worker reads a secret from: the
+        moved ones, ``budget.webhook_url_env``, and ``${oc.env:NAME}`` given by the
+        user for a secret key.
+    env: plain (non-secret) variables for the attempt: ``ORCH_CONTAINER_IMAGE``
+        (recorded in the ledger's reproducibility record).
+    """
+
+    overrides: list[str]
+    secret_values: dict[str, str]
+    secret_names: list[str]
+    env: dict[str, str]
+    secret_keys: list[str] = field(default_factory=list)  # the config keys whose values were moved out
+
+
+def _secret_env_name(key: str) -> str:
+    return SECRET_ENV_PREFIX + re.sub(r"[^A-Za-z0-9]+", "_", key).strip("_").upper()
+
+
+def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
+    """Split the worker's overrides into text that is safe to write and secrets passed by environment.
+
+    Raises:
+        ConfigError: a malformed override.
+    """
+    from omegaconf import OmegaConf
+
+    from orchestrator.tracking import is_env_reference, is_secret_key, is_webhook_key, secrets_in
+
+    safe: list[str] = []
+    values: dict[str, str] = {}
+    names: list[str] = []
+    moved_keys: list[str] = []
+    for item in worker_overrides(overrides):
+        raw_key, sep, text = item.partition("=")
+        key = raw_key.lstrip("+~")
+        leaf = key.rsplit(".", 1)[-1]
+        secret_key = is_secret_key(leaf) or is_webhook_key(leaf)
+        if not sep or raw_key.startswith("~"):
+            safe.append(item)
+        elif is_env_reference(text) or not secrets_in({leaf: text}):
+            if secret_key:
+                names += _ENV_REFERENCE_NAME.findall(text)
+            safe.append(item)
+        else:
+            name = _secret_env_name(key)
+            value = OmegaConf.select(cfg, key)
+            if isinstance(value, str):
+                values[name] = value
+                safe.append(f"{raw_key}='${{oc.env:{name}}}'")
+            else:  # a list or dict holding a secret travels as JSON, decoded by the worker's OmegaConf
+                plain = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+                values[name] = json.dumps(plain)
+                safe.append(f"{raw_key}='${{oc.decode:${{oc.env:{name}}}}}'")
+            names.append(name)
+            moved_keys.append(key)
+    if cfg.budget.get("webhook_url_env"):
+        names.append(str(cfg.budget.webhook_url_env))
+    env = {}
+    if cfg.backend.image:
+        from orchestrator.repro import CONTAINER_IMAGE_ENV
+
+        env[CONTAINER_IMAGE_ENV] = str(cfg.backend.image)
+    return WorkerInvocation(overrides=safe, secret_values=values, secret_names=list(dict.fromkeys(names)), env=env,
+                            secret_keys=moved_keys)
+
+
+def refuse_secrets_in_text(cfg: Any, text: str, what: str) -> str:
+    """``text``, after checking that no secret value of ``cfg`` is in it (a last guard for every backend).
+
+    Raises:
+        ConfigError: naming the key whose secret would be written, and the fix.
+    """
+    from omegaconf import OmegaConf
+
+    from orchestrator.tracking import flatten, secrets_in
+
+    for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
+        if any(secret in text for secret in secrets_in({key.rsplit(".", 1)[-1]: value})):
+            raise ConfigError(
+                f"{key} holds a secret that would be written into {what}. Pass it through an environment "
+                f"variable instead: {key}='${{oc.env:NAME}}' (for the budget webhook: budget.webhook_url_env=NAME)."
+            )
+    return text
 
 
 def grace_seconds(cfg: Any) -> int:

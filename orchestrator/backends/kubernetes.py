@@ -7,11 +7,15 @@ against ``backoffLimit``; 3, 4, 5 and 6 fail the Job at once; anything else
 counts against ``backoffLimit = max_failures + max_preemptions``. The worker's
 ledger check (exit 5) has the last word whoever retries.
 
-Settings read from the config: ``run.name``, ``backend.image`` (required),
+Settings read from the config: ``run.name``, ``backend.image`` (required; also
+passed as ``ORCH_CONTAINER_IMAGE`` for the reproducibility record),
 ``compute.gpus_per_node``, ``compute.spot``, ``compute.cloud`` (gcp | aws |
 azure: which spot node label to select; other values select none),
-``preemption.grace``, ``requeue.*``, ``storage.*`` (as env vars, never
-credentials), and from ``backend.extra``: ``namespace`` (default "default"),
+``preemption.grace``, ``requeue.*``, and from ``backend.extra``: ``namespace`` (default "default"),
+``secret_name`` (default "spot-orchestrator": the Secret holding the variables
+that secrets are read from, one key per variable: ``budget.webhook_url_env``
+and ``${oc.env:NAME}`` given for a secret key; a literal secret in the
+overrides is refused, since the manifest would carry it in clear),
 ``service_account`` (for workload identity to the bucket), ``cpu``,
 ``memory`` (resource requests, e.g. "8", "64Gi"), ``shm_size`` (cap on the
 memory-backed ``/dev/shm`` the pod gets for checkpoint snapshots).
@@ -27,13 +31,21 @@ from typing import Any, Sequence
 import yaml
 
 from orchestrator import exitcodes
-from orchestrator.backends import WORKER_MODULE, extra, grace_seconds, single_node, worker_overrides
+from orchestrator.backends import (
+    WORKER_MODULE,
+    extra,
+    grace_seconds,
+    refuse_secrets_in_text,
+    single_node,
+    worker_invocation,
+)
 from orchestrator.errors import ConfigError
 
 KUBECTL_TIMEOUT_SECONDS = 120
 # after the worker's emergency save must commit, leave it this long to upload and exit
 TERMINATION_MARGIN_SECONDS = 30
 SHM_VOLUME = "dshm"
+DEFAULT_SECRET_NAME = "spot-orchestrator"  # the Secret whose keys hold the variables secrets are read from
 STOP_EXIT_CODES = [exitcodes.BUDGET_EXHAUSTED, exitcodes.CONFIG_ERROR, exitcodes.CAPS_REACHED, exitcodes.FENCED]
 
 # per cloud: the label its managed Kubernetes puts on spot nodes, and the taint it puts on them (if any)
@@ -70,10 +82,19 @@ def _exit_codes(codes: list[int]) -> dict:
 
 
 def _container(cfg: Any, overrides: Sequence[str]) -> dict:
-    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "STORAGE_URI", "value": str(cfg.storage.uri)}]
-    for key, name in (("endpoint_url", "STORAGE_ENDPOINT_URL"), ("region", "STORAGE_REGION")):
-        if cfg.storage.get(key):
-            env.append({"name": name, "value": str(cfg.storage[key])})
+    invocation = worker_invocation(cfg, overrides)
+    if invocation.secret_values:
+        raise ConfigError(
+            f"{', '.join(invocation.secret_keys)}: backend=kubernetes would write this secret (a webhook URL, a "
+            "token...) into the pod spec in clear. Put it in a Kubernetes Secret and pass its name: kubectl create "
+            f"secret generic {_secret_name(cfg)} --from-literal=NAME=<value>, then key='${{oc.env:NAME}}' (for the "
+            "budget webhook: budget.webhook_url_env=NAME); backend.extra.secret_name chooses another Secret."
+        )
+    env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    env += [{"name": name, "value": value} for name, value in invocation.env.items()]
+    # a secret by name: the value stays in the cluster's Secret object, never in this manifest
+    env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": _secret_name(cfg), "key": name}}}
+            for name in invocation.secret_names]
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if extra(cfg, "cpu"):
@@ -87,7 +108,7 @@ def _container(cfg: Any, overrides: Sequence[str]) -> dict:
         "name": "worker",
         "image": str(cfg.backend.image),
         "command": ["python", "-m", WORKER_MODULE],
-        "args": worker_overrides(overrides),
+        "args": invocation.overrides,
         "env": env,
         # a memory-backed /dev/shm (a pod gets 64 MiB otherwise): the Trainer's checkpoint snapshot goes
         # there, so training pauses only for the serialisation (checkpoint.snapshot_dir=auto)
@@ -96,6 +117,10 @@ def _container(cfg: Any, overrides: Sequence[str]) -> dict:
     if requests or limits:
         container["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
     return container
+
+
+def _secret_name(cfg: Any) -> str:
+    return str(extra(cfg, "secret_name", DEFAULT_SECRET_NAME))
 
 
 def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
@@ -153,10 +178,13 @@ def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
 
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
-    """The manifest as YAML text, as ``submit`` would apply it."""
-    return f"# kubectl apply -f <this file>   (run.name={cfg.run.name})\n" + yaml.safe_dump(
-        manifest(cfg, overrides), sort_keys=False
-    )
+    """The manifest as YAML text (by the YAML serialiser: every value quoted as YAML needs), as ``submit`` applies it.
+
+    Raises:
+        ConfigError: see :func:`manifest`; or a secret of the config would appear in the text.
+    """
+    text = "# kubectl apply -f <this file>\n" + yaml.safe_dump(manifest(cfg, overrides), sort_keys=False)
+    return refuse_secrets_in_text(cfg, text, "the Kubernetes Job manifest")
 
 
 def submit(cfg: Any, overrides: Sequence[str]) -> str:

@@ -8,7 +8,13 @@ from typing import Any, Sequence
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
     """The command each attempt runs, under the supervisor's requeue policy."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.tracking import scrub_text, secrets_in
+
     cmd = " ".join(shlex.quote(x) for x in [sys.executable, "-m", "orchestrator.worker", *overrides])
+    # printed only: the supervisor passes the real values to its child, which never writes them down
+    cmd = scrub_text(cmd, secrets_in(OmegaConf.to_container(cfg, resolve=True)))
     r = cfg.requeue
     return (f"# local supervisor: one child per attempt; requeue.max_preemptions={r.max_preemptions}, "
             f"requeue.max_failures={r.max_failures}, crash_loop_threshold={r.crash_loop_threshold}\n{cmd}\n")

@@ -10,10 +10,18 @@ Settings read from the config: ``run.name``, ``compute.gpu_type``,
 ``compute.gpus_per_node``, ``compute.spot``, ``compute.cloud``,
 ``backend.image`` (a Docker image with the project installed; without one the
 project is synced as ``workdir`` and installed by ``setup``),
-``requeue.max_failures``, ``storage.*`` (carried as envs, never credentials:
-the VM's own role or service account reaches the bucket), and from
+``requeue.max_failures``, and from
 ``backend.extra``: ``region``, ``disk_size`` (GB), ``setup`` (a command
 replacing the default one).
+
+Secrets never enter the YAML: an override holding one reads
+``${oc.env:ORCH_SECRET_<KEY>}``; every variable a secret is read from
+(those, ``budget.webhook_url_env``) is listed under ``secrets:`` with no value
+and ``submit`` passes ``--secret NAME``, which SkyPilot fills from the
+launcher's environment. The image (``ORCH_CONTAINER_IMAGE``) or, without one,
+the launch directory's git commit (``ORCH_GIT_COMMIT``) travels in ``envs``
+for the reproducibility record. No cloud credentials: the VM's own role or
+service account reaches the bucket.
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ from typing import Any, Sequence
 import yaml
 
 from orchestrator import exitcodes
-from orchestrator.backends import extra, single_node, worker_command
+from orchestrator.backends import extra, refuse_secrets_in_text, single_node, worker_command, worker_invocation
 from orchestrator.errors import ConfigError
 
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
@@ -82,18 +90,29 @@ def task_config(cfg: Any, overrides: Sequence[str]) -> dict:
     if cfg.backend.image:
         resources["image_id"] = f"docker:{cfg.backend.image}"
 
-    envs = {"PYTHONUNBUFFERED": "1", "STORAGE_URI": str(cfg.storage.uri)}
-    for key, env in (("endpoint_url", "STORAGE_ENDPOINT_URL"), ("region", "STORAGE_REGION")):
-        if cfg.storage.get(key):
-            envs[env] = str(cfg.storage[key])
+    invocation = worker_invocation(cfg, overrides)
+    envs = {"PYTHONUNBUFFERED": "1", **invocation.env}
+    if not cfg.backend.image:
+        # the code is this directory, synced as workdir (without .git): record its commit for the repro record
+        from orchestrator.repro import GIT_COMMIT_ENV, GIT_DIRTY_ENV, git_state
+
+        commit, dirty = git_state(Path.cwd())
+        if commit:
+            envs[GIT_COMMIT_ENV] = commit
+            if dirty is not None:
+                envs[GIT_DIRTY_ENV] = "true" if dirty else "false"
 
     task: dict[str, Any] = {
         "name": str(cfg.run.name),
         "resources": resources,
         "num_nodes": 1,
         "envs": envs,
-        "run": worker_command(overrides),
+        "run": worker_command(invocation.overrides),
     }
+    if invocation.secret_names:
+        # null: the value is given at launch (``sky jobs launch --secret NAME`` reads it from the launcher's
+        # environment) and SkyPilot keeps it out of its dashboard and logs
+        task["secrets"] = {name: None for name in invocation.secret_names}
     if cfg.backend.image:
         # the image has the project installed (containers/Dockerfile); its entrypoint is not used by SkyPilot
         task["setup"] = extra(cfg, "setup", "python -c 'import orchestrator'")
@@ -104,10 +123,13 @@ def task_config(cfg: Any, overrides: Sequence[str]) -> dict:
 
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
-    """The task YAML text that ``submit`` would hand to ``sky jobs launch``."""
-    return f"# sky jobs launch -y <this file>   (run.name={cfg.run.name})\n" + yaml.safe_dump(
-        task_config(cfg, overrides), sort_keys=False
-    )
+    """The task YAML text (by the YAML serialiser) that ``submit`` would hand to ``sky jobs launch``.
+
+    Raises:
+        ConfigError: see :func:`task_config`; or a secret of the config would appear in the text.
+    """
+    text = "# sky jobs launch -y <this file>\n" + yaml.safe_dump(task_config(cfg, overrides), sort_keys=False)
+    return refuse_secrets_in_text(cfg, text, "the SkyPilot task YAML")
 
 
 def submit(cfg: Any, overrides: Sequence[str]) -> str:
@@ -117,13 +139,17 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
         ConfigError: the sky CLI is missing or the launch failed (its output included).
     """
     text = render(cfg, overrides)
+    invocation = worker_invocation(cfg, overrides)
+    env = {**os.environ, **invocation.secret_values}  # --secret NAME reads the value from here
+    secret_flags = [flag for name in invocation.secret_names for flag in ("--secret", name)]
     work = Path(cfg.run.work_dir).expanduser().resolve() / "skypilot"
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{cfg.run.name}-", dir=work, delete=False) as f:
         f.write(text)
     try:
         done = subprocess.run(
-            ["sky", "jobs", "launch", "-y", "--name", str(cfg.run.name), f.name],
+            ["sky", "jobs", "launch", "-y", "--name", str(cfg.run.name), *secret_flags, f.name],
+            env=env,
             capture_output=True,
             text=True,
             timeout=LAUNCH_TIMEOUT_SECONDS,

@@ -9,7 +9,15 @@ the requeues end there. Final codes (0, 3, 4, 5, 6) end the job. As a bound of
 its own (a worker that dies before reaching the ledger is never counted there)
 the script stops requeueing after max_preemptions + max_failures restarts.
 
-Settings read from the config: ``run.name`` (job name), ``backend.partition``,
+Secrets never enter the script: an override holding one reads
+``${oc.env:ORCH_SECRET_<KEY>}`` instead, and ``submit`` puts the value in the
+environment of ``sbatch``, which exports it to the job (its default
+``--export=ALL``; Slurm keeps it for requeues). ``backend.image``, when set (a
+job you run in a container through ``sbatch_args``, e.g. pyxis's
+``--container-image``), is exported as ``ORCH_CONTAINER_IMAGE`` for the
+reproducibility record.
+
+Settings read from the config: ``run.name`` (job name), ``backend.partition``, ``backend.image``,
 ``compute.gpus_per_node``, ``preemption.grace``, ``run.work_dir`` (logs), and
 from ``backend.extra``: ``python`` (the interpreter on the compute node;
 default: this launcher's, which suits a shared filesystem), ``output`` (the log
@@ -26,7 +34,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from orchestrator import exitcodes
-from orchestrator.backends import extra, grace_seconds, single_node, worker_command
+from orchestrator.backends import (
+    extra,
+    grace_seconds,
+    refuse_secrets_in_text,
+    single_node,
+    worker_command,
+    worker_invocation,
+)
 from orchestrator.errors import ConfigError
 
 SBATCH_TIMEOUT_SECONDS = 60
@@ -40,8 +55,8 @@ FINAL_CODES = (
 
 _BODY = r"""
 export PYTHONUNBUFFERED=1
-cd {workdir}
-
+{exports}cd {workdir}
+{secret_check}
 # bash runs a trap only after a foreground child exits, so the worker runs in
 # the background and the shell waits on it: a signal then interrupts the wait,
 # the trap forwards it at once, and the loop waits again for the real status.
@@ -94,13 +109,34 @@ def _output_path(cfg: Any) -> str:
     return str(extra(cfg, "output", default))
 
 
+def _secret_check(names: Sequence[str]) -> str:
+    """Bash that stops the job (exit 4, not requeued) when a secret's variable did not reach it."""
+    if not names:
+        return ""
+    return (
+        "# secrets reach the worker only through the environment sbatch exports (never this file)\n"
+        f"for name in {' '.join(shlex.quote(n) for n in names)}; do\n"
+        '  if [ -z "${!name:-}" ]; then\n'
+        '    echo "slurm job $SLURM_JOB_ID: environment variable $name is not set (submit with sbatch\'s default'
+        ' --export=ALL)" >&2\n'
+        f"    exit {exitcodes.CONFIG_ERROR}\n"
+        "  fi\n"
+        "done\n"
+    )
+
+
 def render(cfg: Any, overrides: Sequence[str]) -> str:
     """The sbatch script for this job (text; nothing is written or run).
 
+    Every interpolated value is shell-quoted (``#SBATCH`` lines too: sbatch
+    honours quotes there); secrets are referenced by variable name only.
+
     Raises:
-        ConfigError: a multi-node job, a bad grace, or a malformed sbatch_args.
+        ConfigError: a multi-node job, a bad grace, a malformed sbatch_args, or
+        a secret that would be written into the script.
     """
     single_node(cfg, "slurm")
+    invocation = worker_invocation(cfg, overrides)
     grace = grace_seconds(cfg)
     options = [
         f"--job-name={cfg.run.name}",
@@ -121,18 +157,27 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
             f"backend.extra.sbatch_args={sbatch_args!r} must be a list of long sbatch options, "
             "e.g. ['--time=04:00:00', '--mem=64G']."
         )
+    if invocation.secret_names and any(str(a).startswith("--export") and "ALL" not in str(a) for a in sbatch_args):
+        raise ConfigError(
+            f"backend.extra.sbatch_args={list(sbatch_args)!r}: --export without ALL would keep "
+            f"{', '.join(invocation.secret_names)} (the secrets the worker reads) from the job. Drop --export "
+            "or include ALL."
+        )
     options.extend(str(a) for a in sbatch_args)
 
-    header = ["#!/bin/bash", *(f"#SBATCH {opt}" for opt in options)]
-    header.append(f"# submitted by: python -m orchestrator.launch backend=slurm (run.name={cfg.run.name})")
+    header = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(opt)}" for opt in options)]
+    header.append(f"# submitted by: python -m orchestrator.launch backend=slurm run.name={shlex.quote(str(cfg.run.name))}")
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in invocation.env.items())
     body = _BODY.format(
+        exports=exports,
+        secret_check=_secret_check(invocation.secret_names),
         workdir=shlex.quote(os.getcwd()),
-        command=worker_command(overrides, python=str(extra(cfg, "python", sys.executable))),
+        command=worker_command(invocation.overrides, python=str(extra(cfg, "python", sys.executable))),
         final_codes="|".join(str(c) for c in FINAL_CODES),
         preempted=exitcodes.PREEMPTED,
         max_restarts=int(cfg.requeue.max_preemptions) + int(cfg.requeue.max_failures),
     )
-    return "\n".join(header) + "\n" + body
+    return refuse_secrets_in_text(cfg, "\n".join(header) + "\n" + body, "the sbatch script")
 
 
 def submit(cfg: Any, overrides: Sequence[str]) -> str:
@@ -142,6 +187,8 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
         ConfigError: sbatch is missing or refused the job (its message included).
     """
     script = render(cfg, overrides)
+    # sbatch exports its own environment to the job (--export=ALL): the secrets taken out of the script go there
+    env = {**os.environ, **worker_invocation(cfg, overrides).secret_values}
     out_dir = Path(_output_path(cfg)).parent
     out_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create it, and the job would fail silently
     script_path = Path(cfg.run.work_dir).expanduser().resolve() / "slurm" / f"{cfg.run.name}.sbatch"
@@ -150,6 +197,7 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     try:
         done = subprocess.run(
             ["sbatch", "--parsable", str(script_path)],
+            env=env,
             capture_output=True,
             text=True,
             timeout=SBATCH_TIMEOUT_SECONDS,

@@ -6,6 +6,8 @@ so it is refused with the differences and the override that allows it.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 
 from omegaconf import OmegaConf
@@ -20,13 +22,22 @@ _NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps"}, "da
                    "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
 
 
+def _stored_form(key: str, value):
+    """``value``, or its SHA-256 when it holds a secret: manifests live in the bucket, and a change still shows."""
+    from orchestrator.tracking import redact
+
+    if redact({key: value}) == {key: value}:
+        return value
+    return "sha256:" + hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def trajectory_config(cfg) -> dict:
-    """The config fields that shape the training trajectory, flattened."""
+    """The config fields that shape the training trajectory, flattened (secret values as their SHA-256)."""
     out = {}
     for group in ("recipe", "model", "data", "train"):
         for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
             if key not in _NON_TRAJECTORY.get(group, set()) and not (group == "model" and key == "preset"):
-                out[f"{group}.{key}"] = value
+                out[f"{group}.{key}"] = _stored_form(key, value)
     out["distributed.name"] = cfg.distributed.name
     out["distributed.world_size"] = configured_world_size(cfg)
     return out
