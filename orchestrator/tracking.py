@@ -268,6 +268,60 @@ def _is_permanent(err: Exception) -> bool:
     return False
 
 
+def _experiment_id(client, name: str, uri: str) -> str:
+    """The experiment ``name`` (created when missing; artifacts beside a local SQLite store)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    artifact_location = None
+    if uri.startswith("sqlite:///"):
+        # A local SQLite store would otherwise put artifacts in ./mlruns of whatever
+        # the working dir is; keep them beside the database.
+        artifact_location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except Exception:
+        # Another attempt created it between our lookup and create.
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def _find_or_create_run(client, experiment_id: str, job_name: str, run_id: Optional[str], uri: str):
+    """The job's run: ``run_id`` from the ledger if it is live, else the run tagged with the job, else a new one.
+    Returns (run, resumed)."""
+    from mlflow.exceptions import MlflowException
+
+    if run_id:
+        try:
+            run = client.get_run(run_id)
+            if run.info.lifecycle_stage == "active":
+                return run, True
+            log.warning("MLflow run %s from the ledger was deleted; looking for the job's run by tag", run_id)
+        except MlflowException as err:
+            if not _is_permanent(err):
+                raise
+            log.warning("MLflow run %s from the ledger is not in %s; looking for the job's run by tag", run_id, scrub_text(uri))
+    quoted = job_name.replace("\\", "\\\\").replace("'", "\\'")
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.{JOB_TAG} = '{quoted}'", order_by=["attributes.start_time DESC"], max_results=1
+    )
+    if found:
+        return found[0], True
+    tags = {JOB_TAG: job_name, KIND_TAG: "job"}
+    return client.create_run(experiment_id, tags=tags, run_name=job_name), False
+
+
+def _last_steps(client, run) -> dict[str, int]:
+    """The last logged step of each metric key, so replayed steps are not logged twice."""
+    # run.data keeps, per key, the point at the largest step: one call, no history scan.
+    metric_objs = getattr(run.data, "_metric_objs", None)
+    if metric_objs is not None:
+        return {m.key: int(m.step) for m in metric_objs}
+    return {key: max(int(m.step) for m in client.get_metric_history(run.info.run_id, key)) for key in run.data.metrics}
+
+
 class TrackingUnavailable(RuntimeError):
     """The tracking server could not be reached when the run had to be opened."""
 
@@ -281,8 +335,7 @@ class JobTracker:
     Args:
         tracking_cfg: ``orchestrator.config.TrackingConfig``; ``enabled=False`` makes every method a no-op.
         job_name: ``run.name``; tagged ``job=<job_name>`` and used as the run name.
-        tags: set on the run (redacted).
-        params: the resolved config, nested or flat; flattened and redacted.
+        tags, params: set on the run, redacted (params: the resolved config, nested or flat, flattened).
         run_id: the run recorded in the ledger, if any.
     """
 
@@ -297,14 +350,7 @@ class JobTracker:
         self.uri: Optional[str] = None
         self.client = None
         self._last_step: dict[str, int] = {}
-        self._metrics: deque = deque()
-        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file)
-        self._cond = threading.Condition()
-        self._wake = threading.Event()
-        self._in_flight = False
-        self._stop = False
-        self._thread: Optional[threading.Thread] = None
-        self._dropped_overflow = 0
+        self._delivery: Optional[MetricsDelivery] = None  # started with the run
         self._system_monitor = None
 
     # -- opening the run ---------------------------------------------------
@@ -325,12 +371,12 @@ class JobTracker:
         self.uri = resolve_tracking_uri(self.cfg)
         self.client = MlflowClient(tracking_uri=self.uri)
         try:
-            experiment_id = self._experiment_id()
-            run, resumed = self._find_or_create_run(experiment_id)
+            experiment_id = _experiment_id(self.client, getattr(self.cfg, "experiment", "spot-orchestrator"), self.uri)
+            run, resumed = _find_or_create_run(self.client, experiment_id, self.job_name, self.run_id, self.uri)
             self.run_id = run.info.run_id
             if resumed:
                 self.client.update_run(self.run_id, status="RUNNING")
-                self._last_step = self._last_steps(run)
+                self._last_step = _last_steps(self.client, run)
             self._log_params_and_tags(run if resumed else None)
         except Exception as err:
             if _is_permanent(err):
@@ -341,60 +387,10 @@ class JobTracker:
                 "or set tracking.enabled=false."
             ) from err
         log.info("MLflow run %s (%s) for job %r at %s", self.run_id, "resumed" if resumed else "new", self.job_name, scrub_text(self.uri))
-        self._thread = threading.Thread(target=self._deliver_forever, name="mlflow-delivery", daemon=True)
-        self._thread.start()
+        self._delivery = MetricsDelivery(self._send)
         if getattr(self.cfg, "log_system_metrics", False):
             self._start_system_metrics(resumed)
         return self.run_id
-
-    def _experiment_id(self) -> str:
-        name = getattr(self.cfg, "experiment", "spot-orchestrator")
-        experiment = self.client.get_experiment_by_name(name)
-        if experiment is not None:
-            return experiment.experiment_id
-        artifact_location = None
-        if self.uri.startswith("sqlite:///"):
-            # A local SQLite store would otherwise put artifacts in ./mlruns of whatever
-            # the working dir is; keep them beside the database.
-            artifact_location = (Path(self.uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
-        try:
-            return self.client.create_experiment(name, artifact_location=artifact_location)
-        except Exception:
-            # Another attempt created it between our lookup and create.
-            experiment = self.client.get_experiment_by_name(name)
-            if experiment is None:
-                raise
-            return experiment.experiment_id
-
-    def _find_or_create_run(self, experiment_id: str):
-        from mlflow.exceptions import MlflowException
-
-        if self.run_id:
-            try:
-                run = self.client.get_run(self.run_id)
-                if run.info.lifecycle_stage == "active":
-                    return run, True
-                log.warning("MLflow run %s from the ledger was deleted; looking for the job's run by tag", self.run_id)
-            except MlflowException as err:
-                if not _is_permanent(err):
-                    raise
-                log.warning("MLflow run %s from the ledger is not in %s; looking for the job's run by tag", self.run_id, scrub_text(self.uri))
-        quoted = self.job_name.replace("\\", "\\\\").replace("'", "\\'")
-        found = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.{JOB_TAG} = '{quoted}'", order_by=["attributes.start_time DESC"], max_results=1
-        )
-        if found:
-            return found[0], True
-        tags = {JOB_TAG: self.job_name, KIND_TAG: "job"}
-        return self.client.create_run(experiment_id, tags=tags, run_name=self.job_name), False
-
-    def _last_steps(self, run) -> dict[str, int]:
-        """The last logged step of each metric key, so replayed steps are not logged twice."""
-        # run.data keeps, per key, the point at the largest step: one call, no history scan.
-        metric_objs = getattr(run.data, "_metric_objs", None)
-        if metric_objs is not None:
-            return {m.key: int(m.step) for m in metric_objs}
-        return {key: max(int(m.step) for m in self.client.get_metric_history(run.info.run_id, key)) for key in run.data.metrics}
 
     def _log_params_and_tags(self, existing_run) -> None:
         from mlflow.entities import Param, RunTag
@@ -435,49 +431,44 @@ class JobTracker:
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         """Queue numeric ``metrics`` at ``step``; steps at or below a key's last logged step are dropped."""
-        if not self.enabled or self._thread is None:  # not started
+        if not self.enabled or self._delivery is None:  # not started
             return
         from mlflow.entities import Metric
 
+        # The timestamp is fixed now, so a resend after a lost reply is the
+        # identical row, which MLflow's store de-duplicates.
         timestamp_ms = int(time.time() * 1000)
-        with self._cond:
-            for key, value in metrics.items():
-                try:
-                    number = float(value)
-                except (TypeError, ValueError):
-                    continue  # strings and None are not metrics
-                if step <= self._last_step.get(key, -math.inf):
-                    continue
-                if len(self._metrics) >= MAX_BUFFERED_POINTS:
-                    self._dropped_overflow += 1
-                    if self._dropped_overflow == 1:
-                        log.warning("MLflow buffer full (%d points, server down?); new points are being dropped", MAX_BUFFERED_POINTS)
-                    continue
-                # The timestamp is fixed now, so a resend after a lost reply is the
-                # identical row, which MLflow's store de-duplicates.
-                self._metrics.append(Metric(key, number, timestamp_ms, int(step)))
-                self._last_step[key] = int(step)
-            self._cond.notify_all()
+        points = []
+        for key, value in metrics.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue  # strings and None are not metrics
+            if step <= self._last_step.get(key, -math.inf):
+                continue
+            points.append(Metric(key, number, timestamp_ms, int(step)))
+            self._last_step[key] = int(step)
+        self._delivery.add_points(points)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        if not self.enabled or self._thread is None:  # not started
+        if not self.enabled or self._delivery is None:  # not started
             return
         from mlflow.entities import RunTag
 
         clean = redact(dict(tags), self._secrets)
-        self._enqueue(("tags", [RunTag(k, str(v)) for k, v in clean.items()]))
+        self._delivery.add_op(("tags", [RunTag(k, str(v)) for k, v in clean.items()]))
 
     def set_tag(self, key: str, value: Any) -> None:
         self.set_tags({key: value})
 
     def log_text_artifact(self, text: str, artifact_file: str) -> None:
         """Queue ``text`` as an artifact, with every secret seen in params/tags scrubbed out."""
-        if self.enabled and self._thread is not None:
-            self._enqueue(("text", scrub_text(text, self._secrets), artifact_file))
+        if self.enabled and self._delivery is not None:
+            self._delivery.add_op(("text", scrub_text(text, self._secrets), artifact_file))
 
     def log_dict_artifact(self, obj: Mapping[str, Any], artifact_file: str) -> None:
-        if self.enabled and self._thread is not None:
-            self._enqueue(("dict", redact(obj, self._secrets), artifact_file))
+        if self.enabled and self._delivery is not None:
+            self._delivery.add_op(("dict", redact(obj, self._secrets), artifact_file))
 
     def log_artifacts_dir(self, folder: Path, artifact_path: str) -> bool:
         """Upload every file under ``folder`` as artifacts under ``artifact_path``, now.
@@ -498,42 +489,28 @@ class JobTracker:
         log.info("logged %s to MLflow run %s under %s/", folder.name, self.run_id, artifact_path)
         return True
 
-    def _enqueue(self, op: tuple) -> None:
-        with self._cond:
-            self._ops.append(op)
-            self._cond.notify_all()
-
     def pending(self) -> int:
         """Points and operations not yet delivered."""
-        with self._cond:
-            return len(self._metrics) + len(self._ops) + (1 if self._in_flight else 0)
+        return self._delivery.pending() if self._delivery is not None else 0
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""
-        if not self.enabled or self._thread is None:
+        if not self.enabled or self._delivery is None:
             return True
-        self._wake.set()
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._metrics and not self._ops and not self._in_flight, timeout_s)
+        return self._delivery.flush(timeout_s)
 
     def close(self, status: str = "FINISHED", *, flush_timeout_s: float = 60.0) -> bool:
         """Deliver what is queued (up to ``flush_timeout_s``), end the run with ``status``
         (FINISHED | KILLED | FAILED). Returns False if points were left undelivered."""
-        if not self.enabled or self._thread is None:  # not started
+        if not self.enabled or self._delivery is None:  # not started
             return True
         if self._system_monitor is not None:
             try:
                 self._system_monitor.finish()
             except Exception as err:
                 log.warning("stopping MLflow system metrics failed: %s", err)
-        delivered = self.flush(flush_timeout_s)
-        with self._cond:
-            self._stop = True
-            left = len(self._metrics) + len(self._ops)
-            self._cond.notify_all()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        delivered = self._delivery.flush(flush_timeout_s)
+        left = self._delivery.stop()
         if not delivered:
             log.warning("MLflow unreachable: %d metric points/operations were not delivered before close", left)
         try:
@@ -542,7 +519,77 @@ class JobTracker:
             log.warning("could not mark MLflow run %s %s: %s", self.run_id, status, err)
         return delivered
 
-    # -- the delivery thread ----------------------------------------------------
+    def _send(self, batch: list, op: Optional[tuple]) -> None:
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
+        elif op[0] == "tags":
+            self.client.log_batch(self.run_id, tags=op[1], synchronous=True)
+        elif op[0] == "text":
+            self.client.log_text(self.run_id, op[1], op[2])
+        elif op[0] == "dict":
+            self.client.log_dict(self.run_id, op[1], op[2])
+
+
+class MetricsDelivery:
+    """The background thread that sends a run's metric points and operations to MLflow, in order.
+
+    Never blocks the caller and never raises: while the server is down, points
+    wait in memory (up to MAX_BUFFERED_POINTS) and are retried with backoff; one
+    request per SEND_INTERVAL_SECONDS carries everything queued meanwhile.
+
+    Args:
+        send: ``send(batch, op)`` delivers a list of metric points, or one operation when the batch
+            is empty; raises on failure (permanent errors, see ``_is_permanent``, drop the item).
+    """
+
+    def __init__(self, send):
+        self._send = send
+        self._metrics: deque = deque()
+        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file)
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._in_flight = False
+        self._stop = False
+        self._dropped_overflow = 0
+        self._thread = threading.Thread(target=self._deliver_forever, name="mlflow-delivery", daemon=True)
+        self._thread.start()
+
+    def add_points(self, points: list) -> None:
+        with self._cond:
+            for point in points:
+                if len(self._metrics) >= MAX_BUFFERED_POINTS:
+                    self._dropped_overflow += 1
+                    if self._dropped_overflow == 1:
+                        log.warning("MLflow buffer full (%d points, server down?); new points are being dropped",
+                                    MAX_BUFFERED_POINTS)
+                    continue
+                self._metrics.append(point)
+            self._cond.notify_all()
+
+    def add_op(self, op: tuple) -> None:
+        with self._cond:
+            self._ops.append(op)
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._metrics) + len(self._ops) + (1 if self._in_flight else 0)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Retry now and wait up to ``timeout_s`` until everything queued is delivered."""
+        self._wake.set()
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._metrics and not self._ops and not self._in_flight, timeout_s)
+
+    def stop(self) -> int:
+        """End the thread; returns how many points and operations were left undelivered."""
+        with self._cond:
+            self._stop = True
+            left = len(self._metrics) + len(self._ops)
+            self._cond.notify_all()
+        self._wake.set()
+        self._thread.join(timeout=5.0)
+        return left
 
     def _deliver_forever(self) -> None:
         delay = RETRY_INITIAL_SECONDS
@@ -586,13 +633,3 @@ class JobTracker:
                 # fast job costs the server (often on the same machine) a few requests a minute
                 self._wake.wait(SEND_INTERVAL_SECONDS)  # flush() and close() cut the wait short
                 self._wake.clear()
-
-    def _send(self, batch: list, op: Optional[tuple]) -> None:
-        if batch:
-            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
-        elif op[0] == "tags":
-            self.client.log_batch(self.run_id, tags=op[1], synchronous=True)
-        elif op[0] == "text":
-            self.client.log_text(self.run_id, op[1], op[2])
-        elif op[0] == "dict":
-            self.client.log_dict(self.run_id, op[1], op[2])
