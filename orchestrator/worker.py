@@ -35,7 +35,7 @@ from orchestrator.checkpoint.callback import OrchestratorCallback
 from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.durations import parse_duration
-from orchestrator.errors import BudgetExhausted, ConfigError, UserError
+from orchestrator.errors import ConfigError, UserError, end_attempt_on_error
 from orchestrator.exitcodes import ExitClass
 
 log = logging.getLogger("orchestrator.worker")
@@ -65,7 +65,7 @@ class Job:
             raise ConfigError(str(err)) from None
         self.meter = CostMeter(self.price)
         self.store = store_from_config(cfg.storage)
-        self.ledger = Ledger(self.store, self.run_name)
+        self.ledger = Ledger(self.store, self.run_name, keep_checkpoints=cfg.checkpoint.keep_last)
         self.policy = RequeuePolicy(cfg.requeue)
         self.main = dist.is_main()
         # one folder per attempt, shared by its ranks (the launcher hands them a token)
@@ -100,33 +100,20 @@ class Job:
 
     # ---- 1. ledger ---------------------------------------------------------
     def begin(self) -> None:
-        def refuse(ledger: dict):
-            reason = self.policy.refuse_reason(ledger)
-            if reason:
-                return reason
-            spent = sum(float(a.get("cost_usd") or 0) for a in ledger.get("attempts", []))
-            if self.cfg.budget.max_usd is not None and spent >= self.cfg.budget.max_usd:
-                return (f"budget spent: ${spent:.4f} of budget.max_usd=${self.cfg.budget.max_usd}; "
-                        "raise budget.max_usd to let the job go on from its last checkpoint")
-            if ledger.get("status") == "completed":
-                return "the job already completed; use a new run.name to train again"
-            return None
+        from orchestrator.requeue import start_refusal
+
+        final_uri = self.store.get_uri(f"{self.run_name}/final/")
+
+        def refuse(ledger: dict):  # a UserError: AlreadyCompleted (exit 0), CapsReached, BudgetExhausted
+            return start_refusal(ledger, self.policy, max_usd=self.cfg.budget.max_usd, final_uri=final_uri)
 
         self.store.abort_incomplete_uploads(f"{self.run_name}/")
         newest = self.checkpoints.newest_step()
-        try:
-            attempt = self.ledger.begin_attempt(
-                host=socket.gethostname(), pid=os.getpid(), instance_type=self.cfg.compute.name,
-                gpu_type=self.cfg.compute.gpu_type, gpus=self.cfg.compute.gpus_per_node * self.cfg.compute.nodes,
-                spot=bool(self.cfg.compute.spot), checkpoint_step=newest, refuse=refuse,
-            )
-        except UserError as err:
-            if "budget spent" in str(err):
-                raise BudgetExhausted(str(err)) from None
-            if "already completed" in str(err):
-                log.info("not started: %s", err)
-                raise
-            raise
+        attempt = self.ledger.begin_attempt(
+            host=socket.gethostname(), pid=os.getpid(), instance_type=self.cfg.compute.name,
+            gpu_type=self.cfg.compute.gpu_type, gpus=self.cfg.compute.gpus_per_node * self.cfg.compute.nodes,
+            spot=bool(self.cfg.compute.spot), checkpoint_step=newest, refuse=refuse,
+        )
         ledger = self.ledger.load()
         self.prior_cost_usd = sum(float(a.get("cost_usd") or 0) for a in ledger["attempts"][:-1])
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
@@ -374,7 +361,7 @@ class Job:
         if self.tracker:
             self.tracker.log_metrics({f"trial_{k}": float(v) for k, v in measured.items() if v is not None}, self.step)
             self.tracker.log_dict_artifact({"estimate": estimate.components, "measured": measured}, "trial.json")
-        self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED")
+        self.end(ExitClass.COMPLETED)
         return exitcodes.COMPLETED
 
     def record_repro(self) -> None:
@@ -415,10 +402,10 @@ class Job:
         if self.fenced_error is not None:
             raise self.fenced_error
         if self._budget_stop:
-            self.end(ExitClass.BUDGET_EXHAUSTED, "budget_exhausted", tracker_status="KILLED")
+            self.end(ExitClass.BUDGET_EXHAUSTED)
             print(f"stopped: {reason}; the final checkpoint is committed and the job will not be requeued", flush=True)
             return exitcodes.BUDGET_EXHAUSTED
-        self.end(ExitClass.PREEMPTED, "preempted", tracker_status="KILLED")
+        self.end(ExitClass.PREEMPTED)
         return exitcodes.PREEMPTED
 
     def finish(self, trainer, eval_ds) -> int:
@@ -442,7 +429,7 @@ class Job:
         self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update(metrics))
         if self.tracker:
             self.tracker.log_metrics(metrics, self.step)
-        self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED", final_metrics=metrics)
+        self.end(ExitClass.COMPLETED, final_metrics=metrics)
         print(f"final weights: {self.store.get_uri(f'{self.run_name}/final/')}", flush=True)
         return exitcodes.COMPLETED
 
@@ -456,10 +443,11 @@ class Job:
             self.store.upload_file(folder / entry["path"], prefix + entry["path"])
         self.store.put_bytes(prefix + mf.MANIFEST_NAME, mf.dumps(manifest))
 
-    def end(self, exit_class: ExitClass, status: str, *, tracker_status: str, final_metrics: dict | None = None) -> None:
+    def end(self, exit_class: ExitClass, *, final_metrics: dict | None = None) -> None:
         """Close the attempt in the ledger; log the final cost figures, the cost report and the
-        redacted config to MLflow; tag the run with its status; close the run."""
-        self.ledger.end_attempt(exit_class, self.step, self.meter.attempt_cost_usd(), status)
+        redacted config to MLflow; tag the run with its status; close the run (statuses: exitcodes.OUTCOMES)."""
+        status, tracker_status = exitcodes.outcome(exit_class).ledger_status, exitcodes.outcome(exit_class).mlflow_status
+        self.ledger.end_attempt(exit_class, self.step, self.meter.attempt_cost_usd())
         ledger = self.ledger.load()
         if self.guard is not None and not self.guard.wait_for_delivery():
             log.warning("a budget alert was still being sent when the attempt ended; it may not arrive")
@@ -485,14 +473,14 @@ class Job:
                                    "preemptions": str(figures["preemptions"])})
             self.tracker.close(tracker_status)
 
-    def fail(self, exit_class: ExitClass, status: str) -> None:
+    def fail(self, exit_class: ExitClass) -> None:
         """Best effort: record a failed attempt; the ledger may be what failed."""
         try:
-            self.ledger.end_attempt(exit_class, self.step, self.meter.attempt_cost_usd(), status)
+            self.ledger.end_attempt(exit_class, self.step, self.meter.attempt_cost_usd())
         except Exception as err:  # noqa: BLE001
             log.warning("could not record the attempt's end in the ledger: %s", err)
         if self.tracker:
-            self.tracker.close("FAILED", flush_timeout_s=10)
+            self.tracker.close(exitcodes.outcome(exit_class).mlflow_status or "FAILED", flush_timeout_s=10)
 
 
 def gradient_bytes(trainer) -> int:
@@ -547,29 +535,8 @@ def _run(argv: list[str] | None = None) -> int:
         code = job.run()
         dist.report_exit(code)
         return code
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        if job is not None and job.ledger.epoch and err.exit_code in (exitcodes.CONFIG_ERROR, exitcodes.BUDGET_EXHAUSTED):
-            job.fail(ExitClass.CONFIG_ERROR if err.exit_code == exitcodes.CONFIG_ERROR else ExitClass.BUDGET_EXHAUSTED,
-                     "config_error" if err.exit_code == exitcodes.CONFIG_ERROR else "budget_exhausted")
-        return err.exit_code
-    except MemoryError:
-        log.exception("out of memory")
-        if job is not None:
-            job.fail(ExitClass.OUT_OF_MEMORY, "failed")
-        return exitcodes.OUT_OF_MEMORY
-    except Exception as err:  # a bug or an infrastructure failure: keep the traceback
-        import torch
-
-        if isinstance(err, torch.OutOfMemoryError):
-            log.exception("out of GPU memory")
-            if job is not None:
-                job.fail(ExitClass.OUT_OF_MEMORY, "failed")
-            return exitcodes.OUT_OF_MEMORY
-        log.exception("attempt crashed")
-        if job is not None and job.ledger.epoch:
-            job.fail(ExitClass.CRASHED, "failed")
-        return 1
+    except Exception as err:  # noqa: BLE001 - user errors, trainer-side config errors, OOM, bugs: see errors.py
+        return end_attempt_on_error(err, job)
 
 
 if __name__ == "__main__":
