@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -96,10 +95,9 @@ _TARGETS_FIX = ("recipe.lora_target_modules", "name modules the model has (print
 
 def _trainer_config_error(err: BaseException) -> Optional[tuple[str, str]]:
     """(key, fix) when ``err`` is one of the trainer-side config errors above, else None."""
-    name = type(err).__name__
     text = str(err)
     module = _raising_module(err)
-    if name == "NoMatchingPeftModuleError":
+    if module.startswith("peft.") and type(err).__name__ == "NoMatchingPeftModuleError":
         return _TARGETS_FIX
     if isinstance(err, ValueError) and module.startswith("peft.") and text.startswith("Target module "):
         return _TARGETS_FIX
@@ -113,14 +111,13 @@ def _trainer_config_error(err: BaseException) -> Optional[tuple[str, str]]:
 
 
 def _raising_module(err: BaseException) -> str:
-    """The module of the innermost frame of ``err``'s traceback ('' without one)."""
-    frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ else []
-    if not frames:
+    """The ``__name__`` of the module whose code raised ``err`` (its traceback's innermost frame; '' without one)."""
+    tb = err.__traceback__
+    if tb is None:
         return ""
-    path = frames[-1].filename.replace("\\", "/")
-    marker = "/site-packages/"
-    rel = path.split(marker, 1)[1] if marker in path else path.lstrip("/")
-    return rel.removesuffix(".py").replace("/", ".")
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", ""))
 
 
 def _chain(err: BaseException) -> Iterator[BaseException]:
