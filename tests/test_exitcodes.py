@@ -63,7 +63,9 @@ def test_backends_key_on_the_tables_codes():
     assert sorted(kubernetes.STOP_EXIT_CODES) == [c for c in exitcodes.final_codes() if c != exitcodes.COMPLETED]
     preemption_codes = [o.exit_code for o in OUTCOMES.values() if o.preemption and o.exit_code is not None]
     assert preemption_codes == [exitcodes.PREEMPTED]
-    cfg = __import__("orchestrator.compose", fromlist=["compose_config"]).compose_config(["backend=skypilot"])
+    from orchestrator.compose import compose_config
+
+    cfg = compose_config(["backend=skypilot"])
     assert skypilot.task_config(cfg, [])["resources"]["job_recovery"]["recover_on_exit_codes"] == preemption_codes
 
 
