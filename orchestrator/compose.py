@@ -161,6 +161,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("budget.max_usd must be positive (or null for no budget).")
     _check_gpus_match_processes(cfg)
     _check_attempt_settings(cfg)
+    check_lr_scheduler(cfg)
     if cfg.model.name_or_path.startswith(("/", "./", "../", "~")) and not Path(cfg.model.name_or_path).expanduser().is_dir():
         raise ConfigError(
             f"model.name_or_path={cfg.model.name_or_path!r} does not exist. Give an existing local model folder "
@@ -287,6 +288,44 @@ def _check_remote_storage(cfg: DictConfig) -> None:
             "disk and vanishes with it, taking the ledger (the requeue and budget caps) and the checkpoints. "
             "Use object storage: storage=s3 storage.uri=s3://bucket/runs (storage.endpoint_url for MinIO, R2...)."
         )
+
+
+DEFAULT_LR_SCHEDULER = "linear"
+
+
+def check_lr_scheduler(cfg: DictConfig) -> None:
+    """Refuse a ``train.lr_scheduler`` the Trainer would refuse, by asking transformers itself.
+
+    The name must be one of transformers' ``SchedulerType`` values, and
+    ``get_scheduler`` must build it with what the recipes pass (warm-up and
+    training steps, no ``lr_scheduler_kwargs``): cosine_with_min_lr, for one,
+    needs a kwarg. reduce_lr_on_plateau and greedy step on evaluation metrics,
+    and TrainingArguments refuses them without an eval strategy, which the
+    recipes do not set. The default is not checked: importing transformers
+    costs seconds at launch. Raises ConfigError.
+    """
+    name = cfg.train.lr_scheduler
+    if name == DEFAULT_LR_SCHEDULER:
+        return
+    import torch
+    from transformers.optimization import get_scheduler
+    from transformers.trainer_utils import SchedulerType
+
+    names = [s.value for s in SchedulerType]
+    usable = "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, inverse_sqrt"
+    if name not in names:
+        raise ConfigError(f"train.lr_scheduler={name!r} is not a transformers scheduler; choose one of: {usable} "
+                          f"(transformers knows: {', '.join(names)}).")
+    if name in (SchedulerType.REDUCE_ON_PLATEAU.value, SchedulerType.GREEDY.value):
+        raise ConfigError(f"train.lr_scheduler={name!r} steps on evaluation metrics, and the recipes do not "
+                          f"evaluate during training; choose one of: {usable}.")
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    steps = max(1, int(cfg.train.max_steps))
+    try:
+        get_scheduler(name, optimizer=optimizer, num_warmup_steps=int(cfg.train.warmup_steps), num_training_steps=steps)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"train.lr_scheduler={name!r} needs arguments this job does not pass ({err}); choose one "
+                          f"of: {usable}.") from None
 
 
 def absolutize(overrides: list[str]) -> list[str]:

@@ -124,7 +124,8 @@ class RequeueConfig:
     max_failures: int = 3  # attempts that may crash (or run out of memory) before the job stops
     backoff_base_seconds: float = 5.0  # first wait after a failure; doubles per failure, with jitter
     backoff_max_seconds: float = 300.0  # cap on that wait
-    crash_loop_threshold: int = 3  # consecutive attempts that made no progress past the last checkpoint
+    crash_loop_threshold: int = 3  # consecutive failures (not preemptions) that made no progress past the last checkpoint
+    max_oom_retries: int = 0  # requeues after running out of memory (deterministic for one config: 0 stops at the first)
 
 
 @dataclass

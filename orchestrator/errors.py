@@ -1,16 +1,32 @@
-"""Errors a user can cause. Each carries the exit code the process ends with.
+"""Errors a user can cause, and the classification of whatever ends an attempt.
 
-They are printed as one clear paragraph, with no traceback; bugs keep theirs.
+Each UserError carries the ExitClass it means (and through ``exitcodes.OUTCOMES``
+its exit code). They are printed as one clear paragraph, with no traceback;
+bugs keep theirs. ``classify_exception`` is what the worker calls on any
+exception: it also recognises the config errors only the trainer sees
+(transformers' and PEFT's own exceptions) and out-of-memory errors.
 """
 from __future__ import annotations
 
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
 from orchestrator import exitcodes
+from orchestrator.exitcodes import ExitClass
+
+log = logging.getLogger("orchestrator.worker")
 
 
 class UserError(Exception):
     """A problem the user can fix; ``str(err)`` names it and says how."""
 
-    exit_code = exitcodes.CONFIG_ERROR
+    exit_class = ExitClass.CONFIG_ERROR
+
+    @property
+    def exit_code(self) -> int:
+        return exitcodes.outcome(self.exit_class).exit_code
 
 
 class ConfigError(UserError):
@@ -22,18 +38,209 @@ class DataError(UserError):
 
 
 class CapsReached(UserError):
-    exit_code = exitcodes.CAPS_REACHED
+    exit_class = ExitClass.CAPS_REACHED
 
 
 class BudgetExhausted(UserError):
-    exit_code = exitcodes.BUDGET_EXHAUSTED
+    exit_class = ExitClass.BUDGET_EXHAUSTED
 
 
 class Fenced(UserError):
     """Another attempt of the same job took a newer epoch."""
 
-    exit_code = exitcodes.FENCED
+    exit_class = ExitClass.FENCED
 
 
-class JobAlreadyCompleted(CapsReached):
-    """A launch of a job whose ledger says it completed: nothing to train."""
+class AlreadyCompleted(UserError):
+    """The job completed earlier: nothing to do, which is a success (exit 0)."""
+
+    exit_class = ExitClass.COMPLETED
+
+
+@dataclass(frozen=True)
+class Classified:
+    """What an exception means for the attempt.
+
+    ``message``: the paragraph to print (for a bug: a one-line summary; the
+    traceback goes to the log). ``bug``: log with the traceback. ``record``:
+    the attempt's end may be written to the ledger (a fenced attempt may not).
+    """
+
+    exit_class: ExitClass
+    message: str
+    bug: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return exitcodes.outcome(self.exit_class).exit_code
+
+    @property
+    def record(self) -> bool:
+        return exitcodes.outcome(self.exit_class).ledger_status is not None
+
+
+# Config errors that only the trainer sees, recognised by the library that raises them:
+# (module prefix where the exception is raised, exception type name, the config key, the fix).
+# transformers: SchedulerType(name) -> ExplicitEnum._missing_ raises ValueError("X is not a valid SchedulerType, ...");
+# TrainingArguments refuses reduce_lr_on_plateau without an eval strategy; get_scheduler and the schedule
+# functions raise ValueError/TypeError for schedulers that need lr_scheduler_kwargs this project does not pass.
+# PEFT: NoMatchingPeftModuleError (a ValueError) when target_modules match nothing, ValueError
+# "Target module ... is not supported" for a module type LoRA cannot wrap.
+_SCHEDULER_FIX = ("train.lr_scheduler", "choose a transformers scheduler that needs no extra arguments: "
+                  "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, inverse_sqrt")
+_TARGETS_FIX = ("recipe.lora_target_modules", "name modules the model has (print(model) lists them; for Llama and "
+                "Qwen: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), as a list: "
+                "recipe.lora_target_modules=[q_proj,v_proj]")
+
+
+def _trainer_config_error(err: BaseException) -> Optional[tuple[str, str]]:
+    """(key, fix) when ``err`` is one of the trainer-side config errors above, else None."""
+    text = str(err)
+    module = _raising_module(err)
+    if module.startswith("peft.") and type(err).__name__ == "NoMatchingPeftModuleError":
+        return _TARGETS_FIX
+    if isinstance(err, ValueError) and module.startswith("peft.") and text.startswith("Target module "):
+        return _TARGETS_FIX
+    if isinstance(err, ValueError) and module.startswith("transformers.") and "is not a valid SchedulerType" in text:
+        return _SCHEDULER_FIX
+    if isinstance(err, ValueError) and module.startswith("transformers.") and text.startswith("lr_scheduler_type "):
+        return _SCHEDULER_FIX
+    if isinstance(err, (ValueError, TypeError)) and module == "transformers.optimization":
+        return _SCHEDULER_FIX
+    return None
+
+
+def _raising_module(err: BaseException) -> str:
+    """The ``__name__`` of the module whose code raised ``err`` (its traceback's innermost frame; '' without one)."""
+    tb = err.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", ""))
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and the exceptions it was raised from or during (a wrapped OOM is still an OOM)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for host (MemoryError) and accelerator out-of-memory errors, as accelerate recognises them."""
+    for e in _chain(err):
+        if isinstance(e, MemoryError):
+            return True
+        try:
+            import torch
+
+            if isinstance(e, torch.OutOfMemoryError):
+                return True
+        except ImportError:  # pragma: no cover - torch is a dependency
+            pass
+        try:
+            from accelerate.utils.memory import should_reduce_batch_size
+
+            if isinstance(e, Exception) and should_reduce_batch_size(e):
+                return True
+        except ImportError:  # pragma: no cover - accelerate is a dependency
+            pass
+    return False
+
+
+def out_of_memory_fix(cfg: Any = None) -> str:
+    """The fix for an out-of-memory stop: smaller batch, gradient checkpointing, a bigger GPU from the catalog."""
+    if cfg is None:
+        return ("lower train.per_device_batch_size (raise train.gradient_accumulation_steps to keep the effective "
+                "batch), set train.gradient_checkpointing=true, or pick a GPU with more memory "
+                "(`orchestrator plan` lists the ones that fit)")
+    batch = int(cfg.train.per_device_batch_size)
+    accumulation = int(cfg.train.gradient_accumulation_steps)
+    steps = [f"lower train.per_device_batch_size={max(1, batch // 2)} with "
+             f"train.gradient_accumulation_steps={accumulation * 2} (same effective batch)"]
+    if not cfg.train.gradient_checkpointing:
+        steps.append("set train.gradient_checkpointing=true")
+    bigger = _bigger_gpus(cfg)
+    steps.append(f"pick a GPU with more memory ({', '.join(bigger)}; `orchestrator plan` with your overrides shows "
+                 "which fit)" if bigger else "shard the model (distributed=zero3) or run `orchestrator plan` for a "
+                 "GPU that fits")
+    return ", ".join(steps[:-1]) + ", or " + steps[-1]
+
+
+def _bigger_gpus(cfg: Any, limit: int = 3) -> list[str]:
+    """Catalog GPU types with more memory per device than ``cfg``'s, smallest first (best effort)."""
+    try:
+        from orchestrator.cost import load_catalog
+        from orchestrator.plan import CPU_GPU_TYPES, gpu_memory_gb
+
+        catalog = load_catalog()
+        current = str(cfg.compute.gpu_type).lower()
+        have = float(cfg.compute.memory_gb) if cfg.compute.memory_gb else gpu_memory_gb(current, catalog)
+        sizes = []
+        for gpu_type in catalog:
+            memory = gpu_memory_gb(gpu_type, catalog)
+            if memory is None or str(gpu_type).lower() in CPU_GPU_TYPES:
+                continue
+            if have is None or memory > have:
+                sizes.append((memory, str(gpu_type)))
+        return [f"{name} {memory:g} GB" for memory, name in sorted(sizes)[:limit]]
+    except Exception:  # noqa: BLE001 - advice only
+        return []
+
+
+def classify_exception(err: BaseException, cfg: Any = None) -> Classified:
+    """What ``err``, which ended an attempt, means: its ExitClass and the message to print.
+
+    Args:
+        err: the exception that escaped the attempt.
+        cfg: the job's config, when it was composed; makes the out-of-memory fix concrete.
+
+    UserErrors keep their own class. Config errors that only the trainer sees
+    (an unknown ``train.lr_scheduler``, LoRA target modules the model lacks)
+    become CONFIG_ERROR with the key and the fix; out-of-memory errors
+    OUT_OF_MEMORY with the fix; anything else is a CRASHED bug.
+    """
+    if isinstance(err, UserError):
+        return Classified(err.exit_class, str(err))
+    for e in _chain(err):
+        found = _trainer_config_error(e)
+        if found:
+            key, fix = found
+            return Classified(ExitClass.CONFIG_ERROR, f"{key}: the trainer refused it ({type(e).__name__}: {e}). "
+                                                      f"Fix: {fix}. A retry would fail the same way.")
+    if is_out_of_memory(err):
+        kind = "host memory (RAM)" if any(isinstance(e, MemoryError) for e in _chain(err)) else "accelerator memory"
+        return Classified(ExitClass.OUT_OF_MEMORY,
+                          f"out of {kind}: {type(err).__name__}: {str(err)[:300]}. The same config runs out the "
+                          f"same way, so it is not retried unless requeue.max_oom_retries allows it. "
+                          f"Fix: {out_of_memory_fix(cfg)}.", bug=True)
+    return Classified(ExitClass.CRASHED, f"attempt crashed: {type(err).__name__}: {err}", bug=True)
+
+
+def end_attempt_on_error(err: BaseException, job: Any = None) -> int:
+    """What the worker does with an exception that ended its attempt; returns the exit code.
+
+    Classifies ``err`` (``classify_exception``); prints a user's error as one
+    paragraph ("error: ...", on stderr), an already-completed job's message on
+    stdout, a bug or an out-of-memory error with its traceback; records the
+    attempt's end in the ledger when the attempt had begun and may still write
+    (``job.fail``: not when fenced).
+
+    Args:
+        err: the exception.
+        job: the attempt (``orchestrator.attempt.runner.Runner``), or None when it was never built.
+    """
+    result = classify_exception(err, getattr(job, "cfg", None))
+    if result.bug:
+        log.error("%s", result.message, exc_info=err)
+    elif result.exit_class == ExitClass.COMPLETED:
+        print(result.message, flush=True)
+    else:
+        print(f"error: {result.message}", file=sys.stderr, flush=True)
+    began = job is not None and job.began
+    if began and result.record and result.exit_class != ExitClass.COMPLETED:
+        job.fail(result.exit_class)
+    return result.exit_code

@@ -17,29 +17,34 @@ Shape (other modules and ``orchestrator status --json`` rely on these names)::
      "alerts": {name: unix_time}, "mlflow_run_id", "cost_usd", "step",
      "created_at", "repro"}
 
-``status`` is one of RUN_STATUSES. Each attempt is
+``status`` is one of RUN_STATUSES (``exitcodes.OUTCOMES`` gives the status each
+way of ending sets). Each attempt is
 ``{"epoch", "host", "pid", "started_at", "ended_at", "last_seen", "exit_class",
 "step_start", "step_end", "checkpoint_step_at_start", "checkpoint_step_end", "cost_usd",
-"instance_type", "gpu_type", "gpus", "spot", "extra"}`` with ``exit_class``
+"instance_type", "gpu_type", "gpus", "spot", "extra", "launched_by"}`` with ``exit_class``
 "running" while live, else an ExitClass value. Each checkpoint is
-``{"step", "key", "size", "time", "epoch"}``.
+``{"step", "key", "size", "time", "epoch"}``; only the newest ``keep_checkpoints``
+(``checkpoint.keep_last``: the ones retention keeps in storage, which are all a
+restore can fall back to) are listed, and ``checkpoints_committed`` counts every
+commit, so a week-long job's ledger, rewritten at every heartbeat, stays small.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from typing import Any, Callable
 
-from orchestrator.errors import CapsReached, Fenced
-from orchestrator.exitcodes import ExitClass
+from orchestrator.errors import CapsReached, Fenced, UserError
+from orchestrator.exitcodes import FINAL_RUN_STATUSES, RUN_STATUSES, RUNNING, ExitClass, outcome
 from orchestrator.storage.base import ObjectStore, PreconditionFailed, TransientStorageError
 
 LEDGER_FILENAME = "ledger.json"
-RUNNING = "running"
-RUN_STATUSES = ("running", "completed", "preempted", "failed", "budget_exhausted", "caps_reached", "config_error")
-# Statuses a refused begin_attempt leaves alone: the job already ended for a reason worth keeping.
-FINAL_RUN_STATUSES = frozenset({"completed", "budget_exhausted", "caps_reached", "config_error"})
+DEFAULT_KEEP_CHECKPOINTS = 3  # CheckpointConfig.keep_last's default
+# Set by the local supervisor for each child; begin_attempt stores it as the attempt's "launched_by",
+# so the supervisor finds its child's attempt (and records its end when the child was killed).
+LAUNCHED_BY_ENV = "ORCH_SUPERVISOR_TOKEN"
 # Conditional writes that lose a race are retried; contention between the few
 # writers of one job clears in well under this many rounds.
 MAX_WRITE_ATTEMPTS = 50
@@ -56,6 +61,7 @@ def new_ledger(run_name: str) -> dict:
         "epoch": 0,
         "attempts": [],
         "checkpoints": [],
+        "checkpoints_committed": 0,
         "alerts": {},
         "mlflow_run_id": None,
         "cost_usd": 0.0,
@@ -83,15 +89,20 @@ class Ledger:
         epoch: the attempt this instance acts for. Set by ``begin_attempt``;
             pass it explicitly only to act for an attempt started elsewhere
             (a supervisor closing its child's attempt).
+        keep_checkpoints: how many checkpoint records to keep (``checkpoint.keep_last``).
     """
 
-    def __init__(self, store: ObjectStore, run_name: str, *, epoch: int | None = None):
+    def __init__(self, store: ObjectStore, run_name: str, *, epoch: int | None = None,
+                 keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS):
         if not run_name or "/" in run_name:
             raise ValueError(f"run name {run_name!r} must be non-empty and contain no '/'")
+        if keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints={keep_checkpoints} must be at least 1")
         self.store = store
         self.run_name = run_name
         self.key = f"{run_name}/{LEDGER_FILENAME}"
         self.epoch = epoch
+        self.keep_checkpoints = int(keep_checkpoints)
 
     @property
     def uri(self) -> str:
@@ -166,7 +177,7 @@ class Ledger:
         gpus: int,
         spot: bool,
         checkpoint_step: int,
-        refuse: Callable[[dict], str | None] | None = None,
+        refuse: Callable[[dict], UserError | str | None] | None = None,
         extra: dict | None = None,
     ) -> dict:
         """Start a new attempt and take the next epoch, in one conditional write.
@@ -174,15 +185,16 @@ class Ledger:
         Creates the ledger if absent; marks any attempt still "running" as
         "vanished" (ended at its last heartbeat); then asks ``refuse(ledger)``
         (which sees the vanished marks) for a reason to stop. If it returns a
-        string, no attempt is added and CapsReached(reason) is raised; the
-        vanished marks are still written and, unless the job already had a
-        final status, the status becomes "caps_reached". Otherwise bumps the
-        epoch, appends the attempt, sets status "running", and remembers the
-        epoch on this instance.
+        UserError (or a string: CapsReached of it), no attempt is added and that
+        error is raised; the vanished marks are still written and, unless the
+        job already had a final status, the status becomes the error's
+        (``exitcodes.OUTCOMES``: "caps_reached", "budget_exhausted"). Otherwise
+        bumps the epoch, appends the attempt, sets status "running", and
+        remembers the epoch on this instance.
 
-        Returns the new attempt dict. Raises CapsReached.
+        Returns the new attempt dict. Raises the refusal (a UserError).
         """
-        refused: list[str] = []
+        refused: list[UserError] = []
 
         def mutate(ledger: dict | None) -> dict | None:
             created = ledger is None
@@ -197,9 +209,11 @@ class Ledger:
                     marked = True
             reason = refuse(ledger) if refuse is not None else None
             if reason:
-                refused.append(str(reason))
-                if ledger["status"] not in FINAL_RUN_STATUSES:
-                    ledger["status"] = "caps_reached"
+                error = reason if isinstance(reason, UserError) else CapsReached(str(reason))
+                refused.append(error)
+                status = outcome(error.exit_class).ledger_status
+                if ledger["status"] not in FINAL_RUN_STATUSES and status and ledger["status"] != status:
+                    ledger["status"] = status
                     marked = True
                 return ledger if (marked and not created) else None
             ledger["epoch"] = int(ledger["epoch"]) + 1
@@ -223,6 +237,7 @@ class Ledger:
                     "gpus": gpus,
                     "spot": spot,
                     "extra": dict(extra or {}),
+                    "launched_by": os.environ.get(LAUNCHED_BY_ENV),
                 }
             )
             ledger["status"] = RUNNING
@@ -232,7 +247,7 @@ class Ledger:
 
         ledger = self._transact(mutate)
         if refused:
-            raise CapsReached(refused[0])
+            raise refused[0]
         self.epoch = ledger["epoch"]
         return ledger["attempts"][-1]
 
@@ -274,12 +289,19 @@ class Ledger:
         """Add a committed checkpoint (``key`` relative to the store) to the ledger.
 
         With ``cost_usd`` (the attempt's cost so far) it is also the attempt's heartbeat:
-        one read-modify-write of the ledger per checkpoint instead of two.
+        one read-modify-write of the ledger per checkpoint instead of two. Only the
+        newest ``keep_checkpoints`` records stay (by step, as retention keeps them
+        in storage); ``checkpoints_committed`` counts them all.
         """
 
         def fn(ledger: dict) -> None:
             now = time.time()
-            ledger["checkpoints"].append({"step": step, "key": key, "size": int(size), "time": now, "epoch": self.epoch})
+            records = ledger.get("checkpoints") or []
+            committed = int(ledger.get("checkpoints_committed", len(records)))
+            records.append({"step": step, "key": key, "size": int(size), "time": now, "epoch": self.epoch})
+            records.sort(key=lambda c: (int(c.get("step") or 0), int(c.get("epoch") or 0)))
+            ledger["checkpoints"] = records[-self.keep_checkpoints:]
+            ledger["checkpoints_committed"] = committed + 1
             attempt = self.current_attempt(ledger)
             attempt["last_seen"] = now
             attempt["step_end"] = max(int(attempt["step_end"] or 0), step)
@@ -290,9 +312,13 @@ class Ledger:
 
         return self.update(fn)
 
-    def end_attempt(self, exit_class: ExitClass | str, step: int, cost_usd: float, status: str) -> dict:
-        """Close this attempt with ``exit_class`` and set the job's ``status`` (one of RUN_STATUSES)."""
+    def end_attempt(self, exit_class: ExitClass | str, step: int, cost_usd: float, status: str | None = None) -> dict:
+        """Close this attempt with ``exit_class`` and set the job's ``status`` (one of RUN_STATUSES).
+
+        ``status`` defaults to the one ``exitcodes.OUTCOMES`` gives ``exit_class``.
+        """
         exit_value = ExitClass(exit_class).value
+        status = outcome(exit_class).ledger_status if status is None else status
         if status not in RUN_STATUSES:
             raise ValueError(f"ledger status {status!r} is not one of {', '.join(RUN_STATUSES)}")
 
@@ -304,6 +330,37 @@ class Ledger:
             ledger["step"] = step
 
         return self.update(fn)
+
+    def close_lost_attempt(self, exit_class: ExitClass | str) -> bool:
+        """Record the end of this instance's attempt that could not record it itself.
+
+        For a supervisor whose child was killed (a vanished machine's process
+        group, the kernel's OOM killer): the attempt with ``self.epoch`` is
+        closed with ``exit_class`` at its last heartbeat, keeping its step and
+        cost, and the job takes that class's status. Writes nothing (returns
+        False) when the attempt is gone, already closed, or another attempt
+        has taken the job over (then that one has already marked it vanished).
+        """
+        exit_value = ExitClass(exit_class).value
+        status = outcome(exit_class).ledger_status
+        closed: list[bool] = []
+
+        def mutate(ledger: dict | None) -> dict | None:
+            closed.clear()
+            if not ledger or int(ledger.get("epoch", 0)) != self.epoch:
+                return None
+            attempt = next((a for a in ledger["attempts"] if a["epoch"] == self.epoch), None)
+            if attempt is None or attempt["exit_class"] != RUNNING:
+                return None
+            attempt["exit_class"] = exit_value
+            attempt["ended_at"] = attempt["last_seen"]
+            if status:
+                ledger["status"] = status
+            closed.append(True)
+            return ledger
+
+        self._transact(mutate)
+        return bool(closed)
 
     def record_alert(self, name: str) -> bool:
         """Mark alert ``name`` as sent; True only the first time across the whole job (all attempts)."""

@@ -1,12 +1,16 @@
 """The requeue policy: whether, and after how long, a job gets another attempt.
 
-Counted apart, after SkyPilot: preemptions (PREEMPTED, VANISHED) are charged
-only against ``requeue.max_preemptions``; failures (CRASHED, OUT_OF_MEMORY)
-against ``requeue.max_failures`` and wait an exponential backoff with full
-jitter. A crash-loop breaker stops a job whose last ``crash_loop_threshold``
-attempts all ended no further than the checkpoint they started from. Final
-classes (completed, config error, budget exhausted, caps reached, fenced) are
-never requeued.
+Counted apart, after SkyPilot, by each outcome's requeue class in
+``exitcodes.OUTCOMES``: preemptions (PREEMPTED, VANISHED) are charged only
+against ``requeue.max_preemptions`` and never count toward a crash loop;
+failures (CRASHED, OUT_OF_MEMORY) against ``requeue.max_failures`` and wait an
+exponential backoff with full jitter. Out of memory is also charged against
+``requeue.max_oom_retries`` (default 0): the same config runs out of memory the
+same way, so by default the first one stops the job with the fix. A crash-loop
+breaker stops a job whose last ``crash_loop_threshold`` failures all ended no
+further than the checkpoint they started from (preemptions in between neither
+count nor reset it). Final classes (completed, config error, budget exhausted,
+caps reached, fenced) are never requeued.
 
 The same counts guard the start of every attempt (``refuse_reason``), so the
 caps hold whoever restarts the job: the supervisor, Slurm, SkyPilot,
@@ -18,11 +22,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from orchestrator.exitcodes import FINAL_CLASSES, INTERRUPTED, ExitClass
-
-PREEMPTION_CLASSES = INTERRUPTED  # requeued against requeue.max_preemptions
-FAILURE_CLASSES = frozenset({ExitClass.CRASHED, ExitClass.OUT_OF_MEMORY})
-RUNNING = "running"  # an attempt in the ledger that has not recorded its end
+from orchestrator.errors import AlreadyCompleted, BudgetExhausted, CapsReached, UserError, out_of_memory_fix
+from orchestrator.exitcodes import FAILURE_CLASSES, FINAL_CLASSES, PREEMPTION_CLASSES, RUNNING, ExitClass
 
 
 @dataclass(frozen=True)
@@ -84,11 +85,13 @@ class RequeuePolicy:
     def __init__(self, requeue_cfg: Any):
         self.max_preemptions = int(requeue_cfg.max_preemptions)
         self.max_failures = int(requeue_cfg.max_failures)
+        self.max_oom_retries = int(getattr(requeue_cfg, "max_oom_retries", 0))
         self.backoff_base_seconds = float(requeue_cfg.backoff_base_seconds)
         self.backoff_max_seconds = float(requeue_cfg.backoff_max_seconds)
         self.crash_loop_threshold = int(requeue_cfg.crash_loop_threshold)
-        if min(self.max_preemptions, self.max_failures) < 0:
-            raise ValueError("requeue.max_preemptions and requeue.max_failures must be >= 0 (0: never requeue).")
+        if min(self.max_preemptions, self.max_failures, self.max_oom_retries) < 0:
+            raise ValueError("requeue.max_preemptions, requeue.max_failures and requeue.max_oom_retries must be >= 0 "
+                             "(0: never requeue).")
         if min(self.backoff_base_seconds, self.backoff_max_seconds) < 0:
             raise ValueError("requeue.backoff_base_seconds and requeue.backoff_max_seconds must be >= 0.")
         if self.crash_loop_threshold < 1:
@@ -101,20 +104,34 @@ class RequeuePolicy:
 
     @staticmethod
     def count(attempts: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-        """(preemptions, failures) among ``attempts``."""
+        """(preemptions, failures) among ``attempts``; out-of-memory attempts are failures."""
         classes = [attempt_class(a) for a in attempts]
         return (
             sum(c in PREEMPTION_CLASSES for c in classes),
             sum(c in FAILURE_CLASSES for c in classes),
         )
 
+    @staticmethod
+    def count_oom(attempts: Sequence[Mapping[str, Any]]) -> int:
+        """Attempts that ran out of memory (host or accelerator)."""
+        return sum(attempt_class(a) == ExitClass.OUT_OF_MEMORY for a in attempts)
+
     def no_progress_streak(self, attempts: Sequence[Mapping[str, Any]]) -> int:
-        """How many of the latest attempts in a row, none completed, made no progress."""
+        """How many of the latest failures in a row made no progress.
+
+        Walks back from the newest attempt: a completed attempt or one that made
+        progress ends the streak; a failure without progress counts; any other
+        attempt without progress (a preemption, a vanished machine, a fenced
+        attempt) is passed over: losing capacity while loading is not a crash
+        loop, and has its own cap (requeue.max_preemptions).
+        """
         streak = 0
         for attempt in reversed(attempts):
-            if attempt_class(attempt) == ExitClass.COMPLETED or not _made_no_progress(attempt):
+            cls = attempt_class(attempt)
+            if cls == ExitClass.COMPLETED or not _made_no_progress(attempt):
                 break
-            streak += 1
+            if cls in FAILURE_CLASSES:
+                streak += 1
         return streak
 
     def backoff_seconds(self, failures: int, rng: Optional[random.Random] = None) -> float:
@@ -124,6 +141,15 @@ class RequeuePolicy:
         """
         ceiling = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** max(0, failures - 1))
         return (rng or random).uniform(0.0, ceiling)
+
+    def _oom_reason(self, attempts: Sequence[Mapping[str, Any]]) -> Optional[str]:
+        ooms = self.count_oom(attempts)
+        if ooms == 0 or ooms <= self.max_oom_retries:
+            return None
+        return (f"out of memory in {ooms} attempt(s), and requeue.max_oom_retries={self.max_oom_retries} allows "
+                f"{self.max_oom_retries} retries: the same config runs out of memory the same way. "
+                f"Fix: {out_of_memory_fix()}; "
+                f"or raise requeue.max_oom_retries={ooms} if the memory was taken by something else")
 
     def _crash_loop_reason(self, attempts: Sequence[Mapping[str, Any]]) -> Optional[str]:
         streak = self.no_progress_streak(attempts)
@@ -170,6 +196,9 @@ class RequeuePolicy:
             return Decision(True, reason, 0.0, f"requeue [{preemptions}/{self.max_preemptions}]: {reason}")
 
         # a failure: CRASHED or OUT_OF_MEMORY
+        oom = self._oom_reason(attempts)
+        if last_class == ExitClass.OUT_OF_MEMORY and oom:
+            return _stop(oom)
         if failures >= self.max_failures:
             return _stop(f"{failures} failures reached requeue.max_failures={self.max_failures}")
         delay = self.backoff_seconds(failures, rng)
@@ -183,9 +212,9 @@ class RequeuePolicy:
             ledger: the run's ledger; only ``ledger["attempts"]`` is read.
                 Call this before recording the new attempt.
 
-        Returns a reason when a cap is already spent or the crash-loop breaker
-        has tripped, with what to change to go on anyway. The worker exits with
-        ``exitcodes.CAPS_REACHED`` on a reason.
+    Returns a reason when a cap is already spent or the crash-loop breaker
+        has tripped, with what to change to go on anyway. ``start_refusal``
+        turns it into CapsReached (exit ``exitcodes.CAPS_REACHED``).
         """
         attempts = list(ledger.get("attempts") or [])
         preemptions, failures = self.count(attempts)
@@ -199,6 +228,9 @@ class RequeuePolicy:
                 f"{failures} failed attempts already reached requeue.max_failures={self.max_failures}. "
                 f"Fix the cause, then raise it (requeue.max_failures={failures + 1}) or start a new run.name."
             )
+        oom = self._oom_reason(attempts)
+        if oom:
+            return f"{oom}; or start a new run.name."
         crash_loop = self._crash_loop_reason(attempts)
         if crash_loop:
             streak = self.no_progress_streak(attempts)
@@ -220,3 +252,32 @@ _FINAL_REASONS = {
 
 def _stop(reason: str) -> Decision:
     return Decision(False, reason, 0.0, f"not requeued: {reason}")
+
+
+def start_refusal(ledger: Mapping[str, Any], policy: RequeuePolicy, *, max_usd: Optional[float] = None,
+                  final_uri: str = "") -> Optional[UserError]:
+    """Why a new attempt of the job in ``ledger`` must not start, as the error to raise; None when it may.
+
+    Checked in this order: the job already completed (AlreadyCompleted: exit 0,
+    with where its final weights are), a spent requeue cap or a tripped breaker
+    (CapsReached), a spent budget (BudgetExhausted). Pass it (partially
+    applied) as ``Ledger.begin_attempt``'s ``refuse`` hook.
+
+    Args:
+        ledger: the run's ledger as ``begin_attempt`` sees it.
+        policy: the job's requeue caps.
+        max_usd: ``budget.max_usd`` (None: no budget).
+        final_uri: where the job's final weights are (``<storage.uri>/<run.name>/final/``).
+    """
+    if ledger.get("status") == "completed":
+        where = f"; its final weights are at {final_uri}" if final_uri else ""
+        return AlreadyCompleted(f"job {ledger.get('run_name', '?')!r} is already complete{where}. "
+                                "Nothing to do; use a new run.name to train again.")
+    reason = policy.refuse_reason(ledger)
+    if reason:
+        return CapsReached(reason)
+    spent = sum(float(a.get("cost_usd") or 0) for a in ledger.get("attempts") or [])
+    if max_usd is not None and spent >= max_usd:
+        return BudgetExhausted(f"budget spent: ${spent:.4f} of budget.max_usd=${max_usd}; "
+                               "raise budget.max_usd to let the job go on from its last checkpoint")
+    return None

@@ -2,7 +2,9 @@
 
 The table shows the job's status, step, cost and MLflow run, one row per
 attempt (epoch, host, start, duration, exit class, steps, cost), then the
-committed checkpoints. ``--json`` prints the ledger itself.
+committed checkpoints. An attempt still marked running while a later one has
+taken the job over is shown as vanished (lost): nothing will record its end.
+``--json`` prints the ledger, with the same correction.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import sys
 import time
 
 from orchestrator.errors import UserError
+from orchestrator.exitcodes import RUNNING, ExitClass
 from orchestrator.ledger import LEDGER_FILENAME, Ledger
 from orchestrator.storage import TransientStorageError, open_store, split_run_uri
 
@@ -47,9 +50,26 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def with_lost_attempts(ledger: dict) -> dict:
+    """``ledger`` with every "running" attempt that a later attempt took over shown as vanished.
+
+    ``Ledger.begin_attempt`` marks them itself; this covers ledgers written
+    otherwise (an older version, a hand edit, a writer that lost its race).
+    """
+    attempts = ledger.get("attempts") or []
+    newest = max((int(a.get("epoch") or 0) for a in attempts), default=0)
+    fixed = []
+    for a in attempts:
+        if a.get("exit_class") == RUNNING and int(a.get("epoch") or 0) < newest:
+            a = dict(a, exit_class=ExitClass.VANISHED.value, ended_at=a.get("ended_at") or a.get("last_seen"))
+        fixed.append(a)
+    return dict(ledger, attempts=fixed) if attempts else ledger
+
+
 def format_ledger(ledger: dict, *, now: float | None = None) -> str:
     """The human-readable view of a ledger, as ``orchestrator status`` prints it."""
     now = time.time() if now is None else now
+    ledger = with_lost_attempts(ledger)
     out = [
         f"run       {ledger.get('run_name', '?')}",
         f"status    {ledger.get('status', '?')}",
@@ -64,7 +84,7 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
     attempts = ledger.get("attempts", [])
     rows = []
     for a in attempts:
-        end = a.get("ended_at") or (now if a.get("exit_class") == "running" else a.get("last_seen"))
+        end = a.get("ended_at") or (now if a.get("exit_class") == RUNNING else a.get("last_seen"))
         started = a.get("started_at") or 0
         machine = a.get("gpu_type") or "-"
         if a.get("gpus"):
@@ -76,7 +96,7 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
             str(a.get("host")),
             _when(started),
             _duration((end or started) - started),
-            str(a.get("exit_class")),
+            str(a.get("exit_class")) + (" (lost)" if a.get("exit_class") == ExitClass.VANISHED.value else ""),
             f"{a.get('step_start')}->{a.get('step_end')}",
             f"${float(a.get('cost_usd') or 0):.4f}",
             machine,
@@ -84,7 +104,9 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
     out += ["", f"attempts ({len(attempts)})"]
     out.append(_table(["epoch", "host", "started", "duration", "exit class", "steps", "cost", "machine"], rows) if rows else "  none")
     checkpoints = ledger.get("checkpoints", [])
-    out += ["", f"checkpoints ({len(checkpoints)})"]
+    committed = int(ledger.get("checkpoints_committed", len(checkpoints)))
+    kept = f"{len(checkpoints)}" if committed == len(checkpoints) else f"newest {len(checkpoints)} of {committed} committed"
+    out += ["", f"checkpoints ({kept})"]
     if checkpoints:
         out.append(_table(
             ["step", "epoch", "size", "saved", "key"],
@@ -125,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     if args.json:
-        print(json.dumps(ledger, indent=2))
+        print(json.dumps(with_lost_attempts(ledger), indent=2))
     else:
         print(format_ledger(ledger))
     return 0

@@ -5,22 +5,115 @@ forwards SIGTERM, SIGINT and SIGUSR1 to it, classifies each exit, and asks the
 requeue policy whether to start another attempt. Caps live in the ledger, so
 they hold whoever restarts the job: this supervisor, an external engine, or a
 person re-running the launch command after the machine vanished.
+
+A child killed by a signal cannot record its own end; the supervisor records
+it in the ledger (vanished, or out of memory) so ``orchestrator status`` never
+shows a dead attempt as running. A SIGKILL is told apart from a vanished
+machine by the kernel's own count of OOM kills in this process's memory cgroup
+(cgroup v2 ``memory.events`` ``oom_kill``, which counts the subtree; cgroup v1
+``memory.oom_control`` ``oom_kill``, summed over the subtree because v1 counts
+each cgroup alone), read before and after the attempt: a child that died by
+SIGKILL (or, for a multi-process launcher, exited non-zero) while the counter
+went up was killed for memory. Nothing else is trusted: not the return code
+alone (137 is any SIGKILL), not the kernel log (needs privileges, and names
+pids that may be reused).
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from typing import Sequence
+from pathlib import Path
+from typing import Optional, Sequence
 
 from orchestrator import exitcodes
+from orchestrator.errors import out_of_memory_fix
 from orchestrator.exitcodes import ExitClass, classify_exit
+from orchestrator.ledger import LAUNCHED_BY_ENV
+from orchestrator.requeue import attempt_class
 
 log = logging.getLogger("orchestrator.supervisor")
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+
+def _counter(path: Path, name: str) -> Optional[int]:
+    """The value of ``name`` in a flat-keyed cgroup file ("key value" lines), or None."""
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def oom_kill_count(cgroup_root: str | Path = CGROUP_ROOT, proc_cgroup: str | Path = "/proc/self/cgroup") -> Optional[int]:
+    """The kernel's count of OOM kills in this process's memory cgroup and its descendants; None if unreadable.
+
+    Reads ``proc_cgroup`` for the process's cgroup paths, then cgroup v2's
+    ``<root>/<path>/memory.events`` (or ``<root>/unified/<path>/...`` on a
+    hybrid mount; ``oom_kill`` there already counts the subtree), else cgroup
+    v1's ``<root>/memory/<path>/memory.oom_control`` summed over the subtree.
+    Inside a container whose cgroup namespace hides the path, the mount's own
+    root folder is the process's cgroup; that is tried when the path is absent.
+    """
+    root = Path(cgroup_root)
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    v2_path, v1_path = None, None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            v2_path = path
+        elif "memory" in controllers.split(","):
+            v1_path = path
+    if v2_path is not None:
+        for base in (root, root / "unified"):
+            for folder in (base / v2_path.lstrip("/"), base):
+                count = _counter(folder / "memory.events", "oom_kill")
+                if count is not None:
+                    return count
+    if v1_path is not None:
+        base = root / "memory"
+        for folder in (base / v1_path.lstrip("/"), base):
+            if (folder / "memory.oom_control").is_file():
+                return _subtree_sum(folder)
+    return None
+
+
+def _subtree_sum(folder: Path) -> Optional[int]:
+    total, found = 0, False
+    for dirpath, _dirs, files in os.walk(folder):
+        if "memory.oom_control" in files:
+            count = _counter(Path(dirpath) / "memory.oom_control", "oom_kill")
+            if count is not None:
+                total, found = total + count, True
+    return total if found else None
+
+
+def refine_exit_class(exit_class: ExitClass, oom_before: Optional[int], oom_after: Optional[int]) -> ExitClass:
+    """OUT_OF_MEMORY when the kernel's OOM killer ended the child, else ``exit_class``.
+
+    Only for a child that died without a clean exit of its own (VANISHED:
+    killed by a signal; CRASHED: e.g. torchrun exiting 1 after a rank was
+    killed), and only when the cgroup's OOM-kill count rose during the
+    attempt. The caller trusts an end the worker recorded itself over this.
+    """
+    rose = oom_before is not None and oom_after is not None and oom_after > oom_before
+    if rose and exit_class in (ExitClass.VANISHED, ExitClass.CRASHED):
+        return ExitClass.OUT_OF_MEMORY
+    return exit_class
 
 
 class Supervisor:
@@ -56,26 +149,31 @@ class Supervisor:
                 signal.signal(s, handler)
 
     def _loop(self) -> int:
-        while True:
-            recorded_before = len(self._ledger_attempts())
-            self.child = subprocess.Popen(self.command)
+        for number in itertools.count(1):
+            token = f"{socket.gethostname()}:{os.getpid()}:{number}"
+            oom_before = oom_kill_count()
+            self.child = subprocess.Popen(self.command, env=dict(os.environ, **{LAUNCHED_BY_ENV: token}))
             returncode = self._wait(self.child)
-            exit_class = classify_exit(returncode)
+            exit_class = refine_exit_class(classify_exit(returncode), oom_before, oom_kill_count())
+            attempts, exit_class = self._attempts_with(exit_class, token)
             log.info("attempt exited with code %s (%s)", returncode, exit_class.value)
+            if exit_class == ExitClass.OUT_OF_MEMORY and returncode != exitcodes.OUT_OF_MEMORY:
+                log.error("the kernel's OOM killer ended the attempt (this cgroup's oom_kill count rose): host memory "
+                          "ran out. Fix: %s", out_of_memory_fix(self.cfg))
             if self.signalled is not None:
                 log.warning("not requeued: this supervisor received %s", signal.Signals(self.signalled).name)
-                return exitcodes.PREEMPTED if exit_class in exitcodes.INTERRUPTED else returncode
+                return exitcodes.PREEMPTED if exit_class in exitcodes.PREEMPTION_CLASSES else _code(exit_class, returncode)
             if exit_class in exitcodes.FINAL_CLASSES:
                 return returncode
-            attempts = self._attempts_with(exit_class, recorded_before)
             decision = self.policy.decide(attempts)
             log.warning(decision.log_line)
             if not decision.requeue:
-                return exitcodes.CAPS_REACHED if returncode in (exitcodes.PREEMPTED, 0) else (returncode or 1)
+                return exitcodes.CAPS_REACHED if exit_class in exitcodes.PREEMPTION_CLASSES else _code(exit_class, returncode)
             if decision.delay_seconds > 0:
                 time.sleep(decision.delay_seconds)
             if self.signalled is not None:
                 return exitcodes.PREEMPTED
+        raise AssertionError("unreachable")
 
     def _wait(self, child: subprocess.Popen) -> int:
         while True:
@@ -91,23 +189,47 @@ class Supervisor:
             log.warning("could not read the ledger (%s)", err)
             return []
 
-    def _attempts_with(self, exit_class: ExitClass, recorded_before: int) -> list[dict]:
-        """The ledger's attempts plus what this supervisor saw of the last one.
+    def _attempts_with(self, exit_class: ExitClass, token: str) -> tuple[list[dict], ExitClass]:
+        """The ledger's attempts with what this supervisor saw of its child's; and the child's class.
 
-        A worker killed by a signal could not record its own end (the next
-        attempt marks it vanished in the ledger; here we already know). A worker
-        that died before it opened the ledger left no attempt at all; those are
-        kept here so the failure cap still counts them.
+        The child's attempt is the one whose ``launched_by`` is ``token``. If
+        it recorded its own end, that class is trusted. If it was killed and
+        could not, its end is recorded in the ledger now (fenced by its epoch:
+        nothing is written when another attempt took over). A worker that died
+        before it opened the ledger left no attempt at all; those are kept here
+        so the failure cap still counts them.
         """
         attempts = self._ledger_attempts()
-        if len(attempts) > recorded_before:
-            if attempts[-1].get("exit_class") == "running":
-                attempts[-1] = dict(attempts[-1], exit_class=exit_class.value)
+        mine = next((i for i in range(len(attempts) - 1, -1, -1) if attempts[i].get("launched_by") == token), None)
+        if mine is not None:
+            attempt = attempts[mine]
+            if attempt.get("exit_class") == exitcodes.RUNNING:
+                self._close(attempt["epoch"], exit_class)
+                attempts[mine] = dict(attempt, exit_class=exit_class.value, ended_at=attempt.get("last_seen"))
+            else:
+                exit_class = attempt_class(attempt) or exit_class
         else:
             step = int(attempts[-1].get("step_end", 0)) if attempts else 0
             self._unrecorded.append({"exit_class": exit_class.value, "step_start": step, "step_end": step,
                                      "checkpoint_step_at_start": step})
-        return attempts + self._unrecorded
+        return attempts + self._unrecorded, exit_class
+
+    def _close(self, epoch: int, exit_class: ExitClass) -> None:
+        from orchestrator.ledger import Ledger
+
+        try:
+            if Ledger(self.ledger.store, self.ledger.run_name, epoch=epoch).close_lost_attempt(exit_class):
+                log.info("recorded attempt %d as %s in the ledger", epoch, exit_class.value)
+        except Exception as err:  # noqa: BLE001 - storage down: the next attempt marks it vanished
+            log.warning("could not record attempt %d's end in the ledger (%s)", epoch, err)
+
+
+def _code(exit_class: ExitClass, returncode: int) -> int:
+    """The supervisor's own exit code for a child that ended the job with ``exit_class``."""
+    code = exitcodes.outcome(exit_class).exit_code
+    if exit_class == ExitClass.CRASHED:
+        return returncode if returncode > 0 else exitcodes.CRASHED
+    return code if code is not None else exitcodes.CRASHED
 
 
 def run(cfg, overrides: Sequence[str]) -> int:

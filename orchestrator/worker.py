@@ -22,9 +22,7 @@ from orchestrator.tracking import quiet_telemetry
 quiet_telemetry()  # before transformers/TRL/MLflow are imported (by the attempt's parts)
 
 from orchestrator import distributed as dist  # noqa: E402
-from orchestrator import exitcodes  # noqa: E402
-from orchestrator.errors import UserError  # noqa: E402
-from orchestrator.exitcodes import ExitClass  # noqa: E402
+from orchestrator.errors import end_attempt_on_error  # noqa: E402
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -69,29 +67,8 @@ def _run(argv: list[str] | None = None) -> int:
         code = job.run()
         dist.report_exit(code)
         return code
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        if job is not None and err.exit_code in (exitcodes.CONFIG_ERROR, exitcodes.BUDGET_EXHAUSTED):
-            job.fail(ExitClass.CONFIG_ERROR if err.exit_code == exitcodes.CONFIG_ERROR else ExitClass.BUDGET_EXHAUSTED,
-                     "config_error" if err.exit_code == exitcodes.CONFIG_ERROR else "budget_exhausted")
-        return err.exit_code
-    except MemoryError:
-        log.exception("out of memory")
-        if job is not None:
-            job.fail(ExitClass.OUT_OF_MEMORY, "failed")
-        return exitcodes.OUT_OF_MEMORY
-    except Exception as err:  # a bug or an infrastructure failure: keep the traceback
-        import torch
-
-        if isinstance(err, torch.OutOfMemoryError):
-            log.exception("out of GPU memory")
-            if job is not None:
-                job.fail(ExitClass.OUT_OF_MEMORY, "failed")
-            return exitcodes.OUT_OF_MEMORY
-        log.exception("attempt crashed")
-        if job is not None:
-            job.fail(ExitClass.CRASHED, "failed")
-        return 1
+    except Exception as err:  # noqa: BLE001 - classified: a user's error, out of memory, or a bug (traceback kept)
+        return end_attempt_on_error(err, job)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from orchestrator.errors import (
     BudgetExhausted,
     CapsReached,
     Fenced,
-    JobAlreadyCompleted,
+    AlreadyCompleted,
 )
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
@@ -69,7 +69,7 @@ def test_an_attempt_that_crashed_is_resumed_by_the_next_and_ends_bit_identical(t
     crashing = build_attempt(_cfg(tmp_path, "crashy"), environ={"ORCH_FAULT_AFTER_STEPS": "12"})
     with pytest.raises(RuntimeError, match="injected fault"):
         crashing.run()
-    crashing.fail(ExitClass.CRASHED, "failed")
+    crashing.fail(ExitClass.CRASHED)
     assert jobs.committed_steps(jobs.Storage(str(tmp_path / "runs")), "crashy")[-1] == 10
 
     resumed = build_attempt(_cfg(tmp_path, "crashy"))
@@ -82,7 +82,7 @@ def test_an_attempt_that_crashed_is_resumed_by_the_next_and_ends_bit_identical(t
     # the final folder was committed through the store's protocol: manifest last, every file listed and present
     manifest = json.loads(store.get_bytes("crashy/final/manifest.json"))
     assert {"config.yaml", "adapter_model.safetensors"} <= {e["path"] for e in manifest["files"]}
-    with pytest.raises(JobAlreadyCompleted):
+    with pytest.raises(AlreadyCompleted):
         build_attempt(_cfg(tmp_path, "crashy")).run()
 
 
@@ -108,21 +108,21 @@ def test_a_newer_attempt_fences_the_older_one(store):
 def test_a_record_refuses_a_spent_budget_spent_caps_and_a_completed_job(store):
     spent = _record(store, "spent")
     spent.begin(0)
-    spent.end(ExitClass.PREEMPTED, 3, 1.5, "preempted")  # $1.50 of a $1.00 budget
+    spent.end(ExitClass.PREEMPTED, 3, 1.5)  # $1.50 of a $1.00 budget
     with pytest.raises(BudgetExhausted, match="budget.max_usd"):
         _record(store, "spent").begin(3)
 
     capped = _record(store, "capped", max_preemptions=1)
     capped.begin(0)
-    capped.end(ExitClass.PREEMPTED, 3, 0.01, "preempted")
+    capped.end(ExitClass.PREEMPTED, 3, 0.01)
     with pytest.raises(CapsReached, match="requeue.max_preemptions"):
         _record(store, "capped", max_preemptions=1).begin(3)
 
     done = _record(store, "done")
     done.begin(0)
-    done.end(ExitClass.COMPLETED, 9, 0.01, "completed")
+    done.end(ExitClass.COMPLETED, 9, 0.01)
     again = _record(store, "done")
-    with pytest.raises(JobAlreadyCompleted):
+    with pytest.raises(AlreadyCompleted):
         again.begin(9)
     assert [a["exit_class"] for a in again.load()["attempts"]] == ["completed"]  # nothing added
 

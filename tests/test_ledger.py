@@ -173,3 +173,80 @@ def test_end_attempt_rejects_unknown_status(store):
     _begin(ledger)
     with pytest.raises(ValueError, match="not one of"):
         ledger.end_attempt(ExitClass.CRASHED, step=0, cost_usd=0.0, status="exploded")
+
+
+def test_checkpoint_records_are_pruned_to_keep_last(store):
+    # a week-long job at a 2-minute interval commits ~5000 checkpoints; retention keeps keep_last in
+    # storage, and the ledger, rewritten at every heartbeat, lists only those
+    ledger = Ledger(store, "long", keep_checkpoints=3)
+    _begin(ledger)
+    sizes = []
+    for step in range(10, 610, 10):
+        record = ledger.record_checkpoint(step=step, key=f"long/checkpoints/{step:09d}-1", size=100, cost_usd=step / 1e3)
+        ledger.heartbeat(step=step + 5, cost_usd=step / 1e3)
+        sizes.append(len(store.get_bytes("long/ledger.json")))
+    record = ledger.load()
+    assert [c["step"] for c in record["checkpoints"]] == [580, 590, 600]
+    assert record["checkpoints_committed"] == 60
+    assert record["attempts"][0]["checkpoint_step_end"] == 600
+    assert sizes[-1] <= sizes[4] + 64, f"the ledger grew from {sizes[4]} to {sizes[-1]} bytes"
+    # a later attempt with another keep_last keeps counting and pruning
+    second = Ledger(store, "long", keep_checkpoints=2)
+    _begin(second, host="host-b", checkpoint_step=600)
+    record = second.record_checkpoint(step=610, key="long/checkpoints/000000610-2", size=100)
+    assert [(c["step"], c["epoch"]) for c in record["checkpoints"]] == [(600, 1), (610, 2)]
+    assert record["checkpoints_committed"] == 61
+
+
+def test_checkpoint_records_are_kept_in_step_order_after_a_resume_from_an_older_one(store):
+    ledger = Ledger(store, "back", keep_checkpoints=2)
+    _begin(ledger)
+    for step in (10, 20, 30):
+        ledger.record_checkpoint(step=step, key=f"back/checkpoints/{step}-1", size=1)
+    # step 30 turned out corrupt; the next attempt restored 20 and commits 25: retention in storage
+    # keeps the newest by step (30 and 25), and so does the ledger
+    second = Ledger(store, "back", keep_checkpoints=2)
+    _begin(second, host="host-b", checkpoint_step=20)
+    record = second.record_checkpoint(step=25, key="back/checkpoints/25-2", size=1)
+    assert [c["step"] for c in record["checkpoints"]] == [25, 30]
+
+
+def test_a_supervisor_records_its_killed_childs_attempt(store):
+    child = Ledger(store, "killed")
+    _begin(child, host="node-1")
+    child.heartbeat(step=12, cost_usd=0.4)
+    last_seen = child.load()["attempts"][0]["last_seen"]
+    # the child was SIGKILLed (by the kernel's OOM killer); its supervisor closes the attempt for it
+    assert Ledger(store, "killed", epoch=child.epoch).close_lost_attempt(ExitClass.OUT_OF_MEMORY)
+    record = child.load()
+    gone = record["attempts"][0]
+    assert gone["exit_class"] == "out_of_memory" and gone["ended_at"] == last_seen
+    assert gone["step_end"] == 12 and gone["cost_usd"] == pytest.approx(0.4)
+    assert record["status"] == "failed"
+    # nothing is written for an attempt already closed, or once another attempt took over
+    assert not Ledger(store, "killed", epoch=child.epoch).close_lost_attempt(ExitClass.VANISHED)
+    newer = Ledger(store, "killed")
+    _begin(newer, host="node-2")
+    before = store.get_bytes("killed/ledger.json")
+    assert not Ledger(store, "killed", epoch=child.epoch).close_lost_attempt(ExitClass.VANISHED)
+    assert store.get_bytes("killed/ledger.json") == before
+
+
+def test_a_typed_refusal_is_raised_and_sets_its_own_status(store):
+    from orchestrator.errors import AlreadyCompleted, BudgetExhausted
+
+    ledger = Ledger(store, "typed")
+    _begin(ledger)
+    ledger.end_attempt(ExitClass.PREEMPTED, step=10, cost_usd=2.0)  # status from the outcome table
+    assert ledger.load()["status"] == "preempted"
+    with pytest.raises(BudgetExhausted, match="spent"):
+        _begin(Ledger(store, "typed"), refuse=lambda record: BudgetExhausted("budget spent"))
+    assert Ledger(store, "typed").load()["status"] == "budget_exhausted"
+
+    done = Ledger(store, "done")
+    _begin(done)
+    done.end_attempt(ExitClass.COMPLETED, step=40, cost_usd=1.0)
+    with pytest.raises(AlreadyCompleted):
+        _begin(Ledger(store, "done"), refuse=lambda record: AlreadyCompleted("complete"))
+    record = Ledger(store, "done").load()
+    assert record["status"] == "completed" and len(record["attempts"]) == 1

@@ -43,10 +43,30 @@ def test_always_crashing_job_runs_exactly_max_failures_attempts():
     assert policy.refuse_reason({"attempts": attempts}) is not None  # a person re-running it is refused too
 
 
-def test_out_of_memory_counts_as_a_failure():
-    policy = RequeuePolicy(RequeueConfig(max_failures=2, crash_loop_threshold=100))
+def test_out_of_memory_counts_as_a_failure_when_retries_are_allowed():
+    policy = RequeuePolicy(RequeueConfig(max_failures=2, max_oom_retries=10, crash_loop_threshold=100))
     attempts, _ = run_job(policy, lambda n: attempt("out_of_memory", start=n, end=n + 1))
     assert len(attempts) == 2
+
+
+def test_out_of_memory_stops_at_the_first_with_the_fix():
+    # the same config runs out of memory the same way: no retry by default, though failures are left
+    policy = RequeuePolicy(RequeueConfig(max_failures=10, crash_loop_threshold=100))
+    attempts, decisions = run_job(policy, lambda n: attempt("out_of_memory", start=n, end=n + 1))
+    assert len(attempts) == 1
+    reason = decisions[-1].reason
+    assert "requeue.max_oom_retries=0" in reason
+    for fix in ("train.per_device_batch_size", "train.gradient_checkpointing=true", "orchestrator plan"):
+        assert fix in reason, reason
+    refused = policy.refuse_reason({"attempts": attempts})  # an engine or a person restarting it is refused too
+    assert refused and "requeue.max_oom_retries=1" in refused
+
+
+def test_raising_the_oom_cap_allows_that_many_retries():
+    policy = RequeuePolicy(RequeueConfig(max_failures=10, max_oom_retries=2, crash_loop_threshold=100))
+    attempts, decisions = run_job(policy, lambda n: attempt("out_of_memory", start=n, end=n + 1))
+    assert len(attempts) == 3
+    assert [d.requeue for d in decisions] == [True, True, False]
 
 
 def test_preemptions_do_not_count_against_failures():
@@ -69,16 +89,19 @@ def test_preemption_cap_stops_the_job():
     assert "requeue.max_preemptions=14" in policy.refuse_reason({"attempts": attempts})
 
 
-def test_crash_loop_breaker_trips_on_attempts_that_make_no_progress():
+def test_crash_loop_breaker_trips_on_failures_that_make_no_progress():
     policy = RequeuePolicy(RequeueConfig(max_failures=10, max_preemptions=10, crash_loop_threshold=3))
-    # first attempt makes progress; then every attempt dies at the checkpoint it restored (step 40)
+    # first attempt makes progress; then every attempt dies at the checkpoint it restored (step 40),
+    # crashes with lost machines in between: those neither count nor reset the streak
+    cycle = ["crashed", "preempted", "crashed", "vanished", "crashed"]
+
     def outcomes(n):
         if n == 0:
             return attempt("crashed", start=0, end=40)
-        return attempt(["crashed", "preempted", "out_of_memory"][n % 3], start=40, end=40)
+        return attempt(cycle[(n - 1) % len(cycle)], start=40, end=40)
 
     attempts, decisions = run_job(policy, outcomes)
-    assert len(attempts) == 4  # 1 with progress + 3 without
+    assert len(attempts) == 6  # 1 with progress + 3 crashes and 2 preemptions without
     assert decisions[-1].log_line.startswith("not requeued: crash loop: the last 3 attempts made no progress")
     assert "step 40" in decisions[-1].reason
     refused = policy.refuse_reason({"attempts": attempts})
@@ -94,11 +117,46 @@ def test_progress_resets_the_crash_loop_count():
 
 def test_attempt_that_never_recorded_its_last_step_counts_as_no_progress():
     policy = RequeuePolicy(RequeueConfig(crash_loop_threshold=2))
-    history = [attempt("vanished", 30), attempt("running", 30)]
+    history = [attempt("crashed", 30), attempt("crashed", 30)]
     for a in history:
         a["step_end"] = None
     assert policy.no_progress_streak(history) == 2
     assert not policy.decide(history).requeue
+
+
+def test_preemptions_while_loading_never_trip_the_crash_loop_breaker():
+    # volatile capacity, a 70B download: every attempt is preempted or its machine vanishes before
+    # its first checkpoint. That is the preemption cap's business, not a crash loop.
+    policy = RequeuePolicy(RequeueConfig(max_preemptions=20, crash_loop_threshold=3))
+    history = [attempt(["preempted", "vanished", "running"][i % 3], start=0, end=0) for i in range(9)]
+    assert policy.no_progress_streak(history) == 0
+    decision = policy.decide(history)
+    assert decision.requeue and decision.log_line == "requeue [9/20]: vanished; no charge against failures"
+    assert policy.refuse_reason({"attempts": history}) is None
+
+
+def test_preemptions_without_progress_are_stopped_by_their_own_cap():
+    policy = RequeuePolicy(RequeueConfig(max_preemptions=4, crash_loop_threshold=2))
+    attempts, decisions = run_job(policy, lambda n: attempt("vanished", start=0, end=0))
+    assert len(attempts) == 4
+    assert decisions[-1].log_line == "not requeued: 4 preemptions reached requeue.max_preemptions=4"
+
+
+def test_machines_lost_while_loading_in_a_real_ledger_are_not_a_crash_loop(tmp_path):
+    # the ledger as the worker writes it: each attempt is killed before its first checkpoint,
+    # and the next one's begin_attempt marks it vanished
+    from orchestrator.ledger import Ledger
+    from orchestrator.storage import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    for host in ("spot-1", "spot-2", "spot-3", "spot-4"):
+        Ledger(store, "big").begin_attempt(host=host, pid=1, instance_type="p5", gpu_type="h100", gpus=8,
+                                           spot=True, checkpoint_step=0)
+    record = Ledger(store, "big").load()
+    assert [a["exit_class"] for a in record["attempts"]] == ["vanished"] * 3 + ["running"]
+    policy = RequeuePolicy(RequeueConfig(crash_loop_threshold=3))
+    assert policy.refuse_reason(record) is None
+    assert policy.decide(record["attempts"]).requeue
 
 
 @pytest.mark.parametrize(
@@ -161,3 +219,34 @@ def test_invalid_config_is_refused_with_the_key():
         RequeuePolicy(RequeueConfig(crash_loop_threshold=0))
     with pytest.raises(ValueError, match="max_failures"):
         RequeuePolicy(RequeueConfig(max_failures=-1))
+    with pytest.raises(ValueError, match="max_oom_retries"):
+        RequeuePolicy(RequeueConfig(max_oom_retries=-1))
+
+
+def _ledger(status: str, attempts: list[dict]) -> dict:
+    return {"run_name": "exp", "status": status, "attempts": attempts}
+
+
+def test_start_refusal_of_a_completed_job_is_a_success_naming_the_final_weights():
+    from orchestrator.errors import AlreadyCompleted
+    from orchestrator.requeue import start_refusal
+
+    # even a job that completed after spending its failure cap is complete, not "caps reached"
+    history = [attempt("crashed", i, i + 1) for i in range(3)] + [attempt("completed", 3, 40)]
+    refusal = start_refusal(_ledger("completed", history), RequeuePolicy(RequeueConfig(max_failures=3)),
+                            final_uri="s3://b/runs/exp/final/")
+    assert isinstance(refusal, AlreadyCompleted) and refusal.exit_code == 0
+    assert "already complete" in str(refusal) and "s3://b/runs/exp/final/" in str(refusal)
+
+
+def test_start_refusal_types_caps_and_budget():
+    from orchestrator.errors import BudgetExhausted, CapsReached
+    from orchestrator.requeue import start_refusal
+
+    policy = RequeuePolicy(RequeueConfig(max_failures=1))
+    crashed = [dict(attempt("crashed", 0, 5), cost_usd=2.0)]
+    assert isinstance(start_refusal(_ledger("failed", crashed), policy), CapsReached)
+    preempted = [dict(attempt("preempted", 0, 5), cost_usd=2.0)]
+    spent = start_refusal(_ledger("preempted", preempted), policy, max_usd=1.5)
+    assert isinstance(spent, BudgetExhausted) and spent.exit_code == 3
+    assert start_refusal(_ledger("preempted", preempted), policy, max_usd=5.0) is None

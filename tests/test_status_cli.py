@@ -121,3 +121,32 @@ def test_storage_init_refuses_local_uri_and_bad_days(tmp_path, s3_server, s3_buc
     assert proc.returncode != 0 and "applies to S3 URIs" in proc.stderr and "Traceback" not in proc.stderr
     with pytest.raises(ValueError, match="at least 1"):
         apply_lifecycle(s3_bucket, abort_incomplete_days=0, endpoint_url=s3_server.endpoint_url)
+
+
+def test_an_attempt_taken_over_shows_as_lost_not_running(tmp_path):
+    # a ledger written before begin_attempt marked lost attempts (or by a writer that lost its race):
+    # attempt 1 still says "running" although attempt 2 has taken the job over
+    store = LocalStore(tmp_path / "runs")
+    _write_history(store)
+    record = json.loads(store.get_bytes("exp1/ledger.json"))
+    record["attempts"][0]["exit_class"] = "running"
+    record["attempts"][0]["ended_at"] = None
+    store.put_bytes("exp1/ledger.json", json.dumps(record).encode())
+
+    table = _cli("status", f"{tmp_path / 'runs'}/exp1")
+    assert table.returncode == 0, table.stderr
+    row = next(line.split() for line in table.stdout.splitlines() if line.split()[:2] == ["1", "spot-a"])
+    assert "vanished" in row and "(lost)" in row and "running" not in row, table.stdout
+    as_json = json.loads(_cli("status", f"{tmp_path / 'runs'}/exp1", "--json").stdout)
+    assert [a["exit_class"] for a in as_json["attempts"]] == ["vanished", "completed"]
+
+
+def test_status_says_how_many_checkpoints_were_committed_beyond_those_kept(tmp_path):
+    store = LocalStore(tmp_path / "runs")
+    ledger = Ledger(store, "long", keep_checkpoints=2)
+    ledger.begin_attempt(host="h", pid=1, instance_type="cpu", gpu_type="none", gpus=0, spot=False, checkpoint_step=0)
+    for step in (10, 20, 30, 40, 50):
+        ledger.record_checkpoint(step=step, key=f"long/checkpoints/{step:09d}-1", size=10)
+    out = _cli("status", f"{tmp_path / 'runs'}/long").stdout
+    assert "checkpoints (newest 2 of 5 committed)" in out, out
+    assert "long/checkpoints/000000050-1" in out and "long/checkpoints/000000030-1" not in out

@@ -43,7 +43,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     store = store_from_config(cfg.storage)
-    ledger = Ledger(store, run_name)
+    ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
     record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=cfg.compute, budget_max_usd=cfg.budget.max_usd)
               if main else FollowerRecord())
     money = MoneyWatch.from_config(cfg, price)

@@ -11,15 +11,10 @@ import os
 import socket
 from typing import Any, Optional
 
-from orchestrator.errors import (
-    BudgetExhausted,
-    CapsReached,
-    JobAlreadyCompleted,
-    UserError,
-)
+from orchestrator.errors import Fenced
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger, attempts_cost_usd
-from orchestrator.requeue import RequeuePolicy
+from orchestrator.requeue import RequeuePolicy, start_refusal
 
 log = logging.getLogger("orchestrator.worker")
 
@@ -48,38 +43,18 @@ class AttemptRecord:
     def epoch(self) -> Optional[int]:
         return self.ledger.epoch
 
-    def refuse_reason(self, ledger: dict) -> Optional[UserError]:
-        """Why this attempt must not start (caps, budget, already completed), as the error to raise."""
-        reason = self.policy.refuse_reason(ledger)
-        if reason:
-            return CapsReached(reason)
-        spent = attempts_cost_usd(ledger.get("attempts", []))
-        if self.budget_max_usd is not None and spent >= self.budget_max_usd:
-            return BudgetExhausted(f"budget spent: ${spent:.4f} of budget.max_usd=${self.budget_max_usd}; "
-                                   "raise budget.max_usd to let the job go on from its last checkpoint")
-        if ledger.get("status") == "completed":
-            return JobAlreadyCompleted("the job already completed; use a new run.name to train again")
-        return None
-
-    def begin(self, newest_checkpoint_step: int) -> dict:
-        """Take the next epoch (fencing older attempts) or raise why not. Returns the new attempt."""
-        refused: list[UserError] = []
-
-        def refuse(ledger: dict) -> Optional[str]:
-            error = self.refuse_reason(ledger)
-            refused[:] = [error] if error else []
-            return str(error) if error else None
-
+    def begin(self, newest_checkpoint_step: int, *, final_uri: str = "") -> dict:
+        """Take the next epoch (fencing older attempts) or raise why not: AlreadyCompleted (exit 0),
+        CapsReached, BudgetExhausted (``orchestrator.requeue.start_refusal``). Returns the new attempt."""
         compute = self.compute
-        try:
-            attempt = self.ledger.begin_attempt(
-                host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
-                gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
-                checkpoint_step=newest_checkpoint_step, refuse=refuse)
-        except CapsReached:
-            if refused:
-                raise refused[0] from None
-            raise
+
+        def refuse(ledger: dict):
+            return start_refusal(ledger, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
+
+        attempt = self.ledger.begin_attempt(
+            host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
+            gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
+            checkpoint_step=newest_checkpoint_step, refuse=refuse)
         self.prior_attempts = [a for a in self.ledger.load()["attempts"] if a["epoch"] != attempt["epoch"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
@@ -89,11 +64,11 @@ class AttemptRecord:
     def load(self) -> dict:
         return self.ledger.load()
 
-    def heartbeat(self, step: int, cost_usd: float) -> Optional[UserError]:
+    def heartbeat(self, step: int, cost_usd: float) -> Optional[Exception]:
         """Record progress; returns the fencing error when another attempt took over (else None)."""
         try:
             self.ledger.heartbeat(step, cost_usd)
-        except UserError as err:
+        except Fenced as err:
             return err
         return None
 
@@ -130,17 +105,17 @@ class AttemptRecord:
         self.ledger.update(fn)
         return first
 
-    def end(self, exit_class: ExitClass, step: int, cost_usd: float, status: str) -> dict:
-        """Close the attempt; returns the ledger as written."""
-        self.ledger.end_attempt(exit_class, step, cost_usd, status)
+    def end(self, exit_class: ExitClass, step: int, cost_usd: float) -> dict:
+        """Close the attempt (its status: ``exitcodes.OUTCOMES``); returns the ledger as written."""
+        self.ledger.end_attempt(exit_class, step, cost_usd)
         return self.ledger.load()
 
-    def fail(self, exit_class: ExitClass, step: int, cost_usd: float, status: str) -> None:
+    def fail(self, exit_class: ExitClass, step: int, cost_usd: float) -> None:
         """Best effort: record a failed attempt; the ledger may be what failed."""
         if not self.epoch:
             return
         try:
-            self.ledger.end_attempt(exit_class, step, cost_usd, status)
+            self.ledger.end_attempt(exit_class, step, cost_usd)
         except Exception as err:  # noqa: BLE001
             log.warning("could not record the attempt's end in the ledger: %s", err)
 
@@ -153,7 +128,7 @@ class FollowerRecord:
     prior_cost_usd = 0.0
     prior_attempts: list = []
 
-    def begin(self, newest_checkpoint_step: int) -> None:
+    def begin(self, newest_checkpoint_step: int, *, final_uri: str = "") -> None:
         return None
 
     def load(self) -> dict:

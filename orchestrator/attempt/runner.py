@@ -105,7 +105,7 @@ class Runner:
                 from orchestrator.attempt.trial import finish_trial
 
                 finish_trial(self, trainer)
-                self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED")
+                self.end(ExitClass.COMPLETED)
                 return exitcodes.COMPLETED
             if self.callback.stop_reason:
                 return self.stop(self.callback.stop_reason)
@@ -116,7 +116,7 @@ class Runner:
 
     def begin(self) -> None:
         """1. Take the job's next epoch in the ledger (or stop: caps, budget, completed); open MLflow."""
-        self.record.begin(self.checkpoints.newest_step())
+        self.record.begin(self.checkpoints.newest_step(), final_uri=self.checkpoints.final_uri())
         self.checkpoints.remove_uncommitted()
         run_id = self.tracking.start()
         if run_id and run_id != self.record.load().get("mlflow_run_id"):
@@ -217,12 +217,12 @@ class Runner:
         if self.fenced_error is not None:
             raise self.fenced_error
         if reason.exit_class is ExitClass.BUDGET_EXHAUSTED:
-            self.end(ExitClass.BUDGET_EXHAUSTED, "budget_exhausted", tracker_status="KILLED")
+            self.end(ExitClass.BUDGET_EXHAUSTED)
             if self.main:
                 print(f"stopped: {reason}; the final checkpoint is committed and the job will not be requeued",
                       flush=True)
             return exitcodes.BUDGET_EXHAUSTED
-        self.end(ExitClass.PREEMPTED, "preempted", tracker_status="KILLED")
+        self.end(ExitClass.PREEMPTED)
         return exitcodes.PREEMPTED
 
     def finish(self, trainer, eval_ds) -> int:
@@ -241,17 +241,18 @@ class Runner:
         print("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
         self.record.update_quality(metrics)
         self.tracking.log_metrics(metrics, self.step)
-        self.end(ExitClass.COMPLETED, "completed", tracker_status="FINISHED", final_metrics=metrics)
+        self.end(ExitClass.COMPLETED, final_metrics=metrics)
         if saved:
             print(f"final weights: {self.checkpoints.final_uri()}", flush=True)
         return exitcodes.COMPLETED
 
-    def end(self, exit_class: ExitClass, status: str, *, tracker_status: str, final_metrics: Optional[dict] = None) -> None:
+    def end(self, exit_class: ExitClass, *, final_metrics: Optional[dict] = None) -> None:
         """Close the attempt in the ledger; log the final cost figures, the cost report and the redacted
-        config to MLflow; tag the run with its status; close the run."""
+        config to MLflow; tag the run with its status; close the run (statuses: ``exitcodes.OUTCOMES``)."""
         if not self.record.writes:
             return
-        ledger = self.record.end(exit_class, self.step, self.money.attempt_cost_usd(), status)
+        ledger = self.record.end(exit_class, self.step, self.money.attempt_cost_usd())
+        status, tracker_status = exitcodes.outcome(exit_class).ledger_status, exitcodes.outcome(exit_class).mlflow_status
         if not self.money.wait_for_alerts():
             log.warning("a budget alert was still being sent when the attempt ended; it may not arrive")
         if not self.tracking.active:
@@ -263,10 +264,15 @@ class Runner:
             quality=(final_metrics or {}).get(self.recipe.QUALITY_METRIC),
             config_yaml=OmegaConf.to_yaml(redacted_config(self.cfg)))
 
-    def fail(self, exit_class: ExitClass, status: str) -> None:
+    @property
+    def began(self) -> bool:
+        """Whether this attempt took an epoch in the ledger (so its end may be recorded)."""
+        return bool(self.record.epoch)
+
+    def fail(self, exit_class: ExitClass) -> None:
         """Best effort: record a failed attempt; the ledger may be what failed."""
-        self.record.fail(exit_class, self.step, self.money.attempt_cost_usd(), status)
-        self.tracking.close("FAILED", flush_timeout_s=10)
+        self.record.fail(exit_class, self.step, self.money.attempt_cost_usd())
+        self.tracking.close(exitcodes.outcome(exit_class).mlflow_status or "FAILED", flush_timeout_s=10)
 
 
 def redacted_config(cfg) -> dict:

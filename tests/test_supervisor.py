@@ -1,0 +1,80 @@
+"""The supervisor's reading of the kernel's OOM-kill count, and how it classes a killed child."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.exitcodes import ExitClass
+from orchestrator.supervisor import oom_kill_count, refine_exit_class
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _proc(tmp_path: Path, text: str) -> Path:
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text(text)
+    return proc
+
+
+def test_cgroup_v2_reads_memory_events_of_the_process_cgroup(tmp_path):
+    root = tmp_path / "cgroup"
+    _write(root / "system.slice/job.service/memory.events",
+           "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n")
+    _write(root / "memory.events", "oom_kill 99\n")  # another cgroup's count must not be read
+    assert oom_kill_count(root, _proc(tmp_path, "0::/system.slice/job.service\n")) == 2
+
+
+def test_cgroup_v2_in_a_namespace_reads_the_mount_root(tmp_path):
+    # inside a container with its own cgroup namespace the path is "/" and the mount is the container's cgroup
+    root = tmp_path / "cgroup"
+    _write(root / "memory.events", "oom 1\noom_kill 1\n")
+    assert oom_kill_count(root, _proc(tmp_path, "0::/\n")) == 1
+
+
+def test_hybrid_mount_reads_the_unified_tree(tmp_path):
+    root = tmp_path / "cgroup"
+    _write(root / "unified/user.slice/memory.events", "oom_kill 4\n")
+    assert oom_kill_count(root, _proc(tmp_path, "1:name=systemd:/user.slice\n0::/user.slice\n")) == 4
+
+
+def test_cgroup_v1_sums_oom_control_over_the_subtree(tmp_path):
+    # v1 counts each cgroup alone, so a kill in a child cgroup (where a launcher put the worker) must be summed in
+    root = tmp_path / "cgroup"
+    own = root / "memory/process_api/abc"
+    _write(own / "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    _write(own / "worker/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    _write(root / "memory/process_api/other/memory.oom_control", "oom_kill 50\n")
+    proc = _proc(tmp_path, "9:name=systemd:/\n4:memory:/process_api/abc\n2:cpuacct:/\n0::/\n")
+    assert oom_kill_count(root, proc) == 3
+
+
+def test_an_unreadable_counter_is_none(tmp_path):
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    assert oom_kill_count(root, _proc(tmp_path, "0::/x\n")) is None
+    assert oom_kill_count(root, tmp_path / "missing") is None
+    _write(root / "memory.events", "oom_kill many\n")
+    assert oom_kill_count(root, _proc(tmp_path, "0::/\n")) is None
+
+
+def test_the_real_counter_of_this_machine_is_a_count_or_none():
+    count = oom_kill_count()
+    assert count is None or count >= 0
+
+
+@pytest.mark.parametrize("killed,before,after,expected", [
+    (ExitClass.VANISHED, 0, 1, ExitClass.OUT_OF_MEMORY),  # SIGKILLed while the OOM count rose: the OOM killer
+    (ExitClass.CRASHED, 3, 4, ExitClass.OUT_OF_MEMORY),  # a launcher whose rank the OOM killer took (torchrun exits 1)
+    (ExitClass.VANISHED, 1, 1, ExitClass.VANISHED),  # SIGKILL with no OOM kill: a lost machine, a preemption
+    (ExitClass.VANISHED, None, None, ExitClass.VANISHED),  # no counter: nothing is guessed
+    (ExitClass.VANISHED, None, 1, ExitClass.VANISHED),
+    (ExitClass.PREEMPTED, 0, 1, ExitClass.PREEMPTED),  # a clean exit of its own is trusted
+    (ExitClass.COMPLETED, 0, 1, ExitClass.COMPLETED),
+    (ExitClass.OUT_OF_MEMORY, 0, 0, ExitClass.OUT_OF_MEMORY),
+])
+def test_refine_exit_class(killed, before, after, expected):
+    assert refine_exit_class(killed, before, after) is expected
