@@ -175,7 +175,7 @@ def _check_gpus_match_processes(cfg: DictConfig) -> None:
     One training process drives one GPU. CPU presets (no GPUs) are exempt;
     ``compute.allow_idle_gpus=true`` lets a job bill more GPUs than it uses, deliberately.
     """
-    from orchestrator.cost import CPU_TYPES
+    from orchestrator.gpus import CPU_TYPES
 
     per_node, nodes = int(cfg.compute.gpus_per_node), int(cfg.compute.nodes)
     if per_node <= 0 or str(cfg.compute.gpu_type or "none").lower() in CPU_TYPES:

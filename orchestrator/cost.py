@@ -18,10 +18,13 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import yaml
 
+from orchestrator.gpus import (
+    CPU_TYPES,  # gpu_type values that mean "no GPU": priced per node from ``cpu``
+)
+
 PRICING_FILE_ENV = "ORCH_PRICING_FILE"
 SECONDS_PER_HOUR = 3600.0
-# gpu_type values that mean "no GPU": priced from the catalog's ``cpu`` entry, per node.
-CPU_TYPES = frozenset({"cpu", "none", ""})
+
 ANY_CLOUD = "any"
 
 

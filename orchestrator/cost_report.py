@@ -27,8 +27,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 from orchestrator import cost as costs
 from orchestrator.distributed import configured_world_size
-
 from orchestrator.exitcodes import INTERRUPTED_CLASSES
+
 SECONDS_PER_HOUR = costs.SECONDS_PER_HOUR
 
 

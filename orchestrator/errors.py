@@ -174,7 +174,8 @@ def _bigger_gpus(cfg: Any, limit: int = 3) -> list[str]:
     """Catalog GPU types with more memory per device than ``cfg``'s, smallest first (best effort)."""
     try:
         from orchestrator.cost import load_catalog
-        from orchestrator.plan import CPU_GPU_TYPES, gpu_memory_gb
+        from orchestrator.gpus import CPU_TYPES as CPU_GPU_TYPES
+        from orchestrator.gpus import gpu_memory_gb
 
         catalog = load_catalog()
         current = str(cfg.compute.gpu_type).lower()

@@ -37,8 +37,18 @@ import time
 from typing import Any, Callable
 
 from orchestrator.errors import CapsReached, Fenced, UserError
-from orchestrator.exitcodes import FINAL_RUN_STATUSES, RUN_STATUSES, RUNNING, ExitClass, outcome
-from orchestrator.storage.base import ObjectStore, PreconditionFailed, TransientStorageError
+from orchestrator.exitcodes import (
+    FINAL_RUN_STATUSES,
+    RUN_STATUSES,
+    RUNNING,
+    ExitClass,
+    outcome,
+)
+from orchestrator.storage.base import (
+    ObjectStore,
+    PreconditionFailed,
+    TransientStorageError,
+)
 
 LEDGER_FILENAME = "ledger.json"
 DEFAULT_KEEP_CHECKPOINTS = 3  # CheckpointConfig.keep_last's default

@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from orchestrator.errors import ConfigError, UserError
+from orchestrator.gpus import CPU_TYPES, GPUS, gpu_memory_gb  # noqa: F401  (gpu_memory_gb: re-exported)
 
 GB = 1e9
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -83,21 +84,9 @@ MFU = 0.35
 QLORA_MFU = 0.25
 HUB_TIMEOUT_SECONDS = 5.0
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-CPU_GPU_TYPES = frozenset({"cpu", "none", ""})
-# gpu_type -> (memory GB per GPU, peak dense 16-bit tensor TFLOPs) from vendor data sheets.
-# Memory is a fallback when the price catalog lacks the type; T4 has no bf16 (fp16 figure).
-GPU_SPECS = {
-    "t4": (16, 65.0),
-    "a10g": (24, 70.0),
-    "l4": (24, 121.0),
-    "l40s": (48, 362.0),
-    "a100-40gb": (40, 312.0),
-    "a100-80gb": (80, 312.0),
-    "h100-80gb": (80, 989.0),
-    "h200": (141, 989.0),
-}
-NO_BF16_GPUS = frozenset({"t4"})  # pre-Ampere: bfloat16 is emulated or refused
-GPU_PEAK_TFLOPS = {name: spec[1] for name, spec in GPU_SPECS.items()}
+CPU_GPU_TYPES = CPU_TYPES
+NO_BF16_GPUS = frozenset(name for name, gpu in GPUS.items() if not gpu.bf16)
+GPU_PEAK_TFLOPS = {name: gpu.peak_tflops for name, gpu in GPUS.items() if gpu.peak_tflops}
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 COMPONENT_LABELS = {
@@ -419,15 +408,6 @@ def fits(plan: MemoryPlan, gpu_memory_gb: float, headroom: float = 0.1) -> bool:
     """True when the plan's per-GPU total fits in ``gpu_memory_gb`` less a ``headroom`` fraction
     (kept free for allocator fragmentation and transient buffers)."""
     return plan.total_bytes <= float(gpu_memory_gb) * GB * (1.0 - headroom)
-
-
-def gpu_memory_gb(gpu_type: str, catalog: Optional[Mapping[str, Any]] = None) -> Optional[float]:
-    """Memory of one GPU of ``gpu_type``: the catalog's memory_gb, else ``GPU_SPECS``; None if unknown."""
-    entry = (catalog or {}).get(gpu_type)
-    if isinstance(entry, Mapping) and entry.get("memory_gb"):
-        return float(entry["memory_gb"])
-    spec = GPU_SPECS.get(gpu_type)
-    return float(spec[0]) if spec else None
 
 
 # ---------------------------------------------------------------- cost

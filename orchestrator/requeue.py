@@ -22,8 +22,20 @@ import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from orchestrator.errors import AlreadyCompleted, BudgetExhausted, CapsReached, UserError, out_of_memory_fix
-from orchestrator.exitcodes import FAILURE_CLASSES, FINAL_CLASSES, PREEMPTION_CLASSES, RUNNING, ExitClass
+from orchestrator.errors import (
+    AlreadyCompleted,
+    BudgetExhausted,
+    CapsReached,
+    UserError,
+    out_of_memory_fix,
+)
+from orchestrator.exitcodes import (
+    FAILURE_CLASSES,
+    FINAL_CLASSES,
+    PREEMPTION_CLASSES,
+    RUNNING,
+    ExitClass,
+)
 
 
 @dataclass(frozen=True)

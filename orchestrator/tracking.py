@@ -413,7 +413,9 @@ class JobTracker:
 
     def _start_system_metrics(self, resumed: bool) -> None:
         try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+            from mlflow.system_metrics.system_metrics_monitor import (
+                SystemMetricsMonitor,
+            )
 
             from orchestrator.durations import parse_duration
 

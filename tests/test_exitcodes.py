@@ -65,7 +65,7 @@ def test_backends_key_on_the_tables_codes():
     assert preemption_codes == [exitcodes.PREEMPTED]
     from orchestrator.compose import compose_config
 
-    cfg = compose_config(["backend=skypilot"])
+    cfg = compose_config(["backend=skypilot", "storage.uri=s3://bucket/runs"])
     assert skypilot.task_config(cfg, [])["resources"]["job_recovery"]["recover_on_exit_codes"] == preemption_codes
 
 

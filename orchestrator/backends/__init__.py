@@ -157,7 +157,12 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
     """
     from omegaconf import OmegaConf
 
-    from orchestrator.tracking import is_env_reference, is_secret_key, is_webhook_key, secrets_in
+    from orchestrator.tracking import (
+        is_env_reference,
+        is_secret_key,
+        is_webhook_key,
+        secrets_in,
+    )
 
     safe: list[str] = []
     values: dict[str, str] = {}

@@ -34,26 +34,19 @@ from typing import Any, Sequence
 import yaml
 
 from orchestrator import exitcodes
-from orchestrator.backends import extra, refuse_secrets_in_text, single_node, worker_command, worker_invocation
+from orchestrator.backends import (
+    extra,
+    refuse_secrets_in_text,
+    single_node,
+    worker_command,
+    worker_invocation,
+)
 from orchestrator.errors import ConfigError
+from orchestrator.gpus import skypilot_name
 
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
 LAUNCH_TIMEOUT_SECONDS = 1800  # sky jobs launch waits for the controller, which may need provisioning
 DEFAULT_SETUP = "pip install -e ."
-
-# our gpu_type keys (conf/pricing.yaml) -> SkyPilot accelerator names
-ACCELERATOR_NAMES = {
-    "h100-80gb": "H100",
-    "h200": "H200",
-    "a100-80gb": "A100-80GB",
-    "a100-40gb": "A100",
-    "a10g": "A10G",
-    "l4": "L4",
-    "l40s": "L40S",
-    "t4": "T4",
-    "v100": "V100",
-}
-
 
 def accelerator(cfg: Any) -> str | None:
     """"<GPU>:<count>" for SkyPilot, or None for a CPU-only job."""
@@ -61,7 +54,7 @@ def accelerator(cfg: Any) -> str | None:
     if count <= 0:
         return None
     gpu = str(cfg.compute.gpu_type)
-    return f"{ACCELERATOR_NAMES.get(gpu.lower(), gpu.upper())}:{count}"
+    return f"{skypilot_name(gpu)}:{count}"
 
 
 def task_config(cfg: Any, overrides: Sequence[str]) -> dict:

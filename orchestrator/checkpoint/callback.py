@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Protocol
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from orchestrator import distributed
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 log = logging.getLogger("orchestrator.checkpoint")
 

@@ -22,6 +22,7 @@ from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint import safe_load
 from orchestrator.checkpoint.store import CheckpointStore, CommittedCheckpoint
 
+
 def load_files(folder: Path, manifest: dict) -> int:
     """Deserialise every weight and state file listed in ``manifest``; returns how many were loaded.
 

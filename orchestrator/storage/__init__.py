@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.storage.base import ObjectStore, PreconditionFailed, TransientStorageError
+from orchestrator.storage.base import (
+    ObjectStore,
+    PreconditionFailed,
+    TransientStorageError,
+)
 from orchestrator.storage.local import LocalStore
 
 __all__ = [
@@ -64,7 +68,9 @@ def open_store(
     uri = str(uri)
     check_uri(uri)
     if uri.startswith("s3://"):
-        from orchestrator.storage.s3 import S3Store  # boto3 is slow to import; local runs skip it
+        from orchestrator.storage.s3 import (
+            S3Store,  # boto3 is slow to import; local runs skip it
+        )
 
         return S3Store(
             uri,

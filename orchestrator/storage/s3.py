@@ -22,7 +22,11 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from orchestrator.errors import UserError
-from orchestrator.storage.base import ObjectStore, PreconditionFailed, TransientStorageError
+from orchestrator.storage.base import (
+    ObjectStore,
+    PreconditionFailed,
+    TransientStorageError,
+)
 
 MIB = 1024 * 1024
 # S3 refuses parts under 5 MiB (except the last), whatever the threshold.
