@@ -76,12 +76,33 @@ def load_model(path: str, model_cfg, *, quantization: str = "none"):
     elif quantization != "none":
         raise ConfigError(f"recipe.quantization={quantization!r}; choose none or nf4.")
     try:
-        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:
         raise ConfigError(
             f"model.name_or_path={path!r} could not be loaded ({err}). Check the hub id or local folder; "
             "without network use a local folder or the built-in model=tiny."
         ) from None
+    if quantization == "nf4":
+        keep_4bit_training_layout(model)
+    return model
+
+
+def keep_4bit_training_layout(model) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for CPU inference; returns how many layers it affects.
+
+    On a CPU with AVX512-BF16, a ``Linear4bit`` that runs in eval mode without
+    gradients (the "before training" evaluation) repacks its weight for
+    inference, with a bf16 quantisation state, and keeps that layout until its
+    state dict is saved; the way back is not exact. Training on from it computes
+    differently: an uninterrupted run would depend on when it first saved, and
+    a resumed one (which never evaluated before training) would part from it.
+    With the repacking off, every forward uses the layout it was loaded in.
+    GPU runs never repack (bitsandbytes does this on CPU only).
+    """
+    layers = [m for m in model.modules() if hasattr(m, "support_avx512bf16_for_cpu")]
+    for module in layers:
+        module.support_avx512bf16_for_cpu = False
+    return len(layers)
 
 
 def lora_config(recipe_cfg):
@@ -198,6 +219,7 @@ def generation_accuracy(model, tokenizer, prompts: list[str], answers: list[str]
         tokenizer.padding_side = side
         model.train(was_training)
     return correct / max(1, len(prompts))
+
 
 
 def _first_answer(text: str) -> str:

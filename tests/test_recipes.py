@@ -144,3 +144,17 @@ def test_an_unquantised_job_never_loads_bitsandbytes_and_a_4bit_one_does():
     assert plain == {"bitsandbytes": False, "peft_sees_bnb": False, "transformers_sees_bnb": False}, plain
     four_bit = _modules_after_recipe_imports(["recipe=qlora"])
     assert four_bit["peft_sees_bnb"] and four_bit["transformers_sees_bnb"], four_bit
+
+
+def test_evaluating_a_4bit_model_leaves_its_weights_in_the_training_layout(tmp_path):
+    """bitsandbytes repacks 4-bit weights for inference on CPUs with AVX512-BF16 (this machine has it: see
+    /proc/cpuinfo), and the way back is not exact: the "before training" evaluation must not change what
+    training computes on, or an uninterrupted QLoRA run parts from a resumed one."""
+    cfg, trainer, evald = _trainer(qlora, ["recipe=qlora", "train.max_steps=2", "data.num_examples=64"], tmp_path)
+    layers = [m for m in trainer.model.modules() if hasattr(m, "support_avx512bf16_for_cpu")]
+    assert layers
+    before = [(m.weight.data.clone(), m.weight.quant_state.absmax.clone()) for m in layers]
+    qlora.accuracy(trainer, cfg, evald)
+    for m, (data_before, absmax_before) in zip(layers, before):
+        assert not getattr(m.weight.quant_state, "packing_format_for_cpu", False)
+        assert torch.equal(m.weight.data, data_before) and torch.equal(m.weight.quant_state.absmax, absmax_before)
