@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator.config import register_configs
 from orchestrator.distributed import configured_world_size
 from orchestrator.durations import parse_duration
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, UserError
 
 CHOICES = {
     "recipe.name": ("sft", "dpo", "qlora"),
@@ -98,7 +98,28 @@ def _schema_keys(path: str) -> list[str] | None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Cross-field checks the schemas cannot express. Raises ConfigError."""
+    """Cross-field checks the schemas cannot express, all of them: one ConfigError names every problem.
+
+    Unset or unresolvable values and invalid choices are reported first and alone (the other
+    checks read them); then every check runs and their problems are reported together, as
+    torchtune's ``config.validate`` does, so a user fixes a config in one round.
+    """
+    _check_resolvable(cfg)
+    _check_choices(cfg)
+    problems = []
+    for check in CHECKS:
+        try:
+            check(cfg)
+        except UserError as err:  # ConfigError, DataError: both exit 4
+            problems.append(str(err))
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems in the config:\n" +
+                          "\n".join(f"  {n}. {text}" for n, text in enumerate(problems, 1)))
+
+
+def _check_resolvable(cfg: DictConfig) -> None:
     from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
     try:
@@ -113,10 +134,16 @@ def validate(cfg: DictConfig) -> None:
             f"{err.full_key} reads the environment variable {missing.group(1)}, which is not set. "
             f"export {missing.group(1)}=... before launching (or give a default: ${{oc.env:{missing.group(1)},VALUE}})."
         ) from None
-    for key, allowed in CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not a valid choice; choose one of: {', '.join(allowed)}.")
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    wrong = [f"{key}={OmegaConf.select(cfg, key)!r} is not a valid choice; choose one of: {', '.join(allowed)}."
+             for key, allowed in CHOICES.items() if OmegaConf.select(cfg, key) not in allowed]
+    if wrong:
+        raise ConfigError(" ".join(wrong))
+
+
+def _check_recipe(cfg: DictConfig) -> None:
     if cfg.recipe.peft == "full" and cfg.recipe.name != "sft":
         raise ConfigError(f"recipe.peft=full works with recipe=sft only; {cfg.recipe.name} trains LoRA adapters.")
     if cfg.recipe.quantization == "nf4" and cfg.recipe.peft == "full":
@@ -124,20 +151,32 @@ def validate(cfg: DictConfig) -> None:
                           "Use recipe.peft=lora (QLoRA) or recipe.quantization=none.")
     if cfg.recipe.name == "qlora" and cfg.recipe.quantization != "nf4":
         raise ConfigError("recipe=qlora needs recipe.quantization=nf4 (a 4-bit base); use recipe=sft for an unquantised base.")
+
+
+def _check_tracking(cfg: DictConfig) -> None:
     if cfg.tracking.log_final_weights and not cfg.tracking.enabled:
         raise ConfigError("tracking.log_final_weights=true logs the final weights to MLflow, but tracking.enabled=false. "
                           "Set tracking.enabled=true, or drop tracking.log_final_weights.")
+
+
+def _check_data(cfg: DictConfig) -> None:
     if cfg.data.source in ("jsonl", "hub") and not cfg.data.path:
         raise ConfigError(f"data={cfg.data.source} needs data.path (a JSONL file or a hub dataset id).")
     if cfg.data.source == "jsonl":
         from recipes.data import check_jsonl
 
         check_jsonl(cfg.data.path, cfg.recipe.name)  # raises DataError naming the file and the fix
+
+
+def _check_durations(cfg: DictConfig) -> None:
     for key in ("checkpoint.every", "preemption.grace", "tracking.system_metrics_every", "tracking.job_metrics_every"):
         try:
             parse_duration(OmegaConf.select(cfg, key), key=key)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+
+
+def _check_counts(cfg: DictConfig) -> None:
     positive = ["train.per_device_batch_size", "train.gradient_accumulation_steps", "checkpoint.keep_last",
                 "compute.nodes", "distributed.processes_per_node", "distributed.nodes"]
     for key in positive:
@@ -148,25 +187,29 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("checkpoint.keep_last must be at least 2: the newest checkpoint may still be uploading.")
     if cfg.train.max_steps <= 0 and cfg.train.num_epochs <= 0:
         raise ConfigError("set train.max_steps > 0 or train.num_epochs > 0.")
+    if cfg.budget.max_usd is not None and cfg.budget.max_usd <= 0:
+        raise ConfigError("budget.max_usd must be positive (or null for no budget).")
+
+
+def _check_run_name(cfg: DictConfig) -> None:
     if not RUN_NAME.fullmatch(str(cfg.run.name)):
         raise ConfigError(
             f"run.name={cfg.run.name!r} is not a valid job name: use 1-63 letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit (so it is also a valid Kubernetes label value and "
             "Slurm job name), e.g. run.name=qwen7b-capybara.1."
         )
-    _check_strings(OmegaConf.to_container(cfg, resolve=True))
-    _check_webhook(cfg)
-    _check_remote_storage(cfg)
-    if cfg.budget.max_usd is not None and cfg.budget.max_usd <= 0:
-        raise ConfigError("budget.max_usd must be positive (or null for no budget).")
-    _check_gpus_match_processes(cfg)
-    _check_attempt_settings(cfg)
-    check_lr_scheduler(cfg)
+
+
+def _check_model_path(cfg: DictConfig) -> None:
     if cfg.model.name_or_path.startswith(("/", "./", "../", "~")) and not Path(cfg.model.name_or_path).expanduser().is_dir():
         raise ConfigError(
             f"model.name_or_path={cfg.model.name_or_path!r} does not exist. Give an existing local model folder "
             "(with config.json) or a hub id such as Qwen/Qwen2.5-0.5B."
         )
+
+
+def _check_string_values(cfg: DictConfig) -> None:
+    _check_strings(OmegaConf.to_container(cfg, resolve=True))
 
 
 def _check_gpus_match_processes(cfg: DictConfig) -> None:
@@ -346,3 +389,9 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
         if "://" not in uri and not uri.startswith("/"):
             overrides = overrides + [f"storage.uri={Path(uri).resolve()}"]
     return overrides
+
+
+# every check validate() runs (after the resolvable values and the choices), in the order they are reported
+CHECKS = (_check_recipe, _check_tracking, _check_data, _check_durations, _check_counts, _check_run_name,
+          _check_string_values, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
+          _check_attempt_settings, check_lr_scheduler, _check_model_path)

@@ -134,62 +134,10 @@ class Ledger:
         raise KeyError(f"no attempt with epoch {self.epoch} in {self.uri}")
 
     # -- the one write path ------------------------------------------------
-    def _transact(self, mutate: Callable[[dict | None], dict | None]) -> dict:
-        """Read, apply ``mutate``, conditionally write; retry when another writer won.
-
-        ``mutate`` gets a fresh copy (None when absent) each round and returns
-        the ledger to write, or None to write nothing. Exceptions it raises
-        propagate with nothing written.
-        """
-        for round_ in range(MAX_WRITE_ATTEMPTS):
-            try:
-                raw, version = self.store.get_versioned(self.key)
-                ledger: dict | None = json.loads(raw)
-            except FileNotFoundError:
-                ledger, version = None, None
-            result = mutate(ledger)
-            if result is None:
-                return ledger or {}
-            data = json.dumps(result, indent=2, sort_keys=False).encode()
-            try:
-                self.store.put_if(self.key, data, if_version=version)
-                return result
-            except PreconditionFailed:
-                # Jittered backoff so racing writers do not collide again in lockstep.
-                delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**round_)
-                time.sleep(random.uniform(0, delay))
-        raise TransientStorageError(
-            f"could not update {self.uri}: {MAX_WRITE_ATTEMPTS} conditional writes in a row lost to other writers"
-        )
-
-    def _fence(self, ledger: dict | None) -> dict:
-        if self.epoch is None:
-            raise RuntimeError("Ledger.update called before begin_attempt (or without an epoch)")
-        if ledger is None:
-            raise Fenced(f"the ledger {self.uri} was deleted; this attempt (epoch {self.epoch}) stops")
-        stored = int(ledger.get("epoch", 0))
-        if stored != self.epoch:
-            newer = next((a for a in ledger.get("attempts", []) if a["epoch"] == stored), {})
-            raise Fenced(
-                f"another attempt (epoch {stored}, host {newer.get('host', '?')}) took over this job; "
-                f"this attempt (epoch {self.epoch}) stops"
-            )
-        return ledger
-
     # -- attempts ------------------------------------------------------------
-    def begin_attempt(
-        self,
-        *,
-        host: str,
-        pid: int,
-        instance_type: str | None,
-        gpu_type: str | None,
-        gpus: int,
-        spot: bool,
-        checkpoint_step: int,
-        refuse: Callable[[dict], UserError | str | None] | None = None,
-        extra: dict | None = None,
-    ) -> dict:
+    def begin_attempt(self, *, host: str, pid: int, instance_type: str | None, gpu_type: str | None, gpus: int,
+                      spot: bool, checkpoint_step: int, refuse: Callable[[dict], UserError | str | None] | None = None,
+                      extra: dict | None = None) -> dict:
         """Start a new attempt and take the next epoch, in one conditional write.
 
         Creates the ledger if absent; marks any attempt still "running" as
@@ -205,57 +153,24 @@ class Ledger:
         Returns the new attempt dict. Raises the refusal (a UserError).
         """
         refused: list[UserError] = []
+        fields = dict(host=host, pid=pid, instance_type=instance_type, gpu_type=gpu_type, gpus=gpus, spot=spot,
+                      extra=dict(extra or {}), launched_by=os.environ.get(LAUNCHED_BY_ENV))
 
         def mutate(ledger: dict | None) -> dict | None:
             created = ledger is None
             ledger = new_ledger(self.run_name) if created else ledger
             refused.clear()
-            now = time.time()
-            marked = False
-            for attempt in ledger["attempts"]:
-                if attempt["exit_class"] == RUNNING:
-                    attempt["exit_class"] = ExitClass.VANISHED.value
-                    attempt["ended_at"] = attempt["last_seen"]
-                    marked = True
+            marked = _mark_vanished(ledger)
             reason = refuse(ledger) if refuse is not None else None
             if reason:
                 error = reason if isinstance(reason, UserError) else CapsReached(str(reason))
                 refused.append(error)
-                status = outcome(error.exit_class).ledger_status
-                if ledger["status"] not in FINAL_RUN_STATUSES and status and ledger["status"] != status:
-                    ledger["status"] = status
-                    marked = True
+                marked = _set_refused_status(ledger, error) or marked
                 return ledger if (marked and not created) else None
-            ledger["epoch"] = int(ledger["epoch"]) + 1
-            ledger["attempts"].append(
-                {
-                    "epoch": ledger["epoch"],
-                    "host": host,
-                    "pid": pid,
-                    "started_at": now,
-                    "ended_at": None,
-                    "last_seen": now,
-                    "exit_class": RUNNING,
-                    "step_start": checkpoint_step,
-                    "step_end": checkpoint_step,
-                    "checkpoint_step_at_start": checkpoint_step,
-                    # the newest checkpoint this attempt committed: its durable progress (steps past it are lost)
-                    "checkpoint_step_end": checkpoint_step,
-                    "cost_usd": 0.0,
-                    "instance_type": instance_type,
-                    "gpu_type": gpu_type,
-                    "gpus": gpus,
-                    "spot": spot,
-                    "extra": dict(extra or {}),
-                    "launched_by": os.environ.get(LAUNCHED_BY_ENV),
-                }
-            )
-            ledger["status"] = RUNNING
-            ledger["step"] = checkpoint_step
-            ledger["cost_usd"] = _total_cost(ledger)
+            _append_attempt(ledger, checkpoint_step, fields)
             return ledger
 
-        ledger = self._transact(mutate)
+        ledger = transact(self.store, self.key, mutate)
         if refused:
             raise refused[0]
         self.epoch = ledger["epoch"]
@@ -271,17 +186,17 @@ class Ledger:
         """
 
         def mutate(ledger: dict | None) -> dict:
-            ledger = self._fence(ledger)
+            ledger = fence(ledger, self.epoch, self.uri)
             fn(ledger)
             ledger["cost_usd"] = _total_cost(ledger)
             return ledger
 
-        return self._transact(mutate)
+        return transact(self.store, self.key, mutate)
 
     def check_epoch(self) -> None:
         """Raise Fenced if another attempt has taken over; writes nothing."""
         raw = self.load()
-        self._fence(raw or None)
+        fence(raw or None, self.epoch, self.uri)
 
     def heartbeat(self, step: int, cost_usd: float) -> dict:
         """Record that this attempt is alive at ``step`` having cost ``cost_usd`` so far."""
@@ -304,23 +219,9 @@ class Ledger:
         in storage); ``checkpoints_committed`` counts them all.
         """
 
-        def fn(ledger: dict) -> None:
-            now = time.time()
-            records = ledger.get("checkpoints") or []
-            committed = int(ledger.get("checkpoints_committed", len(records)))
-            records.append({"step": step, "key": key, "size": int(size), "time": now, "epoch": self.epoch})
-            records.sort(key=lambda c: (int(c.get("step") or 0), int(c.get("epoch") or 0)))
-            ledger["checkpoints"] = records[-self.keep_checkpoints:]
-            ledger["checkpoints_committed"] = committed + 1
-            attempt = self.current_attempt(ledger)
-            attempt["last_seen"] = now
-            attempt["step_end"] = max(int(attempt["step_end"] or 0), step)
-            attempt["checkpoint_step_end"] = max(int(attempt.get("checkpoint_step_end") or 0), step)
-            if cost_usd is not None:
-                attempt["cost_usd"] = float(cost_usd)
-            ledger["step"] = max(int(ledger.get("step") or 0), step)
-
-        return self.update(fn)
+        record = {"step": step, "key": key, "size": int(size), "epoch": self.epoch}
+        return self.update(lambda ledger: _add_checkpoint(ledger, self.current_attempt(ledger), record,
+                                                          keep=self.keep_checkpoints, cost_usd=cost_usd))
 
     def end_attempt(self, exit_class: ExitClass | str, step: int, cost_usd: float, status: str | None = None) -> dict:
         """Close this attempt with ``exit_class`` and set the job's ``status`` (one of RUN_STATUSES).
@@ -356,20 +257,10 @@ class Ledger:
         closed: list[bool] = []
 
         def mutate(ledger: dict | None) -> dict | None:
-            closed.clear()
-            if not ledger or int(ledger.get("epoch", 0)) != self.epoch:
-                return None
-            attempt = next((a for a in ledger["attempts"] if a["epoch"] == self.epoch), None)
-            if attempt is None or attempt["exit_class"] != RUNNING:
-                return None
-            attempt["exit_class"] = exit_value
-            attempt["ended_at"] = attempt["last_seen"]
-            if status:
-                ledger["status"] = status
-            closed.append(True)
-            return ledger
+            closed[:] = [_close_lost(ledger, self.epoch, exit_value, status)]
+            return ledger if closed[0] else None
 
-        self._transact(mutate)
+        transact(self.store, self.key, mutate)
         return bool(closed)
 
     def record_alert(self, name: str) -> bool:
@@ -377,7 +268,7 @@ class Ledger:
         first: list[bool] = []
 
         def mutate(ledger: dict | None) -> dict | None:
-            ledger = self._fence(ledger)
+            ledger = fence(ledger, self.epoch, self.uri)
             first.clear()
             if name in ledger["alerts"]:
                 return None
@@ -385,7 +276,7 @@ class Ledger:
             first.append(True)
             return ledger
 
-        self._transact(mutate)
+        transact(self.store, self.key, mutate)
         return bool(first)
 
     def set_mlflow_run_id(self, run_id: str) -> dict:
@@ -395,3 +286,118 @@ class Ledger:
             ledger["mlflow_run_id"] = run_id
 
         return self.update(fn)
+
+
+# ---- the ledger's changes, as functions of the ledger dict (the Ledger writes them conditionally) ----
+def _mark_vanished(ledger: dict) -> bool:
+    """Attempts still "running" when a new one begins are gone: ended at their last heartbeat."""
+    marked = False
+    for attempt in ledger["attempts"]:
+        if attempt["exit_class"] == RUNNING:
+            attempt["exit_class"] = ExitClass.VANISHED.value
+            attempt["ended_at"] = attempt["last_seen"]
+            marked = True
+    return marked
+
+
+def _set_refused_status(ledger: dict, error: UserError) -> bool:
+    """A refused start sets the job's status from the refusal, unless the job already ended for good."""
+    status = outcome(error.exit_class).ledger_status
+    if ledger["status"] in FINAL_RUN_STATUSES or not status or ledger["status"] == status:
+        return False
+    ledger["status"] = status
+    return True
+
+
+def _append_attempt(ledger: dict, checkpoint_step: int, fields: dict) -> None:
+    now = time.time()
+    ledger["epoch"] = int(ledger["epoch"]) + 1
+    ledger["attempts"].append({
+        "epoch": ledger["epoch"], "host": fields["host"], "pid": fields["pid"], "started_at": now, "ended_at": None,
+        "last_seen": now, "exit_class": RUNNING, "step_start": checkpoint_step, "step_end": checkpoint_step,
+        "checkpoint_step_at_start": checkpoint_step,
+        # the newest checkpoint this attempt committed: its durable progress (steps past it are lost)
+        "checkpoint_step_end": checkpoint_step, "cost_usd": 0.0, "instance_type": fields["instance_type"],
+        "gpu_type": fields["gpu_type"], "gpus": fields["gpus"], "spot": fields["spot"], "extra": fields["extra"],
+        "launched_by": fields["launched_by"],
+    })
+    ledger["status"] = RUNNING
+    ledger["step"] = checkpoint_step
+    ledger["cost_usd"] = _total_cost(ledger)
+
+
+def _add_checkpoint(ledger: dict, attempt: dict, record: dict, *, keep: int, cost_usd: float | None) -> None:
+    """Record a commit: the newest ``keep`` records by step stay, every commit is counted; the attempt's progress."""
+    now = time.time()
+    records = ledger.get("checkpoints") or []
+    committed = int(ledger.get("checkpoints_committed", len(records)))
+    records.append(dict(record, time=now))
+    records.sort(key=lambda c: (int(c.get("step") or 0), int(c.get("epoch") or 0)))
+    ledger["checkpoints"] = records[-keep:]
+    ledger["checkpoints_committed"] = committed + 1
+    step = record["step"]
+    attempt["last_seen"] = now
+    attempt["step_end"] = max(int(attempt["step_end"] or 0), step)
+    attempt["checkpoint_step_end"] = max(int(attempt.get("checkpoint_step_end") or 0), step)
+    if cost_usd is not None:
+        attempt["cost_usd"] = float(cost_usd)
+    ledger["step"] = max(int(ledger.get("step") or 0), step)
+
+
+def _close_lost(ledger: dict | None, epoch: int | None, exit_value: str, status: str | None) -> bool:
+    """Close attempt ``epoch`` at its last heartbeat, if it still holds the job and has not ended."""
+    if not ledger or int(ledger.get("epoch", 0)) != epoch:
+        return False
+    attempt = next((a for a in ledger["attempts"] if a["epoch"] == epoch), None)
+    if attempt is None or attempt["exit_class"] != RUNNING:
+        return False
+    attempt["exit_class"] = exit_value
+    attempt["ended_at"] = attempt["last_seen"]
+    if status:
+        ledger["status"] = status
+    return True
+
+
+def transact(store: ObjectStore, key: str, mutate: Callable[[dict | None], dict | None]) -> dict:
+    """Read the JSON at ``key``, apply ``mutate``, conditionally write; retry when another writer won.
+
+    ``mutate`` gets a fresh copy (None when absent) each round and returns
+    the ledger to write, or None to write nothing. Exceptions it raises
+    propagate with nothing written.
+    """
+    for round_ in range(MAX_WRITE_ATTEMPTS):
+        try:
+            raw, version = store.get_versioned(key)
+            ledger: dict | None = json.loads(raw)
+        except FileNotFoundError:
+            ledger, version = None, None
+        result = mutate(ledger)
+        if result is None:
+            return ledger or {}
+        data = json.dumps(result, indent=2, sort_keys=False).encode()
+        try:
+            store.put_if(key, data, if_version=version)
+            return result
+        except PreconditionFailed:
+            # Jittered backoff so racing writers do not collide again in lockstep.
+            delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**round_)
+            time.sleep(random.uniform(0, delay))
+    raise TransientStorageError(
+        f"could not update {store.get_uri(key)}: {MAX_WRITE_ATTEMPTS} conditional writes in a row lost to other writers"
+    )
+
+
+def fence(ledger: dict | None, epoch: int | None, uri: str) -> dict:
+    """``ledger`` when attempt ``epoch`` still holds the job; raises Fenced when another took it (or it is gone)."""
+    if epoch is None:
+        raise RuntimeError("Ledger.update called before begin_attempt (or without an epoch)")
+    if ledger is None:
+        raise Fenced(f"the ledger {uri} was deleted; this attempt (epoch {epoch}) stops")
+    stored = int(ledger.get("epoch", 0))
+    if stored != epoch:
+        newer = next((a for a in ledger.get("attempts", []) if a["epoch"] == stored), {})
+        raise Fenced(
+            f"another attempt (epoch {stored}, host {newer.get('host', '?')}) took over this job; "
+            f"this attempt (epoch {epoch}) stops"
+        )
+    return ledger

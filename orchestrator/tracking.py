@@ -460,9 +460,6 @@ class JobTracker:
         clean = redact(dict(tags), self._secrets)
         self._delivery.add_op(("tags", [RunTag(k, str(v)) for k, v in clean.items()]))
 
-    def set_tag(self, key: str, value: Any) -> None:
-        self.set_tags({key: value})
-
     def log_text_artifact(self, text: str, artifact_file: str) -> None:
         """Queue ``text`` as an artifact, with every secret seen in params/tags scrubbed out."""
         if self.enabled and self._delivery is not None:

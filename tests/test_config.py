@@ -130,3 +130,14 @@ def test_readme_config_reference_is_current():
     out = subprocess.run([sys.executable, str(root / "scripts" / "config_reference.py")], capture_output=True,
                          text=True, check=True).stdout
     assert out in (root / "README.md").read_text(), "run scripts/config_reference.py and paste its table into README.md"
+
+
+def test_every_problem_of_a_config_is_named_in_one_message(tmp_path):
+    """torchtune's config.validate habit: a config with three mistakes is refused once, naming all three."""
+    result = _launch(["run.name=-x", "checkpoint.keep_last=1", "checkpoint.every=soon"], tmp_path)
+    assert result.returncode == 4, result.stderr
+    assert "3 problems in the config" in result.stderr, result.stderr
+    for needle in ("run.name='-x'", "checkpoint.keep_last must be at least 2", "checkpoint.every='soon'"):
+        assert needle in result.stderr, (needle, result.stderr)
+    assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()

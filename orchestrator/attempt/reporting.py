@@ -60,7 +60,7 @@ class AttemptTracking:
 
     def set_tag(self, key: str, value: Any) -> None:
         if self.tracker is not None:
-            self.tracker.set_tag(key, value)
+            self.tracker.set_tags({key: value})
 
     def set_tags(self, tags: dict) -> None:
         if self.tracker is not None:

@@ -81,8 +81,7 @@ class Runner:
         self.main = main
         self.trial = cfg.train.trial_steps > 0
         self.every_seconds = every_seconds
-        self.step = 0
-        self.step_at_start = 0
+        self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
         self.fenced_error: Optional[Exception] = None
         self.callback = None  # the Trainer callback, made in build()
@@ -97,7 +96,10 @@ class Runner:
             restored, manifest = self.restore()
             trainer = self.build(train_ds, eval_ds)
             if restored is None and not self.trial and self.record.writes and self.cfg.distributed.name != "zero3":
-                self.record_quality_before(trainer, eval_ds)
+                acc = self.recipe.accuracy(trainer, self.cfg, eval_ds)  # the "before" of quality per dollar
+                print(f"held-out accuracy before training: {acc:.3f}", flush=True)
+                self.record.update_quality({"eval_accuracy_before": acc})
+                self.tracking.log_metrics({"eval_accuracy": acc}, 0)
             with safe_load.no_code_from_storage():  # every torch.load weights_only=True, DeepSpeed's too
                 trainer.train(resume_from_checkpoint=str(restored) if restored else None)
             self.checkpoints.wait()
@@ -188,8 +190,6 @@ class Runner:
         if not self.tracking.active:
             return
         self.money.figures.observe_logs(metrics, step)
-        closing = (self.callback.stop_reason is not None or "train_runtime" in metrics
-                   or (self.cfg.train.max_steps > 0 and step >= self.cfg.train.max_steps))
 
         def job_figures(closing: bool) -> dict:
             timing = self.callback.timing_metrics()
@@ -198,6 +198,8 @@ class Runner:
                 out.update(self.cost_figures(step, window_step_seconds=timing.get("step_time_s")))
             return out
 
+        closing = (self.callback.stop_reason is not None or "train_runtime" in metrics
+                   or 0 < self.cfg.train.max_steps <= step)
         self.tracking.on_trainer_log(metrics, step, closing=closing, job_figures=job_figures)
 
     def cost_figures(self, step: int, *, window_step_seconds: Optional[float] = None,
@@ -205,25 +207,15 @@ class Runner:
         return self.money.cost_figures(step, callback=self.callback, upload_seconds=self.checkpoints.upload_seconds(),
                                        window_step_seconds=window_step_seconds, ledger=ledger)
 
-    def record_quality_before(self, trainer, eval_ds) -> None:
-        acc = self.recipe.accuracy(trainer, self.cfg, eval_ds)
-        print(f"held-out accuracy before training: {acc:.3f}", flush=True)
-        self.record.update_quality({"eval_accuracy_before": acc})
-        self.tracking.log_metrics({"eval_accuracy": acc}, 0)
-
     # ---- 4-5. how the attempt ends ----------------------------------------------------
     def stop(self, reason: StopReason) -> int:
         """After an emergency checkpoint: preempted (requeue) or budget exhausted (stop)."""
         if self.fenced_error is not None:
             raise self.fenced_error
-        if reason.exit_class is ExitClass.BUDGET_EXHAUSTED:
-            self.end(ExitClass.BUDGET_EXHAUSTED)
-            if self.main:
-                print(f"stopped: {reason}; the final checkpoint is committed and the job will not be requeued",
-                      flush=True)
-            return exitcodes.BUDGET_EXHAUSTED
-        self.end(ExitClass.PREEMPTED)
-        return exitcodes.PREEMPTED
+        self.end(reason.exit_class)
+        if reason.exit_class is ExitClass.BUDGET_EXHAUSTED and self.main:
+            print(f"stopped: {reason}; the final checkpoint is committed and the job will not be requeued", flush=True)
+        return exitcodes.outcome(reason.exit_class).exit_code
 
     def finish(self, trainer, eval_ds) -> int:
         """5. Final weights committed, held-out evaluation, the attempt closed as completed."""
@@ -234,11 +226,7 @@ class Runner:
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
         if not self.main:
             return exitcodes.COMPLETED
-        before = self.record.quality().get("eval_accuracy_before")
-        if "eval_accuracy" in metrics:
-            print(f"held-out accuracy before training: {before if before is None else f'{before:.3f}'}; "
-                  f"after: {metrics['eval_accuracy']:.3f}", flush=True)
-        print("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
+        print_quality(self.record.quality().get("eval_accuracy_before"), metrics)
         self.record.update_quality(metrics)
         self.tracking.log_metrics(metrics, self.step)
         self.end(ExitClass.COMPLETED, final_metrics=metrics)
@@ -252,27 +240,32 @@ class Runner:
         if not self.record.writes:
             return
         ledger = self.record.end(exit_class, self.step, self.money.attempt_cost_usd())
-        status, tracker_status = exitcodes.outcome(exit_class).ledger_status, exitcodes.outcome(exit_class).mlflow_status
+        row = exitcodes.outcome(exit_class)
         if not self.money.wait_for_alerts():
             log.warning("a budget alert was still being sent when the attempt ended; it may not arrive")
         if not self.tracking.active:
             return
-        figures = self.cost_figures(self.step, ledger=ledger)
         self.tracking.close_with_report(
-            job=self.run_name, step=self.step, status=status, tracker_status=tracker_status, ledger=ledger, figures=figures,
-            money=self.money, quality_metric=self.recipe.QUALITY_METRIC,
+            job=self.run_name, step=self.step, status=row.ledger_status, tracker_status=row.mlflow_status, ledger=ledger,
+            figures=self.cost_figures(self.step, ledger=ledger), money=self.money, quality_metric=self.recipe.QUALITY_METRIC,
             quality=(final_metrics or {}).get(self.recipe.QUALITY_METRIC),
             config_yaml=OmegaConf.to_yaml(redacted_config(self.cfg)))
 
     @property
-    def began(self) -> bool:
-        """Whether this attempt took an epoch in the ledger (so its end may be recorded)."""
+    def began(self) -> bool:  # it took an epoch in the ledger, so its end may be recorded
         return bool(self.record.epoch)
 
     def fail(self, exit_class: ExitClass) -> None:
         """Best effort: record a failed attempt; the ledger may be what failed."""
         self.record.fail(exit_class, self.step, self.money.attempt_cost_usd())
         self.tracking.close(exitcodes.outcome(exit_class).mlflow_status or "FAILED", flush_timeout_s=10)
+
+
+def print_quality(before: Optional[float], metrics: dict) -> None:
+    if "eval_accuracy" in metrics:
+        print(f"held-out accuracy before training: {before if before is None else f'{before:.3f}'}; "
+              f"after: {metrics['eval_accuracy']:.3f}", flush=True)
+    print("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
 
 
 def redacted_config(cfg) -> dict:

@@ -68,6 +68,19 @@ def _lower_thread_priority() -> None:
         pass
 
 
+def retry_transient(fn, attempts: int = 4, first_delay_s: float = 0.5):
+    """``fn()``, retried with exponential backoff while the store reports a transient error."""
+    from orchestrator.storage.base import TransientStorageError
+
+    for i in range(attempts):
+        try:
+            return fn()
+        except TransientStorageError:
+            if i == attempts - 1:
+                raise
+            time.sleep(first_delay_s * 2**i)
+
+
 class CheckpointStore:
     """One job's checkpoints under ``<run_name>/checkpoints/`` in ``store``."""
 
@@ -188,9 +201,9 @@ class CheckpointStore:
         raise) the manifest, last: the one commit protocol. Returns the manifest."""
         manifest = mf.build_manifest(folder, run_name=self.run_name, step=step, epoch=epoch, meta=meta)
         for entry in manifest["files"]:
-            self._retry(lambda e=entry: self.store.upload_file(folder / e["path"], key_prefix + e["path"]))
+            retry_transient(lambda e=entry: self.store.upload_file(folder / e["path"], key_prefix + e["path"]))
         may_commit()
-        self._retry(lambda: self.store.put_bytes(key_prefix + mf.MANIFEST_NAME, mf.dumps(manifest)))
+        retry_transient(lambda: self.store.put_bytes(key_prefix + mf.MANIFEST_NAME, mf.dumps(manifest)))
         return manifest
 
     def commit_folder(self, folder: Path, key_prefix: str, *, step: int, epoch: int, meta: dict) -> dict:
@@ -198,18 +211,6 @@ class CheckpointStore:
         first, so a half-replaced folder never looks complete. Raises on failure."""
         self.store.delete(key_prefix + mf.MANIFEST_NAME)
         return self._upload(folder, key_prefix, step=step, epoch=epoch, meta=meta)
-
-    @staticmethod
-    def _retry(fn, attempts: int = 4, first_delay_s: float = 0.5):
-        from orchestrator.storage.base import TransientStorageError
-
-        for i in range(attempts):
-            try:
-                return fn()
-            except TransientStorageError:
-                if i == attempts - 1:
-                    raise
-                time.sleep(first_delay_s * 2**i)
 
     # ---- retention -----------------------------------------------------------
     def apply_retention(self) -> list[str]:
@@ -238,11 +239,9 @@ class CheckpointStore:
     def restore_latest(self, dest_root: Path, *, check: Callable[[dict], None] | None = None) -> tuple[Optional[Path], Optional[dict]]:
         """Download and verify the newest committed checkpoint, falling back to older ones.
 
-        Every manifest path is checked before anything is downloaded, every file's
-        size and SHA-256 before anything is deserialised, and every pickle is
-        loaded once with ``weights_only=True`` and the allow-list of
-        :mod:`orchestrator.checkpoint.safe_load` (which cannot run code); a
-        checkpoint failing any of these is reported and the previous one tried.
+        Every manifest path is checked before any download, every file's size and SHA-256 before anything
+        is deserialised, every pickle loaded once with ``weights_only=True`` and the allow-list of
+        :mod:`orchestrator.checkpoint.safe_load`; a checkpoint failing any is reported, the previous one tried.
         ``check(manifest)`` may raise (e.g. a changed config) to refuse the resume.
         Returns (local folder, manifest) or (None, None) when there is none.
         """
