@@ -208,6 +208,12 @@ def _check_model_path(cfg: DictConfig) -> None:
         )
 
 
+def _check_backend_settings(cfg: DictConfig) -> None:
+    from orchestrator.backends.settings import backend_settings
+
+    backend_settings(cfg)  # raises ConfigError for an unknown key or a value of the wrong type
+
+
 def _check_string_values(cfg: DictConfig) -> None:
     _check_strings(OmegaConf.to_container(cfg, resolve=True))
 
@@ -393,5 +399,5 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
 
 # every check validate() runs (after the resolvable values and the choices), in the order they are reported
 CHECKS = (_check_recipe, _check_tracking, _check_data, _check_durations, _check_counts, _check_run_name,
-          _check_string_values, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
+          _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path)

@@ -18,6 +18,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -27,9 +28,15 @@ import yaml
 from omegaconf import OmegaConf
 
 from orchestrator import exitcodes
-from orchestrator.backends import get_backend, run_backend, worker_command, worker_invocation, worker_overrides
-from orchestrator.errors import ConfigError
+from orchestrator.backends import (
+    get_backend,
+    run_backend,
+    worker_command,
+    worker_invocation,
+    worker_overrides,
+)
 from orchestrator.compose import compose_config
+from orchestrator.errors import ConfigError
 
 USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "distributed=ddp", "distributed.processes_per_node=8", "run.name=exp1", "storage.uri=s3://bucket/runs",
                   "storage.endpoint_url=http://minio:9000", "preemption.grace=30s"]
@@ -471,3 +478,23 @@ def test_skypilot_without_an_image_carries_the_launch_commit():
     assert envs["ORCH_GIT_COMMIT"] == head
     assert envs["ORCH_GIT_DIRTY"] in ("true", "false")
     assert "ORCH_GIT_COMMIT" not in yaml.safe_load(_render("skypilot", "backend.image=registry.example/orch:1"))["envs"]
+
+
+def test_backend_settings_are_typed_and_an_unknown_one_is_refused_at_launch(tmp_path):
+    from orchestrator.backends.settings import (
+        KubernetesSettings,
+        SlurmSettings,
+        backend_settings,
+    )
+
+    cfg = compose_config(["backend=slurm", "+backend.extra.sbatch_args=['--time=01:00:00']", "+backend.extra.output=/x/%j"])
+    assert backend_settings(cfg) == SlurmSettings(output="/x/%j", sbatch_args=("--time=01:00:00",))
+    k8s = backend_settings(compose_config(["backend=kubernetes", "storage.uri=s3://b/runs", "backend.image=img",
+                                           "+backend.extra.namespace=training"]))
+    assert isinstance(k8s, KubernetesSettings) and k8s.namespace == "training" and k8s.secret_name == "spot-orchestrator"
+    for bad, needle in ((["backend=slurm", "+backend.extra.partiton=gpu"], "not a setting of backend=slurm"),
+                        (["backend=skypilot", "storage.uri=s3://b/runs", "+backend.extra.disk_size=big"], "whole number"),
+                        (["backend=slurm", "+backend.extra.sbatch_args=one-option"], "must be a list")):
+        done = subprocess.run([sys.executable, "-m", "orchestrator.launch", *bad, "backend.dry_run=true"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert done.returncode == 4 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr

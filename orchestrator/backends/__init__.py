@@ -238,7 +238,3 @@ def single_node(cfg: Any, backend: str) -> None:
         )
 
 
-def extra(cfg: Any, key: str, default: Any = None) -> Any:
-    """``backend.extra[key]``, or ``default`` when unset."""
-    value = (cfg.backend.get("extra") or {}).get(key)
-    return default if value is None else value

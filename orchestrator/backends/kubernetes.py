@@ -33,19 +33,19 @@ import yaml
 from orchestrator import exitcodes
 from orchestrator.backends import (
     WORKER_MODULE,
-    extra,
     grace_seconds,
     refuse_secrets_in_text,
     single_node,
     worker_invocation,
 )
+from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
 from orchestrator.errors import ConfigError
 
 KUBECTL_TIMEOUT_SECONDS = 120
 # after the worker's emergency save must commit, leave it this long to upload and exit
 TERMINATION_MARGIN_SECONDS = 30
 SHM_VOLUME = "dshm"
-DEFAULT_SECRET_NAME = "spot-orchestrator"  # the Secret whose keys hold the variables secrets are read from
+DEFAULT_SECRET_NAME = DEFAULT_K8S_SECRET_NAME  # the Secret whose keys hold the variables secrets are read from
 STOP_EXIT_CODES = [exitcodes.BUDGET_EXHAUSTED, exitcodes.CONFIG_ERROR, exitcodes.CAPS_REACHED, exitcodes.FENCED]
 
 # per cloud: the label its managed Kubernetes puts on spot nodes, and the taint it puts on them (if any)
@@ -72,8 +72,8 @@ def job_name(run_name: str) -> str:
 def _shm_volume(cfg: Any) -> dict:
     """emptyDir in memory; ``backend.extra.shm_size`` (e.g. "16Gi") caps it (it counts against the pod's memory)."""
     volume: dict[str, Any] = {"medium": "Memory"}
-    if extra(cfg, "shm_size"):
-        volume["sizeLimit"] = str(extra(cfg, "shm_size"))
+    if backend_settings(cfg).shm_size:
+        volume["sizeLimit"] = backend_settings(cfg).shm_size
     return volume
 
 
@@ -97,10 +97,11 @@ def _container(cfg: Any, overrides: Sequence[str]) -> dict:
             for name in invocation.secret_names]
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
-    if extra(cfg, "cpu"):
-        requests["cpu"] = str(extra(cfg, "cpu"))
-    if extra(cfg, "memory"):
-        requests["memory"] = limits["memory"] = str(extra(cfg, "memory"))
+    settings = backend_settings(cfg)
+    if settings.cpu:
+        requests["cpu"] = settings.cpu
+    if settings.memory:
+        requests["memory"] = limits["memory"] = settings.memory
     gpus = int(cfg.compute.gpus_per_node)
     if gpus > 0:
         limits["nvidia.com/gpu"] = str(gpus)
@@ -120,7 +121,7 @@ def _container(cfg: Any, overrides: Sequence[str]) -> dict:
 
 
 def _secret_name(cfg: Any) -> str:
-    return str(extra(cfg, "secret_name", DEFAULT_SECRET_NAME))
+    return backend_settings(cfg).secret_name
 
 
 def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
@@ -141,8 +142,8 @@ def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
         "containers": [_container(cfg, overrides)],
         "volumes": [{"name": SHM_VOLUME, "emptyDir": _shm_volume(cfg)}],
     }
-    if extra(cfg, "service_account"):
-        pod_spec["serviceAccountName"] = str(extra(cfg, "service_account"))
+    if backend_settings(cfg).service_account:
+        pod_spec["serviceAccountName"] = backend_settings(cfg).service_account
     cloud = str(cfg.compute.cloud).lower()
     if cfg.compute.spot and cloud in SPOT_NODE_LABELS:
         key, value = SPOT_NODE_LABELS[cloud]
@@ -160,7 +161,7 @@ def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
         "kind": "Job",
         "metadata": {
             "name": job_name(str(cfg.run.name)),
-            "namespace": str(extra(cfg, "namespace", "default")),
+            "namespace": backend_settings(cfg).namespace,
             "labels": labels,
         },
         "spec": {

@@ -35,12 +35,12 @@ import yaml
 
 from orchestrator import exitcodes
 from orchestrator.backends import (
-    extra,
     refuse_secrets_in_text,
     single_node,
     worker_command,
     worker_invocation,
 )
+from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import skypilot_name
 
@@ -76,10 +76,11 @@ def task_config(cfg: Any, overrides: Sequence[str]) -> dict:
         resources["accelerators"] = accelerator(cfg)
     if cfg.compute.cloud and cfg.compute.cloud != "any":
         resources["cloud"] = str(cfg.compute.cloud)
-    if extra(cfg, "region"):
-        resources["region"] = str(extra(cfg, "region"))
-    if extra(cfg, "disk_size"):
-        resources["disk_size"] = int(extra(cfg, "disk_size"))
+    settings = backend_settings(cfg)
+    if settings.region:
+        resources["region"] = settings.region
+    if settings.disk_size:
+        resources["disk_size"] = settings.disk_size
     if cfg.backend.image:
         resources["image_id"] = f"docker:{cfg.backend.image}"
 
@@ -108,10 +109,10 @@ def task_config(cfg: Any, overrides: Sequence[str]) -> dict:
         task["secrets"] = {name: None for name in invocation.secret_names}
     if cfg.backend.image:
         # the image has the project installed (containers/Dockerfile); its entrypoint is not used by SkyPilot
-        task["setup"] = extra(cfg, "setup", "python -c 'import orchestrator'")
+        task["setup"] = backend_settings(cfg).setup or "python -c 'import orchestrator'"
     else:
         task["workdir"] = os.getcwd()
-        task["setup"] = extra(cfg, "setup", DEFAULT_SETUP)
+        task["setup"] = backend_settings(cfg).setup or DEFAULT_SETUP
     return task
 
 

@@ -29,19 +29,18 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from orchestrator import exitcodes
 from orchestrator.backends import (
-    extra,
     grace_seconds,
     refuse_secrets_in_text,
     single_node,
     worker_command,
     worker_invocation,
 )
+from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError
 
 SBATCH_TIMEOUT_SECONDS = 60
@@ -106,7 +105,7 @@ exit "$rc"
 
 def _output_path(cfg: Any) -> str:
     default = Path(cfg.run.work_dir).expanduser().resolve() / "slurm" / f"{cfg.run.name}-%j.out"
-    return str(extra(cfg, "output", default))
+    return str(backend_settings(cfg).output or default)
 
 
 def _secret_check(names: Sequence[str]) -> str:
@@ -151,7 +150,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         options.append(f"--partition={cfg.backend.partition}")
     if int(cfg.compute.gpus_per_node) > 0:
         options.append(f"--gpus-per-node={int(cfg.compute.gpus_per_node)}")
-    sbatch_args = extra(cfg, "sbatch_args", [])
+    sbatch_args = list(backend_settings(cfg).sbatch_args)
     if isinstance(sbatch_args, str) or not all(str(a).startswith("--") for a in sbatch_args):
         raise ConfigError(
             f"backend.extra.sbatch_args={sbatch_args!r} must be a list of long sbatch options, "
@@ -172,7 +171,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         exports=exports,
         secret_check=_secret_check(invocation.secret_names),
         workdir=shlex.quote(os.getcwd()),
-        command=worker_command(invocation.overrides, python=str(extra(cfg, "python", sys.executable))),
+        command=worker_command(invocation.overrides, python=backend_settings(cfg).python),
         final_codes="|".join(str(c) for c in FINAL_CODES),
         preempted=exitcodes.PREEMPTED,
         max_restarts=int(cfg.requeue.max_preemptions) + int(cfg.requeue.max_failures),
