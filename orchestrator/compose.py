@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config import register_configs
+from orchestrator.config import RECIPE_SCHEMAS, register_configs
 from orchestrator.distributed import configured_world_size
 from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError, UserError
@@ -80,6 +80,10 @@ def _explain(err: Exception) -> str:
         valid = _schema_keys(parent)
         if valid is None:
             return f"{key}: there is no config group {parent or leaf!r}; the groups are: {', '.join(_schema_keys('') or [])}."
+        owners = [name for name, schema in RECIPE_SCHEMAS.items() if leaf in schema.__dataclass_fields__]
+        if parent == "recipe" and owners:
+            return (f"{key} is a key of recipe={' or recipe='.join(owners)} only; this job's recipe has none. "
+                    f"Drop {key}, or choose recipe={owners[0]}.")
         return f"{key}: {parent!r} has no key {leaf!r}; its keys are: {', '.join(valid)}."
     m = re.search(r"Error merging override (\S+)", text)
     if m:

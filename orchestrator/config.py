@@ -28,9 +28,15 @@ class RecipeConfig:
     lora_dropout: float = 0.0  # dropout on the adapters' input (resume stays exact: RNG is checkpointed)
     lora_target_modules: list[str] = field(  # modules that get adapters: every linear layer of Llama/Qwen blocks
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    dpo_beta: float = 0.1  # DPO: strength of the pull toward the reference model
     quantization: str = "none"  # none | nf4: a 4-bit NF4 base under LoRA (qlora sets it; sft and dpo honour it)
     eval_generate_max_new_tokens: int = 8  # tokens generated per held-out prompt for exact-match accuracy
+
+
+@dataclass
+class DpoRecipeConfig(RecipeConfig):
+    """recipe=dpo: the common recipe keys and DPO's own (an SFT job has no ``recipe.dpo_beta``)."""
+
+    dpo_beta: float = 0.1  # DPO: strength of the pull toward the reference model
 
 
 @dataclass
@@ -200,8 +206,13 @@ GROUP_SCHEMAS = {
 }
 
 
+RECIPE_SCHEMAS = {"dpo": DpoRecipeConfig}
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, schema in GROUP_SCHEMAS.items():
         cs.store(group=group, name=f"base_{group}", node=schema)
+    for name, schema in RECIPE_SCHEMAS.items():  # per-recipe keys: conf/recipe/<name>.yaml names its schema
+        cs.store(group="recipe", name=f"base_recipe_{name}", node=schema)

@@ -44,6 +44,13 @@ def main() -> None:
             typ = (typ[len("Optional["):-1] + " or null") if typ.startswith("Optional[") else typ
             row = f"| `{group_field.name}.{f.name}` | {typ} | `{default_of(f)}` | {comments.get(f.name, '')} |"
             print(row)
+        if group_field.name == "recipe":  # keys only one recipe has
+            for name, schema in c.RECIPE_SCHEMAS.items():
+                comments = field_comments(schema)
+                own = [f for f in dataclasses.fields(schema) if f.name not in {g.name for g in dataclasses.fields(cls)}]
+                for f in own:
+                    print(f"| `recipe.{f.name}` (recipe={name} only) | {f.type} | `{default_of(f)}` | "
+                          f"{comments.get(f.name, '')} |")
 
 
 if __name__ == "__main__":

@@ -141,3 +141,10 @@ def test_every_problem_of_a_config_is_named_in_one_message(tmp_path):
         assert needle in result.stderr, (needle, result.stderr)
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_key_of_another_recipe_is_refused_naming_the_recipe_it_belongs_to():
+    with pytest.raises(ConfigError, match=r"recipe.dpo_beta is a key of recipe=dpo only"):
+        compose_config(["recipe=sft", "recipe.dpo_beta=0.2"])
+    assert compose_config(["recipe=dpo", "recipe.dpo_beta=0.2"]).recipe.dpo_beta == 0.2
+    assert "dpo_beta" not in compose_config(["recipe=qlora"]).recipe
