@@ -381,23 +381,35 @@ def check_lr_scheduler(cfg: DictConfig) -> None:
                           f"of: {usable}.") from None
 
 
+# paths the launcher pins to its own directory, so the supervisor, every attempt, every rank and every
+# backend's worker (which may start elsewhere) read the same folders
+LOCAL_PATH_KEYS = ("storage.uri", "data.path", "run.work_dir")
+
+
 def absolutize(overrides: list[str]) -> list[str]:
-    """Pin a relative local storage.uri to the launch directory, so every attempt and backend agrees."""
+    """Resolve relative local paths in ``overrides`` against the launch directory (one base for every process).
+
+    ``storage.uri``, ``data.path`` and ``run.work_dir`` when not a URL; ``model.name_or_path``
+    when it is written as a path (``./``, ``../``, ``~``), not a hub id.
+    """
     out = []
     for item in overrides:
         key, _, value = item.partition("=")
-        if key in ("storage.uri", "data.path") and value and "://" not in value and not value.startswith("/"):
-            value = str(Path(value).expanduser().resolve())
-            item = f"{key}={value}"
+        local = (key in LOCAL_PATH_KEYS and value and "://" not in value and not value.startswith("/")) or (
+            key == "model.name_or_path" and value.startswith(("./", "../", "~")))
+        if local:
+            item = f"{key}={Path(value).expanduser().resolve()}"
         out.append(item)
     return out
 
 
 def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
-    if not any(o.startswith("storage.uri=") for o in overrides):
-        uri = cfg.storage.uri
-        if "://" not in uri and not uri.startswith("/"):
-            overrides = overrides + [f"storage.uri={Path(uri).resolve()}"]
+    """The overrides plus the config's own relative defaults of ``storage.uri`` and ``run.work_dir``, pinned
+    to the launch directory like the user's (``absolutize``)."""
+    for key in ("storage.uri", "run.work_dir"):
+        value = str(OmegaConf.select(cfg, key))
+        if not any(o.startswith(f"{key}=") for o in overrides) and "://" not in value and not value.startswith("/"):
+            overrides = overrides + [f"{key}={Path(value).expanduser().resolve()}"]
     return overrides
 
 

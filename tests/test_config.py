@@ -148,3 +148,16 @@ def test_a_key_of_another_recipe_is_refused_naming_the_recipe_it_belongs_to():
         compose_config(["recipe=sft", "recipe.dpo_beta=0.2"])
     assert compose_config(["recipe=dpo", "recipe.dpo_beta=0.2"]).recipe.dpo_beta == 0.2
     assert "dpo_beta" not in compose_config(["recipe=qlora"]).recipe
+
+
+def test_relative_paths_are_pinned_to_the_launch_directory(tmp_path, monkeypatch):
+    from orchestrator.compose import absolutize, with_default_storage
+
+    monkeypatch.chdir(tmp_path)
+    pinned = absolutize(["storage.uri=runs", "data.path=d.jsonl", "run.work_dir=work", "model.name_or_path=./m",
+                         "model.name_or_path=Qwen/Qwen2.5-0.5B", "storage.uri=s3://b/p", "run.name=x"])
+    assert pinned == [f"storage.uri={tmp_path}/runs", f"data.path={tmp_path}/d.jsonl", f"run.work_dir={tmp_path}/work",
+                      f"model.name_or_path={tmp_path}/m", "model.name_or_path=Qwen/Qwen2.5-0.5B", "storage.uri=s3://b/p",
+                      "run.name=x"]
+    defaults = with_default_storage(compose_config([]), [])
+    assert defaults == [f"storage.uri={tmp_path}/.cache/runs", f"run.work_dir={tmp_path}/.cache/work"]
