@@ -172,9 +172,14 @@ class CostMeter:
 # ---- summary helpers: pure arithmetic, None where the ratio has no meaning ----
 
 
+def attempts_cost_usd(attempts: Iterable[Mapping[str, Any]]) -> float:
+    """What a job's attempts cost together, as the ledger bills them: the one sum every figure uses."""
+    return float(sum(float(a.get("cost_usd") or 0.0) for a in attempts))
+
+
 def total_cost_usd(attempts: Iterable[Mapping[str, Any]], current_attempt_usd: float = 0.0) -> float:
     """Cost of the job: the ledger's finished attempts (``cost_usd``) plus the running one."""
-    return sum(float(a.get("cost_usd") or 0.0) for a in attempts) + float(current_attempt_usd)
+    return attempts_cost_usd(attempts) + float(current_attempt_usd)
 
 
 def usd_per_million_tokens(cost_usd: float, tokens: int) -> Optional[float]:

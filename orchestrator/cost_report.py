@@ -71,7 +71,7 @@ class JobFigures:
         self.step_at_start = int(step_at_start)
         self.fallback_tokens_per_step = int(fallback_tokens_per_step)
         self.measured_tokens_per_step: Optional[float] = None
-        self.prior_cost_usd = sum(float(a.get("cost_usd") or 0.0) for a in self.prior_attempts)
+        self.prior_cost_usd = costs.attempts_cost_usd(self.prior_attempts)
         self.prior_gpu_hours = sum(attempt_seconds(a) / SECONDS_PER_HOUR * int(a.get("gpus") or 0)
                                    for a in self.prior_attempts)
         self.preemptions = sum(a.get("exit_class") in INTERRUPTED_CLASSES for a in self.prior_attempts)

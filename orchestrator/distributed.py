@@ -19,9 +19,11 @@ import sys
 import uuid
 from pathlib import Path
 
+from orchestrator.exitcodes import PREEMPTION_SIGNALS
+
 log = logging.getLogger("orchestrator.distributed")
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+FORWARDED_SIGNALS = PREEMPTION_SIGNALS
 
 
 def rank() -> int:
@@ -30,6 +32,19 @@ def rank() -> int:
 
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+WORKER_MODULE = "orchestrator.worker"
+
+
+def worker_argv(overrides, *, python: str | None = None, module_only: bool = False) -> list[str]:
+    """The one command line of an attempt: ``python -m orchestrator.worker <overrides>``.
+
+    ``module_only``: just ``-m orchestrator.worker <overrides>``, for a launcher that brings its own
+    interpreter (torchrun). The supervisor, the ranks' launcher and every backend build it here.
+    """
+    tail = ["-m", WORKER_MODULE, *overrides]
+    return tail if module_only else [python or sys.executable, *tail]
 
 
 def configured_world_size(cfg) -> int:
@@ -109,7 +124,7 @@ def launch_ranks(cfg, overrides: list[str], work_root: Path) -> int:
     nproc = cfg.distributed.processes_per_node
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            f"--nnodes={cfg.distributed.nodes}", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-           "-m", "orchestrator.worker", *overrides]
+           *worker_argv(overrides, module_only=True)]
     if cfg.distributed.nodes > 1:
         cmd[3:6] = [f"--nnodes={cfg.distributed.nodes}", "--rdzv_backend=c10d",
                     f"--rdzv_endpoint={os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"]

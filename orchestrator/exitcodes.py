@@ -120,6 +120,11 @@ def final_codes() -> list[int]:
     return sorted(o.exit_code for o in OUTCOMES.values() if o.final and o.exit_code is not None)
 
 
+# The signals that ask an attempt to save and stop (a scheduler's or a person's preemption): the
+# worker turns them into its preemption flag, the supervisor and the ranks' launcher forward them.
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
 def classify_exit(returncode: int) -> ExitClass:
     """Map a child's return code (negative: killed by that signal) to its class.
 
@@ -130,7 +135,7 @@ def classify_exit(returncode: int) -> ExitClass:
     """
     if returncode in _BY_CODE:
         return _BY_CODE[returncode]
-    if returncode < 0 and -returncode in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    if returncode < 0 and -returncode in (signal.SIGKILL, *PREEMPTION_SIGNALS):
         return ExitClass.VANISHED
     if returncode in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
         return ExitClass.VANISHED

@@ -36,6 +36,7 @@ import random
 import time
 from typing import Any, Callable
 
+from orchestrator.cost import attempts_cost_usd
 from orchestrator.errors import CapsReached, Fenced, UserError
 from orchestrator.exitcodes import (
     FINAL_RUN_STATUSES,
@@ -81,9 +82,6 @@ def new_ledger(run_name: str) -> dict:
     }
 
 
-def attempts_cost_usd(attempts) -> float:
-    """What a job's attempts cost together, as the ledger bills them: the one sum every figure uses."""
-    return float(sum(float(a.get("cost_usd") or 0.0) for a in attempts))
 
 
 def _total_cost(ledger: dict) -> float:

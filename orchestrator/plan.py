@@ -447,9 +447,10 @@ def estimate_cost(cfg: Any, price: Any, tokens_per_second: Optional[float] = Non
     """
     if model_config is None:
         model_config = load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
+    from orchestrator.cost_report import estimated_tokens_per_step
+
     W = world_size(cfg)
-    sequences = int(cfg.train.per_device_batch_size) * (2 if cfg.recipe.name == "dpo" else 1)
-    tokens = int(cfg.train.max_steps) * sequences * int(cfg.train.gradient_accumulation_steps) * W * int(cfg.data.max_length)
+    tokens = int(cfg.train.max_steps) * estimated_tokens_per_step(cfg)
     fpt = flops_per_token(cfg, model_config)
     if tokens_per_second:
         basis = "measured throughput"

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from orchestrator.durations import parse_duration
+from orchestrator.exitcodes import PREEMPTION_SIGNALS
 
 log = logging.getLogger(__name__)
 
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+HANDLED_SIGNALS = PREEMPTION_SIGNALS
 
 AWS_METADATA_URL = "http://169.254.169.254"
 AZURE_METADATA_URL = "http://169.254.169.254"

@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from orchestrator.cost import attempts_cost_usd
 from orchestrator.errors import (
     AlreadyCompleted,
     BudgetExhausted,
@@ -288,7 +289,7 @@ def start_refusal(ledger: Mapping[str, Any], policy: RequeuePolicy, *, max_usd: 
     reason = policy.refuse_reason(ledger)
     if reason:
         return CapsReached(reason)
-    spent = sum(float(a.get("cost_usd") or 0) for a in ledger.get("attempts") or [])
+    spent = attempts_cost_usd(ledger.get("attempts") or [])
     if max_usd is not None and spent >= max_usd:
         return BudgetExhausted(f"budget spent: ${spent:.4f} of budget.max_usd=${max_usd}; "
                                "raise budget.max_usd to let the job go on from its last checkpoint")

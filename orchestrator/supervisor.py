@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from orchestrator import exitcodes
+from orchestrator.distributed import worker_argv
 from orchestrator.errors import out_of_memory_fix
 from orchestrator.exitcodes import ExitClass, classify_exit
 from orchestrator.ledger import LAUNCHED_BY_ENV
@@ -39,7 +40,7 @@ from orchestrator.requeue import attempt_class
 
 log = logging.getLogger("orchestrator.supervisor")
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+FORWARDED_SIGNALS = exitcodes.PREEMPTION_SIGNALS
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
@@ -123,7 +124,7 @@ class Supervisor:
         from orchestrator.storage import store_from_config
 
         self.cfg = cfg
-        self.command = [python, "-m", "orchestrator.worker", *overrides]
+        self.command = worker_argv(overrides, python=python)
         self.ledger = Ledger(store_from_config(cfg.storage), cfg.run.name)
         self.policy = RequeuePolicy(cfg.requeue)
         self.child: subprocess.Popen | None = None

@@ -11,9 +11,10 @@ import os
 import socket
 from typing import Any, Optional
 
+from orchestrator.cost import attempts_cost_usd
 from orchestrator.errors import Fenced
 from orchestrator.exitcodes import ExitClass
-from orchestrator.ledger import Ledger, attempts_cost_usd
+from orchestrator.ledger import Ledger
 from orchestrator.requeue import RequeuePolicy, start_refusal
 
 log = logging.getLogger("orchestrator.worker")

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
+from orchestrator.distributed import worker_argv
 from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError
 
 BACKEND_NAMES = ("local", "slurm", "skypilot", "kubernetes")
-WORKER_MODULE = "orchestrator.worker"
 WORKER_PYTHON = "python"  # inside an image or a provisioned VM, the environment's own python
 
 
@@ -111,7 +111,7 @@ def worker_command(overrides: Sequence[str], python: str = WORKER_PYTHON) -> str
     ``overrides`` go through :func:`worker_overrides`; pass ``WorkerInvocation.overrides``
     so that no secret is written into the command.
     """
-    return shlex.join([python, "-m", WORKER_MODULE, *worker_overrides(overrides)])
+    return shlex.join(worker_argv(worker_overrides(overrides), python=python))
 
 
 # -- secrets and the attempt's environment -----------------------------------------

@@ -32,13 +32,13 @@ import yaml
 
 from orchestrator import exitcodes
 from orchestrator.backends import (
-    WORKER_MODULE,
     grace_seconds,
     refuse_secrets_in_text,
     single_node,
     worker_invocation,
 )
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
+from orchestrator.distributed import worker_argv
 from orchestrator.errors import ConfigError
 
 KUBECTL_TIMEOUT_SECONDS = 120
@@ -108,7 +108,7 @@ def _container(cfg: Any, overrides: Sequence[str]) -> dict:
     container: dict[str, Any] = {
         "name": "worker",
         "image": str(cfg.backend.image),
-        "command": ["python", "-m", WORKER_MODULE],
+        "command": worker_argv([], python="python"),
         "args": invocation.overrides,
         "env": env,
         # a memory-backed /dev/shm (a pod gets 64 MiB otherwise): the Trainer's checkpoint snapshot goes

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from typing import Any, Sequence
+
+from orchestrator.distributed import worker_argv
 
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
@@ -12,7 +13,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
 
     from orchestrator.tracking import scrub_text, secrets_in
 
-    cmd = " ".join(shlex.quote(x) for x in [sys.executable, "-m", "orchestrator.worker", *overrides])
+    cmd = shlex.join(worker_argv(overrides))
     # printed only: the supervisor passes the real values to its child, which never writes them down
     cmd = scrub_text(cmd, secrets_in(OmegaConf.to_container(cfg, resolve=True)))
     r = cfg.requeue
