@@ -165,7 +165,9 @@ class Supervisor:
                 log.warning("not requeued: this supervisor received %s", signal.Signals(self.signalled).name)
                 return exitcodes.PREEMPTED if exit_class in exitcodes.PREEMPTION_CLASSES else _code(exit_class, returncode)
             if exit_class in exitcodes.FINAL_CLASSES:
-                return returncode
+                # the class the attempt recorded wins over how its process ended: a worker killed after
+                # it committed its final weights and closed the ledger as completed did complete
+                return _code(exit_class, returncode)
             decision = self.policy.decide(attempts)
             log.warning(decision.log_line)
             if not decision.requeue:
@@ -194,7 +196,8 @@ class Supervisor:
         """The ledger's attempts with what this supervisor saw of its child's; and the child's class.
 
         The child's attempt is the one whose ``launched_by`` is ``token``. If
-        it recorded its own end, that class is trusted. If it was killed and
+        it recorded its own end, that class is trusted (a child that exited
+        FENCED is fenced, whatever the attempt that took over wrote of it). If it was killed and
         could not, its end is recorded in the ledger now (fenced by its epoch:
         nothing is written when another attempt took over). A worker that died
         before it opened the ledger left no attempt at all; those are kept here
@@ -207,7 +210,9 @@ class Supervisor:
             if attempt.get("exit_class") == exitcodes.RUNNING:
                 self._close(attempt["epoch"], exit_class)
                 attempts[mine] = dict(attempt, exit_class=exit_class.value, ended_at=attempt.get("last_seen"))
-            else:
+            elif exit_class != ExitClass.FENCED:
+                # a fenced child stepped aside on its own; the newer attempt had already marked it
+                # vanished in the ledger, which must not make this supervisor requeue it
                 exit_class = attempt_class(attempt) or exit_class
         else:
             step = int(attempts[-1].get("step_end", 0)) if attempts else 0

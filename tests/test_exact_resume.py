@@ -18,10 +18,12 @@ from tests import jobs
 SHM = Path("/dev/shm")
 
 RECIPE_OVERRIDES = {
-    # dropout on, gradient accumulation 2, short epochs so several epoch boundaries are crossed
-    "sft": ["recipe=sft", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "data.num_examples=120"],
-    "dpo": ["recipe=dpo", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "train.max_steps=30"],
-    "qlora": ["recipe=qlora", "recipe.lora_dropout=0.1", "train.max_steps=30"],
+    # dropout on, gradient accumulation 2, short epochs so several epoch boundaries are crossed; enough steps
+    # that the third kill (a random pause after the third fresh commit) lands before the job completes
+    "sft": ["recipe=sft", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "data.num_examples=120",
+            "train.max_steps=60"],
+    "dpo": ["recipe=dpo", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "train.max_steps=40"],
+    "qlora": ["recipe=qlora", "recipe.lora_dropout=0.1", "train.max_steps=40"],
 }
 
 

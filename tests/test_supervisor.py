@@ -78,3 +78,33 @@ def test_the_real_counter_of_this_machine_is_a_count_or_none():
 ])
 def test_refine_exit_class(killed, before, after, expected):
     assert refine_exit_class(killed, before, after) is expected
+
+
+def test_a_child_killed_after_it_recorded_completion_ends_the_job_completed(tmp_path):
+    """A SIGKILL that lands after the worker committed its final weights and closed the ledger (a late
+    preemption): the job did complete, so the launcher must exit 0, not 128+9."""
+    import sys
+
+    from orchestrator.compose import compose_config
+    from orchestrator.ledger import Ledger
+    from orchestrator.storage import LocalStore
+    from orchestrator.supervisor import Supervisor
+
+    runs = tmp_path / "runs"
+    cfg = compose_config([f"storage.uri={runs}", "run.name=late", "requeue.backoff_base_seconds=0"])
+    child = (
+        "import os, signal\n"
+        "from orchestrator.exitcodes import ExitClass\n"
+        "from orchestrator.ledger import Ledger\n"
+        "from orchestrator.storage import LocalStore\n"
+        f"ledger = Ledger(LocalStore({str(runs)!r}), 'late')\n"
+        "ledger.begin_attempt(host='h', pid=os.getpid(), instance_type='cpu', gpu_type='none', gpus=0, spot=False,"
+        " checkpoint_step=0)\n"
+        "ledger.end_attempt(ExitClass.COMPLETED, 10, 0.01)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    supervisor = Supervisor(cfg, [])
+    supervisor.command = [sys.executable, "-c", child]
+    assert supervisor.run() == 0
+    ledger = Ledger(LocalStore(runs), "late").load()
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["completed"] and ledger["status"] == "completed"
