@@ -299,12 +299,6 @@ class MemoryPlan:
     def total_bytes(self) -> int:
         return sum(self.components.values())
 
-    @property
-    def trainable_state_bytes(self) -> int:
-        """Adapters (when LoRA) + gradients + master weights + optimizer, on one GPU and offloaded."""
-        keys = ("gradients", "master_weights", "optimizer") + (("adapters",) if "adapters" in self.components else ())
-        return sum(self.components.get(k, 0) for k in keys) + self.cpu_offload_bytes
-
 
 def world_size(cfg: Any) -> int:
     """Training processes (one GPU each); see ``orchestrator.distributed.configured_world_size``."""

@@ -488,10 +488,6 @@ class JobTracker:
         log.info("logged %s to MLflow run %s under %s/", folder.name, self.run_id, artifact_path)
         return True
 
-    def pending(self) -> int:
-        """Points and operations not yet delivered."""
-        return self._delivery.pending() if self._delivery is not None else 0
-
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""
         if not self.enabled or self._delivery is None:
@@ -569,10 +565,6 @@ class MetricsDelivery:
         with self._cond:
             self._ops.append(op)
             self._cond.notify_all()
-
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._metrics) + len(self._ops) + (1 if self._in_flight else 0)
 
     def flush(self, timeout_s: float) -> bool:
         """Retry now and wait up to ``timeout_s`` until everything queued is delivered."""

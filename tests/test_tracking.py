@@ -109,7 +109,6 @@ def test_points_logged_while_the_server_is_down_arrive_once_it_is_back(cfg, mlfl
         assert time.monotonic() - began < 0.5  # training did not wait for the dead server
         tracker.set_tags({"phase": "during-outage"})
         assert not tracker.flush(2)  # nothing can be delivered yet, and flush says so
-        assert tracker.pending() > 0
     finally:
         mlflow_server.start()
     assert tracker.flush(120)

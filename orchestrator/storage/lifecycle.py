@@ -50,13 +50,6 @@ def _get_rules(store: S3Store) -> list[dict]:
             raise
 
 
-def read_lifecycle(
-    uri: str, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None
-) -> list[dict]:
-    """The bucket's lifecycle rules (all of them, not only this tool's); [] when it has none."""
-    return _get_rules(_store(uri, endpoint_url, region, profile))
-
-
 def apply_lifecycle(
     uri: str,
     *,
