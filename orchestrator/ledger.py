@@ -259,7 +259,7 @@ class Ledger:
             return ledger if closed[0] else None
 
         transact(self.store, self.key, mutate)
-        return bool(closed)
+        return closed == [True]
 
     def record_alert(self, name: str) -> bool:
         """Mark alert ``name`` as sent; True only the first time across the whole job (all attempts)."""
