@@ -44,8 +44,13 @@ def conf_dir() -> Path:
     return Path(env).resolve() if env else Path(__file__).resolve().parents[1] / "conf"
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """Compose and validate the job config. Raises ConfigError with the fix in the message."""
+def compose_config(overrides: list[str], *, launch_checks: bool = True) -> DictConfig:
+    """Compose and validate the job config. Raises ConfigError with the fix in the message.
+
+    ``launch_checks=False`` (the worker, which runs the overrides the launcher already validated):
+    only what can differ on the attempt's machine is checked again, that every value resolves
+    (environment variables) and the choices; the rest of the validation happens once, at launch.
+    """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -60,7 +65,11 @@ def compose_config(overrides: list[str]) -> DictConfig:
         raise ConfigError(_explain(err)) from None
     finally:
         GlobalHydra.instance().clear()
-    validate(cfg)
+    if launch_checks:
+        validate(cfg)
+    else:
+        _check_resolvable(cfg)
+        _check_choices(cfg)
     return cfg
 
 

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     overrides = absolutize(list(sys.argv[1:] if argv is None else argv))
     try:
-        cfg = compose_config(overrides)
+        cfg = compose_config(overrides, launch_checks=False)  # only to read the defaults to pin
         overrides = with_default_storage(cfg, overrides)
         cfg = compose_config(overrides)
     except UserError as err:

@@ -56,7 +56,7 @@ def _run(argv: list[str] | None = None) -> int:
     overrides = absolutize(list(sys.argv[1:] if argv is None else argv))
     job = None
     try:
-        cfg = compose_config(overrides)
+        cfg = compose_config(overrides, launch_checks=False)  # validated at launch; resolved here
         skip_unused_quantisation_stack(cfg)
         if dist.needs_launcher(cfg):
             return dist.launch_ranks(cfg, overrides, Path(cfg.run.work_dir).expanduser().resolve() / cfg.run.name)
