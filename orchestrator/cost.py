@@ -177,10 +177,6 @@ def attempts_cost_usd(attempts: Iterable[Mapping[str, Any]]) -> float:
     return float(sum(float(a.get("cost_usd") or 0.0) for a in attempts))
 
 
-def total_cost_usd(attempts: Iterable[Mapping[str, Any]], current_attempt_usd: float = 0.0) -> float:
-    """Cost of the job: the ledger's finished attempts (``cost_usd``) plus the running one."""
-    return attempts_cost_usd(attempts) + float(current_attempt_usd)
-
 
 def usd_per_million_tokens(cost_usd: float, tokens: int) -> Optional[float]:
     return cost_usd / tokens * 1e6 if tokens > 0 else None

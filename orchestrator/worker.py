@@ -13,7 +13,6 @@ and runs them (``orchestrator.attempt.runner``):
 """
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -23,8 +22,6 @@ quiet_telemetry()  # before transformers/TRL/MLflow are imported (by the attempt
 
 from orchestrator import distributed as dist  # noqa: E402
 from orchestrator.errors import end_attempt_on_error  # noqa: E402
-
-log = logging.getLogger("orchestrator.worker")
 
 
 def skip_unused_quantisation_stack(cfg) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import ComputeConfig
-from orchestrator.cost import CostMeter, load_catalog, lost_work, price_for, spot_savings_usd, total_cost_usd, usd_per_million_tokens, usd_per_step
+from orchestrator.cost import CostMeter, attempts_cost_usd, load_catalog, lost_work, price_for, spot_savings_usd, usd_per_million_tokens, usd_per_step
 
 CATALOG = {
     "a100-80gb": {
@@ -119,7 +119,7 @@ def test_ratios():
     assert usd_per_million_tokens(2.0, 4_000_000) == pytest.approx(0.5)
     assert usd_per_step(10.0, 200) == pytest.approx(0.05)
     assert usd_per_step(10.0, 0) is None and usd_per_million_tokens(1.0, 0) is None
-    assert total_cost_usd([{"cost_usd": 1.25}, {"cost_usd": None}, {"cost_usd": 0.75}], 0.5) == pytest.approx(2.5)
+    assert attempts_cost_usd([{"cost_usd": 1.25}, {"cost_usd": None}, {"cost_usd": 0.75}]) == pytest.approx(2.0)
 
 
 def test_lost_work_counts_steps_redone_after_interruptions():

@@ -72,8 +72,9 @@ def job_name(run_name: str) -> str:
 def _shm_volume(cfg: Any) -> dict:
     """emptyDir in memory; ``backend.extra.shm_size`` (e.g. "16Gi") caps it (it counts against the pod's memory)."""
     volume: dict[str, Any] = {"medium": "Memory"}
-    if backend_settings(cfg).shm_size:
-        volume["sizeLimit"] = backend_settings(cfg).shm_size
+    shm_size = backend_settings(cfg).shm_size
+    if shm_size:
+        volume["sizeLimit"] = shm_size
     return volume
 
 
@@ -142,8 +143,9 @@ def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
         "containers": [_container(cfg, overrides)],
         "volumes": [{"name": SHM_VOLUME, "emptyDir": _shm_volume(cfg)}],
     }
-    if backend_settings(cfg).service_account:
-        pod_spec["serviceAccountName"] = backend_settings(cfg).service_account
+    service_account = backend_settings(cfg).service_account
+    if service_account:
+        pod_spec["serviceAccountName"] = service_account
     cloud = str(cfg.compute.cloud).lower()
     if cfg.compute.spot and cloud in SPOT_NODE_LABELS:
         key, value = SPOT_NODE_LABELS[cloud]
