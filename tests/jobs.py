@@ -88,8 +88,16 @@ def worker_of(proc: subprocess.Popen) -> psutil.Process | None:
         kids = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return None
-    kids = [k for k in kids if "orchestrator.worker" in " ".join(k.cmdline())]
-    return kids[0] if kids else None
+    return next((k for k in kids if "orchestrator.worker" in " ".join(_cmdline(k))), None)
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    """A process's command line; [] for one that ended meanwhile or is a zombie not yet reaped (a killed
+    attempt's worker whose supervisor has not collected it): neither is the attempt to interrupt."""
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):

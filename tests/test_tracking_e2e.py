@@ -102,7 +102,9 @@ def _download_artifacts(client: MlflowClient, run_id: str, dest: Path) -> list[P
 def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points(
         storage, mlflow_server, client, experiment, tmp_path):
     run = "chaos"
-    overrides = _overrides(storage, mlflow_server, experiment, run) + ["tracking.log_system_metrics=true"]
+    # 60 steps: enough that the third interruption (a random pause after the third fresh commit) lands mid-run
+    overrides = jobs.with_overrides(_overrides(storage, mlflow_server, experiment, run), "train.max_steps=60") + [
+        "tracking.log_system_metrics=true"]
     rc, log, _ = jobs.interrupt_then_finish(
         overrides, tmp_path, storage, run, random.Random("tracking-e2e"), [signal.SIGKILL, signal.SIGTERM, signal.SIGKILL],
         env=_env(tmp_path, MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="1"))
