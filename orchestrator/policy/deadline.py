@@ -1,0 +1,75 @@
+"""Spot or on-demand under a deadline: the Uniform Progress policy of "Can't Be Late" (Wu et al., NSDI 2024).
+
+Progress is measured in seconds of useful training (steps done x the steady
+seconds per step), against a straight line from the job's start (0) to its
+deadline (all the work). While on or ahead of the line the job takes spot; while
+behind it, on-demand; once ahead again it goes back to spot, but only when it is
+ahead by more than the restart the switch costs (no flapping). When the time
+left is less than the work left plus two restarts, it takes on-demand for good.
+The deadline is at risk when even on-demand from now on would miss it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SPOT = "spot"
+ON_DEMAND = "on_demand"
+CAPACITIES = (SPOT, ON_DEMAND)
+
+
+@dataclass(frozen=True)
+class DeadlineState:
+    """Where a job stands, all in seconds from its first attempt's start."""
+
+    elapsed_seconds: float  # wall time since the job's first attempt began
+    deadline_seconds: float  # the deadline, from the same start
+    work_done_seconds: float  # useful training done (steps done x steady seconds per step)
+    work_total_seconds: float  # all the training the job needs (max_steps x steady seconds per step)
+    restart_seconds: float  # one restart: start to first step after a restore
+    current: str = SPOT  # the capacity the job is on now
+    locked: bool = False  # on-demand for good (decided earlier)
+
+
+@dataclass(frozen=True)
+class CapacityDecision:
+    capacity: str  # SPOT | ON_DEMAND
+    reason: str  # what the log, ledger, MLflow tag and webhook say
+    locked: bool = False  # on-demand for good from here
+    at_risk: bool = False  # even on-demand from now on misses the deadline
+
+    def changes(self, current: str) -> bool:
+        return self.capacity != current
+
+
+def _h(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h"
+
+
+def decide_capacity(s: DeadlineState) -> CapacityDecision:
+    """The capacity to take now, and why (pure: the runner and the simulator both call this)."""
+    time_left = s.deadline_seconds - s.elapsed_seconds
+    work_left = max(0.0, s.work_total_seconds - s.work_done_seconds)
+    # on-demand from now: one restart if the job must move to it first
+    on_demand_needs = work_left + (0.0 if s.current == ON_DEMAND else s.restart_seconds)
+    at_risk = work_left > 0 and time_left < on_demand_needs
+    line = s.work_total_seconds * min(1.0, max(0.0, s.elapsed_seconds) / s.deadline_seconds) if s.deadline_seconds > 0 \
+        else s.work_total_seconds
+    ahead = s.work_done_seconds - line
+    status = (f"progress {_h(s.work_done_seconds)} of {_h(s.work_total_seconds)} at {_h(s.elapsed_seconds)} of "
+              f"{_h(s.deadline_seconds)} (line {_h(line)}); {_h(time_left)} left for {_h(work_left)} of work")
+    if work_left <= 0:
+        return CapacityDecision(s.current, f"work done; {status}", locked=s.locked)
+    if s.locked:
+        return CapacityDecision(ON_DEMAND, f"on-demand for good; {status}", locked=True, at_risk=at_risk)
+    if time_left < work_left + 2 * s.restart_seconds:
+        return CapacityDecision(ON_DEMAND, f"time left is less than the work left plus two restarts "
+                                           f"({_h(2 * s.restart_seconds)}): on-demand for good; {status}",
+                                locked=True, at_risk=at_risk)
+    if s.current == ON_DEMAND:
+        if ahead > s.restart_seconds:
+            return CapacityDecision(SPOT, f"ahead of the line by {_h(ahead)} (more than a restart): back to spot; "
+                                          f"{status}", at_risk=at_risk)
+        return CapacityDecision(ON_DEMAND, f"not yet ahead of the line by a restart; {status}", at_risk=at_risk)
+    if ahead >= 0:
+        return CapacityDecision(SPOT, f"on or ahead of the line; {status}", at_risk=at_risk)
+    return CapacityDecision(ON_DEMAND, f"behind the line by {_h(-ahead)}: on-demand; {status}", at_risk=at_risk)

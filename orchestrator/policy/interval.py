@@ -1,0 +1,120 @@
+"""How often to checkpoint: Young/Daly, from the measured cost of a checkpoint and the observed preemptions.
+
+Young (1974) and Daly (2006): with a checkpoint costing C seconds of training and
+work lost at a mean interval of M seconds, the interval that minimises the
+expected waste is T = sqrt(2 C M) (to first order, for C << M). Only preemptions
+that come without an honoured notice lose work: one with a notice the job
+honoured ends in an emergency checkpoint, so the share of noticed preemptions
+stretches M, and hard kills shrink it.
+
+The rate of preemptions is a Gamma-Poisson blend: the catalog's prior rate
+counts as ``prior_hours`` of observation, the job's own attempts as what they
+were, so a job with no history follows the prior and one with many hours
+follows itself.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+PRIOR_WEIGHT_HOURS = 4.0  # how many hours of the job's own history weigh as much as the catalog's prior
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """One attempt as the rate estimate sees it: how long it held its machine and how it ended.
+
+    ``preempted``: the attempt ended by losing its machine (a notice, a signal or a vanished worker);
+    ``noticed``: that loss came with a notice the job honoured (an emergency checkpoint was committed).
+    """
+
+    seconds: float
+    preempted: bool
+    noticed: bool = False
+
+
+@dataclass(frozen=True)
+class PreemptionEstimate:
+    per_hour: float  # expected preemptions per hour of held capacity
+    notice_share: float  # share of preemptions that come with a notice the job honours
+    observed_hours: float  # hours of this job's own attempts in the estimate
+    observed_preemptions: int
+    prior_per_hour: float
+
+    @property
+    def lossy_per_hour(self) -> float:
+        """Preemptions per hour that lose the work since the last checkpoint (no honoured notice)."""
+        return self.per_hour * (1.0 - self.notice_share)
+
+
+def estimate_preemptions(lifetimes: Iterable[Lifetime], prior_per_hour: float, *,
+                         prior_hours: float = PRIOR_WEIGHT_HOURS, prior_notice_share: float = 0.0,
+                         override_per_hour: Optional[float] = None) -> PreemptionEstimate:
+    """Blend the job's own attempt lifetimes with the catalog's prior (``override_per_hour`` wins outright)."""
+    lifetimes = list(lifetimes)
+    hours = sum(max(0.0, lt.seconds) for lt in lifetimes) / 3600.0
+    preempted = [lt for lt in lifetimes if lt.preempted]
+    noticed = sum(1 for lt in preempted if lt.noticed)
+    if override_per_hour is not None:
+        rate = max(0.0, float(override_per_hour))
+    else:
+        rate = (max(0.0, prior_per_hour) * prior_hours + len(preempted)) / (prior_hours + hours)
+    # the notice share: the prior's share weighs as one preemption, so one observation moves it but doesn't own it
+    share = (prior_notice_share + noticed) / (1 + len(preempted))
+    return PreemptionEstimate(per_hour=rate, notice_share=min(1.0, max(0.0, share)), observed_hours=hours,
+                              observed_preemptions=len(preempted), prior_per_hour=prior_per_hour)
+
+
+def young_daly_seconds(checkpoint_cost_seconds: float, mean_seconds_between_losses: float) -> float:
+    """T = sqrt(2 C M); infinite when nothing is ever lost, 0 when a checkpoint costs nothing."""
+    if mean_seconds_between_losses == math.inf:
+        return math.inf
+    return math.sqrt(2.0 * max(0.0, checkpoint_cost_seconds) * max(0.0, mean_seconds_between_losses))
+
+
+@dataclass(frozen=True)
+class IntervalDecision:
+    seconds: float  # the interval to use, bounded
+    unbounded_seconds: float  # Young/Daly's T before the bounds (inf: no lossy preemptions expected)
+    checkpoint_cost_seconds: float  # C
+    mean_seconds_between_losses: float  # M (inf: none expected)
+    estimate: PreemptionEstimate
+    bound: Optional[str] = None  # "min_every" | "max_every" when a bound decided
+
+    def explain(self) -> str:
+        m = "never" if self.mean_seconds_between_losses == math.inf else f"{self.mean_seconds_between_losses / 3600:.2f} h"
+        why = f" (held at checkpoint.{self.bound})" if self.bound else ""
+        return (f"checkpoint every {self.seconds:.0f}s{why}: T = sqrt(2 x C x M) with C = "
+                f"{self.checkpoint_cost_seconds:.2f}s per checkpoint, M = {m} between lossy preemptions "
+                f"({self.estimate.per_hour:.2f}/h, {self.estimate.notice_share:.0%} with an honoured notice; "
+                f"{self.estimate.observed_preemptions} seen in {self.estimate.observed_hours:.2f} h of this job)")
+
+
+def checkpoint_interval(checkpoint_cost_seconds: float, estimate: PreemptionEstimate, *,
+                        min_seconds: float, max_seconds: float) -> IntervalDecision:
+    """The interval from Young/Daly, bounded by ``[min_seconds, max_seconds]``."""
+    lossy = estimate.lossy_per_hour
+    m = 3600.0 / lossy if lossy > 0 else math.inf
+    t = young_daly_seconds(checkpoint_cost_seconds, m)
+    bound = None
+    seconds = t
+    if t < min_seconds:
+        seconds, bound = min_seconds, "min_every"
+    elif t > max_seconds:
+        seconds, bound = max_seconds, "max_every"
+    return IntervalDecision(seconds=float(seconds), unbounded_seconds=t, checkpoint_cost_seconds=checkpoint_cost_seconds,
+                            mean_seconds_between_losses=m, estimate=estimate, bound=bound)
+
+
+def expected_waste_fraction(interval_seconds: float, checkpoint_cost_seconds: float, estimate: PreemptionEstimate,
+                            restart_seconds: float = 0.0) -> float:
+    """First-order share of paid time not spent on useful steps (the planner's and the simulator's model):
+    C/T for checkpoints; per lossy preemption, half an interval of lost work; per preemption, one restart."""
+    ckpt = checkpoint_cost_seconds / interval_seconds if 0 < interval_seconds < math.inf else 0.0
+    lossy = estimate.lossy_per_hour / 3600.0
+    if interval_seconds == math.inf:
+        lost = math.inf if lossy > 0 else 0.0
+    else:
+        lost = lossy * interval_seconds / 2.0
+    return min(1.0, ckpt + lost + estimate.per_hour / 3600.0 * restart_seconds)
