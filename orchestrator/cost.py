@@ -139,6 +139,33 @@ def price_for(compute_cfg: Any, catalog: Mapping[str, Any]) -> Price:
     return Price(per_unit * units, per_unit, on_demand_per_unit * units, source, gpus, cloud, spot)
 
 
+# Spot preemptions per hour of held capacity when neither the catalog's spot entry (`preemptions_per_hour`)
+# nor compute.preemptions_per_hour says: the median over the 13 public 1x V100 AWS traces in data/spot-traces/
+# (preemptions / hours available per zone: 0.28-1.24, median 0.64).
+DEFAULT_SPOT_PREEMPTIONS_PER_HOUR = 0.64
+
+
+def preemption_prior_per_hour(compute_cfg: Any, catalog: Mapping[str, Any]) -> tuple[float, str]:
+    """The prior rate of preemptions for a ``compute`` config, and where it came from.
+
+    ``compute.preemptions_per_hour`` wins; on-demand capacity is taken as never preempted; else the catalog's
+    spot entry for the GPU type and cloud (``spot: {usd: ..., preemptions_per_hour: ...}``), else the traces' median.
+    """
+    override = getattr(compute_cfg, "preemptions_per_hour", None)
+    if override is not None:
+        return float(override), "compute.preemptions_per_hour"
+    if not bool(getattr(compute_cfg, "spot", False)):
+        return 0.0, "on-demand"
+    gpu_type = str(getattr(compute_cfg, "gpu_type", "none") or "none").lower()
+    clouds = (catalog.get("cpu" if gpu_type in CPU_TYPES else gpu_type) or {}).get("clouds", {})
+    cloud = str(getattr(compute_cfg, "cloud", ANY_CLOUD) or ANY_CLOUD).lower()
+    entries = [clouds[cloud]] if cloud in clouds else list(clouds.values())
+    rates = [float(e["spot"]["preemptions_per_hour"]) for e in entries if "preemptions_per_hour" in e.get("spot", {})]
+    if rates:
+        return min(rates) if cloud not in clouds else rates[0], "price catalog"
+    return DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, "median of the public V100 spot traces"
+
+
 class CostMeter:
     """Cost of the current attempt so far: wall seconds since it started x price.
 

@@ -63,3 +63,27 @@ def test_late_means_on_demand_for_good_and_at_risk_when_even_that_misses():
     assert decide_capacity(_state(elapsed_seconds=95 * 3600, work_done_seconds=40 * 3600, locked=True)).locked
     risk = decide_capacity(_state(elapsed_seconds=95 * 3600, work_done_seconds=40 * 3600))
     assert risk.at_risk and risk.capacity == ON_DEMAND
+
+
+def test_restart_seconds_override_then_measured_median_then_estimate():
+    from orchestrator.policy.restart import BASE_START_SECONDS, restart_seconds
+
+    assert restart_seconds(override=30, measured=[100]) == (30.0, "compute.restart_seconds")
+    assert restart_seconds(measured=[10, 200, 12]) == (12.0, "measured")
+    est, source = restart_seconds(model_bytes=4e9, checkpoint_bytes=1e9)
+    assert source == "estimated" and est > BASE_START_SECONDS + 10
+
+
+def test_preemption_prior_override_catalog_default_and_on_demand():
+    from types import SimpleNamespace
+
+    from orchestrator.cost import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, load_catalog, preemption_prior_per_hour
+
+    catalog = load_catalog()
+    spot = SimpleNamespace(spot=True, gpu_type="a100-80gb", cloud="aws", preemptions_per_hour=None)
+    assert preemption_prior_per_hour(spot, catalog)[0] == DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
+    catalog["a100-80gb"]["clouds"]["aws"]["spot"]["preemptions_per_hour"] = 2.5
+    assert preemption_prior_per_hour(spot, catalog) == (2.5, "price catalog")
+    spot.preemptions_per_hour = 0.1
+    assert preemption_prior_per_hour(spot, catalog) == (0.1, "compute.preemptions_per_hour")
+    assert preemption_prior_per_hour(SimpleNamespace(spot=False), catalog) == (0.0, "on-demand")
