@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 JOB_TAG = "job"
 KIND_TAG = "orchestrator.kind"
+# MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, judges); this value
+# (its "Machine learning" choice) opens the training runs, their metrics and models
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
 REDACTED = "***"
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow's log_batch limit
@@ -272,6 +276,8 @@ def _experiment_id(client, name: str, uri: str) -> str:
     """The experiment ``name`` (created when missing; artifacts beside a local SQLite store)."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):  # made before this tag was set; a user's choice stays
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND_TRAINING)
         return experiment.experiment_id
     artifact_location = None
     if uri.startswith("sqlite:///"):
@@ -279,7 +285,8 @@ def _experiment_id(client, name: str, uri: str) -> str:
         # the working dir is; keep them beside the database.
         artifact_location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
     try:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        return client.create_experiment(name, artifact_location=artifact_location,
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND_TRAINING})
     except Exception:
         # Another attempt created it between our lookup and create.
         experiment = client.get_experiment_by_name(name)
@@ -460,6 +467,11 @@ class JobTracker:
         clean = redact(dict(tags), self._secrets)
         self._delivery.add_op(("tags", [RunTag(k, str(v)) for k, v in clean.items()]))
 
+    def log_dataset_input(self, dataset_input: Any) -> None:
+        """Queue an ``mlflow.entities.DatasetInput`` (the run's training data); MLflow keeps one per name and digest."""
+        if self.enabled and self._delivery is not None:
+            self._delivery.add_op(("inputs", [dataset_input]))
+
     def log_text_artifact(self, text: str, artifact_file: str) -> None:
         """Queue ``text`` as an artifact, with every secret seen in params/tags scrubbed out."""
         if self.enabled and self._delivery is not None:
@@ -523,6 +535,8 @@ class JobTracker:
             self.client.log_text(self.run_id, op[1], op[2])
         elif op[0] == "dict":
             self.client.log_dict(self.run_id, op[1], op[2])
+        elif op[0] == "inputs":
+            self.client.log_inputs(self.run_id, datasets=op[1])
 
 
 class MetricsDelivery:
@@ -540,7 +554,7 @@ class MetricsDelivery:
     def __init__(self, send):
         self._send = send
         self._metrics: deque = deque()
-        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file)
+        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file) | ("inputs", [DatasetInput])
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._in_flight = False
