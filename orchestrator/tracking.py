@@ -31,6 +31,9 @@ KIND_TAG = "orchestrator.kind"
 # (its "Machine learning" choice) opens the training runs, their metrics and models
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND_TRAINING = "custom_model_development"
+# ...but MLflow 3.17's UI takes the view from a global switch (the page's ``workflowType`` query, then the
+# browser's last choice, GenAI by default), so the links the job prints ask for the training view
+UI_TRAINING_VIEW_QUERY = "workflowType=machine_learning"
 REDACTED = "***"
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow's log_batch limit
@@ -355,6 +358,7 @@ class JobTracker:
         self._tags = {k: str(v) for k, v in redact(dict(tags or {}), self._secrets).items()}
         self._params = flatten(redact(dict(params or {}), self._secrets))
         self.uri: Optional[str] = None
+        self.experiment_id: Optional[str] = None
         self.client = None
         self._last_step: dict[str, int] = {}
         self._delivery: Optional[MetricsDelivery] = None  # started with the run
@@ -379,6 +383,7 @@ class JobTracker:
         self.client = MlflowClient(tracking_uri=self.uri)
         try:
             experiment_id = _experiment_id(self.client, getattr(self.cfg, "experiment", "spot-orchestrator"), self.uri)
+            self.experiment_id = experiment_id
             run, resumed = _find_or_create_run(self.client, experiment_id, self.job_name, self.run_id, self.uri)
             self.run_id = run.info.run_id
             if resumed:
@@ -394,10 +399,19 @@ class JobTracker:
                 "or set tracking.enabled=false."
             ) from err
         log.info("MLflow run %s (%s) for job %r at %s", self.run_id, "resumed" if resumed else "new", self.job_name, scrub_text(self.uri))
+        if self.run_url():
+            log.info("MLflow run page: %s", self.run_url())
         self._delivery = MetricsDelivery(self._send)
         if getattr(self.cfg, "log_system_metrics", False):
             self._start_system_metrics(resumed)
         return self.run_id
+
+    def run_url(self) -> Optional[str]:
+        """The run's page in the MLflow UI, in its model-training view; None for a store without a UI (SQLite)."""
+        if not (self.run_id and self.experiment_id and self.uri and self.uri.startswith(("http://", "https://"))):
+            return None
+        base = _URL_USERINFO.sub(r"\g<scheme>", self.uri.rstrip("/"))  # no credentials in a printed link
+        return f"{base}/#/experiments/{self.experiment_id}/runs/{self.run_id}?{UI_TRAINING_VIEW_QUERY}"
 
     def _log_params_and_tags(self, existing_run) -> None:
         from mlflow.entities import Param, RunTag
@@ -481,24 +495,34 @@ class JobTracker:
         if self.enabled and self._delivery is not None:
             self._delivery.add_op(("dict", redact(obj, self._secrets), artifact_file))
 
-    def log_artifacts_dir(self, folder: Path, artifact_path: str) -> bool:
-        """Upload every file under ``folder`` as artifacts under ``artifact_path``, now.
-
-        For the final weights: large, and their folder is removed when the attempt ends, so they
-        are not queued behind the delivery thread. Files go as they are: the caller puts nothing
-        secret there (its config.yaml is redacted). Returns False, logged, when MLflow refused
-        or could not be reached; never raises.
-        """
+    def log_model_dir(self, folder: Path, *, name: str, model_type: str, step: int) -> Optional[str]:
+        """Upload ``folder`` as an MLflow logged model of this run (MLflow 3: the run page's "Logged models",
+        the experiment's Models tab), now -- it is large, and its folder is removed when the attempt ends,
+        so it is not queued behind the delivery thread -- and mark it READY; returns its model id, or None, logged, when
+        MLflow refused or could not be reached. Never raises. The caller puts nothing secret in ``folder``."""
         if not self.enabled or self.client is None or not self.run_id:
-            return False
+            return None
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
+        model_id = None
         try:
-            self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+            model = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=self.run_id,
+                                                    model_type=model_type, tags={JOB_TAG: self.job_name})
+            model_id = model.model_id
+            self.client.log_model_artifacts(model_id, str(folder))
+            self.client.finalize_logged_model(model_id, LoggedModelStatus.READY)
+            self.client.log_outputs(self.run_id, [LoggedModelOutput(model_id, int(step))])
         except Exception as err:  # noqa: BLE001 - the weights are the run's, not the tracker's, to lose
-            log.warning("could not log %s to MLflow as artifacts under %s/: %s", folder.name, artifact_path,
+            log.warning("could not log %s to MLflow as the logged model %r: %s", folder.name, name,
                         scrub_text(str(err), self._secrets)[:300])
-            return False
-        log.info("logged %s to MLflow run %s under %s/", folder.name, self.run_id, artifact_path)
-        return True
+            if model_id is not None:  # not left PENDING as if still uploading
+                try:
+                    self.client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
+                except Exception:  # noqa: BLE001
+                    pass
+            return None
+        log.info("logged %s to MLflow run %s as the logged model %s (%s)", folder.name, self.run_id, name, model_id)
+        return model_id
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""

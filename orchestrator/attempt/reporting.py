@@ -112,8 +112,12 @@ class AttemptTracking:
             metrics = dict(metrics, **job_figures(closing))
         self.tracker.log_metrics(metrics, step)
 
-    def log_artifacts_dir(self, folder, artifact_path: str) -> bool:
-        return self.tracker is not None and self.tracker.log_artifacts_dir(folder, artifact_path)
+    def log_final_model(self, folder, *, adapter: bool, step: int) -> bool:
+        """The final weights (``tracking.log_final_weights``) as the run's logged model ``final-adapter``
+        (LoRA) or ``final-model`` (full fine-tune)."""
+        return self.tracker is not None and self.tracker.log_model_dir(
+            folder, name="final-adapter" if adapter else "final-model",
+            model_type="peft-adapter" if adapter else "transformers", step=step) is not None
 
     def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: dict,
                           figures: dict, money: Any,
@@ -136,7 +140,8 @@ class AttemptTracking:
                               tokens_per_step=money.figures.tokens_per_step,
                               tokens_measured=money.figures.measured_tokens_per_step is not None)
         text = format_report(report)
-        print(text, flush=True)
+        url = self.tracker.run_url()
+        print(text + (f"\nMLflow run page: {url}" if url else ""), flush=True)
         self.log_dict(report, "cost_report.json")
         self.log_text(text, "cost_report.txt")
         self.log_text(config_yaml, "config.yaml")
@@ -195,7 +200,7 @@ def run_description(report: dict) -> str:
     ]
     if quality["value"] is not None:
         rows.append(("quality", f"{quality['metric']} = {quality['value']:.4f} "
-                                f"({usd(quality['usd_per_point'])} per percentage point)"))
+                                f"({usd(quality['usd_per_point'], 6)} per percentage point)"))
     else:
         rows.append(("quality", f"{quality['metric']}: not measured in this attempt"))
     head = (f"**{report['job']}**: {report['status']} at step {totals['steps']} after {totals['attempts']} attempt(s), "
