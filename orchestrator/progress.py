@@ -32,10 +32,12 @@ Dollars = Callable[[int, int], "tuple[float, Optional[float]]"]
 
 
 def format_usd(value: Optional[float]) -> str:
-    """Four decimals below $100 (the tiny CPU jobs cost fractions of a cent), cents above."""
+    """Cents from $100 up, four decimals below, six below a cent (a small job's first minutes cost that)."""
     if value is None:
         return "-"
-    return f"${value:,.4f}" if abs(value) < 100 else f"${value:,.2f}"
+    if abs(value) >= 100:
+        return f"${value:,.2f}"
+    return f"${value:,.4f}" if abs(value) >= 0.01 else f"${value:.6f}"
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -86,6 +88,7 @@ class TrainingProgress(ProgressCallback):
         self.clock = clock
         self._first: Optional[tuple[int, float]] = None  # (step, time) at the end of this attempt's first step
         self._last_line: Optional[float] = None
+        self._redirect = None  # tqdm's logging redirect while the bar is up
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.current_step = state.global_step
@@ -94,8 +97,13 @@ class TrainingProgress(ProgressCallback):
 
             # initial: a resumed attempt starts at its checkpoint's step, and tqdm's rate and ETA
             # count only the steps it has made since
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
             self.training_bar = tqdm(total=state.max_steps, initial=state.global_step, unit="step",
                                      dynamic_ncols=True)
+            # the job's log lines go above the bar (through tqdm.write) instead of through it
+            self._redirect = logging_redirect_tqdm()
+            self._redirect.__enter__()
 
     def on_step_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -136,6 +144,9 @@ class TrainingProgress(ProgressCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.bar and self.training_bar is not None:
             super().on_train_end(args, state, control, **kwargs)
+        if self._redirect is not None:
+            self._redirect.__exit__(None, None, None)
+            self._redirect = None
 
 
 def wants_bar(mode: str, stream=None) -> Optional[bool]:

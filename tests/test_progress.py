@@ -34,8 +34,8 @@ def test_progress_line_has_step_rate_eta_cost_so_far_and_projected_total():
     line = progress_line(step=40, total=100, steps_per_second=4.0, spent_usd=0.01, projected_usd=0.025)
     assert line == ("step 40/100 (40%), 4.00 steps/s, ETA 00:15, cost so far $0.0100, "
                     "projected total $0.0250")
-    early = progress_line(step=1, total=100, steps_per_second=None, spent_usd=0.002, projected_usd=None)
-    assert early == "step 1/100 (1%), - steps/s, ETA -, cost so far $0.0020, projected total -"
+    early = progress_line(step=1, total=100, steps_per_second=None, spent_usd=0.0002, projected_usd=None)
+    assert early == "step 1/100 (1%), - steps/s, ETA -, cost so far $0.000200, projected total -"
     assert "$1,234.50" in progress_line(step=1, total=2, steps_per_second=1.0, spent_usd=1234.5, projected_usd=2469)
 
 
