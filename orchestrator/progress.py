@@ -177,6 +177,7 @@ def attach_progress(trainer: Any, runner: Any) -> Optional[TrainingProgress]:
 
     progress = TrainingProgress(dollars, bar=bar, every_s=parse_duration(cfg.tracking.job_metrics_every,
                                                                          key="tracking.job_metrics_every"))
+    trainer.remove_callback(ProgressCallback)  # the Trainer's own bar, were disable_tqdm off: one display only
     if bar:
         trainer.remove_callback(PrinterCallback)  # the bar writes the Trainer's logs above itself
     trainer.add_callback(progress)

@@ -115,7 +115,8 @@ def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(fi
     text = browser.render(url, shot)
     if os.environ.get(SCREENSHOT_ENV):
         shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
-    assert "Model training" in text and "Evaluation runs" not in text, text[:1500]  # not the GenAI view
+    # the model-training view (its side bar: Runs, Models, Model registry), not the GenAI one (Judges, Evaluation runs)
+    assert "Model registry" in text and "Judges" not in text and "Evaluation runs" not in text, text[:1500]
     for key in ("cost_usd", "usd_per_step", "eval_accuracy", "usd_per_quality_point"):
         assert re.search(rf"\b{key} [-0-9.e]+", text), f"metric {key} not shown with a value: {text[:3000]}"
     assert f"synthetic-arithmetic ({data_fp[:36]}) train" in text.replace("Train", "train"), text[:3000]
