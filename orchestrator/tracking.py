@@ -410,7 +410,7 @@ class JobTracker:
         """The run's page in the MLflow UI, in its model-training view; None for a store without a UI (SQLite)."""
         if not (self.run_id and self.experiment_id and self.uri and self.uri.startswith(("http://", "https://"))):
             return None
-        base = _URL_USERINFO.sub(r"\g<scheme>", self.uri.rstrip("/"))  # no credentials in a printed link
+        base = scrub_text(_URL_USERINFO.sub(r"\g<scheme>", self.uri.rstrip("/")))  # no credentials in a printed link
         return f"{base}/#/experiments/{self.experiment_id}/runs/{self.run_id}?{UI_TRAINING_VIEW_QUERY}"
 
     def _log_params_and_tags(self, existing_run) -> None:
