@@ -332,6 +332,14 @@ def _last_steps(client, run) -> dict[str, int]:
     return {key: max(int(m.step) for m in client.get_metric_history(run.info.run_id, key)) for key in run.data.metrics}
 
 
+def run_page_url(uri: Optional[str], experiment_id: Optional[str], run_id: Optional[str]) -> Optional[str]:
+    """A run's page in the MLflow UI, in its model-training view; None for a store without a UI (SQLite)."""
+    if not (run_id and experiment_id and uri and uri.startswith(("http://", "https://"))):
+        return None
+    base = scrub_text(_URL_USERINFO.sub(r"\g<scheme>", uri.rstrip("/")))  # no credentials in a printed link
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_TRAINING_VIEW_QUERY}"
+
+
 class TrackingUnavailable(RuntimeError):
     """The tracking server could not be reached when the run had to be opened."""
 
@@ -407,11 +415,8 @@ class JobTracker:
         return self.run_id
 
     def run_url(self) -> Optional[str]:
-        """The run's page in the MLflow UI, in its model-training view; None for a store without a UI (SQLite)."""
-        if not (self.run_id and self.experiment_id and self.uri and self.uri.startswith(("http://", "https://"))):
-            return None
-        base = scrub_text(_URL_USERINFO.sub(r"\g<scheme>", self.uri.rstrip("/")))  # no credentials in a printed link
-        return f"{base}/#/experiments/{self.experiment_id}/runs/{self.run_id}?{UI_TRAINING_VIEW_QUERY}"
+        """The run's page in the MLflow UI (``run_page_url``), once the run is open."""
+        return run_page_url(self.uri, self.experiment_id, self.run_id)
 
     def _log_params_and_tags(self, existing_run) -> None:
         from mlflow.entities import Param, RunTag
@@ -494,35 +499,6 @@ class JobTracker:
     def log_dict_artifact(self, obj: Mapping[str, Any], artifact_file: str) -> None:
         if self.enabled and self._delivery is not None:
             self._delivery.add_op(("dict", redact(obj, self._secrets), artifact_file))
-
-    def log_model_dir(self, folder: Path, *, name: str, model_type: str, step: int) -> Optional[str]:
-        """Upload ``folder`` as an MLflow logged model of this run (MLflow 3: the run page's "Logged models",
-        the experiment's Models tab), now -- it is large, and its folder is removed when the attempt ends,
-        so it is not queued behind the delivery thread -- and mark it READY; returns its model id, or None, logged, when
-        MLflow refused or could not be reached. Never raises. The caller puts nothing secret in ``folder``."""
-        if not self.enabled or self.client is None or not self.run_id:
-            return None
-        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-
-        model_id = None
-        try:
-            model = self.client.create_logged_model(self.experiment_id, name=name, source_run_id=self.run_id,
-                                                    model_type=model_type, tags={JOB_TAG: self.job_name})
-            model_id = model.model_id
-            self.client.log_model_artifacts(model_id, str(folder))
-            self.client.finalize_logged_model(model_id, LoggedModelStatus.READY)
-            self.client.log_outputs(self.run_id, [LoggedModelOutput(model_id, int(step))])
-        except Exception as err:  # noqa: BLE001 - the weights are the run's, not the tracker's, to lose
-            log.warning("could not log %s to MLflow as the logged model %r: %s", folder.name, name,
-                        scrub_text(str(err), self._secrets)[:300])
-            if model_id is not None:  # not left PENDING as if still uploading
-                try:
-                    self.client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
-                except Exception:  # noqa: BLE001
-                    pass
-            return None
-        log.info("logged %s to MLflow run %s as the logged model %s (%s)", folder.name, self.run_id, name, model_id)
-        return model_id
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""

@@ -114,9 +114,9 @@ class AttemptTracking:
 
     def log_final_model(self, folder, *, adapter: bool, step: int) -> bool:
         """The final weights (``tracking.log_final_weights``) as the run's logged model ``final-adapter``
-        (LoRA) or ``final-model`` (full fine-tune)."""
-        return self.tracker is not None and self.tracker.log_model_dir(
-            folder, name="final-adapter" if adapter else "final-model",
+        (LoRA) or ``final-model`` (full fine-tune); see ``log_model_dir``."""
+        return self.tracker is not None and log_model_dir(
+            self.tracker, folder, name="final-adapter" if adapter else "final-model",
             model_type="peft-adapter" if adapter else "transformers", step=step) is not None
 
     def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: dict,
@@ -152,6 +152,38 @@ class AttemptTracking:
     def close(self, status: str, *, flush_timeout_s: float = 60.0) -> None:
         if self.tracker is not None:
             self.tracker.close(status, flush_timeout_s=flush_timeout_s)
+
+
+def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int) -> Optional[str]:
+    """Upload ``folder`` as an MLflow logged model of ``tracker``'s run (MLflow 3: the run page's "Logged
+    models", the experiment's Models tab), now -- it is large, and its folder is removed when the attempt
+    ends, so it does not wait behind the delivery thread -- and mark it READY. Returns its model id, or
+    None, logged, when MLflow refused or could not be reached; never raises. ``folder`` holds nothing secret."""
+    if not tracker.enabled or tracker.client is None or not tracker.run_id:
+        return None
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
+    from orchestrator.tracking import JOB_TAG, scrub_text
+
+    client, model_id = tracker.client, None
+    try:
+        model = client.create_logged_model(tracker.experiment_id, name=name, source_run_id=tracker.run_id,
+                                           model_type=model_type, tags={JOB_TAG: tracker.job_name})
+        model_id = model.model_id
+        client.log_model_artifacts(model_id, str(folder))
+        client.finalize_logged_model(model_id, LoggedModelStatus.READY)
+        client.log_outputs(tracker.run_id, [LoggedModelOutput(model_id, int(step))])
+    except Exception as err:  # noqa: BLE001 - the weights are the run's, not the tracker's, to lose
+        log.warning("could not log the final weights to MLflow as the logged model %r: %s", name,
+                    scrub_text(str(err))[:300])
+        if model_id is not None:  # not left PENDING as if still uploading
+            try:
+                client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
+            except Exception:  # noqa: BLE001
+                pass
+        return None
+    log.info("logged the final weights to MLflow run %s as the logged model %s (%s)", tracker.run_id, name, model_id)
+    return model_id
 
 
 def source_tags() -> dict:
