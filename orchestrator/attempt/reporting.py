@@ -1,5 +1,7 @@
 """The attempt's MLflow side: the job's one run (resumed by every attempt), its metrics at the
-right rate, and the closing cost report.
+right rate, and the closing cost report; what the run page shows besides: the training data as a
+dataset input, the commit as MLflow's source tags, a description with the cost and quality, and the
+final weights as a logged model.
 
 Built for every rank; on other ranks than the main one, and when tracking is
 off, there is no MLflow client behind it and every call does nothing.
@@ -89,7 +91,10 @@ class AttemptTracking:
         fingerprint goes in the run's ``dataset_fingerprint`` tag."""
         if self.tracker is None:
             return
-        self.tracker.log_dataset_input(dataset_input(train_dataset, fingerprint, data_cfg))
+        try:
+            self.tracker.log_dataset_input(dataset_input(train_dataset, fingerprint, data_cfg))
+        except Exception as err:  # noqa: BLE001 - a dataset MLflow cannot describe must not stop training
+            log.warning("the training data could not be described as an MLflow dataset input: %s", err)
         self.set_tags({"dataset_fingerprint": fingerprint})
 
     def log_text(self, text: str, artifact_file: str) -> None:
