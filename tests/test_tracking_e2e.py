@@ -116,6 +116,8 @@ def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points
     mlrun = _the_run(client, experiment, run)
     assert mlrun.data.tags["attempts"] == "4"
     assert mlrun.data.tags["status"] == "completed"
+    # each attempt logs the training data; the run has it once
+    assert [d.dataset.name for d in mlrun.inputs.dataset_inputs] == ["synthetic-arithmetic"]
     histories = _histories(client, mlrun)
     _assert_no_duplicate_points(histories)
     final_cost = _last_point(histories["cost_usd"]).value
