@@ -26,6 +26,7 @@ CHOICES = {
     "preemption.provider": ("auto", "aws", "gcp", "azure", "none"),
     "backend.name": ("local", "slurm", "skypilot", "kubernetes"),
     "distributed.name": ("none", "ddp", "zero2", "zero3", "fsdp"),
+    "tracking.progress": ("auto", "bar", "lines", "off"),
 }
 
 

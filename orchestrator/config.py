@@ -153,7 +153,9 @@ class TrackingConfig:
     log_system_metrics: bool = False  # MLflow's own CPU/GPU/memory sampling
     system_metrics_every: str = "30s"  # MLflow's sampling interval; 0: MLflow's 10 s (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL wins)
     job_metrics_every: str = "30s"  # the orchestrator's own metrics (cost, lost work, throughput) at most this often; 0: every log
-    log_final_weights: bool = False  # also upload the final weights to the MLflow run, under final_weights/
+    log_final_weights: bool = False  # also upload the final weights (adapter) to MLflow as the run's logged model
+    progress: str = "auto"  # auto: a bar on a terminal, else a line every job_metrics_every | bar | lines | off
+    data_progress_bars: bool = False  # show the datasets library's per-map progress bars while preparing data
 
 
 @dataclass

@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 
 JOB_TAG = "job"
 KIND_TAG = "orchestrator.kind"
+# MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, judges); this value
+# (its "Machine learning" choice) opens the training runs, their metrics and models
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
+# ...but MLflow 3.17's UI takes the view from a global switch (the page's ``workflowType`` query, then the
+# browser's last choice, GenAI by default), so the links the job prints ask for the training view
+UI_TRAINING_VIEW_QUERY = "workflowType=machine_learning"
 REDACTED = "***"
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow's log_batch limit
@@ -272,6 +279,8 @@ def _experiment_id(client, name: str, uri: str) -> str:
     """The experiment ``name`` (created when missing; artifacts beside a local SQLite store)."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):  # made before this tag was set; a user's choice stays
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND_TRAINING)
         return experiment.experiment_id
     artifact_location = None
     if uri.startswith("sqlite:///"):
@@ -279,7 +288,8 @@ def _experiment_id(client, name: str, uri: str) -> str:
         # the working dir is; keep them beside the database.
         artifact_location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
     try:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        return client.create_experiment(name, artifact_location=artifact_location,
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND_TRAINING})
     except Exception:
         # Another attempt created it between our lookup and create.
         experiment = client.get_experiment_by_name(name)
@@ -322,6 +332,14 @@ def _last_steps(client, run) -> dict[str, int]:
     return {key: max(int(m.step) for m in client.get_metric_history(run.info.run_id, key)) for key in run.data.metrics}
 
 
+def run_page_url(uri: Optional[str], experiment_id: Optional[str], run_id: Optional[str]) -> Optional[str]:
+    """A run's page in the MLflow UI, in its model-training view; None for a store without a UI (SQLite)."""
+    if not (run_id and experiment_id and uri and uri.startswith(("http://", "https://"))):
+        return None
+    base = scrub_text(_URL_USERINFO.sub(r"\g<scheme>", uri.rstrip("/")))  # no credentials in a printed link
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_TRAINING_VIEW_QUERY}"
+
+
 class TrackingUnavailable(RuntimeError):
     """The tracking server could not be reached when the run had to be opened."""
 
@@ -348,6 +366,7 @@ class JobTracker:
         self._tags = {k: str(v) for k, v in redact(dict(tags or {}), self._secrets).items()}
         self._params = flatten(redact(dict(params or {}), self._secrets))
         self.uri: Optional[str] = None
+        self.experiment_id: Optional[str] = None
         self.client = None
         self._last_step: dict[str, int] = {}
         self._delivery: Optional[MetricsDelivery] = None  # started with the run
@@ -372,6 +391,7 @@ class JobTracker:
         self.client = MlflowClient(tracking_uri=self.uri)
         try:
             experiment_id = _experiment_id(self.client, getattr(self.cfg, "experiment", "spot-orchestrator"), self.uri)
+            self.experiment_id = experiment_id
             run, resumed = _find_or_create_run(self.client, experiment_id, self.job_name, self.run_id, self.uri)
             self.run_id = run.info.run_id
             if resumed:
@@ -387,10 +407,16 @@ class JobTracker:
                 "or set tracking.enabled=false."
             ) from err
         log.info("MLflow run %s (%s) for job %r at %s", self.run_id, "resumed" if resumed else "new", self.job_name, scrub_text(self.uri))
+        if self.run_url():
+            log.info("MLflow run page: %s", self.run_url())
         self._delivery = MetricsDelivery(self._send)
         if getattr(self.cfg, "log_system_metrics", False):
             self._start_system_metrics(resumed)
         return self.run_id
+
+    def run_url(self) -> Optional[str]:
+        """The run's page in the MLflow UI (``run_page_url``), once the run is open."""
+        return run_page_url(self.uri, self.experiment_id, self.run_id)
 
     def _log_params_and_tags(self, existing_run) -> None:
         from mlflow.entities import Param, RunTag
@@ -460,6 +486,11 @@ class JobTracker:
         clean = redact(dict(tags), self._secrets)
         self._delivery.add_op(("tags", [RunTag(k, str(v)) for k, v in clean.items()]))
 
+    def log_dataset_input(self, dataset_input: Any) -> None:
+        """Queue an ``mlflow.entities.DatasetInput`` (the run's training data); MLflow keeps one per name and digest."""
+        if self.enabled and self._delivery is not None:
+            self._delivery.add_op(("inputs", [dataset_input]))
+
     def log_text_artifact(self, text: str, artifact_file: str) -> None:
         """Queue ``text`` as an artifact, with every secret seen in params/tags scrubbed out."""
         if self.enabled and self._delivery is not None:
@@ -468,25 +499,6 @@ class JobTracker:
     def log_dict_artifact(self, obj: Mapping[str, Any], artifact_file: str) -> None:
         if self.enabled and self._delivery is not None:
             self._delivery.add_op(("dict", redact(obj, self._secrets), artifact_file))
-
-    def log_artifacts_dir(self, folder: Path, artifact_path: str) -> bool:
-        """Upload every file under ``folder`` as artifacts under ``artifact_path``, now.
-
-        For the final weights: large, and their folder is removed when the attempt ends, so they
-        are not queued behind the delivery thread. Files go as they are: the caller puts nothing
-        secret there (its config.yaml is redacted). Returns False, logged, when MLflow refused
-        or could not be reached; never raises.
-        """
-        if not self.enabled or self.client is None or not self.run_id:
-            return False
-        try:
-            self.client.log_artifacts(self.run_id, str(folder), artifact_path)
-        except Exception as err:  # noqa: BLE001 - the weights are the run's, not the tracker's, to lose
-            log.warning("could not log %s to MLflow as artifacts under %s/: %s", folder.name, artifact_path,
-                        scrub_text(str(err), self._secrets)[:300])
-            return False
-        log.info("logged %s to MLflow run %s under %s/", folder.name, self.run_id, artifact_path)
-        return True
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""
@@ -523,6 +535,8 @@ class JobTracker:
             self.client.log_text(self.run_id, op[1], op[2])
         elif op[0] == "dict":
             self.client.log_dict(self.run_id, op[1], op[2])
+        elif op[0] == "inputs":
+            self.client.log_inputs(self.run_id, datasets=op[1])
 
 
 class MetricsDelivery:
@@ -540,7 +554,7 @@ class MetricsDelivery:
     def __init__(self, send):
         self._send = send
         self._metrics: deque = deque()
-        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file)
+        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file) | ("inputs", [DatasetInput])
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._in_flight = False

@@ -3,12 +3,20 @@
 #   bash scripts/test.sh [pytest args]
 # The S3 server (moto) and the MLflow server are started by the tests themselves
 # on 127.0.0.1; a single-node Slurm cluster is started here (needs root and apt),
-# and a service that cannot start fails the run rather than skipping tests.
+# Debian's chromium is installed when missing (root and apt too), and a service
+# that cannot start fails the run rather than skipping tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ "${ORCH_SKIP_SLURM:-0}" != 1 ]; then
   bash .ci/slurm-up.sh || { echo "FATAL: the Slurm test cluster could not start (see above)." >&2; exit 1; }
+fi
+# headless Chromium renders the MLflow UI for the browser test (tests/browser.py); Debian's package
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "installing chromium (apt) for the MLflow UI test"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+    || { echo "FATAL: could not install chromium with apt-get (needed by tests/test_final_weights_e2e.py)." >&2; exit 1; }
+  chromium --version >/dev/null 2>&1 || { echo "FATAL: chromium was installed but does not start." >&2; exit 1; }
 fi
 # SkyPilot's own parser checks the generated task YAML; it pins an older click than
 # this project's stack needs, so it gets a venv of its own

@@ -1,38 +1,125 @@
-"""Where the final weights go, end to end: a real job (``python -m orchestrator.launch``), moto S3 storage
-and a real ``mlflow server``.
+"""The finished job in MLflow, end to end: a real job (``python -m orchestrator.launch``), moto S3 storage, a real
+``mlflow server``, and the run page rendered by headless Chromium.
 
-``checkpoint.save_final_weights=false`` keeps them out of ``<storage>/<run>/final/``;
-``tracking.log_final_weights=true`` puts them in the MLflow run under ``final_weights/``.
+One job serves both tests (a module fixture; the tests share an xdist group, so they run on one worker):
+- ``checkpoint.save_final_weights=false`` keeps the weights out of ``<storage>/<run>/final/``;
+  ``tracking.log_final_weights=true`` makes them the MLflow run's logged model.
+- The run page the job links to opens in MLflow's model-training view and shows the run's cost and quality
+  metrics, its description (the cost summary), its training data with the dataset fingerprint, and its commit.
 """
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from tests import jobs
+from tests import browser, jobs
+
+pytestmark = pytest.mark.xdist_group("final-weights-job")
+# where the run page's screenshot is copied, when set (for a person to look at)
+SCREENSHOT_ENV = "ORCH_UI_SCREENSHOT"
 
 
-def test_final_weights_go_to_mlflow_and_not_to_storage_when_asked(s3_server, s3_bucket, mlflow_server, tmp_path):
-    storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
+@dataclass
+class FinishedJob:
+    storage: jobs.Storage
+    run: str
+    experiment: str
+    overrides: list
+    log: str
+    client: MlflowClient
+    tmp: Path
+
+    def mlflow_run(self):
+        exp = self.client.get_experiment_by_name(self.experiment)
+        (mlrun,) = self.client.search_runs([exp.experiment_id])
+        return exp, mlrun
+
+
+@pytest.fixture(scope="module")
+def finished_job(s3_server, mlflow_server, tmp_path_factory) -> FinishedJob:
+    tmp = tmp_path_factory.mktemp("final-weights")
+    bucket = f"orch-test-{uuid.uuid4().hex[:16]}"
+    s3_server.client().create_bucket(Bucket=bucket)
+    storage = jobs.Storage(f"s3://{bucket}/runs", s3_server.endpoint_url)
     experiment, run = f"final-{uuid.uuid4().hex[:8]}", "weights"
     overrides = jobs.with_overrides(
         jobs.FAST + storage.overrides(), "train.max_steps=10", f"run.name={run}", "tracking.enabled=true",
         f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={experiment}",
         "checkpoint.save_final_weights=false", "tracking.log_final_weights=true")
-    env = jobs.job_env(tmp_path)
+    env = jobs.job_env(tmp)
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = jobs.run_job(overrides, tmp_path, env=env, timeout=600)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert jobs.ledger(storage, run)["status"] == "completed"
-    assert storage.store().list(f"{run}/final/") == [], "checkpoint.save_final_weights=false still saved them"
-    assert "final weights:" not in done.stdout
+    done = jobs.run_job(overrides, tmp, env=env, timeout=600)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    return FinishedJob(storage, run, experiment, overrides, log, MlflowClient(tracking_uri=mlflow_server.uri), tmp)
 
-    client = MlflowClient(tracking_uri=mlflow_server.uri)
-    (mlrun,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
-    logged = {a.path for a in client.list_artifacts(mlrun.info.run_id, "final_weights")}
-    assert {"final_weights/adapter_model.safetensors", "final_weights/adapter_config.json"} <= logged, logged
-    local = client.download_artifacts(mlrun.info.run_id, "final_weights/adapter_model.safetensors", str(tmp_path))
+
+def test_final_weights_go_to_mlflow_as_the_runs_logged_model_and_not_to_storage(finished_job, mlflow_server):
+    job = finished_job
+    assert jobs.ledger(job.storage, job.run)["status"] == "completed"
+    assert job.storage.store().list(f"{job.run}/final/") == [], "checkpoint.save_final_weights=false still saved them"
+    assert "final weights:" not in job.log
+
+    exp, mlrun = job.mlflow_run()
+    models = [m for m in job.client.search_logged_models([exp.experiment_id]) if m.source_run_id == mlrun.info.run_id]
+    assert [(m.name, str(m.status)) for m in models] == [("final-adapter", "READY")], models
+    assert [o.model_id for o in mlrun.outputs.model_outputs] == [models[0].model_id]
+    logged = {f.path for f in job.client.list_logged_model_artifacts(models[0].model_id)}
+    assert {"adapter_model.safetensors", "adapter_config.json", "config.yaml"} <= logged, logged
+    import mlflow.artifacts
+
+    local = mlflow.artifacts.download_artifacts(f"{models[0].artifact_location}/adapter_model.safetensors",
+                                                dst_path=str(job.tmp / "model"), tracking_uri=mlflow_server.uri)
     tensors = load_file(local)
     assert tensors and all("lora_" in name for name in tensors), sorted(tensors)[:5]
+
+
+def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(finished_job):
+    from orchestrator.compose import compose_config
+    from recipes.data import fingerprint, load_datasets
+
+    job = finished_job
+    exp, mlrun = job.mlflow_run()
+    # what the job hands a person: the link in its log and in the closing report
+    links = set(re.findall(r"MLflow run page: (\S+)", job.log))
+    assert len(links) == 1, links
+    url = links.pop()
+    assert url.endswith(f"/#/experiments/{exp.experiment_id}/runs/{mlrun.info.run_id}?workflowType=machine_learning")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+    # the facts behind the page, through MLflow's API
+    train, _ = load_datasets(compose_config([o for o in job.overrides if o.startswith("data.")]).data, "sft")
+    data_fp = fingerprint(train)
+    (data_input,) = mlrun.inputs.dataset_inputs
+    assert (data_input.dataset.name, data_input.dataset.digest) == ("synthetic-arithmetic", data_fp[:36])
+    assert {t.key: t.value for t in data_input.tags} == {"mlflow.data.context": "train"}
+    assert mlrun.data.tags["dataset_fingerprint"] == data_fp
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=jobs.REPO, capture_output=True, text=True).stdout.strip()
+    assert mlrun.data.tags["mlflow.source.git.commit"] == head
+    metrics = mlrun.data.metrics
+    assert metrics["cost_usd"] > 0 and 0 <= metrics["eval_accuracy"] <= 1, metrics
+    note = mlrun.data.tags["mlflow.note.content"]
+    assert f"${metrics['cost_usd']:,.4f}" in note and f"eval_accuracy = {metrics['eval_accuracy']:.4f}" in note, note
+
+    # the page as Chromium renders it
+    shot = job.tmp / "mlflow-run.png"
+    text = browser.render(url, shot)
+    if os.environ.get(SCREENSHOT_ENV):
+        shutil.copyfile(shot, os.environ[SCREENSHOT_ENV])
+    # the model-training view (its side bar: Runs, Models, Model registry), not the GenAI one (Judges, Evaluation runs)
+    assert "Model registry" in text and "Judges" not in text and "Evaluation runs" not in text, text[:1500]
+    for key in ("cost_usd", "usd_per_step", "eval_accuracy", "usd_per_quality_point"):
+        assert re.search(rf"\b{key} [-0-9.e]+", text), f"metric {key} not shown with a value: {text[:3000]}"
+    assert f"synthetic-arithmetic ({data_fp[:36]}) train" in text.replace("Train", "train"), text[:3000]
+    assert "completed at step 10 after 1 attempt(s)" in text and f"cost ${metrics['cost_usd']:,.4f}" in text
+    assert f"orchestrator.worker {head[:7]}" in text, text[:3000]  # the source and its commit
+    assert "final-adapter Ready" in text, text[:3000]  # the logged model

@@ -15,6 +15,7 @@ import base64
 import collections
 import json
 import random
+import re
 import signal
 import time
 import uuid
@@ -115,6 +116,8 @@ def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points
     mlrun = _the_run(client, experiment, run)
     assert mlrun.data.tags["attempts"] == "4"
     assert mlrun.data.tags["status"] == "completed"
+    # each attempt logs the training data; the run has it once
+    assert [d.dataset.name for d in mlrun.inputs.dataset_inputs] == ["synthetic-arithmetic"]
     histories = _histories(client, mlrun)
     _assert_no_duplicate_points(histories)
     final_cost = _last_point(histories["cost_usd"]).value
@@ -264,3 +267,29 @@ def test_mlflow_server_down_mid_run_loses_no_point(storage, mlflow_server, clien
     gaps_ms = [b.timestamp - a.timestamp for a, b in zip(cost[:-2], cost[1:-1])]
     assert all(gap >= 1900 for gap in gaps_ms), (gaps_ms, [m.step for m in cost])
     assert _last_point(histories["cost_usd"]).value == pytest.approx(jobs.ledger(storage, run)["cost_usd"], rel=0.01)
+    _assert_progress_lines(log, max_steps=max_steps, every_s=2.0, final_cost_usd=jobs.ledger(storage, run)["cost_usd"])
+
+
+_PROGRESS = re.compile(r"^\S+ (\d\d):(\d\d):(\d\d),(\d+) INFO orchestrator\.progress: progress: step (\d+)/(\d+) \(\d+%\), "
+                       r"(-|[\d.]+) steps/s, ETA (-|[\d:]+), cost so far \$([\d.,]+), projected total (-|\$[\d.,]+)$", re.M)
+
+
+def _assert_progress_lines(log: str, *, max_steps: int, every_s: float, final_cost_usd: float) -> None:
+    """The job's log is a file, not a terminal: one progress line at the attempt's first step, then at most
+    every tracking.job_metrics_every, with step/total, ETA, cost so far and the projected total; and none of
+    the datasets library's per-map bars (TRL's "Tokenizing train dataset" and the like)."""
+    lines = _PROGRESS.findall(log)
+    assert len(lines) >= 3, [x for x in log.splitlines() if "progress" in x][:10] or log[-3000:]
+    seconds = [int(h) * 3600 + int(m) * 60 + int(sec) + int(ms) / 1000 for h, m, sec, ms, *_ in lines]
+    steps = [int(x[4]) for x in lines]
+    assert steps[0] == 1 and steps == sorted(set(steps)) and {int(x[5]) for x in lines} == {max_steps}, steps
+    assert all(b - a >= every_s - 0.1 for a, b in zip(seconds, seconds[1:])), (seconds, steps)
+    spent = [float(x[8].replace(",", "")) for x in lines]
+    assert spent == sorted(spent) and 0 < spent[-1] <= final_cost_usd, (spent, final_cost_usd)
+    later = lines[1:]
+    assert all(x[6] != "-" and x[7] != "-" and x[9] != "-" for x in later), later
+    # the projected total (from the money watch) lands near what the job cost; the closing evaluation and
+    # save come after the last line, so it runs a little under, never far off
+    projected = [float(x[9][1:].replace(",", "")) for x in later]
+    assert all(0.3 * final_cost_usd <= p <= 3 * final_cost_usd for p in projected), (projected, final_cost_usd)
+    assert "Tokenizing train dataset" not in log and "Map:" not in log, "the datasets library's bars were shown"

@@ -36,6 +36,9 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     from orchestrator.requeue import RequeuePolicy
     from orchestrator.storage import store_from_config
 
+    from orchestrator.progress import quiet_data_progress
+
+    quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
     main = dist.is_main()
     run_name = job_name(cfg)
     try:

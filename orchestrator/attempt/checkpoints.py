@@ -135,8 +135,8 @@ class CheckpointController:
     def save_final(self, trainer, step: int, *, config_yaml: str, upload: bool, to_mlflow: Any = None) -> bool:
         """The trained weights, tokenizer and (redacted) config: under ``<run>/final/`` when ``upload``
         (``checkpoint.save_final_weights``), committed through the store's protocol (retried, manifest
-        last) if this attempt still holds the job; as MLflow artifacts under ``final_weights/`` through
-        ``to_mlflow`` (``tracking.log_final_weights``). Returns whether ``<run>/final/`` was written."""
+        last) if this attempt still holds the job; as the MLflow run's logged model through ``to_mlflow``
+        (``tracking.log_final_weights``). Returns whether ``<run>/final/`` was written."""
         if not (upload or to_mlflow is not None):
             return False
         final = self.work / "final"
@@ -151,7 +151,7 @@ class CheckpointController:
             self.checkpoints.commit_folder(final, f"{self.run_name}/final/", step=step, epoch=self.record.epoch,
                                            meta=self.meta)
         if to_mlflow is not None:
-            to_mlflow.log_artifacts_dir(final, "final_weights")
+            to_mlflow.log_final_model(final, adapter=not self.full_model, step=step)
         return upload
 
     def final_uri(self) -> str:

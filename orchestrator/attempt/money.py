@@ -73,6 +73,17 @@ class MoneyWatch:
             return f"budget exhausted (${total:.4f} of ${self.budget_max_usd})"
         return None
 
+    def projected_total_usd(self, step: int, *, max_steps: int, step_at_start: int,
+                            first_step_seconds: Optional[float], restarts: int) -> Optional[float]:
+        """The job's projected total at ``step`` (``budget.projected_total_usd``, the figure the projection
+        alert uses), for the progress display; None while there is too little to project from."""
+        from orchestrator.budget import projected_total_usd
+
+        return projected_total_usd(spent_usd=self.total_cost_usd(), step=step, max_steps=max_steps,
+                                   attempt_usd=self.meter.attempt_cost_usd(),
+                                   startup_usd=self.meter.cost_usd(first_step_seconds),
+                                   steps_this_attempt=step - step_at_start, restarts=restarts)
+
     def wait_for_alerts(self) -> bool:
         """True when no alert is still being sent."""
         return self.guard is None or self.guard.wait_for_delivery()

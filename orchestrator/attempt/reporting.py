@@ -1,5 +1,7 @@
 """The attempt's MLflow side: the job's one run (resumed by every attempt), its metrics at the
-right rate, and the closing cost report.
+right rate, and the closing cost report; what the run page shows besides: the training data as a
+dataset input, the commit as MLflow's source tags, a description with the cost and quality, and the
+final weights as a logged model.
 
 Built for every rank; on other ranks than the main one, and when tracking is
 off, there is no MLflow client behind it and every call does nothing.
@@ -12,6 +14,14 @@ import time
 from typing import Any, Callable, Optional
 
 log = logging.getLogger("orchestrator.worker")
+
+# MLflow's own tag names (mlflow.utils.mlflow_tags): the run page shows the note as the run's
+# description and the source tags as its source and commit
+RUN_NOTE_TAG = "mlflow.note.content"
+SOURCE_NAME_TAG = "mlflow.source.name"
+SOURCE_TYPE_TAG = "mlflow.source.type"
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
+DATASET_CONTEXT_TAG = "mlflow.data.context"
 
 
 class AttemptTracking:
@@ -41,7 +51,8 @@ class AttemptTracking:
             return cls(None, job_metrics_every_s=job_metrics_every_s)
         tags = {"job": run_name, "recipe": cfg.recipe.name, "model": cfg.model.name_or_path,
                 "gpu_type": cfg.compute.gpu_type, "spot": str(bool(cfg.compute.spot)), "status": "running",
-                "attempts": str(len(ledger.get("attempts", [])) + 1), "quality_metric": quality_metric}
+                "attempts": str(len(ledger.get("attempts", [])) + 1), "quality_metric": quality_metric,
+                **source_tags()}
         tracker = JobTracker(cfg.tracking, job_name=run_name, tags=tags,
                              params=OmegaConf.to_container(cfg, resolve=True), run_id=ledger.get("mlflow_run_id"))
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)
@@ -74,6 +85,18 @@ class AttemptTracking:
         if self.tracker is not None:
             self.tracker.log_dict_artifact(obj, artifact_file)
 
+    def log_dataset(self, train_dataset: Any, fingerprint: str, data_cfg: Any) -> None:
+        """The training data as the run's MLflow dataset input (context ``train``), its digest the job's
+        dataset fingerprint (``recipes.data.fingerprint``) cut to MLflow's 36 characters; the whole
+        fingerprint goes in the run's ``dataset_fingerprint`` tag."""
+        if self.tracker is None:
+            return
+        try:
+            self.tracker.log_dataset_input(dataset_input(train_dataset, fingerprint, data_cfg))
+        except Exception as err:  # noqa: BLE001 - a dataset MLflow cannot describe must not stop training
+            log.warning("the training data could not be described as an MLflow dataset input: %s", err)
+        self.set_tags({"dataset_fingerprint": fingerprint})
+
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.tracker is not None:
             self.tracker.log_text_artifact(text, artifact_file)
@@ -94,8 +117,12 @@ class AttemptTracking:
             metrics = dict(metrics, **job_figures(closing))
         self.tracker.log_metrics(metrics, step)
 
-    def log_artifacts_dir(self, folder, artifact_path: str) -> bool:
-        return self.tracker is not None and self.tracker.log_artifacts_dir(folder, artifact_path)
+    def log_final_model(self, folder, *, adapter: bool, step: int) -> bool:
+        """The final weights (``tracking.log_final_weights``) as the run's logged model ``final-adapter``
+        (LoRA) or ``final-model`` (full fine-tune); see ``log_model_dir``."""
+        return self.tracker is not None and log_model_dir(
+            self.tracker, folder, name="final-adapter" if adapter else "final-model",
+            model_type="peft-adapter" if adapter else "transformers", step=step) is not None
 
     def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: dict,
                           figures: dict, money: Any,
@@ -118,13 +145,101 @@ class AttemptTracking:
                               tokens_per_step=money.figures.tokens_per_step,
                               tokens_measured=money.figures.measured_tokens_per_step is not None)
         text = format_report(report)
-        print(text, flush=True)
+        url = self.tracker.run_url()
+        print(text + (f"\nMLflow run page: {url}" if url else ""), flush=True)
         self.log_dict(report, "cost_report.json")
         self.log_text(text, "cost_report.txt")
         self.log_text(config_yaml, "config.yaml")
-        self.set_tags({"status": status, "attempts": str(figures["attempts"]), "preemptions": str(figures["preemptions"])})
+        self.set_tags({"status": status, "attempts": str(figures["attempts"]), "preemptions": str(figures["preemptions"]),
+                       RUN_NOTE_TAG: run_description(report)})
         self.close(tracker_status)
 
     def close(self, status: str, *, flush_timeout_s: float = 60.0) -> None:
         if self.tracker is not None:
             self.tracker.close(status, flush_timeout_s=flush_timeout_s)
+
+
+def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int) -> Optional[str]:
+    """Upload ``folder`` as an MLflow logged model of ``tracker``'s run (MLflow 3: the run page's "Logged
+    models", the experiment's Models tab), now -- it is large, and its folder is removed when the attempt
+    ends, so it does not wait behind the delivery thread -- and mark it READY. Returns its model id, or
+    None, logged, when MLflow refused or could not be reached; never raises. ``folder`` holds nothing secret."""
+    if not tracker.enabled or tracker.client is None or not tracker.run_id:
+        return None
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
+    from orchestrator.tracking import JOB_TAG, scrub_text
+
+    client, model_id = tracker.client, None
+    try:
+        model = client.create_logged_model(tracker.experiment_id, name=name, source_run_id=tracker.run_id,
+                                           model_type=model_type, tags={JOB_TAG: tracker.job_name})
+        model_id = model.model_id
+        client.log_model_artifacts(model_id, str(folder))
+        client.finalize_logged_model(model_id, LoggedModelStatus.READY)
+        client.log_outputs(tracker.run_id, [LoggedModelOutput(model_id, int(step))])
+    except Exception as err:  # noqa: BLE001 - the weights are the run's, not the tracker's, to lose
+        log.warning("could not log the final weights to MLflow as the logged model %r: %s", name,
+                    scrub_text(str(err))[:300])
+        if model_id is not None:  # not left PENDING as if still uploading
+            try:
+                client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
+            except Exception:  # noqa: BLE001
+                pass
+        return None
+    log.info("logged the final weights to MLflow run %s as the logged model %s (%s)", tracker.run_id, name, model_id)
+    return model_id
+
+
+def source_tags() -> dict:
+    """MLflow's source tags for the job: the worker as its entry point, the commit of the code it runs
+    (``orchestrator.repro.git_state``: the checkout, or the commit baked into the image)."""
+    from orchestrator.repro import git_state
+
+    commit, _ = git_state()
+    tags = {SOURCE_NAME_TAG: "orchestrator.worker", SOURCE_TYPE_TAG: "JOB"}
+    if commit:
+        tags[GIT_COMMIT_TAG] = commit
+    return tags
+
+
+def dataset_input(train_dataset: Any, fingerprint: str, data_cfg: Any):
+    """An ``mlflow.entities.DatasetInput`` for the training split, made by ``mlflow.data`` (schema and row count
+    from the Hugging Face dataset). A hub dataset's source is its hub id; a JSONL file or the built-in
+    task are named in a code source's tags."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.huggingface_dataset import from_huggingface
+    from mlflow.entities import DatasetInput, InputTag
+
+    from orchestrator.tracking import scrub_text
+
+    source, path = str(data_cfg.source), scrub_text(str(data_cfg.path or ""))
+    name = {"synthetic": "synthetic-arithmetic", "jsonl": path.rsplit("/", 1)[-1]}.get(source, path)
+    kwargs = ({"path": path} if source == "hub"
+              else {"source": CodeDatasetSource({"data.source": source, **({"data.path": path} if path else {})})})
+    dataset = from_huggingface(train_dataset, name=name, digest=fingerprint[:36], **kwargs)
+    return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(DATASET_CONTEXT_TAG, "train")])
+
+
+def run_description(report: dict) -> str:
+    """The run's description (markdown) from the cost report (``cost_report.build_report``): outcome, cost,
+    spot savings, lost work and quality, so the run page answers "what did it cost, what did it buy"."""
+    def usd(value, digits=4) -> str:
+        return "-" if value is None else f"${value:,.{digits}f}"
+
+    totals, spot, lost, quality = report["totals"], report["spot"], report["lost_work"], report["quality"]
+    rows = [
+        ("cost", f"{usd(totals['cost_usd'])} ({usd(totals['usd_per_step'], 6)} per step, "
+                 f"{usd(totals['usd_per_million_tokens'])} per million tokens)"),
+        ("spot savings", f"{usd(spot['savings_usd'])} against an uninterrupted on-demand run "
+                         f"({usd(spot['on_demand_cost_usd'])})"),
+        ("lost work", f"{lost['steps'] if lost['steps'] is not None else '-'} step(s) redone, {usd(lost['usd'])}"),
+    ]
+    if quality["value"] is not None:
+        rows.append(("quality", f"{quality['metric']} = {quality['value']:.4f} "
+                                f"({usd(quality['usd_per_point'], 6)} per percentage point)"))
+    else:
+        rows.append(("quality", f"{quality['metric']}: not measured in this attempt"))
+    head = (f"**{report['job']}**: {report['status']} at step {totals['steps']} after {totals['attempts']} attempt(s), "
+            f"{totals['preemptions']} preemption(s).")
+    return "\n".join([head, "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])

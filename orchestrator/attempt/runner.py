@@ -130,6 +130,7 @@ class Runner:
 
         train_ds, eval_ds = load_datasets(self.cfg.data, self.cfg.recipe.name)
         self.checkpoints.set_dataset(fingerprint(train_ds))
+        self.tracking.log_dataset(train_ds, self.checkpoints.dataset_fp, self.cfg.data)
         return train_ds, eval_ds
 
     def restore(self):
@@ -145,6 +146,7 @@ class Runner:
     def build(self, train_ds, eval_ds):
         """3. The recipe's TRL trainer, with the orchestrator's callback."""
         from orchestrator.checkpoint.callback import OrchestratorCallback
+        from orchestrator.progress import attach_progress
 
         cfg = self.cfg
         self.callback = OrchestratorCallback(self, every_seconds=0 if self.trial else self.every_seconds,
@@ -153,6 +155,7 @@ class Runner:
         trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
                                             output_dir=str(self.checkpoints.work / "trainer"), callbacks=[self.callback])
         self.checkpoints.use_snapshot_root(trainer)
+        attach_progress(trainer, self)
         return trainer
 
     # ---- the callback's hooks ---------------------------------------------------
