@@ -101,11 +101,11 @@ def check_optimizer(cfg: Any) -> None:
         raise ConfigError(f"train.optim={name!r} is not a Trainer optimizer this project runs; choose one of: "
                           f"{', '.join(OPTIMIZERS)}.")
     package = OPTIMIZERS[name].package
+    if package == "torchao" and not gpu_job(cfg):
+        raise ConfigError(f"train.optim={name} (torchao) needs a CUDA GPU; on CPU use adamw_bnb_8bit or adamw_torch.")
     if package and cfg.backend.name in SAME_ENVIRONMENT_BACKENDS and not _installed(package):
         raise ConfigError(f"train.optim={name} needs the {package} package, which is not installed here. "
                           f"Install it (pip install {package}) or use train.optim=adamw_torch.")
-    if name.startswith("adamw_torch_") and name.endswith("bit") and not gpu_job(cfg):
-        raise ConfigError(f"train.optim={name} (torchao) needs a CUDA GPU; on CPU use adamw_bnb_8bit or adamw_torch.")
     if t.max_grad_norm < 0:
         raise ConfigError(f"train.max_grad_norm={t.max_grad_norm} must be at least 0 (0: no clipping); "
                           "set e.g. train.max_grad_norm=1.0.")
