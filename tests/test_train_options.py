@@ -243,3 +243,36 @@ def test_hub_revisions_reach_the_loaders(monkeypatch):
     cfg = compose_config(["data=hub", "data.path=org/set", "data.revision=0123abc"])
     data.load_datasets(cfg.data, "sft")
     assert seen == {"path": "org/set", "split": "train", "revision": "0123abc"}
+
+
+# ---------------------------------------------------------------- hub revisions: pinned, recorded
+
+
+def test_hub_revisions_are_pinned_to_commits_at_launch_and_recorded(monkeypatch):
+    from huggingface_hub import constants
+    from omegaconf import OmegaConf
+
+    from orchestrator import hub_pins, repro
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    asked = []
+
+    def resolve(repo_type, repo_id, revision):
+        asked.append((repo_type, repo_id, revision))
+        return {"model": "a" * 40, "dataset": "b" * 40}[repo_type]
+
+    overrides = ["model=qwen2.5-0.5b", "model.revision=main", "data=hub", "data.path=org/set"]
+    cfg = compose_config(overrides)
+    pinned = hub_pins.pin_revisions(cfg, overrides, resolve=resolve)
+    assert asked == [("model", "Qwen/Qwen2.5-0.5B", "main"), ("dataset", "org/set", None)]
+    assert pinned[-2:] == ["model.revision=" + "a" * 40, "data.revision=" + "b" * 40]
+    assert "model.revision=main" not in pinned
+    again = hub_pins.pin_revisions(compose_config(pinned), pinned, resolve=resolve)
+    assert again == pinned and len(asked) == 2, "a commit is kept as it is"
+    record = repro.inputs_record(OmegaConf.to_container(compose_config(pinned), resolve=True))
+    assert record["model_input"] == "Qwen/Qwen2.5-0.5B@" + "a" * 40
+    assert record["data_input"] == "hub:org/set@" + "b" * 40
+    moved = dict(record, model_input="Qwen/Qwen2.5-0.5B@" + "c" * 40)
+    assert any(line.startswith("model (hub id@revision)") for line in repro.diff_records(record, moved))
+    assert hub_pins.pin_revisions(compose_config([]), [], resolve=resolve) == [] and len(asked) == 2, \
+        "the built-in model and data have nothing to pin"
