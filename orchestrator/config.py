@@ -61,7 +61,7 @@ class MixSourceConfig:
     source: str = "jsonl"  # jsonl | hub | synthetic
     path: Optional[str] = None  # jsonl: the file; hub: the dataset id
     split: str = "train"  # hub: the split
-    revision: Optional[str] = None  # hub: a branch, tag or commit (pinned at launch)
+    revision: Optional[str] = None  # hub: a branch, tag or commit (used as given: give a commit to pin it)
     weight: float = 1.0  # share of the mix: weight / sum of the weights
     num_examples: int = 1200  # synthetic only
     seed: int = 1234  # synthetic only
