@@ -765,8 +765,8 @@ def format_trial(plan: MemoryPlan, measured: Mapping[str, Any], cost: Optional[C
                      f"{fmt(got) if got is not None else '-':>14}{ratio:>8}")
     step, wait = measured.get("step_time_s"), measured.get("data_wait_s")
     if step and wait is not None and wait > 0.1 * step:
-        lines.append(f"WARNING: the data loader holds up {wait / step:.0%} of each step; raise dataloader workers "
-                     "or pre-tokenise the data.")
+        lines.append(f"WARNING: the data loader holds up {wait / step:.0%} of each step; raise "
+                     "train.dataloader_num_workers (e.g. train.dataloader_num_workers=4) or pre-tokenise the data.")
     return "\n".join(lines)
 
 

@@ -240,6 +240,7 @@ def test_count_allocated_state_bytes_and_format_trial():
     p = plan.estimate_memory(job(model={"name_or_path": "builtin:tiny-llama", "dtype": "float32"}))
     text = plan.format_trial(p, {**got, "peak_memory_bytes": 10**8, "step_time_s": 0.5, "data_wait_s": 0.2})
     assert "estimate" in text and "measured" in text and "WARNING: the data loader" in text
+    assert "train.dataloader_num_workers=" in text, "the advice names the key that does it"
 
 
 # ---------------------------------------------------------------- CLI

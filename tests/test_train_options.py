@@ -128,6 +128,14 @@ def test_packing_fills_rows_with_real_tokens_and_counts_only_those(tmp_path):
     logged = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
     # TRL's count (what the cost report reads) is every token the model was fed, and no row was padded
     assert logged[-1] == sum(seen) < 3 * cfg.train.per_device_batch_size * cfg.data.max_length
+    from orchestrator.cost import Price
+    from orchestrator.cost_report import JobFigures, estimated_tokens_per_step
+
+    figures = JobFigures(Price(1.0, 1.0, 2.0, source="test"), [], step_at_start=0,
+                         fallback_tokens_per_step=estimated_tokens_per_step(cfg))
+    for entry in trainer.state.log_history:
+        figures.observe_logs(entry, entry["step"])
+    assert figures.figures(step=3, attempt_cost_usd=0.0, attempt_gpu_hours=0.0)["tokens_trained"] == sum(seen)
 
 
 def test_an_8bit_optimizer_keeps_8bit_states_that_round_trip_weights_only(tmp_path):
@@ -148,6 +156,30 @@ def test_an_8bit_optimizer_keeps_8bit_states_that_round_trip_weights_only(tmp_pa
         for key, value in before.items():
             if torch.is_tensor(value):
                 assert torch.equal(value, after[key]) and value.dtype == after[key].dtype, key
+
+
+def test_fp16_loss_scaling_state_is_saved_and_restored_by_the_trainer_weights_only(tmp_path):
+    """fp16 needs CUDA (refused on CPU at launch), so the GradScaler's round trip is proven with torch's CPU
+    scaler through the Trainer's own save/load and the project's restore guard."""
+    import json
+
+    from orchestrator.checkpoint import safe_load
+
+    assert common.precision_kwargs(compose_config(["compute=t4-spot", "train.mixed_precision=fp16"]).train,
+                                   cuda=True) == {"bf16": False, "fp16": True}
+    _, trainer = _trainer(sft, ["data.num_examples=40"], tmp_path)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=7)
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    scaler.update(2.0**10)
+    trainer.accelerator.scaler = scaler
+    trainer._save_scaler(str(tmp_path))
+    manifest = {"files": [{"path": "scaler.pt"}]}
+    assert safe_load.check_restorable(tmp_path, manifest) == 1
+    trainer.accelerator.scaler = fresh = torch.amp.GradScaler("cpu")
+    with safe_load.no_code_from_storage():
+        trainer._load_scaler(str(tmp_path))
+    assert json.dumps(fresh.state_dict(), sort_keys=True) == json.dumps(scaler.state_dict(), sort_keys=True)
+    assert fresh.get_scale() == 2.0**10
 
 
 def test_workers_and_num_proc_reach_the_trainer_and_are_not_trajectory(tmp_path):
@@ -276,3 +308,9 @@ def test_hub_revisions_are_pinned_to_commits_at_launch_and_recorded(monkeypatch)
     assert any(line.startswith("model (hub id@revision)") for line in repro.diff_records(record, moved))
     assert hub_pins.pin_revisions(compose_config([]), [], resolve=resolve) == [] and len(asked) == 2, \
         "the built-in model and data have nothing to pin"
+
+
+def test_the_attention_kernel_reaches_from_pretrained():
+    cfg = compose_config(["model.attn_implementation=eager"])
+    model = common.load_model(common.resolve_model_path(cfg.model), cfg.model)
+    assert model.config._attn_implementation == "eager"
