@@ -104,7 +104,7 @@ class TrainConfig:
     padding_free: bool = False  # TRL's: one flattened sequence per batch, no pad tokens (on with bfd packing; sft only)
     mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate's): autocast compute; fp16 adds loss scaling (CUDA only)
     tf32: Optional[bool] = None  # CUDA Ampere+: TF32 matmuls for float32 compute (None: torch's default, off)
-    optim: str = "adamw_torch"  # the Trainer's optimizer name: adamw_torch, adamw_torch_fused, paged_adamw_8bit, ...
+    optim: str = "adamw_torch_fused"  # the Trainer's optimizer name (its default here): adamw_torch, paged_adamw_8bit, ...
     max_grad_norm: float = 1.0  # gradient clipping by global norm (0: off)
     dataloader_num_workers: int = 0  # processes that collate batches ahead of the training loop (0: in the loop)
 

@@ -138,6 +138,19 @@ def test_packing_fills_rows_with_real_tokens_and_counts_only_those(tmp_path):
     assert figures.figures(step=3, attempt_cost_usd=0.0, attempt_gpu_hours=0.0)["tokens_trained"] == sum(seen)
 
 
+def test_a_packed_example_attends_only_to_itself_under_sdpa():
+    """Padding-free rows carry no attention mask; transformers masks by the restarting position ids (TRL turns
+    the cache off in training, which that needs), so packing does not leak one example into the next."""
+    cfg = compose_config(["model.attn_implementation=sdpa"])
+    model = common.load_model(common.resolve_model_path(cfg.model), cfg.model).eval()
+    a, b = torch.randint(5, 500, (1, 10)), torch.randint(5, 500, (1, 7))
+    positions = torch.cat([torch.arange(10), torch.arange(7)])[None]
+    with torch.no_grad():
+        packed = model(input_ids=torch.cat([a, b], 1), position_ids=positions, use_cache=False).logits[0, 10:]
+        alone = model(input_ids=b).logits[0]
+    assert torch.allclose(packed, alone, atol=1e-5)
+
+
 def test_an_8bit_optimizer_keeps_8bit_states_that_round_trip_weights_only(tmp_path):
     import bitsandbytes as bnb
 
