@@ -17,7 +17,7 @@ from recipes import common, data, qlora, sft
 L4_BF16 = ["compute=l4-spot", "train.mixed_precision=bf16"]
 
 
-@pytest.mark.parametrize("overrides,needles", [
+REFUSED = [
     (["train.mixed_precision=fp16"], ["fp16 needs a CUDA GPU", "train.mixed_precision=bf16"]),
     (["compute=t4-spot", "train.mixed_precision=bf16"], ["t4", "no bfloat16", "train.mixed_precision=fp16"]),
     (["model.dtype=float16"], ["without loss scaling", "train.mixed_precision=fp16"]),
@@ -40,7 +40,10 @@ L4_BF16 = ["compute=l4-spot", "train.mixed_precision=bf16"]
     (["data.chat_template=/nowhere/t.jinja"], ["no such file"]),
     (["data.source=mix"], ["at least two sources"]),
     (["data.mix=[{source: synthetic}, {source: synthetic, seed: 2}]"], ["data.source=mix"]),
-])
+]
+
+
+@pytest.mark.parametrize("overrides,needles", REFUSED, ids=[" ".join(o)[-60:] for o, _ in REFUSED])
 def test_an_option_that_cannot_run_is_refused_at_launch_with_the_fix(overrides, needles):
     with pytest.raises(UserError) as err:
         compose_config(overrides)
