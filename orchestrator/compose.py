@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator import train_options
 from orchestrator.config import RECIPE_SCHEMAS, register_configs
 from orchestrator.distributed import configured_world_size
 from orchestrator.durations import parse_duration
@@ -21,7 +22,9 @@ CHOICES = {
     "recipe.name": ("sft", "dpo", "qlora"),
     "recipe.peft": ("lora", "full"),
     "recipe.quantization": ("none", "nf4"),
-    "data.source": ("synthetic", "jsonl", "hub"),
+    "data.source": ("synthetic", "jsonl", "hub", "mix"),
+    "train.mixed_precision": ("no", "bf16", "fp16"),
+    "train.packing_strategy": ("bfd", "bfd_split", "wrapped"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "preemption.provider": ("auto", "aws", "gcp", "azure", "none"),
     "backend.name": ("local", "slurm", "skypilot", "kubernetes"),
@@ -174,12 +177,14 @@ def _check_tracking(cfg: DictConfig) -> None:
 
 
 def _check_data(cfg: DictConfig) -> None:
+    from recipes.data import check_chat_template, check_jsonl, check_mix
+
     if cfg.data.source in ("jsonl", "hub") and not cfg.data.path:
         raise ConfigError(f"data={cfg.data.source} needs data.path (a JSONL file or a hub dataset id).")
     if cfg.data.source == "jsonl":
-        from recipes.data import check_jsonl
-
         check_jsonl(cfg.data.path, cfg.recipe.name)  # raises DataError naming the file and the fix
+    check_mix(cfg.data, cfg.recipe.name)
+    check_chat_template(cfg.data.chat_template)
 
 
 def _check_durations(cfg: DictConfig) -> None:
@@ -406,7 +411,8 @@ def absolutize(overrides: list[str]) -> list[str]:
     for item in overrides:
         key, _, value = item.partition("=")
         local = (key in LOCAL_PATH_KEYS and value and "://" not in value and not value.startswith("/")) or (
-            key == "model.name_or_path" and value.startswith(("./", "../", "~")))
+            key == "model.name_or_path" and value.startswith(("./", "../", "~"))) or (
+            key == "data.chat_template" and value.endswith((".jinja", ".j2")) and not value.startswith("/"))
         if local:
             item = f"{key}={Path(value).expanduser().resolve()}"
         out.append(item)
@@ -426,4 +432,4 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
 # every check validate() runs (after the resolvable values and the choices), in the order they are reported
 CHECKS = (_check_recipe, _check_tracking, _check_data, _check_durations, _check_counts, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
-          _check_attempt_settings, check_lr_scheduler, _check_model_path)
+          _check_attempt_settings, check_lr_scheduler, _check_model_path, *train_options.CHECKS)

@@ -43,7 +43,9 @@ class DpoRecipeConfig(RecipeConfig):
 class ModelConfig:
     name_or_path: str = MISSING  # a hub id or a local folder; "builtin:tiny-llama" builds one locally
     preset: str = "custom"  # name of the preset, for tags and the planner
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    dtype: str = "float32"  # float32 | bfloat16 | float16: how the weights are stored (compute: train.mixed_precision)
+    revision: Optional[str] = None  # hub model: a branch, tag or commit; the launcher pins it to the commit it names
+    attn_implementation: Optional[str] = None  # eager | sdpa | flash_attention_2 | flash_attention_3 | flex_attention (None: the model's default)
     trust_remote_code: bool = False  # let from_pretrained run the model repository's own code
     # for builtin:tiny-llama only
     hidden_size: int = 64  # builtin:tiny-llama only: width
@@ -53,8 +55,21 @@ class ModelConfig:
 
 
 @dataclass
+class MixSourceConfig:
+    """One source of ``data.mix``: drawn with probability weight / sum of weights, deterministically."""
+
+    source: str = "jsonl"  # jsonl | hub | synthetic
+    path: Optional[str] = None  # jsonl: the file; hub: the dataset id
+    split: str = "train"  # hub: the split
+    revision: Optional[str] = None  # hub: a branch, tag or commit (used as given: give a commit to pin it)
+    weight: float = 1.0  # share of the mix: weight / sum of the weights
+    num_examples: int = 1200  # synthetic only
+    seed: int = 1234  # synthetic only
+
+
+@dataclass
 class DataConfig:
-    source: str = "synthetic"  # synthetic | jsonl | hub
+    source: str = "synthetic"  # synthetic | jsonl | hub | mix (data.mix)
     path: Optional[str] = None  # jsonl: the file; hub: the dataset id
     split: str = "train"  # hub: the training split
     eval_split: Optional[str] = None  # hub: an eval split; else a slice of train is held out
@@ -62,7 +77,11 @@ class DataConfig:
     max_eval_examples: int = 64  # cap on the held-out examples
     num_examples: int = 1200  # synthetic only
     seed: int = 1234  # synthetic generation and held-out split
-    max_length: int = 64  # tokens per example (longer ones are truncated)
+    max_length: int = 64  # tokens per example (longer ones are truncated); with train.packing, tokens per packed row
+    revision: Optional[str] = None  # hub dataset: a branch, tag or commit; the launcher pins it to the commit it names
+    chat_template: Optional[str] = None  # None: the tokenizer's own; a TRL template name (llama3, qwen2_5, ...) or a .jinja file
+    mix: list[MixSourceConfig] = field(default_factory=list)  # data.source=mix: the sources, each with a weight
+    num_proc: Optional[int] = None  # processes for tokenising and packing (TRL's dataset_num_proc; None: one)
 
 
 @dataclass
@@ -80,6 +99,14 @@ class TrainConfig:
     eval_at_end: bool = True  # evaluate on the held-out split after training
     trial_steps: int = 0  # >0: run this many steps, print plan vs measurement, stop
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    packing: bool = False  # TRL's packing (sft, qlora): several examples per row of data.max_length tokens, no padding
+    packing_strategy: str = "bfd"  # TRL's: bfd (best fit, padding-free, cuts overflow) | bfd_split (splits it) | wrapped
+    padding_free: bool = False  # TRL's: one flattened sequence per batch, no pad tokens (on with bfd packing; sft only)
+    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate's): autocast compute; fp16 adds loss scaling (CUDA only)
+    tf32: Optional[bool] = None  # CUDA Ampere+: TF32 matmuls for float32 compute (None: torch's default, off)
+    optim: str = "adamw_torch_fused"  # the Trainer's optimizer name (its default here): adamw_torch, paged_adamw_8bit, ...
+    max_grad_norm: float = 1.0  # gradient clipping by global norm (0: off)
+    dataloader_num_workers: int = 0  # processes that collate batches ahead of the training loop (0: in the loop)
 
 
 @dataclass

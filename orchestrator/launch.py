@@ -14,6 +14,7 @@ import sys
 from omegaconf import DictConfig
 
 from orchestrator.compose import absolutize, compose_config, with_default_storage
+from orchestrator.hub_pins import pin_revisions
 from orchestrator.errors import UserError
 from orchestrator.logsetup import setup_logging
 
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose_config(overrides, launch_checks=False)  # only to read the defaults to pin
         overrides = with_default_storage(cfg, overrides)
         cfg = compose_config(overrides)
+        pinned = pin_revisions(cfg, overrides)  # hub branches and tags -> the commits they name now
+        if pinned != overrides:
+            overrides, cfg = pinned, compose_config(pinned)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

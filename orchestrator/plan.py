@@ -25,6 +25,14 @@ with blocksize 64 and double quantisation: one 8-bit absmax per 64 weights
 (8/64 bit) plus one fp32 absmax per 256 of those blocks (32/(64*256) bit)
 = 0.126953125 bit/param (``NF4_CONSTANT_BITS_PER_PARAM``).
 
+Optimizer states (``train.optim``, table in ``orchestrator.train_options``):
+Adam's two fp32 moments are 8 bytes per trainable parameter; bitsandbytes'
+and torchao's 8-bit variants keep them in 1 byte each (2 bytes: a quarter),
+Lion one moment, AdEMAMix three, SGD none. bitsandbytes keeps 32-bit states
+for tensors under 4096 elements (most LoRA adapters of small models); the
+plan counts every state at the optimizer's width. Paged optimizers may move
+their states to CPU RAM under memory pressure (not counted).
+
 Full fine-tune with Adam: float32 model -> 4 weights + 4 grads + 8 Adam = 16
 bytes/param; 16-bit model -> 2 weights + 2 grads + 4 fp32 master + 8 fp32 Adam
 = 16 bytes/param (mixed precision as DeepSpeed/FSDP do it; a bf16 model under
@@ -32,15 +40,27 @@ plain torch AdamW keeps bf16 states and needs less -- the plan errs safe).
 DPO with a full fine-tune would also hold a frozen reference copy; DPO with LoRA
 uses the base with adapters off as the reference (no extra weights).
 
-Activations (``activation_bytes``), per token and layer, at the model dtype's
-width, assuming fused attention (SDPA/flash: no s x s score matrix stored) and
-no dropout: inputs of both norms and their outputs (4h), q and attention output
+Mixed precision (``train.mixed_precision`` bf16/fp16) computes in 16 bits
+whatever the storage dtype: activations are counted at 2 bytes, and float32
+weights under autocast keep a 16-bit copy of every matmul weight from forward
+to backward (2 bytes per such weight; ``autocast_copies``). Without it the
+compute runs at the storage dtype's width.
+
+Activations (``activation_bytes``), per token and layer, at the compute
+width, assuming fused attention (SDPA/flash: no s x s score matrix stored;
+``model.attn_implementation=eager`` adds the softmax output, heads x s x s per
+sequence and layer) and no dropout: inputs of both norms and their outputs (4h), q and attention output
 (2*H*d), k and v (2*K*d), gate, up, SiLU(gate) and their product (4I). With
 gradient checkpointing each layer keeps only its input (h); one layer's full set
 is rebuilt during backward. Logits add s*b*V*(width + 4 + 4): the lm_head output,
 its fp32 upcast (16-bit models only) and the fp32 log-softmax the loss keeps.
 DPO runs chosen and rejected together: 2 sequences per example.
-s = data.max_length, b = train.per_device_batch_size. Checked against the
+s = data.max_length, b = train.per_device_batch_size. Packing
+(``train.packing``) fills each row with real tokens up to s; padding-free
+batches (bfd packing, ``train.padding_free``) are one sequence of b x s
+tokens: flash-attention kernels attend within each example (varlen), but
+sdpa and eager attend over the whole flattened sequence under a (b*s)^2
+boolean mask (counted with the activations), so attention FLOPs grow b-fold. Checked against the
 tensors autograd saves for a small Llama (SDPA, fp32): within ~5%.
 
 Sharding over the world size W (distributed.processes_per_node x nodes; 1 when
@@ -55,9 +75,14 @@ Throughput (``estimate_cost``): forward FLOPs per token = 2 x matmul params
 causal attention. Training multiplies the forward by 3 for a full fine-tune
 (backward = 2 forwards) and by 2 for LoRA/QLoRA (backward through activations
 only), +1 with gradient checkpointing, +1 for DPO's reference forward. Tokens/s
-= W x peak 16-bit dense TFLOPs (``GPU_PEAK_TFLOPS``) x MFU (35%; 25% for QLoRA,
-whose every matmul first dequantises its weight) / FLOPs per token.
-Tokens = max_steps x micro-batch x grad-accum x W x seq (x2 for DPO).
+= W x peak dense TFLOPs at the compute precision x MFU (35%; 25% for QLoRA,
+whose every matmul first dequantises its weight) / FLOPs per token. The peak
+is the 16-bit figure (``GPU_PEAK_TFLOPS``) when the job computes in 16 bits
+(mixed precision or 16-bit weights); float32 compute gets half of it with
+``train.tf32=true`` (TF32 tensor cores) and 1/16 without (plain FP32, the
+A100's and H100's ratio).
+Tokens = max_steps x micro-batch x grad-accum x W x seq (x2 for DPO): real
+tokens with packing, an upper bound (rows padded) without.
 """
 from __future__ import annotations
 
@@ -68,6 +93,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from orchestrator import train_options
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.gpus import CPU_TYPES, GPUS, gpu_memory_gb  # noqa: F401  (gpu_memory_gb: re-exported)
 
@@ -82,6 +108,9 @@ ADAPTER_BYTES_PER_PARAM = 4  # LoRA weights and their grads are fp32
 RUNTIME_OVERHEAD_BYTES = int(1 * GB)
 MFU = 0.35
 QLORA_MFU = 0.25
+TF32_SHARE_OF_PEAK = 0.5  # TF32 tensor-core TFLOPs / 16-bit ones (A100 156/312, H100 495/989)
+FP32_SHARE_OF_PEAK = 1 / 16  # plain FP32 TFLOPs / 16-bit ones (A100 19.5/312, H100 67/989)
+MASK_BYTES_PER_ELEMENT = 1  # the boolean attention mask of a padding-free batch under sdpa/eager
 HUB_TIMEOUT_SECONDS = 5.0
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 CPU_GPU_TYPES = CPU_TYPES
@@ -96,7 +125,8 @@ COMPONENT_LABELS = {
     "adapters": "LoRA adapters (fp32)",
     "gradients": "gradients",
     "master_weights": "fp32 master weights",
-    "optimizer": "Adam states (2 x fp32)",
+    "optimizer": "optimizer states",
+    "autocast_copies": "autocast 16-bit weight copies",
     "activations": "activations",
     "runtime": "CUDA context + workspaces",
 }
@@ -263,15 +293,31 @@ def lora_parameters(config: Mapping[str, Any], r: int, target_modules: Any) -> i
 
 
 def activation_bytes(config: Mapping[str, Any], seq_len: int, micro_batch: int, dtype_bytes: int,
-                     checkpointing: bool) -> int:
-    """Activations kept for backward on one GPU (formula in the module docstring)."""
+                     checkpointing: bool, *, attention: Optional[str] = None, padding_free: bool = False) -> int:
+    """Activations kept for backward on one GPU (formula in the module docstring).
+
+    ``attention``: ``model.attn_implementation`` (None: sdpa); ``padding_free``: the batch is one
+    flattened sequence (bfd packing or ``train.padding_free``).
+    """
     d = _dims(config)
     tokens = int(seq_len) * int(micro_batch)
     per_layer = tokens * dtype_bytes * (4 * d["h"] + 2 * d["q_dim"] + 2 * d["kv_dim"] + 4 * d["inter"])
+    flash = str(attention) in train_options.FLASH_ATTENTION
+    context = tokens if padding_free and not flash else int(seq_len)  # keys each query is scored against
+    if str(attention) == "eager":  # the softmax output, heads x queries x keys, kept for backward
+        per_layer += d["heads"] * tokens * context * dtype_bytes
+    mask = tokens * tokens * MASK_BYTES_PER_ELEMENT if padding_free and not flash else 0
     logits = tokens * d["vocab"] * (dtype_bytes + (4 if dtype_bytes < 4 else 0) + 4)
     if checkpointing:
-        return d["layers"] * tokens * dtype_bytes * d["h"] + per_layer + logits
-    return d["layers"] * per_layer + logits
+        return d["layers"] * tokens * dtype_bytes * d["h"] + per_layer + logits + mask
+    return d["layers"] * per_layer + logits + mask
+
+
+def compute_width(cfg: Any) -> int:
+    """Bytes per activation: 2 under mixed precision, else the storage dtype's."""
+    if str(cfg.train.mixed_precision) in ("bf16", "fp16"):
+        return 2
+    return DTYPE_BYTES[str(cfg.model.dtype)]
 
 
 @dataclass
@@ -292,6 +338,7 @@ class MemoryPlan:
     activations_alternative: int
     cpu_offload_bytes: int = 0
     tokens_per_step: int = 0
+    optim: str = ""
     describe: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -345,26 +392,60 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
         c["adapters"] = trainable * ADAPTER_BYTES_PER_PARAM
         c["gradients"] = trainable * ADAPTER_BYTES_PER_PARAM
         c["master_weights"] = 0
-    c["optimizer"] = trainable * ADAM_STATE_BYTES_PER_PARAM
+    c["optimizer"] = trainable * train_options.optimizer_state_bytes(train.optim)
+    compute = compute_width(cfg)
+    if compute < width and not nf4:  # float32 weights under autocast: a 16-bit copy of each matmul weight
+        c["autocast_copies"] = (params["total"] - params["embeddings"] - params["norms"]
+                                + (d_vocab_h(model_config) if not params["lm_head"] else 0)) * compute
+    if train_options.OPTIMIZERS.get(str(train.optim), train_options.OPTIMIZERS["adamw_torch"]).eight_bit:
+        notes.append(f"train.optim={train.optim} keeps 8-bit states; bitsandbytes keeps 32-bit ones for tensors "
+                     f"under {train_options.BNB_MIN_8BIT_SIZE} elements (counted here as 8-bit).")
 
     offload = _shard(c, sharding, W, bool(cfg.distributed.cpu_offload), notes)
 
     sequences = int(train.per_device_batch_size) * (2 if recipe.name == "dpo" else 1)
     ckpt = bool(train.gradient_checkpointing)
-    c["activations"] = activation_bytes(model_config, cfg.data.max_length, sequences, width, ckpt)
-    alternative = activation_bytes(model_config, cfg.data.max_length, sequences, width, not ckpt)
+    attention, flat = cfg.model.attn_implementation, train_options.padding_free(cfg)
+    c["activations"] = activation_bytes(model_config, cfg.data.max_length, sequences, compute, ckpt,
+                                        attention=attention, padding_free=flat)
+    alternative = activation_bytes(model_config, cfg.data.max_length, sequences, compute, not ckpt,
+                                   attention=attention, padding_free=flat)
+    notes += _packing_notes(cfg)
     if str(cfg.compute.gpu_type).lower() not in CPU_GPU_TYPES:
         c["runtime"] = RUNTIME_OVERHEAD_BYTES
     components = {k: int(round(c[k])) for k in COMPONENT_LABELS if k in c and c[k]}
     method = "full fine-tune" if full else ("QLoRA (NF4 base + LoRA)" if nf4 else "LoRA")
-    describe = (f"{recipe.name} / {method} on {cfg.model.name_or_path} ({cfg.model.preset}), {dtype}, "
+    precision = "" if str(train.mixed_precision) == "no" else f" + {train.mixed_precision} mixed precision"
+    describe = (f"{recipe.name} / {method} on {cfg.model.name_or_path} ({cfg.model.preset}), {dtype}{precision}, "
+                f"{train.optim}, "
                 f"{_count(params['total'])} params, trainable {_count(trainable)} ({100 * trainable / params['total']:.3g}%)")
     return MemoryPlan(
         components=components, params=params, trainable_params=trainable, world_size=W, sharding=sharding,
         dtype=dtype, checkpointing=ckpt, activations_alternative=int(alternative), cpu_offload_bytes=int(offload),
         tokens_per_step=sequences * int(cfg.data.max_length) * int(train.gradient_accumulation_steps) * W,
-        describe=describe, notes=notes,
+        optim=str(train.optim), describe=describe, notes=notes,
     )
+
+
+def d_vocab_h(model_config: Mapping[str, Any]) -> int:
+    d = _dims(model_config)
+    return d["vocab"] * d["h"]
+
+
+def _packing_notes(cfg: Any) -> list[str]:
+    t = cfg.train
+    if cfg.recipe.name == "dpo":
+        return []
+    if not t.packing:
+        return ["tokens per step count every row at data.max_length, an upper bound on real tokens (rows are "
+                "padded); train.packing=true fills rows with real tokens."]
+    notes = [f"train.packing ({t.packing_strategy}): rows hold up to data.max_length real tokens, so tokens per "
+             "step are real tokens."]
+    flash = str(cfg.model.attn_implementation) in train_options.FLASH_ATTENTION
+    if train_options.padding_free(cfg) and not flash:
+        notes.append("padding-free batches under sdpa/eager attend over the whole flattened micro-batch "
+                     "(b x s tokens, masked): b times the attention FLOPs of flash_attention_2's per-example kernels.")
+    return notes
 
 
 def _count(n: int) -> str:
@@ -426,7 +507,10 @@ def flops_per_token(cfg: Any, model_config: Mapping[str, Any]) -> float:
     """Training FLOPs per token (rule of thumb in the module docstring)."""
     d, params = _dims(model_config), count_parameters(model_config)
     matmul = params["total"] - params["embeddings"] - params["lm_head"] + d["vocab"] * d["h"]
-    forward = 2 * matmul + 2 * d["layers"] * int(cfg.data.max_length) * d["q_dim"]
+    context = int(cfg.data.max_length)
+    if train_options.padding_free(cfg) and str(cfg.model.attn_implementation) not in train_options.FLASH_ATTENTION:
+        context *= int(cfg.train.per_device_batch_size)  # one flattened sequence per micro-batch
+    forward = 2 * matmul + 2 * d["layers"] * context * d["q_dim"]
     multiplier = (3 if cfg.recipe.peft == "full" else 2) + int(bool(cfg.train.gradient_checkpointing))
     multiplier += int(cfg.recipe.name == "dpo")
     return float(forward * multiplier)
@@ -449,16 +533,27 @@ def estimate_cost(cfg: Any, price: Any, tokens_per_second: Optional[float] = Non
     if tokens_per_second:
         basis = "measured throughput"
     else:
-        peak = GPU_PEAK_TFLOPS.get(str(cfg.compute.gpu_type).lower())
+        peak16 = GPU_PEAK_TFLOPS.get(str(cfg.compute.gpu_type).lower())
+        share, precision = precision_share(cfg)
+        peak = peak16 * share if peak16 else None
         mfu = QLORA_MFU if cfg.recipe.quantization == "nf4" else MFU
         tokens_per_second = W * peak * 1e12 * mfu / fpt if peak else None
-        basis = (f"{W} x {peak:g} TFLOPs x {mfu:.0%} MFU / {fpt:.3g} FLOPs per token" if peak
+        basis = (f"{W} x {peak:g} {precision} TFLOPs x {mfu:.0%} MFU / {fpt:.3g} FLOPs per token" if peak
                  else f"no peak TFLOPs known for {cfg.compute.gpu_type!r}; pass a measured tokens/s")
     hours = tokens / tokens_per_second / 3600 if tokens_per_second else None
     usd = on_demand = None
     if hours is not None and price is not None:
         usd, on_demand = hours * price.usd_per_hour_total, hours * price.on_demand_usd_per_hour_total
     return CostEstimate(tokens, tokens_per_second, fpt, hours, usd, on_demand, bool(cfg.compute.spot), basis)
+
+
+def precision_share(cfg: Any) -> tuple[float, str]:
+    """The share of the GPU's 16-bit peak the job's matmuls run at, and the precision's name."""
+    if compute_width(cfg) < 4 or (cfg.recipe.quantization == "nf4" and str(cfg.model.dtype) != "float32"):
+        return 1.0, "16-bit"
+    if cfg.train.tf32:
+        return TF32_SHARE_OF_PEAK, "TF32"
+    return FP32_SHARE_OF_PEAK, "FP32"
 
 
 def _with_gpu(cfg: Any, gpu_type: str) -> Any:
@@ -520,7 +615,8 @@ def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], 
              f"optimizer step, gradient checkpointing {'on' if plan.checkpointing else 'off'}", "",
              f"  {'component':<30}{'per GPU':>14}"]
     for key, value in plan.components.items():
-        lines.append(f"  {COMPONENT_LABELS[key]:<30}{_gb(value):>14}")
+        label = f"optimizer ({plan.optim})" if key == "optimizer" and plan.optim else COMPONENT_LABELS[key]
+        lines.append(f"  {label:<30}{_gb(value):>14}")
     lines.append(f"  {'total':<30}{_gb(plan.total_bytes):>14}")
     if plan.cpu_offload_bytes:
         lines.append(f"  {'(offloaded to CPU RAM)':<30}{_gb(plan.cpu_offload_bytes):>14}")
@@ -669,8 +765,8 @@ def format_trial(plan: MemoryPlan, measured: Mapping[str, Any], cost: Optional[C
                      f"{fmt(got) if got is not None else '-':>14}{ratio:>8}")
     step, wait = measured.get("step_time_s"), measured.get("data_wait_s")
     if step and wait is not None and wait > 0.1 * step:
-        lines.append(f"WARNING: the data loader holds up {wait / step:.0%} of each step; raise dataloader workers "
-                     "or pre-tokenise the data.")
+        lines.append(f"WARNING: the data loader holds up {wait / step:.0%} of each step; raise "
+                     "train.dataloader_num_workers (e.g. train.dataloader_num_workers=4) or pre-tokenise the data.")
     return "\n".join(lines)
 
 

@@ -43,6 +43,8 @@ RESULT_CHANGING = {
     "image": "container image",
     "gpu_model": "GPU model",
     "gpu_count": "GPU count",
+    "model_input": "model (hub id@revision)",
+    "data_input": "data (source@revision)",
 }
 
 
@@ -117,7 +119,8 @@ def collect_record(cfg_resolved: Mapping[str, Any], *, image: Optional[str] = No
     ``backend.image`` used when ``image`` is not given; then ``$ORCH_CONTAINER_IMAGE``).
     Keys: created_at, git_commit, git_dirty, packages (key package -> version),
     packages_sha256, packages_count, image, python, torch, cuda, driver,
-    gpu_model, gpu_count, hostname, platform, config_sha256. Unknown values are None.
+    gpu_model, gpu_count, hostname, platform, config_sha256, model_input, data_input,
+    chat_template (``inputs_record``). Unknown values are None.
     """
     commit, dirty = git_state()
     packages, digest, count = package_versions()
@@ -136,8 +139,32 @@ def collect_record(cfg_resolved: Mapping[str, Any], *, image: Optional[str] = No
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "config_sha256": hashlib.sha256(json.dumps(cfg_resolved, sort_keys=True, default=str).encode()).hexdigest(),
+        **inputs_record(cfg_resolved),
     }
     return record
+
+
+def inputs_record(cfg_resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """The model and data the job trains on, each as ``name@revision`` (the launcher pins hub revisions to
+    commits: ``orchestrator.hub_pins``); a mix lists its sources with their weights."""
+    model = cfg_resolved.get("model") or {} if isinstance(cfg_resolved, Mapping) else {}
+    data = cfg_resolved.get("data") or {} if isinstance(cfg_resolved, Mapping) else {}
+
+    def named(src: Mapping[str, Any]) -> Optional[str]:
+        if src.get("source") == "synthetic":
+            return f"synthetic:seed={src.get('seed')},n={src.get('num_examples')}"
+        if not src.get("path"):
+            return None
+        return f"{src.get('source')}:{src.get('path')}" + (f"@{src['revision']}" if src.get("revision") else "")
+
+    if data.get("source") == "mix":
+        data_input = " + ".join(f"{named(s)} x{s.get('weight')}" for s in data.get("mix") or [])
+    else:
+        data_input = named(data)
+    name = model.get("name_or_path")
+    revision = model.get("revision")
+    return {"model_input": f"{name}@{revision}" if name and revision else name,
+            "data_input": data_input, "chat_template": data.get("chat_template")}
 
 
 def diff_records(first: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

@@ -15,8 +15,11 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def quantisation_stack_needed(cfg) -> bool:
-    """Whether the job loads a quantised base (bitsandbytes): ``recipe.quantization`` other than none."""
-    return str(cfg.recipe.quantization) != "none"
+    """Whether the job needs bitsandbytes: a quantised base (``recipe.quantization`` other than none)
+    or one of its optimizers (``train.optim=paged_adamw_8bit``, ...)."""
+    from orchestrator.train_options import uses_bitsandbytes
+
+    return str(cfg.recipe.quantization) != "none" or uses_bitsandbytes(cfg)
 
 
 def resolve_model_path(model_cfg) -> str:
@@ -48,23 +51,52 @@ def torch_dtype(model_cfg):
     return getattr(torch, _DTYPES[model_cfg.dtype])
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
+def load_tokenizer(path: str, trust_remote_code: bool = False, *, revision: str | None = None,
+                   chat_template: str | None = None):
+    """The model's tokenizer (at ``model.revision``), with ``data.chat_template`` in place of its own when set."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    from recipes.data import chat_template_text
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    template = chat_template_text(chat_template)
+    if template is not None:
+        tok.chat_template = template
     return tok
 
 
-def load_model(path: str, model_cfg, *, quantization: str = "none"):
-    """``from_pretrained`` with the configured dtype; ``quantization='nf4'`` loads a 4-bit bitsandbytes base."""
+def tokenizer_for(cfg, path: str):
+    """``load_tokenizer`` with the job's model revision and chat template."""
+    return load_tokenizer(path, cfg.model.trust_remote_code, revision=cfg.model.revision,
+                          chat_template=cfg.data.chat_template)
+
+
+_AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def compute_dtype(model_cfg, mixed_precision: str):
+    """The dtype matmuls run in: the autocast dtype under mixed precision, else the storage dtype
+    (what bitsandbytes dequantises a 4-bit weight to)."""
+    import torch
+
+    name = _AMP_DTYPES.get(str(mixed_precision))
+    return getattr(torch, name) if name else torch_dtype(model_cfg)
+
+
+def load_model(path: str, model_cfg, *, quantization: str = "none", mixed_precision: str = "no"):
+    """``from_pretrained`` with the configured dtype, revision and attention kernel; ``quantization='nf4'``
+    loads a 4-bit bitsandbytes base that dequantises to the compute dtype (``compute_dtype``)."""
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    kwargs = {"dtype": torch_dtype(model_cfg), "trust_remote_code": model_cfg.trust_remote_code}
+    kwargs = {"dtype": torch_dtype(model_cfg), "trust_remote_code": model_cfg.trust_remote_code,
+              "revision": model_cfg.revision}
+    if model_cfg.attn_implementation:
+        kwargs["attn_implementation"] = str(model_cfg.attn_implementation)
     if quantization == "nf4":
-        compute = torch.bfloat16 if torch.cuda.is_available() and model_cfg.dtype == "bfloat16" else torch.float32
+        compute = compute_dtype(model_cfg, mixed_precision)
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
@@ -79,8 +111,17 @@ def load_model(path: str, model_cfg, *, quantization: str = "none"):
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:
         raise ConfigError(
-            f"model.name_or_path={path!r} could not be loaded ({err}). Check the hub id or local folder; "
+            f"model.name_or_path={path!r} could not be loaded ({err}). Check the hub id, revision or local folder; "
             "without network use a local folder or the built-in model=tiny."
+        ) from None
+    except (ImportError, ValueError) as err:
+        if not model_cfg.attn_implementation:
+            raise
+        # a kernel missing from this machine (a container image without flash-attn), or one the model refuses
+        raise ConfigError(
+            f"model.attn_implementation={model_cfg.attn_implementation} cannot be used here: "
+            f"{str(err).strip().splitlines()[0]} Install the kernel in this environment, or use "
+            "model.attn_implementation=sdpa."
         ) from None
     if quantization == "nf4":
         keep_4bit_training_layout(model)
@@ -122,13 +163,14 @@ def training_kwargs(cfg, output_dir: str) -> dict:
 
     Saving is left to the orchestrator's callback (``save_strategy='no'`` here;
     the callback asks the Trainer to save on its own schedule), and reporting
-    to the orchestrator's MLflow tracker, so ``report_to`` is empty.
+    to the orchestrator's MLflow tracker, so ``report_to`` is empty. Precision is
+    ``train.mixed_precision`` alone, never implied by ``model.dtype``: TRL's
+    configs default ``bf16`` to true, so both flags are always given.
     """
     import torch
 
     t = cfg.train
     cuda = torch.cuda.is_available()
-    bf16 = cuda and cfg.model.dtype == "bfloat16"
     kw = dict(
         output_dir=output_dir,
         max_steps=t.max_steps if t.max_steps > 0 else -1,
@@ -140,22 +182,46 @@ def training_kwargs(cfg, output_dir: str) -> dict:
         lr_scheduler_type=t.lr_scheduler,
         warmup_steps=t.warmup_steps,
         weight_decay=t.weight_decay,
+        optim=t.optim,
+        max_grad_norm=t.max_grad_norm,
         seed=t.seed,
         data_seed=t.seed,
         logging_steps=t.logging_steps,
         save_strategy="no",
         eval_strategy="no",
         report_to=[],
-        bf16=bf16,
-        fp16=False,
         use_cpu=not cuda,
-        dataloader_num_workers=0,
+        dataloader_num_workers=t.dataloader_num_workers,
+        dataset_num_proc=cfg.data.num_proc,
         disable_tqdm=True,
         activation_checkpointing=t.gradient_checkpointing,
         max_length=cfg.data.max_length,
         save_only_model=False,
     )
+    kw.update(precision_kwargs(t, cuda))
     kw.update(distributed_kwargs(cfg.distributed, cuda))
+    return kw
+
+
+def precision_kwargs(train_cfg, cuda: bool) -> dict:
+    """``bf16``/``fp16``/``tf32`` for TrainingArguments from ``train.mixed_precision`` and ``train.tf32``.
+
+    fp16 makes accelerate scale the loss (a GradScaler, whose state the Trainer saves as scaler.pt in
+    every checkpoint and loads on resume). Checked at launch against compute; checked again here
+    against the machine the attempt landed on.
+    """
+    import torch
+
+    mp = str(train_cfg.mixed_precision)
+    if mp == "fp16" and not cuda:
+        raise ConfigError("train.mixed_precision=fp16 needs a CUDA GPU, and this machine has none (accelerate runs "
+                          "no fp16 autocast or loss scaling on CPU). Use train.mixed_precision=bf16 or no.")
+    if mp == "bf16" and cuda and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"train.mixed_precision=bf16 on {torch.cuda.get_device_name(0)}, which has no bfloat16 "
+                          "support. Use train.mixed_precision=fp16, or an Ampere-or-newer GPU.")
+    kw = {"bf16": mp == "bf16", "fp16": mp == "fp16"}
+    if train_cfg.tf32 is not None and cuda:
+        kw["tf32"] = bool(train_cfg.tf32)
     return kw
 
 

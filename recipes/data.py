@@ -1,4 +1,4 @@
-"""Datasets for the recipes: a built-in synthetic task, a local JSONL file, or a hub dataset.
+"""Datasets for the recipes: a built-in synthetic task, a local JSONL file, a hub dataset, or a weighted mix.
 
 The synthetic task is single-digit arithmetic ("Q: 3 + 5 =" -> "8"), generated
 from ``data.seed``. For preference training the right answer is chosen and a
@@ -96,33 +96,17 @@ def load_datasets(data_cfg, recipe_name: str):
 
     Raises DataError naming the problem and the fix.
     """
-    from datasets import Dataset
+    from datasets import load_dataset
 
-    kind = "dpo" if recipe_name == "dpo" else "sft"
-    if data_cfg.source == "synthetic":
-        rows = synthetic_rows(kind, data_cfg.num_examples, data_cfg.seed)
-        ds = Dataset.from_list(rows)
-    elif data_cfg.source == "jsonl":
-        rows = _read_jsonl(data_cfg.path)
-        columns = set().union(*(r.keys() for r in rows))
-        _check_columns(columns, recipe_name, f"data.path={data_cfg.path!r}")
-        ds = Dataset.from_list(rows)
-    elif data_cfg.source == "hub":
-        from datasets import load_dataset
-
-        try:
-            ds = load_dataset(data_cfg.path, split=data_cfg.split)
-        except Exception as err:  # the hub's errors vary; the fix is the same
-            raise DataError(
-                f"data.path={data_cfg.path!r}, split {data_cfg.split!r} could not be loaded from the hub ({err}). "
-                "Check the dataset id and split, your network and HF_TOKEN, or use data=jsonl data.path=FILE."
-            ) from None
-        _check_columns(set(ds.column_names), recipe_name, f"hub dataset {data_cfg.path!r}")
-        if data_cfg.eval_split:
-            ev = load_dataset(data_cfg.path, split=data_cfg.eval_split)
+    if data_cfg.source == "mix":
+        ds = mixed_dataset(data_cfg, recipe_name)
+    elif data_cfg.source in ("synthetic", "jsonl", "hub"):
+        ds = _load_source(data_cfg, recipe_name)
+        if data_cfg.source == "hub" and data_cfg.eval_split:
+            ev = load_dataset(data_cfg.path, split=data_cfg.eval_split, revision=data_cfg.revision)
             return ds, ev.select(range(min(len(ev), data_cfg.max_eval_examples)))
     else:
-        raise DataError(f"data.source={data_cfg.source!r} is unknown; choose synthetic, jsonl or hub.")
+        raise DataError(f"data.source={data_cfg.source!r} is unknown; choose synthetic, jsonl, hub or mix.")
     n_eval = max(1, min(data_cfg.max_eval_examples, int(len(ds) * data_cfg.eval_fraction)))
     if len(ds) < 2:
         raise DataError("the dataset has fewer than 2 rows; a held-out split needs at least one of each.")
@@ -130,9 +114,137 @@ def load_datasets(data_cfg, recipe_name: str):
     return split["train"], split["test"]
 
 
-def fingerprint(dataset) -> str:
-    """SHA-256 over the dataset's rows in order: a changed dataset changes the trajectory."""
+def _load_source(src, recipe_name: str, where: str = "data"):
+    """One source (``data`` itself or an entry of ``data.mix``) as a validated ``datasets.Dataset``."""
+    from datasets import Dataset
+
+    kind = "dpo" if recipe_name == "dpo" else "sft"
+    if src.source == "synthetic":
+        return Dataset.from_list(synthetic_rows(kind, src.num_examples, src.seed))
+    if src.source == "jsonl":
+        rows = _read_jsonl(src.path)
+        _check_columns(set().union(*(r.keys() for r in rows)), recipe_name, f"{where}.path={src.path!r}")
+        return Dataset.from_list(rows)
+    if src.source == "hub":
+        from datasets import load_dataset
+
+        try:
+            ds = load_dataset(src.path, split=src.split, revision=src.revision)
+        except Exception as err:  # the hub's errors vary; the fix is the same
+            raise DataError(
+                f"{where}.path={src.path!r}, split {src.split!r}, revision {src.revision!r} could not be loaded from "
+                f"the hub ({err}). Check the dataset id, split and revision, your network and HF_TOKEN, or use a "
+                "local JSONL file."
+            ) from None
+        _check_columns(set(ds.column_names), recipe_name, f"hub dataset {src.path!r}")
+        return ds
+    raise DataError(f"{where}.source={src.source!r} is unknown; choose synthetic, jsonl or hub.")
+
+
+MIX_SOURCES = ("synthetic", "jsonl", "hub")
+
+
+def check_mix(data_cfg, recipe_name: str) -> None:
+    """``data.mix`` at launch: present exactly when data.source=mix, each source usable. Raises DataError."""
+    mix = list(data_cfg.mix or [])
+    if data_cfg.source != "mix":
+        if mix:
+            raise DataError(f"data.mix lists {len(mix)} sources but data.source={data_cfg.source}; set "
+                            "data.source=mix (or data=mix) to train on the mix, or drop data.mix.")
+        return
+    if len(mix) < 2:
+        raise DataError("data.source=mix needs at least two sources in data.mix, e.g. "
+                        "data.mix='[{path: /data/a.jsonl, weight: 3}, {path: /data/b.jsonl, weight: 1}]'.")
+    for i, src in enumerate(mix):
+        where = f"data.mix[{i}]"
+        if src.source not in MIX_SOURCES:
+            raise DataError(f"{where}.source={src.source!r}; choose one of: {', '.join(MIX_SOURCES)}.")
+        if not src.weight > 0:
+            raise DataError(f"{where}.weight={src.weight} must be more than 0 (its share is weight / sum of weights).")
+        if src.source in ("jsonl", "hub") and not src.path:
+            raise DataError(f"{where} (source {src.source}) needs a path: a JSONL file or a hub dataset id.")
+        if src.source == "jsonl":
+            if not Path(src.path).expanduser().is_absolute():
+                raise DataError(f"{where}.path={src.path!r} is relative; every attempt (maybe on another machine "
+                                "or in another folder) must find it. Give an absolute path.")
+            rows = _read_jsonl(src.path)
+            _check_columns(set().union(*(r.keys() for r in rows)), recipe_name, f"{where}.path={src.path!r}")
+
+
+def mixed_dataset(data_cfg, recipe_name: str):
+    """The sources of ``data.mix`` interleaved into one dataset: each row drawn from source i with probability
+    weight_i / sum of weights, by ``datasets.interleave_datasets`` seeded with ``data.seed`` (the same rows in the
+    same order on every attempt); it stops when the first source runs out, so no row repeats."""
+    from datasets import interleave_datasets
+
+    parts = [_load_source(src, recipe_name, f"data.mix[{i}]") for i, src in enumerate(data_cfg.mix)]
+    columns = [sorted(p.column_names) for p in parts]
+    if any(c != columns[0] for c in columns):
+        listing = "; ".join(f"data.mix[{i}]: {c}" for i, c in enumerate(columns))
+        raise DataError(f"the sources of data.mix have different columns ({listing}). Give every source the same "
+                        "form (prompt/completion, messages, or prompt/chosen/rejected).")
+    parts = [p.cast(parts[0].features) for p in parts]
+    total = float(sum(src.weight for src in data_cfg.mix))
+    return interleave_datasets(parts, probabilities=[src.weight / total for src in data_cfg.mix],
+                               seed=int(data_cfg.seed), stopping_strategy="first_exhausted")
+
+
+def trl_templates_dir() -> Path:
+    """TRL's shipped templates, found without importing TRL (seconds at launch)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("trl")
+    return Path(next(iter(spec.submodule_search_locations))).resolve() / "chat_templates"
+
+
+def named_chat_templates() -> list[str]:
+    """The chat templates TRL ships, by name (the file name without .jinja)."""
+    return sorted(p.stem for p in trl_templates_dir().glob("*.jinja"))
+
+
+def chat_template_text(value) -> str | None:
+    """The Jinja text of ``data.chat_template``: None (the tokenizer's own), a .jinja/.j2 file, or a TRL name."""
+    if value is None:
+        return None
+    value = str(value)
+    if value.endswith((".jinja", ".j2")) or "/" in value:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise DataError(f"data.chat_template={value!r}: no such file. Point it at a Jinja template file "
+                            f"(.jinja), or name one TRL ships (e.g. {', '.join(named_chat_templates()[:4])}).")
+        return path.read_text(encoding="utf-8")
+    path = trl_templates_dir() / f"{value}.jinja"
+    if not path.is_file():
+        raise DataError(f"data.chat_template={value!r} is not a template TRL ships; choose one of: "
+                        f"{', '.join(named_chat_templates())}, give a .jinja file, or drop the key for the "
+                        "tokenizer's own.")
+    return path.read_text(encoding="utf-8")
+
+
+def check_chat_template(value) -> None:
+    """Launch check: the named template exists, or the file does and is a valid Jinja template."""
+    text = chat_template_text(value)
+    if text is None:
+        return
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as err:
+        raise DataError(f"data.chat_template={value!r} is not valid Jinja (line {err.lineno}: {err.message}). "
+                        "Fix the template.") from None
+
+
+def fingerprint(dataset, data_cfg=None) -> str:
+    """SHA-256 over the dataset's rows in order: a changed dataset changes the trajectory.
+
+    With ``data_cfg``, the text of its chat template too: a template file edited between attempts
+    renders other tokens from the same rows.
+    """
     h = hashlib.sha256()
+    template = chat_template_text(data_cfg.chat_template) if data_cfg is not None else None
+    if template is not None:
+        h.update(b"chat_template\0" + template.encode() + b"\0")
     for row in dataset:
         h.update(json.dumps(row, sort_keys=True, default=str).encode())
     return h.hexdigest()

@@ -17,9 +17,10 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     from trl import DPOConfig, DPOTrainer
 
     path = common.resolve_model_path(cfg.model)
-    tokenizer = common.load_tokenizer(path, cfg.model.trust_remote_code)
+    tokenizer = common.tokenizer_for(cfg, path)
     # recipe.quantization=nf4 loads a 4-bit base (recipes.qlora passes it explicitly)
-    model = common.load_model(path, cfg.model, quantization=quantization or cfg.recipe.quantization)
+    model = common.load_model(path, cfg.model, quantization=quantization or cfg.recipe.quantization,
+                              mixed_precision=cfg.train.mixed_precision)
     # TRL's disable_dropout (default true) zeroes every dropout, LoRA's too, after PEFT wraps the
     # model: keep it only when no adapter dropout was asked for. With recipe.lora_dropout > 0 the
     # model's own dropout (its config's, often 0) trains on too, as under SFT.

@@ -16,11 +16,14 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     from trl import SFTConfig, SFTTrainer
 
     path = common.resolve_model_path(cfg.model)
-    tokenizer = common.load_tokenizer(path, cfg.model.trust_remote_code)
+    tokenizer = common.tokenizer_for(cfg, path)
     # recipe.quantization=nf4 loads a 4-bit base (recipes.qlora passes it explicitly)
-    model = common.load_model(path, cfg.model, quantization=quantization or cfg.recipe.quantization)
+    model = common.load_model(path, cfg.model, quantization=quantization or cfg.recipe.quantization,
+                              mixed_precision=cfg.train.mixed_precision)
     peft_config = common.lora_config(cfg.recipe) if cfg.recipe.peft == "lora" else None
-    args = SFTConfig(**common.training_kwargs(cfg, output_dir), packing=False, dataset_num_proc=None)
+    t = cfg.train
+    args = SFTConfig(**common.training_kwargs(cfg, output_dir), packing=t.packing,
+                     packing_strategy=t.packing_strategy, padding_free=t.padding_free)
     return SFTTrainer(
         model=model,
         args=args,

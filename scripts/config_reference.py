@@ -44,6 +44,13 @@ def main() -> None:
             typ = (typ[len("Optional["):-1] + " or null") if typ.startswith("Optional[") else typ
             row = f"| `{group_field.name}.{f.name}` | {typ} | `{default_of(f)}` | {comments.get(f.name, '')} |"
             print(row)
+            if f.type == "list[MixSourceConfig]":  # the keys of each entry
+                entry = field_comments(c.MixSourceConfig)
+                for g in dataclasses.fields(c.MixSourceConfig):
+                    gtyp = str(g.type)
+                    gtyp = (gtyp[len("Optional["):-1] + " or null") if gtyp.startswith("Optional[") else gtyp
+                    print(f"| `{group_field.name}.{f.name}[].{g.name}` | {gtyp} | `{default_of(g)}` | "
+                          f"{entry.get(g.name, '')} |")
         if group_field.name == "recipe":  # keys only one recipe has
             for name, schema in c.RECIPE_SCHEMAS.items():
                 comments = field_comments(schema)

@@ -27,6 +27,8 @@ def test_every_config_composes(group, option, tmp_path):
         extra = [f"data.path={f}"]
     if group == "data" and option == "hub":
         extra = ["data.path=trl-lib/Capybara"]
+    if group == "data" and option == "mix":
+        extra = ["data.mix=[{source: synthetic, seed: 1}, {source: synthetic, seed: 2, weight: 3}]"]
     if group == "storage" and option == "s3":
         extra = ["storage.uri=s3://bucket/runs"]
     if group == "compute":

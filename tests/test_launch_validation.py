@@ -33,6 +33,9 @@ FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_fa
         ("storage.uri=file://", ["storage.uri", "names no folder"]),
         ("storage.uri=s3://", ["storage.uri", "names no bucket"]),
         ("storage.multipart_threshold_mb=0", ["storage.multipart_threshold_mb=0", "storage.multipart_threshold_mb=64"]),
+        # from_pretrained's attention kernel (orchestrator.train_options), which a CPU job cannot run
+        ("model.attn_implementation=flash_attention_2", ["flash_attention_2 runs on CUDA GPUs only",
+                                                         "model.attn_implementation=sdpa"]),
         # price_for, the worker's first step
         ("compute=h100-spot compute.gpu_type=b200", ["compute.gpu_type='b200' is not in the price catalog", "compute.price_per_hour"]),
     ],

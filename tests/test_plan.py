@@ -240,6 +240,7 @@ def test_count_allocated_state_bytes_and_format_trial():
     p = plan.estimate_memory(job(model={"name_or_path": "builtin:tiny-llama", "dtype": "float32"}))
     text = plan.format_trial(p, {**got, "peak_memory_bytes": 10**8, "step_time_s": 0.5, "data_wait_s": 0.2})
     assert "estimate" in text and "measured" in text and "WARNING: the data loader" in text
+    assert "train.dataloader_num_workers=" in text, "the advice names the key that does it"
 
 
 # ---------------------------------------------------------------- CLI
@@ -268,3 +269,64 @@ def test_cli_warns_when_it_will_not_fit_and_exits_4_on_a_bad_config():
     assert "WARNING: will NOT fit on l4" in done.stdout
     bad = _cli("model=no-such-model")
     assert bad.returncode == 4 and "model=no-such-model" in bad.stderr
+
+
+# ---------------------------------------------------------------- training options (#15)
+
+
+def test_an_8bit_optimizer_holds_a_quarter_of_adams_states():
+    adam = plan.estimate_memory(full(model={"dtype": "float32"}), LLAMA_7B)
+    eight = plan.estimate_memory(full(model={"dtype": "float32"}, train={"optim": "paged_adamw_8bit"}), LLAMA_7B)
+    n = adam.params["total"]
+    assert adam.components["optimizer"] == 8 * n and eight.components["optimizer"] == 2 * n
+    assert adam.total_bytes - eight.total_bytes == 6 * n
+    assert any("8-bit states" in note for note in eight.notes)
+    text = plan.format_plan(eight, gpu_type="a100-80gb", memory_gb=80, options=[], cost=None)
+    assert "optimizer (paged_adamw_8bit)" in text and "paged_adamw_8bit" in eight.describe
+    sgd = plan.estimate_memory(full(train={"optim": "sgd"}), LLAMA_7B)
+    assert "optimizer" not in sgd.components
+
+
+def test_mixed_precision_counts_16bit_activations_and_autocast_copies_of_fp32_weights():
+    seq = {"max_length": 1024}
+    fp32 = plan.estimate_memory(full(model={"dtype": "float32"}, data=seq), LLAMA_7B)
+    amp = plan.estimate_memory(full(model={"dtype": "float32"}, train={"mixed_precision": "bf16"}, data=seq), LLAMA_7B)
+    p = amp.params
+    assert amp.components["weights"] == fp32.components["weights"], "storage stays float32"
+    assert amp.components["autocast_copies"] == 2 * (p["total"] - p["embeddings"] - p["norms"])
+    assert amp.components["activations"] < fp32.components["activations"]
+    assert amp.components["activations"] == plan.activation_bytes(LLAMA_7B, 1024, 8, 2, False)
+    bf16_weights = plan.estimate_memory(full(train={"mixed_precision": "bf16"}), LLAMA_7B)
+    assert "autocast_copies" not in bf16_weights.components, "16-bit weights need no 16-bit copy"
+
+
+def test_float32_compute_is_priced_at_fp32_or_tf32_throughput():
+    price = Price(usd_per_hour_total=2.0, usd_per_gpu_hour=2.0, on_demand_usd_per_hour_total=4.0, source="test")
+    fp32 = dict(model={"dtype": "float32"})
+    half = plan.estimate_cost(job(**fp32, train={"mixed_precision": "bf16"}), price, model_config=LLAMA_7B)
+    tf32 = plan.estimate_cost(job(**fp32, train={"tf32": True}), price, model_config=LLAMA_7B)
+    plain = plan.estimate_cost(job(**fp32), price, model_config=LLAMA_7B)
+    assert tf32.tokens_per_second == pytest.approx(half.tokens_per_second / 2)
+    assert plain.tokens_per_second == pytest.approx(half.tokens_per_second / 16)
+    assert "TF32" in tf32.basis and "FP32" in plain.basis and "16-bit" in half.basis
+
+
+def test_padding_free_packing_under_sdpa_attends_over_the_flattened_batch():
+    price = Price(usd_per_hour_total=2.0, usd_per_gpu_hour=2.0, on_demand_usd_per_hour_total=4.0, source="test")
+    batch, seq = {"per_device_batch_size": 8}, {"max_length": 1024}
+    padded = job(train=batch, data=seq)
+    packed = job(train={**batch, "packing": True}, data=seq)
+    flash = job(train={**batch, "packing": True}, model={"attn_implementation": "flash_attention_2"}, data=seq)
+    mem = {name: plan.estimate_memory(c, LLAMA_7B) for name, c in (("padded", padded), ("packed", packed), ("flash", flash))}
+    tokens = 8 * 1024
+    assert mem["packed"].components["activations"] - mem["flash"].components["activations"] == tokens * tokens
+    assert mem["flash"].components["activations"] == mem["padded"].components["activations"]
+    assert any("real tokens" in n for n in mem["packed"].notes) and any("upper bound" in n for n in mem["padded"].notes)
+    d = plan._dims(LLAMA_7B)
+    fpt = {name: plan.estimate_cost(c, price, model_config=LLAMA_7B).flops_per_token
+           for name, c in (("padded", padded), ("packed", packed), ("flash", flash))}
+    assert fpt["flash"] == fpt["padded"]
+    assert fpt["packed"] - fpt["flash"] == pytest.approx(2 * 2 * d["layers"] * (tokens - 1024) * d["q_dim"])
+    eager = plan.estimate_memory(job(model={"attn_implementation": "eager"}, train=batch, data=seq), LLAMA_7B)
+    assert eager.components["activations"] - mem["padded"].components["activations"] == \
+        d["layers"] * d["heads"] * tokens * 1024 * 2

@@ -129,7 +129,7 @@ class Runner:
         from recipes.data import fingerprint, load_datasets
 
         train_ds, eval_ds = load_datasets(self.cfg.data, self.cfg.recipe.name)
-        self.checkpoints.set_dataset(fingerprint(train_ds))
+        self.checkpoints.set_dataset(fingerprint(train_ds, self.cfg.data))
         self.tracking.log_dataset(train_ds, self.checkpoints.dataset_fp, self.cfg.data)
         return train_ds, eval_ds
 

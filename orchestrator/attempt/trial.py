@@ -15,8 +15,10 @@ def finish_trial(runner, trainer) -> None:
     measured.update(peak_memory_bytes=peak_memory_bytes(), step_time_s=timing.get("step_time_s"),
                     data_wait_s=timing.get("data_wait_s"))
     if measured["step_time_s"]:
-        # every process's sequences (and DPO's chosen + rejected) count, as in the cost figures
-        measured["tokens_per_second"] = estimated_tokens_per_step(cfg) / measured["step_time_s"]
+        # every process's sequences (and DPO's chosen + rejected) count, as in the cost figures: the
+        # trainer's own count of real tokens when it logged one (SFT, packed or not), else the padded bound
+        tokens = runner.money.figures.measured_tokens_per_step or estimated_tokens_per_step(cfg)
+        measured["tokens_per_second"] = tokens / measured["step_time_s"]
     estimate = plan.estimate_memory(cfg)
     cost = plan.estimate_cost(cfg, runner.money.price)
     print(plan.format_trial(estimate, measured, cost), flush=True)

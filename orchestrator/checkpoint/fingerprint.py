@@ -18,7 +18,10 @@ from orchestrator.errors import ConfigError
 log = logging.getLogger("orchestrator.checkpoint")
 
 # Fields that do not shape the training trajectory; every other one is fingerprinted.
-_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps"}, "data": {"max_eval_examples"},
+# Worker and process counts only change how fast batches are made, not which (the sampler stays in the main
+# process), so a job may resume with other values.
+_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps", "dataloader_num_workers"},
+                   "data": {"max_eval_examples", "num_proc"},
                    "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
 
 
