@@ -213,5 +213,5 @@ def format_report(report: Mapping[str, Any]) -> str:
     if quality["value"] is not None:
         lines.append(f"quality: {quality['metric']}={quality['value']:.4f} (before training: "
                      f"{num(quality.get('before'))}; gain: {num(quality.get('gain_points'), '{:+.2f}')} points); "
-                     f"${num(quality['usd_per_point'])} per point gained")
+                     f"${num(quality['usd_per_point'], '{:.6f}')} per point gained")
     return "\n".join(lines)
