@@ -22,7 +22,16 @@ RECIPE_OVERRIDES = {
     # that the third kill (a random pause after the third fresh commit) lands before the job completes
     "sft": ["recipe=sft", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "data.num_examples=120",
             "train.max_steps=60"],
-    "dpo": ["recipe=dpo", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "train.max_steps=40"],
+    # early stopping that triggers after the resumes: evaluations every 10 steps, none counts as better (no
+    # accuracy beats its best by more than 1.0), so the fifth (step 50 of 60) stops the job; only if every attempt
+    # takes the counter and the best step from the checkpoint does it stop there, with final/ the best evaluation's
+    # checkpoint (kept by retention against keep_last=3 of checkpoints every second)
+    "sft_early_stop": ["recipe=sft", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2",
+                       "data.num_examples=120", "train.max_steps=60", "train.eval_steps=10",
+                       "train.early_stopping_patience=4", "train.early_stopping_threshold=1.0", "checkpoint.final=best"],
+    # the reference log-probs computed once, by the first attempt, stored, and loaded by every restart
+    "dpo": ["recipe=dpo", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "train.max_steps=40",
+            "recipe.precompute_ref_log_probs=true"],
     "qlora": ["recipe=qlora", "recipe.lora_dropout=0.1", "train.max_steps=40"],
 }
 
@@ -37,13 +46,13 @@ def _storage(kind, tmp_path, request) -> jobs.Storage:
 
 @pytest.mark.parametrize(
     "recipe,kind",
-    [("sft", "local"), ("sft", "s3"), ("dpo", "s3"), ("qlora", "local")],
+    [("sft_early_stop", "local"), ("sft", "s3"), ("dpo", "s3"), ("qlora", "local")],
 )
 def test_sigkilled_three_times_ends_bit_identical(recipe, kind, tmp_path, request, references):
     storage = _storage(kind, tmp_path, request)
     common = jobs.FAST + RECIPE_OVERRIDES[recipe] + storage.overrides()
 
-    run = f"chaos-{recipe}-{kind}"  # unique: another xdist worker may run a job beside this one
+    run = f"chaos-{recipe.replace('_', '-')}-{kind}"  # unique: another xdist worker may run a job beside this one
     rc, log, killed_at = jobs.interrupt_then_finish(common + [f"run.name={run}"], tmp_path, storage, run,
                                                     random.Random(f"{recipe}-{kind}"), [signal.SIGKILL] * 3)
     assert rc == 0, log[-4000:]
@@ -56,6 +65,12 @@ def test_sigkilled_three_times_ends_bit_identical(recipe, kind, tmp_path, reques
     assert jobs.final_digest(storage, run) == references.digest(common), (
         f"resumed {recipe} weights differ from the uninterrupted run (kills after checkpoints at {killed_at})"
     )
+    if recipe == "dpo":  # TRL ran the reference over the training pairs once; each restart read them from storage
+        assert log.count("reference log-probs of the train split computed") == 1, log[-4000:]
+        assert log.count("reference log-probs of the train split loaded from storage") == 3, log[-4000:]
+    if recipe == "sft_early_stop":
+        assert ledger["step"] == 50 and "has not improved" in ledger["quality"]["stopped_early"], ledger
+        assert "stopped early:" in log and "final weights: the best checkpoint (step " in log, log[-4000:]
     if SHM.is_dir():
         # the Trainer wrote its snapshots to memory, and no SIGKILLed attempt's folder was left there
         assert f"local checkpoint snapshots in {SHM}" in log
