@@ -8,6 +8,7 @@ final weights must be byte-identical to an uninterrupted run with the same seed.
 from __future__ import annotations
 
 import random
+import re
 import signal
 from pathlib import Path
 
@@ -22,13 +23,13 @@ RECIPE_OVERRIDES = {
     # that the third kill (a random pause after the third fresh commit) lands before the job completes
     "sft": ["recipe=sft", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "data.num_examples=120",
             "train.max_steps=60"],
-    # early stopping that triggers after the resumes: evaluations every 10 steps, none counts as better (no
-    # accuracy beats its best by more than 1.0), so the fifth (step 50 of 60) stops the job; only if every attempt
-    # takes the counter and the best step from the checkpoint does it stop there, with final/ the best evaluation's
-    # checkpoint (kept by retention against keep_last=3 of checkpoints every second)
+    # early stopping that triggers after the resumes: evaluations every 5 steps, none after the first counts as
+    # better (no accuracy beats its best by more than 1.0), so the ninth (step 45 of 60) stops the job -- if the
+    # counter, in each checkpoint, comes back at every resume: a forgotten one would stop later, a double-counted
+    # one earlier. final/ is the best evaluation's checkpoint, kept by retention against keep_last=3
     "sft_early_stop": ["recipe=sft", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2",
-                       "data.num_examples=120", "train.max_steps=60", "train.eval_steps=10",
-                       "train.early_stopping_patience=4", "train.early_stopping_threshold=1.0", "checkpoint.final=best"],
+                       "data.num_examples=120", "train.max_steps=60", "train.eval_steps=5",
+                       "train.early_stopping_patience=8", "train.early_stopping_threshold=1.0", "checkpoint.final=best"],
     # the reference log-probs computed once, by the first attempt, stored, and loaded by every restart
     "dpo": ["recipe=dpo", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "train.max_steps=40",
             "recipe.precompute_ref_log_probs=true"],
@@ -69,8 +70,11 @@ def test_sigkilled_three_times_ends_bit_identical(recipe, kind, tmp_path, reques
         assert log.count("reference log-probs of the train split computed") == 1, log[-4000:]
         assert log.count("reference log-probs of the train split loaded from storage") == 3, log[-4000:]
     if recipe == "sft_early_stop":
-        assert ledger["step"] == 50 and "has not improved" in ledger["quality"]["stopped_early"], ledger
-        assert "stopped early:" in log and "final weights: the best checkpoint (step " in log, log[-4000:]
+        assert ledger["step"] == 45 and "has not improved" in ledger["quality"]["stopped_early"], ledger
+        assert "stopped early:" in log, log[-4000:]
+        best = re.search(r"final weights: the best checkpoint \(step (\d+),", log)
+        # an earlier step than the last, whose checkpoint retention kept among keep_last=3 of about one a second
+        assert best and int(best.group(1)) < 45, log[-4000:]
     if SHM.is_dir():
         # the Trainer wrote its snapshots to memory, and no SIGKILLed attempt's folder was left there
         assert f"local checkpoint snapshots in {SHM}" in log
