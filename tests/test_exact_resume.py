@@ -7,6 +7,7 @@ final weights must be byte-identical to an uninterrupted run with the same seed.
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 import signal
@@ -76,6 +77,8 @@ def test_sigkilled_three_times_ends_bit_identical(recipe, kind, tmp_path, reques
         # or, should the last evaluation be the best, the weights training ended with
         best = re.search(r"final weights: the best checkpoint \(step (\d+),", log)
         assert (best and int(best.group(1)) < 45) or "the last step 45 is the best evaluation" in log, log[-4000:]
+        final = json.loads(storage.store().get_bytes(f"{run}/final/manifest.json"))
+        assert final["step"] == (int(best.group(1)) if best else 45)  # the step whose weights final/ holds
     if SHM.is_dir():
         # the Trainer wrote its snapshots to memory, and no SIGKILLed attempt's folder was left there
         assert f"local checkpoint snapshots in {SHM}" in log

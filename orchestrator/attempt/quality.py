@@ -68,39 +68,45 @@ class QualityWatch:
             self.record.update_quality({self.before_key: value})
 
     # ---- after training -------------------------------------------------------------
-    def after_training(self, trainer) -> None:
-        """Before the final weights are written: the early stop's reason; ``checkpoint.final=best``'s weights."""
+    def after_training(self, trainer, step: int) -> int:
+        """Before the final weights are written: the early stop's reason; ``checkpoint.final=best``'s weights.
+        Returns the step whose weights the model now holds (``step``, the last, unless the best was loaded)."""
         self.stop_reason = early_stop_reason(trainer, self.cfg, self.metric.name)
         if self.stop_reason and self.record.writes:
             print(f"stopped early: {self.stop_reason}; the job ends completed", flush=True)
             self.record.update_quality({"stopped_early": self.stop_reason})
             self.tracking.set_tag("stop_reason", self.stop_reason)
-        if self.cfg.checkpoint.final == "best":
-            self.load_best(trainer)
+        if self.cfg.checkpoint.final == "best" and self.load_best(trainer):
+            return int(trainer.state.best_global_step)
+        return step
 
-    def load_best(self, trainer) -> None:
+    def load_best(self, trainer) -> bool:
         """The best evaluation's checkpoint, verified, into the trainer's model (the Trainer's own
-        ``_load_best_model``, as ``load_best_model_at_end`` does); the last weights stay when there is none."""
+        ``_load_best_model``, as ``load_best_model_at_end`` does); the last weights stay when there is none.
+        Returns whether the model now holds another step's weights than the last."""
         state = trainer.state
         step = state.best_global_step
         if step is None:
             log.warning("checkpoint.final=best: no evaluation during training chose a best step; final/ holds "
                         "the last weights")
-            return
+            return False
         if step == state.global_step:
-            print(f"final weights: the last step {step} is the best evaluation "
-                  f"({self.metric.name}={state.best_metric:.4f})", flush=True)
-            return
+            if self.record.writes:
+                print(f"final weights: the last step {step} is the best evaluation "
+                      f"({self.metric.name}={state.best_metric:.4f})", flush=True)
+            return False
         local = self.checkpoints.fetch_step(step)
         if local is None:
             log.warning("checkpoint.final=best: the checkpoint of the best step %d is not usable; final/ holds the "
                         "last weights (step %d)", step, state.global_step)
-            return
+            return False
         state.best_model_checkpoint = str(local)
         trainer._load_best_model()
         restore_build_dtypes(trainer)
-        print(f"final weights: the best checkpoint (step {step}, {self.metric.name}={state.best_metric:.4f}), "
-              f"not the last (step {state.global_step})", flush=True)
+        if self.record.writes:
+            print(f"final weights: the best checkpoint (step {step}, {self.metric.name}={state.best_metric:.4f}), "
+                  f"not the last (step {state.global_step})", flush=True)
+        return True
 
     # ---- the closing report -------------------------------------------------------------
     def report(self, final_metrics: Optional[dict]) -> dict:

@@ -219,8 +219,8 @@ class Runner:
     def finish(self, trainer, eval_ds) -> int:
         """5. Final weights committed, held-out evaluation, the attempt closed as completed."""
         cfg = self.cfg
-        self.quality.after_training(trainer)  # an early stop's reason; checkpoint.final=best's weights
-        saved = self.checkpoints.save_final(trainer, self.step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)),
+        weights_step = self.quality.after_training(trainer, self.step)  # an early stop; checkpoint.final=best's weights
+        saved = self.checkpoints.save_final(trainer, weights_step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)),
                                             upload=cfg.checkpoint.save_final_weights,
                                             to_mlflow=self.tracking if cfg.tracking.log_final_weights else None)
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
