@@ -25,6 +25,8 @@ CHOICES = {
     "data.source": ("synthetic", "jsonl", "hub", "mix"),
     "train.mixed_precision": ("no", "bf16", "fp16"),
     "train.packing_strategy": ("bfd", "bfd_split", "wrapped"),
+    "recipe.eval_metric": ("auto", "exact_match", "contains", "none"),
+    "checkpoint.final": ("last", "best"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "preemption.provider": ("auto", "aws", "gcp", "azure", "none"),
     "backend.name": ("local", "slurm", "skypilot", "kubernetes"),
@@ -168,6 +170,32 @@ def _check_recipe(cfg: DictConfig) -> None:
                           "Use recipe.peft=lora (QLoRA) or recipe.quantization=none.")
     if cfg.recipe.name == "qlora" and cfg.recipe.quantization != "nf4":
         raise ConfigError("recipe=qlora needs recipe.quantization=nf4 (a 4-bit base); use recipe=sft for an unquantised base.")
+
+
+def _check_evaluation(cfg: DictConfig) -> None:
+    """Evaluation during training, early stopping and ``checkpoint.final`` fit together."""
+    t = cfg.train
+    for key in ("eval_steps", "early_stopping_patience"):
+        if t[key] < 0:
+            raise ConfigError(f"train.{key}={t[key]} must be at least 0 (0: off); set train.{key}=0 or more.")
+    if t.early_stopping_threshold < 0:
+        raise ConfigError(f"train.early_stopping_threshold={t.early_stopping_threshold} must be at least 0 (how much "
+                          "the quality metric must improve to count); set e.g. train.early_stopping_threshold=0.")
+    if t.early_stopping_patience > 0 and t.eval_steps <= 0:
+        raise ConfigError(f"train.early_stopping_patience={t.early_stopping_patience} counts evaluations, but "
+                          "train.eval_steps=0 evaluates only at the end. Set train.eval_steps=N (e.g. 50), or "
+                          "train.early_stopping_patience=0.")
+    if cfg.checkpoint.final == "best":
+        if t.eval_steps <= 0:
+            raise ConfigError("checkpoint.final=best keeps the best evaluation's weights, but train.eval_steps=0 "
+                              "evaluates only at the end. Set train.eval_steps=N (e.g. 50), or checkpoint.final=last.")
+        if not cfg.checkpoint.save_final_weights:
+            raise ConfigError("checkpoint.final=best chooses what <run>/final/ holds, but "
+                              "checkpoint.save_final_weights=false writes no final weights. Drop one of the two.")
+        if cfg.distributed.name not in ("none", "ddp"):
+            raise ConfigError(f"checkpoint.final=best loads the best checkpoint's weights back at the end, which is "
+                              f"supported with distributed=none or ddp, not {cfg.distributed.name}. Use "
+                              "checkpoint.final=last (and pick the best checkpoint from storage), or distributed=ddp.")
 
 
 def _check_tracking(cfg: DictConfig) -> None:
@@ -430,6 +458,6 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
 
 
 # every check validate() runs (after the resolvable values and the choices), in the order they are reported
-CHECKS = (_check_recipe, _check_tracking, _check_data, _check_durations, _check_counts, _check_run_name,
+CHECKS = (_check_recipe, _check_evaluation, _check_tracking, _check_data, _check_durations, _check_counts, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, *train_options.CHECKS)

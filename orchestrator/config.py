@@ -29,7 +29,8 @@ class RecipeConfig:
     lora_target_modules: list[str] = field(  # modules that get adapters: every linear layer of Llama/Qwen blocks
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     quantization: str = "none"  # none | nf4: a 4-bit NF4 base under LoRA (qlora sets it; sft and dpo honour it)
-    eval_generate_max_new_tokens: int = 8  # tokens generated per held-out prompt for exact-match accuracy
+    eval_generate_max_new_tokens: int = 8  # tokens generated per held-out prompt for the generation metric
+    eval_metric: str = "auto"  # auto (first number on data=synthetic, else exact_match) | exact_match | contains | none
 
 
 @dataclass
@@ -37,6 +38,7 @@ class DpoRecipeConfig(RecipeConfig):
     """recipe=dpo: the common recipe keys and DPO's own (an SFT job has no ``recipe.dpo_beta``)."""
 
     dpo_beta: float = 0.1  # DPO: strength of the pull toward the reference model
+    precompute_ref_log_probs: bool = False  # DPO: reference log-probs computed once, stored with the checkpoints
 
 
 @dataclass
@@ -97,6 +99,9 @@ class TrainConfig:
     seed: int = 42  # seeds model init, dropout and the data order
     logging_steps: int = 10  # log metrics (to MLflow too) every N optimizer steps
     eval_at_end: bool = True  # evaluate on the held-out split after training
+    eval_steps: int = 0  # also evaluate loss and the quality metric (MLflow curves) every N optimizer steps (0: only at the end)
+    early_stopping_patience: int = 0  # stop (completed) after N evaluations without a better quality metric (0: off)
+    early_stopping_threshold: float = 0.0  # how much the quality metric must beat its best by to count as better
     trial_steps: int = 0  # >0: run this many steps, print plan vs measurement, stop
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     packing: bool = False  # TRL's packing (sft, qlora): several examples per row of data.max_length tokens, no padding
@@ -142,6 +147,7 @@ class CheckpointConfig:
     allow_config_change: bool = False  # resume although a trajectory-shaping field changed
     allow_data_change: bool = False  # resume although the dataset fingerprint changed
     save_final_weights: bool = True  # write the trained weights to <storage.uri>/<run.name>/final/ (false: the job keeps none)
+    final: str = "last"  # what <run>/final/ holds: last (where training ended) | best (the best evaluation's weights)
     snapshot_dir: str = "auto"  # where the Trainer writes the local snapshot: auto (/dev/shm if it fits) | work | a path
 
 

@@ -47,11 +47,21 @@ def attempt_seconds(attempt: Mapping[str, Any]) -> float:
     return max(0.0, float(ended) - started)
 
 
-def usd_per_quality_point(cost_usd: float, quality: Optional[float]) -> Optional[float]:
-    """USD per percentage point of a quality metric that is a fraction in [0, 1] (as ``orchestrator report``)."""
-    if quality is None or quality <= 0:
+def quality_gain_points(quality: Optional[float], before: Optional[float]) -> Optional[float]:
+    """Percentage points a fraction-valued quality metric gained over its "before training" value."""
+    if quality is None or before is None:
         return None
-    return cost_usd / (float(quality) * 100.0)
+    return (float(quality) - float(before)) * 100.0
+
+
+def usd_per_quality_point(cost_usd: float, quality: Optional[float], before: Optional[float]) -> Optional[float]:
+    """USD per percentage point gained by training: the cost over (after - before) x 100 of a quality metric
+    that is a fraction in [0, 1]. None without a "before" value, or when training gained nothing (the
+    figure would be infinite or negative)."""
+    gain = quality_gain_points(quality, before)
+    if gain is None or gain <= 0:
+        return None
+    return cost_usd / gain
 
 
 class JobFigures:
@@ -140,7 +150,7 @@ class JobFigures:
 
 def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: costs.Price, figures: Mapping[str, float],
                  quality_metric: str, quality: Optional[float], tokens_per_step: float,
-                 tokens_measured: bool) -> dict:
+                 tokens_measured: bool, quality_before: Optional[float] = None) -> dict:
     """The cost report (JSON-ready): price, each attempt, totals, lost work, savings, checkpointing, quality."""
     attempts = [
         {"epoch": a.get("epoch"), "exit_class": a.get("exit_class"), "host": a.get("host"),
@@ -165,7 +175,8 @@ def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: cos
         "spot": {"on_demand_cost_usd": get("on_demand_cost_usd"), "savings_usd": get("spot_savings_usd")},
         "checkpointing_this_attempt": {"stall_s": get("attempt_checkpoint_stall_s"),
                                        "upload_s": get("attempt_checkpoint_upload_s")},
-        "quality": {"metric": quality_metric, "value": quality, "usd_per_point": get("usd_per_quality_point")},
+        "quality": {"metric": quality_metric, "value": quality, "before": quality_before,
+                    "gain_points": get("quality_gain_points"), "usd_per_point": get("usd_per_quality_point")},
     }
 
 
@@ -200,6 +211,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     ]
     quality = report["quality"]
     if quality["value"] is not None:
-        lines.append(f"quality: {quality['metric']}={quality['value']:.4f}; "
-                     f"${num(quality['usd_per_point'])} per point")
+        lines.append(f"quality: {quality['metric']}={quality['value']:.4f} (before training: "
+                     f"{num(quality.get('before'))}; gain: {num(quality.get('gain_points'), '{:+.2f}')} points); "
+                     f"${num(quality['usd_per_point'], '{:.6f}')} per point gained")
     return "\n".join(lines)

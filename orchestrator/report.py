@@ -3,7 +3,8 @@
 Reads MLflow only. Each job is one run (tagged ``job``) carrying:
     tags     recipe, model, quality_metric (the name of its main quality metric)
     metrics  cost_usd, attempts, preemptions, and the metric named by quality_metric
-             (a fraction in [0, 1], e.g. eval_accuracy or eval_reward_accuracy)
+             (a fraction in [0, 1], e.g. eval_accuracy or eval_reward_accuracy), usd_per_quality_point
+             (the cost over the points gained since before training)
 
 The chart (cost against quality, one labelled point per job) is written to
 ``--out`` and logged as ``cost_vs_quality.png`` to one run named "report"
@@ -41,13 +42,9 @@ class JobRow:
     cost_usd: Optional[float]
     quality_metric: str
     quality: Optional[float]
-
-    @property
-    def usd_per_point(self) -> Optional[float]:
-        """USD per percentage point of the quality metric (a fraction in [0, 1])."""
-        if self.cost_usd is None or not self.quality:
-            return None
-        return self.cost_usd / (self.quality * 100.0)
+    # USD per percentage point gained over the "before training" value, as the job logged it
+    # (``orchestrator.cost_report.usd_per_quality_point``); None when it had no gain or no "before"
+    usd_per_point: Optional[float] = None
 
 
 def _number(run, key: str) -> Optional[float]:
@@ -81,6 +78,7 @@ def collect_jobs(client, experiment_id: str) -> list[JobRow]:
                 cost_usd=_number(run, "cost_usd"),
                 quality_metric=quality_metric,
                 quality=_number(run, quality_metric) if quality_metric else None,
+                usd_per_point=_number(run, "usd_per_quality_point"),
             )
         )
     return sorted(rows, key=lambda r: r.job)

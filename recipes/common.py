@@ -5,7 +5,6 @@ Kept as plain functions (no base class), so each recipe reads top to bottom.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
@@ -169,6 +168,8 @@ def training_kwargs(cfg, output_dir: str) -> dict:
     """
     import torch
 
+    from recipes.evaluation import quality_args
+
     t = cfg.train
     cuda = torch.cuda.is_available()
     kw = dict(
@@ -200,6 +201,7 @@ def training_kwargs(cfg, output_dir: str) -> dict:
     )
     kw.update(precision_kwargs(t, cuda))
     kw.update(distributed_kwargs(cfg.distributed, cuda))
+    kw.update(quality_args(cfg))  # evaluation during training, early stopping
     return kw
 
 
@@ -255,57 +257,3 @@ def distributed_kwargs(dist_cfg, cuda: bool) -> dict:
     elif name == "fsdp":
         kw["fsdp"] = "full_shard auto_wrap" + (" offload" if dist_cfg.cpu_offload else "")
     return kw
-
-
-_NUMBER = re.compile(r"-?\d+")
-
-
-def generation_accuracy(model, tokenizer, prompts: list[str], answers: list[str], max_new_tokens: int = 8, batch_size: int = 32) -> float:
-    """Exact-match accuracy of greedy generations: the first number (or word) generated equals the answer."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    correct = 0
-    device = next(p for p in model.parameters()).device
-    try:
-        for i in range(0, len(prompts), batch_size):
-            batch = prompts[i : i + batch_size]
-            enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            with torch.no_grad():
-                out = model.generate(
-                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
-                )
-            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            for text, want in zip(texts, answers[i : i + batch_size]):
-                correct += _first_answer(text) == _first_answer(want)
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
-    return correct / max(1, len(prompts))
-
-
-
-def _first_answer(text: str) -> str:
-    m = _NUMBER.search(text)
-    if m:
-        return m.group(0)
-    words = text.strip().split()
-    return words[0] if words else ""
-
-
-def eval_prompts(eval_dataset, tokenizer) -> tuple[list[str], list[str]]:
-    """Prompts and reference answers from a held-out split of any supported format."""
-    prompts, answers = [], []
-    for row in eval_dataset:
-        if "messages" in row:
-            msgs = row["messages"]
-            prompts.append(tokenizer.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True))
-            answers.append(msgs[-1]["content"])
-        else:
-            prompts.append(row["prompt"] if isinstance(row["prompt"], str) else tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True))
-            ans = row.get("completion", row.get("chosen"))
-            answers.append(ans if isinstance(ans, str) else ans[-1]["content"])
-    return prompts, answers

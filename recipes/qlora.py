@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from recipes import sft
 
-QUALITY_METRIC = sft.QUALITY_METRIC
-
 
 def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str = "nf4"):
     return sft.build_trainer(

@@ -3,13 +3,12 @@
 ``recipe.quantization=nf4`` loads the base in 4-bit NF4: that is QLoRA, as ``recipe=qlora``.
 
 Data: prompt/completion rows (loss on the completion only) or chat ``messages``.
-Quality: eval loss and exact-match accuracy of greedy generations on the held-out split.
+Quality (``recipes.evaluation``): eval loss and perplexity, and the share of greedy generations on the
+held-out split that match the answer (``recipe.eval_metric``).
 """
 from __future__ import annotations
 
-from recipes import common
-
-QUALITY_METRIC = "eval_accuracy"
+from recipes import common, evaluation
 
 
 def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None):
@@ -31,19 +30,19 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=callbacks,
+        callbacks=evaluation.with_quality_callbacks(cfg, callbacks, tokenizer, eval_dataset),
     )
 
 
-def evaluate(trainer, cfg, eval_dataset) -> dict:
-    """Eval loss (Trainer.evaluate) and generation accuracy on the held-out split."""
-    metrics = {"eval_loss": float(trainer.evaluate(eval_dataset=eval_dataset)["eval_loss"])}
-    metrics["eval_accuracy"] = accuracy(trainer, cfg, eval_dataset)
-    return metrics
+def evaluate(trainer, cfg, eval_dataset=None) -> dict:
+    """Eval loss, perplexity and the generation metric on the trainer's held-out split."""
+    return evaluation.evaluate(trainer, cfg)
 
 
 def accuracy(trainer, cfg, eval_dataset) -> float:
-    prompts, answers = common.eval_prompts(eval_dataset, trainer.processing_class)
-    return common.generation_accuracy(
-        trainer.model, trainer.processing_class, prompts, answers, cfg.recipe.eval_generate_max_new_tokens
-    )
+    """The generation metric alone (``recipe.eval_metric``; the first-number matcher when it is none)."""
+    prompts, answers = evaluation.eval_prompts(eval_dataset, trainer.processing_class)
+    matcher = evaluation.generation_matcher(cfg)
+    return evaluation.generation_accuracy(trainer.model, trainer.processing_class, prompts, answers,
+                                          cfg.recipe.eval_generate_max_new_tokens,
+                                          matcher="first_number" if matcher == "none" else matcher)

@@ -4,7 +4,13 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.cost import Price
-from orchestrator.cost_report import JobFigures, build_report, format_report, usd_per_quality_point
+from orchestrator.cost_report import (
+    JobFigures,
+    build_report,
+    format_report,
+    quality_gain_points,
+    usd_per_quality_point,
+)
 
 SPOT = Price(usd_per_hour_total=3.6, usd_per_gpu_hour=3.6, on_demand_usd_per_hour_total=10.8, source="test", gpus=1,
              spot=True)
@@ -80,9 +86,13 @@ def test_the_ledger_totals_win_once_the_attempt_has_ended():
     assert out["cost_usd"] == 0.3
 
 
-def test_usd_per_quality_point_matches_the_report_command():
-    assert usd_per_quality_point(2.0, 0.5) == pytest.approx(0.04)
-    assert usd_per_quality_point(2.0, 0.0) is None and usd_per_quality_point(2.0, None) is None
+def test_usd_per_quality_point_is_the_cost_over_the_gain_since_before_training():
+    # 0.30 -> 0.50 is 20 points gained: $2 / 20, not $2 / 50 (the absolute value)
+    assert usd_per_quality_point(2.0, 0.5, 0.3) == pytest.approx(0.1)
+    assert quality_gain_points(0.5, 0.3) == pytest.approx(20.0)
+    # no "before", or no gain (a worse model would give a negative price): no figure
+    assert usd_per_quality_point(2.0, 0.5, None) is None and usd_per_quality_point(2.0, None, 0.3) is None
+    assert usd_per_quality_point(2.0, 0.3, 0.3) is None and usd_per_quality_point(2.0, 0.2, 0.3) is None
 
 
 def test_report_lists_each_attempt_and_the_totals():
@@ -91,8 +101,11 @@ def test_report_lists_each_attempt_and_the_totals():
     figures = _figures().figures(step=60, attempt_cost_usd=0.1, attempt_gpu_hours=0.0, mean_step_seconds=2.0,
                                  total_cost_usd=0.3, attempts=3, preemptions=2)
     report = build_report(job="exp1", status="completed", ledger=ledger, price=SPOT, figures=figures,
-                          quality_metric="eval_accuracy", quality=0.5, tokens_per_step=1000, tokens_measured=False)
+                          quality_metric="eval_accuracy", quality=0.5, tokens_per_step=1000, tokens_measured=False,
+                          quality_before=0.3)
     assert [a["exit_class"] for a in report["attempts"]] == ["vanished", "preempted", "completed"]
     assert report["totals"]["cost_usd"] == 0.3
+    assert report["quality"]["before"] == 0.3
     text = format_report(report)
     assert "lost work: 10 step(s) redone" in text and "spot savings" in text and "eval_accuracy=0.5000" in text
+    assert "(before training: 0.3000;" in text

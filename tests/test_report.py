@@ -10,21 +10,24 @@ from orchestrator.config import TrackingConfig
 from orchestrator.tracking import JobTracker
 
 
-def _job(uri, experiment, name, recipe, quality_metric, quality, cost, preemptions):
+def _job(uri, experiment, name, recipe, quality_metric, quality, cost, preemptions, usd_per_point=None):
     tracker = JobTracker(
         TrackingConfig(uri=uri, experiment=experiment),
         job_name=name,
         tags={"recipe": recipe, "model": "qwen2.5-0.5b", "quality_metric": quality_metric},
     )
     tracker.start()
-    tracker.log_metrics({quality_metric: quality, "cost_usd": cost, "attempts": preemptions + 1, "preemptions": preemptions}, step=100)
+    metrics = {quality_metric: quality, "cost_usd": cost, "attempts": preemptions + 1, "preemptions": preemptions}
+    if usd_per_point is not None:  # as a job logs it: its cost over the points gained since before training
+        metrics["usd_per_quality_point"] = usd_per_point
+    tracker.log_metrics(metrics, step=100)
     assert tracker.close()
 
 
 def test_report_lists_jobs_and_logs_the_chart(mlflow_server, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     experiment = f"report-{uuid.uuid4().hex[:8]}"
-    _job(mlflow_server.uri, experiment, "sft-run", "sft", "eval_accuracy", 0.80, 4.0, 2)
+    _job(mlflow_server.uri, experiment, "sft-run", "sft", "eval_accuracy", 0.80, 4.0, 2, usd_per_point=4.0 / 50)
     _job(mlflow_server.uri, experiment, "dpo-run", "dpo", "eval_reward_accuracy", 0.65, 1.3, 0)
     out = tmp_path / "chart.png"
     argv = ["--tracking-uri", mlflow_server.uri, "--experiment", experiment, "--out", str(out)]
@@ -34,8 +37,9 @@ def test_report_lists_jobs_and_logs_the_chart(mlflow_server, tmp_path, capsys, m
     lines = {line.split()[0]: line for line in table.splitlines() if line.strip()}
     assert {"sft-run", "dpo-run"} <= set(lines)
     assert "eval_accuracy=0.800" in lines["sft-run"] and "4.00" in lines["sft-run"]
-    assert "0.050" in lines["sft-run"]  # $4.00 / 80 points
-    assert "eval_reward_accuracy=0.650" in lines["dpo-run"] and "0.020" in lines["dpo-run"]  # $1.30 / 65 points
+    assert "0.080" in lines["sft-run"]  # $4.00 / 50 points gained (0.30 -> 0.80), not / 80
+    # a job that logged no gain (no "before" value) has no price per point
+    assert "eval_reward_accuracy=0.650" in lines["dpo-run"] and lines["dpo-run"].split()[-1] == "-"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # A second report reuses the one "report" run, which never shows up as a job.

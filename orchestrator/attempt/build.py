@@ -14,6 +14,7 @@ from typing import Any
 from orchestrator import distributed as dist
 from orchestrator.attempt.checkpoints import CheckpointController
 from orchestrator.attempt.money import MoneyWatch
+from orchestrator.attempt.quality import QualityWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
@@ -60,16 +61,19 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         full_model=cfg.recipe.peft == "full", trajectory=trajectory_config(cfg),
         attempt_cost_usd=money.attempt_cost_usd)
 
+    from recipes.evaluation import quality_metric
+
     recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
     tracking = AttemptTracking.from_config(
         cfg, main=main, run_name=run_name, ledger=ledger.load() if main and cfg.tracking.enabled else {},
-        quality_metric=recipe.QUALITY_METRIC,
+        quality_metric=quality_metric(cfg).name,
         job_metrics_every_s=parse_duration(cfg.tracking.job_metrics_every, key="tracking.job_metrics_every"))
     if main:
         money.watch_budget(BudgetGuard(cfg.budget, record_alert=record.record_alert, job_name=run_name,
                                        sinks=default_sinks(cfg.budget, set_tag=tracking.set_tag if tracking.active else None)))
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
     preemption = PreemptionHandler.from_config(cfg.preemption, watch_cloud=main)
+    quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
     return Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
-                  tracking=tracking, preemption=preemption, hooks=TestHooks.from_environ(environ),
+                  tracking=tracking, quality=quality, preemption=preemption, hooks=TestHooks.from_environ(environ),
                   every_seconds=parse_duration(cfg.checkpoint.every, key="checkpoint.every"), main=main)

@@ -7,6 +7,7 @@ the collectives (barrier before a commit, the broadcast of the restored path).
 """
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -19,6 +20,14 @@ from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.errors import ConfigError, UserError
 
 log = logging.getLogger("orchestrator.worker")
+
+
+def best_step(folder: Path) -> Optional[int]:
+    """The best evaluation's step recorded in a Trainer checkpoint's state (``checkpoint.final=best``), if any."""
+    try:
+        return json.loads((Path(folder) / "trainer_state.json").read_text()).get("best_global_step")
+    except (OSError, ValueError):
+        return None
 
 
 class CheckpointController:
@@ -116,7 +125,7 @@ class CheckpointController:
         dist.barrier()  # every rank's files (RNG, optimizer shards) are written before rank 0 commits
         if not self.main:
             return
-        meta = dict(self.meta, attempt_epoch=self.record.epoch, wall_time=time.time())
+        meta = dict(self.meta, attempt_epoch=self.record.epoch, wall_time=time.time(), best_step=best_step(folder))
         started = time.monotonic()
 
         def on_committed(result, manifest):
@@ -153,6 +162,23 @@ class CheckpointController:
         if to_mlflow is not None:
             to_mlflow.log_final_model(final, adapter=not self.full_model, step=step)
         return upload
+
+    def fetch_step(self, step: int) -> Optional[Path]:
+        """The committed checkpoint of ``step``, downloaded and verified by rank 0 (None: there is none usable);
+        every rank gets its local path."""
+        path = None
+        if self.main:
+            local, _ = self.checkpoints.restore_latest(self.work / "best", step=step)
+            path = str(local) if local else None
+        path = dist.broadcast(path)
+        return Path(path) if path else None
+
+    def ref_log_probs(self):
+        """Where DPO's reference log-probs are kept across attempts (``recipe.precompute_ref_log_probs``)."""
+        from orchestrator.checkpoint.ref_logps import RefLogProbStore
+
+        return RefLogProbStore(self.checkpoints, work=self.work, main=self.main, trajectory=self.trajectory,
+                               epoch=lambda: self.record.epoch)
 
     def final_uri(self) -> str:
         return self.store.get_uri(f"{self.run_name}/final/")

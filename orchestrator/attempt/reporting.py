@@ -126,22 +126,29 @@ class AttemptTracking:
 
     def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: dict,
                           figures: dict, money: Any,
-                          quality_metric: str, quality: Optional[float], config_yaml: str) -> None:
-        """The attempt's closing figures, the cost report (printed too), the redacted config; tag and close the run."""
+                          quality_metric: str, quality: Optional[float], config_yaml: str,
+                          quality_before: Optional[float] = None, quality_is_fraction: bool = True) -> None:
+        """The attempt's closing figures, the cost report (printed too), the redacted config; tag and close the run.
+
+        ``quality_before``: the metric before training; USD per quality point is the cost over the points gained
+        since (fraction-valued metrics only: a loss has no percentage points)."""
         if self.tracker is None:
             return
         from orchestrator.cost_report import (
             build_report,
             format_report,
+            quality_gain_points,
             usd_per_quality_point,
         )
 
-        per_point = usd_per_quality_point(figures["cost_usd"], quality)
-        if per_point is not None:
-            figures = dict(figures, usd_per_quality_point=per_point)
+        if quality_is_fraction:
+            gain = quality_gain_points(quality, quality_before)
+            per_point = usd_per_quality_point(figures["cost_usd"], quality, quality_before)
+            extra = {"quality_gain_points": gain, "usd_per_quality_point": per_point}
+            figures = dict(figures, **{k: v for k, v in extra.items() if v is not None})
         self.log_metrics(figures, step)
         report = build_report(job=job, status=status, ledger=ledger, price=money.price, figures=figures,
-                              quality_metric=quality_metric, quality=quality,
+                              quality_metric=quality_metric, quality=quality, quality_before=quality_before,
                               tokens_per_step=money.figures.tokens_per_step,
                               tokens_measured=money.figures.measured_tokens_per_step is not None)
         text = format_report(report)

@@ -68,7 +68,7 @@ class Runner:
     ``run_name`` is the job's name in storage, ``main`` whether this rank prints the results."""
 
     def __init__(self, cfg: Any, *, run_name: str, recipe: Any, record: Any, checkpoints: Any, money: Any,
-                 tracking: Any, preemption: Any, hooks: TestHooks, every_seconds: float, main: bool):
+                 tracking: Any, quality: Any, preemption: Any, hooks: TestHooks, every_seconds: float, main: bool):
         self.cfg = cfg
         self.run_name = run_name
         self.recipe = recipe
@@ -76,6 +76,7 @@ class Runner:
         self.checkpoints = checkpoints
         self.money = money
         self.tracking = tracking
+        self.quality = quality  # the "before" evaluation, early stopping, checkpoint.final
         self.preemption = preemption
         self.hooks = hooks
         self.main = main
@@ -95,11 +96,7 @@ class Runner:
             train_ds, eval_ds = self.load_data()
             restored, manifest = self.restore()
             trainer = self.build(train_ds, eval_ds)
-            if restored is None and not self.trial and self.record.writes and self.cfg.distributed.name != "zero3":
-                acc = self.recipe.accuracy(trainer, self.cfg, eval_ds)  # the "before" of quality per dollar
-                print(f"held-out accuracy before training: {acc:.3f}", flush=True)
-                self.record.update_quality({"eval_accuracy_before": acc})
-                self.tracking.log_metrics({"eval_accuracy": acc}, 0)
+            self.quality.ask_before(trainer, fresh=restored is None)  # the "before" of quality per dollar
             with safe_load.no_code_from_storage():  # every torch.load weights_only=True, DeepSpeed's too
                 trainer.train(resume_from_checkpoint=str(restored) if restored else None)
             self.checkpoints.wait()
@@ -151,9 +148,10 @@ class Runner:
         cfg = self.cfg
         self.callback = OrchestratorCallback(self, every_seconds=0 if self.trial else self.every_seconds,
                                              every_steps=0 if self.trial else cfg.checkpoint.every_steps,
-                                             stop_after_steps=cfg.train.trial_steps)
-        trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
-                                            output_dir=str(self.checkpoints.work / "trainer"), callbacks=[self.callback])
+                                             stop_after_steps=cfg.train.trial_steps, save_best=cfg.checkpoint.final == "best")
+        extra = {"ref_log_probs": self.checkpoints.ref_log_probs()} if cfg.recipe.get("precompute_ref_log_probs") else {}
+        trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds, callbacks=[self.callback],
+                                            output_dir=str(self.checkpoints.work / "trainer"), **extra)
         self.checkpoints.use_snapshot_root(trainer)
         attach_progress(trainer, self)
         return trainer
@@ -190,6 +188,7 @@ class Runner:
 
     def on_metrics(self, metrics: dict, step: int) -> None:
         """The Trainer's logs plus the job's cost and throughput figures, keyed by optimizer step."""
+        self.quality.observe(metrics, step)
         if not self.tracking.active:
             return
         self.money.figures.observe_logs(metrics, step)
@@ -223,13 +222,14 @@ class Runner:
     def finish(self, trainer, eval_ds) -> int:
         """5. Final weights committed, held-out evaluation, the attempt closed as completed."""
         cfg = self.cfg
-        saved = self.checkpoints.save_final(trainer, self.step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)),
+        weights_step = self.quality.after_training(trainer, self.step)  # an early stop; checkpoint.final=best's weights
+        saved = self.checkpoints.save_final(trainer, weights_step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)),
                                             upload=cfg.checkpoint.save_final_weights,
                                             to_mlflow=self.tracking if cfg.tracking.log_final_weights else None)
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
         if not self.main:
             return exitcodes.COMPLETED
-        print_quality(self.record.quality().get("eval_accuracy_before"), metrics)
+        self.quality.print_final(metrics)
         self.record.update_quality(metrics)
         self.tracking.log_metrics(metrics, self.step)
         self.end(ExitClass.COMPLETED, final_metrics=metrics)
@@ -250,8 +250,7 @@ class Runner:
             return
         self.tracking.close_with_report(
             job=self.run_name, step=self.step, status=row.ledger_status, tracker_status=row.mlflow_status, ledger=ledger,
-            figures=self.cost_figures(self.step, ledger=ledger), money=self.money, quality_metric=self.recipe.QUALITY_METRIC,
-            quality=(final_metrics or {}).get(self.recipe.QUALITY_METRIC),
+            figures=self.cost_figures(self.step, ledger=ledger), money=self.money, **self.quality.report(final_metrics),
             config_yaml=OmegaConf.to_yaml(redacted_config(self.cfg)))
 
     @property
@@ -262,13 +261,6 @@ class Runner:
         """Best effort: record a failed attempt; the ledger may be what failed."""
         self.record.fail(exit_class, self.step, self.money.attempt_cost_usd())
         self.tracking.close(exitcodes.outcome(exit_class).mlflow_status or "FAILED", flush_timeout_s=10)
-
-
-def print_quality(before: Optional[float], metrics: dict) -> None:
-    if "eval_accuracy" in metrics:
-        print(f"held-out accuracy before training: {before if before is None else f'{before:.3f}'}; "
-              f"after: {metrics['eval_accuracy']:.3f}", flush=True)
-    print("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
 
 
 def redacted_config(cfg) -> dict:

@@ -86,10 +86,24 @@ def restore_zip_crc32(was) -> None:
     config.save.compute_crc32 = was
 
 
+def is_new_best(args, state, metrics: dict) -> bool:
+    """Whether ``metrics`` beat the best ``metric_for_best_model`` so far, as the Trainer's
+    ``_determine_best_metric`` (which runs after the callbacks) will decide."""
+    name = args.metric_for_best_model
+    if not name:
+        return False
+    value = metrics.get(name if name.startswith("eval_") else f"eval_{name}")
+    if value is None:
+        return False
+    best = state.best_metric
+    return best is None or (value > best if args.greater_is_better else value < best)
+
+
 class OrchestratorCallback(TrainerCallback):
     def __init__(self, hooks: JobHooks, *, every_seconds: float, every_steps: int = 0, stop_after_steps: int = 0,
-                 clock=time.monotonic):
+                 save_best: bool = False, clock=time.monotonic):
         self.hooks = hooks
+        self.save_best = save_best  # checkpoint.final=best: a checkpoint at each new best evaluation
         self.stop_after_steps = stop_after_steps
         self._steps_this_attempt = 0
         self._step_began: float | None = None
@@ -104,6 +118,7 @@ class OrchestratorCallback(TrainerCallback):
         self._last_save = clock()
         self._stop_reason: str | None = None
         self.save_stall_seconds: list[float] = []
+        self._training = False
         self._save_started = 0.0
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
@@ -112,6 +127,7 @@ class OrchestratorCallback(TrainerCallback):
             self._trainable_dtypes = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self._training = True
         self._last_save = self.clock()
         if model is not None and getattr(self, "_trainable_dtypes", None):
             restore_trainable_dtypes(model, optimizer, self._trainable_dtypes)
@@ -146,9 +162,29 @@ class OrchestratorCallback(TrainerCallback):
         elif save:
             control.should_save = True
         if control.should_save:
-            self._save_started = self.clock()
-            self._crc32_was = skip_zip_crc32()
+            self._begin_save()
         return control
+
+    def _begin_save(self) -> None:
+        self._save_started = self.clock()
+        self._crc32_was = skip_zip_crc32()
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        """checkpoint.final=best: a new best evaluation during training is saved (retention keeps it) and
+        its step recorded in the trainer state (``best_global_step``, which the Trainer sets only with
+        its own save strategies), so a resumed attempt knows it too."""
+        if not (self.save_best and self._training and metrics and state.global_step > 0):
+            return control
+        if not is_new_best(args, state, metrics):
+            return control
+        state.best_global_step = state.global_step
+        if not control.should_save:
+            control.should_save = True
+            self._begin_save()
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._training = False  # the end-of-training evaluation is no candidate
 
     def _decide(self, step: int) -> tuple[bool, str | None]:
         reason = self.hooks.stop_reason()

@@ -187,7 +187,7 @@ class CheckpointStore:
                      manifest["total_bytes"] / 1e6, result.seconds)
             self.results.append(result)
             on_committed(result, manifest)
-            self.apply_retention()
+            self.apply_retention(keep_step=meta.get("best_step"))
         except Exception as err:  # noqa: BLE001 - a failed upload must not kill training
             result = CommitResult(name, step, False, time.monotonic() - started, error=f"{type(err).__name__}: {err}")
             self.results.append(result)
@@ -213,10 +213,13 @@ class CheckpointStore:
         return self._upload(folder, key_prefix, step=step, epoch=epoch, meta=meta)
 
     # ---- retention -----------------------------------------------------------
-    def apply_retention(self) -> list[str]:
-        """Delete committed checkpoints beyond ``keep_last`` (manifest first, so a half-deleted one never looks valid)."""
+    def apply_retention(self, keep_step: Optional[int] = None) -> list[str]:
+        """Delete committed checkpoints beyond ``keep_last`` (manifest first, so a half-deleted one never looks valid).
+
+        ``keep_step``: the best evaluation's step (``checkpoint.final=best``), whose checkpoint is kept too.
+        """
         committed = self.committed()
-        doomed = committed[: max(0, len(committed) - self.keep_last)]
+        doomed = [c for c in committed[: max(0, len(committed) - self.keep_last)] if c.step != keep_step]
         for ckpt in doomed:
             self.store.delete(ckpt.manifest_key)
             self.store.delete_prefix(f"{self.prefix}{ckpt.name}/")
@@ -236,8 +239,9 @@ class CheckpointStore:
         return names
 
     # ---- restore -------------------------------------------------------------
-    def restore_latest(self, dest_root: Path, *, check: Callable[[dict], None] | None = None) -> tuple[Optional[Path], Optional[dict]]:
-        """Download and verify the newest committed checkpoint, falling back to older ones.
+    def restore_latest(self, dest_root: Path, *, check: Callable[[dict], None] | None = None,
+                       step: Optional[int] = None) -> tuple[Optional[Path], Optional[dict]]:
+        """Download and verify the newest committed checkpoint (``step``: of that step), falling back to older ones.
 
         Every manifest path is checked before any download, every file's size and SHA-256 before anything
         is deserialised, every pickle loaded once with ``weights_only=True`` and the allow-list of
@@ -247,7 +251,7 @@ class CheckpointStore:
         """
         from orchestrator.checkpoint import safe_load
 
-        committed = self.committed()
+        committed = [c for c in self.committed() if step is None or c.step == step]
         for ckpt in reversed(committed):
             local = Path(dest_root) / ckpt.name
             shutil.rmtree(local, ignore_errors=True)
@@ -267,7 +271,7 @@ class CheckpointStore:
                 check(manifest)
             log.info("restoring checkpoint %s (step %d), all %d files verified", ckpt.name, ckpt.step, len(manifest["files"]))
             return local, manifest
-        if committed:
+        if committed and step is None:
             log.warning("none of the %d committed checkpoints is usable; training starts from scratch", len(committed))
         return None, None
 
