@@ -395,9 +395,8 @@ def check_lr_scheduler(cfg: DictConfig) -> None:
     The name must be one of transformers' ``SchedulerType`` values, and
     ``get_scheduler`` must build it with what the recipes pass (warm-up and
     training steps, no ``lr_scheduler_kwargs``): cosine_with_min_lr, for one,
-    needs a kwarg. reduce_lr_on_plateau and greedy step on evaluation metrics,
-    and TrainingArguments refuses them without an eval strategy, which the
-    recipes do not set. The default is not checked: importing transformers
+    needs a kwarg. reduce_lr_on_plateau and greedy step on evaluation metrics
+    (``train.eval_steps``), a path whose resume is not proven here, so they are refused. The default is not checked: importing transformers
     costs seconds at launch. Raises ConfigError.
     """
     name = cfg.train.lr_scheduler
@@ -413,8 +412,9 @@ def check_lr_scheduler(cfg: DictConfig) -> None:
         raise ConfigError(f"train.lr_scheduler={name!r} is not a transformers scheduler; choose one of: {usable} "
                           f"(transformers knows: {', '.join(names)}).")
     if name in (SchedulerType.REDUCE_ON_PLATEAU.value, SchedulerType.GREEDY.value):
-        raise ConfigError(f"train.lr_scheduler={name!r} steps on evaluation metrics, and the recipes do not "
-                          f"evaluate during training; choose one of: {usable}.")
+        raise ConfigError(f"train.lr_scheduler={name!r} steps on evaluation metrics, which this project "
+                          f"does not support (resume exactness is proven for step-driven schedules only); choose one "
+                          f"of: {usable}.")
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     steps = max(1, int(cfg.train.max_steps))
     try:

@@ -20,10 +20,6 @@ from tests import jobs
 SHM = Path("/dev/shm")
 
 RECIPE_OVERRIDES = {
-    # dropout on, gradient accumulation 2, short epochs so several epoch boundaries are crossed; enough steps
-    # that the third kill (a random pause after the third fresh commit) lands before the job completes
-    "sft": ["recipe=sft", "recipe.lora_dropout=0.1", "train.gradient_accumulation_steps=2", "data.num_examples=120",
-            "train.max_steps=60"],
     # early stopping that triggers after the resumes: evaluations every 5 steps, none after the first counts as
     # better (no accuracy beats its best by more than 1.0), so the ninth (step 45 of 60) stops the job -- if the
     # counter, in each checkpoint, comes back at every resume: a forgotten one would stop later, a double-counted
