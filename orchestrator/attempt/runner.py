@@ -85,6 +85,7 @@ class Runner:
         self.first_step_seconds: Optional[float] = None
         self.fenced_error: Optional[Exception] = None
         self.callback = None  # the Trainer callback, made in build()
+        self.extra_callbacks: list = []  # build_attempt's: checkpoint.every=auto's schedule, run.deadline's watch
         self._last_heartbeat = time.monotonic()
 
     # ---- the sequence ---------------------------------------------------------
@@ -151,7 +152,8 @@ class Runner:
                                              every_steps=0 if self.trial else cfg.checkpoint.every_steps,
                                              stop_after_steps=cfg.train.trial_steps)
         trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
-                                            output_dir=str(self.checkpoints.work / "trainer"), callbacks=[self.callback])
+                                            output_dir=str(self.checkpoints.work / "trainer"),
+                                            callbacks=[self.callback, *self.extra_callbacks])
         self.checkpoints.use_snapshot_root(trainer)
         return trainer
 
