@@ -55,7 +55,7 @@ def steady_seconds_per_step(attempts: Iterable[dict]) -> Optional[float]:
         start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
         done = int(a.get("step_end") or 0) - int(a.get("step_start") or 0)
         startup = (a.get("extra") or {}).get("start_to_first_step_s")
-        if start and end and done > 1 and startup is not None:
+        if start is not None and end is not None and done > 1 and startup is not None:
             seconds += max(0.0, float(end) - float(start) - float(startup))
             steps += done - 1
     return seconds / steps if steps else None
@@ -84,6 +84,8 @@ class CapacityWatch(TrainerCallback):
         self.stopping = False
         self._last_check = monotonic()
         self._prior: list[dict] = []
+        self._at_risk_asked = False
+        self.decisions = 0  # in the ledger so far
 
     # ---- the Trainer's events ----------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
@@ -95,6 +97,7 @@ class CapacityWatch(TrainerCallback):
         self.first_start = min(starts) if starts else self.clock()
         self.deadline_s = deadline_seconds(self.deadline, self.first_start)
         self.latest = latest_decision(ledger)
+        self.decisions = len(ledger.get("capacity") or [])
         sizes = [int(c.get("size") or 0) for c in ledger.get("checkpoints") or []]
         self.restart_s, self.restart_source = restart_seconds(
             override=self.restart_override, checkpoint_bytes=sizes[-1] if sizes else 0.0,
@@ -121,7 +124,9 @@ class CapacityWatch(TrainerCallback):
         return DeadlineState(
             elapsed_seconds=self.clock() - self.first_start, deadline_seconds=self.deadline_s,
             work_done_seconds=step * seconds_per_step, work_total_seconds=max_steps * seconds_per_step,
-            restart_seconds=self.restart_s, current=self.capacity,
+            restart_seconds=self.restart_s,
+            # what the job follows: the newest decision (an attempt that cannot move follows it by advice)
+            current=self.latest["capacity"] if self.latest else self.capacity,
             locked=bool(self.latest and self.latest.get("locked")))
 
     def decide(self, step: int, max_steps: int, seconds_per_step: float) -> CapacityDecision:
@@ -130,7 +135,10 @@ class CapacityWatch(TrainerCallback):
             self.alert_at_risk(decision)
         latest = self.latest
         if latest and latest["capacity"] == decision.capacity and bool(latest.get("locked")) == decision.locked:
-            return decision  # nothing new to say
+            if self.action == MOVE and decision.capacity != self.capacity:  # decided before, not yet moved
+                log.warning("%s (%s)", f"capacity [{label(self.capacity)} -> {label(decision.capacity)}]: "
+                            f"{decision.reason}", self.act(decision, "as decided earlier"))
+            return decision  # nothing new to record
         previous = latest["capacity"] if latest else self.capacity
         line = f"capacity [{label(previous)} -> {label(decision.capacity)}]: {decision.reason}"
         action = self.act(decision, line)
@@ -140,12 +148,13 @@ class CapacityWatch(TrainerCallback):
         self.runner.record.record_capacity(entry)
         self.latest = entry
         log.warning("%s (%s)", line, action)
-        n = len(self.runner.record.load().get("capacity") or [])
+        self.decisions += 1
+        n = self.decisions
         tracking = self.runner.tracking
         tracking.set_tags({"capacity": decision.capacity, "capacity.reason": decision.reason,
                            f"capacity.decision.{n}": f"{line} ({action})"})
         tracking.log_metrics({"capacity_on_demand": float(decision.capacity == ON_DEMAND)}, step)
-        self.send(f"capacity-{n}", f"job {self.runner.run_name!r}: {line} ({action})")
+        self.send("capacity", f"[capacity] job {self.runner.run_name!r}: {line} ({action})")
         return decision
 
     def act(self, decision: CapacityDecision, line: str) -> str:
@@ -166,9 +175,13 @@ class CapacityWatch(TrainerCallback):
                 f"(compute.spot={'false' if decision.capacity == ON_DEMAND else 'true'}) to follow it")
 
     def alert_at_risk(self, decision: CapacityDecision) -> None:
+        if self._at_risk_asked:
+            return
+        self._at_risk_asked = True
         if not self.runner.record.record_alert(AT_RISK_ALERT):  # once per job, across attempts
             return
-        message = f"job {self.runner.run_name!r}: deadline at risk: even on-demand from now on misses it; {decision.reason}"
+        message = (f"[{AT_RISK_ALERT}] job {self.runner.run_name!r}: deadline at risk: even on-demand from now on "
+                   f"misses it; {decision.reason}")
         log.warning(message)
         self.runner.tracking.set_tag(f"alert.{AT_RISK_ALERT}", decision.reason)
         self.send(AT_RISK_ALERT, message)

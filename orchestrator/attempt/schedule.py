@@ -48,7 +48,7 @@ def lifetimes(attempts: Iterable[dict]) -> Iterator[Lifetime]:
     """
     for a in attempts:
         start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
-        if a.get("exit_class") == RUNNING or not a.get("spot") or not start or not end:
+        if a.get("exit_class") == RUNNING or not a.get("spot") or start is None or end is None:
             continue
         switched = bool((a.get("extra") or {}).get("capacity_switch"))
         preempted = a.get("exit_class") in INTERRUPTED_CLASSES and not switched
