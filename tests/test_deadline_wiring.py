@@ -195,10 +195,9 @@ def test_the_backend_says_which_capacity_an_attempt_runs_on_and_it_is_priced_so(
     assert attempt_capacity(on_demand, {"ORCH_CAPACITY": "spot"}) == ON_DEMAND  # never spot for an on-demand job
 
 
-def watch_for(runner, *, capacity=SPOT, action=None, request_file="", deadline="20m", restart=900.0, clock=None):
+def watch_for(runner, *, capacity=SPOT, action=None, request_file="", deadline="20m", restart=900.0, spot_job=True):
     return CapacityWatch(runner, deadline=deadline, capacity=capacity, action=action, request_file=request_file,
-                         restart_override=restart, webhook=Webhook(), heartbeat_seconds=0.0,
-                         clock=clock or time.time)
+                         restart_override=restart, webhook=Webhook(), heartbeat_seconds=0.0, spot_job=spot_job)
 
 
 def test_slurm_job_that_only_on_demand_can_finish_in_time_saves_and_asks_to_move(tmp_path):
@@ -265,6 +264,12 @@ def test_deadline_at_risk_alerts_once_per_job(tmp_path):
     alerts = [a.name for a in watch.webhook.sent + again.webhook.sent]
     assert alerts.count(AT_RISK_ALERT) == 1 and AT_RISK_ALERT in runner.record.load()["alerts"]
     assert "deadline at risk" in next(a.message for a in watch.webhook.sent if a.name == AT_RISK_ALERT)
+
+    on_demand_job, _ = make_runner(tmp_path / "od", spot=False)  # nothing to choose; it still hears of the risk
+    watch = watch_for(on_demand_job, capacity=ON_DEMAND, deadline="1m", restart=10.0, spot_job=False)
+    watch.on_train_begin(None, state(), None)
+    watch.on_step_end(None, state(1), None)
+    assert [a.name for a in watch.webhook.sent] == [AT_RISK_ALERT] and not on_demand_job.record.load().get("capacity")
 
 
 def test_start_to_first_step_is_recorded_in_the_attempts_ledger_entry(tmp_path):

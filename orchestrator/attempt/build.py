@@ -99,5 +99,6 @@ def steering(cfg: Any, runner: Runner, *, compute: Any, capacity: str, catalog: 
         callbacks.append(CapacityWatch(
             runner, deadline=str(cfg.run.deadline), capacity=capacity, action=environ.get(ACTION_ENV) or None,
             request_file=environ.get(REQUEST_FILE_ENV, ""), restart_override=cfg.compute.restart_seconds,
-            webhook=WebhookSink(url) if url else None, heartbeat_seconds=hooks.heartbeat_seconds))
+            webhook=WebhookSink(url) if url else None, heartbeat_seconds=hooks.heartbeat_seconds,
+            spot_job=bool(cfg.compute.spot)))
     return callbacks

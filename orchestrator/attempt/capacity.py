@@ -65,13 +65,15 @@ class CapacityWatch(TrainerCallback):
     """The deadline's decisions for one attempt (main rank; after the orchestrator callback).
 
     ``runner``: the attempt (record, preemption, tracking, callback); ``capacity``: what it runs on;
-    ``action``: ``MOVE`` | ``RESUBMIT`` | None; ``webhook``: a ``budget.WebhookSink`` or None.
+    ``action``: ``MOVE`` | ``RESUBMIT`` | None; ``webhook``: a ``budget.WebhookSink`` or None; ``spot_job``:
+    ``compute.spot`` (an on-demand job has no capacity to choose: it only hears whether the deadline is at risk).
     """
 
     def __init__(self, runner: Any, *, deadline: str, capacity: str, action: Optional[str], request_file: str = "",
                  restart_override: Optional[float] = None, webhook: Any = None, heartbeat_seconds: float = 15.0,
-                 clock=time.time, monotonic=time.monotonic):
+                 spot_job: bool = True, clock=time.time, monotonic=time.monotonic):
         self.runner = runner
+        self.spot_job = spot_job
         self.deadline = deadline
         self.capacity = capacity
         self.action = action
@@ -133,6 +135,8 @@ class CapacityWatch(TrainerCallback):
         decision = decide_capacity(self.standing(step, max_steps, seconds_per_step))
         if decision.at_risk:
             self.alert_at_risk(decision)
+        if not self.spot_job:
+            return decision
         latest = self.latest
         if latest and latest["capacity"] == decision.capacity and bool(latest.get("locked")) == decision.locked:
             if self.action == MOVE and decision.capacity != self.capacity:  # decided before, not yet moved
