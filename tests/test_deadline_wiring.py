@@ -137,12 +137,15 @@ def test_auto_interval_is_young_daly_from_the_estimate_then_re_derived_when_the_
     assert runner.callback.every_seconds == pytest.approx(math.sqrt(2 * c0 * HOUR))
     assert runner.tracking.metrics["checkpoint_interval_s"] == runner.callback.every_seconds
 
-    runner.callback.save_stall_seconds.append(c0 * 1.1)  # within 25%: T stays
+    runner.callback.save_stall_seconds.append(c0 * 1.1)  # the first measurement replaces the estimate
     schedule.on_save(None, state(50), None)
-    assert schedule.decision.checkpoint_cost_seconds == c0
-    runner.callback.save_stall_seconds.append(c0 * 40)  # the running mean moved by far more: re-derived
+    assert schedule.decision.checkpoint_cost_seconds == pytest.approx(c0 * 1.1)
+    runner.callback.save_stall_seconds.append(c0 * 1.2)  # the mean moves by less than 25%: T stays
+    schedule.on_save(None, state(75), None)
+    assert schedule.decision.checkpoint_cost_seconds == pytest.approx(c0 * 1.1)
+    runner.callback.save_stall_seconds.append(c0 * 40)  # by far more: re-derived
     schedule.on_save(None, state(100), None)
-    measured = (c0 * 1.1 + c0 * 40) / 2
+    measured = (c0 * 1.1 + c0 * 1.2 + c0 * 40) / 3
     assert runner.callback.every_seconds == pytest.approx(math.sqrt(2 * measured * HOUR))
     noted = runner.record.load()["attempts"][-1]["extra"]["checkpoint_interval"]
     assert noted["cost_source"] == "measured" and noted["checkpoint_cost_s"] == pytest.approx(measured)

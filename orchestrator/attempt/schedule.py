@@ -14,8 +14,9 @@ simulator and the planner); this module feeds it the attempt's inputs and acts:
   ``preempted``, or without, ``vanished``) blended with the catalog's prior,
   ``compute.preemptions_per_hour`` overriding both.
 
-T is derived when training begins and again when the running mean of C moves
-by more than ``REDERIVE_WHEN_CHANGED`` from the C it was derived with; each
+T is derived when training begins, again after the first measured checkpoint
+when it began from an estimate, and whenever the running mean of C moves by
+more than ``REDERIVE_WHEN_CHANGED`` from the C it was derived with; each
 derivation is logged (``checkpoint_interval_s``), written to the attempt's
 ledger entry and to MLflow (metrics and the ``checkpoint.interval`` tag).
 """
@@ -120,6 +121,7 @@ class CheckpointSchedule(TrainerCallback):
         self.cost = CheckpointCost()
         self.decision: Optional[IntervalDecision] = None
         self._last_step_end: Optional[float] = None
+        self._source = ""  # where the C in use came from: "estimated" | "measured"
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         earlier = measured_cost_seconds(self.runner.record.prior_attempts)
@@ -145,7 +147,8 @@ class CheckpointSchedule(TrainerCallback):
         self._last_step_end = None  # the step that saved is not a training step
         measured = self.cost.seconds()
         used = self.decision.checkpoint_cost_seconds if self.decision else None
-        if measured is not None and (not used or abs(measured - used) > REDERIVE_WHEN_CHANGED * used):
+        first = len(self.cost.stalls) == 1 and self._source != "measured"  # the estimate gives way at once
+        if measured is not None and (first or not used or abs(measured - used) > REDERIVE_WHEN_CHANGED * used):
             self.derive(measured, "measured", state.global_step,
                         why=f"measured over {len(self.cost.stalls)} checkpoint(s) of this attempt")
 
@@ -153,6 +156,7 @@ class CheckpointSchedule(TrainerCallback):
         runner = self.runner
         estimate = estimate_preemptions(lifetimes(runner.record.prior_attempts), self.prior_per_hour,
                                         override_per_hour=self.override)
+        self._source = source
         self.decision = decision = checkpoint_interval(cost_seconds, estimate, min_seconds=self.min_seconds,
                                                        max_seconds=self.max_seconds)
         runner.callback.every_seconds = decision.seconds
