@@ -163,10 +163,11 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
     assert SLACK_PATH_SECRET not in log
 
 
-def test_slurm_deadline_moves_the_job_to_the_on_demand_partition(tmp_path, mlflow_server):
+def test_slurm_deadline_moves_the_job_to_the_on_demand_partition(tmp_path, mlflow_server, references):
     """A spot job whose deadline only on-demand can meet (20 minutes, two restarts of 15 minutes each: the time
     left is less than the work left plus two restarts from its first heartbeat on) is moved from partition
-    ``spot`` to ``ondemand``, finishes there, and its ledger, MLflow run and the budget webhook say why."""
+    ``spot`` to ``ondemand``, finishes there with the weights of an uninterrupted run (jobs.FAST's reference,
+    shared with other tests), and its ledger, MLflow run and the budget webhook say why."""
     from mlflow.tracking import MlflowClient
 
     ensure_slurm()
@@ -239,3 +240,4 @@ def test_slurm_deadline_moves_the_job_to_the_on_demand_partition(tmp_path, mlflo
     assert "checkpoint_interval_s" in mlrun[0].data.metrics, mlrun[0].data.metrics
     texts = [b["text"] for b in receiver.bodies]
     assert any("capacity [spot -> on-demand]" in t and "two restarts" in t for t in texts), texts
+    assert jobs.final_digest(storage, run) == references.digest(jobs.FAST), "the moved job's weights differ"
