@@ -9,10 +9,13 @@
 # 4. wait until the node is idle and a trivial job runs; exit non-zero with the reason if not
 #
 # Env: SLURM_UP_TIMEOUT_SECONDS (default 90), SLURM_PARTITION (default "debug").
+# Besides the default partition, two more on the same node, "spot" and "ondemand", so a job can be moved from
+# one to the other (run.deadline with backend.partition=spot backend.on_demand_partition=ondemand).
 set -euo pipefail
 
 TIMEOUT_SECONDS="${SLURM_UP_TIMEOUT_SECONDS:-90}"
 PARTITION="${SLURM_PARTITION:-debug}"
+EXTRA_PARTITIONS="spot ondemand"
 CONF_DIR=/etc/slurm
 LOG_DIR=/var/log/slurm
 
@@ -22,6 +25,7 @@ say() { echo "slurm-up: $*"; }
 cluster_works() {
   command -v sinfo >/dev/null 2>&1 || return 1
   sinfo -h -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated)' || return 1
+  local p; for p in $PARTITION $EXTRA_PARTITIONS; do sinfo -h -p "$p" -o '%P' 2>/dev/null | grep -q . || return 1; done
   timeout 30 srun -N1 -n1 -t 1 hostname >/dev/null 2>&1
 }
 
@@ -76,6 +80,9 @@ SlurmdLogFile=${LOG_DIR}/slurmd.log
 ${NODE_LINE} NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=${PARTITION} Nodes=${HOST} Default=YES MaxTime=INFINITE State=UP
 CONF
+for p in $EXTRA_PARTITIONS; do
+  echo "PartitionName=${p} Nodes=${HOST} Default=NO MaxTime=INFINITE State=UP" >> "$CONF_DIR/slurm.conf.new"
+done
 config_changed=1
 if [ -f "$CONF_DIR/slurm.conf" ] && cmp -s "$CONF_DIR/slurm.conf" "$CONF_DIR/slurm.conf.new"; then config_changed=0; fi
 mv "$CONF_DIR/slurm.conf.new" "$CONF_DIR/slurm.conf"
@@ -118,4 +125,4 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
 done
 case "$state" in idle|mixed|allocated) ;; *) die "node $HOST is '${state:-absent}' after ${TIMEOUT_SECONDS}s, not idle";; esac
 out="$(timeout 60 srun -N1 -n1 -t 1 hostname 2>&1)" || die "srun hostname failed: $out"
-say "up: partition $PARTITION, node $HOST ($NODE_LINE); srun hostname -> $out"
+say "up: partitions $PARTITION (default) $EXTRA_PARTITIONS, node $HOST ($NODE_LINE); srun hostname -> $out"

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator import train_options
 from orchestrator.config import RECIPE_SCHEMAS, register_configs
 from orchestrator.distributed import configured_world_size
-from orchestrator.durations import parse_duration
+from orchestrator.durations import interval_bounds, is_auto, parse_deadline, parse_duration
 from orchestrator.errors import ConfigError, UserError
 
 CHOICES = {
@@ -217,10 +217,40 @@ def _check_data(cfg: DictConfig) -> None:
 
 def _check_durations(cfg: DictConfig) -> None:
     for key in ("checkpoint.every", "preemption.grace", "tracking.system_metrics_every", "tracking.job_metrics_every"):
+        if key == "checkpoint.every" and is_auto(cfg.checkpoint.every):
+            continue
         try:
             parse_duration(OmegaConf.select(cfg, key), key=key)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+
+
+def _check_schedule(cfg: DictConfig) -> None:
+    """checkpoint.every=auto's bounds, run.deadline and the partition it may move a Slurm job to."""
+    try:
+        interval_bounds(cfg.checkpoint)
+        if cfg.run.deadline is not None:
+            parse_deadline(cfg.run.deadline)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    for key in ("preemptions_per_hour", "restart_seconds"):
+        if cfg.compute[key] is not None and cfg.compute[key] < 0:
+            raise ConfigError(f"compute.{key}={cfg.compute[key]} must be at least 0 (or null: measured or estimated).")
+    backend = cfg.backend
+    if backend.on_demand_partition is None:
+        return
+    problem = None
+    if backend.name != "slurm":
+        problem = f"it is a Slurm setting, and backend={backend.name}"
+    elif cfg.run.deadline is None or not cfg.compute.spot:
+        problem = "only run.deadline moves a job there, and only a spot job (compute.spot=true)"
+    elif not backend.partition or backend.partition == backend.on_demand_partition:
+        problem = "backend.partition must name the spot partition, another one"
+    if problem:
+        raise ConfigError(
+            f"backend.on_demand_partition={backend.on_demand_partition!r}: {problem}. Set backend=slurm "
+            "backend.partition=<spot partition> backend.on_demand_partition=<on-demand partition> run.deadline=52h "
+            "compute.spot=true, or drop backend.on_demand_partition.")
 
 
 def _check_counts(cfg: DictConfig) -> None:
@@ -458,6 +488,7 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
 
 
 # every check validate() runs (after the resolvable values and the choices), in the order they are reported
-CHECKS = (_check_recipe, _check_evaluation, _check_tracking, _check_data, _check_durations, _check_counts, _check_run_name,
+CHECKS = (_check_recipe, _check_evaluation, _check_tracking, _check_data, _check_durations, _check_schedule, _check_counts,
+          _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, *train_options.CHECKS)

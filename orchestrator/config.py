@@ -17,6 +17,7 @@ from omegaconf import MISSING
 class RunConfig:
     name: str = "default"  # names the job: the same name means the same job (resume)
     work_dir: str = ".cache/work"  # local scratch for staging checkpoints; never the source of truth
+    deadline: Optional[str] = None  # finish by: a duration from the job's first attempt (52h) or an ISO-8601 time (UTC if no zone); spot while on schedule, on-demand when behind
 
 
 @dataclass
@@ -141,7 +142,9 @@ class StorageConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: str = "15m"  # wall-clock interval: 90s, 15m, 1h; "0" or "off" disables
+    every: str = "15m"  # wall-clock interval: 90s, 15m, 1h; "0" or "off" disables; auto: Young/Daly from the measured checkpoint cost and the preemption rate
+    min_every: str = "1m"  # checkpoint.every=auto: the shortest interval it may choose
+    max_every: str = "1h"  # checkpoint.every=auto: the longest interval it may choose
     every_steps: int = 0  # also save every N optimizer steps (0: off)
     keep_last: int = 3  # committed checkpoints kept (at least 2; older ones deleted after a newer commit)
     allow_config_change: bool = False  # resume although a trajectory-shaping field changed
@@ -196,7 +199,8 @@ class BackendConfig:
     name: str = "local"  # local | slurm | skypilot | kubernetes
     dry_run: bool = False  # print what would be submitted, submit nothing
     image: Optional[str] = None  # container image (kubernetes; skypilot optional); recorded in each attempt's repro record
-    partition: Optional[str] = None  # slurm partition
+    partition: Optional[str] = None  # slurm partition (the spot one when on_demand_partition is set)
+    on_demand_partition: Optional[str] = None  # slurm: the partition run.deadline moves the job to when behind schedule
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific settings (see docs/scale-out.md)
 
 

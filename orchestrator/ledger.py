@@ -27,6 +27,13 @@ way of ending sets). Each attempt is
 (``checkpoint.keep_last``: the ones retention keeps in storage, which are all a
 restore can fall back to) are listed, and ``checkpoints_committed`` counts every
 commit, so a week-long job's ledger, rewritten at every heartbeat, stays small.
+
+Decisions and measurements (``run.deadline``, ``checkpoint.every=auto``): an attempt's
+``extra`` holds ``start_to_first_step_s`` (its start to the end of its first step) and
+``checkpoint_interval`` (the newest interval it chose, with its inputs C, M and the notice
+share); ``capacity`` lists the job's capacity decisions, newest last (the newest
+``MAX_CAPACITY_DECISIONS``), each ``{"capacity", "previous", "reason", "locked", "at_risk",
+"action", "time", "epoch", "step"}``; the next submission of a job reads the newest.
 """
 from __future__ import annotations
 
@@ -61,6 +68,7 @@ LAUNCHED_BY_ENV = "ORCH_SUPERVISOR_TOKEN"
 MAX_WRITE_ATTEMPTS = 50
 RETRY_BASE_SECONDS = 0.02
 RETRY_MAX_SECONDS = 1.0
+MAX_CAPACITY_DECISIONS = 50  # the ledger is rewritten at every heartbeat: keep it small
 
 
 
@@ -276,6 +284,19 @@ class Ledger:
 
         transact(self.store, self.key, mutate)
         return bool(first)
+
+    def set_attempt_extra(self, **fields: Any) -> dict:
+        """Merge ``fields`` into this attempt's ``extra`` (its measurements and decisions)."""
+        return self.update(lambda ledger: self.current_attempt(ledger)["extra"].update(fields))
+
+    def record_capacity(self, decision: dict) -> dict:
+        """Append a capacity decision (``run.deadline``) to the job's ``capacity`` list, stamped with this attempt."""
+
+        def fn(ledger: dict) -> None:
+            entry = dict(decision, time=time.time(), epoch=self.epoch)
+            ledger["capacity"] = (list(ledger.get("capacity") or []) + [entry])[-MAX_CAPACITY_DECISIONS:]
+
+        return self.update(fn)
 
     def set_mlflow_run_id(self, run_id: str) -> dict:
         """Remember the job's MLflow run so every attempt logs into the same one."""

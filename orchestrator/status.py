@@ -2,7 +2,8 @@
 
 The table shows the job's status, step, cost and MLflow run, one row per
 attempt (epoch, host, start, duration, exit class, steps, cost), then the
-committed checkpoints. An attempt still marked running while a later one has
+committed checkpoints, and why it checkpoints as often as it does (``checkpoint.every=auto``) and runs
+on the capacity it does (``run.deadline``'s decisions). An attempt still marked running while a later one has
 taken the job over is shown as vanished (lost): nothing will record its end.
 ``--json`` prints the ledger, with the same correction.
 """
@@ -103,6 +104,7 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
         ])
     out += ["", f"attempts ({len(attempts)})"]
     out.append(_table(["epoch", "host", "started", "duration", "exit class", "steps", "cost", "machine"], rows) if rows else "  none")
+    out += explain_decisions(ledger)
     checkpoints = ledger.get("checkpoints", [])
     committed = int(ledger.get("checkpoints_committed", len(checkpoints)))
     kept = f"{len(checkpoints)}" if committed == len(checkpoints) else f"newest {len(checkpoints)} of {committed} committed"
@@ -116,6 +118,32 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
     else:
         out.append("  none")
     return "\n".join(out)
+
+
+SHOWN_DECISIONS = 10
+
+
+def explain_decisions(ledger: dict) -> list[str]:
+    """Why the job checkpoints as often as it does (checkpoint.every=auto) and runs where it runs (run.deadline)."""
+    out = []
+    chosen = next(((a.get("epoch"), (a.get("extra") or {}).get("checkpoint_interval"))
+                   for a in reversed(ledger.get("attempts") or []) if (a.get("extra") or {}).get("checkpoint_interval")),
+                  None)
+    if chosen:
+        epoch, interval = chosen
+        out += ["", f"checkpoint interval (attempt {epoch}, checkpoint.every=auto)", f"  {interval.get('explanation')}"]
+    decisions = ledger.get("capacity") or []
+    if decisions:
+        out += ["", f"capacity (run.deadline; newest {min(len(decisions), SHOWN_DECISIONS)} of {len(decisions)} decisions)"]
+        for d in decisions[-SHOWN_DECISIONS:]:
+            change = f"{_capacity(d.get('previous'))} -> {_capacity(d.get('capacity'))}"
+            out.append(f"  {_when(d.get('time'))}  attempt {d.get('epoch')} step {d.get('step')}  [{change}] "
+                       f"{d.get('action')}: {d.get('reason')}")
+    return out
+
+
+def _capacity(value) -> str:
+    return "on-demand" if value == "on_demand" else str(value or "?")
 
 
 def main(argv: list[str] | None = None) -> int:

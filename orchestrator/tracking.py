@@ -559,6 +559,7 @@ class MetricsDelivery:
         self._wake = threading.Event()
         self._in_flight = False
         self._stop = False
+        self._flushing = 0  # callers waiting in flush(): send what is queued back to back, no coalescing wait
         self._dropped_overflow = 0
         self._thread = threading.Thread(target=self._deliver_forever, name="mlflow-delivery", daemon=True)
         self._thread.start()
@@ -582,9 +583,16 @@ class MetricsDelivery:
 
     def flush(self, timeout_s: float) -> bool:
         """Retry now and wait up to ``timeout_s`` until everything queued is delivered."""
-        self._wake.set()
         with self._cond:
-            return self._cond.wait_for(lambda: not self._metrics and not self._ops and not self._in_flight, timeout_s)
+            self._flushing += 1
+        self._wake.set()
+        try:
+            with self._cond:
+                return self._cond.wait_for(lambda: not self._metrics and not self._ops and not self._in_flight,
+                                           timeout_s)
+        finally:
+            with self._cond:
+                self._flushing -= 1
 
     def stop(self) -> int:
         """End the thread; returns how many points and operations were left undelivered."""
@@ -635,6 +643,8 @@ class MetricsDelivery:
                     log.info("MLflow reachable again after %d failed tries; delivering the buffer", failures)
                 delay, failures = RETRY_INITIAL_SECONDS, 0
                 # coalesce: one request per interval carries everything logged meanwhile, so a
-                # fast job costs the server (often on the same machine) a few requests a minute
-                self._wake.wait(SEND_INTERVAL_SECONDS)  # flush() and close() cut the wait short
+                # fast job costs the server (often on the same machine) a few requests a minute; not
+                # while a flush() waits (close() does): each queued operation would wait an interval
+                if not self._flushing:
+                    self._wake.wait(SEND_INTERVAL_SECONDS)
                 self._wake.clear()

@@ -161,3 +161,83 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
     # the webhook secret reached the worker (by the environment sbatch exported), not the script
     assert receiver.paths and receiver.paths[0] == f"/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}", receiver.paths
     assert SLACK_PATH_SECRET not in log
+
+
+def test_slurm_deadline_moves_the_job_to_the_on_demand_partition(tmp_path, mlflow_server, references):
+    """A spot job whose deadline only on-demand can meet (20 minutes, two restarts of 15 minutes each: the time
+    left is less than the work left plus two restarts from its first heartbeat on) is moved from partition
+    ``spot`` to ``ondemand``, finishes there with the weights of an uninterrupted run (jobs.FAST's reference,
+    shared with other tests), and its ledger, MLflow run and the budget webhook say why."""
+    from mlflow.tracking import MlflowClient
+
+    ensure_slurm()
+    receiver = WebhookReceiver()
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    run = f"slurm-deadline-{uuid.uuid4().hex[:8]}"
+    experiment = f"deadline-{uuid.uuid4().hex[:6]}"
+    overrides = [o for o in jobs.FAST if not o.startswith("tracking.")] + storage.overrides() + [
+        "backend=slurm", "backend.partition=spot", "backend.on_demand_partition=ondemand", f"run.name={run}",
+        "compute.spot=true", "run.deadline=20m", "compute.restart_seconds=900", "checkpoint.every=auto",
+        "checkpoint.min_every=1s", "tracking.enabled=true", f"tracking.uri={mlflow_server.uri}",
+        f"tracking.experiment={experiment}", "budget.webhook_url_env=DEADLINE_TEST_HOOK"]
+    env = jobs.job_env(tmp_path, {"DEADLINE_TEST_HOOK": receiver.url})  # sbatch exports it to the job
+    env.pop("MLFLOW_TRACKING_URI", None)
+    slurm_dir = tmp_path / ".cache" / "work" / "slurm"
+    jobs_seen: list[str] = []
+    try:
+        submitted = jobs.run_job(overrides, tmp_path, env=env, timeout=300)
+        assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+        first = re.search(r"submitted .* to slurm: job (\d+)", submitted.stdout).group(1)
+        jobs_seen.append(first)
+        assert job_info(first).get("Partition") == "spot", job_info(first)
+
+        def moved():  # the spot job's batch script submits the job again, to the on-demand partition
+            log = output_text(slurm_dir / f"{run}-{first}.out")
+            found = re.search(r"moved from partition spot to ondemand as job (\d+)", log)
+            if not found and job_state(first) in FINAL_JOB_STATES | {"GONE"}:
+                raise AssertionError(f"job {first} ended without moving:\n{log[-6000:]}")
+            return found and found.group(1)
+
+        second = jobs.wait_for(moved, JOB_START_TIMEOUT_SECONDS, f"Slurm job {first} to move", 0.5)
+        jobs_seen.append(second)
+        assert job_info(second).get("Partition") == "ondemand", job_info(second)
+        jobs.wait_for(lambda: job_state(second) in FINAL_JOB_STATES | {"GONE"}, JOB_END_TIMEOUT_SECONDS,
+                      f"Slurm job {second} to finish", 1.0)
+        log = output_text(slurm_dir / f"{run}-{second}.out")
+        assert job_info(second).get("JobState", "COMPLETED") == "COMPLETED", log[-6000:]
+    finally:
+        receiver.close()
+        for job_id in jobs_seen:
+            if job_state(job_id) not in FINAL_JOB_STATES | {"GONE"}:
+                subprocess.run(["scancel", job_id], capture_output=True, timeout=SCONTROL_TIMEOUT_SECONDS)
+
+    for job_id in jobs_seen:  # what the batch shells and the workers said about the move
+        print(f"\n--- Slurm job {job_id}:\n" + "\n".join(
+            line for line in output_text(slurm_dir / f"{run}-{job_id}.out").splitlines()
+            if re.search(r"slurm job|capacity|checkpoint_interval|emergency|restoring|start to first", line)))
+    ledger = jobs.ledger(storage, run)
+    assert ledger["status"] == "completed", ledger["status"]
+    spot, on_demand = ledger["attempts"][0], ledger["attempts"][-1]
+    assert (spot["spot"], spot["exit_class"], spot["extra"]["capacity_switch"]) == (True, "preempted", "on_demand")
+    assert (on_demand["spot"], on_demand["exit_class"]) == (False, "completed"), ledger["attempts"]
+    assert on_demand["checkpoint_step_at_start"] > 0, "the on-demand attempt did not resume the spot one's checkpoint"
+    [decision] = ledger["capacity"]
+    assert (decision["previous"], decision["capacity"], decision["locked"]) == ("spot", "on_demand", True), decision
+    assert "less than the work left plus two restarts" in decision["reason"], decision
+    assert decision["restart_source"] == "compute.restart_seconds" and "moving the job" in decision["action"]
+    assert "start_to_first_step_s" in spot["extra"], spot["extra"]
+    # checkpoint.every=auto: re-derived from the emergency checkpoint's measured cost; on-demand expects no preemption
+    assert spot["extra"]["checkpoint_interval"]["cost_source"] == "measured", spot["extra"]
+    assert on_demand["extra"]["checkpoint_interval"]["bound"] == "max_every", on_demand["extra"]
+
+    mlrun = MlflowClient(tracking_uri=mlflow_server.uri).search_runs(
+        [MlflowClient(tracking_uri=mlflow_server.uri).get_experiment_by_name(experiment).experiment_id],
+        filter_string=f"tags.job = '{run}'")
+    assert len(mlrun) == 1, mlrun
+    tags = mlrun[0].data.tags
+    assert tags["capacity"] == "on_demand" and tags["capacity.reason"] == decision["reason"], tags
+    assert "capacity [spot -> on-demand]" in tags["capacity.decision.1"], tags
+    assert "checkpoint_interval_s" in mlrun[0].data.metrics, mlrun[0].data.metrics
+    texts = [b["text"] for b in receiver.bodies]
+    assert any("capacity [spot -> on-demand]" in t and "two restarts" in t for t in texts), texts
+    assert jobs.final_digest(storage, run) == references.digest(jobs.FAST), "the moved job's weights differ"

@@ -18,7 +18,8 @@ from orchestrator.attempt.quality import QualityWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
-from orchestrator.durations import parse_duration
+from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
+from orchestrator.durations import interval_bounds, is_auto, parse_duration
 from orchestrator.errors import ConfigError
 
 
@@ -42,13 +43,16 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
     main = dist.is_main()
     run_name = job_name(cfg)
+    capacity = attempt_capacity(cfg.compute, environ)  # a backend may run a spot job on-demand (run.deadline)
+    compute = attempt_compute(cfg.compute, capacity)
+    catalog = load_catalog()
     try:
-        price = price_for(cfg.compute, load_catalog())
+        price = price_for(compute, catalog)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
-    record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=cfg.compute, budget_max_usd=cfg.budget.max_usd)
+    record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=compute, budget_max_usd=cfg.budget.max_usd)
               if main else FollowerRecord())
     money = MoneyWatch.from_config(cfg, price)
 
@@ -74,6 +78,34 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
     preemption = PreemptionHandler.from_config(cfg.preemption, watch_cloud=main)
     quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
-    return Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
-                  tracking=tracking, quality=quality, preemption=preemption, hooks=TestHooks.from_environ(environ),
-                  every_seconds=parse_duration(cfg.checkpoint.every, key="checkpoint.every"), main=main)
+    hooks = TestHooks.from_environ(environ)
+    auto = is_auto(cfg.checkpoint.every)
+    runner = Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
+                    tracking=tracking, quality=quality, preemption=preemption, hooks=hooks, main=main,
+                    every_seconds=0.0 if auto else parse_duration(cfg.checkpoint.every, key="checkpoint.every"))
+    if main and cfg.train.trial_steps <= 0:
+        runner.extra_callbacks = steering(cfg, runner, compute=compute, capacity=capacity, catalog=catalog,
+                                          auto=auto, hooks=hooks, environ=environ)
+    return runner
+
+
+def steering(cfg: Any, runner: Runner, *, compute: Any, capacity: str, catalog: dict, auto: bool, hooks: TestHooks,
+             environ) -> list:
+    """The main rank's Trainer callbacks besides the orchestrator's: the restart measurement, the checkpoint
+    schedule (``checkpoint.every=auto``) and the deadline's capacity watch (``run.deadline``)."""
+    from orchestrator.attempt.capacity import CapacityWatch, RestartMeasurement
+    from orchestrator.attempt.schedule import CheckpointSchedule
+    from orchestrator.budget import WebhookSink, webhook_url
+
+    callbacks: list = [RestartMeasurement(runner)]
+    if auto:
+        low, high = interval_bounds(cfg.checkpoint)
+        callbacks.append(CheckpointSchedule(runner, compute=compute, catalog=catalog, min_seconds=low, max_seconds=high))
+    if cfg.run.get("deadline"):
+        url = webhook_url(cfg.budget)
+        callbacks.append(CapacityWatch(
+            runner, deadline=str(cfg.run.deadline), capacity=capacity, action=environ.get(ACTION_ENV) or None,
+            request_file=environ.get(REQUEST_FILE_ENV, ""), restart_override=cfg.compute.restart_seconds,
+            webhook=WebhookSink(url) if url else None, heartbeat_seconds=hooks.heartbeat_seconds,
+            spot_job=bool(cfg.compute.spot)))
+    return callbacks

@@ -186,6 +186,10 @@ class CheckpointController:
     def upload_seconds(self) -> float:
         return sum(r.seconds for r in self.checkpoints.results)
 
+    def uploading(self) -> bool:
+        """A commit is queued or uploading in the background (what checkpoint.every=auto measures it by)."""
+        return self.checkpoints.in_flight > 0
+
     def wait(self) -> None:
         self.checkpoints.wait()
 

@@ -86,6 +86,13 @@ class AttemptRecord:
     def set_mlflow_run_id(self, run_id: str) -> None:
         self.ledger.set_mlflow_run_id(run_id)
 
+    def note(self, **fields: Any) -> None:
+        """Measurements and decisions of this attempt, into its ledger entry's ``extra``."""
+        self.ledger.set_attempt_extra(**fields)
+
+    def record_capacity(self, decision: dict) -> None:
+        self.ledger.record_capacity(decision)
+
     def quality(self) -> dict:
         return dict(self.ledger.load().get("quality") or {})
 
@@ -148,6 +155,12 @@ class FollowerRecord:
         return False
 
     def set_mlflow_run_id(self, run_id: str) -> None:
+        return None
+
+    def note(self, **fields: Any) -> None:
+        return None
+
+    def record_capacity(self, decision: dict) -> None:
         return None
 
     def quality(self) -> dict:

@@ -86,6 +86,7 @@ class Runner:
         self.first_step_seconds: Optional[float] = None
         self.fenced_error: Optional[Exception] = None
         self.callback = None  # the Trainer callback, made in build()
+        self.extra_callbacks: list = []  # build_attempt's: checkpoint.every=auto's schedule, run.deadline's watch
         self._last_heartbeat = time.monotonic()
 
     # ---- the sequence ---------------------------------------------------------
@@ -150,8 +151,9 @@ class Runner:
                                              every_steps=0 if self.trial else cfg.checkpoint.every_steps,
                                              stop_after_steps=cfg.train.trial_steps, save_best=cfg.checkpoint.final == "best")
         extra = {"ref_log_probs": self.checkpoints.ref_log_probs()} if cfg.recipe.get("precompute_ref_log_probs") else {}
-        trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds, callbacks=[self.callback],
-                                            output_dir=str(self.checkpoints.work / "trainer"), **extra)
+        trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
+                                            output_dir=str(self.checkpoints.work / "trainer"),
+                                            callbacks=[self.callback, *self.extra_callbacks], **extra)
         self.checkpoints.use_snapshot_root(trainer)
         attach_progress(trainer, self)
         return trainer

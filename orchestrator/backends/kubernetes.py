@@ -10,7 +10,8 @@ ledger check (exit 5) has the last word whoever retries.
 Settings read from the config: ``run.name``, ``backend.image`` (required; also
 passed as ``ORCH_CONTAINER_IMAGE`` for the reproducibility record),
 ``compute.gpus_per_node``, ``compute.spot``, ``compute.cloud`` (gcp | aws |
-azure: which spot node label to select; other values select none),
+azure: which spot node label to select; other values select none; with ``run.deadline``, none when the
+job's ledger says on-demand, see ``orchestrator.backends.capacity``),
 ``preemption.grace``, ``requeue.*``, and from ``backend.extra``: ``namespace`` (default "default"),
 ``secret_name`` (default "spot-orchestrator": the Secret holding the variables
 that secrets are read from, one key per variable: ``budget.webhook_url_env``
@@ -26,7 +27,7 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import yaml
 
@@ -37,9 +38,11 @@ from orchestrator.backends import (
     single_node,
     worker_invocation,
 )
+from orchestrator.backends.capacity import RESUBMIT, capacity_comment, capacity_env, planned_capacity
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
 from orchestrator.distributed import worker_argv
 from orchestrator.errors import ConfigError
+from orchestrator.policy.deadline import SPOT
 
 KUBECTL_TIMEOUT_SECONDS = 120
 # after the worker's emergency save must commit, leave it this long to upload and exit
@@ -82,7 +85,7 @@ def _exit_codes(codes: list[int]) -> dict:
     return {"containerName": "worker", "operator": "In", "values": list(codes)}
 
 
-def _container(cfg: Any, overrides: Sequence[str]) -> dict:
+def _container(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
     invocation = worker_invocation(cfg, overrides)
     if invocation.secret_values:
         raise ConfigError(
@@ -92,7 +95,8 @@ def _container(cfg: Any, overrides: Sequence[str]) -> dict:
             "budget webhook: budget.webhook_url_env=NAME); backend.extra.secret_name chooses another Secret."
         )
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    env += [{"name": name, "value": value} for name, value in invocation.env.items()]
+    env += [{"name": name, "value": value}
+            for name, value in {**invocation.env, **capacity_env(cfg, capacity, RESUBMIT)}.items()]
     # a secret by name: the value stays in the cluster's Secret object, never in this manifest
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": _secret_name(cfg), "key": name}}}
             for name in invocation.secret_names]
@@ -125,8 +129,9 @@ def _secret_name(cfg: Any) -> str:
     return backend_settings(cfg).secret_name
 
 
-def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
-    """The Job manifest as a dict (batch/v1).
+def manifest(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = None) -> dict:
+    """The Job manifest as a dict (batch/v1); ``capacity`` (spot | on_demand) defaults to ``planned_capacity``:
+    a spot job with ``run.deadline`` whose ledger says on-demand gets no spot node selector.
 
     Raises:
         ConfigError: no ``backend.image``, or a multi-node job.
@@ -137,17 +142,18 @@ def manifest(cfg: Any, overrides: Sequence[str]) -> dict:
             "backend=kubernetes needs backend.image: a container image with the project installed "
             "(see containers/README.md), e.g. backend.image=ghcr.io/you/spot-orchestrator:0.1."
         )
+    capacity = capacity or planned_capacity(cfg)[0]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": grace_seconds(cfg) + TERMINATION_MARGIN_SECONDS,
-        "containers": [_container(cfg, overrides)],
+        "containers": [_container(cfg, overrides, capacity)],
         "volumes": [{"name": SHM_VOLUME, "emptyDir": _shm_volume(cfg)}],
     }
     service_account = backend_settings(cfg).service_account
     if service_account:
         pod_spec["serviceAccountName"] = service_account
     cloud = str(cfg.compute.cloud).lower()
-    if cfg.compute.spot and cloud in SPOT_NODE_LABELS:
+    if capacity == SPOT and cloud in SPOT_NODE_LABELS:
         key, value = SPOT_NODE_LABELS[cloud]
         pod_spec["nodeSelector"] = {key: value}
         if SPOT_TOLERATIONS[cloud]:
@@ -186,7 +192,9 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     Raises:
         ConfigError: see :func:`manifest`; or a secret of the config would appear in the text.
     """
-    text = "# kubectl apply -f <this file>\n" + yaml.safe_dump(manifest(cfg, overrides), sort_keys=False)
+    capacity, decision = planned_capacity(cfg)
+    text = ("# kubectl apply -f <this file>\n" + capacity_comment(capacity, decision)
+            + yaml.safe_dump(manifest(cfg, overrides, capacity), sort_keys=False))
     return refuse_secrets_in_text(cfg, text, "the Kubernetes Job manifest")
 
 

@@ -7,7 +7,8 @@ check (exit 5) has the last word. ``EAGER_NEXT_REGION`` moves to another
 region right after a preemption, where spot capacity is more likely.
 
 Settings read from the config: ``run.name``, ``compute.gpu_type``,
-``compute.gpus_per_node``, ``compute.spot``, ``compute.cloud``,
+``compute.gpus_per_node``, ``compute.spot`` (with ``run.deadline``: on-demand when the
+job's ledger says so, see ``orchestrator.backends.capacity``), ``compute.cloud``,
 ``backend.image`` (a Docker image with the project installed; without one the
 project is synced as ``workdir`` and installed by ``setup``),
 ``requeue.max_failures``, and from
@@ -29,7 +30,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import yaml
 
@@ -40,9 +41,11 @@ from orchestrator.backends import (
     worker_command,
     worker_invocation,
 )
+from orchestrator.backends.capacity import RESUBMIT, capacity_comment, capacity_env, planned_capacity
 from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import skypilot_name
+from orchestrator.policy.deadline import SPOT
 
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
 LAUNCH_TIMEOUT_SECONDS = 1800  # sky jobs launch waits for the controller, which may need provisioning
@@ -57,15 +60,17 @@ def accelerator(cfg: Any) -> str | None:
     return f"{skypilot_name(gpu)}:{count}"
 
 
-def task_config(cfg: Any, overrides: Sequence[str]) -> dict:
-    """The managed-job task as a dict, in SkyPilot's task YAML schema.
+def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = None) -> dict:
+    """The managed-job task as a dict, in SkyPilot's task YAML schema; ``capacity`` (spot | on_demand)
+    defaults to ``planned_capacity``: a spot job with ``run.deadline`` whose ledger says on-demand runs on-demand.
 
     Raises:
         ConfigError: a multi-node job.
     """
     single_node(cfg, "skypilot")
+    capacity = capacity or planned_capacity(cfg)[0]
     resources: dict[str, Any] = {
-        "use_spot": bool(cfg.compute.spot),
+        "use_spot": capacity == SPOT,
         "job_recovery": {
             "strategy": RECOVERY_STRATEGY,
             "max_restarts_on_errors": int(cfg.requeue.max_failures),
@@ -85,7 +90,7 @@ def task_config(cfg: Any, overrides: Sequence[str]) -> dict:
         resources["image_id"] = f"docker:{cfg.backend.image}"
 
     invocation = worker_invocation(cfg, overrides)
-    envs = {"PYTHONUNBUFFERED": "1", **invocation.env}
+    envs = {"PYTHONUNBUFFERED": "1", **invocation.env, **capacity_env(cfg, capacity, RESUBMIT)}
     if not cfg.backend.image:
         # the code is this directory, synced as workdir (without .git): record its commit for the repro record
         from orchestrator.repro import GIT_COMMIT_ENV, GIT_DIRTY_ENV, git_state
@@ -122,7 +127,9 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     Raises:
         ConfigError: see :func:`task_config`; or a secret of the config would appear in the text.
     """
-    text = "# sky jobs launch -y <this file>\n" + yaml.safe_dump(task_config(cfg, overrides), sort_keys=False)
+    capacity, decision = planned_capacity(cfg)
+    text = ("# sky jobs launch -y <this file>\n" + capacity_comment(capacity, decision)
+            + yaml.safe_dump(task_config(cfg, overrides, capacity), sort_keys=False))
     return refuse_secrets_in_text(cfg, text, "the SkyPilot task YAML")
 
 

@@ -17,7 +17,14 @@ job you run in a container through ``sbatch_args``, e.g. pyxis's
 ``--container-image``), is exported as ``ORCH_CONTAINER_IMAGE`` for the
 reproducibility record.
 
-Settings read from the config: ``run.name`` (job name), ``backend.partition``, ``backend.image``,
+With ``run.deadline`` and ``backend.on_demand_partition`` the script tells the
+worker which capacity its partition is (``ORCH_CAPACITY``); a worker that
+decides to change it names the capacity it wants in a request file, saves and
+exits 75, and the script submits the job again to the other partition (Slurm
+changes the partition of pending jobs only) instead of requeueing it. A new
+submission of the job goes to the partition the ledger's newest decision names.
+
+Settings read from the config: ``run.name`` (job name), ``backend.partition``, ``backend.on_demand_partition``, ``backend.image``,
 ``compute.gpus_per_node``, ``preemption.grace``, ``run.work_dir`` (logs), and
 from ``backend.extra``: ``python`` (the interpreter on the compute node;
 default: this launcher's, which suits a shared filesystem), ``output`` (the log
@@ -30,7 +37,7 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from orchestrator import exitcodes
 from orchestrator.backends import (
@@ -70,7 +77,7 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
-echo "slurm job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): starting the worker" >&2
+{capacity_env}echo "slurm job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): starting the worker" >&2
 {command} &
 worker_pid=$!
 rc=""
@@ -92,7 +99,7 @@ case "$rc" in
   *)
     echo "slurm job $SLURM_JOB_ID: worker exited $rc (crashed or killed); requeueing, the worker checks the caps" >&2 ;;
 esac
-# a bound of its own: a worker that dies before it reaches the ledger is never counted there
+{capacity_move}# a bound of its own: a worker that dies before it reaches the ledger is never counted there
 if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_restarts} ]; then
   echo "slurm job $SLURM_JOB_ID: not requeued: restarted $SLURM_RESTART_COUNT times" \
        "(requeue.max_preemptions + requeue.max_failures = {max_restarts})" >&2
@@ -101,6 +108,55 @@ fi
 scontrol requeue "$SLURM_JOB_ID"
 exit "$rc"
 """
+
+
+_CAPACITY_ENV = r"""# run.deadline: the worker decides spot or on-demand; this partition tells it which it is on, and it
+# names the capacity it wants in the request file before it saves and exits 75 (orchestrator/attempt/capacity.py)
+if [ "${{SLURM_JOB_PARTITION:-}}" = {on_demand} ]; then export ORCH_CAPACITY=on_demand; else export ORCH_CAPACITY=spot; fi
+export ORCH_CAPACITY_ACTION=move
+export ORCH_CAPACITY_REQUEST_FILE={request_dir}/"{name}-$SLURM_JOB_ID.capacity"
+rm -f "$ORCH_CAPACITY_REQUEST_FILE"
+"""
+
+_CAPACITY_MOVE = r"""if [ "$rc" -eq {preempted} ] && [ -s "$ORCH_CAPACITY_REQUEST_FILE" ]; then
+  case "$(cat "$ORCH_CAPACITY_REQUEST_FILE")" in on_demand) target={on_demand} ;; *) target={spot} ;; esac
+  rm -f "$ORCH_CAPACITY_REQUEST_FILE"
+  if [ "$target" != "${{SLURM_JOB_PARTITION:-}}" ]; then
+    # Slurm changes the partition of a pending job only, and a requeued job is pending only once this script
+    # has ended: the job is submitted again, to the other partition (the same script and environment)
+    if new_job="$(env -u SLURM_RESTART_COUNT sbatch --parsable --partition="$target" "$0")"; then
+      echo "slurm job $SLURM_JOB_ID: capacity: moved from partition $SLURM_JOB_PARTITION to $target as job ${{new_job%%;*}}" >&2
+      exit 0
+    fi
+    echo "slurm job $SLURM_JOB_ID: capacity: could not submit to partition $target; requeueing here" >&2
+  fi
+fi
+"""
+
+
+def _capacity_parts(cfg: Any) -> tuple[str, str]:
+    """The script's lines that move a job between ``backend.partition`` and ``backend.on_demand_partition``."""
+    on_demand = cfg.backend.get("on_demand_partition")
+    if not on_demand:
+        return "", ""
+    names = dict(on_demand=shlex.quote(str(on_demand)), spot=shlex.quote(str(cfg.backend.partition)))
+    request_dir = shlex.quote(str(Path(cfg.run.work_dir).expanduser().resolve() / "slurm"))
+    return (_CAPACITY_ENV.format(request_dir=request_dir, name=cfg.run.name, **names),
+            _CAPACITY_MOVE.format(preempted=exitcodes.PREEMPTED, **names))
+
+
+def partition(cfg: Any) -> tuple[Optional[str], str]:
+    """The partition to submit to, and why: the on-demand one when the job's ledger says so (run.deadline)."""
+    on_demand = cfg.backend.get("on_demand_partition")
+    if not on_demand:
+        return cfg.backend.partition, ""
+    from orchestrator.backends.capacity import planned_capacity
+    from orchestrator.policy.deadline import ON_DEMAND
+
+    capacity, decision = planned_capacity(cfg)
+    if capacity == ON_DEMAND:
+        return str(on_demand), f"on-demand, as the ledger's newest capacity decision says: {decision['reason']}"
+    return cfg.backend.partition, ""
 
 
 def _output_path(cfg: Any) -> str:
@@ -146,8 +202,9 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         "--nodes=1",
         "--ntasks=1",
     ]
-    if cfg.backend.partition:
-        options.append(f"--partition={cfg.backend.partition}")
+    chosen, why = partition(cfg)
+    if chosen:
+        options.append(f"--partition={chosen}")
     if int(cfg.compute.gpus_per_node) > 0:
         options.append(f"--gpus-per-node={int(cfg.compute.gpus_per_node)}")
     sbatch_args = list(backend_settings(cfg).sbatch_args)
@@ -166,9 +223,14 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
 
     header = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(opt)}" for opt in options)]
     header.append(f"# submitted by: python -m orchestrator.launch backend=slurm run.name={shlex.quote(str(cfg.run.name))}")
+    if why:
+        header.append(f"# capacity: {why}".replace("\n", " "))
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in invocation.env.items())
+    capacity_env, capacity_move = _capacity_parts(cfg)
     body = _BODY.format(
         exports=exports,
+        capacity_env=capacity_env,
+        capacity_move=capacity_move,
         secret_check=_secret_check(invocation.secret_names),
         workdir=shlex.quote(os.getcwd()),
         command=worker_command(invocation.overrides, python=backend_settings(cfg).python),

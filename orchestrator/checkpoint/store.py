@@ -142,6 +142,11 @@ class CheckpointStore:
         self._queue.put((staged, name, step, epoch, meta, may_commit, on_committed))
         return name
 
+    @property
+    def in_flight(self) -> int:
+        """Commits queued or uploading (read without the lock: a hint for measurements, not for control)."""
+        return self._pending
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until every queued commit finished; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout

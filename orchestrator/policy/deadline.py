@@ -42,7 +42,10 @@ class CapacityDecision:
 
 
 def _h(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h"
+    # a short job's figures in hours all read 0.00 h
+    if abs(seconds) < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if abs(seconds) < 7200 else f"{seconds / 3600:.2f} h"
 
 
 def decide_capacity(s: DeadlineState) -> CapacityDecision:

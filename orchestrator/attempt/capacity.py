@@ -1,0 +1,213 @@
+"""``run.deadline``: spot or on-demand for this job, decided before each attempt and at each heartbeat.
+
+The decision is ``orchestrator.policy.deadline.decide_capacity`` (Uniform
+Progress, pure, shared with the simulator); this module gives it the job's
+standing and acts on a change:
+
+- progress: steps done x the steady seconds per step (this attempt's, else the
+  earlier attempts' in the ledger), against ``max_steps`` x the same;
+- time: from the first attempt's start in the ledger to ``run.deadline``;
+- one restart: ``orchestrator.policy.restart.restart_seconds`` (the override,
+  the attempts' measured ``start_to_first_step_s``, or an estimate).
+
+A decision that changes the job's capacity is logged (``capacity [spot ->
+on-demand]: <reason>``), appended to the ledger's ``capacity`` list, tagged in
+MLflow and sent to the budget webhook; then whoever can act does, as the
+backend's script told the worker through the environment (``orchestrator.backends.capacity``):
+
+- ``move`` (Slurm): write the wanted capacity to ``ORCH_CAPACITY_REQUEST_FILE``, save
+  and stop (exit 75); the batch script moves the job to the other partition;
+- ``resubmit`` (SkyPilot, Kubernetes): the attempt goes on; the next
+  submission of the job renders on-demand (``planned_capacity``);
+- none (local): the machine cannot change; the advice is logged and recorded.
+
+"Deadline at risk" fires once per job when even on-demand from now on misses.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from transformers import TrainerCallback
+
+from orchestrator.backends.capacity import MOVE, RESUBMIT, label, latest_decision
+from orchestrator.durations import parse_deadline
+from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity
+
+log = logging.getLogger("orchestrator.capacity")
+
+AT_RISK_ALERT = "deadline_at_risk"
+WEBHOOK_WAIT_SECONDS = 15.0
+
+
+def deadline_seconds(text: str, first_start: float) -> float:
+    """``run.deadline`` in seconds from the job's first attempt's start."""
+    kind, value = parse_deadline(text)
+    return value if kind == "after" else value - first_start
+
+
+def steady_seconds_per_step(attempts: Iterable[dict]) -> Optional[float]:
+    """Seconds per optimizer step over the earlier attempts, start-up excluded (None: nothing to go on)."""
+    seconds = steps = 0.0
+    for a in attempts:
+        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
+        done = int(a.get("step_end") or 0) - int(a.get("step_start") or 0)
+        startup = (a.get("extra") or {}).get("start_to_first_step_s")
+        if start is not None and end is not None and done > 1 and startup is not None:
+            seconds += max(0.0, float(end) - float(start) - float(startup))
+            steps += done - 1
+    return seconds / steps if steps else None
+
+
+class CapacityWatch(TrainerCallback):
+    """The deadline's decisions for one attempt (main rank; after the orchestrator callback).
+
+    ``runner``: the attempt (record, preemption, tracking, callback); ``capacity``: what it runs on;
+    ``action``: ``MOVE`` | ``RESUBMIT`` | None; ``webhook``: a ``budget.WebhookSink`` or None; ``spot_job``:
+    ``compute.spot`` (an on-demand job has no capacity to choose: it only hears whether the deadline is at risk).
+    """
+
+    def __init__(self, runner: Any, *, deadline: str, capacity: str, action: Optional[str], request_file: str = "",
+                 restart_override: Optional[float] = None, webhook: Any = None, heartbeat_seconds: float = 15.0,
+                 spot_job: bool = True, clock=time.time, monotonic=time.monotonic):
+        self.runner = runner
+        self.spot_job = spot_job
+        self.deadline = deadline
+        self.capacity = capacity
+        self.action = action
+        self.request_file = request_file
+        self.restart_override = restart_override
+        self.webhook = webhook
+        self.heartbeat_seconds = heartbeat_seconds
+        self.clock, self.monotonic = clock, monotonic
+        self.latest: Optional[dict] = None
+        self.stopping = False
+        self._last_check = monotonic()
+        self._prior: list[dict] = []
+        self._at_risk_asked = False
+        self.decisions = 0  # in the ledger so far
+
+    # ---- the Trainer's events ----------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        from orchestrator.policy.restart import restart_seconds
+
+        ledger = self.runner.record.load()
+        self._prior = [a for a in ledger.get("attempts", []) if a.get("epoch") != self.runner.record.epoch]
+        starts = [float(a["started_at"]) for a in ledger.get("attempts", []) if a.get("started_at")]
+        self.first_start = min(starts) if starts else self.clock()
+        self.deadline_s = deadline_seconds(self.deadline, self.first_start)
+        self.latest = latest_decision(ledger)
+        self.decisions = len(ledger.get("capacity") or [])
+        sizes = [int(c.get("size") or 0) for c in ledger.get("checkpoints") or []]
+        self.restart_s, self.restart_source = restart_seconds(
+            override=self.restart_override, checkpoint_bytes=sizes[-1] if sizes else 0.0,
+            measured=[(a.get("extra") or {}).get("start_to_first_step_s") for a in self._prior])
+        rate = steady_seconds_per_step(self._prior)
+        if rate:  # before the attempt trains: the earlier attempts' pace
+            self.decide(state.global_step, state.max_steps, rate)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stopping or self.monotonic() - self._last_check < self.heartbeat_seconds:
+            return
+        self._last_check = self.monotonic()
+        timing = self.runner.callback.timing_metrics(reset=False, whole_run=True)
+        rate = timing.get("step_time_s") or steady_seconds_per_step(self._prior)
+        if rate:
+            self.decide(state.global_step, state.max_steps, rate)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.webhook is not None and not self.webhook.wait(WEBHOOK_WAIT_SECONDS):
+            log.warning("a capacity message was still being sent to the webhook when the attempt ended")
+
+    # ---- deciding and acting -----------------------------------------------------------
+    def standing(self, step: int, max_steps: int, seconds_per_step: float) -> DeadlineState:
+        return DeadlineState(
+            elapsed_seconds=self.clock() - self.first_start, deadline_seconds=self.deadline_s,
+            work_done_seconds=step * seconds_per_step, work_total_seconds=max_steps * seconds_per_step,
+            restart_seconds=self.restart_s,
+            # what the job follows: the newest decision (an attempt that cannot move follows it by advice)
+            current=self.latest["capacity"] if self.latest else self.capacity,
+            locked=bool(self.latest and self.latest.get("locked")))
+
+    def decide(self, step: int, max_steps: int, seconds_per_step: float) -> CapacityDecision:
+        decision = decide_capacity(self.standing(step, max_steps, seconds_per_step))
+        if decision.at_risk:
+            self.alert_at_risk(decision)
+        if not self.spot_job:
+            return decision
+        latest = self.latest
+        if latest and latest["capacity"] == decision.capacity and bool(latest.get("locked")) == decision.locked:
+            if self.action == MOVE and decision.capacity != self.capacity:  # decided before, not yet moved
+                log.warning("%s (%s)", f"capacity [{label(self.capacity)} -> {label(decision.capacity)}]: "
+                            f"{decision.reason}", self.act(decision, "as decided earlier"))
+            return decision  # nothing new to record
+        previous = latest["capacity"] if latest else self.capacity
+        line = f"capacity [{label(previous)} -> {label(decision.capacity)}]: {decision.reason}"
+        action = self.act(decision, line)
+        entry = dict(capacity=decision.capacity, previous=previous, reason=decision.reason, locked=decision.locked,
+                     at_risk=decision.at_risk, action=action, step=step, restart_s=self.restart_s,
+                     restart_source=self.restart_source, seconds_per_step=seconds_per_step)
+        self.runner.record.record_capacity(entry)
+        self.latest = entry
+        log.warning("%s (%s)", line, action)
+        self.decisions += 1
+        n = self.decisions
+        tracking = self.runner.tracking
+        tracking.set_tags({"capacity": decision.capacity, "capacity.reason": decision.reason,
+                           f"capacity.decision.{n}": f"{line} ({action})"})
+        tracking.log_metrics({"capacity_on_demand": float(decision.capacity == ON_DEMAND)}, step)
+        self.send("capacity", f"[capacity] job {self.runner.run_name!r}: {line} ({action})")
+        return decision
+
+    def act(self, decision: CapacityDecision, line: str) -> str:
+        """Do what this backend can about ``decision``; returns what was done, for the ledger."""
+        wanted = label(decision.capacity)
+        if decision.capacity == self.capacity:
+            return f"stays on {wanted}"
+        if self.action == MOVE and self.request_file:
+            Path(self.request_file).write_text(decision.capacity + "\n")
+            self.runner.record.note(capacity_switch=decision.capacity)
+            self.stopping = True
+            self.runner.preemption.request(f"{line}; saving, then the job moves to {wanted}")
+            return f"saving, then moving the job to {wanted}"
+        if self.action == RESUBMIT:
+            return (f"the next submission of run.name={self.runner.run_name} (python -m orchestrator.launch) "
+                    f"takes {wanted}")
+        return (f"advice only: this backend cannot change the machine; run the job on {wanted} capacity "
+                f"(compute.spot={'false' if decision.capacity == ON_DEMAND else 'true'}) to follow it")
+
+    def alert_at_risk(self, decision: CapacityDecision) -> None:
+        if self._at_risk_asked:
+            return
+        self._at_risk_asked = True
+        if not self.runner.record.record_alert(AT_RISK_ALERT):  # once per job, across attempts
+            return
+        message = (f"[{AT_RISK_ALERT}] job {self.runner.run_name!r}: deadline at risk: even on-demand from now on "
+                   f"misses it; {decision.reason}")
+        log.warning(message)
+        self.runner.tracking.set_tag(f"alert.{AT_RISK_ALERT}", decision.reason)
+        self.send(AT_RISK_ALERT, message)
+
+    def send(self, name: str, message: str) -> None:
+        if self.webhook is None:
+            return
+        from orchestrator.budget import Alert
+
+        self.webhook.send(Alert(name, message, total_cost_usd=self.runner.money.total_cost_usd(),
+                                max_usd=float(self.runner.cfg.budget.max_usd or 0.0)))
+
+
+class RestartMeasurement(TrainerCallback):
+    """Records the attempt's start to the end of its first step (``start_to_first_step_s``, one restart's cost)
+    in its ledger entry, once, after the runner measured it (main rank; after the orchestrator callback)."""
+
+    def __init__(self, runner: Any):
+        self.runner = runner
+        self.done = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.done and self.runner.first_step_seconds is not None:
+            self.done = True
+            self.runner.record.note(start_to_first_step_s=self.runner.first_step_seconds)

@@ -1,0 +1,178 @@
+"""``checkpoint.every=auto``: the attempt's checkpoint interval from Young/Daly, re-derived as C is measured.
+
+The decision itself is ``orchestrator.policy.interval`` (pure, shared with the
+simulator and the planner); this module feeds it the attempt's inputs and acts:
+
+- C, the cost of one checkpoint to training: the Trainer's save stall (the
+  callback measures it) plus what the background upload takes from training
+  (steps taken while an upload is in flight, less the same number of steps
+  without one). Until this attempt has measured a checkpoint, C is the one an
+  earlier attempt measured (in the ledger), else an estimate: the snapshot's
+  size over a local write rate.
+- M, from the rate of preemptions: the job's own spot attempts in the ledger
+  (how long each held its machine; preempted with an honoured notice,
+  ``preempted``, or without, ``vanished``) blended with the catalog's prior,
+  ``compute.preemptions_per_hour`` overriding both.
+
+T is derived when training begins, again after the first measured checkpoint
+when it began from an estimate, and whenever the running mean of C moves by
+more than ``REDERIVE_WHEN_CHANGED`` from the C it was derived with; each
+derivation is logged (``checkpoint_interval_s``), written to the attempt's
+ledger entry and to MLflow (metrics and the ``checkpoint.interval`` tag).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable, Iterator, Optional
+
+from transformers import TrainerCallback
+
+from orchestrator.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
+from orchestrator.policy.interval import IntervalDecision, Lifetime, checkpoint_interval, estimate_preemptions
+
+log = logging.getLogger("orchestrator.checkpoint")
+
+# Before any checkpoint is measured: a snapshot written to local disk or /dev/shm. Round figures, replaced by
+# the measurement after the first save.
+SNAPSHOT_WRITE_BYTES_PER_SECOND = 200e6
+SNAPSHOT_BASE_SECONDS = 0.25
+REDERIVE_WHEN_CHANGED = 0.25  # re-derive T when the measured C moves this much (a share of the C in use)
+
+
+def lifetimes(attempts: Iterable[dict]) -> Iterator[Lifetime]:
+    """The job's ended spot attempts as the rate estimate sees them.
+
+    Noticed: ended ``preempted`` (the worker exits so only after committing its emergency checkpoint) with
+    nothing past that checkpoint; ``vanished`` is a hard kill. An attempt that stopped to move to other
+    capacity (``extra.capacity_switch``) lost no machine; on-demand attempts say nothing of spot's rate.
+    """
+    for a in attempts:
+        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
+        if a.get("exit_class") == RUNNING or not a.get("spot") or start is None or end is None:
+            continue
+        switched = bool((a.get("extra") or {}).get("capacity_switch"))
+        preempted = a.get("exit_class") in INTERRUPTED_CLASSES and not switched
+        noticed = (a.get("exit_class") == ExitClass.PREEMPTED.value
+                   and int(a.get("checkpoint_step_end") or 0) >= int(a.get("step_end") or 0))
+        yield Lifetime(seconds=float(end) - float(start), preempted=preempted, noticed=preempted and noticed)
+
+
+def estimated_cost_seconds(state_bytes: float) -> float:
+    return SNAPSHOT_BASE_SECONDS + max(0.0, state_bytes) / SNAPSHOT_WRITE_BYTES_PER_SECOND
+
+
+def measured_cost_seconds(attempts: Iterable[dict]) -> Optional[float]:
+    """The C the newest earlier attempt measured (None: none measured one)."""
+    for a in reversed(list(attempts)):
+        chosen = (a.get("extra") or {}).get("checkpoint_interval") or {}
+        if chosen.get("cost_source") == "measured" and chosen.get("checkpoint_cost_s") is not None:
+            return float(chosen["checkpoint_cost_s"])
+    return None
+
+
+class CheckpointCost:
+    """C as measured in this attempt: mean save stall + the upload's slowdown of training, per checkpoint."""
+
+    def __init__(self):
+        self.stalls: list[float] = []
+        self._busy = [0, 0.0]  # steps taken while an upload was in flight, their seconds
+        self._idle = [0, 0.0]
+
+    def observe_step(self, seconds: float, uploading: bool) -> None:
+        sums = self._busy if uploading else self._idle
+        sums[0] += 1
+        sums[1] += seconds
+
+    def observe_save(self, stall_seconds: float) -> None:
+        self.stalls.append(max(0.0, stall_seconds))
+
+    def upload_seconds_per_checkpoint(self) -> float:
+        if not (self.stalls and self._busy[0] and self._idle[0]):
+            return 0.0
+        slower = self._busy[1] / self._busy[0] - self._idle[1] / self._idle[0]
+        return max(0.0, slower) * self._busy[0] / len(self.stalls)
+
+    def seconds(self) -> Optional[float]:
+        if not self.stalls:
+            return None
+        return sum(self.stalls) / len(self.stalls) + self.upload_seconds_per_checkpoint()
+
+
+class CheckpointSchedule(TrainerCallback):
+    """Sets the orchestrator callback's ``every_seconds`` (main rank; after it in the Trainer's callbacks).
+
+    ``runner``: the attempt (its callback, record, checkpoints, tracking); ``compute``: this attempt's
+    ``compute`` config (on-demand: no preemptions expected); ``catalog``: the price catalog (the prior).
+    """
+
+    def __init__(self, runner: Any, *, compute: Any, catalog: dict, min_seconds: float, max_seconds: float,
+                 clock=time.monotonic):
+        from orchestrator.cost import preemption_prior_per_hour
+
+        self.runner = runner
+        if compute.spot:
+            self.prior_per_hour, self.prior_source = preemption_prior_per_hour(compute, catalog)
+            self.override = compute.preemptions_per_hour
+        else:  # on-demand capacity is not preempted: T is held at checkpoint.max_every
+            self.prior_per_hour, self.prior_source, self.override = 0.0, "on-demand", None
+        self.min_seconds, self.max_seconds = min_seconds, max_seconds
+        self.clock = clock
+        self.cost = CheckpointCost()
+        self.decision: Optional[IntervalDecision] = None
+        self._last_step_end: Optional[float] = None
+        self._source = ""  # where the C in use came from: "estimated" | "measured"
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        earlier = measured_cost_seconds(self.runner.record.prior_attempts)
+        if earlier is not None:
+            self.derive(earlier, "measured", state.global_step, why="measured by an earlier attempt")
+        else:
+            from orchestrator.checkpoint.snapshot import estimate_snapshot_bytes
+
+            size = estimate_snapshot_bytes(model, full_model=self.runner.checkpoints.full_model) if model else 0
+            self.derive(estimated_cost_seconds(size), "estimated", state.global_step,
+                        why=f"estimated: {size / 1e6:.1f} MB at {SNAPSHOT_WRITE_BYTES_PER_SECOND / 1e6:.0f} MB/s")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = self.clock()
+        if self._last_step_end is not None:
+            self.cost.observe_step(now - self._last_step_end, self.runner.checkpoints.uploading())
+        self._last_step_end = now
+
+    def on_save(self, args, state, control, **kwargs):
+        stalls = self.runner.callback.save_stall_seconds
+        if stalls:
+            self.cost.observe_save(stalls[-1])
+        self._last_step_end = None  # the step that saved is not a training step
+        measured = self.cost.seconds()
+        used = self.decision.checkpoint_cost_seconds if self.decision else None
+        first = len(self.cost.stalls) == 1 and self._source != "measured"  # the estimate gives way at once
+        if measured is not None and (first or not used or abs(measured - used) > REDERIVE_WHEN_CHANGED * used):
+            self.derive(measured, "measured", state.global_step,
+                        why=f"measured over {len(self.cost.stalls)} checkpoint(s) of this attempt")
+
+    def derive(self, cost_seconds: float, source: str, step: int, *, why: str) -> IntervalDecision:
+        runner = self.runner
+        estimate = estimate_preemptions(lifetimes(runner.record.prior_attempts), self.prior_per_hour,
+                                        override_per_hour=self.override)
+        self._source = source
+        self.decision = decision = checkpoint_interval(cost_seconds, estimate, min_seconds=self.min_seconds,
+                                                       max_seconds=self.max_seconds)
+        runner.callback.every_seconds = decision.seconds
+        prior = "compute.preemptions_per_hour" if self.override is not None else self.prior_source
+        text = f"{decision.explain()}; C {why}; prior from {prior}"
+        log.info("checkpoint_interval_s=%.0f: %s", decision.seconds, text)
+        finite = decision.mean_seconds_between_losses != float("inf")
+        runner.record.note(checkpoint_interval=dict(
+            checkpoint_interval_s=decision.seconds, checkpoint_cost_s=cost_seconds, cost_source=source,
+            mean_s_between_losses=decision.mean_seconds_between_losses if finite else None,
+            preemptions_per_hour=estimate.per_hour, notice_share=estimate.notice_share, bound=decision.bound,
+            explanation=text, step=step))
+        metrics = {"checkpoint_interval_s": decision.seconds, "checkpoint_cost_s": cost_seconds,
+                   "preemptions_per_hour": estimate.per_hour, "preemption_notice_share": estimate.notice_share}
+        if finite:
+            metrics["mean_s_between_lossy_preemptions"] = decision.mean_seconds_between_losses
+        runner.tracking.log_metrics(metrics, step)
+        runner.tracking.set_tag("checkpoint.interval", text)
+        return decision

@@ -1,0 +1,350 @@
+"""``checkpoint.every=auto`` and ``run.deadline`` wired into an attempt, in-process.
+
+The decisions are pure (``orchestrator.policy``, tested in test_policy.py); these tests drive the attempt's
+callbacks that feed and act on them (``orchestrator.attempt.schedule``, ``orchestrator.attempt.capacity``) with a
+real ledger in a folder and stand-ins for the Trainer's events, and check the launch checks, the backends'
+renders that follow the ledger's decision and ``orchestrator status``. The real Slurm run is in test_slurm_e2e.py.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch, RestartMeasurement, steady_seconds_per_step
+from orchestrator.attempt.record import AttemptRecord
+from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule, lifetimes
+from orchestrator.backends.capacity import MOVE, RESUBMIT, attempt_capacity, attempt_compute
+from orchestrator.compose import compose_config
+from orchestrator.config import ComputeConfig, RequeueConfig
+from orchestrator.durations import parse_deadline
+from orchestrator.errors import ConfigError
+from orchestrator.ledger import Ledger
+from orchestrator.policy.deadline import ON_DEMAND, SPOT
+from orchestrator.status import format_ledger
+from orchestrator.storage.local import LocalStore
+
+HOUR = 3600.0
+
+
+def attempt(epoch, hours, exit_class, *, spot=True, step_end=100, checkpoint_step_end=100, extra=None, start=0.0):
+    return {"epoch": epoch, "started_at": start, "ended_at": start + hours * HOUR, "last_seen": start + hours * HOUR,
+            "exit_class": exit_class, "spot": spot, "step_start": 0, "step_end": step_end,
+            "checkpoint_step_end": checkpoint_step_end, "extra": extra or {}}
+
+
+class Tracking:
+    def __init__(self):
+        self.tags, self.metrics = {}, {}
+
+    def set_tag(self, key, value):
+        self.tags[key] = value
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
+
+    def log_metrics(self, metrics, step):
+        self.metrics.update(metrics)
+
+
+class Webhook:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, alert):
+        self.sent.append(alert)
+
+    def wait(self, timeout_s):
+        return True
+
+
+def make_runner(tmp_path, *, history=(), spot=True, step_time_s=0.1):
+    """A runner as the callbacks see it: a real ledger in a folder (its earlier attempts ``history``), an attempt
+    begun in it, and stand-ins for the Trainer callback, tracking, preemption and the money watch."""
+    ledger = Ledger(LocalStore(tmp_path / "runs"), "job")
+    if history:
+        from orchestrator.ledger import new_ledger, transact
+
+        def seed(_):
+            seeded = new_ledger("job")
+            seeded.update(attempts=[dict(a) for a in history], epoch=max(a["epoch"] for a in history))
+            return seeded
+
+        transact(ledger.store, ledger.key, seed)
+    compute = OmegaConf.structured(ComputeConfig(spot=spot))
+    record = AttemptRecord(ledger, _policy(), compute=compute, budget_max_usd=None)
+    record.begin(0)
+    callback = SimpleNamespace(every_seconds=0.0, save_stall_seconds=[],
+                               timing_metrics=lambda **kw: {"step_time_s": step_time_s})
+    preemption = SimpleNamespace(requests=[])
+    preemption.request = lambda reason: preemption.requests.append(reason)
+    return SimpleNamespace(record=record, callback=callback, tracking=Tracking(), preemption=preemption,
+                           checkpoints=SimpleNamespace(full_model=False, uploading=lambda: False),
+                           money=SimpleNamespace(total_cost_usd=lambda: 0.0), cfg=OmegaConf.create({"budget": {"max_usd": None}}),
+                           run_name="job", first_step_seconds=None), compute
+
+
+def _policy():
+    from orchestrator.requeue import RequeuePolicy
+
+    return RequeuePolicy(OmegaConf.structured(RequeueConfig()))
+
+
+def state(step=0, max_steps=1000):
+    return SimpleNamespace(global_step=step, max_steps=max_steps)
+
+
+# ---- checkpoint.every=auto ----------------------------------------------------------
+
+
+def test_lifetimes_tell_honoured_notices_from_hard_kills_and_leave_out_moves_and_on_demand():
+    attempts = [attempt(1, 2, "preempted"), attempt(2, 1, "vanished"),
+                attempt(3, 1, "preempted", step_end=120, checkpoint_step_end=100),  # work past its checkpoint: lost
+                attempt(4, 1, "preempted", extra={"capacity_switch": "on_demand"}),  # it moved, lost nothing
+                attempt(5, 3, "completed", spot=False), attempt(6, 1, "crashed")]
+    got = [(lt.seconds / HOUR, lt.preempted, lt.noticed) for lt in lifetimes(attempts)]
+    assert got == [(2, True, True), (1, True, False), (1, True, False), (1, False, False), (1, False, False)]
+
+
+def test_checkpoint_cost_is_the_stall_plus_what_uploads_take_from_training():
+    cost = CheckpointCost()
+    assert cost.seconds() is None
+    for _ in range(10):
+        cost.observe_step(0.10, uploading=False)
+    for _ in range(4):
+        cost.observe_step(0.15, uploading=True)  # 0.05 s slower per step while an upload runs
+    cost.observe_save(0.5)
+    cost.observe_save(0.7)
+    assert cost.seconds() == pytest.approx(0.6 + 0.05 * 4 / 2)
+
+
+def schedule_for(runner, compute, **kw):
+    return CheckpointSchedule(runner, compute=compute, catalog={}, min_seconds=kw.get("low", 1.0),
+                              max_seconds=kw.get("high", 10 * HOUR))
+
+
+def test_auto_interval_is_young_daly_from_the_estimate_then_re_derived_when_the_measured_cost_moves(tmp_path):
+    runner, compute = make_runner(tmp_path)
+    compute.preemptions_per_hour = 1.0  # one lossy preemption per hour: M = 3600 s
+    schedule = schedule_for(runner, compute)
+    schedule.on_train_begin(None, state(), None, model=None)
+    c0 = schedule.decision.checkpoint_cost_seconds
+    assert runner.callback.every_seconds == pytest.approx(math.sqrt(2 * c0 * HOUR))
+    assert runner.tracking.metrics["checkpoint_interval_s"] == runner.callback.every_seconds
+
+    runner.callback.save_stall_seconds.append(c0 * 1.1)  # the first measurement replaces the estimate
+    schedule.on_save(None, state(50), None)
+    assert schedule.decision.checkpoint_cost_seconds == pytest.approx(c0 * 1.1)
+    runner.callback.save_stall_seconds.append(c0 * 1.2)  # the mean moves by less than 25%: T stays
+    schedule.on_save(None, state(75), None)
+    assert schedule.decision.checkpoint_cost_seconds == pytest.approx(c0 * 1.1)
+    runner.callback.save_stall_seconds.append(c0 * 40)  # by far more: re-derived
+    schedule.on_save(None, state(100), None)
+    measured = (c0 * 1.1 + c0 * 1.2 + c0 * 40) / 3
+    assert runner.callback.every_seconds == pytest.approx(math.sqrt(2 * measured * HOUR))
+    noted = runner.record.load()["attempts"][-1]["extra"]["checkpoint_interval"]
+    assert noted["cost_source"] == "measured" and noted["checkpoint_cost_s"] == pytest.approx(measured)
+    assert noted["mean_s_between_losses"] == pytest.approx(HOUR) and "sqrt(2 x C x M)" in noted["explanation"]
+
+    # the next attempt starts from the cost this one measured
+    done = runner.record.load()["attempts"][-1]
+    nxt, compute2 = make_runner(tmp_path / "next", history=[dict(done, exit_class="preempted",
+                                                                 ended_at=done["started_at"] + 60)])
+    later = schedule_for(nxt, compute2)
+    later.on_train_begin(None, state(), None, model=None)
+    assert later.decision.checkpoint_cost_seconds == pytest.approx(measured)
+
+
+def test_hard_kills_shorten_the_interval_and_honoured_notices_lengthen_it(tmp_path):
+    def interval(exit_class, where):
+        history = [attempt(i, 0.5, exit_class, start=i * HOUR) for i in range(1, 7)]
+        runner, compute = make_runner(tmp_path / where, history=history)
+        schedule = schedule_for(runner, compute)
+        schedule.on_train_begin(None, state(), None, model=None)
+        return runner.callback.every_seconds
+
+    assert interval("vanished", "killed") < interval("preempted", "noticed")
+
+
+def test_on_demand_attempts_checkpoint_at_the_longest_interval(tmp_path):
+    runner, compute = make_runner(tmp_path, spot=False)
+    schedule = schedule_for(runner, compute, high=1800.0)
+    schedule.on_train_begin(None, state(), None, model=None)
+    assert (runner.callback.every_seconds, schedule.decision.bound) == (1800.0, "max_every")
+
+
+# ---- run.deadline -----------------------------------------------------------------
+
+
+def test_deadlines_are_durations_or_iso_times():
+    assert parse_deadline("52h") == ("after", 52 * HOUR)
+    assert parse_deadline("2026-12-24T18:00:00Z") == ("at", parse_deadline("2026-12-24T18:00:00+00:00")[1])
+    assert parse_deadline("2026-12-24T18:00:00")[1] == parse_deadline("2026-12-24T18:00:00Z")[1]  # UTC
+    with pytest.raises(ValueError, match="neither a duration .* nor an ISO-8601 time"):
+        parse_deadline("next tuesday")
+
+
+def test_the_backend_says_which_capacity_an_attempt_runs_on_and_it_is_priced_so():
+    spot = OmegaConf.structured(ComputeConfig(spot=True))
+    assert attempt_capacity(spot, {}) == SPOT
+    assert attempt_capacity(spot, {"ORCH_CAPACITY": "on_demand"}) == ON_DEMAND
+    assert attempt_compute(spot, ON_DEMAND).spot is False and spot.spot is True
+    on_demand = OmegaConf.structured(ComputeConfig(spot=False))
+    assert attempt_capacity(on_demand, {"ORCH_CAPACITY": "spot"}) == ON_DEMAND  # never spot for an on-demand job
+
+
+def watch_for(runner, *, capacity=SPOT, action=None, request_file="", deadline="20m", restart=900.0, spot_job=True):
+    return CapacityWatch(runner, deadline=deadline, capacity=capacity, action=action, request_file=request_file,
+                         restart_override=restart, webhook=Webhook(), heartbeat_seconds=0.0, spot_job=spot_job)
+
+
+def test_slurm_job_that_only_on_demand_can_finish_in_time_saves_and_asks_to_move(tmp_path):
+    runner, _ = make_runner(tmp_path)
+    request = tmp_path / "job.capacity"
+    watch = watch_for(runner, action=MOVE, request_file=str(request))
+    watch.on_train_begin(None, state(), None)  # no earlier attempt: no pace to judge by yet
+    assert not runner.preemption.requests
+    watch.on_step_end(None, state(10), None)  # 990 steps x 0.1 s left, 20 min to go, two 15-minute restarts
+    assert request.read_text().strip() == ON_DEMAND
+    [reason] = runner.preemption.requests
+    assert reason.startswith("capacity [spot -> on-demand]: time left is less than the work left plus two restarts")
+    ledger = runner.record.load()
+    [decision] = ledger["capacity"]
+    assert (decision["previous"], decision["capacity"], decision["locked"], decision["epoch"]) == (SPOT, ON_DEMAND,
+                                                                                                   True, 1)
+    assert ledger["attempts"][-1]["extra"]["capacity_switch"] == ON_DEMAND
+    assert runner.tracking.tags["capacity"] == ON_DEMAND and "two restarts" in runner.tracking.tags["capacity.reason"]
+    assert runner.tracking.metrics["capacity_on_demand"] == 1.0
+    assert "capacity [spot -> on-demand]" in watch.webhook.sent[0].message
+    watch.on_step_end(None, state(11), None)  # stopping: nothing more is decided or sent
+    assert len(runner.record.load()["capacity"]) == 1 and len(watch.webhook.sent) == 1
+
+
+def test_local_job_is_advised_once_and_a_resubmitted_one_is_told_where_it_goes_next(tmp_path):
+    runner, _ = make_runner(tmp_path)
+    watch = watch_for(runner)  # local: no action
+    watch.on_train_begin(None, state(), None)
+    for step in (10, 20, 30):
+        watch.on_step_end(None, state(step), None)
+    [decision] = runner.record.load()["capacity"]
+    assert decision["action"].startswith("advice only") and not runner.preemption.requests
+    assert [a.name for a in watch.webhook.sent] == ["capacity"]
+
+    runner2, _ = make_runner(tmp_path / "k8s")
+    watch2 = watch_for(runner2, action=RESUBMIT)
+    watch2.on_train_begin(None, state(), None)
+    watch2.on_step_end(None, state(10), None)
+    assert "the next submission of run.name=job" in runner2.record.load()["capacity"][0]["action"]
+
+
+def test_on_schedule_jobs_stay_on_spot_and_the_decision_uses_the_earlier_attempts_pace(tmp_path):
+    history = [attempt(1, 0.1, "preempted", step_end=361, extra={"start_to_first_step_s": 0.0})]
+    assert steady_seconds_per_step(history) == pytest.approx(1.0)  # 360 s for 360 steps after the first
+    now = time.time()
+    history[0].update(started_at=now - 400, ended_at=now - 40)
+    runner, _ = make_runner(tmp_path, history=history)
+    watch = watch_for(runner, action=MOVE, request_file=str(tmp_path / "c"), deadline="2h", restart=60.0)
+    watch.on_train_begin(None, state(361, 1000), None)  # decided before training, at the earlier pace
+    [decision] = runner.record.load()["capacity"]
+    assert decision["capacity"] == SPOT and decision["seconds_per_step"] == pytest.approx(1.0)
+    assert decision["action"] == "stays on spot" and not runner.preemption.requests
+
+
+def test_deadline_at_risk_alerts_once_per_job(tmp_path):
+    runner, _ = make_runner(tmp_path)
+    watch = watch_for(runner, deadline="1m", restart=10.0)  # 1000 steps x 0.1 s cannot fit in a minute
+    watch.on_train_begin(None, state(), None)
+    watch.on_step_end(None, state(1), None)
+    watch.on_step_end(None, state(2), None)
+    again = watch_for(runner, deadline="1m", restart=10.0)  # a later attempt of the same job
+    again.on_train_begin(None, state(), None)
+    again.on_step_end(None, state(3), None)
+    alerts = [a.name for a in watch.webhook.sent + again.webhook.sent]
+    assert alerts.count(AT_RISK_ALERT) == 1 and AT_RISK_ALERT in runner.record.load()["alerts"]
+    assert "deadline at risk" in next(a.message for a in watch.webhook.sent if a.name == AT_RISK_ALERT)
+
+    on_demand_job, _ = make_runner(tmp_path / "od", spot=False)  # nothing to choose; it still hears of the risk
+    watch = watch_for(on_demand_job, capacity=ON_DEMAND, deadline="1m", restart=10.0, spot_job=False)
+    watch.on_train_begin(None, state(), None)
+    watch.on_step_end(None, state(1), None)
+    assert [a.name for a in watch.webhook.sent] == [AT_RISK_ALERT] and not on_demand_job.record.load().get("capacity")
+
+
+def test_start_to_first_step_is_recorded_in_the_attempts_ledger_entry(tmp_path):
+    runner, _ = make_runner(tmp_path)
+    measure = RestartMeasurement(runner)
+    measure.on_step_end(None, state(1), None)
+    assert "start_to_first_step_s" not in runner.record.load()["attempts"][-1]["extra"]
+    runner.first_step_seconds = 12.5
+    measure.on_step_end(None, state(2), None)
+    assert runner.record.load()["attempts"][-1]["extra"]["start_to_first_step_s"] == 12.5
+
+
+# ---- launch checks, renders, status ----------------------------------------------------
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (["run.deadline=soon"], "run.deadline='soon' is neither a duration"),
+    (["checkpoint.every=auto", "checkpoint.min_every=2h", "checkpoint.max_every=1h"], "0 < min_every <= max_every"),
+    (["backend.on_demand_partition=ondemand"], "it is a Slurm setting"),
+    (["backend=slurm", "backend.on_demand_partition=ondemand", "backend.partition=spot"], "only run.deadline"),
+    (["backend=slurm", "backend.on_demand_partition=spot", "backend.partition=spot", "run.deadline=2h",
+      "compute.spot=true"], "must name the spot partition"),
+    (["compute.restart_seconds=-1"], "compute.restart_seconds=-1"),
+])
+def test_bad_deadline_and_interval_settings_are_refused_at_launch(bad, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        compose_config(["recipe=sft", *bad])
+
+
+def composed(storage, backend, *extra):
+    return compose_config(["recipe=sft", f"backend={backend}", *storage, "run.name=job",
+                           "compute.spot=true", "run.deadline=52h", "checkpoint.every=auto", "compute.cloud=gcp",
+                           "backend.image=img:1", *extra])
+
+
+def decide_on_demand(store):
+    ledger = Ledger(store, "job")
+    ledger.begin_attempt(host="h", pid=1, instance_type="cpu", gpu_type="none", gpus=0, spot=True, checkpoint_step=0)
+    ledger.record_capacity({"capacity": ON_DEMAND, "previous": SPOT, "reason": "behind the line by 3.0 h: on-demand",
+                            "locked": False, "at_risk": False, "action": "the next submission ...", "step": 10})
+
+
+def test_the_next_submission_renders_on_demand_when_the_ledger_says_so(s3_server, s3_bucket):
+    from orchestrator.backends import kubernetes, skypilot, slurm
+    from orchestrator.storage import open_store
+
+    storage = [f"storage.uri={s3_bucket}", f"storage.endpoint_url={s3_server.endpoint_url}"]
+    sky = composed(storage, "skypilot")
+    k8s = composed(storage, "kubernetes")
+    sbatch = composed(storage, "slurm", "backend.partition=spot", "backend.on_demand_partition=ondemand")
+    assert yaml.safe_load(skypilot.render(sky, []))["resources"]["use_spot"] is True
+    assert "nodeSelector" in yaml.safe_load(kubernetes.render(k8s, []))["spec"]["template"]["spec"]
+    assert "#SBATCH --partition=spot" in slurm.render(sbatch, [])
+
+    decide_on_demand(open_store(s3_bucket, endpoint_url=s3_server.endpoint_url))
+    text = skypilot.render(sky, [])
+    task = yaml.safe_load(text)
+    assert task["resources"]["use_spot"] is False and task["envs"]["ORCH_CAPACITY"] == ON_DEMAND
+    assert "# capacity: on-demand, as the ledger's newest decision (run.deadline) says: behind the line" in text
+    pod = yaml.safe_load(kubernetes.render(k8s, []))["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod
+    assert {"name": "ORCH_CAPACITY", "value": ON_DEMAND} in pod["containers"][0]["env"]
+    script = slurm.render(sbatch, [])
+    assert "#SBATCH --partition=ondemand" in script and "# capacity: on-demand" in script
+    assert 'sbatch --parsable --partition="$target" "$0"' in script
+
+
+def test_status_explains_the_interval_and_the_capacity_decisions(tmp_path):
+    decide_on_demand(LocalStore(tmp_path / "runs"))
+    ledger = Ledger(LocalStore(tmp_path / "runs"), "job")
+    ledger.epoch = 1
+    ledger.set_attempt_extra(checkpoint_interval={"explanation": "checkpoint every 53s: T = sqrt(2 x C x M) ..."})
+    text = format_ledger(ledger.load())
+    assert "checkpoint interval (attempt 1, checkpoint.every=auto)\n  checkpoint every 53s: T = sqrt(2 x C x M)" in text
+    assert "[spot -> on-demand] the next submission ...: behind the line by 3.0 h: on-demand" in text
