@@ -584,7 +584,11 @@ def plan_text(cfg: Any, headroom: float = 0.1) -> str:
     memory = float(cfg.compute.memory_gb) if cfg.compute.memory_gb else gpu_memory_gb(gpu_type, catalog)
     options = gpu_types_that_fit(plan, cfg, catalog, model_config, headroom)
     cost = estimate_cost(cfg, price, model_config=model_config)
-    return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom)
+    from orchestrator import plan_spot  # spot against on-demand, interruptions priced
+
+    spot = plan_spot.capacity_plan(cfg, plan, catalog, model_config, [o.gpu_type for o in options])
+    return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom) \
+        + "\n" + plan_spot.format_capacity_plan(spot)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -593,9 +597,16 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: orchestrator plan [hydra overrides]   e.g. model=llama-3.1-8b recipe=qlora compute=l40s-spot")
+        print("usage: orchestrator plan [--json] [hydra overrides]   e.g. model=llama-3.1-8b recipe=qlora "
+              "compute=l40s-spot\n  --json: spot against on-demand per GPU type that fits, and the recommendation")
         return 0
+    as_json, argv = "--json" in argv, [a for a in argv if a != "--json"]
     try:
+        if as_json:
+            from orchestrator.plan_spot import capacity_plan_for
+
+            print(json.dumps(capacity_plan_for(compose_config(argv))))
+            return 0
         print(plan_text(compose_config(argv)))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
