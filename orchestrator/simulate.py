@@ -140,6 +140,7 @@ class Job:
     on_demand_usd: float = ON_DEMAND_USD
     max_preemptions: int = 20
     max_failures: int = 3
+    restart_schedule: tuple[float, ...] = ()  # measured restarts of attempts 1, 2, ... (a replay); then restart_seconds
 
 
 @dataclass
@@ -239,7 +240,9 @@ class _Run:
     # -- moves -----------------------------------------------------------
 
     def _acquire(self, capacity: str) -> None:
-        self.capacity, self.phase, self.left = capacity, "restart", self.job.restart_seconds
+        n, schedule = len(self.intervals), self.job.restart_schedule
+        restart = schedule[n] if n < len(schedule) else self.job.restart_seconds
+        self.capacity, self.phase, self.left = capacity, "restart", restart
         self.first_step_at, self.switch_to = None, None
         self.interval = self._interval_for(capacity)
         self.intervals.append(self.interval)
