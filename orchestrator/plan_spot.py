@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from orchestrator.policy.interval import (Lifetime, checkpoint_interval, estimate_preemptions,
                                           expected_waste_fraction)
@@ -98,18 +98,19 @@ def _interval(cfg: Any, cost_s: float, estimate, lifetimes: list[Lifetime]) -> f
 
 
 def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catalog: Mapping[str, Any],
-                 model_config: Mapping[str, Any], history: tuple[list[Lifetime], list[float]]) -> Optional[CapacityOption]:
-    """One GPU type on one capacity; None when it has no price or no throughput estimate."""
-    from orchestrator import plan
+                 history: tuple[list[Lifetime], list[float]], *, variant: Callable[[Any, str], Any],
+                 work_hours: Callable[[Any, Any], Optional[float]]) -> Optional[CapacityOption]:
+    """One GPU type on one capacity; None when it has no price or no throughput estimate. ``variant(cfg, gpu)``
+    and ``work_hours(cfg, price)`` are the planner's (passed in: the planner imports this module)."""
     from orchestrator.cost import preemption_prior_per_hour, price_for
 
-    variant = plan._with_gpu(cfg, gpu_type)
-    compute = _with_spot(variant.compute, capacity == SPOT)
+    on_gpu = variant(cfg, gpu_type)
+    compute = _with_spot(on_gpu.compute, capacity == SPOT)
     try:
         price = price_for(compute, catalog)
     except (ValueError, KeyError):
         return None
-    work = plan.estimate_cost(variant, price, model_config=model_config).hours
+    work = work_hours(on_gpu, price)
     if work is None:
         return None
     lifetimes, measured = history
@@ -148,12 +149,13 @@ def _with_spot(compute: Any, spot: bool) -> Any:
     return OmegaConf.merge(compute, {"spot": spot})
 
 
-def capacity_plan(cfg: Any, memory_plan: Any, catalog: Mapping[str, Any], model_config: Mapping[str, Any],
-                  gpu_types: list[str]) -> dict:
+def capacity_plan(cfg: Any, memory_plan: Any, catalog: Mapping[str, Any], gpu_types: list[str], *,
+                  variant: Callable[[Any, str], Any], work_hours: Callable[[Any, Any], Optional[float]]) -> dict:
     """``{"options": [...], "recommendation": {"capacity", "gpu_type", "reason"}}`` (what ``plan --json`` prints)."""
     history = job_history(cfg)
     options = [o for g in gpu_types for cap in (SPOT, ON_DEMAND)
-               if (o := price_option(cfg, g, cap, memory_plan, catalog, model_config, history)) is not None]
+               if (o := price_option(cfg, g, cap, memory_plan, catalog, history, variant=variant,
+                                     work_hours=work_hours)) is not None]
     return {"options": [asdict(o) for o in options], "recommendation": recommend(options)}
 
 
@@ -203,14 +205,3 @@ def format_capacity_plan(doc: dict) -> str:
     lines.append(f"recommendation: {rec['reason']}" if rec else "recommendation: none (no priced GPU type fits)")
     return "\n".join(lines)
 
-
-def capacity_plan_for(cfg: Any, headroom: float = 0.1) -> dict:
-    """The capacity plan of a composed config, from scratch (``orchestrator plan --json``)."""
-    from orchestrator import plan
-    from orchestrator.cost import load_catalog
-
-    model_config = plan.load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
-    memory_plan = plan.estimate_memory(cfg, model_config)
-    catalog = load_catalog()
-    fit = plan.gpu_types_that_fit(memory_plan, cfg, catalog, model_config, headroom)
-    return capacity_plan(cfg, memory_plan, catalog, model_config, [o.gpu_type for o in fit])

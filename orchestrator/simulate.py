@@ -397,7 +397,8 @@ def summarise(job: Job, policy: str, outcomes: Sequence[Outcome]) -> Summary:
     n = len(outcomes)
     every = AUTO if job.every == AUTO else f"{float(job.every):g}s"
     return Summary(policy, n, misses, statistics.fmean(o.cost_usd(job) / baseline for o in outcomes),
-                   statistics.fmean(o.goodput for o in outcomes), statistics.fmean(o.lost_seconds for o in outcomes) / 3600,
+                   statistics.fmean(o.goodput for o in outcomes),
+                   statistics.fmean(o.lost_seconds for o in outcomes) / 3600,
                    statistics.fmean(o.preemptions for o in outcomes), sum(not o.finished for o in outcomes), every)
 
 
@@ -426,7 +427,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orchestrator simulate", description=__doc__.split("\n\n")[0])
     p.add_argument("--traces", required=True, help="a trace file or a folder of them (data/spot-traces/...)")
     p.add_argument("--job-hours", type=float, required=True, help="useful training the job needs, in hours")
-    p.add_argument("--deadline-hours", type=float, help="deadline from the job's start (needed by deadline, late-switch)")
+    p.add_argument("--deadline-hours", type=float, help="deadline from the job's start (deadline, late-switch need it)")
     p.add_argument("--restart-minutes", type=float, default=6.0, help="one restart: start to first step (default 6)")
     p.add_argument("--checkpoint-cost-seconds", type=float, default=30.0, help="training time one checkpoint costs")
     p.add_argument("--checkpoint-every", default=AUTO, help="auto (Young/Daly, re-derived per attempt) or a duration")
@@ -487,11 +488,13 @@ def _catalog() -> dict:
 
 
 def _row(s: Summary) -> str:
-    return (f"  {s.policy:<12}{s.windows:>8}{s.deadline_misses:>8}{s.cost_vs_on_demand:>10.3f}{s.goodput:>9.3f}"
-            f"{s.lost_work_hours:>10.2f}{s.preemptions:>8.1f}")
+    return (f"  {s.policy:<12}{s.windows:>8}{s.deadline_misses:>8}{s.unfinished:>8}{s.cost_vs_on_demand:>10.3f}"
+            f"{s.goodput:>9.3f}{s.lost_work_hours:>10.2f}{s.preemptions:>8.1f}")
 
 
-HEADER = f"  {'policy':<12}{'windows':>8}{'misses':>8}{'cost/OD':>10}{'goodput':>9}{'lost h':>10}{'preempt':>8}"
+# misses: deadline missed or never finished; unfinished: stopped by the requeue caps (or never finished)
+HEADER = (f"  {'policy':<12}{'windows':>8}{'misses':>8}{'unfin.':>8}{'cost/OD':>10}{'goodput':>9}{'lost h':>10}"
+          f"{'preempt':>8}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -536,7 +539,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _describe(job: Job, traces: Sequence[Trace], windows: int) -> str:
-    every = "auto (Young/Daly per attempt)" if job.every == AUTO else f"every {float(job.every):g}s"
+    every = "auto (re-derived at every attempt from the lifetimes seen)" if job.every == AUTO else \
+        f"every {float(job.every):g}s"
     deadline = f", deadline {job.deadline_seconds / 3600:g} h" if job.deadline_seconds else ""
     return (f"simulate: {len(traces)} trace(s) x {windows} windows; job {job.work_seconds / 3600:g} h{deadline}, "
             f"restart {job.restart_seconds:g}s, checkpoint {job.checkpoint_cost_seconds:g}s {every}, "
