@@ -68,7 +68,7 @@ def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
         first = a.get("first_step_seconds")
         if first:
             restarts.append(float(first))
-        if a.get("spot") and start and end:
+        if a.get("spot") and start is not None and end is not None:
             trained = max(0.0, float(end) - float(start) - float(first or 0.0))
             cls = a.get("exit_class")
             lifetimes.append(Lifetime(trained, preempted=cls in ("preempted", "vanished"), noticed=cls == "preempted"))

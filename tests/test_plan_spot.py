@@ -67,3 +67,24 @@ def test_recommendation_when_spot_never_finishes():
                         0.0, 0.55, 0.001)
     rec = recommend([never, od])
     assert rec["capacity"] == "on_demand" and "leave no time to train" in rec["reason"]
+
+
+def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatch):
+    """A job with attempts in its ledger: the plan's restart is their measured median, and its spot rate moves
+    from the prior toward what the job saw (four preemptions in two hours of training)."""
+    from orchestrator import plan
+    from orchestrator.compose import compose_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    attempts = [{"started_at": 1000.0 * i, "ended_at": 1000.0 * i + 1800 + 300, "exit_class": cls, "spot": True,
+                 "first_step_seconds": first}
+                for i, (cls, first) in enumerate([("vanished", 300), ("preempted", 200), ("vanished", 400),
+                                                  ("vanished", 300)])]
+    (tmp_path / "runs" / "hist").mkdir(parents=True)
+    (tmp_path / "runs" / "hist" / "ledger.json").write_text(json.dumps({"attempts": attempts}))
+    cfg = compose_config([*JOB, "train.max_steps=5000", f"storage.uri={tmp_path / 'runs'}", "run.name=hist"])
+    doc = json.loads(plan.plan_text(cfg, as_json=True))
+    spot = next(o for o in doc["options"] if o["capacity"] == "spot")
+    assert spot["restart_source"] == "measured" and spot["restart_seconds"] == 300
+    # Gamma-Poisson: (0.64/h x 4 h + 4 preemptions) / (4 h + 2 h of training) = 1.09/h
+    assert spot["preemptions_per_hour"] == pytest.approx((0.64 * 4 + 4) / 6, rel=1e-3)
