@@ -205,7 +205,7 @@ def main() -> int:
     restarts = _restarts(got, lifetimes, args.compress, attempt)
     step_s = _seconds_per_step(got["stalls"], attempt)
     ckpt_s = statistics.fmean(x for _, _, x in got["stalls"])
-    tail = max(0.0, got["births"][-1] + got["paid"][-1] - (got["first_steps"][-1] + got["runtime"]))
+    tail = max(0.0, got["births"][-1] + got["paid"][-1] - _training_end(got, attempt, step_s, args.steps))
     paid = sum(got["paid"]) - tail
     measured = args.steps * step_s / paid
     sim = predict(args, lifetimes, step_s, restarts, ckpt_s)
@@ -218,6 +218,16 @@ def main() -> int:
            "difference_points": round(100 * (measured - sim.goodput), 1), "wall_s": round(time.time() - began, 1)}
     print(json.dumps(out))
     return 0
+
+
+def _training_end(got: dict, attempt, step_s: float, steps: int) -> float:
+    """When the last attempt's last step ended: its last checkpoint's stamp plus the steps after it."""
+    last = len(got["births"]) - 1
+    mine = [(t, step) for t, step, _ in got["stalls"] if attempt(t) == last]
+    if mine:
+        t, step = mine[-1]
+        return t + (steps - step) * step_s
+    return got["first_steps"][-1] + got["runtime"]
 
 
 def _attempt_of(births: list[float]):
