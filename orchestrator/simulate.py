@@ -213,9 +213,18 @@ class _Run:
         decision = decide_capacity(DeadlineState(
             elapsed_seconds=elapsed, deadline_seconds=job.deadline_seconds, work_done_seconds=self.done,
             work_total_seconds=job.work_seconds, restart_seconds=job.restart_seconds,
-            current=self.capacity or SPOT, locked=self.locked, spot_available=self._spot()[0]))
+            current=self.capacity or SPOT, locked=self.locked, spot_available=self._spot()[0],
+            reserve_seconds=self._reserve(work_left)))
         self.locked = decision.locked
         return decision.capacity
+
+    def _reserve(self, work_left: float) -> float:
+        """What the deadline policy keeps in hand: the work a hard kill would take back while on spot, the
+        checkpoints the work left will write on on-demand, and the tick until it decides again."""
+        job, od_every = self.job, self._interval_for(ON_DEMAND)
+        at_risk = self.done - self.committed if self.capacity == SPOT else 0.0
+        checkpoints = work_left * job.checkpoint_cost_seconds / od_every if 0 < od_every < math.inf else 0.0
+        return at_risk + checkpoints + self.trace.gap_seconds
 
     def _late_switch_needs(self, work_left: float) -> float:
         """The baseline's latest safe move, to be fair to it: the work left with its checkpoints on on-demand,

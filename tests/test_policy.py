@@ -105,3 +105,12 @@ def test_least_waste_interval_over_lifetimes_that_end_young_is_longer_than_young
     yd = checkpoint_interval(30, est, min_seconds=60, max_seconds=7200)
     fit = checkpoint_interval(30, est, min_seconds=60, max_seconds=7200, lifetimes=young)
     assert fit.basis == "lifetimes" and fit.seconds > 2 * yd.seconds and "least expected waste" in fit.explain()
+
+
+def test_the_safety_net_keeps_a_reserve_for_work_a_kill_would_take_back():
+    # 3.3 h left for 3 h of work and two 6-min restarts: spot still; with 20 min uncommitted on spot, on-demand
+    base = dict(elapsed_seconds=6.7 * 3600, deadline_seconds=10 * 3600, work_done_seconds=5 * 3600,
+                work_total_seconds=8 * 3600, restart_seconds=360)
+    assert not decide_capacity(DeadlineState(**base)).locked
+    locked = decide_capacity(DeadlineState(**base, reserve_seconds=1200))
+    assert locked.locked and locked.capacity == ON_DEMAND and "reserve" in locked.reason

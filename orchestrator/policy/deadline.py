@@ -3,7 +3,9 @@
 Progress is measured in seconds of useful training (steps done x the steady
 seconds per step), against a straight line from the job's start (0) to its
 deadline (all the work). The paper's rules, in order: when the time left is less
-than the work left plus two restarts, on-demand for good (safety net); a job
+than the work left plus two restarts, on-demand for good (safety net; here also
+plus a reserve: the work since the last commit, which a hard kill on spot would
+take back, the checkpoints still to write and the time to the next decision); a job
 that holds spot capacity keeps it, behind the line or not (spot makes progress
 as fast as on-demand, and leaving it costs a checkpoint and a restart); a job
 waiting for spot waits while on or ahead of the line and takes on-demand once
@@ -37,6 +39,8 @@ class DeadlineState:
     current: str = SPOT  # the capacity the job is on now (SPOT also while it waits for spot)
     locked: bool = False  # on-demand for good (decided earlier)
     spot_available: bool = True  # spot capacity is there now (held, or offered); False while waiting for it
+    reserve_seconds: float = 0.0  # kept in hand beyond the work left: work a hard kill would lose, checkpoints to
+    # write, the time until the next decision
 
 
 @dataclass(frozen=True)
@@ -70,10 +74,10 @@ def decide_capacity(s: DeadlineState) -> CapacityDecision:
         return CapacityDecision(s.current, f"work done; {status}", locked=s.locked)
     if s.locked:
         return CapacityDecision(ON_DEMAND, f"on-demand for good; {status}", locked=True, at_risk=at_risk)
-    if time_left < work_left + 2 * s.restart_seconds:
+    if time_left < work_left + 2 * s.restart_seconds + s.reserve_seconds:
         return CapacityDecision(ON_DEMAND, f"time left is less than the work left plus two restarts "
-                                           f"({_h(2 * s.restart_seconds)}): on-demand for good; {status}",
-                                locked=True, at_risk=at_risk)
+                                           f"({_h(2 * s.restart_seconds)}) and a reserve of {_h(s.reserve_seconds)}: "
+                                           f"on-demand for good; {status}", locked=True, at_risk=at_risk)
     if s.current == ON_DEMAND:
         if ahead > s.restart_seconds and s.spot_available:
             return CapacityDecision(SPOT, f"ahead of the line by {_h(ahead)} (more than a restart) and spot is "
