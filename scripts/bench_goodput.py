@@ -41,7 +41,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.simulate import Job, Trace, load_trace, simulate_window  # noqa: E402
+from orchestrator.simulate import Job, simulate_window  # noqa: E402
+from orchestrator.spot_traces import Trace, load_trace  # noqa: E402
 
 PY = sys.executable
 FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*start to first step")
