@@ -1,4 +1,4 @@
-"""``orchestrator <command>``: the tools around a job (status, report, plan, checkpoints, storage init).
+"""``orchestrator <command>``: the tools around a job (status, report, plan, simulate, checkpoints, storage init).
 
 Launching a job is ``python -m orchestrator.launch [overrides]``.
 """
@@ -11,6 +11,7 @@ COMMANDS = {
     "status": ("orchestrator.status", "print a job's ledger: attempts, exit classes, cost, checkpoints"),
     "report": ("orchestrator.report", "list jobs from MLflow with cost and quality; chart cost against quality"),
     "plan": ("orchestrator.plan", "estimate memory per GPU and cost for a job before running it"),
+    "simulate": ("orchestrator.simulate", "replay spot traces through the interval, deadline and requeue policies"),
     "checkpoints": ("orchestrator.checkpoint.inspect", "list a job's committed checkpoints; --verify restores each"),
     "storage": ("orchestrator.storage.lifecycle", "storage init <s3-uri>: lifecycle rules for a bucket"),
 }

@@ -665,8 +665,9 @@ def _cost_line(cost: CostEstimate) -> str:
     return text + f": {mode} ~${cost.usd:,.2f} vs on-demand ~${cost.on_demand_usd:,.2f}."
 
 
-def plan_text(cfg: Any, headroom: float = 0.1) -> str:
-    """The whole pre-flight plan for a composed config (what ``orchestrator plan`` and launch print)."""
+def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
+    """The whole pre-flight plan for a composed config (what ``orchestrator plan`` and launch print); ``as_json``:
+    only the capacity plan (spot against on-demand), as JSON."""
     from orchestrator.cost import load_catalog, price_for
 
     model_config = load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
@@ -680,7 +681,14 @@ def plan_text(cfg: Any, headroom: float = 0.1) -> str:
     memory = float(cfg.compute.memory_gb) if cfg.compute.memory_gb else gpu_memory_gb(gpu_type, catalog)
     options = gpu_types_that_fit(plan, cfg, catalog, model_config, headroom)
     cost = estimate_cost(cfg, price, model_config=model_config)
-    return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom)
+    from orchestrator import plan_spot  # spot against on-demand, interruptions priced
+
+    spot = plan_spot.capacity_plan(cfg, plan, catalog, [o.gpu_type for o in options], variant=_with_gpu,
+                                   work_hours=lambda c, p: estimate_cost(c, p, model_config=model_config).hours)
+    if as_json:
+        return json.dumps(spot)
+    return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom) \
+        + "\n" + plan_spot.format_capacity_plan(spot)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -689,10 +697,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: orchestrator plan [hydra overrides]   e.g. model=llama-3.1-8b recipe=qlora compute=l40s-spot")
+        print("usage: orchestrator plan [--json] [hydra overrides]   e.g. model=llama-3.1-8b recipe=qlora "
+              "compute=l40s-spot\n  --json: spot against on-demand per GPU type that fits, and the recommendation")
         return 0
+    as_json, argv = "--json" in argv, [a for a in argv if a != "--json"]
     try:
-        print(plan_text(compose_config(argv)))
+        print(plan_text(compose_config(argv), as_json=as_json))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

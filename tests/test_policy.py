@@ -48,8 +48,10 @@ def _state(**kw):
 
 def test_uniform_progress_spot_when_ahead_on_demand_when_behind_and_back_with_hysteresis():
     assert decide_capacity(_state()).capacity == SPOT
-    behind = decide_capacity(_state(elapsed_seconds=40 * 3600, work_done_seconds=10 * 3600))
+    # behind while waiting for spot: on-demand; behind while holding spot: keep it (the paper's rule)
+    behind = decide_capacity(_state(elapsed_seconds=40 * 3600, work_done_seconds=10 * 3600, spot_available=False))
     assert behind.capacity == ON_DEMAND and "behind the line" in behind.reason and not behind.locked
+    assert decide_capacity(_state(elapsed_seconds=40 * 3600, work_done_seconds=10 * 3600)).capacity == SPOT
     # on-demand and only just ahead: stays (a switch costs a restart)
     assert decide_capacity(_state(elapsed_seconds=40 * 3600, work_done_seconds=20 * 3600 + 300,
                                   current=ON_DEMAND)).capacity == ON_DEMAND
@@ -87,3 +89,28 @@ def test_preemption_prior_override_catalog_default_and_on_demand():
     spot.preemptions_per_hour = 0.1
     assert preemption_prior_per_hour(spot, catalog) == (0.1, "compute.preemptions_per_hour")
     assert preemption_prior_per_hour(SimpleNamespace(spot=False), catalog) == (0.0, "on-demand")
+
+
+def test_least_waste_interval_over_lifetimes_that_end_young_is_longer_than_young_daly():
+    from orchestrator.policy.interval import lifetime_waste_seconds
+
+    # 25 min of training, checkpoint every 10 min costing 1: 2 checkpoints, killed 3 min after the second commit
+    assert lifetime_waste_seconds(600, 60, Lifetime(1500, preempted=True)) == pytest.approx(120 + 180)
+    assert lifetime_waste_seconds(600, 60, Lifetime(1500, preempted=True, noticed=True)) == pytest.approx(120)
+    assert lifetime_waste_seconds(600, 60, Lifetime(1300, preempted=True)) == pytest.approx(60 + 600 + 40)
+    # most lifetimes end within 5 min of training, one runs 10 h: kills land early, so checkpointing less often
+    # loses little more; Young/Daly at the observed rate checkpoints far more often
+    young = [Lifetime(240, True)] * 20 + [Lifetime(36000, True)]
+    est = estimate_preemptions(young, prior_per_hour=0.64)
+    yd = checkpoint_interval(30, est, min_seconds=60, max_seconds=7200)
+    fit = checkpoint_interval(30, est, min_seconds=60, max_seconds=7200, lifetimes=young)
+    assert fit.basis == "lifetimes" and fit.seconds > 2 * yd.seconds and "least expected waste" in fit.explain()
+
+
+def test_the_safety_net_keeps_a_reserve_for_work_a_kill_would_take_back():
+    # 3.3 h left for 3 h of work and two 6-min restarts: spot still; with 20 min uncommitted on spot, on-demand
+    base = dict(elapsed_seconds=6.7 * 3600, deadline_seconds=10 * 3600, work_done_seconds=5 * 3600,
+                work_total_seconds=8 * 3600, restart_seconds=360)
+    assert not decide_capacity(DeadlineState(**base)).locked
+    locked = decide_capacity(DeadlineState(**base, reserve_seconds=1200))
+    assert locked.locked and locked.capacity == ON_DEMAND and "reserve" in locked.reason

@@ -2,11 +2,21 @@
 
 Progress is measured in seconds of useful training (steps done x the steady
 seconds per step), against a straight line from the job's start (0) to its
-deadline (all the work). While on or ahead of the line the job takes spot; while
-behind it, on-demand; once ahead again it goes back to spot, but only when it is
-ahead by more than the restart the switch costs (no flapping). When the time
-left is less than the work left plus two restarts, it takes on-demand for good.
-The deadline is at risk when even on-demand from now on would miss it.
+deadline (all the work). The paper's rules, in order: when the time left is less
+than the work left plus two restarts, on-demand for good (safety net; here also
+plus a reserve: the work since the last commit, which a hard kill on spot would
+take back, the checkpoints still to write and the time to the next decision); a job
+that holds spot capacity keeps it, behind the line or not (spot makes progress
+as fast as on-demand, and leaving it costs a checkpoint and a restart); a job
+waiting for spot waits while on or ahead of the line and takes on-demand once
+behind it; a job on on-demand goes back to spot only when spot is there and the
+job is ahead of the line by more than a restart (no flapping). The deadline is
+at risk when even on-demand from now on would miss it.
+
+The first version moved a job off running spot capacity whenever it was behind
+the line; replayed over the public V100 traces (``orchestrator simulate``) that
+cost more than staying on spot until late, since every such move paid a
+checkpoint and a restart for capacity no faster than the one it left.
 """
 from __future__ import annotations
 
@@ -26,8 +36,11 @@ class DeadlineState:
     work_done_seconds: float  # useful training done (steps done x steady seconds per step)
     work_total_seconds: float  # all the training the job needs (max_steps x steady seconds per step)
     restart_seconds: float  # one restart: start to first step after a restore
-    current: str = SPOT  # the capacity the job is on now
+    current: str = SPOT  # the capacity the job is on now (SPOT also while it waits for spot)
     locked: bool = False  # on-demand for good (decided earlier)
+    spot_available: bool = True  # spot capacity is there now (held, or offered); False while waiting for it
+    reserve_seconds: float = 0.0  # kept in hand beyond the work left: work a hard kill would lose, checkpoints to
+    # write, the time until the next decision
 
 
 @dataclass(frozen=True)
@@ -64,15 +77,22 @@ def decide_capacity(s: DeadlineState) -> CapacityDecision:
         return CapacityDecision(s.current, f"work done; {status}", locked=s.locked)
     if s.locked:
         return CapacityDecision(ON_DEMAND, f"on-demand for good; {status}", locked=True, at_risk=at_risk)
-    if time_left < work_left + 2 * s.restart_seconds:
+    if time_left < work_left + 2 * s.restart_seconds + s.reserve_seconds:
         return CapacityDecision(ON_DEMAND, f"time left is less than the work left plus two restarts "
-                                           f"({_h(2 * s.restart_seconds)}): on-demand for good; {status}",
-                                locked=True, at_risk=at_risk)
+                                           f"({_h(2 * s.restart_seconds)}) and a reserve of {_h(s.reserve_seconds)}: "
+                                           f"on-demand for good; {status}", locked=True, at_risk=at_risk)
     if s.current == ON_DEMAND:
-        if ahead > s.restart_seconds:
-            return CapacityDecision(SPOT, f"ahead of the line by {_h(ahead)} (more than a restart): back to spot; "
-                                          f"{status}", at_risk=at_risk)
-        return CapacityDecision(ON_DEMAND, f"not yet ahead of the line by a restart; {status}", at_risk=at_risk)
+        if ahead > s.restart_seconds and s.spot_available:
+            return CapacityDecision(SPOT, f"ahead of the line by {_h(ahead)} (more than a restart) and spot is "
+                                          f"there: back to spot; {status}", at_risk=at_risk)
+        why = "no spot capacity" if s.spot_available is False and ahead > s.restart_seconds else \
+            "not yet ahead of the line by a restart"
+        return CapacityDecision(ON_DEMAND, f"{why}; {status}", at_risk=at_risk)
+    if s.spot_available:
+        where = "on or ahead of the line" if ahead >= 0 else f"behind the line by {_h(-ahead)}, but spot is held"
+        return CapacityDecision(SPOT, f"{where}: spot; {status}", at_risk=at_risk)
     if ahead >= 0:
-        return CapacityDecision(SPOT, f"on or ahead of the line; {status}", at_risk=at_risk)
-    return CapacityDecision(ON_DEMAND, f"behind the line by {_h(-ahead)}: on-demand; {status}", at_risk=at_risk)
+        return CapacityDecision(SPOT, f"no spot capacity, on or ahead of the line: wait for spot; {status}",
+                                at_risk=at_risk)
+    return CapacityDecision(ON_DEMAND, f"no spot capacity and behind the line by {_h(-ahead)}: on-demand; {status}",
+                            at_risk=at_risk)

@@ -1,0 +1,207 @@
+"""The plan's price of interruptions: spot against on-demand on each GPU type that fits, and which to take.
+
+For each GPU type and capacity, from the job's work (``plan.estimate_cost``'s hours) and the same policy
+functions the runner uses:
+
+- preemptions per hour: on-demand none; spot the prior (``cost.preemption_prior_per_hour``: catalog, else the
+  traces' median) blended with the job's own attempts (``policy.interval.estimate_preemptions``), or
+  ``compute.preemptions_per_hour``;
+- restart seconds (``policy.restart.restart_seconds``): ``compute.restart_seconds``, else the median measured
+  in the job's attempts, else an estimate from the model's and the checkpoint's sizes;
+- the checkpoint cost (the checkpoint's bytes at ``CHECKPOINT_WRITE_BYTES_PER_SECOND``) and interval (the
+  configured one, or ``auto``'s Young/Daly);
+- the waste share f (``policy.interval.expected_waste_fraction``: checkpoints, half an interval lost per hard
+  kill, a restart per preemption); paid hours = (work + the first start) / (1 - f).
+
+Expected cost = paid hours x the hourly price; cost per useful step = that / train.max_steps. Waits for spot
+capacity are not counted (they cost nothing but wall time). The recommendation is the cheapest expected cost.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from orchestrator.policy.interval import (Lifetime, checkpoint_interval, estimate_preemptions,
+                                          expected_waste_fraction)
+from orchestrator.policy.restart import restart_seconds
+
+CHECKPOINT_WRITE_BYTES_PER_SECOND = 200e6  # snapshot of the trainable state, before its upload goes on behind
+CHECKPOINT_FIXED_SECONDS = 1.0  # the commit's round trips (manifest last) whatever the size
+AUTO_MIN_SECONDS, AUTO_MAX_SECONDS = 60.0, 3600.0  # auto's bounds where the config names none
+SPOT, ON_DEMAND = "spot", "on_demand"
+
+
+@dataclass
+class CapacityOption:
+    gpu_type: str
+    capacity: str  # spot | on_demand
+    usd_per_hour: float
+    work_hours: float  # useful training, uninterrupted
+    expected_wall_hours: Optional[float]  # paid hours (None: the job would never finish)
+    expected_preemptions: Optional[float]
+    preemptions_per_hour: float
+    expected_lost_work_hours: Optional[float]
+    restart_seconds: float
+    restart_source: str
+    restart_overhead_hours: Optional[float]
+    checkpoint_every_seconds: float
+    checkpoint_cost_seconds: float
+    checkpoint_overhead_hours: Optional[float]
+    expected_cost_usd: Optional[float]
+    cost_per_useful_step_usd: Optional[float]
+
+
+def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
+    """The job's spot lifetimes and measured restarts from its ledger; none when it has no ledger (or none can be
+    read: the plan is advice and never stops a launch). A restart is an attempt's ``first_step_seconds``."""
+    try:
+        from orchestrator.ledger import Ledger
+        from orchestrator.storage import store_from_config
+
+        attempts = Ledger(store_from_config(cfg.storage), str(cfg.run.name)).load().get("attempts") or []
+    except Exception:  # noqa: BLE001 - no history is a valid answer
+        return [], []
+    lifetimes, restarts = [], []
+    for a in attempts:
+        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
+        first = a.get("first_step_seconds")
+        if first:
+            restarts.append(float(first))
+        if a.get("spot") and start is not None and end is not None:
+            trained = max(0.0, float(end) - float(start) - float(first or 0.0))
+            cls = a.get("exit_class")
+            lifetimes.append(Lifetime(trained, preempted=cls in ("preempted", "vanished"), noticed=cls == "preempted"))
+    return lifetimes, restarts
+
+
+def checkpoint_bytes(memory_plan: Any) -> float:
+    """What a checkpoint writes: the trainable state (adapters or weights) and the optimizer's."""
+    c = memory_plan.components
+    keys = ("adapters", "optimizer", "master_weights") + (("weights",) if "adapters" not in c else ())
+    return float(sum(c.get(k, 0) for k in keys))
+
+
+def _interval(cfg: Any, cost_s: float, estimate, lifetimes: list[Lifetime]) -> float:
+    from orchestrator.durations import parse_duration
+
+    every = str(cfg.checkpoint.every).strip().lower()
+    if every != "auto":
+        seconds = parse_duration(every, key="checkpoint.every")
+        return seconds if seconds > 0 else math.inf
+    lo = getattr(cfg.checkpoint, "min_every", None)
+    hi = getattr(cfg.checkpoint, "max_every", None)
+    override = getattr(cfg.compute, "preemptions_per_hour", None) is not None
+    return checkpoint_interval(cost_s, estimate, lifetimes=None if override else lifetimes,
+                               min_seconds=parse_duration(lo) if lo else AUTO_MIN_SECONDS,
+                               max_seconds=parse_duration(hi) if hi else AUTO_MAX_SECONDS).seconds
+
+
+def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catalog: Mapping[str, Any],
+                 history: tuple[list[Lifetime], list[float]], *, variant: Callable[[Any, str], Any],
+                 work_hours: Callable[[Any, Any], Optional[float]]) -> Optional[CapacityOption]:
+    """One GPU type on one capacity; None when it has no price or no throughput estimate. ``variant(cfg, gpu)``
+    and ``work_hours(cfg, price)`` are the planner's (passed in: the planner imports this module)."""
+    from orchestrator.cost import preemption_prior_per_hour, price_for
+
+    on_gpu = variant(cfg, gpu_type)
+    compute = _with_spot(on_gpu.compute, capacity == SPOT)
+    try:
+        price = price_for(compute, catalog)
+    except (ValueError, KeyError):
+        return None
+    work = work_hours(on_gpu, price)
+    if work is None:
+        return None
+    lifetimes, measured = history
+    prior, _ = preemption_prior_per_hour(compute, catalog)
+    estimate = estimate_preemptions(lifetimes if capacity == SPOT else [], prior,
+                                    override_per_hour=None if capacity == SPOT else 0.0)
+    ckpt_bytes = checkpoint_bytes(memory_plan)
+    cost_s = CHECKPOINT_FIXED_SECONDS + ckpt_bytes / CHECKPOINT_WRITE_BYTES_PER_SECOND
+    restart, source = restart_seconds(override=getattr(cfg.compute, "restart_seconds", None), measured=measured,
+                                      model_bytes=float(memory_plan.components.get("weights", 0)),
+                                      checkpoint_bytes=ckpt_bytes)
+    every = _interval(cfg, cost_s, estimate, lifetimes if capacity == SPOT else [])
+    waste = expected_waste_fraction(every, cost_s, estimate, restart_seconds=restart)
+    option = CapacityOption(gpu_type, capacity, price.usd_per_hour_total, work, None, None, estimate.per_hour, None,
+                            restart, source, None, every, cost_s, None, None, None)
+    if waste >= 1.0:
+        return option  # restarts and lost work eat every hour: the job never finishes on this capacity
+    paid = (work + restart / 3600.0) / (1.0 - waste)
+    option.expected_wall_hours = paid
+    option.expected_preemptions = estimate.per_hour * paid
+    option.expected_lost_work_hours = estimate.lossy_per_hour * paid * (every / 2.0 if every < math.inf else 0) / 3600
+    option.restart_overhead_hours = (option.expected_preemptions + 1) * restart / 3600.0
+    option.checkpoint_overhead_hours = paid * cost_s / every if every < math.inf else 0.0
+    option.expected_cost_usd = paid * price.usd_per_hour_total
+    option.cost_per_useful_step_usd = option.expected_cost_usd / max(1, int(cfg.train.max_steps))
+    return option
+
+
+def _with_spot(compute: Any, spot: bool) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(compute):
+        return dataclasses.replace(compute, spot=spot)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(compute, {"spot": spot})
+
+
+def capacity_plan(cfg: Any, memory_plan: Any, catalog: Mapping[str, Any], gpu_types: list[str], *,
+                  variant: Callable[[Any, str], Any], work_hours: Callable[[Any, Any], Optional[float]]) -> dict:
+    """``{"options": [...], "recommendation": {"capacity", "gpu_type", "reason"}}`` (what ``plan --json`` prints)."""
+    history = job_history(cfg)
+    options = [o for g in gpu_types for cap in (SPOT, ON_DEMAND)
+               if (o := price_option(cfg, g, cap, memory_plan, catalog, history, variant=variant,
+                                     work_hours=work_hours)) is not None]
+    return {"options": [asdict(o) for o in options], "recommendation": recommend(options)}
+
+
+def recommend(options: list[CapacityOption]) -> Optional[dict]:
+    priced = [o for o in options if o.expected_cost_usd is not None]
+    if not priced:
+        return None
+    best = min(priced, key=lambda o: o.expected_cost_usd)
+    same = {o.capacity: o for o in options if o.gpu_type == best.gpu_type}
+    spot, od = same.get(SPOT), same.get(ON_DEMAND)
+    if best.capacity == ON_DEMAND:
+        if spot is None or spot.expected_cost_usd is None:
+            why = (f"on spot, {spot.preemptions_per_hour:.2f} preemptions/h with a {spot.restart_seconds:.0f}s restart "
+                   "leave no time to train" if spot else "no spot price")
+        else:
+            why = (f"spot expects {spot.expected_preemptions:.1f} preemptions ({spot.preemptions_per_hour:.2f}/h), "
+                   f"each a {spot.restart_seconds:.0f}s restart plus lost work: ~${spot.expected_cost_usd:,.2f} "
+                   f"against ~${best.expected_cost_usd:,.2f}")
+        reason = f"on-demand is cheaper for this job on {best.gpu_type}: {why}"
+    else:
+        against = f" against ~${od.expected_cost_usd:,.2f} on-demand" if od and od.expected_cost_usd else ""
+        reason = (f"spot on {best.gpu_type}: ~${best.expected_cost_usd:,.2f} expected{against}, counting "
+                  f"{best.expected_preemptions:.1f} preemptions ({best.preemptions_per_hour:.2f}/h, "
+                  f"{best.restart_seconds:.0f}s restart, {best.expected_lost_work_hours:.2f} h lost work)")
+    return {"capacity": best.capacity, "gpu_type": best.gpu_type, "reason": reason}
+
+
+def _h(x: Optional[float], fmt: str = "{:.2f}") -> str:
+    return "never" if x is None else fmt.format(x)
+
+
+def format_capacity_plan(doc: dict) -> str:
+    lines = ["interruptions priced (expected; waits for spot capacity not counted):",
+             f"  {'gpu':<11}{'capacity':<11}{'wall h':>8}{'preempt':>9}{'lost h':>8}{'restart h':>10}{'ckpt h':>8}"
+             f"{'cost':>11}{'$/step':>10}"]
+    for o in doc["options"]:
+        cost = "never" if o["expected_cost_usd"] is None else f"${o['expected_cost_usd']:,.2f}"
+        step = "-" if o["cost_per_useful_step_usd"] is None else f"{o['cost_per_useful_step_usd']:.2g}"
+        lines.append(f"  {o['gpu_type']:<11}{o['capacity']:<11}{_h(o['expected_wall_hours']):>8}"
+                     f"{_h(o['expected_preemptions'], '{:.1f}'):>9}{_h(o['expected_lost_work_hours']):>8}"
+                     f"{_h(o['restart_overhead_hours']):>10}{_h(o['checkpoint_overhead_hours']):>8}{cost:>11}{step:>10}")
+    if doc["options"]:
+        o = doc["options"][0]
+        lines.append(f"  restart {o['restart_seconds']:.0f}s ({o['restart_source']}), checkpoint "
+                     f"{o['checkpoint_cost_seconds']:.1f}s each")
+    rec = doc["recommendation"]
+    lines.append(f"recommendation: {rec['reason']}" if rec else "recommendation: none (no priced GPU type fits)")
+    return "\n".join(lines)
+

@@ -1,0 +1,90 @@
+"""The plan prices interruptions: on-demand for a short job on volatile capacity with a slow restart, spot for a
+long one on calm capacity, with the numbers behind each (``orchestrator plan --json`` and the printed plan)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.plan_spot import CapacityOption, recommend
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ["model=llama-3.1-8b", "recipe=qlora", "compute=l40s-spot"]
+FIELDS = {"gpu_type", "capacity", "expected_wall_hours", "expected_preemptions", "expected_lost_work_hours",
+          "restart_overhead_hours", "checkpoint_overhead_hours", "expected_cost_usd", "cost_per_useful_step_usd",
+          "restart_seconds", "restart_source"}
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "orchestrator", "plan", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _by(doc: dict, gpu: str) -> dict:
+    return {o["capacity"]: o for o in doc["options"] if o["gpu_type"] == gpu}
+
+
+def test_short_job_on_volatile_capacity_with_a_slow_restart_is_cheaper_on_demand(tmp_path):
+    done = _plan(*JOB, "train.max_steps=5000", "compute.preemptions_per_hour=2", "compute.restart_seconds=900",
+                 f"storage.uri={tmp_path}", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    rec = doc["recommendation"]
+    assert rec["capacity"] == "on_demand" and "on-demand is cheaper for this job" in rec["reason"]
+    assert all(FIELDS <= set(o) for o in doc["options"])
+    pair = _by(doc, rec["gpu_type"])
+    spot, od = pair["spot"], pair["on_demand"]
+    assert spot["restart_seconds"] == 900 and spot["restart_source"] == "compute.restart_seconds"
+    assert spot["expected_preemptions"] > 2 and od["expected_preemptions"] == 0
+    assert spot["expected_lost_work_hours"] > 0 and od["expected_lost_work_hours"] == 0
+    assert spot["expected_wall_hours"] > 2 * od["expected_wall_hours"]
+    assert od["expected_cost_usd"] < spot["expected_cost_usd"]
+    # the hourly price alone says spot (less than half of on-demand's): the interruptions reverse it
+    assert spot["usd_per_hour"] < 0.5 * od["usd_per_hour"]
+
+
+def test_long_job_on_calm_capacity_is_cheaper_on_spot_and_the_plan_prints_why(tmp_path):
+    args = [*JOB, "train.max_steps=500000", "compute.preemptions_per_hour=0.2", f"storage.uri={tmp_path}"]
+    doc = json.loads(_plan(*args, "--json").stdout)
+    rec = doc["recommendation"]
+    assert rec["capacity"] == "spot"
+    spot, od = _by(doc, rec["gpu_type"])["spot"], _by(doc, rec["gpu_type"])["on_demand"]
+    assert spot["expected_preemptions"] > 1 and spot["expected_cost_usd"] < od["expected_cost_usd"]
+    assert spot["cost_per_useful_step_usd"] == pytest.approx(spot["expected_cost_usd"] / 500000)
+    text = _plan(*args).stdout
+    assert "interruptions priced" in text and f"recommendation: spot on {rec['gpu_type']}" in text
+
+
+def test_recommendation_when_spot_never_finishes():
+    never = CapacityOption("t4", "spot", 0.2, 1.0, None, None, 9.0, None, 900, "compute.restart_seconds", None, 600, 2,
+                           None, None, None)
+    od = CapacityOption("t4", "on_demand", 0.5, 1.0, 1.1, 0, 0.0, 0, 900, "compute.restart_seconds", 0.25, 3600, 2,
+                        0.0, 0.55, 0.001)
+    rec = recommend([never, od])
+    assert rec["capacity"] == "on_demand" and "leave no time to train" in rec["reason"]
+
+
+def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatch):
+    """A job with attempts in its ledger: the plan's restart is their measured median, and its spot rate moves
+    from the prior toward what the job saw (four preemptions in two hours of training)."""
+    from orchestrator import plan
+    from orchestrator.compose import compose_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    attempts = [{"started_at": 1000.0 * i, "ended_at": 1000.0 * i + 1800 + 300, "exit_class": cls, "spot": True,
+                 "first_step_seconds": first}
+                for i, (cls, first) in enumerate([("vanished", 300), ("preempted", 200), ("vanished", 400),
+                                                  ("vanished", 300)])]
+    (tmp_path / "runs" / "hist").mkdir(parents=True)
+    (tmp_path / "runs" / "hist" / "ledger.json").write_text(json.dumps({"attempts": attempts}))
+    cfg = compose_config([*JOB, "train.max_steps=5000", f"storage.uri={tmp_path / 'runs'}", "run.name=hist"])
+    doc = json.loads(plan.plan_text(cfg, as_json=True))
+    spot = next(o for o in doc["options"] if o["capacity"] == "spot")
+    assert spot["restart_source"] == "measured" and spot["restart_seconds"] == 300
+    # Gamma-Poisson: (0.64/h x 4 h + 4 preemptions) / (4 h + 2 h of training) = 1.09/h
+    assert spot["preemptions_per_hour"] == pytest.approx((0.64 * 4 + 4) / 6, rel=1e-3)
