@@ -22,6 +22,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from orchestrator.policy.history import restart_seconds_measured, spot_lifetimes
 from orchestrator.policy.interval import (Lifetime, checkpoint_interval, estimate_preemptions,
                                           expected_waste_fraction)
 from orchestrator.policy.restart import restart_seconds
@@ -54,7 +55,7 @@ class CapacityOption:
 
 def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
     """The job's spot lifetimes and measured restarts from its ledger; none when it has no ledger (or none can be
-    read: the plan is advice and never stops a launch). A restart is an attempt's ``first_step_seconds``."""
+    read: the plan is advice and never stops a launch). A restart is an attempt's ``start_to_first_step_s``."""
     try:
         from orchestrator.ledger import Ledger
         from orchestrator.storage import store_from_config
@@ -62,17 +63,7 @@ def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
         attempts = Ledger(store_from_config(cfg.storage), str(cfg.run.name)).load().get("attempts") or []
     except Exception:  # noqa: BLE001 - no history is a valid answer
         return [], []
-    lifetimes, restarts = [], []
-    for a in attempts:
-        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
-        first = a.get("first_step_seconds")
-        if first:
-            restarts.append(float(first))
-        if a.get("spot") and start is not None and end is not None:
-            trained = max(0.0, float(end) - float(start) - float(first or 0.0))
-            cls = a.get("exit_class")
-            lifetimes.append(Lifetime(trained, preempted=cls in ("preempted", "vanished"), noticed=cls == "preempted"))
-    return lifetimes, restarts
+    return list(spot_lifetimes(attempts)), restart_seconds_measured(attempts)
 
 
 def checkpoint_bytes(memory_plan: Any) -> float:

@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 
 from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch, RestartMeasurement, steady_seconds_per_step
 from orchestrator.attempt.record import AttemptRecord
-from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule, lifetimes
+from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule
+from orchestrator.policy.history import spot_lifetimes as lifetimes
 from orchestrator.backends.capacity import MOVE, RESUBMIT, attempt_capacity, attempt_compute
 from orchestrator.compose import compose_config
 from orchestrator.config import ComputeConfig, RequeueConfig
@@ -35,7 +36,7 @@ HOUR = 3600.0
 def attempt(epoch, hours, exit_class, *, spot=True, step_end=100, checkpoint_step_end=100, extra=None, start=0.0):
     return {"epoch": epoch, "started_at": start, "ended_at": start + hours * HOUR, "last_seen": start + hours * HOUR,
             "exit_class": exit_class, "spot": spot, "step_start": 0, "step_end": step_end,
-            "checkpoint_step_end": checkpoint_step_end, "extra": extra or {}}
+            "checkpoint_step_end": checkpoint_step_end, "extra": {"start_to_first_step_s": 36.0, **(extra or {})}}
 
 
 class Tracking:
@@ -106,9 +107,12 @@ def test_lifetimes_tell_honoured_notices_from_hard_kills_and_leave_out_moves_and
     attempts = [attempt(1, 2, "preempted"), attempt(2, 1, "vanished"),
                 attempt(3, 1, "preempted", step_end=120, checkpoint_step_end=100),  # work past its checkpoint: lost
                 attempt(4, 1, "preempted", extra={"capacity_switch": "on_demand"}),  # it moved, lost nothing
-                attempt(5, 3, "completed", spot=False), attempt(6, 1, "crashed")]
-    got = [(lt.seconds / HOUR, lt.preempted, lt.noticed) for lt in lifetimes(attempts)]
-    assert got == [(2, True, True), (1, True, False), (1, True, False), (1, False, False), (1, False, False)]
+                attempt(5, 3, "completed", spot=False), attempt(6, 1, "crashed"),
+                attempt(7, 1, "vanished", extra={"start_to_first_step_s": None})]  # killed before its first step
+    got = [(round(lt.seconds / HOUR, 2), lt.preempted, lt.noticed) for lt in lifetimes(attempts)]
+    # a lifetime is training time: the 36 s start-up (0.01 h) is not in it; one that never trained is none
+    assert got == [(1.99, True, True), (0.99, True, False), (0.99, True, False), (0.99, False, False),
+                   (0.99, False, False), (0.0, False, False)]
 
 
 def test_checkpoint_cost_is_the_stall_plus_what_uploads_take_from_training():

@@ -77,7 +77,7 @@ def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatc
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     attempts = [{"started_at": 1000.0 * i, "ended_at": 1000.0 * i + 1800 + 300, "exit_class": cls, "spot": True,
-                 "first_step_seconds": first}
+                 "extra": {"start_to_first_step_s": first}}
                 for i, (cls, first) in enumerate([("vanished", 300), ("preempted", 200), ("vanished", 400),
                                                   ("vanished", 300)])]
     (tmp_path / "runs" / "hist").mkdir(parents=True)

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 from transformers import TrainerCallback
 
-from orchestrator.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
-from orchestrator.policy.interval import IntervalDecision, Lifetime, checkpoint_interval, estimate_preemptions
+from orchestrator.policy.history import spot_lifetimes
+from orchestrator.policy.interval import IntervalDecision, checkpoint_interval, estimate_preemptions
 
 log = logging.getLogger("orchestrator.checkpoint")
 
@@ -38,24 +38,6 @@ log = logging.getLogger("orchestrator.checkpoint")
 SNAPSHOT_WRITE_BYTES_PER_SECOND = 200e6
 SNAPSHOT_BASE_SECONDS = 0.25
 REDERIVE_WHEN_CHANGED = 0.25  # re-derive T when the measured C moves this much (a share of the C in use)
-
-
-def lifetimes(attempts: Iterable[dict]) -> Iterator[Lifetime]:
-    """The job's ended spot attempts as the rate estimate sees them.
-
-    Noticed: ended ``preempted`` (the worker exits so only after committing its emergency checkpoint) with
-    nothing past that checkpoint; ``vanished`` is a hard kill. An attempt that stopped to move to other
-    capacity (``extra.capacity_switch``) lost no machine; on-demand attempts say nothing of spot's rate.
-    """
-    for a in attempts:
-        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
-        if a.get("exit_class") == RUNNING or not a.get("spot") or start is None or end is None:
-            continue
-        switched = bool((a.get("extra") or {}).get("capacity_switch"))
-        preempted = a.get("exit_class") in INTERRUPTED_CLASSES and not switched
-        noticed = (a.get("exit_class") == ExitClass.PREEMPTED.value
-                   and int(a.get("checkpoint_step_end") or 0) >= int(a.get("step_end") or 0))
-        yield Lifetime(seconds=float(end) - float(start), preempted=preempted, noticed=preempted and noticed)
 
 
 def estimated_cost_seconds(state_bytes: float) -> float:
@@ -154,11 +136,14 @@ class CheckpointSchedule(TrainerCallback):
 
     def derive(self, cost_seconds: float, source: str, step: int, *, why: str) -> IntervalDecision:
         runner = self.runner
-        estimate = estimate_preemptions(lifetimes(runner.record.prior_attempts), self.prior_per_hour,
-                                        override_per_hour=self.override)
+        seen = list(spot_lifetimes(runner.record.prior_attempts)) if self.prior_source != "on-demand" else []
+        estimate = estimate_preemptions(seen, self.prior_per_hour, override_per_hour=self.override)
         self._source = source
+        # the same decision as the simulator's and the planner's: over the job's own lifetimes where it has
+        # some (real lifetimes are far from exponential), Young/Daly at the rate when the rate is given
         self.decision = decision = checkpoint_interval(cost_seconds, estimate, min_seconds=self.min_seconds,
-                                                       max_seconds=self.max_seconds)
+                                                       max_seconds=self.max_seconds,
+                                                       lifetimes=None if self.override is not None else seen)
         runner.callback.every_seconds = decision.seconds
         prior = "compute.preemptions_per_hour" if self.override is not None else self.prior_source
         text = f"{decision.explain()}; C {why}; prior from {prior}"

@@ -1,0 +1,48 @@
+"""What the policies learn from a job's ledger: its spot lifetimes and its measured restarts.
+
+One reading for every caller (the checkpoint schedule, the deadline's capacity
+watch, the planner), with the simulator's conventions: a lifetime is training
+time, from the end of the first step to the attempt's end; an attempt that lost
+its machine before its first step could lose no work whatever the interval, so
+it counts as no lifetime at all.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Mapping
+
+from orchestrator.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
+from orchestrator.policy.interval import Lifetime
+
+
+def restart_seconds_measured(attempts: Iterable[Mapping]) -> list[float]:
+    """Each attempt's start to the end of its first step (``extra.start_to_first_step_s``), where it got that far."""
+    out = []
+    for a in attempts:
+        first = (a.get("extra") or {}).get("start_to_first_step_s")
+        if first:
+            out.append(float(first))
+    return out
+
+
+def spot_lifetimes(attempts: Iterable[Mapping]) -> Iterator[Lifetime]:
+    """The job's ended spot attempts as the rate estimate sees them.
+
+    Noticed: ended ``preempted`` (the worker exits so only after committing its emergency checkpoint) with
+    nothing past that checkpoint; ``vanished`` is a hard kill. An attempt that stopped to move to other
+    capacity (``extra.capacity_switch``) lost no machine; on-demand attempts say nothing of spot's rate.
+    """
+    for a in attempts:
+        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
+        if a.get("exit_class") == RUNNING or not a.get("spot") or start is None or end is None:
+            continue
+        extra = a.get("extra") or {}
+        first = extra.get("start_to_first_step_s")
+        if not first:
+            yield Lifetime(0.0, preempted=False)
+            continue
+        switched = bool(extra.get("capacity_switch"))
+        preempted = a.get("exit_class") in INTERRUPTED_CLASSES and not switched
+        noticed = (a.get("exit_class") == ExitClass.PREEMPTED.value
+                   and int(a.get("checkpoint_step_end") or 0) >= int(a.get("step_end") or 0))
+        yield Lifetime(seconds=max(0.0, float(end) - float(start) - float(first)), preempted=preempted,
+                       noticed=preempted and noticed)
