@@ -123,13 +123,17 @@ class CapacityWatch(TrainerCallback):
 
     # ---- deciding and acting -----------------------------------------------------------
     def standing(self, step: int, max_steps: int, seconds_per_step: float) -> DeadlineState:
+        current = self.latest["capacity"] if self.latest else self.capacity
+        # kept in hand, as the simulator does: the work a hard kill could take back on spot (up to one checkpoint
+        # interval) and the time until the next decision (a heartbeat)
+        every = float(getattr(self.runner.callback, "every_seconds", 0) or 0) if current != ON_DEMAND else 0.0
         return DeadlineState(
+            reserve_seconds=self.heartbeat_seconds + every,
             elapsed_seconds=self.clock() - self.first_start, deadline_seconds=self.deadline_s,
             work_done_seconds=step * seconds_per_step, work_total_seconds=max_steps * seconds_per_step,
             restart_seconds=self.restart_s,
             # what the job follows: the newest decision (an attempt that cannot move follows it by advice)
-            current=self.latest["capacity"] if self.latest else self.capacity,
-            locked=bool(self.latest and self.latest.get("locked")))
+            current=current, locked=bool(self.latest and self.latest.get("locked")))
 
     def decide(self, step: int, max_steps: int, seconds_per_step: float) -> CapacityDecision:
         decision = decide_capacity(self.standing(step, max_steps, seconds_per_step))
