@@ -201,8 +201,7 @@ class Ledger:
 
     def check_epoch(self) -> None:
         """Raise Fenced if another attempt has taken over; writes nothing."""
-        raw = self.load()
-        fence(raw or None, self.epoch, self.uri)
+        fence(self.load() or None, self.epoch, self.uri)
 
     def heartbeat(self, step: int, cost_usd: float) -> dict:
         """Record that this attempt is alive at ``step`` having cost ``cost_usd`` so far."""
@@ -224,7 +223,6 @@ class Ledger:
         newest ``keep_checkpoints`` records stay (by step, as retention keeps them
         in storage); ``checkpoints_committed`` counts them all.
         """
-
         record = {"step": step, "key": key, "size": int(size), "epoch": self.epoch}
         return self.update(lambda ledger: _add_checkpoint(ledger, self.current_attempt(ledger), record,
                                                           keep=self.keep_checkpoints, cost_usd=cost_usd))
@@ -291,23 +289,18 @@ class Ledger:
 
     def record_capacity(self, decision: dict) -> dict:
         """Append a capacity decision (``run.deadline``) to the job's ``capacity`` list, stamped with this attempt."""
-
-        def fn(ledger: dict) -> None:
-            entry = dict(decision, time=time.time(), epoch=self.epoch)
-            ledger["capacity"] = (list(ledger.get("capacity") or []) + [entry])[-MAX_CAPACITY_DECISIONS:]
-
-        return self.update(fn)
+        return self.update(lambda ledger: _append_capacity(ledger, dict(decision, time=time.time(), epoch=self.epoch)))
 
     def set_mlflow_run_id(self, run_id: str) -> dict:
         """Remember the job's MLflow run so every attempt logs into the same one."""
-
-        def fn(ledger: dict) -> None:
-            ledger["mlflow_run_id"] = run_id
-
-        return self.update(fn)
+        return self.update(lambda ledger: ledger.__setitem__("mlflow_run_id", run_id))
 
 
 # ---- the ledger's changes, as functions of the ledger dict (the Ledger writes them conditionally) ----
+def _append_capacity(ledger: dict, entry: dict) -> None:
+    ledger["capacity"] = (list(ledger.get("capacity") or []) + [entry])[-MAX_CAPACITY_DECISIONS:]
+
+
 def _mark_vanished(ledger: dict) -> bool:
     """Attempts still "running" when a new one begins are gone: ended at their last heartbeat."""
     marked = False
