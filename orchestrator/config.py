@@ -141,6 +141,9 @@ class BudgetConfig:
     webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (a credential: prefer webhook_url_env)
     webhook_url_env: Optional[str] = None  # name of an environment variable holding the webhook URL (preferred)
     projection_alert: bool = True  # alert once when spent + remaining steps x steady cost/step + start-ups to come > max_usd
+    monthly_max_usd: Optional[float] = None  # cap on every job under storage.uri in one calendar month (UTC); spent: exit 3
+    experiment_max_usd: Optional[float] = None  # cap on every job of tracking.experiment under storage.uri; spent: exit 3
+    reserve_ahead: str = "1m"  # spend an attempt reserves in the spend index ahead of spending it (as time at its price)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator import distributed as dist
 from orchestrator.attempt.checkpoints import CheckpointController
-from orchestrator.attempt.money import MoneyWatch
+from orchestrator.attempt.money import MoneyWatch, SpendWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
@@ -44,8 +44,9 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         raise ConfigError(str(err)) from None
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
-    record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=cfg.compute, budget_max_usd=cfg.budget.max_usd)
-              if main else FollowerRecord())
+    spend = spend_watch(cfg, store, run_name, price) if main else None
+    record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=cfg.compute, budget_max_usd=cfg.budget.max_usd,
+                            spend=spend) if main else FollowerRecord())
     money = MoneyWatch.from_config(cfg, price)
 
     # one folder per attempt, shared by its ranks (the launcher hands them a token)
@@ -63,10 +64,21 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         quality_metric=recipe.QUALITY_METRIC,
         job_metrics_every_s=parse_duration(cfg.tracking.job_metrics_every, key="tracking.job_metrics_every"))
     if main:
-        money.watch_budget(BudgetGuard(cfg.budget, record_alert=record.record_alert, job_name=run_name,
-                                       sinks=default_sinks(cfg.budget, set_tag=tracking.set_tag if tracking.active else None)))
+        sinks = default_sinks(cfg.budget, set_tag=tracking.set_tag if tracking.active else None)
+        money.watch_budget(BudgetGuard(cfg.budget, record_alert=record.record_alert, job_name=run_name, sinks=sinks),
+                           spend.with_alerts(cfg.budget, sinks))
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
     preemption = PreemptionHandler.from_config(cfg.preemption, watch_cloud=main)
     return Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
                   tracking=tracking, preemption=preemption, hooks=TestHooks.from_environ(environ),
                   every_seconds=parse_duration(cfg.checkpoint.every, key="checkpoint.every"), main=main)
+
+
+def spend_watch(cfg: Any, store: Any, run_name: str, price: Any) -> SpendWatch:
+    """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
+    from orchestrator.spend import Caps, SpendIndex
+
+    caps = Caps(run_name, str(cfg.tracking.experiment), monthly_max_usd=cfg.budget.get("monthly_max_usd"),
+                experiment_max_usd=cfg.budget.get("experiment_max_usd"))
+    window_s = parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead")
+    return SpendWatch(SpendIndex(store, caps), window_usd=price.usd_per_hour_total * window_s / 3600.0)
