@@ -63,6 +63,7 @@ class DataConfig:
     num_examples: int = 1200  # synthetic only
     seed: int = 1234  # synthetic generation and held-out split
     max_length: int = 64  # tokens per example (longer ones are truncated)
+    prepared_cache: bool = True  # SFT: keep the tokenised training set in <storage.uri>/_prepared/ so restarts skip tokenising
 
 
 @dataclass

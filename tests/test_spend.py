@@ -105,15 +105,19 @@ class _Sent(list):
         self.append(alert.name)
 
 
+def _watch(store, run):
+    return SpendWatch(_index(store, run=run, monthly=10.0), usd_per_second=1.0, window_s=2.0, spent=lambda: 0.0)
+
+
 def test_the_watch_alerts_once_each_for_every_job_and_stops_at_its_reservation(store):
     sent = _Sent()
     budget = type("B", (), {"alert_thresholds": [0.5, 0.8, 1.0]})()
-    first = SpendWatch(_index(store, run="a", monthly=10.0), window_usd=2.0).with_alerts(budget, [sent])
+    first = _watch(store, "a").with_alerts(budget, [sent])
     first.begin(1)
     for spent in (0.5, 1.0, 3.0, 5.5, 7.0):
         assert first.stop_reason(spent) is None
     assert sent == ["monthly_cap_50", "monthly_cap_80"]
-    second = SpendWatch(_index(store, run="b", monthly=10.0), window_usd=2.0).with_alerts(budget, [sent])
+    second = _watch(store, "b").with_alerts(budget, [sent])
     second.begin(1)  # $9 charged: $1 left, granted to b; the 80% alert is not sent again
     assert second.through == pytest.approx(1.0) and sent == ["monthly_cap_50", "monthly_cap_80", "monthly_cap_100"]
     assert second.stop_reason(0.6) is None  # a capped grant: no write until it is used up
@@ -122,7 +126,7 @@ def test_the_watch_alerts_once_each_for_every_job_and_stops_at_its_reservation(s
     reason = first.stop_reason(9.0)
     assert reason and "budget.monthly_max_usd=$10" in reason
     with pytest.raises(BudgetExhausted, match="monthly spend cap reached"):
-        SpendWatch(_index(store, run="c", monthly=10.0), window_usd=2.0).begin(1)
+        _watch(store, "c").begin(1)
 
 
 def test_budget_guard_names_and_texts_for_a_cap():

@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator import distributed as dist
 from orchestrator.attempt.checkpoints import CheckpointController
+from orchestrator.attempt.datacache import PreparedDataCache, cache_wanted
 from orchestrator.attempt.money import MoneyWatch, SpendWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
@@ -27,6 +28,10 @@ def job_name(cfg: Any) -> str:
 
 
 def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
+    from orchestrator.attempt.restart import MeasuredRecipe, RestartClock
+
+    clock = RestartClock()
+    clock.mark("parts")
     from orchestrator.budget import BudgetGuard, default_sinks
     from orchestrator.checkpoint.fingerprint import trajectory_config
     from orchestrator.checkpoint.store import CheckpointStore
@@ -44,10 +49,10 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         raise ConfigError(str(err)) from None
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
-    spend = spend_watch(cfg, store, run_name, price) if main else None
+    money = MoneyWatch.from_config(cfg, price)
+    spend = spend_watch(cfg, store, run_name, money) if main else None
     record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=cfg.compute, budget_max_usd=cfg.budget.max_usd,
                             spend=spend) if main else FollowerRecord())
-    money = MoneyWatch.from_config(cfg, price)
 
     # one folder per attempt, shared by its ranks (the launcher hands them a token)
     token = environ.get("ORCH_ATTEMPT_TOKEN", f"pid{os.getpid()}")
@@ -56,7 +61,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         CheckpointStore(store, run_name, keep_last=cfg.checkpoint.keep_last, staging_dir=work / "staging"), record,
         main=main, work=work, token=token, snapshot_dir=cfg.checkpoint.snapshot_dir,
         full_model=cfg.recipe.peft == "full", trajectory=trajectory_config(cfg),
-        attempt_cost_usd=money.attempt_cost_usd)
+        attempt_cost_usd=money.attempt_cost_usd, clock=clock)
 
     recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
     tracking = AttemptTracking.from_config(
@@ -69,16 +74,25 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
                            spend.with_alerts(cfg.budget, sinks))
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
     preemption = PreemptionHandler.from_config(cfg.preemption, watch_cloud=main)
+
+    def report_restart(split: dict, step: int) -> None:
+        record.record_restart(split)
+        tracking.log_metrics({f"restart_{k}": v for k, v in split.items()}, step)
+
+    cache = PreparedDataCache(checkpoints.checkpoints, work=work) if cache_wanted(cfg) else None
+    recipe = MeasuredRecipe(recipe, clock, cache=cache, data_fingerprint=lambda: checkpoints.dataset_fp,
+                            report=report_restart)
     return Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
                   tracking=tracking, preemption=preemption, hooks=TestHooks.from_environ(environ),
                   every_seconds=parse_duration(cfg.checkpoint.every, key="checkpoint.every"), main=main)
 
 
-def spend_watch(cfg: Any, store: Any, run_name: str, price: Any) -> SpendWatch:
+def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch) -> SpendWatch:
     """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
     from orchestrator.spend import Caps, SpendIndex
 
     caps = Caps(run_name, str(cfg.tracking.experiment), monthly_max_usd=cfg.budget.get("monthly_max_usd"),
                 experiment_max_usd=cfg.budget.get("experiment_max_usd"))
-    window_s = parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead")
-    return SpendWatch(SpendIndex(store, caps), window_usd=price.usd_per_hour_total * window_s / 3600.0)
+    return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_hour_total / 3600.0,
+                      window_s=parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead"),
+                      spent=money.attempt_cost_usd)

@@ -7,7 +7,7 @@ rank's decision reaches them through the callback's broadcast).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from orchestrator.cost import CostMeter, Price
 from orchestrator.cost_report import JobFigures, estimated_tokens_per_step
@@ -105,31 +105,39 @@ class MoneyWatch:
 class SpendWatch:
     """The attempt's hold on the store's spend index (``orchestrator.spend``): main rank only.
 
-    ``begin`` reserves the first ``window_usd`` (``budget.reserve_ahead`` at this attempt's price) or
-    raises BudgetExhausted when a cap is spent; ``stop_reason``, every step, extends the reservation
-    when half of it is used (one conditional write), sends the caps' alerts once each, and says stop
-    when the attempt's spend reaches its reservation and the caps grant no more; ``settle`` at the end.
+    ``begin`` reserves the start-up still to come (the job's last measured start to first step) and
+    one window (``budget.reserve_ahead``) at this attempt's price, or raises BudgetExhausted when a cap
+    is spent; ``stop_reason``, every step, extends the reservation when half a window is left (one
+    conditional write), sends the caps' alerts once each, and says stop once the attempt's spend
+    reaches its reservation and the caps grant no more; ``settle`` at the end.
 
     Args:
         index: ``orchestrator.spend.SpendIndex`` for this job.
-        window_usd: what one reservation asks for.
-        guards: ``(scope kind, BudgetGuard)`` per cap set: "monthly" or "experiment".
+        usd_per_second: this attempt's price.
+        window_s: ``budget.reserve_ahead`` in seconds.
+        spent: the attempt's spend so far (its cost meter).
+        guards: ``(scope kind, BudgetGuard)`` per cap set: "monthly" or "experiment" (``with_alerts``).
     """
 
-    def __init__(self, index: Any, *, window_usd: float, guards: list = ()):
+    def __init__(self, index: Any, *, usd_per_second: float, window_s: float, spent: Callable[[], float],
+                 guards: list = ()):
         self.index = index
-        self.window_usd = max(0.0, float(window_usd))
+        self.usd_per_second = max(0.0, float(usd_per_second))
+        self.window_usd = self.usd_per_second * max(0.0, float(window_s))
+        self.spent = spent
         self.guards = list(guards)
         self.epoch: Optional[int] = None
         self.through = 0.0
         self.capped = False  # the last grant was cut short by a cap: ask again only when it is used up
         self.refusal: Optional[str] = None
 
-    def begin(self, epoch: int) -> None:
+    def begin(self, epoch: int, *, startup_s: float = 0.0) -> None:
         self.epoch = epoch
-        grant = self.index.reserve(epoch, 0.0, self.window_usd)
-        self._take(grant, 0.0)
-        if grant.through <= 0 and self.window_usd > 0:  # another job took the last dollars since the ledger's check
+        spent = self.spent()
+        ahead = self.window_usd + self.usd_per_second * max(0.0, startup_s)
+        grant = self.index.reserve(epoch, spent, spent + ahead)
+        self._take(grant, spent, ahead)
+        if grant.through <= spent and ahead > 0:  # another job took the last dollars since the ledger's check
             raise BudgetExhausted(grant.refusal or f"spend cap reached: {self.index.where} grants this job nothing")
 
     def stop_reason(self, spent: float) -> Optional[str]:
@@ -137,7 +145,7 @@ class SpendWatch:
             return None
         if spent < self.through and (self.capped or spent < self.through - self.window_usd / 2):
             return None  # the cheap path: most steps end here
-        self._take(self.index.reserve(self.epoch, spent, spent + self.window_usd), spent)
+        self._take(self.index.reserve(self.epoch, spent, spent + self.window_usd), spent, self.window_usd)
         if spent < self.through:
             return None
         return self.refusal or (f"spend cap reached: the spend index {self.index.where} grants this job no more "
@@ -168,8 +176,8 @@ class SpendWatch:
         if self.epoch is not None:
             self.index.settle(self.epoch, spent)
 
-    def _take(self, grant, spent: float) -> None:
-        self.capped = grant.through < spent + self.window_usd - 1e-12
+    def _take(self, grant, spent: float, asked: float) -> None:
+        self.capped = grant.through < spent + asked - 1e-12
         self.through = grant.through
         self.refusal = grant.refusal
         for kind, guard in self.guards:

@@ -62,8 +62,8 @@ class AttemptRecord:
             host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
             gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
             checkpoint_step=newest_checkpoint_step, refuse=refuse)
-        if self.spend is not None:
-            self.spend.begin(attempt["epoch"])  # BudgetExhausted when another job took the last dollars meanwhile
+        if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
+            self.spend.begin(attempt["epoch"], startup_s=last_startup_seconds(self.ledger.load()))
         self.prior_attempts = [a for a in self.ledger.load()["attempts"] if a["epoch"] != attempt["epoch"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
@@ -96,6 +96,10 @@ class AttemptRecord:
 
     def quality(self) -> dict:
         return dict(self.ledger.load().get("quality") or {})
+
+    def record_restart(self, split: dict) -> None:
+        """This attempt's restart overhead, split by phase (``orchestrator.attempt.restart``), in its ledger entry."""
+        self.ledger.update(lambda ledger: self.ledger.current_attempt(ledger)["extra"].update(restart=dict(split)))
 
     def update_quality(self, metrics: dict) -> None:
         self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update(metrics))
@@ -139,6 +143,15 @@ class AttemptRecord:
         self._settle(cost_usd)
 
 
+def last_startup_seconds(ledger: dict) -> float:
+    """The job's newest measured start to first step (``extra.restart.total_s``), 0 when none was measured."""
+    for attempt in reversed(ledger.get("attempts") or []):
+        total = ((attempt.get("extra") or {}).get("restart") or {}).get("total_s")
+        if total:
+            return float(total)
+    return 0.0
+
+
 class FollowerRecord:
     """What a non-main rank has of the record: nothing it may write."""
 
@@ -170,6 +183,9 @@ class FollowerRecord:
 
     def quality(self) -> dict:
         return {}
+
+    def record_restart(self, split: dict) -> None:
+        return None
 
     def update_quality(self, metrics: dict) -> None:
         return None

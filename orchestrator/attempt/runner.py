@@ -92,9 +92,9 @@ class Runner:
         self.begin()
         self.preemption.install()
         try:
-            train_ds, eval_ds = self.load_data()
-            restored, manifest = self.restore()
+            train_ds, eval_ds = self.load_data()  # and the checkpoint's download starts, behind the model's load
             trainer = self.build(train_ds, eval_ds)
+            restored, manifest = self.restore()
             if restored is None and not self.trial and self.record.writes and self.cfg.distributed.name != "zero3":
                 acc = self.recipe.accuracy(trainer, self.cfg, eval_ds)  # the "before" of quality per dollar
                 print(f"held-out accuracy before training: {acc:.3f}", flush=True)
