@@ -139,3 +139,34 @@ def test_budget_guard_names_and_texts_for_a_cap():
     assert [a.name for a in sent] == ["monthly_cap_50"]
     assert sent[0].message.startswith("[monthly_cap_50] every job under s3://b/r in 2026-12 (UTC) has spent $2.50")
     assert "budget.monthly_max_usd" in sent[0].message
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (["budget.monthly_max_usd=0"], "budget.monthly_max_usd=0.0 must be positive"),
+    (["budget.experiment_max_usd=-3"], "budget.experiment_max_usd=-3.0 must be positive"),
+    (["budget.monthly_max_usd=5", "budget.reserve_ahead=off"], "set budget.reserve_ahead to a duration"),
+    (["budget.reserve_ahead=soon"], "budget.reserve_ahead='soon' is not a duration"),
+])
+def test_bad_spend_caps_are_refused_at_launch(bad, needle):
+    from orchestrator.compose import compose_config
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        compose_config(["recipe=sft", *bad])
+
+
+def test_status_spend_prints_the_month_and_each_experiment_by_job(s3_server, s3_store, capsys):
+    from orchestrator import status
+
+    _index(s3_store, run="a", experiment="x", clock=lambda: DEC).reserve(1, 0.0, 2.0)
+    _index(s3_store, run="a", experiment="x", clock=lambda: DEC).settle(1, 1.25)
+    _index(s3_store, run="b", experiment="y", clock=lambda: DEC).reserve(1, 0.5, 3.0)  # still running: $3 held
+    now = DEC
+    out = status.format_spend(_index(s3_store).load(), s3_store.uri, now=now)
+    assert "month 2026-12 (UTC): $4.2500" in out
+    assert "experiment 'x': $1.2500" in out and "experiment 'y': $3.0000" in out
+    assert status.main(["--spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url]) == 0
+    printed = capsys.readouterr().out
+    assert "spend under " + s3_store.uri in printed and "a " in printed and "b " in printed
+    assert status.main(["--spend", s3_store.uri + "-empty", "--endpoint-url", s3_server.endpoint_url]) == 1
+    assert "no spend index at" in capsys.readouterr().err
