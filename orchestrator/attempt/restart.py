@@ -139,7 +139,7 @@ class MeasuredRecipe:
         loads_before = common.LOAD_SECONDS["total"]
         trainer = self._recipe.build_trainer(cfg, train_dataset=train_dataset if prepared is None else prepared,
                                              eval_dataset=eval_dataset, output_dir=output_dir,
-                                             callbacks=[*callbacks, RestartCallback(self.clock, self.report)])
+                                             callbacks=[RestartCallback(self.clock, self.report), *callbacks])
         self.clock.add("model_load_s", common.LOAD_SECONDS["total"] - loads_before)
         self.clock.mark("built")
         if prepared is None and self.cache is not None:

@@ -18,7 +18,7 @@ from orchestrator.errors import ConfigError
 log = logging.getLogger("orchestrator.checkpoint")
 
 # Fields that do not shape the training trajectory; every other one is fingerprinted.
-_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps"}, "data": {"max_eval_examples"},
+_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps"}, "data": {"max_eval_examples", "prepared_cache"},
                    "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
 
 
