@@ -5,7 +5,7 @@
 
 Set-up: one orchestrated SFT job (local storage, checkpoints every 10 steps) is trained to step 1000
 and another to step 10; each is stopped right after its checkpoint. Then, per round and per step,
-in turn (the order swapped every round, so a machine's drift hits both alike):
+in turn (the steps' and the sides' order swapped every round, so a machine's drift hits all alike):
   orchestrated  ``python -m orchestrator.worker`` with the job's overrides, as a requeue starts it:
                 ledger and spend index, the checkpoint's download and verification (overlapping the
                 model's load), the prepared-dataset cache, the Trainer's restore, one step. Its time is
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[tuple[str, int], list[dict]] = {}
         splits: dict[int, list[dict]] = {step: [] for step in STEPS}
         for round_ in range(1, args.rounds + 1):
-            for step in STEPS:
+            # the steps' order and the sides' order swap every round, so a machine's drift hits all alike
+            for step in (STEPS if round_ % 2 else STEPS[::-1]):
                 order = ("orchestrated", "bare") if (round_ + step) % 2 else ("bare", "orchestrated")
                 for side in order:
                     if side == "orchestrated":
