@@ -37,8 +37,8 @@ from orchestrator.ledger import transact
 from orchestrator.storage.base import ObjectStore
 
 INDEX_KEY = "_spend/index.json"
-MONTHLY = "monthly"
-EXPERIMENT = "experiment"
+# a cap counts as reached within this of it: grants fill a cap exactly, and sums of floats land a hair short
+CAP_TOLERANCE_USD = 1e-9
 
 
 def month_of(ts: float) -> str:
@@ -92,13 +92,13 @@ class Caps:
         """Why a job under these caps may spend nothing more, with the numbers; None while there is room."""
         if self.monthly_max_usd is not None:
             total = month_total_usd(index, month)
-            if total >= self.monthly_max_usd:
+            if total >= self.monthly_max_usd - CAP_TOLERANCE_USD:
                 return (f"monthly spend cap reached: jobs under {where} have spent ${total:.4f} in {month} (UTC) of "
                         f"budget.monthly_max_usd=${self.monthly_max_usd:g} ({by_job(index, month=month)}). Raise "
                         "budget.monthly_max_usd, or relaunch next month; the job goes on from its last checkpoint")
         if self.experiment_max_usd is not None:
             total = experiment_total_usd(index, self.experiment)
-            if total >= self.experiment_max_usd:
+            if total >= self.experiment_max_usd - CAP_TOLERANCE_USD:
                 return (f"experiment spend cap reached: jobs of experiment {self.experiment!r} under {where} have spent "
                         f"${total:.4f} of budget.experiment_max_usd=${self.experiment_max_usd:g} "
                         f"({by_job(index, experiment=self.experiment)}). Raise budget.experiment_max_usd to go on "
