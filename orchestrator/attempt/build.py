@@ -77,6 +77,12 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
 
     def report_restart(split: dict, step: int) -> None:
         record.record_restart(split)
+        # an earlier attempt SIGKILLed before its points left it: its split is in the ledger, logged here at
+        # its own step (a step the run already has is dropped, so nothing is logged twice)
+        for earlier in record.prior_attempts:
+            logged = (earlier.get("extra") or {}).get("restart")
+            if logged:
+                tracking.log_metrics({f"restart_{k}": v for k, v in logged.items()}, int(earlier["step_start"]) + 1)
         tracking.log_metrics({f"restart_{k}": v for k, v in split.items()}, step)
 
     cache = PreparedDataCache(checkpoints.checkpoints, work=work) if cache_wanted(cfg) else None
