@@ -28,9 +28,9 @@ def job_name(cfg: Any) -> str:
 
 
 def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
-    from orchestrator.attempt.restart import MeasuredRecipe, RestartClock
+    from orchestrator.attempt.restart import RestartClock
 
-    clock = RestartClock()
+    clock = RestartClock()  # the start-up timeline: its parts are made from here
     clock.mark("parts")
     from orchestrator.budget import BudgetGuard, default_sinks
     from orchestrator.checkpoint.fingerprint import trajectory_config
@@ -75,7 +75,19 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
     preemption = PreemptionHandler.from_config(cfg.preemption, watch_cloud=main)
 
-    def report_restart(split: dict, step: int) -> None:
+    recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
+    return Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
+                  tracking=tracking, preemption=preemption, hooks=TestHooks.from_environ(environ),
+                  every_seconds=parse_duration(cfg.checkpoint.every, key="checkpoint.every"), main=main)
+
+
+def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: CheckpointController, record: Any,
+                    tracking: AttemptTracking, work: Path) -> Any:
+    """The recipe with its build timed, its training set from the prepared-dataset cache, and the restart
+    split reported to the ledger and MLflow at the first step."""
+    from orchestrator.attempt.restart import MeasuredRecipe
+
+    def report(split: dict, step: int) -> None:
         record.record_restart(split)
         # an earlier attempt SIGKILLed before its points left it: its split is in the ledger, logged here at
         # its own step (a step the run already has is dropped, so nothing is logged twice)
@@ -86,11 +98,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         tracking.log_metrics({f"restart_{k}": v for k, v in split.items()}, step)
 
     cache = PreparedDataCache(checkpoints.checkpoints, work=work) if cache_wanted(cfg) else None
-    recipe = MeasuredRecipe(recipe, clock, cache=cache, data_fingerprint=lambda: checkpoints.dataset_fp,
-                            report=report_restart)
-    return Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
-                  tracking=tracking, preemption=preemption, hooks=TestHooks.from_environ(environ),
-                  every_seconds=parse_duration(cfg.checkpoint.every, key="checkpoint.every"), main=main)
+    return MeasuredRecipe(recipe, clock, cache=cache, data_fingerprint=lambda: checkpoints.dataset_fp, report=report)
 
 
 def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch) -> SpendWatch:

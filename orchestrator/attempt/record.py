@@ -62,9 +62,10 @@ class AttemptRecord:
             host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
             gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
             checkpoint_step=newest_checkpoint_step, refuse=refuse)
+        stored = self.ledger.load()
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
-            self.spend.begin(attempt["epoch"], startup_s=last_startup_seconds(self.ledger.load()))
-        self.prior_attempts = [a for a in self.ledger.load()["attempts"] if a["epoch"] != attempt["epoch"]]
+            self.spend.begin(attempt["epoch"], startup_s=last_startup_seconds(stored))
+        self.prior_attempts = [a for a in stored["attempts"] if a["epoch"] != attempt["epoch"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
                  self.ledger.run_name, attempt["host"], newest_checkpoint_step)
