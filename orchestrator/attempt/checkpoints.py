@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from orchestrator import distributed as dist
 from orchestrator.checkpoint import snapshot
-from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.checkpoint.store import CheckpointStore, announce_restore
 from orchestrator.errors import ConfigError, UserError
 
 log = logging.getLogger("orchestrator.worker")
@@ -82,7 +82,7 @@ class CheckpointController:
     def _download(self) -> None:
         started = time.monotonic()
         try:
-            self._prefetched = (*self.checkpoints.restore_latest(self.work / "restore"), None)
+            self._prefetched = (*self.checkpoints.restore_latest(self.work / "restore", announce=False), None)
         except Exception as err:  # noqa: BLE001 - raised where the restore is joined
             self._prefetched = (None, None, err)
         if self.clock is not None:
@@ -113,6 +113,7 @@ class CheckpointController:
                     raise error
                 if manifest is not None:
                     check(manifest)
+                    announce_restore(restored, manifest)
             except UserError as err:
                 dist.broadcast(("error", str(err)))
                 raise
