@@ -86,13 +86,16 @@ class PreparedDataCache:
         self.store = checkpoints.store
         self.work = Path(work)
         self._saving: Optional[threading.Thread] = None
+        self._keys: dict[str, str] = {}
         self.hit: Optional[bool] = None
 
     def _key(self, cfg: Any, data_fingerprint: str) -> str:
         from recipes.common import load_tokenizer, resolve_model_path
 
-        tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
-        return cache_key(cfg, data_fingerprint, tokenizer)
+        if self._keys.get(data_fingerprint) is None:  # one tokenizer load per attempt, not one per call
+            tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
+            self._keys[data_fingerprint] = cache_key(cfg, data_fingerprint, tokenizer)
+        return self._keys[data_fingerprint]
 
     def load(self, cfg: Any, data_fingerprint: str):
         """The prepared training set, downloaded and verified; None when there is none (or it is unusable)."""
