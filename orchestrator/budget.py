@@ -25,9 +25,9 @@ PROJECTION_ALERT = "budget_projection"
 MIN_STEADY_STEPS = 3
 
 
-def threshold_alert_name(fraction: float) -> str:
-    """0.5 -> 'budget_50', 1.0 -> 'budget_100': the ledger keys on this name."""
-    return f"budget_{round(fraction * 100):d}"
+def threshold_alert_name(fraction: float, prefix: str = "budget") -> str:
+    """0.5 -> 'budget_50', 1.0 -> 'budget_100': the ledger keys on this name (the spend caps' on 'monthly_cap_50')."""
+    return f"{prefix}_{round(fraction * 100):d}"
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,19 @@ class BudgetGuard:
         sinks: objects with ``send(alert)``; each is called in turn and its
             exceptions are logged, never raised.
         job_name: for the alert text.
+        prefix: the alerts' names (``<prefix>_50``); the spend caps use ``monthly_cap`` and ``experiment_cap``.
+        subject: who spends, for the alert text (default: ``job '<job_name>'``); ``budget_key``: the key to raise.
     """
 
-    def __init__(self, budget_cfg: Any, *, record_alert: Callable[[str], bool], sinks: Iterable[Sink], job_name: str = "job"):
+    def __init__(self, budget_cfg: Any, *, record_alert: Callable[[str], bool], sinks: Iterable[Sink], job_name: str = "job",
+                 prefix: str = "budget", subject: Optional[str] = None, budget_key: str = "budget.max_usd"):
         self.max_usd: Optional[float] = None if budget_cfg.max_usd is None else float(budget_cfg.max_usd)
         self.thresholds = sorted(float(t) for t in (budget_cfg.alert_thresholds or []))
         self.projection_alert = bool(getattr(budget_cfg, "projection_alert", True))
         self.job_name = job_name
+        self.prefix = prefix
+        self.subject = subject or f"job {job_name!r}"
+        self.budget_key = budget_key
         self._record_alert = record_alert
         self._sinks = list(sinks)
         # Names already decided in this process. The ledger is the authority, but
@@ -94,10 +100,10 @@ class BudgetGuard:
         fired = []
         for fraction in self.thresholds:
             if total_cost_usd >= fraction * self.max_usd:
-                name = threshold_alert_name(fraction)
+                name = threshold_alert_name(fraction, self.prefix)
                 message = (
-                    f"[{name}] job {self.job_name!r} has spent ${total_cost_usd:,.2f} of its "
-                    f"${self.max_usd:,.2f} budget ({total_cost_usd / self.max_usd:.0%})"
+                    f"[{name}] {self.subject} has spent ${total_cost_usd:,.2f} of its "
+                    f"${self.max_usd:,.2f} budget ({self.budget_key}; {total_cost_usd / self.max_usd:.0%})"
                     + ("; it stops at the next checkpoint." if fraction >= 1.0 else ".")
                 )
                 fired += self._fire(Alert(name, message, total_cost_usd, self.max_usd))

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "status": ("orchestrator.status", "print a job's ledger: attempts, exit classes, cost, checkpoints"),
+    "status": ("orchestrator.status", "print a job's ledger (attempts, exit classes, cost, checkpoints); --spend URI: spend by month, experiment, job"),
     "report": ("orchestrator.report", "list jobs from MLflow with cost and quality; chart cost against quality"),
     "plan": ("orchestrator.plan", "estimate memory per GPU and cost for a job before running it"),
     "simulate": ("orchestrator.simulate", "replay spot traces through the interval, deadline and requeue policies"),

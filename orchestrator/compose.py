@@ -268,6 +268,24 @@ def _check_counts(cfg: DictConfig) -> None:
         raise ConfigError("budget.max_usd must be positive (or null for no budget).")
 
 
+def _check_spend_caps(cfg: DictConfig) -> None:
+    """The monthly and experiment caps are positive, and need a reservation window to hold against other jobs."""
+    for key in ("monthly_max_usd", "experiment_max_usd"):
+        value = cfg.budget.get(key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"budget.{key}={value} must be positive (or null for no cap).")
+    try:
+        window = parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    capped = cfg.budget.get("monthly_max_usd") is not None or cfg.budget.get("experiment_max_usd") is not None
+    if capped and window <= 0:
+        raise ConfigError(
+            f"budget.reserve_ahead={cfg.budget.reserve_ahead!r}: a spend cap (budget.monthly_max_usd or "
+            "budget.experiment_max_usd) is charged before it is spent, a reservation at a time, so concurrent jobs "
+            "cannot overspend it; set budget.reserve_ahead to a duration such as 1m.")
+
+
 def _check_run_name(cfg: DictConfig) -> None:
     if not RUN_NAME.fullmatch(str(cfg.run.name)):
         raise ConfigError(
@@ -489,6 +507,6 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
 
 # every check validate() runs (after the resolvable values and the choices), in the order they are reported
 CHECKS = (_check_recipe, _check_evaluation, _check_tracking, _check_data, _check_durations, _check_schedule, _check_counts,
-          _check_run_name,
+          _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, *train_options.CHECKS)

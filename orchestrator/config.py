@@ -85,6 +85,7 @@ class DataConfig:
     chat_template: Optional[str] = None  # None: the tokenizer's own; a TRL template name (llama3, qwen2_5, ...) or a .jinja file
     mix: list[MixSourceConfig] = field(default_factory=list)  # data.source=mix: the sources, each with a weight
     num_proc: Optional[int] = None  # processes for tokenising and packing (TRL's dataset_num_proc; None: one)
+    prepared_cache: bool = True  # SFT: keep the tokenised training set in <storage.uri>/_prepared/ so restarts skip tokenising
 
 
 @dataclass
@@ -179,6 +180,9 @@ class BudgetConfig:
     webhook_url: Optional[str] = None  # Slack-compatible webhook for alerts (a credential: prefer webhook_url_env)
     webhook_url_env: Optional[str] = None  # name of an environment variable holding the webhook URL (preferred)
     projection_alert: bool = True  # alert once when spent + remaining steps x steady cost/step + start-ups to come > max_usd
+    monthly_max_usd: Optional[float] = None  # cap on every job under storage.uri in one calendar month (UTC); spent: exit 3
+    experiment_max_usd: Optional[float] = None  # cap on every job of tracking.experiment under storage.uri; spent: exit 3
+    reserve_ahead: str = "1m"  # spend an attempt reserves in the spend index ahead of spending it (as time at its price)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""``orchestrator status <storage-uri>/<run-name> [--json]``: print a job's ledger.
+"""``orchestrator status <storage-uri>/<run-name> [--json]``: print a job's ledger;
+``orchestrator status --spend <storage-uri>``: the spend index, this month's and each experiment's spend by job.
 
 The table shows the job's status, step, cost and MLflow run, one row per
 attempt (epoch, host, start, duration, exit class, steps, cost), then the
@@ -146,18 +147,65 @@ def _capacity(value) -> str:
     return "on-demand" if value == "on_demand" else str(value or "?")
 
 
+def format_spend(index: dict, where: str, *, now: float | None = None) -> str:
+    """The spend index as ``orchestrator status --spend`` prints it: the month's spend (UTC) and each
+    experiment's (all time), by job; reservations not yet settled are included and counted apart."""
+    from orchestrator.spend import by_job, experiment_total_usd, job_month_usd, job_total_usd, month_of, month_total_usd
+
+    month = month_of(time.time() if now is None else now)
+    jobs = index.get("jobs") or {}
+    out = [f"spend under {where} (reservations of running or lost attempts included)", "",
+           f"month {month} (UTC): ${month_total_usd(index, month):.4f}"]
+    rows = [[name, str(job.get("experiment")), f"${job_month_usd(job, month):.4f}", str(len(job.get("open") or {}))]
+            for name, job in sorted(jobs.items()) if job_month_usd(job, month) > 0 or job.get("open")]
+    out.append(_table(["job", "experiment", "spent", "open attempts"], rows) if rows else "  none")
+    for experiment in sorted({str(job.get("experiment")) for job in jobs.values()}):
+        out += ["", f"experiment {experiment!r}: ${experiment_total_usd(index, experiment):.4f} (all months)"]
+        out.append(_table(["job", "spent"], [[name, f"${job_total_usd(job):.4f}"] for name, job in sorted(jobs.items())
+                                             if str(job.get("experiment")) == experiment]))
+    months = sorted({m for job in jobs.values() for m in (job.get("months") or {})} - {month})
+    if months:
+        out += ["", "earlier months"] + [f"  {m}: ${month_total_usd(index, m):.4f} ({by_job(index, month=m)})" for m in months]
+    return "\n".join(out)
+
+
+def spend_main(uri: str, *, endpoint_url: str | None, as_json: bool) -> int:
+    from orchestrator.spend import INDEX_KEY
+
+    try:
+        store = open_store(uri, endpoint_url=endpoint_url or None)
+        raw = store.get_bytes(INDEX_KEY)
+    except FileNotFoundError:
+        print(f"orchestrator status: no spend index at {store.get_uri(INDEX_KEY)}: no job has started under "
+              f"{store.uri} yet. Give the jobs' storage.uri (not <storage.uri>/<run.name>), and --endpoint-url for "
+              "S3-compatible stores.", file=sys.stderr)
+        return 1
+    except (ValueError, UserError, TransientStorageError) as err:
+        print(f"orchestrator status: {err}", file=sys.stderr)
+        return 1
+    index = json.loads(raw)
+    print(json.dumps(index, indent=2) if as_json else format_spend(index, store.uri))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="orchestrator status",
-        description="Print a job's ledger: status, attempts with exit classes, cost, checkpoints.",
+        description="Print a job's ledger: status, attempts with exit classes, cost, checkpoints "
+                    "(--spend STORAGE_URI: the month's and each experiment's spend by job).",
     )
-    parser.add_argument("target", metavar="STORAGE_URI/RUN_NAME", help="e.g. s3://bucket/runs/exp1 or .cache/runs/exp1")
-    parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
+    parser.add_argument("target", metavar="STORAGE_URI/RUN_NAME", help="e.g. s3://bucket/runs/exp1 or .cache/runs/exp1; "
+                        "with --spend, the jobs' storage.uri (s3://bucket/runs)")
+    parser.add_argument("--json", action="store_true", help="print the ledger (or the spend index) as JSON")
+    parser.add_argument("--spend", action="store_true",
+                        help="print the spend index of the jobs under STORAGE_URI: the month (UTC) and each experiment, by job")
     parser.add_argument(
         "--endpoint-url", default=None,
         help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable",
     )
     args = parser.parse_args(argv)
+    if args.spend:
+        return spend_main(args.target, endpoint_url=args.endpoint_url, as_json=args.json)
     try:
         store_uri, run_name = split_run_uri(args.target)
         # endpoint_url None lets boto3 read AWS_ENDPOINT_URL itself.

@@ -5,12 +5,16 @@ Kept as plain functions (no base class), so each recipe reads top to bottom.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
 from recipes.tiny import TINY_NAME, ensure_tiny_model
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+# Seconds this process spent in load_tokenizer and load_model: the orchestrator's restart split
+# (orchestrator.attempt.restart) reads it around a recipe's build to tell the model load from the rest.
+LOAD_SECONDS = {"total": 0.0}
 
 
 def quantisation_stack_needed(cfg) -> bool:
@@ -57,12 +61,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, *, revision: str 
 
     from recipes.data import chat_template_text
 
+    started = time.monotonic()
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     template = chat_template_text(chat_template)
     if template is not None:
         tok.chat_template = template
+    LOAD_SECONDS["total"] += time.monotonic() - started
     return tok
 
 
@@ -106,6 +112,7 @@ def load_model(path: str, model_cfg, *, quantization: str = "none", mixed_precis
             kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}
     elif quantization != "none":
         raise ConfigError(f"recipe.quantization={quantization!r}; choose none or nf4.")
+    started = time.monotonic()
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:
@@ -124,6 +131,7 @@ def load_model(path: str, model_cfg, *, quantization: str = "none", mixed_precis
         ) from None
     if quantization == "nf4":
         keep_4bit_training_layout(model)
+    LOAD_SECONDS["total"] += time.monotonic() - started
     return model
 
 

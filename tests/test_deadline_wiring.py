@@ -16,7 +16,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch, RestartMeasurement, steady_seconds_per_step
+from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch, steady_seconds_per_step
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule
 from orchestrator.policy.history import spot_lifetimes as lifetimes
@@ -279,14 +279,11 @@ def test_deadline_at_risk_alerts_once_per_job(tmp_path):
     assert [a.name for a in watch.webhook.sent] == [AT_RISK_ALERT] and not on_demand_job.record.load().get("capacity")
 
 
-def test_start_to_first_step_is_recorded_in_the_attempts_ledger_entry(tmp_path):
+def test_the_restart_split_gives_the_policies_their_start_to_first_step(tmp_path):
     runner, _ = make_runner(tmp_path)
-    measure = RestartMeasurement(runner)
-    measure.on_step_end(None, state(1), None)
-    assert "start_to_first_step_s" not in runner.record.load()["attempts"][-1]["extra"]
-    runner.first_step_seconds = 12.5
-    measure.on_step_end(None, state(2), None)
-    assert runner.record.load()["attempts"][-1]["extra"]["start_to_first_step_s"] == 12.5
+    runner.record.record_restart({"imports_s": 2.0, "first_step_s": 0.5, "total_s": 12.5})
+    extra = runner.record.load()["attempts"][-1]["extra"]
+    assert extra["start_to_first_step_s"] == 12.5 and extra["restart"]["imports_s"] == 2.0
 
 
 # ---- launch checks, renders, status ----------------------------------------------------

@@ -128,6 +128,11 @@ def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points
                 "lost_work_usd", "spot_savings_usd", "attempt_checkpoint_stall_s", "eval_accuracy", "loss"):
         assert key in histories, f"metric {key!r} was not logged; logged: {sorted(histories)}"
     assert any(k.startswith("system/") for k in histories), "tracking.log_system_metrics=true logged no system/ metric"
+    # every attempt measured its restart overhead, split by phase, into its ledger entry and the run
+    restarts = [a["extra"].get("restart") or {} for a in ledger["attempts"]]
+    assert all(r.get("total_s", 0) > 0 and "restore_s" in r and "model_load_s" in r for r in restarts), restarts
+    assert len(histories["restart_total_s"]) == 4, histories["restart_total_s"]
+    assert {f"restart_{k}" for k in restarts[-1]} <= set(histories)
 
     files = {p.name: p for p in _download_artifacts(client, mlrun.info.run_id, tmp_path / "artifacts")}
     report = json.loads(files["cost_report.json"].read_text())

@@ -13,7 +13,8 @@ from typing import Any
 
 from orchestrator import distributed as dist
 from orchestrator.attempt.checkpoints import CheckpointController
-from orchestrator.attempt.money import MoneyWatch
+from orchestrator.attempt.datacache import PreparedDataCache, cache_wanted
+from orchestrator.attempt.money import MoneyWatch, SpendWatch
 from orchestrator.attempt.quality import QualityWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
@@ -29,6 +30,10 @@ def job_name(cfg: Any) -> str:
 
 
 def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
+    from orchestrator.attempt.restart import RestartClock
+
+    clock = RestartClock()  # the start-up timeline: its parts are made from here
+    clock.mark("parts")
     from orchestrator.budget import BudgetGuard, default_sinks
     from orchestrator.checkpoint.fingerprint import trajectory_config
     from orchestrator.checkpoint.store import CheckpointStore
@@ -52,9 +57,10 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         raise ConfigError(str(err)) from None
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
-    record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=compute, budget_max_usd=cfg.budget.max_usd)
-              if main else FollowerRecord())
     money = MoneyWatch.from_config(cfg, price)
+    spend = spend_watch(cfg, store, run_name, money) if main else None
+    record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=compute, budget_max_usd=cfg.budget.max_usd,
+                            spend=spend) if main else FollowerRecord())
 
     # one folder per attempt, shared by its ranks (the launcher hands them a token)
     token = environ.get("ORCH_ATTEMPT_TOKEN", f"pid{os.getpid()}")
@@ -63,7 +69,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         CheckpointStore(store, run_name, keep_last=cfg.checkpoint.keep_last, staging_dir=work / "staging"), record,
         main=main, work=work, token=token, snapshot_dir=cfg.checkpoint.snapshot_dir,
         full_model=cfg.recipe.peft == "full", trajectory=trajectory_config(cfg),
-        attempt_cost_usd=money.attempt_cost_usd)
+        attempt_cost_usd=money.attempt_cost_usd, clock=clock)
 
     from recipes.evaluation import quality_metric
 
@@ -73,11 +79,13 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         quality_metric=quality_metric(cfg).name,
         job_metrics_every_s=parse_duration(cfg.tracking.job_metrics_every, key="tracking.job_metrics_every"))
     if main:
-        money.watch_budget(BudgetGuard(cfg.budget, record_alert=record.record_alert, job_name=run_name,
-                                       sinks=default_sinks(cfg.budget, set_tag=tracking.set_tag if tracking.active else None)))
+        sinks = default_sinks(cfg.budget, set_tag=tracking.set_tag if tracking.active else None)
+        money.watch_budget(BudgetGuard(cfg.budget, record_alert=record.record_alert, job_name=run_name, sinks=sinks),
+                           spend.with_alerts(cfg.budget, sinks))
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
     preemption = PreemptionHandler.from_config(cfg.preemption, watch_cloud=main)
     quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
+    recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
     hooks = TestHooks.from_environ(environ)
     auto = is_auto(cfg.checkpoint.every)
     runner = Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
@@ -91,13 +99,12 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
 
 def steering(cfg: Any, runner: Runner, *, compute: Any, capacity: str, catalog: dict, auto: bool, hooks: TestHooks,
              environ) -> list:
-    """The main rank's Trainer callbacks besides the orchestrator's: the restart measurement, the checkpoint
-    schedule (``checkpoint.every=auto``) and the deadline's capacity watch (``run.deadline``)."""
-    from orchestrator.attempt.capacity import CapacityWatch, RestartMeasurement
+    """The main rank's Trainer callbacks besides the orchestrator's: the checkpoint schedule (``checkpoint.every=auto``) and the deadline's capacity watch (``run.deadline``)."""
+    from orchestrator.attempt.capacity import CapacityWatch
     from orchestrator.attempt.schedule import CheckpointSchedule
     from orchestrator.budget import WebhookSink, webhook_url
 
-    callbacks: list = [RestartMeasurement(runner)]
+    callbacks: list = []
     if auto:
         low, high = interval_bounds(cfg.checkpoint)
         callbacks.append(CheckpointSchedule(runner, compute=compute, catalog=catalog, min_seconds=low, max_seconds=high))
@@ -109,3 +116,34 @@ def steering(cfg: Any, runner: Runner, *, compute: Any, capacity: str, catalog: 
             webhook=WebhookSink(url) if url else None, heartbeat_seconds=hooks.heartbeat_seconds,
             spot_job=bool(cfg.compute.spot)))
     return callbacks
+
+
+def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: CheckpointController, record: Any,
+                    tracking: AttemptTracking, work: Path) -> Any:
+    """The recipe with its build timed, its training set from the prepared-dataset cache, and the restart
+    split reported to the ledger and MLflow at the first step."""
+    from orchestrator.attempt.restart import MeasuredRecipe
+
+    def report(split: dict, step: int) -> None:
+        record.record_restart(split)
+        # an earlier attempt SIGKILLed before its points left it: its split is in the ledger, logged here at
+        # its own step (a step the run already has is dropped, so nothing is logged twice)
+        for earlier in record.prior_attempts:
+            logged = (earlier.get("extra") or {}).get("restart")
+            if logged:
+                tracking.log_metrics({f"restart_{k}": v for k, v in logged.items()}, int(earlier["step_start"]) + 1)
+        tracking.log_metrics({f"restart_{k}": v for k, v in split.items()}, step)
+
+    cache = PreparedDataCache(checkpoints.checkpoints, work=work) if cache_wanted(cfg) else None
+    return MeasuredRecipe(recipe, clock, cache=cache, data_fingerprint=lambda: checkpoints.dataset_fp, report=report)
+
+
+def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch) -> SpendWatch:
+    """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
+    from orchestrator.spend import Caps, SpendIndex
+
+    caps = Caps(run_name, str(cfg.tracking.experiment), monthly_max_usd=cfg.budget.get("monthly_max_usd"),
+                experiment_max_usd=cfg.budget.get("experiment_max_usd"))
+    return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_hour_total / 3600.0,
+                      window_s=parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead"),
+                      spent=money.attempt_cost_usd)

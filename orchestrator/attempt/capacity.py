@@ -201,17 +201,3 @@ class CapacityWatch(TrainerCallback):
 
         self.webhook.send(Alert(name, message, total_cost_usd=self.runner.money.total_cost_usd(),
                                 max_usd=float(self.runner.cfg.budget.max_usd or 0.0)))
-
-
-class RestartMeasurement(TrainerCallback):
-    """Records the attempt's start to the end of its first step (``start_to_first_step_s``, one restart's cost)
-    in its ledger entry, once, after the runner measured it (main rank; after the orchestrator callback)."""
-
-    def __init__(self, runner: Any):
-        self.runner = runner
-        self.done = False
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if not self.done and self.runner.first_step_seconds is not None:
-            self.done = True
-            self.runner.record.note(start_to_first_step_s=self.runner.first_step_seconds)

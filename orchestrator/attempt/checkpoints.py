@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from orchestrator import distributed as dist
 from orchestrator.checkpoint import snapshot
-from orchestrator.checkpoint.store import CheckpointStore
+from orchestrator.checkpoint.store import CheckpointStore, announce_restore
 from orchestrator.errors import ConfigError, UserError
 
 log = logging.getLogger("orchestrator.worker")
@@ -41,10 +42,12 @@ class CheckpointController:
         full_model: a full fine-tune (snapshots hold the whole model and its optimizer state).
         meta: what every manifest records (trajectory, dataset fingerprint are filled in by ``set_dataset``).
         attempt_cost_usd: the attempt's cost so far, recorded with each commit (the ledger's heartbeat).
+        clock: the attempt's restart clock (``orchestrator.attempt.restart.RestartClock``), or None.
     """
 
     def __init__(self, checkpoints: CheckpointStore, record: Any, *, main: bool, work: Path, token: str,
-                 snapshot_dir: str, full_model: bool, trajectory: dict, attempt_cost_usd: Callable[[], float]):
+                 snapshot_dir: str, full_model: bool, trajectory: dict, attempt_cost_usd: Callable[[], float],
+                 clock: Any = None):
         self.checkpoints = checkpoints
         self.store = checkpoints.store
         self.run_name = checkpoints.run_name
@@ -58,6 +61,9 @@ class CheckpointController:
         self.dataset_fp = ""
         self.attempt_cost_usd = attempt_cost_usd
         self.snapshot_root = work  # moved to memory by use_snapshot_root() when there is room
+        self.clock = clock
+        self._prefetch: Optional[threading.Thread] = None
+        self._prefetched: tuple = (None, None, None)  # (folder, manifest, error) of the background download
         if main:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -73,7 +79,23 @@ class CheckpointController:
             self.checkpoints.remove_uncommitted()
 
     def set_dataset(self, fingerprint: str) -> None:
+        """The dataset is read: its fingerprint goes into every manifest; the checkpoint's download starts
+        (rank 0, in the background), so that it overlaps the model's load."""
         self.dataset_fp = fingerprint
+        if self.clock is not None:
+            self.clock.mark("data_read")
+        if self.main and self._prefetch is None:
+            self._prefetch = threading.Thread(target=self._download, name="checkpoint-restore", daemon=True)
+            self._prefetch.start()
+
+    def _download(self) -> None:
+        started = time.monotonic()
+        try:
+            self._prefetched = (*self.checkpoints.restore_latest(self.work / "restore", announce=False), None)
+        except Exception as err:  # noqa: BLE001 - raised where the restore is joined
+            self._prefetched = (None, None, err)
+        if self.clock is not None:
+            self.clock.download_s = time.monotonic() - started
 
     @property
     def meta(self) -> dict:
@@ -81,10 +103,26 @@ class CheckpointController:
 
     # ---- restore ----------------------------------------------------------------
     def restore(self, check: Callable[[dict], None]) -> tuple[Optional[Path], Optional[dict]]:
-        """Rank 0 downloads and verifies the newest usable checkpoint; every rank gets its local path."""
+        """Rank 0 joins the download ``set_dataset`` started (the newest usable checkpoint, verified) and asks
+        ``check(manifest)`` whether it may resume from it; every rank gets its local path."""
+        restored, manifest = self._restore(check)
+        if self.clock is not None:
+            self.clock.mark("restored")
+        return restored, manifest
+
+    def _restore(self, check: Callable[[dict], None]) -> tuple[Optional[Path], Optional[dict]]:
         if self.main:
             try:
-                restored, manifest = self.checkpoints.restore_latest(self.work / "restore", check=check)
+                if self._prefetch is None:
+                    self._download()
+                else:
+                    self._prefetch.join()
+                restored, manifest, error = self._prefetched
+                if error is not None:
+                    raise error
+                if manifest is not None:
+                    check(manifest)
+                    announce_restore(restored, manifest)
             except UserError as err:
                 dist.broadcast(("error", str(err)))
                 raise

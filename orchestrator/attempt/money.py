@@ -7,10 +7,11 @@ rank's decision reaches them through the callback's broadcast).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from orchestrator.cost import CostMeter, Price
 from orchestrator.cost_report import JobFigures, estimated_tokens_per_step
+from orchestrator.errors import BudgetExhausted
 from orchestrator.exitcodes import INTERRUPTED_CLASSES
 
 
@@ -29,6 +30,7 @@ class MoneyWatch:
         self.budget_max_usd = budget_max_usd
         self.fallback_tokens_per_step = fallback_tokens_per_step
         self.guard = None  # the budget guard, main rank only: set by watch_budget()
+        self.spend = None  # the hold on the spend index (monthly/experiment caps), main rank only: watch_budget()
         self.prior_cost_usd = 0.0
         self.budget_stopped = False
         self.figures: Optional[JobFigures] = None
@@ -38,8 +40,9 @@ class MoneyWatch:
         return cls(price, max_steps=cfg.train.max_steps, budget_max_usd=cfg.budget.max_usd,
                    fallback_tokens_per_step=estimated_tokens_per_step(cfg))
 
-    def watch_budget(self, guard) -> None:
+    def watch_budget(self, guard, spend: "SpendWatch | None" = None) -> None:
         self.guard = guard
+        self.spend = spend
 
     def start(self, prior_attempts: list[dict], prior_cost_usd: float, step_at_start: int) -> None:
         """After the ledger's begin and the restore: the job's earlier attempts and where this one starts."""
@@ -62,6 +65,10 @@ class MoneyWatch:
         """
         if self.guard is None:
             return None
+        capped = self.spend.stop_reason(self.meter.attempt_cost_usd()) if self.spend is not None else None
+        if capped:
+            self.budget_stopped = True
+            return capped
         total = self.total_cost_usd()
         # plain numbers: this runs every step, and an OmegaConf lookup costs tens of microseconds
         self.guard.check(total, steps_done=step, max_steps=self.max_steps,
@@ -104,3 +111,85 @@ class MoneyWatch:
             step=step, attempt_cost_usd=self.meter.attempt_cost_usd(), attempt_gpu_hours=self.meter.gpu_hours(),
             mean_step_seconds=whole.get("step_time_s"), window_step_seconds=window_step_seconds,
             checkpoint_stall_seconds=stall, checkpoint_upload_seconds=upload_seconds, **overrides)
+
+
+class SpendWatch:
+    """The attempt's hold on the store's spend index (``orchestrator.spend``): main rank only.
+
+    ``begin`` reserves the start-up still to come (the job's last measured start to first step) and
+    one window (``budget.reserve_ahead``) at this attempt's price, or raises BudgetExhausted when a cap
+    is spent; ``stop_reason``, every step, extends the reservation when half a window is left (one
+    conditional write), sends the caps' alerts once each, and says stop once the attempt's spend
+    reaches its reservation and the caps grant no more; ``settle`` at the end.
+
+    Args:
+        index: ``orchestrator.spend.SpendIndex`` for this job.
+        usd_per_second: this attempt's price.
+        window_s: ``budget.reserve_ahead`` in seconds.
+        spent: the attempt's spend so far (its cost meter).
+        guards: ``(scope kind, BudgetGuard)`` per cap set: "monthly" or "experiment" (``with_alerts``).
+    """
+
+    def __init__(self, index: Any, *, usd_per_second: float, window_s: float, spent: Callable[[], float],
+                 guards: list = ()):
+        self.index = index
+        self.usd_per_second = max(0.0, float(usd_per_second))
+        self.window_usd = self.usd_per_second * max(0.0, float(window_s))
+        self.spent = spent
+        self.guards = list(guards)
+        self.epoch: Optional[int] = None
+        self.through = 0.0
+        self.capped = False  # the last grant was cut short by a cap: ask again only when it is used up
+        self.refusal: Optional[str] = None
+
+    def begin(self, epoch: int, *, startup_s: float = 0.0) -> None:
+        self.epoch = epoch
+        spent = self.spent()
+        ahead = self.window_usd + self.usd_per_second * max(0.0, startup_s)
+        grant = self.index.reserve(epoch, spent, spent + ahead)
+        self._take(grant, spent, ahead)
+        if grant.through <= spent and ahead > 0:  # another job took the last dollars since the ledger's check
+            raise BudgetExhausted(grant.refusal or f"spend cap reached: {self.index.where} grants this job nothing")
+
+    def stop_reason(self, spent: float) -> Optional[str]:
+        if self.epoch is None or self.window_usd <= 0:
+            return None
+        if spent < self.through and (self.capped or spent < self.through - self.window_usd / 2):
+            return None  # the cheap path: most steps end here
+        self._take(self.index.reserve(self.epoch, spent, spent + self.window_usd), spent, self.window_usd)
+        if spent < self.through:
+            return None
+        return self.refusal or (f"spend cap reached: the spend index {self.index.where} grants this job no more "
+                                f"than ${self.through:.4f} this attempt")
+
+    def with_alerts(self, budget_cfg: Any, sinks: list) -> "SpendWatch":
+        """Add the 50/80/100% alerts (``budget.alert_thresholds``) of each cap set, once each for every job under it."""
+        from types import SimpleNamespace
+
+        from orchestrator.budget import BudgetGuard
+        from orchestrator.spend import month_of
+
+        caps = self.index.caps
+        for kind, max_usd, key in (("monthly", caps.monthly_max_usd, "budget.monthly_max_usd"),
+                                   ("experiment", caps.experiment_max_usd, "budget.experiment_max_usd")):
+            if max_usd is None:
+                continue
+            scope = month_of(self.index.clock()) if kind == "monthly" else caps.experiment
+            subject = (f"every job under {self.index.where} in {scope} (UTC)" if kind == "monthly"
+                       else f"experiment {scope!r} under {self.index.where}")
+            limits = SimpleNamespace(max_usd=max_usd, alert_thresholds=budget_cfg.alert_thresholds, projection_alert=False)
+            self.guards.append((kind, BudgetGuard(
+                limits, record_alert=lambda name, scope=scope: self.index.record_alert(scope, name), sinks=sinks,
+                job_name=caps.run_name, prefix=f"{kind}_cap", subject=subject, budget_key=key)))
+        return self
+
+    def settle(self, spent: float) -> None:
+        if self.epoch is not None:
+            self.index.settle(self.epoch, spent)
+
+    def _take(self, grant, spent: float, asked: float) -> None:
+        self.capped = grant.through < spent + asked - 1e-12
+        self.through = grant.through
+        self.refusal = grant.refusal
+        for kind, guard in self.guards:
+            guard.check(grant.month_usd if kind == "monthly" else grant.experiment_usd, steps_done=0, max_steps=0)

@@ -12,7 +12,7 @@ import socket
 from typing import Any, Optional
 
 from orchestrator.cost import attempts_cost_usd
-from orchestrator.errors import Fenced
+from orchestrator.errors import BudgetExhausted, Fenced
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.requeue import RequeuePolicy, start_refusal
@@ -28,12 +28,15 @@ class AttemptRecord:
         policy: the requeue caps and crash-loop breaker, asked before an attempt starts.
         compute: the ``compute`` config (what this attempt runs on, for the bill).
         budget_max_usd: the job's hard budget, or None.
+        spend: the attempt's hold on the store's spend index (``orchestrator.attempt.money.SpendWatch``), or None.
     """
 
     writes = True
 
-    def __init__(self, ledger: Ledger, policy: RequeuePolicy, *, compute: Any, budget_max_usd: Optional[float]):
+    def __init__(self, ledger: Ledger, policy: RequeuePolicy, *, compute: Any, budget_max_usd: Optional[float],
+                 spend: Any = None):
         self.ledger = ledger
+        self.spend = spend
         self.policy = policy
         self.compute = compute
         self.budget_max_usd = budget_max_usd
@@ -46,17 +49,23 @@ class AttemptRecord:
 
     def begin(self, newest_checkpoint_step: int, *, final_uri: str = "") -> dict:
         """Take the next epoch (fencing older attempts) or raise why not: AlreadyCompleted (exit 0),
-        CapsReached, BudgetExhausted (``orchestrator.requeue.start_refusal``). Returns the new attempt."""
+        CapsReached, BudgetExhausted (``orchestrator.requeue.start_refusal``; a spent monthly or experiment cap,
+        from the spend index, then its first reservation). Returns the new attempt."""
         compute = self.compute
 
         def refuse(ledger: dict):
-            return start_refusal(ledger, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
+            refusal = start_refusal(ledger, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
+            capped = self.spend.index.refusal() if refusal is None and self.spend is not None else None
+            return BudgetExhausted(capped) if capped else refusal
 
         attempt = self.ledger.begin_attempt(
             host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
             gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
             checkpoint_step=newest_checkpoint_step, refuse=refuse)
-        self.prior_attempts = [a for a in self.ledger.load()["attempts"] if a["epoch"] != attempt["epoch"]]
+        stored = self.ledger.load()
+        if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
+            self.spend.begin(attempt["epoch"], startup_s=last_startup_seconds(stored))
+        self.prior_attempts = [a for a in stored["attempts"] if a["epoch"] != attempt["epoch"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
                  self.ledger.run_name, attempt["host"], newest_checkpoint_step)
@@ -96,6 +105,12 @@ class AttemptRecord:
     def quality(self) -> dict:
         return dict(self.ledger.load().get("quality") or {})
 
+    def record_restart(self, split: dict) -> None:
+        """This attempt's restart overhead, split by phase (``orchestrator.attempt.restart``), in its ledger entry;
+        its total is the ``start_to_first_step_s`` the policies read (``orchestrator.policy.history``)."""
+        self.ledger.update(lambda ledger: self.ledger.current_attempt(ledger)["extra"].update(
+            restart=dict(split), start_to_first_step_s=split.get("total_s")))
+
     def update_quality(self, metrics: dict) -> None:
         self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update(metrics))
 
@@ -114,9 +129,18 @@ class AttemptRecord:
         return first
 
     def end(self, exit_class: ExitClass, step: int, cost_usd: float) -> dict:
-        """Close the attempt (its status: ``exitcodes.OUTCOMES``); returns the ledger as written."""
+        """Close the attempt (its status: ``exitcodes.OUTCOMES``); settle its spend; returns the ledger as written."""
         self.ledger.end_attempt(exit_class, step, cost_usd)
+        self._settle(cost_usd)
         return self.ledger.load()
+
+    def _settle(self, cost_usd: float) -> None:
+        if self.spend is None:
+            return
+        try:
+            self.spend.settle(cost_usd)
+        except Exception as err:  # noqa: BLE001 - the reservation stays charged: the index over-counts, never under
+            log.warning("could not settle this attempt's spend in the spend index: %s", err)
 
     def fail(self, exit_class: ExitClass, step: int, cost_usd: float) -> None:
         """Best effort: record a failed attempt; the ledger may be what failed."""
@@ -126,6 +150,16 @@ class AttemptRecord:
             self.ledger.end_attempt(exit_class, step, cost_usd)
         except Exception as err:  # noqa: BLE001
             log.warning("could not record the attempt's end in the ledger: %s", err)
+        self._settle(cost_usd)
+
+
+def last_startup_seconds(ledger: dict) -> float:
+    """The job's newest measured start to first step (``extra.restart.total_s``), 0 when none was measured."""
+    for attempt in reversed(ledger.get("attempts") or []):
+        total = ((attempt.get("extra") or {}).get("restart") or {}).get("total_s")
+        if total:
+            return float(total)
+    return 0.0
 
 
 class FollowerRecord:
@@ -165,6 +199,9 @@ class FollowerRecord:
 
     def quality(self) -> dict:
         return {}
+
+    def record_restart(self, split: dict) -> None:
+        return None
 
     def update_quality(self, metrics: dict) -> None:
         return None

@@ -94,9 +94,9 @@ class Runner:
         self.begin()
         self.preemption.install()
         try:
-            train_ds, eval_ds = self.load_data()
-            restored, manifest = self.restore()
+            train_ds, eval_ds = self.load_data()  # and the checkpoint's download starts, behind the model's load
             trainer = self.build(train_ds, eval_ds)
+            restored, manifest = self.restore()
             self.quality.ask_before(trainer, fresh=restored is None)  # the "before" of quality per dollar
             with safe_load.no_code_from_storage():  # every torch.load weights_only=True, DeepSpeed's too
                 trainer.train(resume_from_checkpoint=str(restored) if restored else None)

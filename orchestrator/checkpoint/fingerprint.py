@@ -21,7 +21,7 @@ log = logging.getLogger("orchestrator.checkpoint")
 # Worker and process counts only change how fast batches are made, not which (the sampler stays in the main
 # process), so a job may resume with other values.
 _NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps", "dataloader_num_workers"},
-                   "data": {"max_eval_examples", "num_proc"},
+                   "data": {"max_eval_examples", "num_proc", "prepared_cache"},
                    "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
 
 

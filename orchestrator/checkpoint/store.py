@@ -68,6 +68,11 @@ def _lower_thread_priority() -> None:
         pass
 
 
+def announce_restore(local: Path, manifest: dict) -> None:
+    log.info("restoring checkpoint %s (step %d), all %d files verified", Path(local).name, manifest["step"],
+             len(manifest["files"]))
+
+
 def retry_transient(fn, attempts: int = 4, first_delay_s: float = 0.5):
     """``fn()``, retried with exponential backoff while the store reports a transient error."""
     from orchestrator.storage.base import TransientStorageError
@@ -245,13 +250,14 @@ class CheckpointStore:
 
     # ---- restore -------------------------------------------------------------
     def restore_latest(self, dest_root: Path, *, check: Callable[[dict], None] | None = None,
-                       step: Optional[int] = None) -> tuple[Optional[Path], Optional[dict]]:
+                       step: Optional[int] = None, announce: bool = True) -> tuple[Optional[Path], Optional[dict]]:
         """Download and verify the newest committed checkpoint (``step``: of that step), falling back to older ones.
 
         Every manifest path is checked before any download, every file's size and SHA-256 before anything
         is deserialised, every pickle loaded once with ``weights_only=True`` and the allow-list of
         :mod:`orchestrator.checkpoint.safe_load`; a checkpoint failing any is reported, the previous one tried.
-        ``check(manifest)`` may raise (e.g. a changed config) to refuse the resume.
+        ``check(manifest)`` may raise (e.g. a changed config) to refuse the resume. ``announce=False``: the
+        caller checks and logs "restoring checkpoint" itself (a download ahead of the check, in the background).
         Returns (local folder, manifest) or (None, None) when there is none.
         """
         from orchestrator.checkpoint import safe_load
@@ -274,7 +280,8 @@ class CheckpointStore:
                 continue
             if check is not None:
                 check(manifest)
-            log.info("restoring checkpoint %s (step %d), all %d files verified", ckpt.name, ckpt.step, len(manifest["files"]))
+            if announce:
+                announce_restore(local, manifest)
             return local, manifest
         if committed and step is None:
             log.warning("none of the %d committed checkpoints is usable; training starts from scratch", len(committed))

@@ -1,0 +1,150 @@
+"""Prepared (tokenised) training sets kept in storage, so a restart does not tokenise again.
+
+TRL's SFTTrainer tokenises in its constructor, and skips that for a dataset that already
+has ``input_ids`` (``SFTTrainer._prepare_dataset``: ``is_processed``; the labels too when a
+``labels`` column is there). The first attempt saves the trainer's prepared training set
+(``Dataset.save_to_disk``: Arrow files and JSON, no pickle) under
+``<storage.uri>/_prepared/<key>/`` through the checkpoint store's commit protocol (files,
+then a manifest with every SHA-256, last); a later attempt, of this job or another with the
+same data, downloads it, verifies every hash against the manifest before anything is read,
+and hands it to the recipe in place of the raw rows.
+
+The key hashes everything that shapes the prepared rows: the dataset's fingerprint (its rows,
+in order), the tokenizer (vocabulary and merges, special tokens, chat template, class), the
+recipe (its name and the source of the recipe modules, where the trainer's options are set),
+``data.max_length``, and the versions of TRL, transformers, tokenizers and datasets.
+
+SFT only (``recipe=sft`` and ``recipe=qlora``): DPOTrainer tokenises every dataset it is given,
+prepared or not. Off for distributed jobs (each rank prepares its own copy) and with
+``data.prepared_cache=false``.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from orchestrator.checkpoint import manifest as mf
+
+log = logging.getLogger("orchestrator.worker")
+
+PREFIX = "_prepared/"
+CACHED_RECIPES = ("sft", "qlora")
+
+
+def cache_wanted(cfg: Any) -> bool:
+    return bool(cfg.data.get("prepared_cache", True)) and cfg.recipe.name in CACHED_RECIPES and \
+        cfg.distributed.name == "none"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 of what decides a tokenizer's output: its class, vocabulary and merges, special tokens, template."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    parts = {
+        "class": type(tokenizer).__name__,
+        "backend": backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True),
+        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        "chat_template": getattr(tokenizer, "chat_template", None),
+        "padding_side": tokenizer.padding_side, "truncation_side": tokenizer.truncation_side,
+        "add_bos": getattr(tokenizer, "add_bos_token", None), "add_eos": getattr(tokenizer, "add_eos_token", None),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_key(cfg: Any, data_fingerprint: str, tokenizer) -> str:
+    """The prepared set's name in storage: a hash of everything that shapes its rows (see the module's doc)."""
+    import datasets
+    import tokenizers
+    import transformers
+    import trl
+
+    from recipes import common, sft
+
+    recipe = __import__(f"recipes.{cfg.recipe.name}", fromlist=["build_trainer"])
+    parts = {
+        "data": data_fingerprint, "tokenizer": tokenizer_fingerprint(tokenizer), "recipe": cfg.recipe.name,
+        "recipe_source": hashlib.sha256("".join(inspect.getsource(m) for m in sorted({recipe, sft, common}, key=lambda m: m.__name__)).encode()).hexdigest(),
+        "max_length": int(cfg.data.max_length),
+        "versions": [trl.__version__, transformers.__version__, tokenizers.__version__, datasets.__version__],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class PreparedDataCache:
+    """Args:
+        checkpoints: the job's ``CheckpointStore`` (its commit protocol and store).
+        work: a local folder of this attempt for the downloads.
+    """
+
+    def __init__(self, checkpoints: Any, *, work: Path):
+        self.checkpoints = checkpoints
+        self.store = checkpoints.store
+        self.work = Path(work)
+        self._saving: Optional[threading.Thread] = None
+        self._keys: dict[str, str] = {}
+        self.hit: Optional[bool] = None
+
+    def _key(self, cfg: Any, data_fingerprint: str) -> str:
+        from recipes.common import load_tokenizer, resolve_model_path
+
+        if self._keys.get(data_fingerprint) is None:  # one tokenizer load per attempt, not one per call
+            tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
+            self._keys[data_fingerprint] = cache_key(cfg, data_fingerprint, tokenizer)
+        return self._keys[data_fingerprint]
+
+    def load(self, cfg: Any, data_fingerprint: str):
+        """The prepared training set, downloaded and verified; None when there is none (or it is unusable)."""
+        from datasets import Dataset
+
+        key = self._key(cfg, data_fingerprint)
+        prefix = f"{PREFIX}{key}/"
+        local = self.work / "prepared" / key
+        try:
+            manifest = mf.loads(self.store.get_bytes(prefix + mf.MANIFEST_NAME))  # paths checked, signature if set
+        except FileNotFoundError:
+            self.hit = False
+            return None
+        try:
+            shutil.rmtree(local, ignore_errors=True)
+            for entry in manifest["files"]:
+                self.store.download_file(prefix + entry["path"], mf.safe_join(local, entry["path"]))
+            mf.verify_folder(local, manifest)  # every size and SHA-256 before anything is read
+            dataset = Dataset.load_from_disk(str(local))
+        except (mf.CorruptCheckpoint, FileNotFoundError, ValueError) as err:
+            log.warning("the prepared dataset %s is unusable (%s); tokenising again", self.store.get_uri(prefix), err)
+            self.hit = False
+            return None
+        self.hit = True
+        log.info("prepared training set from %s (%d rows, verified): no tokenisation", self.store.get_uri(prefix),
+                 len(dataset))
+        return dataset
+
+    def save_later(self, cfg: Any, data_fingerprint: str, dataset) -> None:
+        """Save the trainer's prepared training set in the background (training does not wait for it)."""
+        key = self._key(cfg, data_fingerprint)
+        self._saving = threading.Thread(target=self._save, args=(key, dataset), name="prepared-dataset", daemon=True)
+        self._saving.start()
+
+    def _save(self, key: str, dataset) -> None:
+        prefix = f"{PREFIX}{key}/"
+        local = self.work / "prepared-save" / key
+        try:
+            if self.store.exists(prefix + mf.MANIFEST_NAME):
+                return  # another job saved it meanwhile
+            shutil.rmtree(local, ignore_errors=True)
+            dataset.save_to_disk(str(local))
+            self.checkpoints.commit_folder(local, prefix, step=0, epoch=0, meta={"prepared_dataset": key})
+            log.info("prepared training set saved to %s", self.store.get_uri(prefix))
+        except Exception as err:  # noqa: BLE001 - a cache that could not be written costs the next restart only
+            log.warning("could not save the prepared training set to %s: %s", self.store.get_uri(prefix), err)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+
+    def wait(self, timeout: float = 60.0) -> None:
+        if self._saving is not None:
+            self._saving.join(timeout)

@@ -1,0 +1,260 @@
+"""The spend index: what every job under one ``storage.uri`` spends, by calendar month (UTC) and by experiment.
+
+It backs ``budget.monthly_max_usd`` (all jobs under the store, one UTC month) and
+``budget.experiment_max_usd`` (all jobs of one ``tracking.experiment`` under the
+store, all time). It lives at ``_spend/index.json`` beside the jobs' folders (a run
+name starts with a letter or digit, so no job is called ``_spend``) and moves only
+by the ledger's conditional write (``orchestrator.ledger.transact``).
+
+Money is charged to the index *before* it is spent: an attempt holds a
+reservation, the spend it may reach (``through``), and extends it
+(``budget.reserve_ahead`` of its price at a time) only while the caps leave room.
+A grant never takes a cap's total past the cap, and every grant is one conditional
+write against the whole index, so two jobs racing for the last dollars cannot both
+get them: the index's charged total never exceeds a cap. An attempt stops (final
+checkpoint, exit 3) once its spend reaches its reservation and no more is granted.
+At its end it settles its reservation to what it spent; an attempt that vanished
+(SIGKILL, a lost machine) is settled by the job's next attempt at its full
+reservation, the most it can have spent.
+
+Shape::
+
+    {"jobs": {run_name: {"experiment": str, "months": {"YYYY-MM": settled_usd},
+                         "open": {"<epoch>": {"month", "base", "spent", "through", "updated_at"}}}},
+     "alerts": {"<scope>/<alert name>": unix_time}}
+
+An open entry charges ``max(spent, through) - base`` to its month: ``base`` is the
+attempt's spend when the entry opened (an attempt that runs into a new month moves
+what it spent so far into the old month and opens a new entry).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from orchestrator.ledger import transact
+from orchestrator.storage.base import ObjectStore
+
+INDEX_KEY = "_spend/index.json"
+# a cap counts as reached within this of it: grants fill a cap exactly, and sums of floats land a hair short
+CAP_TOLERANCE_USD = 1e-9
+
+
+def month_of(ts: float) -> str:
+    """The calendar month (UTC) of a unix time: ``2026-12``."""
+    return time.strftime("%Y-%m", time.gmtime(ts))
+
+
+def _open_charge(entry: dict) -> float:
+    return max(float(entry["spent"]), float(entry["through"])) - float(entry["base"])
+
+
+def job_month_usd(job: dict, month: str) -> float:
+    """What one job has spent or holds reserved in ``month``."""
+    settled = float((job.get("months") or {}).get(month, 0.0))
+    return settled + sum(_open_charge(e) for e in (job.get("open") or {}).values() if e["month"] == month)
+
+
+def job_total_usd(job: dict) -> float:
+    """What one job has spent or holds reserved, all months."""
+    return sum(float(v) for v in (job.get("months") or {}).values()) + sum(
+        _open_charge(e) for e in (job.get("open") or {}).values())
+
+
+def month_total_usd(index: dict, month: str) -> float:
+    return sum(job_month_usd(job, month) for job in (index.get("jobs") or {}).values())
+
+
+def experiment_total_usd(index: dict, experiment: str) -> float:
+    return sum(job_total_usd(job) for job in (index.get("jobs") or {}).values() if job.get("experiment") == experiment)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The caps one job is under (None: no cap) and where it sits in the index."""
+
+    run_name: str
+    experiment: str
+    monthly_max_usd: Optional[float] = None
+    experiment_max_usd: Optional[float] = None
+
+    def room_usd(self, index: dict, month: str) -> Optional[float]:
+        """What the caps still allow in ``month`` (None: no cap)."""
+        rooms = []
+        if self.monthly_max_usd is not None:
+            rooms.append(float(self.monthly_max_usd) - month_total_usd(index, month))
+        if self.experiment_max_usd is not None:
+            rooms.append(float(self.experiment_max_usd) - experiment_total_usd(index, self.experiment))
+        return min(rooms) if rooms else None
+
+    def refusal(self, index: dict, month: str, where: str) -> Optional[str]:
+        """Why a job under these caps may spend nothing more, with the numbers; None while there is room."""
+        if self.monthly_max_usd is not None:
+            total = month_total_usd(index, month)
+            if total >= self.monthly_max_usd - CAP_TOLERANCE_USD:
+                return (f"monthly spend cap reached: jobs under {where} have spent ${total:.4f} in {month} (UTC) of "
+                        f"budget.monthly_max_usd=${self.monthly_max_usd:g} ({by_job(index, month=month)}). Raise "
+                        "budget.monthly_max_usd, or relaunch next month; the job goes on from its last checkpoint")
+        if self.experiment_max_usd is not None:
+            total = experiment_total_usd(index, self.experiment)
+            if total >= self.experiment_max_usd - CAP_TOLERANCE_USD:
+                return (f"experiment spend cap reached: jobs of experiment {self.experiment!r} under {where} have spent "
+                        f"${total:.4f} of budget.experiment_max_usd=${self.experiment_max_usd:g} "
+                        f"({by_job(index, experiment=self.experiment)}). Raise budget.experiment_max_usd to go on "
+                        "from the last checkpoint")
+        return None
+
+
+def by_job(index: dict, *, month: Optional[str] = None, experiment: Optional[str] = None) -> str:
+    """``a $1.2000, b $0.3000``: the jobs' shares of a month's or an experiment's spend."""
+    parts = []
+    for name, job in sorted((index.get("jobs") or {}).items()):
+        if experiment is not None and job.get("experiment") != experiment:
+            continue
+        usd = job_month_usd(job, month) if month is not None else job_total_usd(job)
+        if usd > 0:
+            parts.append(f"{name} ${usd:.4f}")
+    return ", ".join(parts) or "no job"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A reservation's outcome: the attempt may spend up to ``through``; the index's totals after the write."""
+
+    through: float
+    month: str
+    month_usd: float
+    experiment_usd: float
+    refusal: Optional[str] = None
+
+
+class SpendIndex:
+    """The spend index of one store, for one job.
+
+    Args:
+        store: the jobs' store (``storage.uri``), where ``_spend/index.json`` lives.
+        caps: the job's caps and names.
+        clock: unix time (tests move it across a month).
+    """
+
+    def __init__(self, store: ObjectStore, caps: Caps, *, clock: Callable[[], float] = time.time):
+        self.store = store
+        self.caps = caps
+        self.clock = clock
+
+    @property
+    def where(self) -> str:
+        return self.store.uri
+
+    def load(self) -> dict:
+        import json
+
+        try:
+            return json.loads(self.store.get_bytes(INDEX_KEY))
+        except FileNotFoundError:
+            return {}
+
+    def refusal(self) -> Optional[str]:
+        """Read only: why this job may not start (a cap already spent), with the numbers; None when it may."""
+        return self.caps.refusal(self.load(), month_of(self.clock()), self.where)
+
+    def reserve(self, epoch: int, spent: float, want_through: float) -> Grant:
+        """Record that attempt ``epoch`` has spent ``spent`` and ask to spend up to ``want_through``.
+
+        One conditional write. Grants what the caps leave room for, never more (at least ``spent``:
+        what is spent is charged whatever the caps say). Settles this job's older open entries
+        (attempts that vanished) at their reservation.
+        """
+        now = self.clock()
+        month = month_of(now)
+        out: list[Grant] = []
+
+        def mutate(index: Optional[dict]) -> dict:
+            index = _fresh(index)
+            job = self._job(index)
+            _settle_vanished(job, keep=str(epoch))
+            entry = _entry(job, str(epoch), month, spent, now)
+            entry["spent"] = max(float(entry["spent"]), float(spent))
+            room = self.caps.room_usd(index, month)
+            # room counts this entry's own charge; what it may add is the room left beyond that
+            limit = float(want_through) if room is None else min(
+                float(want_through), max(float(entry["through"]), float(entry["spent"])) + room)
+            entry["through"] = max(float(entry["spent"]), float(entry["through"]), limit)
+            entry["updated_at"] = now
+            out[:] = [Grant(entry["through"], month, month_total_usd(index, month),
+                            experiment_total_usd(index, self.caps.experiment),
+                            self.caps.refusal(index, month, self.where))]
+            return index
+
+        transact(self.store, INDEX_KEY, mutate)
+        return out[0]
+
+    def settle(self, epoch: int, spent: float) -> None:
+        """Attempt ``epoch`` ended having spent ``spent``: its reservation becomes what it spent."""
+
+        def mutate(index: Optional[dict]) -> Optional[dict]:
+            index = _fresh(index)
+            job = self._job(index)
+            entry = (job.get("open") or {}).pop(str(epoch), None)
+            if entry is None:
+                return None
+            months = job.setdefault("months", {})
+            months[entry["month"]] = float(months.get(entry["month"], 0.0)) + max(0.0, float(spent) - float(entry["base"]))
+            return index
+
+        transact(self.store, INDEX_KEY, mutate)
+
+    def record_alert(self, scope: str, name: str) -> bool:
+        """Mark alert ``name`` of ``scope`` (a month, an experiment) sent; True only the first time, for every job."""
+        key = f"{scope}/{name}"
+        first: list[bool] = []
+
+        def mutate(index: Optional[dict]) -> Optional[dict]:
+            index = _fresh(index)
+            first.clear()
+            if key in index["alerts"]:
+                return None
+            index["alerts"][key] = self.clock()
+            first.append(True)
+            return index
+
+        transact(self.store, INDEX_KEY, mutate)
+        return bool(first)
+
+    def _job(self, index: dict) -> dict:
+        job = index["jobs"].setdefault(self.caps.run_name, {"experiment": self.caps.experiment, "months": {}, "open": {}})
+        job["experiment"] = self.caps.experiment
+        job.setdefault("months", {})
+        job.setdefault("open", {})
+        return job
+
+
+def _fresh(index: Optional[dict]) -> dict:
+    index = dict(index or {})
+    index.setdefault("jobs", {})
+    index.setdefault("alerts", {})
+    return index
+
+
+def _settle_vanished(job: dict, *, keep: str) -> None:
+    """Open entries of other attempts of this job are attempts that ended without settling: charge their reservation."""
+    months = job["months"]
+    for epoch in [e for e in job["open"] if e != keep]:
+        entry = job["open"].pop(epoch)
+        months[entry["month"]] = float(months.get(entry["month"], 0.0)) + _open_charge(entry)
+
+
+def _entry(job: dict, epoch: str, month: str, spent: float, now: float) -> dict:
+    """This attempt's open entry for ``month``; an entry of an earlier month is closed into that month first."""
+    entry = job["open"].get(epoch)
+    base = 0.0  # an attempt's first entry: all it spent is charged
+    if entry is not None and entry["month"] != month:
+        months = job["months"]
+        base = max(float(entry["spent"]), float(spent))
+        months[entry["month"]] = float(months.get(entry["month"], 0.0)) + base - float(entry["base"])
+        entry = None
+    if entry is None:
+        entry = {"month": month, "base": base, "spent": float(spent), "through": base, "updated_at": now}
+        job["open"][epoch] = entry
+    return entry

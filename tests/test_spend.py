@@ -1,0 +1,172 @@
+"""The spend index and the monthly and experiment caps: reservations, settling, the race, the alerts.
+
+In-process against a local folder and a real S3 server (moto): the index moves by the
+ledger's conditional writes, which is what keeps racing jobs from overspending a cap.
+"""
+from __future__ import annotations
+
+import calendar
+import threading
+
+import pytest
+
+from orchestrator.attempt.money import SpendWatch
+from orchestrator.budget import BudgetGuard
+from orchestrator.errors import BudgetExhausted
+from orchestrator.spend import Caps, SpendIndex, experiment_total_usd, month_total_usd
+from orchestrator.storage import LocalStore
+
+DEC = calendar.timegm((2026, 12, 31, 23, 59, 0))
+JAN = calendar.timegm((2027, 1, 1, 0, 1, 0))
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return request.getfixturevalue("s3_store")
+
+
+def _index(store, run="a", experiment="exp", monthly=None, per_experiment=None, clock=lambda: DEC):
+    return SpendIndex(store, Caps(run, experiment, monthly_max_usd=monthly, experiment_max_usd=per_experiment), clock=clock)
+
+
+def test_reservations_are_charged_before_spending_and_settled_to_what_was_spent(store):
+    index = _index(store, monthly=10.0)
+    grant = index.reserve(1, 0.0, 4.0)
+    assert grant.through == 4.0 and grant.month_usd == 4.0 and grant.refusal is None
+    index.settle(1, 2.5)
+    assert month_total_usd(index.load(), "2026-12") == 2.5
+    other = _index(store, run="b", monthly=10.0)
+    grant = other.reserve(1, 0.0, 100.0)  # only the room left is granted
+    assert grant.through == pytest.approx(7.5) and grant.month_usd == pytest.approx(10.0)
+    assert "monthly spend cap reached" in grant.refusal and "a $2.5000" in grant.refusal
+    assert "monthly spend cap reached" in _index(store, run="c", monthly=10.0).refusal()
+
+
+def test_a_vanished_attempt_is_settled_at_its_reservation_by_the_next_one(store):
+    index = _index(store)
+    index.reserve(1, 1.0, 3.0)  # attempt 1 is SIGKILLed here: it never settles
+    index.reserve(2, 0.0, 1.0)
+    job = index.load()["jobs"]["a"]
+    assert job["months"] == {"2026-12": 3.0} and list(job["open"]) == ["2"]
+
+
+def test_an_attempt_across_new_year_charges_each_month_what_it_spent_there(store):
+    now = [DEC]
+    index = _index(store, clock=lambda: now[0], monthly=5.0)
+    index.reserve(1, 0.0, 2.0)
+    now[0] = JAN
+    grant = index.reserve(1, 1.5, 3.5)
+    assert grant.month == "2027-01" and grant.through == 3.5
+    index.settle(1, 3.0)
+    data = index.load()
+    assert month_total_usd(data, "2026-12") == 1.5 and month_total_usd(data, "2027-01") == 1.5
+    assert experiment_total_usd(data, "exp") == 3.0
+
+
+def test_the_experiment_cap_counts_every_job_of_the_experiment_only(store):
+    _index(store, run="a", experiment="x").reserve(1, 0.0, 6.0)
+    _index(store, run="b", experiment="y").reserve(1, 0.0, 50.0)
+    index = _index(store, run="c", experiment="x", per_experiment=8.0)
+    assert index.reserve(1, 0.0, 5.0).through == pytest.approx(2.0)
+    assert "experiment spend cap reached" in index.refusal()
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_jobs_racing_for_the_last_dollars_never_charge_past_the_cap(kind, tmp_path, request):
+    """Eight jobs, each asking for $1 at a time from a $5 month: the index never holds more than $5."""
+    store = LocalStore(tmp_path / "store") if kind == "local" else request.getfixturevalue("s3_store")
+    grants: dict[str, float] = {}
+    barrier = threading.Barrier(8)
+
+    def job(name: str) -> None:
+        index = _index(store, run=name, monthly=5.0)
+        barrier.wait()
+        through = 0.0
+        while True:
+            grant = index.reserve(1, through, through + 1.0)
+            if grant.through <= through:
+                break
+            through = grant.through
+        grants[name] = through
+
+    threads = [threading.Thread(target=job, args=(f"job{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sum(grants.values()) == pytest.approx(5.0)
+    assert month_total_usd(_index(store).load(), "2026-12") == pytest.approx(5.0)
+
+
+class _Sent(list):
+    def send(self, alert):
+        self.append(alert.name)
+
+
+def _watch(store, run):
+    return SpendWatch(_index(store, run=run, monthly=10.0), usd_per_second=1.0, window_s=2.0, spent=lambda: 0.0)
+
+
+def test_the_watch_alerts_once_each_for_every_job_and_stops_at_its_reservation(store):
+    sent = _Sent()
+    budget = type("B", (), {"alert_thresholds": [0.5, 0.8, 1.0]})()
+    first = _watch(store, "a").with_alerts(budget, [sent])
+    first.begin(1)
+    for spent in (0.5, 1.0, 3.0, 5.5, 7.0):
+        assert first.stop_reason(spent) is None
+    assert sent == ["monthly_cap_50", "monthly_cap_80"]
+    second = _watch(store, "b").with_alerts(budget, [sent])
+    second.begin(1)  # $9 charged: $1 left, granted to b; the 80% alert is not sent again
+    assert second.through == pytest.approx(1.0) and sent == ["monthly_cap_50", "monthly_cap_80", "monthly_cap_100"]
+    assert second.stop_reason(0.6) is None  # a capped grant: no write until it is used up
+    assert "monthly spend cap reached" in second.stop_reason(1.0)
+    second.settle(1.0)
+    reason = first.stop_reason(9.0)
+    assert reason and "budget.monthly_max_usd=$10" in reason
+    with pytest.raises(BudgetExhausted, match="monthly spend cap reached"):
+        _watch(store, "c").begin(1)
+
+
+def test_budget_guard_names_and_texts_for_a_cap():
+    sent: list = []
+    limits = type("B", (), {"max_usd": 4.0, "alert_thresholds": [0.5], "projection_alert": False})()
+    guard = BudgetGuard(limits, record_alert=lambda name: True, sinks=[type("S", (), {"send": lambda s, a: sent.append(a)})()],
+                        prefix="monthly_cap", subject="every job under s3://b/r in 2026-12 (UTC)",
+                        budget_key="budget.monthly_max_usd")
+    guard.check(2.5, steps_done=0, max_steps=0)
+    assert [a.name for a in sent] == ["monthly_cap_50"]
+    assert sent[0].message.startswith("[monthly_cap_50] every job under s3://b/r in 2026-12 (UTC) has spent $2.50")
+    assert "budget.monthly_max_usd" in sent[0].message
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (["budget.monthly_max_usd=0"], "budget.monthly_max_usd=0.0 must be positive"),
+    (["budget.experiment_max_usd=-3"], "budget.experiment_max_usd=-3.0 must be positive"),
+    (["budget.monthly_max_usd=5", "budget.reserve_ahead=off"], "set budget.reserve_ahead to a duration"),
+    (["budget.reserve_ahead=soon"], "budget.reserve_ahead='soon' is not a duration"),
+])
+def test_bad_spend_caps_are_refused_at_launch(bad, needle):
+    from orchestrator.compose import compose_config
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        compose_config(["recipe=sft", *bad])
+
+
+def test_status_spend_prints_the_month_and_each_experiment_by_job(s3_server, s3_store, capsys):
+    from orchestrator import status
+
+    _index(s3_store, run="a", experiment="x", clock=lambda: DEC).reserve(1, 0.0, 2.0)
+    _index(s3_store, run="a", experiment="x", clock=lambda: DEC).settle(1, 1.25)
+    _index(s3_store, run="b", experiment="y", clock=lambda: DEC).reserve(1, 0.5, 3.0)  # still running: $3 held
+    now = DEC
+    out = status.format_spend(_index(s3_store).load(), s3_store.uri, now=now)
+    assert "month 2026-12 (UTC): $4.2500" in out
+    assert "experiment 'x': $1.2500" in out and "experiment 'y': $3.0000" in out
+    assert status.main(["--spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url]) == 0
+    printed = capsys.readouterr().out
+    assert "spend under " + s3_store.uri in printed and "a " in printed and "b " in printed
+    assert status.main(["--spend", s3_store.uri + "-empty", "--endpoint-url", s3_server.endpoint_url]) == 1
+    assert "no spend index at" in capsys.readouterr().err
