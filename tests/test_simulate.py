@@ -74,9 +74,12 @@ def test_deadline_policy_takes_on_demand_when_waiting_behind_the_line():
                   deadline_seconds=180 * MIN)
     up = sim.simulate_window(job, no_spot, 0.0, "deadline")
     late = sim.simulate_window(job, no_spot, 0.0, "late-switch")
-    assert up.finished and up.elapsed_seconds < 20 * MIN + 67 * MIN  # behind after the first tick
+    # it waits (for free) while the slack is over half the work left: 180 - 60 = 120 min of slack until 90 min in
+    assert up.finished and 90 * MIN <= up.elapsed_seconds - 66 * MIN < 95 * MIN
     assert late.finished and 170 * MIN < late.elapsed_seconds <= 180 * MIN  # waited for spot until the last moment
     assert up.paid_spot_seconds == late.paid_spot_seconds == 0
+    tight = sim.simulate_window(sim.Job(**{**job.__dict__, "deadline_seconds": 80 * MIN}), no_spot, 0.0, "deadline")
+    assert tight.finished and tight.elapsed_seconds < 2 * MIN + 67 * MIN  # little slack: on-demand at once
 
 
 def test_uniform_progress_keeps_held_spot_and_leaves_on_demand_only_for_spot_that_is_there():

@@ -31,6 +31,36 @@ def best_step(folder: Path) -> Optional[int]:
         return None
 
 
+class BackgroundRestore:
+    """Rank 0's download and verification of the newest committed checkpoint, in a thread of its own so it
+    overlaps the model's load; ``result()`` joins it and raises what it raised."""
+
+    def __init__(self, checkpoints: CheckpointStore, dest: Path, clock: Any = None):
+        self.checkpoints, self.dest, self.clock = checkpoints, dest, clock
+        self._thread = threading.Thread(target=self._download, name="checkpoint-restore", daemon=True)
+        self._outcome: tuple = (None, None, None)  # (folder, manifest, error)
+
+    def start(self) -> "BackgroundRestore":
+        self._thread.start()
+        return self
+
+    def _download(self) -> None:
+        started = time.monotonic()
+        try:
+            self._outcome = (*self.checkpoints.restore_latest(self.dest), None)
+        except Exception as err:  # noqa: BLE001 - raised where the restore is joined
+            self._outcome = (None, None, err)
+        if self.clock is not None:
+            self.clock.download_s = time.monotonic() - started
+
+    def result(self) -> tuple[Optional[Path], Optional[dict]]:
+        self._thread.join()
+        folder, manifest, error = self._outcome
+        if error is not None:
+            raise error
+        return folder, manifest
+
+
 class CheckpointController:
     """Args:
         checkpoints: the job's checkpoint store (``<storage>/<run>/checkpoints/``).
@@ -62,8 +92,7 @@ class CheckpointController:
         self.attempt_cost_usd = attempt_cost_usd
         self.snapshot_root = work  # moved to memory by use_snapshot_root() when there is room
         self.clock = clock
-        self._prefetch: Optional[threading.Thread] = None
-        self._prefetched: tuple = (None, None, None)  # (folder, manifest, error) of the background download
+        self._prefetch: Optional[BackgroundRestore] = None  # the checkpoint's download, behind the model's load
         if main:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -85,17 +114,7 @@ class CheckpointController:
         if self.clock is not None:
             self.clock.mark("data_read")
         if self.main and self._prefetch is None:
-            self._prefetch = threading.Thread(target=self._download, name="checkpoint-restore", daemon=True)
-            self._prefetch.start()
-
-    def _download(self) -> None:
-        started = time.monotonic()
-        try:
-            self._prefetched = (*self.checkpoints.restore_latest(self.work / "restore", announce=False), None)
-        except Exception as err:  # noqa: BLE001 - raised where the restore is joined
-            self._prefetched = (None, None, err)
-        if self.clock is not None:
-            self.clock.download_s = time.monotonic() - started
+            self._prefetch = BackgroundRestore(self.checkpoints, self.work / "restore", self.clock).start()
 
     @property
     def meta(self) -> dict:
@@ -114,12 +133,8 @@ class CheckpointController:
         if self.main:
             try:
                 if self._prefetch is None:
-                    self._download()
-                else:
-                    self._prefetch.join()
-                restored, manifest, error = self._prefetched
-                if error is not None:
-                    raise error
+                    self._prefetch = BackgroundRestore(self.checkpoints, self.work / "restore", self.clock).start()
+                restored, manifest = self._prefetch.result()
                 if manifest is not None:
                     check(manifest)
                     announce_restore(restored, manifest)

@@ -92,8 +92,10 @@ class AttemptRecord:
     def record_alert(self, name: str) -> bool:
         return self.ledger.record_alert(name)
 
-    def set_mlflow_run_id(self, run_id: str) -> None:
-        self.ledger.set_mlflow_run_id(run_id)
+    def set_mlflow_run_id(self, run_id: Optional[str]) -> None:
+        """Remember the job's MLflow run (when it is new) so every attempt logs into the same one."""
+        if run_id and run_id != self.load().get("mlflow_run_id"):
+            self.ledger.set_mlflow_run_id(run_id)
 
     def note(self, **fields: Any) -> None:
         """Measurements and decisions of this attempt, into its ledger entry's ``extra``."""
@@ -188,7 +190,7 @@ class FollowerRecord:
     def record_alert(self, name: str) -> bool:
         return False
 
-    def set_mlflow_run_id(self, run_id: str) -> None:
+    def set_mlflow_run_id(self, run_id: Optional[str]) -> None:
         return None
 
     def note(self, **fields: Any) -> None:

@@ -118,9 +118,7 @@ class Runner:
         """1. Take the job's next epoch in the ledger (or stop: caps, budget, completed); open MLflow."""
         self.record.begin(self.checkpoints.newest_step(), final_uri=self.checkpoints.final_uri())
         self.checkpoints.remove_uncommitted()
-        run_id = self.tracking.start()
-        if run_id and run_id != self.record.load().get("mlflow_run_id"):
-            self.record.set_mlflow_run_id(run_id)
+        self.record.set_mlflow_run_id(self.tracking.start())
         record_repro(self.cfg, self.record, self.tracking)
 
     def load_data(self):

@@ -115,17 +115,12 @@ class CheckpointStore:
         return sorted(found)
 
     def uncommitted_names(self) -> list[str]:
-        names = set()
         committed = {c.name for c in self.committed()}
-        for key in self.store.list(self.prefix):
-            name = key[len(self.prefix):].partition("/")[0]
-            if _NAME.match(name) and name not in committed:
-                names.add(name)
-        return sorted(names)
+        names = {key[len(self.prefix):].partition("/")[0] for key in self.store.list(self.prefix)}
+        return sorted(n for n in names if _NAME.match(n) and n not in committed)
 
     def newest_step(self) -> int:
-        c = self.committed()
-        return c[-1].step if c else 0
+        return next((c.step for c in reversed(self.committed())), 0)
 
     # ---- commit --------------------------------------------------------------
     def commit_async(self, local_folder: Path, *, step: int, epoch: int, meta: dict,
@@ -249,15 +244,13 @@ class CheckpointStore:
         return names
 
     # ---- restore -------------------------------------------------------------
-    def restore_latest(self, dest_root: Path, *, check: Callable[[dict], None] | None = None,
-                       step: Optional[int] = None, announce: bool = True) -> tuple[Optional[Path], Optional[dict]]:
+    def restore_latest(self, dest_root: Path, *, step: Optional[int] = None) -> tuple[Optional[Path], Optional[dict]]:
         """Download and verify the newest committed checkpoint (``step``: of that step), falling back to older ones.
 
         Every manifest path is checked before any download, every file's size and SHA-256 before anything
         is deserialised, every pickle loaded once with ``weights_only=True`` and the allow-list of
         :mod:`orchestrator.checkpoint.safe_load`; a checkpoint failing any is reported, the previous one tried.
-        ``check(manifest)`` may raise (e.g. a changed config) to refuse the resume. ``announce=False``: the
-        caller checks and logs "restoring checkpoint" itself (a download ahead of the check, in the background).
+        The caller checks that the job may resume from it and announces the restore (``announce_restore``).
         Returns (local folder, manifest) or (None, None) when there is none.
         """
         from orchestrator.checkpoint import safe_load
@@ -278,10 +271,6 @@ class CheckpointStore:
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", ckpt.name, err)
                 shutil.rmtree(local, ignore_errors=True)
                 continue
-            if check is not None:
-                check(manifest)
-            if announce:
-                announce_restore(local, manifest)
             return local, manifest
         if committed and step is None:
             log.warning("none of the %d committed checkpoints is usable; training starts from scratch", len(committed))

@@ -13,6 +13,13 @@ behind it; a job on on-demand goes back to spot only when spot is there and the
 job is ahead of the line by more than a restart (no flapping). The deadline is
 at risk when even on-demand from now on would miss it.
 
+A job waiting for spot also waits, behind the line or not, while the slack (time
+left less work left) is more than ``WAIT_WHILE_SLACK_OVER`` of the work left:
+waiting costs nothing, and the safety net still moves it in time. Over the
+9-zone V100 traces (8 h job) this took the policy from 4% and 11% dearer than
+spot-until-late at 16 h and 24 h deadlines to within 1%, with the same cost at
+10 h and 12 h, where the slack is already below that share at the start.
+
 The first version moved a job off running spot capacity whenever it was behind
 the line; replayed over the public V100 traces (``orchestrator simulate``) that
 cost more than staying on spot until late, since every such move paid a
@@ -25,6 +32,8 @@ from dataclasses import dataclass
 SPOT = "spot"
 ON_DEMAND = "on_demand"
 CAPACITIES = (SPOT, ON_DEMAND)
+# a job waiting for spot waits while (time left - work left) > this x work left (measured with orchestrator simulate)
+WAIT_WHILE_SLACK_OVER = 0.5
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,10 @@ def decide_capacity(s: DeadlineState) -> CapacityDecision:
         return CapacityDecision(SPOT, f"{where}: spot; {status}", at_risk=at_risk)
     if ahead >= 0:
         return CapacityDecision(SPOT, f"no spot capacity, on or ahead of the line: wait for spot; {status}",
+                                at_risk=at_risk)
+    if time_left - work_left > WAIT_WHILE_SLACK_OVER * work_left:
+        return CapacityDecision(SPOT, f"no spot capacity, behind the line by {_h(-ahead)} but the slack is over "
+                                      f"{WAIT_WHILE_SLACK_OVER:.0%} of the work left: wait for spot; {status}",
                                 at_risk=at_risk)
     return CapacityDecision(ON_DEMAND, f"no spot capacity and behind the line by {_h(-ahead)}: on-demand; {status}",
                             at_risk=at_risk)
