@@ -267,7 +267,7 @@ def test_mlflow_server_down_mid_run_loses_no_point(storage, mlflow_server, clien
     # the orchestrator's own metrics: at the first log, then at most every tracking.job_metrics_every
     # (2 s), then the closing total; the Trainer's loss above has a point at every logging step
     cost = sorted(histories["cost_usd"], key=lambda m: m.step)
-    assert cost[0].step == every, [m.step for m in cost]
+    assert cost[0].step == 0, [m.step for m in cost]  # the first log: the "before" evaluation, at step 0
     assert 2 <= len(cost) < len(histories["loss"]), [m.step for m in cost]
     gaps_ms = [b.timestamp - a.timestamp for a, b in zip(cost[:-2], cost[1:-1])]
     assert all(gap >= 1900 for gap in gaps_ms), (gaps_ms, [m.step for m in cost])
