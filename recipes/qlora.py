@@ -9,7 +9,8 @@ from __future__ import annotations
 from recipes import sft
 
 
-def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str = "nf4"):
+def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str = "nf4",
+                  prepared=None):
     return sft.build_trainer(
         cfg,
         train_dataset=train_dataset,
@@ -17,6 +18,7 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
         output_dir=output_dir,
         callbacks=callbacks,
         quantization="nf4",
+        prepared=prepared,
     )
 
 

@@ -11,7 +11,12 @@ from __future__ import annotations
 from recipes import common, evaluation
 
 
-def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None):
+def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None,
+                  prepared=None):
+    """``prepared``: the sets an earlier attempt's trainer prepared from these rows (``train``, ``eval``; the
+    prepared-dataset cache, ``orchestrator.attempt.datacache``), handed to TRL as they are: preparing them
+    again is not the identity (a packed set would be packed twice). The raw ``eval_dataset`` still feeds the
+    generation metric's prompts."""
     from trl import SFTConfig, SFTTrainer
 
     path = common.resolve_model_path(cfg.model)
@@ -22,12 +27,13 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     peft_config = common.lora_config(cfg.recipe) if cfg.recipe.peft == "lora" else None
     t = cfg.train
     args = SFTConfig(**common.training_kwargs(cfg, output_dir), packing=t.packing,
-                     packing_strategy=t.packing_strategy, padding_free=t.padding_free)
+                     packing_strategy=t.packing_strategy, padding_free=t.padding_free,
+                     dataset_kwargs={"skip_prepare_dataset": True} if prepared is not None else None)
     return SFTTrainer(
         model=model,
         args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
+        train_dataset=train_dataset if prepared is None else prepared["train"],
+        eval_dataset=eval_dataset if prepared is None else prepared.get("eval"),
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=evaluation.with_quality_callbacks(cfg, callbacks, tokenizer, eval_dataset),

@@ -29,18 +29,19 @@ def measure(rows: int) -> tuple[int, float, float]:
     cache = PreparedDataCache(CheckpointStore(LocalStore(folder / "store"), "bench", staging_dir=folder / "staging"),
                               work=folder / "work")
 
-    def build(dataset):
-        return sft.build_trainer(cfg, train_dataset=dataset, eval_dataset=held_out, output_dir=str(folder / "out"),
-                                 callbacks=[])
+    def build(prepared=None):
+        return sft.build_trainer(cfg, train_dataset=train, eval_dataset=held_out, output_dir=str(folder / "out"),
+                                 callbacks=[], prepared=prepared)
 
-    trainer = build(train)  # warm-up: first imports and loads
-    cache.save_later(cfg, fingerprint(train), trainer.train_dataset)
+    data_fp = fingerprint(train) + ":" + fingerprint(held_out)  # as the attempt keys it (MeasuredRecipe)
+    trainer = build()  # warm-up: first imports and loads
+    cache.save_later(cfg, data_fp, trainer)
     cache.wait()
     started = time.monotonic()
-    build(train)
+    build()
     tokenising = time.monotonic() - started
     started = time.monotonic()
-    build(cache.load(cfg, fingerprint(train)))
+    build(cache.load(cfg, data_fp))
     cached = time.monotonic() - started
     return len(train), tokenising, cached
 

@@ -62,7 +62,7 @@ def test_sigkilled_three_times_ends_bit_identical(recipe, kind, tmp_path, reques
                                                     random.Random(f"{recipe}-{kind}"), [signal.SIGKILL] * 3)
     assert rc == 0, log[-4000:]
     assert "restoring checkpoint" in log
-    if recipe in ("sft", "qlora"):  # a restart took the tokenised training set from storage (data.prepared_cache)
+    if recipe in ("sft-packed", "qlora"):  # a restart took the tokenised training set from storage (data.prepared_cache)
         assert "prepared training set from" in log
 
     ledger = jobs.ledger(storage, run)

@@ -1,18 +1,21 @@
 """Prepared (tokenised) training sets kept in storage, so a restart does not tokenise again.
 
-TRL's SFTTrainer tokenises in its constructor, and skips that for a dataset that already
-has ``input_ids`` (``SFTTrainer._prepare_dataset``: ``is_processed``; the labels too when a
-``labels`` column is there). The first attempt saves the trainer's prepared training set
-(``Dataset.save_to_disk``: Arrow files and JSON, no pickle) under
+TRL's SFTTrainer prepares its datasets in its constructor: tokenise, build labels, truncate, and
+with ``train.packing`` pack. Only the tokenising is skipped for rows that already have ``input_ids``;
+a packed set handed in again would be packed a second time (its ``seq_lengths`` dropped, its rows
+binned anew: other batches, other weights). So the cache keeps the trainer's finished sets, the
+training set and the held-out one (``DatasetDict.save_to_disk``: Arrow files and JSON, no pickle),
+and a restart hands them back with TRL's ``dataset_kwargs={"skip_prepare_dataset": True}``: TRL
+does nothing to them, and the rows are those the first attempt trained on. The first attempt saves them under
 ``<storage.uri>/_prepared/<key>/`` through the checkpoint store's commit protocol (files,
 then a manifest with every SHA-256, last); a later attempt, of this job or another with the
 same data, downloads it, verifies every hash against the manifest before anything is read,
-and hands it to the recipe in place of the raw rows.
+and hands them to the recipe (``prepared=``) beside the raw rows (the generation metric reads those).
 
-The key hashes everything that shapes the prepared rows: the dataset's fingerprint (its rows,
-in order), the tokenizer (vocabulary and merges, special tokens, chat template, class), the
+The key hashes everything that shapes the prepared rows: the datasets' fingerprints (their rows,
+in order: training and held-out), the tokenizer (vocabulary and merges, special tokens, chat template, class), the
 recipe (its name and the source of the recipe modules, where the trainer's options are set),
-``data.max_length``, and the versions of TRL, transformers, tokenizers and datasets.
+``data.max_length``, ``train.packing``/``packing_strategy``/``padding_free``, and the versions of TRL, transformers, tokenizers and datasets.
 
 SFT only (``recipe=sft`` and ``recipe=qlora``): DPOTrainer tokenises every dataset it is given,
 prepared or not. Off for distributed jobs (each rank prepares its own copy) and with
@@ -70,6 +73,8 @@ def cache_key(cfg: Any, data_fingerprint: str, tokenizer) -> str:
         "data": data_fingerprint, "tokenizer": tokenizer_fingerprint(tokenizer), "recipe": cfg.recipe.name,
         "recipe_source": hashlib.sha256("".join(inspect.getsource(m) for m in sorted({recipe, sft, common}, key=lambda m: m.__name__)).encode()).hexdigest(),
         "max_length": int(cfg.data.max_length),
+        # SFTConfig's dataset options the recipe takes from the config (its fixed ones are in the source above)
+        "packing": [bool(cfg.train.packing), str(cfg.train.packing_strategy), bool(cfg.train.padding_free)],
         "versions": [trl.__version__, transformers.__version__, tokenizers.__version__, datasets.__version__],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
@@ -98,8 +103,9 @@ class PreparedDataCache:
         return self._keys[data_fingerprint]
 
     def load(self, cfg: Any, data_fingerprint: str):
-        """The prepared training set, downloaded and verified; None when there is none (or it is unusable)."""
-        from datasets import Dataset
+        """The prepared sets (a ``DatasetDict``: ``train``, and ``eval`` where the job has one), downloaded and
+        verified; None when there are none (or they are unusable)."""
+        from datasets import DatasetDict
 
         key = self._key(cfg, data_fingerprint)
         prefix = f"{PREFIX}{key}/"
@@ -114,20 +120,26 @@ class PreparedDataCache:
             for entry in manifest["files"]:
                 self.store.download_file(prefix + entry["path"], mf.safe_join(local, entry["path"]))
             mf.verify_folder(local, manifest)  # every size and SHA-256 before anything is read
-            dataset = Dataset.load_from_disk(str(local))
+            dataset = DatasetDict.load_from_disk(str(local))
         except (mf.CorruptCheckpoint, FileNotFoundError, ValueError) as err:
             log.warning("the prepared dataset %s is unusable (%s); tokenising again", self.store.get_uri(prefix), err)
             self.hit = False
             return None
         self.hit = True
         log.info("prepared training set from %s (%d rows, verified): no tokenisation", self.store.get_uri(prefix),
-                 len(dataset))
+                 len(dataset["train"]))
         return dataset
 
-    def save_later(self, cfg: Any, data_fingerprint: str, dataset) -> None:
-        """Save the trainer's prepared training set in the background (training does not wait for it)."""
+    def save_later(self, cfg: Any, data_fingerprint: str, trainer) -> None:
+        """Save the trainer's prepared sets in the background (training does not wait for it)."""
+        from datasets import Dataset, DatasetDict
+
+        splits = {"train": trainer.train_dataset}
+        if isinstance(trainer.eval_dataset, Dataset):
+            splits["eval"] = trainer.eval_dataset
         key = self._key(cfg, data_fingerprint)
-        self._saving = threading.Thread(target=self._save, args=(key, dataset), name="prepared-dataset", daemon=True)
+        self._saving = threading.Thread(target=self._save, args=(key, DatasetDict(splits)), name="prepared-dataset",
+                                        daemon=True)
         self._saving.start()
 
     def _save(self, key: str, dataset) -> None:

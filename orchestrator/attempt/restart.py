@@ -137,20 +137,27 @@ class MeasuredRecipe:
     def __getattr__(self, name: str):
         return getattr(self._recipe, name)
 
-    def build_trainer(self, cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list):
+    def build_trainer(self, cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, **extra):
         from recipes import common
+        from recipes.data import fingerprint
 
         started = time.monotonic()
         import trl  # noqa: F401 - TRL is imported here, lazily, by the recipes; timed as an import
 
         self.clock.add("imports_s", time.monotonic() - started)
-        prepared = self.cache.load(cfg, self.data_fingerprint()) if self.cache is not None else None
+        # the held-out rows are prepared and cached with the training set: both are in the key
+        prepared = data_fp = None
+        if self.cache is not None:
+            data_fp = self.data_fingerprint() + ("" if eval_dataset is None else ":" + fingerprint(eval_dataset))
+            prepared = self.cache.load(cfg, data_fp)
+        if prepared is not None:
+            extra["prepared"] = prepared
         loads_before = common.LOAD_SECONDS["total"]
-        trainer = self._recipe.build_trainer(cfg, train_dataset=train_dataset if prepared is None else prepared,
-                                             eval_dataset=eval_dataset, output_dir=output_dir,
-                                             callbacks=[RestartCallback(self.clock, self.report), *callbacks])
+        trainer = self._recipe.build_trainer(cfg, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                                             output_dir=output_dir,
+                                             callbacks=[RestartCallback(self.clock, self.report), *callbacks], **extra)
         self.clock.add("model_load_s", common.LOAD_SECONDS["total"] - loads_before)
         self.clock.mark("built")
         if prepared is None and self.cache is not None:
-            self.cache.save_later(cfg, self.data_fingerprint(), trainer.train_dataset)
+            self.cache.save_later(cfg, data_fp, trainer)
         return trainer
