@@ -193,8 +193,10 @@ def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_ser
     ]
     overrides = _overrides(storage, mlflow_server, experiment, run) + planted + [
         "train.max_steps=10",
-        # a budget far away, with a tiny first threshold, so the webhook (and its secrets) is used
-        "budget.max_usd=1000", "compute.price_per_hour=1", "budget.alert_thresholds=[0.000001]",
+        # a budget far away, with a tiny first threshold, so the webhook (and its secrets) is used: $0.001, which
+        # $1000/h spends in 3.6 ms, before the first step however fast the job (at $1/h it took 3.6 s of attempt,
+        # and the 10 steps took about 3.2 s here: the alert came only when the machine was slower)
+        "budget.max_usd=1000", "compute.price_per_hour=1000", "budget.alert_thresholds=[0.000001]",
     ]
     env = _env(tmp_path, FAKE_SECRET=FAKE_SECRET)
     done = jobs.run_job(overrides, tmp_path, env=env, timeout=600)

@@ -231,6 +231,38 @@ def test_training_args_are_never_unpickled(tmp_path):
     assert not marker.exists()
 
 
+
+def test_a_deepspeed_runs_background_restore_imports_nothing_in_its_thread(tmp_path, monkeypatch):
+    """The model's load imports DeepSpeed while the checkpoint downloads; a second thread importing it meanwhile
+    deadlocks in the import system (a sound ZeRO checkpoint was refused for a half-imported loss_scaler)."""
+    import threading
+
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+
+    from orchestrator.attempt.checkpoints import BackgroundRestore
+
+    resolved_in = []
+    real = safe_load.allowed_globals
+
+    def recording(**kw):
+        resolved_in.append(threading.current_thread().name)
+        return real(**kw)
+
+    monkeypatch.setattr(safe_load, "allowed_globals", recording)
+    folder = tmp_path / "trainer-8"
+    (folder / "global_step8").mkdir(parents=True)
+    (folder / "latest").write_text("global_step8")
+    _save({"loss_scaler": LossScaler(scale=1.0)}, folder / "global_step8" / "optim_states.pt")
+    checkpoints = CheckpointStore(LocalStore(tmp_path / "store"), "job", staging_dir=tmp_path / "staging")
+    checkpoints.commit_async(folder, step=8, epoch=1, meta={}, may_commit=lambda: None,
+                             on_committed=lambda result, manifest: None)
+    checkpoints.wait()
+    checkpoints.close()
+
+    local, manifest = BackgroundRestore(checkpoints, tmp_path / "restore", deepspeed=True).start().result()
+    assert manifest["step"] == 8 and (local / "latest").read_text() == "global_step8"
+    assert resolved_in == [threading.current_thread().name]  # once, by the caller, before the thread started
+
 # ---- optional signing (ORCH_MANIFEST_HMAC_KEY) -----------------------------------------------------
 
 def _commit(store, tmp_path: Path, step: int, data: bytes) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from orchestrator import distributed as dist
-from orchestrator.checkpoint import snapshot
+from orchestrator.checkpoint import safe_load, snapshot
 from orchestrator.checkpoint.store import CheckpointStore, announce_restore
 from orchestrator.errors import ConfigError, UserError
 
@@ -33,21 +33,34 @@ def best_step(folder: Path) -> Optional[int]:
 
 class BackgroundRestore:
     """Rank 0's download and verification of the newest committed checkpoint, in a thread of its own so it
-    overlaps the model's load; ``result()`` joins it and raises what it raised."""
+    overlaps the model's load; ``result()`` joins it and raises what it raised.
 
-    def __init__(self, checkpoints: CheckpointStore, dest: Path, clock: Any = None):
-        self.checkpoints, self.dest, self.clock = checkpoints, dest, clock
+    ``deepspeed``: the run uses DeepSpeed, so its checkpoints hold DeepSpeed's classes. Their allow-list is
+    resolved (DeepSpeed imported) by ``start``, in the caller's thread, not in this one: the model's load
+    imports DeepSpeed meanwhile, and two threads importing it at once deadlock in the import system (one
+    got a half-imported module, so a sound checkpoint was refused for it, or the other one crashed). A run
+    without DeepSpeed never imports it, so the thread may (for a checkpoint a DeepSpeed run wrote).
+    """
+
+    def __init__(self, checkpoints: CheckpointStore, dest: Path, clock: Any = None, *, deepspeed: bool = False):
+        self.checkpoints, self.dest, self.clock, self.deepspeed = checkpoints, dest, clock, deepspeed
         self._thread = threading.Thread(target=self._download, name="checkpoint-restore", daemon=True)
         self._outcome: tuple = (None, None, None)  # (folder, manifest, error)
+        self._allowed: Optional[list] = None  # None: resolved by the check, for each checkpoint
 
     def start(self) -> "BackgroundRestore":
+        if self.deepspeed:
+            try:
+                self._allowed = safe_load.allowed_globals(deepspeed=True)
+            except ImportError:  # DeepSpeed missing: the Trainer says so (nothing imports it meanwhile)
+                pass
         self._thread.start()
         return self
 
     def _download(self) -> None:
         started = time.monotonic()
         try:
-            self._outcome = (*self.checkpoints.restore_latest(self.dest), None)
+            self._outcome = (*self.checkpoints.restore_latest(self.dest, allowed=self._allowed), None)
         except Exception as err:  # noqa: BLE001 - raised where the restore is joined
             self._outcome = (None, None, err)
         if self.clock is not None:
@@ -114,7 +127,11 @@ class CheckpointController:
         if self.clock is not None:
             self.clock.mark("data_read")
         if self.main and self._prefetch is None:
-            self._prefetch = BackgroundRestore(self.checkpoints, self.work / "restore", self.clock).start()
+            self._prefetch = self._download()
+
+    def _download(self) -> BackgroundRestore:
+        deepspeed = self.trajectory.get("distributed.name") in ("zero2", "zero3")
+        return BackgroundRestore(self.checkpoints, self.work / "restore", self.clock, deepspeed=deepspeed).start()
 
     @property
     def meta(self) -> dict:
@@ -133,7 +150,7 @@ class CheckpointController:
         if self.main:
             try:
                 if self._prefetch is None:
-                    self._prefetch = BackgroundRestore(self.checkpoints, self.work / "restore", self.clock).start()
+                    self._prefetch = self._download()
                 restored, manifest = self._prefetch.result()
                 if manifest is not None:
                     check(manifest)

@@ -92,15 +92,19 @@ def _refusal(err: Exception) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
-def load_torch_file(path: Path, *, deepspeed: bool, mmap: bool = False, name: str | None = None):
+def load_torch_file(path: Path, *, deepspeed: bool, mmap: bool = False, name: str | None = None,
+                    allowed: list | None = None):
     """``torch.load(path, weights_only=True)`` with the allow-list.
 
-    ``name``: how the error names the file (default: its file name). Raises CorruptCheckpoint with the reason.
+    ``name``: how the error names the file (default: its file name). ``allowed``: the allow-list already
+    resolved (``allowed_globals``; ``deepspeed`` is then unused). Raises CorruptCheckpoint with the reason.
     """
     import torch
 
     try:
-        with torch.serialization.safe_globals(allowed_globals(deepspeed=deepspeed)):
+        if allowed is None:
+            allowed = allowed_globals(deepspeed=deepspeed)
+        with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # noqa: BLE001 - whatever refuses the file makes the checkpoint corrupt
         raise mf.CorruptCheckpoint(f"file {name or path.name} is refused: {_refusal(err)}") from err
@@ -121,17 +125,20 @@ def check_deepspeed_tag(folder: Path, manifest: dict) -> None:
             raise mf.CorruptCheckpoint(f"file {name} names {tag!r}, which is not a folder of this checkpoint")
 
 
-def check_restorable(folder: Path, manifest: dict) -> int:
+def check_restorable(folder: Path, manifest: dict, *, allowed: list | None = None) -> int:
     """Load every pickled file of a verified checkpoint once (memory-mapped, ``weights_only=True``, the allow-list).
 
     Call only after :func:`manifest.verify_folder`. Returns how many files were loaded.
+    ``allowed``: the allow-list resolved beforehand (``allowed_globals``), for a caller in a thread of its own:
+    resolving it imports DeepSpeed, and two threads importing DeepSpeed at once deadlock in the import
+    system (one gets a partly initialised module and the file would be refused for it, or the other crashes).
     Raises CorruptCheckpoint naming the first file refused and why; nothing in it ran.
     """
     check_deepspeed_tag(folder, manifest)
     deepspeed = uses_deepspeed(manifest)
     paths = pickled_files(manifest)
     for rel in paths:
-        load_torch_file(mf.safe_join(folder, rel), deepspeed=deepspeed, mmap=True, name=rel)
+        load_torch_file(mf.safe_join(folder, rel), deepspeed=deepspeed, mmap=True, name=rel, allowed=allowed)
     return len(paths)
 
 

@@ -244,13 +244,15 @@ class CheckpointStore:
         return names
 
     # ---- restore -------------------------------------------------------------
-    def restore_latest(self, dest_root: Path, *, step: Optional[int] = None) -> tuple[Optional[Path], Optional[dict]]:
+    def restore_latest(self, dest_root: Path, *, step: Optional[int] = None,
+                       allowed: Optional[list] = None) -> tuple[Optional[Path], Optional[dict]]:
         """Download and verify the newest committed checkpoint (``step``: of that step), falling back to older ones.
 
         Every manifest path is checked before any download, every file's size and SHA-256 before anything
         is deserialised, every pickle loaded once with ``weights_only=True`` and the allow-list of
         :mod:`orchestrator.checkpoint.safe_load`; a checkpoint failing any is reported, the previous one tried.
         The caller checks that the job may resume from it and announces the restore (``announce_restore``).
+        ``allowed``: the allow-list already resolved (``safe_load.check_restorable``: a caller in a thread).
         Returns (local folder, manifest) or (None, None) when there is none.
         """
         from orchestrator.checkpoint import safe_load
@@ -266,7 +268,7 @@ class CheckpointStore:
                 self.download(ckpt, manifest, local)
                 # 3. sizes and hashes, then 4. every pickle through the allow-list, without running it
                 mf.verify_folder(local, manifest)
-                safe_load.check_restorable(local, manifest)
+                safe_load.check_restorable(local, manifest, allowed=allowed)
             except (mf.CorruptCheckpoint, FileNotFoundError, ValueError) as err:
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", ckpt.name, err)
                 shutil.rmtree(local, ignore_errors=True)
