@@ -216,7 +216,9 @@ def test_load_model_config_reads_a_local_folder(tmp_path):
 
 
 def test_hub_unreachable_falls_back_to_the_shipped_preset(monkeypatch, capsys):
-    monkeypatch.setattr(plan, "_hub_config_path", lambda *a: (_ for _ in ()).throw(ConnectionError("offline")))
+    from orchestrator import model_config
+
+    monkeypatch.setattr(model_config, "_hub_config_path", lambda *a: (_ for _ in ()).throw(ConnectionError("offline")))
     assert plan.load_model_config("meta-llama/Llama-3.1-8B", "llama-3.1-8b") == preset("llama-3.1-8b")
     assert "using the shipped presets/llama-3.1-8b.json" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="model.name_or_path to a local folder"):
