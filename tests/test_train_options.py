@@ -58,10 +58,15 @@ def test_an_unknown_mixed_precision_word_is_a_choice_error():
 
 
 def test_options_that_can_run_compose():
-    compose_config(["compute=h100-spot", "train.mixed_precision=bf16", "train.tf32=true", "model.attn_implementation=sdpa"])
-    compose_config(["compute=t4-spot", "train.mixed_precision=fp16", "model.dtype=float16"])
-    compose_config(["train.packing=true", "train.padding_free=true", "train.optim=paged_adamw_8bit",
-                    "train.dataloader_num_workers=2", "data.num_proc=2", "data.chat_template=llama3"])
+    gpu = compose_config(["compute=h100-spot", "train.mixed_precision=bf16", "train.tf32=true",
+                          "model.attn_implementation=sdpa"])
+    assert (gpu.train.mixed_precision, gpu.train.tf32, gpu.model.attn_implementation) == ("bf16", True, "sdpa")
+    t4 = compose_config(["compute=t4-spot", "train.mixed_precision=fp16", "model.dtype=float16"])
+    assert (t4.compute.gpu_type, t4.train.mixed_precision, t4.model.dtype) == ("t4", "fp16", "float16")
+    cpu = compose_config(["train.packing=true", "train.padding_free=true", "train.optim=paged_adamw_8bit",
+                          "train.dataloader_num_workers=2", "data.num_proc=2", "data.chat_template=llama3"])
+    assert cpu.train.packing and cpu.train.padding_free and cpu.train.optim == "paged_adamw_8bit"
+    assert (cpu.train.dataloader_num_workers, cpu.data.num_proc, cpu.data.chat_template) == (2, 2, "llama3")
 
 
 def test_the_optimizer_table_covers_every_trainer_optimizer():
