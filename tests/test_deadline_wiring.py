@@ -16,7 +16,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch, steady_seconds_per_step
+from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch
+from orchestrator.policy.history import steady_seconds_per_step
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule
 from orchestrator.policy.history import spot_lifetimes as lifetimes

@@ -28,13 +28,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from transformers import TrainerCallback
 
 from orchestrator.backends.capacity import MOVE, RESUBMIT, label, latest_decision
 from orchestrator.durations import parse_deadline
 from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity
+from orchestrator.policy.history import restart_seconds_measured, steady_seconds_per_step
 
 log = logging.getLogger("orchestrator.capacity")
 
@@ -46,19 +47,6 @@ def deadline_seconds(text: str, first_start: float) -> float:
     """``run.deadline`` in seconds from the job's first attempt's start."""
     kind, value = parse_deadline(text)
     return value if kind == "after" else value - first_start
-
-
-def steady_seconds_per_step(attempts: Iterable[dict]) -> Optional[float]:
-    """Seconds per optimizer step over the earlier attempts, start-up excluded (None: nothing to go on)."""
-    seconds = steps = 0.0
-    for a in attempts:
-        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
-        done = int(a.get("step_end") or 0) - int(a.get("step_start") or 0)
-        startup = (a.get("extra") or {}).get("start_to_first_step_s")
-        if start is not None and end is not None and done > 1 and startup is not None:
-            seconds += max(0.0, float(end) - float(start) - float(startup))
-            steps += done - 1
-    return seconds / steps if steps else None
 
 
 class CapacityWatch(TrainerCallback):
@@ -103,7 +91,7 @@ class CapacityWatch(TrainerCallback):
         sizes = [int(c.get("size") or 0) for c in ledger.get("checkpoints") or []]
         self.restart_s, self.restart_source = restart_seconds(
             override=self.restart_override, checkpoint_bytes=sizes[-1] if sizes else 0.0,
-            measured=[(a.get("extra") or {}).get("start_to_first_step_s") for a in self._prior])
+            measured=restart_seconds_measured(self._prior))
         rate = steady_seconds_per_step(self._prior)
         if rate:  # before the attempt trains: the earlier attempts' pace
             self.decide(state.global_step, state.max_steps, rate)

@@ -1,4 +1,4 @@
-"""What the policies learn from a job's ledger: its spot lifetimes and its measured restarts.
+"""What the policies learn from a job's ledger: its spot lifetimes, its measured restarts, its steady pace.
 
 One reading for every caller (the checkpoint schedule, the deadline's capacity
 watch, the planner), with the simulator's conventions: a lifetime is training
@@ -8,7 +8,7 @@ it counts as no lifetime at all.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Optional
 
 from orchestrator.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
 from orchestrator.policy.interval import Lifetime
@@ -46,3 +46,16 @@ def spot_lifetimes(attempts: Iterable[Mapping]) -> Iterator[Lifetime]:
                    and int(a.get("checkpoint_step_end") or 0) >= int(a.get("step_end") or 0))
         yield Lifetime(seconds=max(0.0, float(end) - float(start) - float(first)), preempted=preempted,
                        noticed=preempted and noticed)
+
+
+def steady_seconds_per_step(attempts: Iterable[Mapping]) -> Optional[float]:
+    """Seconds per optimizer step over the earlier attempts, start-up excluded (None: nothing to go on)."""
+    seconds = steps = 0.0
+    for a in attempts:
+        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
+        done = int(a.get("step_end") or 0) - int(a.get("step_start") or 0)
+        startup = (a.get("extra") or {}).get("start_to_first_step_s")
+        if start is not None and end is not None and done > 1 and startup is not None:
+            seconds += max(0.0, float(end) - float(start) - float(startup))
+            steps += done - 1
+    return seconds / steps if steps else None
