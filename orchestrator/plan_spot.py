@@ -29,7 +29,6 @@ from orchestrator.policy.restart import restart_seconds
 
 CHECKPOINT_WRITE_BYTES_PER_SECOND = 200e6  # snapshot of the trainable state, before its upload goes on behind
 CHECKPOINT_FIXED_SECONDS = 1.0  # the commit's round trips (manifest last) whatever the size
-AUTO_MIN_SECONDS, AUTO_MAX_SECONDS = 60.0, 3600.0  # auto's bounds where the config names none
 SPOT, ON_DEMAND = "spot", "on_demand"
 
 
@@ -74,18 +73,15 @@ def checkpoint_bytes(memory_plan: Any) -> float:
 
 
 def _interval(cfg: Any, cost_s: float, estimate, lifetimes: list[Lifetime]) -> float:
-    from orchestrator.durations import parse_duration
+    from orchestrator.durations import interval_bounds, is_auto, parse_duration
 
-    every = str(cfg.checkpoint.every).strip().lower()
-    if every != "auto":
-        seconds = parse_duration(every, key="checkpoint.every")
+    if not is_auto(cfg.checkpoint.every):
+        seconds = parse_duration(cfg.checkpoint.every, key="checkpoint.every")
         return seconds if seconds > 0 else math.inf
-    lo = getattr(cfg.checkpoint, "min_every", None)
-    hi = getattr(cfg.checkpoint, "max_every", None)
-    override = getattr(cfg.compute, "preemptions_per_hour", None) is not None
+    low, high = interval_bounds(cfg.checkpoint)  # as the attempt's schedule bounds it
+    override = cfg.compute.preemptions_per_hour is not None
     return checkpoint_interval(cost_s, estimate, lifetimes=None if override else lifetimes,
-                               min_seconds=parse_duration(lo) if lo else AUTO_MIN_SECONDS,
-                               max_seconds=parse_duration(hi) if hi else AUTO_MAX_SECONDS).seconds
+                               min_seconds=low, max_seconds=high).seconds
 
 
 def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catalog: Mapping[str, Any],
