@@ -95,10 +95,11 @@ class PreparedDataCache:
         self.hit: Optional[bool] = None
 
     def _key(self, cfg: Any, data_fingerprint: str) -> str:
-        from recipes.common import load_tokenizer, resolve_model_path
+        from recipes.common import resolve_model_path, tokenizer_for
 
         if self._keys.get(data_fingerprint) is None:  # one tokenizer load per attempt, not one per call
-            tokenizer = load_tokenizer(resolve_model_path(cfg.model), cfg.model.trust_remote_code)
+            # the job's tokenizer as the recipe loads it: its model.revision and data.chat_template included
+            tokenizer = tokenizer_for(cfg, resolve_model_path(cfg.model))
             self._keys[data_fingerprint] = cache_key(cfg, data_fingerprint, tokenizer)
         return self._keys[data_fingerprint]
 
