@@ -21,7 +21,7 @@ from pathlib import Path
 
 from orchestrator.exitcodes import PREEMPTION_SIGNALS
 
-log = logging.getLogger("orchestrator.distributed")
+log = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = PREEMPTION_SIGNALS
 

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional
 from orchestrator import exitcodes
 from orchestrator.exitcodes import ExitClass
 
-log = logging.getLogger("orchestrator.worker")
+log = logging.getLogger(__name__)
 
 
 class UserError(Exception):

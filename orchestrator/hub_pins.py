@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-log = logging.getLogger("orchestrator.launch")
+log = logging.getLogger(__name__)
 COMMIT = re.compile(r"[0-9a-f]{40}")
 HUB_TIMEOUT_SECONDS = 5.0
 

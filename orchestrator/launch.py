@@ -18,7 +18,7 @@ from orchestrator.hub_pins import pin_revisions
 from orchestrator.errors import UserError
 from orchestrator.logsetup import setup_logging
 
-log = logging.getLogger("orchestrator")
+log = logging.getLogger("orchestrator.launch")  # __name__ is "__main__" under python -m
 
 
 def print_plan(cfg: DictConfig) -> None:

@@ -4,11 +4,13 @@ docstring (a Llama-style decoder)."""
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 HUB_TIMEOUT_SECONDS = 5.0
@@ -58,8 +60,8 @@ def load_model_config(name_or_path: str, preset: str = "custom", *, model_cfg: A
         reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
     shipped = PRESETS_DIR / f"{preset}.json"
     if shipped.is_file():
-        print(f"plan: no config.json for {name_or_path} from the hub ({reason}); using the shipped presets/{shipped.name}",
-              file=sys.stderr)
+        log.warning("plan: no config.json for %s from the hub (%s); using the shipped presets/%s", name_or_path, reason,
+                    shipped.name)
         return json.loads(shipped.read_text())
     known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.json")))
     raise ConfigError(

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-log = logging.getLogger("orchestrator.progress")
+log = logging.getLogger(__name__)
 
 MODES = ("auto", "bar", "lines", "off")
 # (step, total steps) -> (dollars so far, projected total or None while there is too little to project from)

@@ -38,7 +38,7 @@ from orchestrator.exitcodes import ExitClass, classify_exit
 from orchestrator.ledger import LAUNCHED_BY_ENV
 from orchestrator.requeue import attempt_class
 
-log = logging.getLogger("orchestrator.supervisor")
+log = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = exitcodes.PREEMPTION_SIGNALS
 CGROUP_ROOT = "/sys/fs/cgroup"

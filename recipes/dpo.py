@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 
 from recipes import common, evaluation
+
+log = logging.getLogger(__name__)
 
 
 def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None,
@@ -73,7 +76,7 @@ def precompute_or_load(compute, dataset, name: str, batch_size: int, store, *, m
     main = dist.is_main()
     if arrays is not None:
         if main:
-            print(f"reference log-probs of the {name} split loaded from storage ({key[:12]}), not recomputed", flush=True)
+            log.info("reference log-probs of the %s split loaded from storage (%s), not recomputed", name, key[:12])
         return concatenate_datasets([dataset, Dataset.from_dict({k: arrays[k] for k in sorted(arrays)})], axis=1)
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
@@ -81,7 +84,7 @@ def precompute_or_load(compute, dataset, name: str, batch_size: int, store, *, m
     columns = out.select_columns(["ref_chosen_logps", "ref_rejected_logps"]).with_format("numpy")
     store.save(key, {c: np.ascontiguousarray(columns[c]) for c in columns.column_names})
     if main:
-        print(f"reference log-probs of the {name} split computed ({len(dataset)} pairs) and stored ({key[:12]})", flush=True)
+        log.info("reference log-probs of the %s split computed (%d pairs) and stored (%s)", name, len(dataset), key[:12])
     return out
 
 

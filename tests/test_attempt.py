@@ -62,6 +62,7 @@ def _cfg(tmp_path: Path, run: str, *extra: str):
 
 
 # ---- the runner -----------------------------------------------------------------
+@pytest.mark.e2e
 def test_an_attempt_that_crashed_is_resumed_by_the_next_and_ends_bit_identical(tmp_path):
     store = LocalStore(tmp_path / "runs")
     assert build_attempt(_cfg(tmp_path, "clean")).run() == 0

@@ -64,6 +64,7 @@ def _composed(overrides: tuple[str, ...]):
     return compose_config(list(overrides))
 
 
+@pytest.mark.slurm
 def test_variants_compose_the_same_way_as_the_launcher():
     cfg, overrides = compose("slurm", "backend.partition=gpu", "compute.gpus_per_node=0", "preemption.grace=2m")
     assert cfg == compose_config(overrides)
@@ -72,11 +73,13 @@ def test_variants_compose_the_same_way_as_the_launcher():
 # -- shared -------------------------------------------------------------------
 
 
+@pytest.mark.slurm
 def test_unknown_backend_names_the_valid_ones():
     with pytest.raises(ValueError, match="local, slurm, skypilot, kubernetes"):
         get_backend("nomad")
 
 
+@pytest.mark.slurm
 def test_worker_command_drops_backend_overrides_only():
     overrides = ["recipe=dpo", "backend=slurm", "backend.partition=gpu", "+backend.extra.x=1", "run.name=a b"]
     assert worker_overrides(overrides) == ["recipe=dpo", "run.name=a b"]
@@ -103,6 +106,8 @@ def test_multi_node_is_refused_with_the_fix(backend):
 # -- slurm ----------------------------------------------------------------------
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 def test_sbatch_header():
     cfg, overrides = compose("slurm", "backend.partition=gpu")
     script = get_backend("slurm").render(cfg, overrides)
@@ -118,6 +123,7 @@ def test_sbatch_header():
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 
+@pytest.mark.slurm
 def test_sbatch_without_gpus_asks_for_none():
     cfg, overrides = compose("slurm", "compute.gpus_per_node=0", "preemption.grace=2m")
     script = get_backend("slurm").render(cfg, overrides)
@@ -170,6 +176,8 @@ def fake_slurm(tmp_path):
     return start
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 def test_sbatch_script_forwards_usr1_and_requeues_on_preemption(fake_slurm):
     job = fake_slurm("wait-for-signal")
     until = time.monotonic() + 10
@@ -184,6 +192,8 @@ def test_sbatch_script_forwards_usr1_and_requeues_on_preemption(fake_slurm):
     assert "backend" not in (fake_slurm.dir / "args").read_text()
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 @pytest.mark.parametrize("code", [exitcodes.COMPLETED, exitcodes.BUDGET_EXHAUSTED, exitcodes.CONFIG_ERROR,
                                   exitcodes.CAPS_REACHED, exitcodes.FENCED])
 def test_sbatch_script_does_not_requeue_final_exits(fake_slurm, code):
@@ -192,6 +202,8 @@ def test_sbatch_script_does_not_requeue_final_exits(fake_slurm, code):
     assert job.returncode == code and not fake_slurm.requeued()
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 @pytest.mark.parametrize("code", [1, exitcodes.OUT_OF_MEMORY, 128 + 9])
 def test_sbatch_script_requeues_crashes_and_killed_workers(fake_slurm, code):
     job = fake_slurm(str(code))
@@ -199,6 +211,8 @@ def test_sbatch_script_requeues_crashes_and_killed_workers(fake_slurm, code):
     assert job.returncode == code and fake_slurm.requeued()
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 def test_sbatch_script_stops_requeueing_after_its_own_bound(fake_slurm):
     job = fake_slurm("1", restart_count=5)  # max_failures + max_preemptions = 5
     out, _ = job.communicate(timeout=10)
@@ -224,6 +238,7 @@ def test_skypilot_task_fields():
     assert task["setup"]
 
 
+@pytest.mark.e2e
 def test_skypilot_yaml_loads_with_skypilots_own_parser(tmp_path):
     variants = {
         "h100x8-aws": ["compute.cloud=aws"],
@@ -335,6 +350,7 @@ def _slurm_worker_argv(script: str) -> list[str]:
     return argv[:-1]
 
 
+@pytest.mark.slurm
 def test_worker_invocation_passes_secrets_by_variable_name(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_x")  # the launcher resolves the config, so a named variable must be set
     overrides = [*USER_OVERRIDES, "backend=slurm", *SECRET_OVERRIDES, "+data.hf_token=${oc.env:HF_TOKEN}"]
@@ -362,6 +378,7 @@ def test_worker_invocation_passes_secrets_by_variable_name(monkeypatch):
         assert list(worker_cfg.data.auth_headers) == [f"Bearer {LIST_SECRET}"]
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("backend", ["slurm", "skypilot"])
 def test_slurm_and_skypilot_text_holds_no_secret(backend):
     text = _render(backend, *SECRET_OVERRIDES)
@@ -370,6 +387,7 @@ def test_slurm_and_skypilot_text_holds_no_secret(backend):
     assert "ORCH_SECRET_BUDGET_WEBHOOK_URL" in text
 
 
+@pytest.mark.e2e
 def test_skypilot_passes_secrets_as_skypilot_secrets(tmp_path):
     overrides = [*USER_OVERRIDES, "backend=skypilot", *SECRET_OVERRIDES]
     cfg = _composed(tuple(overrides))
@@ -403,6 +421,7 @@ def test_kubernetes_reads_secrets_from_a_secret_by_name(monkeypatch):
     assert "budget.webhook_url_env=SLACK_WEBHOOK_URL" in text
 
 
+@pytest.mark.slurm
 def test_slurm_submit_hands_secrets_to_sbatch_in_its_environment(tmp_path, monkeypatch):
     """The script holds only variable names; sbatch (which exports its environment to the job) gets the values."""
     bin_dir = tmp_path / "bin"
@@ -421,6 +440,8 @@ def test_slurm_submit_hands_secrets_to_sbatch_in_its_environment(tmp_path, monke
     assert QUERY_TOKEN in env["ORCH_SECRET_DATA_SOURCE_URL"]
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 def test_sbatch_script_stops_with_exit_4_when_a_secret_did_not_reach_the_job(tmp_path):
     script = tmp_path / "job.sbatch"
     script.write_text(_render("slurm", SECRET_OVERRIDES[0], f"+backend.extra.python={tmp_path / 'never-run'}"))
@@ -431,6 +452,8 @@ def test_sbatch_script_stops_with_exit_4_when_a_secret_did_not_reach_the_job(tmp
     assert "ORCH_SECRET_BUDGET_WEBHOOK_URL is not set" in done.stderr
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 def test_sbatch_quotes_every_interpolated_value(fake_slurm, tmp_path):
     out = tmp_path / "logs dir" / "o-%j.out"
     overrides = [NOTE, f"+backend.extra.output={out}",
@@ -459,6 +482,7 @@ def test_kubernetes_and_skypilot_serialise_values_with_yaml(tmp_path):
     assert run[:3] == ["python", "-m", "orchestrator.worker"] and note in run
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("backend", ["slurm", "skypilot", "kubernetes"])
 def test_generated_text_carries_the_image_for_the_repro_record(backend):
     text = _render(backend, "backend.image=registry.example/orch:1.2")
@@ -471,6 +495,7 @@ def test_generated_text_carries_the_image_for_the_repro_record(backend):
         assert {"name": "ORCH_CONTAINER_IMAGE", "value": "registry.example/orch:1.2"} in env
 
 
+@pytest.mark.e2e
 def test_skypilot_without_an_image_carries_the_launch_commit():
     """The synced workdir has no .git: the task carries the commit it was launched from."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -480,6 +505,8 @@ def test_skypilot_without_an_image_carries_the_launch_commit():
     assert "ORCH_GIT_COMMIT" not in yaml.safe_load(_render("skypilot", "backend.image=registry.example/orch:1"))["envs"]
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 def test_backend_settings_are_typed_and_an_unknown_one_is_refused_at_launch(tmp_path):
     from orchestrator.backends.settings import (
         KubernetesSettings,

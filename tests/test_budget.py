@@ -208,6 +208,7 @@ def _budgeted_job(tmp_path, receiver, *extra, env=None):
     return done, out, float(first_step.group(1)), jobs.ledger(storage, "budgeted")
 
 
+@pytest.mark.e2e
 def test_start_up_alone_sets_off_no_projection_alert(tmp_path, receiver):
     """Seconds of start-up (the "before" evaluation made long), then 100 fast steps and no final
     evaluation: the job costs several times less than its $80, while start-up over one step, times 100
@@ -224,6 +225,7 @@ def test_start_up_alone_sets_off_no_projection_alert(tmp_path, receiver):
     assert receiver.alert_names()["budget_projection"] == 0, [b["text"] for b in receiver.bodies]
 
 
+@pytest.mark.e2e
 def test_a_real_overrun_gets_exactly_one_projection_alert_near_the_truth(tmp_path, receiver):
     """2000 steps on a $20 budget: the projection fires once, early, and says about what 2000 steps
     at this job's own steady rate would cost; the budget then stops the job."""

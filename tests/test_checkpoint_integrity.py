@@ -113,6 +113,7 @@ def _resume_and_check(storage: jobs.Storage, workdir: Path, how: str, clean_dige
     assert jobs.final_digest(storage, RUN) == clean_digest, f"weights after the {how} fallback differ from the clean run"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["flipped_byte", "truncated", "no_manifest"])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(how, local_copy, tmp_path, clean_digest):
     _resume_and_check(local_copy, tmp_path, how, clean_digest)
@@ -123,6 +124,7 @@ def _checkpoints_cli(run_uri: str, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env=jobs.job_env(Path(".")))
 
 
+@pytest.mark.e2e
 def test_on_s3_a_flipped_byte_is_flagged_by_verify_and_skipped_on_resume(s3_server, s3_bucket, tmp_path, clean_digest):
     storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
     _interrupt_after_commits(storage, tmp_path, [])
@@ -150,6 +152,7 @@ def test_on_s3_a_flipped_byte_is_flagged_by_verify_and_skipped_on_resume(s3_serv
     assert jobs.final_digest(storage, RUN) == clean_digest
 
 
+@pytest.mark.e2e
 def test_verify_passes_on_good_checkpoints_and_names_the_flipped_file(local_copy):
     run_uri = f"{local_copy.uri}/{RUN}"
     names = _committed_names(local_copy)
@@ -165,6 +168,7 @@ def test_verify_passes_on_good_checkpoints_and_names_the_flipped_file(local_copy
     assert all(lines[n].rstrip().endswith("OK") for n in names[1:]), bad.stdout
 
 
+@pytest.mark.e2e
 def test_a_changed_trajectory_field_is_refused_unless_allowed(local_copy, tmp_path):
     common = jobs.FAST + local_copy.overrides() + [f"run.name={RUN}", "train.learning_rate=0.001"]
     refused = jobs.run_job(common, tmp_path)
@@ -186,6 +190,7 @@ def _checkpoint_uploads(client, bucket: str) -> list[dict]:
     return [u for u in uploads if "/checkpoints/" in u["Key"]]
 
 
+@pytest.mark.e2e
 def test_a_kill_during_a_multipart_upload_leaves_no_checkpoint_and_no_orphans(s3_server, s3_bucket, tmp_path):
     storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
     client = s3_server.client()

@@ -72,6 +72,7 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
     return f
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args,needles",
     [
@@ -105,6 +106,7 @@ def test_bad_input_is_refused_with_a_clear_message(args, needles, tmp_path):
     assert not (tmp_path / "runs").exists(), "nothing may be written for a refused job"
 
 
+@pytest.mark.e2e
 def test_a_dataset_without_the_recipes_columns_is_refused(tmp_path):
     data = _jsonl(tmp_path, [{"question": "1+1", "answer": "2"}])
     result = _launch(["data=jsonl", f"data.path={data}"], tmp_path)
@@ -114,6 +116,7 @@ def test_a_dataset_without_the_recipes_columns_is_refused(tmp_path):
     assert dpo.returncode == 4 and "{chosen, prompt, rejected}" in dpo.stderr
 
 
+@pytest.mark.e2e
 def test_invalid_json_names_the_line(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"prompt": "a", "completion": "b"}\n{not json\n')
@@ -126,6 +129,7 @@ def test_compose_raises_config_error_for_unknown_group():
         compose_config(["nosuch.key=1"])
 
 
+@pytest.mark.e2e
 def test_readme_config_reference_is_current():
     """The README's reference is the script's output: a new or renamed key fails until it is regenerated."""
     root = Path(__file__).resolve().parents[1]
@@ -134,6 +138,7 @@ def test_readme_config_reference_is_current():
     assert out in (root / "README.md").read_text(), "run scripts/config_reference.py and paste its table into README.md"
 
 
+@pytest.mark.e2e
 def test_every_problem_of_a_config_is_named_in_one_message(tmp_path):
     """torchtune's config.validate habit: a config with three mistakes is refused once, naming all three."""
     result = _launch(["run.name=-x", "checkpoint.keep_last=1", "checkpoint.every=soon"], tmp_path)
@@ -145,6 +150,7 @@ def test_every_problem_of_a_config_is_named_in_one_message(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.e2e
 def test_a_key_of_another_recipe_is_refused_naming_the_recipe_it_belongs_to():
     with pytest.raises(ConfigError, match=r"recipe.dpo_beta is a key of recipe=dpo only"):
         compose_config(["recipe=sft", "recipe.dpo_beta=0.2"])

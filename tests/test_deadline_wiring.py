@@ -208,6 +208,7 @@ def watch_for(runner, *, capacity=SPOT, action=None, request_file="", deadline="
                          restart_override=restart, webhook=Webhook(), heartbeat_seconds=0.0, spot_job=spot_job)
 
 
+@pytest.mark.slurm
 def test_slurm_job_that_only_on_demand_can_finish_in_time_saves_and_asks_to_move(tmp_path):
     runner, _ = make_runner(tmp_path)
     request = tmp_path / "job.capacity"
@@ -317,6 +318,8 @@ def decide_on_demand(store):
                             "locked": False, "at_risk": False, "action": "the next submission ...", "step": 10})
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 def test_the_next_submission_renders_on_demand_when_the_ledger_says_so(s3_server, s3_bucket):
     from orchestrator.backends import kubernetes, skypilot, slurm
     from orchestrator.storage import open_store

@@ -18,6 +18,7 @@ from tests import jobs
 DIST_FAST = [o for o in jobs.FAST if not o.startswith("train.max_steps")] + ["train.max_steps=30", "train.eval_steps=10"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["ddp", "zero2"])
 def test_two_process_run_resumes_bit_identical(mode, tmp_path, references):
     storage = jobs.Storage(str(tmp_path / "runs"))
@@ -31,6 +32,7 @@ def test_two_process_run_resumes_bit_identical(mode, tmp_path, references):
     assert jobs.final_digest(storage, run) == references.digest(common)
 
 
+@pytest.mark.e2e
 def test_a_different_world_size_is_refused_with_the_fix(tmp_path):
     storage = jobs.Storage(str(tmp_path / "runs"))
     common = DIST_FAST + storage.overrides() + ["run.name=ws"]

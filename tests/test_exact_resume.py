@@ -47,6 +47,7 @@ def _storage(kind, tmp_path, request) -> jobs.Storage:
     return jobs.Storage(bucket, server.endpoint_url)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "recipe,kind",
     # sft-packed runs on S3 in place of a plain SFT S3 case, the early-stopping SFT case in place of the plain local

@@ -56,6 +56,7 @@ def test_the_ledger_takes_each_outcomes_status(tmp_path):
         assert (record["attempts"][-1]["exit_class"], record["status"]) == (exit_class.value, row.ledger_status)
 
 
+@pytest.mark.slurm
 def test_backends_key_on_the_tables_codes():
     from orchestrator.backends import kubernetes, skypilot, slurm
 

@@ -63,6 +63,8 @@ def finished_job(s3_server, mlflow_server, tmp_path_factory) -> FinishedJob:
     return FinishedJob(storage, run, experiment, overrides, log, MlflowClient(tracking_uri=mlflow_server.uri), tmp)
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_final_weights_go_to_mlflow_as_the_runs_logged_model_and_not_to_storage(finished_job, mlflow_server):
     job = finished_job
     assert jobs.ledger(job.storage, job.run)["status"] == "completed"
@@ -83,6 +85,9 @@ def test_final_weights_go_to_mlflow_as_the_runs_logged_model_and_not_to_storage(
     assert tensors and all("lora_" in name for name in tensors), sorted(tensors)[:5]
 
 
+@pytest.mark.browser
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(finished_job):
     from orchestrator.compose import compose_config
     from recipes.data import fingerprint, load_datasets

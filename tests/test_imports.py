@@ -4,6 +4,7 @@ Every import counts, also those inside functions (a lazy import is still a depen
 """
 from __future__ import annotations
 
+import pytest
 import ast
 import subprocess
 import sys
@@ -75,6 +76,7 @@ def test_the_cycle_check_finds_a_planted_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
 
 
+@pytest.mark.e2e
 def test_storage_preemption_and_the_backends_import_without_hydra():
     code = ("import sys\n"
             "import orchestrator.durations, orchestrator.storage, orchestrator.preemption, orchestrator.backends\n"

@@ -17,6 +17,7 @@ from tests import jobs
 FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_failures=1"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "bad,needles",
     [
@@ -52,6 +53,7 @@ def test_a_setting_an_attempt_would_refuse_exits_4_at_launch(bad, needles, tmp_p
     assert not (tmp_path / "runs").exists(), "nothing may be written for a refused job"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args,needles",
     [
@@ -73,6 +75,7 @@ def test_gpus_billed_but_not_trained_on_are_refused_at_launch(args, needles, tmp
         assert needle in lines[0], (needle, lines[0])
 
 
+@pytest.mark.e2e
 def test_gpu_counts_that_match_or_are_deliberate_compose():
     assert compose_config(["compute=h100-x8-spot", "distributed=zero3", "distributed.processes_per_node=8"])
     assert compose_config(["compute=h100-spot"])  # one GPU, distributed=none

@@ -21,6 +21,7 @@ def _local(tmp_path: Path, run: str) -> tuple[jobs.Storage, list[str]]:
     return storage, storage.overrides() + [f"run.name={run}"]
 
 
+@pytest.mark.e2e
 def test_lora_target_modules_the_model_lacks_exit_4_once(tmp_path):
     # only PEFT, inside the trainer, can see that the model has no such module
     storage, named = _local(tmp_path, "badtargets")
@@ -35,6 +36,7 @@ def test_lora_target_modules_the_model_lacks_exit_4_once(tmp_path):
     assert ledger["status"] == "config_error"
 
 
+@pytest.mark.e2e
 def test_an_unknown_lr_scheduler_is_refused_at_launch(tmp_path):
     storage, named = _local(tmp_path, "badsched")
     done = jobs.run_job(jobs.with_overrides(jobs.FAST, "train.lr_scheduler=cosine_annealing") + named, tmp_path)
@@ -79,6 +81,7 @@ def lost_while_loading(tmp_path_factory):
     return tmp_path, storage, named, rc, jobs.log_text(tmp_path)
 
 
+@pytest.mark.e2e
 def test_machines_lost_while_loading_are_preemptions_not_a_crash_loop(lost_while_loading):
     tmp_path, storage, _, rc, log = lost_while_loading
     # three attempts without progress, but none failed: the preemption cap stops it, not the breaker
@@ -94,6 +97,7 @@ def test_machines_lost_while_loading_are_preemptions_not_a_crash_loop(lost_while
     assert table.count("vanished (lost)") == 3 and "running" not in table, table
 
 
+@pytest.mark.e2e
 def test_relaunching_a_completed_job_says_so_and_exits_0(lost_while_loading):
     tmp_path, storage, named, _, _ = lost_while_loading
     # the user raises the cap; the job goes on and completes
@@ -153,6 +157,7 @@ def _evacuate(folder: Path, to: Path) -> None:
             pass  # already gone
 
 
+@pytest.mark.e2e
 def test_a_kernel_oom_kill_is_out_of_memory_not_a_preemption(tmp_path, job_cgroup):
     run = f"oomkill-{uuid.uuid4().hex[:6]}"  # /dev/shm is shared by every test run on the machine
     storage, named = _local(tmp_path, run)

@@ -215,12 +215,12 @@ def test_load_model_config_reads_a_local_folder(tmp_path):
         plan.load_model_config(str(tmp_path / "empty"))
 
 
-def test_hub_unreachable_falls_back_to_the_shipped_preset(monkeypatch, capsys):
+def test_hub_unreachable_falls_back_to_the_shipped_preset(monkeypatch, caplog):
     from orchestrator import model_config
 
     monkeypatch.setattr(model_config, "_hub_config_path", lambda *a: (_ for _ in ()).throw(ConnectionError("offline")))
     assert plan.load_model_config("meta-llama/Llama-3.1-8B", "llama-3.1-8b") == preset("llama-3.1-8b")
-    assert "using the shipped presets/llama-3.1-8b.json" in capsys.readouterr().err
+    assert "using the shipped presets/llama-3.1-8b.json" in caplog.text
     with pytest.raises(ConfigError, match="model.name_or_path to a local folder"):
         plan.load_model_config("someone/unknown-model", "custom")
 
@@ -254,6 +254,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_cli_plans_qlora_llama_8b_on_l40s_offline():
     done = _cli("model=llama-3.1-8b", "recipe=qlora", "compute=l40s-spot")
     assert done.returncode == 0, done.stderr
@@ -265,6 +266,7 @@ def test_cli_plans_qlora_llama_8b_on_l40s_offline():
     assert "shipped presets/llama-3.1-8b.json" in done.stderr
 
 
+@pytest.mark.e2e
 def test_cli_warns_when_it_will_not_fit_and_exits_4_on_a_bad_config():
     done = _cli("model=llama-3.1-8b", "recipe=sft", "recipe.peft=full", "compute=l4-spot")
     assert done.returncode == 0, done.stderr

@@ -29,6 +29,7 @@ def _by(doc: dict, gpu: str) -> dict:
     return {o["capacity"]: o for o in doc["options"] if o["gpu_type"] == gpu}
 
 
+@pytest.mark.e2e
 def test_short_job_on_volatile_capacity_with_a_slow_restart_is_cheaper_on_demand(tmp_path):
     done = _plan(*JOB, "train.max_steps=5000", "compute.preemptions_per_hour=2", "compute.restart_seconds=900",
                  f"storage.uri={tmp_path}", "--json")
@@ -48,6 +49,7 @@ def test_short_job_on_volatile_capacity_with_a_slow_restart_is_cheaper_on_demand
     assert spot["usd_per_hour"] < 0.5 * od["usd_per_hour"]
 
 
+@pytest.mark.e2e
 def test_long_job_on_calm_capacity_is_cheaper_on_spot_and_the_plan_prints_why(tmp_path):
     args = [*JOB, "train.max_steps=500000", "compute.preemptions_per_hour=0.2", f"storage.uri={tmp_path}"]
     doc = json.loads(_plan(*args, "--json").stdout)
@@ -69,6 +71,7 @@ def test_recommendation_when_spot_never_finishes():
     assert rec["capacity"] == "on_demand" and "leave no time to train" in rec["reason"]
 
 
+@pytest.mark.e2e
 def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatch):
     """A job with attempts in its ledger: the plan's restart is their measured median, and its spot rate moves
     from the prior toward what the job saw (four preemptions in two hours of training)."""

@@ -22,6 +22,7 @@ from tests import jobs
 TOLERANCE = 0.20
 
 
+@pytest.mark.e2e
 def test_trial_prints_estimate_beside_measurement(tmp_path):
     storage = jobs.Storage(str(tmp_path / "runs"))
     result = jobs.run_job(jobs.FAST + storage.overrides() + ["run.name=trial", "train.trial_steps=5"], tmp_path)
@@ -65,6 +66,7 @@ def _gradients_of_one_batch(trainer) -> None:
     model(**inputs).loss.backward()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("peft", ["lora", "full"])
 def test_estimated_state_is_within_20_percent_of_allocated_tensors(peft, tmp_path, monkeypatch):
     from orchestrator import plan
@@ -86,6 +88,8 @@ def test_estimated_state_is_within_20_percent_of_allocated_tensors(peft, tmp_pat
         assert measured["grads"] < measured["params"] / 5
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_a_resumed_job_records_reproducibility_in_mlflow_and_the_ledger(mlflow_server, tmp_path):
     from mlflow import MlflowClient
 

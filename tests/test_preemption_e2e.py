@@ -50,6 +50,7 @@ def _local(tmp_path, run: str) -> tuple[jobs.Storage, list[str]]:
     return storage, storage.overrides() + [f"run.name={run}"]
 
 
+@pytest.mark.e2e
 def test_ten_random_interruptions_end_with_the_uninterrupted_weights(s3_storage, reference, tmp_path):
     storage, run = s3_storage, "chaos"
     cmd = COMMON + storage.overrides() + [f"run.name={run}"]
@@ -92,6 +93,7 @@ def test_ten_random_interruptions_end_with_the_uninterrupted_weights(s3_storage,
     assert jobs.final_digest(storage, run) == reference, f"weights differ after {done}"
 
 
+@pytest.mark.e2e
 def test_aws_spot_notice_commits_a_checkpoint_before_the_deadline(tmp_path):
     storage, named = _local(tmp_path, "notice")
     with FakeMetadata("aws") as imds:
@@ -127,6 +129,7 @@ def test_aws_spot_notice_commits_a_checkpoint_before_the_deadline(tmp_path):
     assert 0 < delay < AWS_NOTICE_SECONDS
 
 
+@pytest.mark.e2e
 def test_a_job_that_always_crashes_stops_at_max_failures_and_stays_stopped(tmp_path):
     storage, named = _local(tmp_path, "crashy")
     cmd = jobs.with_overrides(jobs.FAST, "checkpoint.every_steps=1", "requeue.max_failures=3",
@@ -150,6 +153,7 @@ def test_a_job_that_always_crashes_stops_at_max_failures_and_stays_stopped(tmp_p
     assert ledger["status"] == "caps_reached"
 
 
+@pytest.mark.e2e
 def test_crashing_before_any_checkpoint_trips_the_crash_loop_breaker(tmp_path):
     storage, named = _local(tmp_path, "loop")
     cmd = jobs.with_overrides(jobs.FAST, "checkpoint.every=1h", "requeue.max_failures=10",
@@ -161,6 +165,7 @@ def test_crashing_before_any_checkpoint_trips_the_crash_loop_breaker(tmp_path):
     assert jobs.committed_steps(storage, "loop") == []
 
 
+@pytest.mark.e2e
 def test_two_launches_of_one_job_one_trains_the_other_steps_aside(s3_storage, reference, tmp_path):
     storage, run = s3_storage, "twice"
     cmd = COMMON + storage.overrides() + [f"run.name={run}"]

@@ -27,6 +27,8 @@ def _chat_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_chat_data_quality_rises_with_training_and_usd_per_point_counts_the_gain(mlflow_server, tmp_path):
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _chat_rows(400, seed=5)))

@@ -1,6 +1,7 @@
 """The three recipes train on CPU with real TRL trainers, and the default job learns its task."""
 from __future__ import annotations
 
+import pytest
 import math
 import re
 
@@ -17,6 +18,7 @@ def _trainer(module, overrides, tmp_path):
     return cfg, module.build_trainer(cfg, train_dataset=train, eval_dataset=evald, output_dir=str(tmp_path), callbacks=[]), evald
 
 
+@pytest.mark.e2e
 def test_qlora_base_is_4bit_and_only_adapters_change(tmp_path):
     import bitsandbytes as bnb
 
@@ -35,6 +37,7 @@ def test_qlora_base_is_4bit_and_only_adapters_change(tmp_path):
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
 
 
+@pytest.mark.e2e
 def test_nf4_under_sft_and_dpo_trains_on_a_4bit_base(tmp_path):
     """recipe.quantization=nf4 is planned and fingerprinted as a 4-bit base: SFT and DPO must load one
     (the loading path of recipe=qlora) and train only their adapters on it."""
@@ -51,6 +54,7 @@ def test_nf4_under_sft_and_dpo_trains_on_a_4bit_base(tmp_path):
         assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters() if n in before)
 
 
+@pytest.mark.e2e
 def test_dpo_trains_adapters_against_the_frozen_base(tmp_path):
     cfg, trainer, evald = _trainer(dpo, ["recipe=dpo", "train.max_steps=10", "data.num_examples=100"], tmp_path)
     assert trainer.ref_model is None, "the frozen base (adapters disabled) is the reference"
@@ -61,6 +65,7 @@ def test_dpo_trains_adapters_against_the_frozen_base(tmp_path):
     assert 0.0 <= metrics["eval_reward_accuracy"] <= 1.0 and "eval_reward_margin" in metrics
 
 
+@pytest.mark.e2e
 def test_dpo_keeps_the_lora_dropout_it_was_given(tmp_path):
     """TRL's DPOConfig.disable_dropout (default true) zeroes every dropout after PEFT wraps the model;
     recipe.lora_dropout=0.1 must still be dropout at p=0.1 while DPO trains."""
@@ -79,6 +84,8 @@ def test_dpo_keeps_the_lora_dropout_it_was_given(tmp_path):
     assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_sft_full_fine_tune_trains_every_weight(tmp_path):
     cfg, trainer, _ = _trainer(sft, ["recipe.peft=full", "train.max_steps=3", "data.num_examples=64"], tmp_path)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -87,6 +94,8 @@ def test_sft_full_fine_tune_trains_every_weight(tmp_path):
     assert not unchanged, f"a full fine-tune left these weights untouched: {unchanged}"
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_sft_accepts_chat_messages(tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"{a} + {b} ="}, {"role": "assistant", "content": str(a + b)}]}
             for a in range(5) for b in range(5)]
@@ -105,6 +114,7 @@ def test_sft_accepts_chat_messages(tmp_path):
     assert isinstance(sft.accuracy(trainer, cfg, evald), float)
 
 
+@pytest.mark.e2e
 def test_default_job_improves_held_out_accuracy(tmp_path):
     """The README's default job: SFT + LoRA on the tiny model; accuracy after training beats before."""
     result = jobs.run_job([f"storage.uri={tmp_path / 'runs'}", "tracking.uri=sqlite:///" + str(tmp_path / "mlflow.db"),
@@ -139,6 +149,7 @@ def _modules_after_recipe_imports(overrides: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_an_unquantised_job_never_loads_bitsandbytes_and_a_4bit_one_does():
     plain = _modules_after_recipe_imports(["recipe=sft"])
     assert plain == {"bitsandbytes": False, "peft_sees_bnb": False, "transformers_sees_bnb": False}, plain
@@ -146,6 +157,7 @@ def test_an_unquantised_job_never_loads_bitsandbytes_and_a_4bit_one_does():
     assert four_bit["peft_sees_bnb"] and four_bit["transformers_sees_bnb"], four_bit
 
 
+@pytest.mark.e2e
 def test_evaluating_a_4bit_model_leaves_its_weights_in_the_training_layout(tmp_path):
     """bitsandbytes repacks 4-bit weights for inference on CPUs with AVX512-BF16 (this machine has it: see
     /proc/cpuinfo), and the way back is not exact: the "before training" evaluation must not change what

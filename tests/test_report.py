@@ -1,6 +1,7 @@
 """`orchestrator report` against a real MLflow server: the table lists every job, the chart is written and logged."""
 from __future__ import annotations
 
+import pytest
 import uuid
 
 from mlflow import MlflowClient
@@ -24,6 +25,9 @@ def _job(uri, experiment, name, recipe, quality_metric, quality, cost, preemptio
     assert tracker.close()
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
+@pytest.mark.mlflow
 def test_report_lists_jobs_and_logs_the_chart(mlflow_server, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     experiment = f"report-{uuid.uuid4().hex[:8]}"
@@ -52,6 +56,8 @@ def test_report_lists_jobs_and_logs_the_chart(mlflow_server, tmp_path, capsys, m
     assert [a.path for a in client.list_artifacts(report_runs[0].info.run_id)] == ["cost_vs_quality.png"]
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_unknown_experiment_says_how_to_fix_it(mlflow_server, capsys):
     assert report.main(["--tracking-uri", mlflow_server.uri, "--experiment", "no-such-experiment"]) == 2
     assert "--experiment" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The environment record of an attempt, and which differences between two records matter."""
 from __future__ import annotations
 
+import pytest
 import copy
 
 from orchestrator import repro
@@ -65,6 +66,7 @@ def test_diff_names_changed_packages_and_gpu_count_and_ignores_missing_git():
     assert repro.diff_records(first, other) == ["other installed packages changed (sha256 111111111111 -> 333333333333)"]
 
 
+@pytest.mark.e2e
 def test_code_without_git_records_the_commit_baked_into_the_image(tmp_path):
     """An image's /app has no .git: the commit comes from ORCH_GIT_COMMIT (containers/Dockerfile's GIT_COMMIT)."""
     import os

@@ -33,6 +33,7 @@ def run_job(policy: RequeuePolicy, outcomes) -> tuple[list[dict], list]:
     raise AssertionError("the policy never stopped the job")
 
 
+@pytest.mark.e2e
 def test_always_crashing_job_runs_exactly_max_failures_attempts():
     # progress each time, so only the failure cap can stop it
     policy = RequeuePolicy(RequeueConfig(max_failures=3, crash_loop_threshold=100))
@@ -43,12 +44,14 @@ def test_always_crashing_job_runs_exactly_max_failures_attempts():
     assert policy.refuse_reason({"attempts": attempts}) is not None  # a person re-running it is refused too
 
 
+@pytest.mark.e2e
 def test_out_of_memory_counts_as_a_failure_when_retries_are_allowed():
     policy = RequeuePolicy(RequeueConfig(max_failures=2, max_oom_retries=10, crash_loop_threshold=100))
     attempts, _ = run_job(policy, lambda n: attempt("out_of_memory", start=n, end=n + 1))
     assert len(attempts) == 2
 
 
+@pytest.mark.e2e
 def test_out_of_memory_stops_at_the_first_with_the_fix():
     # the same config runs out of memory the same way: no retry by default, though failures are left
     policy = RequeuePolicy(RequeueConfig(max_failures=10, crash_loop_threshold=100))
@@ -62,6 +65,7 @@ def test_out_of_memory_stops_at_the_first_with_the_fix():
     assert refused and "requeue.max_oom_retries=1" in refused
 
 
+@pytest.mark.e2e
 def test_raising_the_oom_cap_allows_that_many_retries():
     policy = RequeuePolicy(RequeueConfig(max_failures=10, max_oom_retries=2, crash_loop_threshold=100))
     attempts, decisions = run_job(policy, lambda n: attempt("out_of_memory", start=n, end=n + 1))
@@ -81,6 +85,7 @@ def test_preemptions_do_not_count_against_failures():
     assert policy.refuse_reason({"attempts": history}) is None
 
 
+@pytest.mark.e2e
 def test_preemption_cap_stops_the_job():
     policy = RequeuePolicy(RequeueConfig(max_preemptions=4, crash_loop_threshold=100))
     attempts, decisions = run_job(policy, lambda n: attempt("preempted", start=n, end=n + 1))
@@ -89,6 +94,7 @@ def test_preemption_cap_stops_the_job():
     assert "requeue.max_preemptions=14" in policy.refuse_reason({"attempts": attempts})
 
 
+@pytest.mark.e2e
 def test_crash_loop_breaker_trips_on_failures_that_make_no_progress():
     policy = RequeuePolicy(RequeueConfig(max_failures=10, max_preemptions=10, crash_loop_threshold=3))
     # first attempt makes progress; then every attempt dies at the checkpoint it restored (step 40),
@@ -135,6 +141,7 @@ def test_preemptions_while_loading_never_trip_the_crash_loop_breaker():
     assert policy.refuse_reason({"attempts": history}) is None
 
 
+@pytest.mark.e2e
 def test_preemptions_without_progress_are_stopped_by_their_own_cap():
     policy = RequeuePolicy(RequeueConfig(max_preemptions=4, crash_loop_threshold=2))
     attempts, decisions = run_job(policy, lambda n: attempt("vanished", start=0, end=0))

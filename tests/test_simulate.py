@@ -108,6 +108,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+@pytest.mark.e2e
 def test_cli_json_shape_and_bad_input():
     done = _cli("--traces", str(V100 / "us-east-1a_v100_1.json"), "--job-hours", "2", "--deadline-hours", "4",
                 "--policy", "deadline", "--windows", "5", "--json")

@@ -69,6 +69,8 @@ def output_text(path: Path | None) -> str:
     return path.read_text(errors="replace") if path and path.exists() else "(no Slurm output file)"
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
 def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
     ensure_slurm()
     receiver = WebhookReceiver()
@@ -163,6 +165,9 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
     assert SLACK_PATH_SECRET not in log
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
+@pytest.mark.slurm
 def test_slurm_deadline_moves_the_job_to_the_on_demand_partition(tmp_path, mlflow_server, references):
     """A spot job whose deadline only on-demand can meet (20 minutes, two restarts of 15 minutes each: the time
     left is less than the work left plus two restarts from its first heartbeat on) is moved from partition

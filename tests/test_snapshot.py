@@ -1,6 +1,7 @@
 """Where the Trainer's local snapshot goes (memory when it fits), and that killed attempts leave no memory behind."""
 from __future__ import annotations
 
+import pytest
 import subprocess
 import sys
 
@@ -46,6 +47,7 @@ def test_estimate_counts_saved_weights_and_adam_moments():
     assert snapshot.estimate_snapshot_bytes(model, full_model=False) == n * 4 + n * 8
 
 
+@pytest.mark.e2e
 def test_orphans_of_dead_attempts_are_removed_live_ones_kept(tmp_path):
     parent = tmp_path / "orchestrator" / "job"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -7,6 +7,7 @@ its first step, with exit 3 and the numbers.
 """
 from __future__ import annotations
 
+import pytest
 import json
 import time
 
@@ -20,6 +21,7 @@ CAPPED = ["compute.price_per_hour=3600", f"budget.monthly_max_usd={CAP_USD:g}", 
           "train.max_steps=5000", "train.eval_at_end=false"]
 
 
+@pytest.mark.e2e
 def test_two_jobs_racing_for_a_monthly_cap_never_overspend_it_and_a_third_is_refused(tmp_path, s3_server, s3_bucket):
     storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
     common = jobs.FAST + CAPPED + storage.overrides()

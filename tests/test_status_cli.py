@@ -47,6 +47,7 @@ def run_uri(request, tmp_path):
     return f"{store.uri}/exp1", ["--endpoint-url", request.getfixturevalue("s3_server").endpoint_url]
 
 
+@pytest.mark.e2e
 def test_status_json(run_uri):
     uri, extra = run_uri
     proc = _cli("status", uri, "--json", *extra)
@@ -61,6 +62,7 @@ def test_status_json(run_uri):
     assert [c["step"] for c in record["checkpoints"]] == [20]
 
 
+@pytest.mark.e2e
 def test_status_table(run_uri):
     uri, extra = run_uri
     proc = _cli("status", uri, *extra)
@@ -73,6 +75,7 @@ def test_status_table(run_uri):
     assert "exp1/checkpoints/20-1" in out and "3.0 MiB" in out
 
 
+@pytest.mark.e2e
 def test_status_reads_endpoint_from_environment(s3_server, s3_store):
     _write_history(s3_store)
     proc = _cli("status", f"{s3_store.uri}/exp1", "--json", env={"AWS_ENDPOINT_URL": s3_server.endpoint_url})
@@ -80,6 +83,7 @@ def test_status_reads_endpoint_from_environment(s3_server, s3_store):
     assert json.loads(proc.stdout)["status"] == "completed"
 
 
+@pytest.mark.e2e
 def test_status_missing_ledger_names_the_uri(tmp_path):
     proc = _cli("status", f"{tmp_path}/runs/nojob")
     assert proc.returncode == 1
@@ -93,6 +97,7 @@ def _bucket_rules(s3_server, uri: str) -> list[dict]:
     return s3_server.client().get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
 
 
+@pytest.mark.e2e
 def test_storage_init_applies_and_merges_lifecycle(s3_server, s3_bucket):
     bucket = s3_bucket.split("/")[2]
     client = s3_server.client()
@@ -122,6 +127,7 @@ def test_storage_init_applies_and_merges_lifecycle(s3_server, s3_bucket):
     assert rules["orchestrator-abort-incomplete-runs"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
 
 
+@pytest.mark.e2e
 def test_storage_init_refuses_local_uri_and_bad_days(tmp_path, s3_server, s3_bucket):
     proc = _cli("storage", "init", str(tmp_path))
     assert proc.returncode != 0 and "applies to S3 URIs" in proc.stderr and "Traceback" not in proc.stderr
@@ -129,6 +135,7 @@ def test_storage_init_refuses_local_uri_and_bad_days(tmp_path, s3_server, s3_buc
         apply_lifecycle(s3_bucket, abort_incomplete_days=0, endpoint_url=s3_server.endpoint_url)
 
 
+@pytest.mark.e2e
 def test_an_attempt_taken_over_shows_as_lost_not_running(tmp_path):
     # a ledger written before begin_attempt marked lost attempts (or by a writer that lost its race):
     # attempt 1 still says "running" although attempt 2 has taken the job over
@@ -147,6 +154,7 @@ def test_an_attempt_taken_over_shows_as_lost_not_running(tmp_path):
     assert [a["exit_class"] for a in as_json["attempts"]] == ["vanished", "completed"]
 
 
+@pytest.mark.e2e
 def test_status_says_how_many_checkpoints_were_committed_beyond_those_kept(tmp_path):
     store = LocalStore(tmp_path / "runs")
     ledger = Ledger(store, "long", keep_checkpoints=2)

@@ -104,6 +104,7 @@ def test_large_upload_goes_multipart_and_round_trips(tmp_path, request, s3_serve
     assert head["ETag"].strip('"').endswith("-3")
 
 
+@pytest.mark.e2e
 def test_checksum_compat_store_works(s3_server, s3_bucket, tmp_path):
     store = S3Store(s3_bucket, endpoint_url=s3_server.endpoint_url, checksum_compat=True, multipart_threshold_mb=5)
     big = tmp_path / "big.bin"

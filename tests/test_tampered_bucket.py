@@ -95,6 +95,7 @@ def _verify_cli(storage: jobs.Storage, tmp_path: Path) -> subprocess.CompletedPr
                           cwd=tmp_path, capture_output=True, text=True, timeout=300, env=jobs.job_env(tmp_path))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_tampered_bucket_runs_no_code_and_writes_nothing_outside(mode, s3_server, s3_bucket, tmp_path):
     storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)

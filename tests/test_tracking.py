@@ -36,6 +36,9 @@ def _runs_of_job(client, cfg, job):
     return client.search_runs([experiment.experiment_id], filter_string=f"tags.job = '{job}'")
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
+@pytest.mark.mlflow
 def test_all_attempts_of_a_job_share_one_run(cfg, mlflow_server):
     first = JobTracker(cfg, job_name="exp1", tags={"recipe": "sft"}, params={"train": {"max_steps": 20}})
     run_id = first.start()
@@ -60,6 +63,9 @@ def test_all_attempts_of_a_job_share_one_run(cfg, mlflow_server):
     assert _history(client, run_id, "loss") == [1, 2, 3]
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
+@pytest.mark.mlflow
 def test_system_metrics_are_sampled_every_system_metrics_every(cfg, mlflow_server, monkeypatch):
     monkeypatch.delenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", raising=False)
     cfg.log_system_metrics, cfg.system_metrics_every = True, "1s"
@@ -72,6 +78,8 @@ def test_system_metrics_are_sampled_every_system_metrics_every(cfg, mlflow_serve
     assert len(points) >= 2, [(p.step, p.timestamp) for p in points]
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_steps_replayed_after_a_resume_are_not_logged_twice(cfg, mlflow_server):
     first = JobTracker(cfg, job_name="exp-replay")
     run_id = first.start()
@@ -94,6 +102,9 @@ def test_steps_replayed_after_a_resume_are_not_logged_twice(cfg, mlflow_server):
     assert values[10] == pytest.approx(0.1)
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
+@pytest.mark.mlflow
 def test_points_logged_while_the_server_is_down_arrive_once_it_is_back(cfg, mlflow_server):
     tracker = JobTracker(cfg, job_name="exp-outage")
     run_id = tracker.start()
@@ -119,6 +130,8 @@ def test_points_logged_while_the_server_is_down_arrive_once_it_is_back(cfg, mlfl
     assert client.get_run(run_id).data.tags["phase"] == "during-outage"
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_planted_secrets_appear_nowhere_in_mlflow(cfg, mlflow_server, tmp_path):
     params = {
         "storage": {"uri": "s3://bucket/runs", "endpoint_url": f"https://minio:{URL_PASSWORD}@minio.local:9000"},
@@ -160,6 +173,7 @@ def test_redact_and_scrub_text_units():
     assert scrub_text(f"aws_secret_access_key={FAKE_AWS_SECRET}") == "aws_secret_access_key=***"
 
 
+@pytest.mark.e2e
 def test_redact_covers_webhook_paths_token_queries_and_secrets_in_lists():
     slack = "https://hooks.slack.com/services/T0AAAA/B0BBBB/SLACKPATHSECRET42"
     found: set = set()
@@ -231,6 +245,8 @@ def _fresh_python(code: str, cwd: Path, **env_overrides: str) -> str:
     return out.stdout + out.stderr
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 @pytest.mark.parametrize("user_setting,expect_client", [(None, False), ("false", True)])
 def test_a_tracked_job_sends_no_usage_telemetry_unless_the_user_opts_in(mlflow_server, tmp_path, user_setting,
                                                                          expect_client):
@@ -256,6 +272,7 @@ tracker.close("FINISHED")
         assert "CLIENT False DISABLED True" in out, out[-4000:]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("user_setting,expect_disabled", [(None, True), ("0", False)])
 def test_a_worker_turns_off_the_hub_telemetry_trl_sends_unless_the_user_set_it(tmp_path, user_setting,
                                                                                 expect_disabled):

@@ -100,6 +100,8 @@ def _download_artifacts(client: MlflowClient, run_id: str, dest: Path) -> list[P
     return [p for p in local.rglob("*") if p.is_file()]
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points(
         storage, mlflow_server, client, experiment, tmp_path):
     run = "chaos"
@@ -142,6 +144,8 @@ def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points
     assert f"name: {run}" in files["config.yaml"].read_text()
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_budget_alerts_once_each_stops_with_a_checkpoint_and_refuses_a_relaunch(
         storage, mlflow_server, client, experiment, receiver, tmp_path):
     run = "capped"
@@ -178,6 +182,9 @@ def test_budget_alerts_once_each_stops_with_a_checkpoint_and_refuses_a_relaunch(
     assert receiver.alert_names() == names, "the refused re-launch sent alerts"
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
+@pytest.mark.slurm
 def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_server, client, experiment, receiver,
                                                              tmp_path):
     """Secrets in the shapes that leaked: a Slack-style webhook path, a ?token= URL, a secret in a list."""
@@ -240,6 +247,8 @@ def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_ser
         assert not leaks, f"secret {secret[:4]}... leaked into: {leaks}"
 
 
+@pytest.mark.e2e
+@pytest.mark.mlflow
 def test_mlflow_server_down_mid_run_loses_no_point(storage, mlflow_server, client, experiment, tmp_path):
     run = "outage"
     max_steps, every = 60, 5

@@ -37,7 +37,7 @@ from orchestrator.durations import parse_deadline
 from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity
 from orchestrator.policy.history import restart_seconds_measured, steady_seconds_per_step
 
-log = logging.getLogger("orchestrator.capacity")
+log = logging.getLogger(__name__)
 
 AT_RISK_ALERT = "deadline_at_risk"
 WEBHOOK_WAIT_SECONDS = 15.0

@@ -20,7 +20,7 @@ from orchestrator.checkpoint import safe_load, snapshot
 from orchestrator.checkpoint.store import CheckpointStore, announce_restore
 from orchestrator.errors import ConfigError, UserError
 
-log = logging.getLogger("orchestrator.worker")
+log = logging.getLogger(__name__)
 
 
 def best_step(folder: Path) -> Optional[int]:

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from orchestrator.checkpoint import manifest as mf
 
-log = logging.getLogger("orchestrator.worker")
+log = logging.getLogger(__name__)
 
 PREFIX = "_prepared/"
 CACHED_RECIPES = ("sft", "qlora")

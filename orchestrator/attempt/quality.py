@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-log = logging.getLogger("orchestrator.worker")
+log = logging.getLogger(__name__)
 
 
 class QualityWatch:

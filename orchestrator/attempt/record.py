@@ -17,7 +17,7 @@ from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.requeue import RequeuePolicy, start_refusal
 
-log = logging.getLogger("orchestrator.worker")
+log = logging.getLogger(__name__)
 
 
 class AttemptRecord:

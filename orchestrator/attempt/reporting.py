@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any, Callable, Optional
 
-log = logging.getLogger("orchestrator.worker")
+log = logging.getLogger(__name__)
 
 # MLflow's own tag names (mlflow.utils.mlflow_tags): the run page shows the note as the run's
 # description and the source tags as its source and commit

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from transformers import TrainerCallback
 
-log = logging.getLogger("orchestrator.worker")
+log = logging.getLogger(__name__)
 
 PHASES = ("imports_s", "setup_s", "model_load_s", "data_prep_s", "checkpoint_wait_s", "restore_s", "first_step_s")
 

@@ -22,7 +22,7 @@ from orchestrator.attempt.record import record_repro
 from orchestrator.checkpoint import safe_load
 from orchestrator.exitcodes import ExitClass
 
-log = logging.getLogger("orchestrator.worker")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from transformers import TrainerCallback
 from orchestrator.policy.history import spot_lifetimes
 from orchestrator.policy.interval import IntervalDecision, checkpoint_interval, estimate_preemptions
 
-log = logging.getLogger("orchestrator.checkpoint")
+log = logging.getLogger(__name__)
 
 # Before any checkpoint is measured: a snapshot written to local disk or /dev/shm. Round figures, replaced by
 # the measurement after the first save.

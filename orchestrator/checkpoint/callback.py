@@ -18,7 +18,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from orchestrator import distributed
 
-log = logging.getLogger("orchestrator.checkpoint")
+log = logging.getLogger(__name__)
 
 
 class JobHooks(Protocol):

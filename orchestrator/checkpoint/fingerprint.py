@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from orchestrator.distributed import configured_world_size
 from orchestrator.errors import ConfigError
 
-log = logging.getLogger("orchestrator.checkpoint")
+log = logging.getLogger(__name__)
 
 # Fields that do not shape the training trajectory; every other one is fingerprinted.
 # Worker and process counts only change how fast batches are made, not which (the sampler stays in the main

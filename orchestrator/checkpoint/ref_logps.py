@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from orchestrator.checkpoint import manifest as mf
 
-log = logging.getLogger("orchestrator.checkpoint")
+log = logging.getLogger(__name__)
 
 FILE = "ref_logps.safetensors"
 COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")

@@ -23,7 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
-log = logging.getLogger("orchestrator.checkpoint")
+log = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
 SNAPSHOTS_IN_FLIGHT = 3  # one being written, one queued, one uploading

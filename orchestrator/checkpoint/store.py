@@ -25,7 +25,7 @@ from typing import Callable, Optional
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.storage.base import ObjectStore
 
-log = logging.getLogger("orchestrator.checkpoint")
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^(\d{9})-(\d{4})$")
 
