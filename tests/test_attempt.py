@@ -33,18 +33,11 @@ from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.requeue import RequeuePolicy
 from orchestrator.storage import LocalStore
-from tests import jobs
+from tests.helpers import jobs
 
 IN_PROCESS = ["train.max_steps=16", "train.logging_steps=4", "data.num_examples=120", "checkpoint.every=off",
               "checkpoint.every_steps=5", "preemption.provider=none", "tracking.enabled=false",
               "recipe.lora_dropout=0.1"]
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "store")
-    return request.getfixturevalue("s3_store")
 
 
 def _weights_digest(store, run: str) -> str:

@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator.budget import BudgetGuard, LogSink, MlflowTagSink, WebhookSink, projected_total_usd
 from orchestrator.config import BudgetConfig
-from tests import jobs
-from tests.webhooks import WebhookReceiver
+from tests.helpers import jobs
+from tests.helpers.webhooks import WebhookReceiver
 
 
 @pytest.fixture

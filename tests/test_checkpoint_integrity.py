@@ -9,28 +9,17 @@ previous one, and end with weights byte-identical to an uninterrupted run.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests import jobs
+from tests.helpers import jobs
 
 RUN = "victim"
 # Checkpoints committed before the job is killed: the newest is damaged, the one before must be restored.
 COMMITS_BEFORE_KILL = 3
-
-
-def _kill_job(proc: subprocess.Popen) -> None:
-    """SIGKILL the launch and its worker together (the machine vanished), so nothing is requeued."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
 
 
 def _interrupt_after_commits(storage: jobs.Storage, workdir: Path, overrides: list[str]) -> None:
@@ -38,7 +27,7 @@ def _interrupt_after_commits(storage: jobs.Storage, workdir: Path, overrides: li
     try:
         jobs.wait_for(lambda: _poll(proc, storage) >= COMMITS_BEFORE_KILL, 300, f"{COMMITS_BEFORE_KILL} commits")
     finally:
-        _kill_job(proc)
+        jobs.kill_group(proc)
 
 
 def _poll(proc: subprocess.Popen, storage: jobs.Storage) -> int:
@@ -209,7 +198,7 @@ def test_a_kill_during_a_multipart_upload_leaves_no_checkpoint_and_no_orphans(s3
 
         uploads = jobs.wait_for(in_flight, 300, "a multipart checkpoint upload", interval=0.02)
     finally:
-        _kill_job(proc)
+        jobs.kill_group(proc)
 
     orphan = uploads[0]["Key"].split("/checkpoints/")[1].split("/")[0]
     store = storage.store()
@@ -232,7 +221,7 @@ def test_a_kill_during_a_multipart_upload_leaves_no_checkpoint_and_no_orphans(s3
         rc = proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
-            _kill_job(proc)
+            jobs.kill_group(proc)
     log = jobs.log_text(tmp_path, "rerun.log")
     assert rc == 0, log[-4000:]
     assert f"checkpoint {orphan} has no manifest" in log

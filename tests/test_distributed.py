@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from tests import jobs
+from tests.helpers import jobs
 
 # evaluations during training too: every rank evaluates and generates, rank 0's metric is broadcast
 DIST_FAST = [o for o in jobs.FAST if not o.startswith("train.max_steps")] + ["train.max_steps=30", "train.eval_steps=10"]

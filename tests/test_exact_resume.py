@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import jobs
+from tests.helpers import jobs
 
 SHM = Path("/dev/shm")
 

@@ -21,7 +21,7 @@ import pytest
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from tests import browser, jobs
+from tests.helpers import browser, jobs
 
 pytestmark = pytest.mark.xdist_group("final-weights-job")
 # where the run page's screenshot is copied, when set (for a person to look at)

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.compose import compose_config
 from orchestrator.errors import ConfigError
-from tests import jobs
+from tests.helpers import jobs
 
 FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_failures=1"]
 

@@ -12,14 +12,6 @@ import pytest
 from orchestrator.errors import CapsReached, Fenced
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
-from orchestrator.storage import LocalStore
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "store")
-    return request.getfixturevalue("s3_store")
 
 
 def _begin(ledger: Ledger, host: str = "host-a", **kw):

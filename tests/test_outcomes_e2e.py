@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import exitcodes
-from tests import jobs
+from tests.helpers import jobs
 
 
 def _local(tmp_path: Path, run: str) -> tuple[jobs.Storage, list[str]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import jobs
+from tests.helpers import jobs
 
 TOLERANCE = 0.20
 

@@ -18,9 +18,9 @@ import uuid
 import pytest
 
 from orchestrator import exitcodes
-from tests import jobs
-from tests.fixtures_s3 import _empty_bucket
-from tests.test_preemption import FakeMetadata
+from tests.helpers import jobs
+from tests.helpers.fixtures_s3 import empty_bucket
+from tests.helpers.fake_metadata import FakeMetadata
 
 # Long enough for ten interruptions (each attempt trains a few steps past its restore point) and a finish.
 COMMON = jobs.with_overrides(jobs.FAST, "train.max_steps=160")
@@ -35,7 +35,7 @@ def s3_storage(s3_server):
     bucket = f"orch-e2e-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     yield jobs.Storage(f"s3://{bucket}/runs", s3_server.endpoint_url)
-    _empty_bucket(client, bucket)
+    empty_bucket(client, bucket)
     client.delete_bucket(Bucket=bucket)
 
 

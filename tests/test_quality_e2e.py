@@ -14,7 +14,7 @@ import uuid
 import pytest
 from mlflow import MlflowClient
 
-from tests import jobs
+from tests.helpers import jobs
 
 
 def _chat_rows(n: int, seed: int) -> list[dict]:

@@ -9,7 +9,7 @@ import torch
 
 from orchestrator.compose import compose_config
 from recipes import data, dpo, qlora, sft
-from tests import jobs
+from tests.helpers import jobs
 
 
 def _trainer(module, overrides, tmp_path):

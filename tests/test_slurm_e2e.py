@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import jobs
-from tests.slurm_cluster import ensure_slurm
-from tests.webhooks import WebhookReceiver
+from tests.helpers import jobs
+from tests.helpers.slurm_cluster import ensure_slurm
+from tests.helpers.webhooks import WebhookReceiver
 
 pytestmark = pytest.mark.xdist_group("slurm")  # one Slurm node: its tests run one at a time
 

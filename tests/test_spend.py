@@ -20,13 +20,6 @@ DEC = calendar.timegm((2026, 12, 31, 23, 59, 0))
 JAN = calendar.timegm((2027, 1, 1, 0, 1, 0))
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "store")
-    return request.getfixturevalue("s3_store")
-
-
 def _index(store, run="a", experiment="exp", monthly=None, per_experiment=None, clock=lambda: DEC):
     return SpendIndex(store, Caps(run, experiment, monthly_max_usd=monthly, experiment_max_usd=per_experiment), clock=clock)
 

@@ -12,7 +12,7 @@ import json
 import time
 
 from orchestrator.spend import INDEX_KEY, month_of, month_total_usd
-from tests import jobs
+from tests.helpers import jobs
 
 CAP_USD = 10.0
 RESERVE_S = 4.0

@@ -12,13 +12,6 @@ from orchestrator.storage.s3 import S3Store, parse_s3_uri
 MIB = 1024 * 1024
 
 
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "store")
-    return request.getfixturevalue("s3_store")
-
-
 def test_round_trip_list_size_delete(store):
     store.put_bytes("exp1/a.txt", b"hello")
     store.put_bytes("exp1/sub/b.bin", b"\x00" * 10)

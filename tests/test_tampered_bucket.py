@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import jobs
+from tests.helpers import jobs
 
 RUN = "tampered"
 COMMITS_BEFORE_KILL = 3

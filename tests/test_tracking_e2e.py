@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from tests import jobs
-from tests.webhooks import WebhookReceiver
+from tests.helpers import jobs
+from tests.helpers.webhooks import WebhookReceiver
 
 # 40 characters of [A-Za-z0-9/+] with upper, lower and digits: the shape of an AWS secret access key.
 FAKE_SECRET = "Zx9fQ2rT7vLm3nB8kW4pY6sD1hJ5gC0aE2uI7oK3"

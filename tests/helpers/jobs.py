@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 # Small, fast jobs: a few seconds of training, checkpoints every second.
 FAST = [

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.net import free_port
+
 # A cold start creates the schema (about 25 s on 2 slow cores); a restart is quicker.
 SERVER_START_TIMEOUT_SECONDS = 120.0
 SERVER_STOP_TIMEOUT_SECONDS = 15.0
@@ -33,15 +35,9 @@ ARTIFACT_BUCKET = "mlflow-artifacts"
 MLFLOW_SERVER_QUIET_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class MlflowServer:
     def __init__(self, workdir: Path, artifacts_destination: str, env: dict[str, str]):
-        self.port = _free_port()
+        self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.backend_uri = f"sqlite:///{workdir / 'mlflow.db'}"
         self.artifacts_destination = artifacts_destination

@@ -12,7 +12,6 @@ A server that cannot start fails the session loudly; tests never skip for it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.net import free_port
 
 SERVER_START_TIMEOUT_SECONDS = 30.0
 TEST_REGION = "us-east-1"
@@ -45,12 +46,6 @@ class S3Server:
 
             self._client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region)
         return self._client
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _server_command(port: int) -> list[str]:
@@ -97,7 +92,7 @@ def s3_server(tmp_path_factory):
             yield S3Server(endpoint_url=external.rstrip("/"), region=os.environ["AWS_DEFAULT_REGION"])
             return
         os.environ.update(TEST_CREDENTIALS)
-        port = _free_port()
+        port = free_port()
         endpoint_url = f"http://127.0.0.1:{port}"
         log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
         with open(log_path, "wb") as log:
@@ -122,7 +117,7 @@ def s3_server(tmp_path_factory):
                 os.environ[name] = value
 
 
-def _empty_bucket(client, bucket: str) -> None:
+def empty_bucket(client, bucket: str) -> None:
     for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):
         for upload in page.get("Uploads", []):
             client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
@@ -140,7 +135,7 @@ def s3_bucket(s3_server):
     client.create_bucket(Bucket=bucket)
     yield f"s3://{bucket}/runs"
     try:
-        _empty_bucket(client, bucket)
+        empty_bucket(client, bucket)
         client.delete_bucket(Bucket=bucket)
     except Exception as err:  # cleanup must not hide the test's own result
         print(f"warning: could not remove test bucket {bucket}: {err}", file=sys.stderr)
@@ -152,3 +147,13 @@ def s3_store(s3_server, s3_bucket):
     from orchestrator.storage.s3 import S3Store
 
     return S3Store(s3_bucket, endpoint_url=s3_server.endpoint_url, region=s3_server.region)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    """The same tests on a local folder and on moto's S3 server."""
+    if request.param == "local":
+        from orchestrator.storage.local import LocalStore
+
+        return LocalStore(tmp_path / "store")
+    return request.getfixturevalue("s3_store")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SLURM_UP_SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "slurm-up.sh"
+SLURM_UP_SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "slurm-up.sh"
 SLURM_UP_TIMEOUT_SECONDS = 600  # a first run installs packages with apt
 
 

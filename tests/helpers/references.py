@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import jobs
+from tests.helpers import jobs
 
 # Not part of the trajectory: a reference may run with its own values of these.
 _PER_JOB_KEYS = ("storage.uri", "storage.endpoint_url", "run.name")
