@@ -1,6 +1,6 @@
 """Print the config reference (every group and key, with type, default and meaning) as Markdown.
 
-    python scripts/config_reference.py > /tmp/ref.md     # the README's "Config reference" section
+    python scripts/config_reference.py > /tmp/ref.md     # the "Config reference" of docs/configuration.md
 
 Read from ``orchestrator/config.py``: the dataclass fields and their trailing comments.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rewrite the README's config-reference table from the schemas (after adding or changing a config key):
+# Rewrite the config-reference table of docs/configuration.md from the schemas (after adding or changing a config key):
 #   bash scripts/readme_config_reference.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +8,7 @@ PY="${PYTHON:-.venv/bin/python}"
 "$PY" - <<'PYEOF'
 import re
 from pathlib import Path
-readme = Path("README.md")
+readme = Path("docs/configuration.md")
 text = readme.read_text()
 table = Path(".cache/config-reference.md").read_text()
 start = text.index("| key | type | default | meaning |", text.index("## Config reference"))
