@@ -183,6 +183,16 @@ def test_on_demand_attempts_checkpoint_at_the_longest_interval(tmp_path):
     assert (runner.callback.every_seconds, schedule.decision.bound) == (1800.0, "max_every")
 
 
+def test_an_explicit_preemption_rate_is_used_on_on_demand_capacity_too(tmp_path):
+    runner, compute = make_runner(tmp_path, spot=False)
+    compute.preemptions_per_hour = 600.0  # a partition that requeues on-demand jobs: M = 6 s
+    schedule = schedule_for(runner, compute, high=1800.0)
+    schedule.on_train_begin(None, state(), None, model=None)
+    c0 = schedule.decision.checkpoint_cost_seconds
+    assert runner.callback.every_seconds == pytest.approx(max(1.0, math.sqrt(2 * c0 * 6.0)))
+    assert "prior from compute.preemptions_per_hour" in runner.tracking.tags["checkpoint.interval"]
+
+
 # ---- run.deadline -----------------------------------------------------------------
 
 

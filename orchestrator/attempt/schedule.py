@@ -12,7 +12,7 @@ simulator and the planner); this module feeds it the attempt's inputs and acts:
 - M, from the rate of preemptions: the job's own spot attempts in the ledger
   (how long each held its machine; preempted with an honoured notice,
   ``preempted``, or without, ``vanished``) blended with the catalog's prior,
-  ``compute.preemptions_per_hour`` overriding both.
+  ``compute.preemptions_per_hour`` overriding both, on on-demand capacity too.
 
 T is derived when training begins, again after the first measured checkpoint
 when it began from an estimate, and whenever the running mean of C moves by
@@ -85,7 +85,8 @@ class CheckpointSchedule(TrainerCallback):
     """Sets the orchestrator callback's ``every_seconds`` (main rank; after it in the Trainer's callbacks).
 
     ``runner``: the attempt (its callback, record, checkpoints, tracking); ``compute``: this attempt's
-    ``compute`` config (on-demand: no preemptions expected); ``catalog``: the price catalog (the prior).
+    ``compute`` config (on-demand: no preemptions expected unless ``compute.preemptions_per_hour`` says);
+    ``catalog``: the price catalog (the prior).
     """
 
     def __init__(self, runner: Any, *, compute: Any, catalog: dict, min_seconds: float, max_seconds: float,
@@ -93,11 +94,10 @@ class CheckpointSchedule(TrainerCallback):
         from orchestrator.cost import preemption_prior_per_hour
 
         self.runner = runner
-        if compute.spot:
-            self.prior_per_hour, self.prior_source = preemption_prior_per_hour(compute, catalog)
-            self.override = compute.preemptions_per_hour
-        else:  # on-demand capacity is not preempted: T is held at checkpoint.max_every
-            self.prior_per_hour, self.prior_source, self.override = 0.0, "on-demand", None
+        # an explicit rate wins on any capacity (a Slurm partition with PreemptMode=REQUEUE preempts jobs priced
+        # on-demand); without one, on-demand capacity is not preempted: T is held at checkpoint.max_every
+        self.prior_per_hour, self.prior_source = preemption_prior_per_hour(compute, catalog)
+        self.override = compute.preemptions_per_hour
         self.min_seconds, self.max_seconds = min_seconds, max_seconds
         self.clock = clock
         self.cost = CheckpointCost()
