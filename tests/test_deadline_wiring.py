@@ -17,7 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch
-from orchestrator.policy.history import steady_seconds_per_step
+from orchestrator.policy.history import last_restart_seconds, restart_seconds_measured, steady_seconds_per_step
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule
 from orchestrator.policy.history import spot_lifetimes as lifetimes
@@ -193,6 +193,41 @@ def test_an_explicit_preemption_rate_is_used_on_on_demand_capacity_too(tmp_path)
     assert "prior from compute.preemptions_per_hour" in runner.tracking.tags["checkpoint.interval"]
 
 
+def test_the_plan_prices_a_checkpoint_as_the_attempt_estimates_it_before_measuring(tmp_path):
+    import torch
+
+    from orchestrator.cost import load_catalog
+    from orchestrator.plan_spot import price_option
+
+    model = torch.nn.Linear(1000, 1000)  # 1M trainable fp32 parameters: 4 MB saved, 8 MB of Adam's moments
+    runner, compute = make_runner(tmp_path)
+    compute.preemptions_per_hour = 1.0
+    schedule = schedule_for(runner, compute)
+    schedule.on_train_begin(None, state(), None, model=model)
+    attempt_c = schedule.decision.checkpoint_cost_seconds
+    plan = SimpleNamespace(components={"adapters": 4 * model.weight.numel() + 4000, "optimizer": 8 * 1_001_000})
+    cfg = compose_config(["recipe=sft", "compute=l40s-spot", f"storage.uri={tmp_path}/none"])
+    option = price_option(cfg, "l40s", "spot", plan, load_catalog(), ([], []), variant=lambda c, g: c,
+                          work_hours=lambda c, p: 10.0)
+    assert option.checkpoint_cost_seconds == pytest.approx(attempt_c)
+
+
+def test_the_deadline_keeps_the_checkpoints_of_the_work_left_in_hand_as_the_simulator_does(tmp_path):
+    from orchestrator.policy.deadline import reserve_seconds
+
+    runner, _ = make_runner(tmp_path)
+    runner.callback.every_seconds = 600.0
+    runner.callback.save_stall_seconds.extend([20.0, 40.0])  # C = 30 s measured in this attempt
+    watch = watch_for(runner, capacity=SPOT, deadline="52h", restart=60.0)
+    watch.on_train_begin(None, state(), None)
+    got = watch.standing(step=1000, max_steps=37000, seconds_per_step=1.0).reserve_seconds
+    # 36 000 s of work left at one 30 s checkpoint per 600 s: 1 800 s, besides the interval at risk and a heartbeat
+    assert got == pytest.approx(600.0 + 36000 * 30.0 / 600.0 + watch.heartbeat_seconds)
+    assert got == pytest.approx(reserve_seconds(at_risk_seconds=600.0, work_left_seconds=36000.0,
+                                                checkpoint_cost_seconds=30.0, on_demand_every_seconds=600.0,
+                                                until_next_decision_seconds=watch.heartbeat_seconds))
+
+
 # ---- run.deadline -----------------------------------------------------------------
 
 
@@ -290,11 +325,16 @@ def test_deadline_at_risk_alerts_once_per_job(tmp_path):
     assert [a.name for a in watch.webhook.sent] == [AT_RISK_ALERT] and not on_demand_job.record.load().get("capacity")
 
 
-def test_the_restart_split_gives_the_policies_their_start_to_first_step(tmp_path):
+def test_the_restart_split_is_the_one_record_of_start_to_first_step_and_old_ledgers_still_read(tmp_path):
     runner, _ = make_runner(tmp_path)
     runner.record.record_restart({"imports_s": 2.0, "first_step_s": 0.5, "total_s": 12.5})
-    extra = runner.record.load()["attempts"][-1]["extra"]
-    assert extra["start_to_first_step_s"] == 12.5 and extra["restart"]["imports_s"] == 2.0
+    written = runner.record.load()["attempts"][-1]
+    assert set(written["extra"]) == {"restart"} and written["extra"]["restart"]["imports_s"] == 2.0
+    old = attempt(1, 0.1, "preempted", extra={"start_to_first_step_s": 30.0})  # a ledger from before the split
+    assert restart_seconds_measured([old, written]) == [30.0, 12.5]
+    assert last_restart_seconds([old, written]) == 12.5
+    assert [round(lt.seconds) for lt in lifetimes([dict(written, spot=True, ended_at=written["started_at"] + 100,
+                                                        exit_class="vanished")])] == [88]
 
 
 # ---- launch checks, renders, status ----------------------------------------------------

@@ -20,8 +20,9 @@ from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
-from orchestrator.durations import interval_bounds, is_auto, parse_duration
+from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError
+from orchestrator.policy.interval import interval_bounds, is_auto
 
 
 def job_name(cfg: Any) -> str:

@@ -34,8 +34,8 @@ from transformers import TrainerCallback
 
 from orchestrator.backends.capacity import MOVE, RESUBMIT, label, latest_decision
 from orchestrator.durations import parse_deadline
-from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity
-from orchestrator.policy.history import restart_seconds_measured, steady_seconds_per_step
+from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity, reserve_seconds
+from orchestrator.policy.history import measured_cost_seconds, restart_seconds_measured, steady_seconds_per_step
 
 log = logging.getLogger("orchestrator.capacity")
 
@@ -112,11 +112,17 @@ class CapacityWatch(TrainerCallback):
     # ---- deciding and acting -----------------------------------------------------------
     def standing(self, step: int, max_steps: int, seconds_per_step: float) -> DeadlineState:
         current = self.latest["capacity"] if self.latest else self.capacity
+        every = float(getattr(self.runner.callback, "every_seconds", 0) or 0)
+        stalls = list(getattr(self.runner.callback, "save_stall_seconds", None) or [])
+        cost = sum(stalls) / len(stalls) if stalls else (measured_cost_seconds(self._prior) or 0.0)
         # kept in hand, as the simulator does: the work a hard kill could take back on spot (up to one checkpoint
-        # interval) and the time until the next decision (a heartbeat)
-        every = float(getattr(self.runner.callback, "every_seconds", 0) or 0) if current != ON_DEMAND else 0.0
+        # interval), the checkpoints of the work left (at the interval in use) and the time to the next heartbeat
+        reserve = reserve_seconds(at_risk_seconds=every if current != ON_DEMAND else 0.0,
+                                  work_left_seconds=max(0, max_steps - step) * seconds_per_step,
+                                  checkpoint_cost_seconds=cost, on_demand_every_seconds=every,
+                                  until_next_decision_seconds=self.heartbeat_seconds)
         return DeadlineState(
-            reserve_seconds=self.heartbeat_seconds + every,
+            reserve_seconds=reserve,
             elapsed_seconds=self.clock() - self.first_start, deadline_seconds=self.deadline_s,
             work_done_seconds=step * seconds_per_step, work_total_seconds=max_steps * seconds_per_step,
             restart_seconds=self.restart_s,

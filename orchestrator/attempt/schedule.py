@@ -24,33 +24,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from orchestrator.policy.history import spot_lifetimes
-from orchestrator.policy.interval import IntervalDecision, checkpoint_interval, estimate_preemptions
+from orchestrator.policy.history import measured_cost_seconds, spot_lifetimes
+from orchestrator.policy.interval import (SNAPSHOT_WRITE_BYTES_PER_SECOND, IntervalDecision, checkpoint_interval,
+                                          estimate_preemptions, estimated_checkpoint_seconds)
 
 log = logging.getLogger("orchestrator.checkpoint")
 
-# Before any checkpoint is measured: a snapshot written to local disk or /dev/shm. Round figures, replaced by
-# the measurement after the first save.
-SNAPSHOT_WRITE_BYTES_PER_SECOND = 200e6
-SNAPSHOT_BASE_SECONDS = 0.25
 REDERIVE_WHEN_CHANGED = 0.25  # re-derive T when the measured C moves this much (a share of the C in use)
-
-
-def estimated_cost_seconds(state_bytes: float) -> float:
-    return SNAPSHOT_BASE_SECONDS + max(0.0, state_bytes) / SNAPSHOT_WRITE_BYTES_PER_SECOND
-
-
-def measured_cost_seconds(attempts: Iterable[dict]) -> Optional[float]:
-    """The C the newest earlier attempt measured (None: none measured one)."""
-    for a in reversed(list(attempts)):
-        chosen = (a.get("extra") or {}).get("checkpoint_interval") or {}
-        if chosen.get("cost_source") == "measured" and chosen.get("checkpoint_cost_s") is not None:
-            return float(chosen["checkpoint_cost_s"])
-    return None
 
 
 class CheckpointCost:
@@ -113,7 +97,7 @@ class CheckpointSchedule(TrainerCallback):
             from orchestrator.checkpoint.snapshot import estimate_snapshot_bytes
 
             size = estimate_snapshot_bytes(model, full_model=self.runner.checkpoints.full_model) if model else 0
-            self.derive(estimated_cost_seconds(size), "estimated", state.global_step,
+            self.derive(estimated_checkpoint_seconds(size), "estimated", state.global_step,
                         why=f"estimated: {size / 1e6:.1f} MB at {SNAPSHOT_WRITE_BYTES_PER_SECOND / 1e6:.0f} MB/s")
 
     def on_step_end(self, args, state, control, **kwargs):
