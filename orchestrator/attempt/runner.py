@@ -170,8 +170,11 @@ class Runner:
             return
         if self.first_step_seconds is None:
             self.first_step_seconds = self.money.meter.attempt_seconds()
-            log.info("start to first step: %.2fs (set-up and restore included, resumed at step %d)",
-                     self.first_step_seconds, self.step_at_start)
+            # the cost meter's start-up (what the budget counts per restart), not the restart split's process
+            # start to first step (``orchestrator.attempt.restart``), which includes the imports before the meter
+            log.info("metered start-up: %.2fs (the cost meter's start to the first step: set-up and restore "
+                     "included, the imports before it not; resumed at step %d)", self.first_step_seconds,
+                     self.step_at_start)
         self.hooks.after_step(step - self.step_at_start)
         if time.monotonic() - self._last_heartbeat >= self.hooks.heartbeat_seconds:
             self.heartbeat()
