@@ -18,7 +18,9 @@ from omegaconf import OmegaConf
 
 from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch
 from orchestrator.attempt.ports import CheckpointInterval, StepClock
-from orchestrator.policy.history import last_restart_seconds, restart_seconds_measured, steady_seconds_per_step
+from orchestrator.policy.history import (last_restart_seconds, measured_cost_seconds, read_attempts,
+                                         restart_seconds_measured, steady_seconds_per_step)
+from orchestrator.policy.interval import Lifetime
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule
 from orchestrator.policy.history import spot_lifetimes as lifetimes
@@ -123,6 +125,19 @@ def test_lifetimes_tell_honoured_notices_from_hard_kills_and_leave_out_moves_and
     # a lifetime is training time: the 36 s start-up (0.01 h) is not in it; one that never trained is none
     assert got == [(1.99, True, True), (0.99, True, False), (0.99, True, False), (0.99, False, False),
                    (0.99, False, False), (0.0, False, False)]
+
+
+def test_attempts_are_read_typed_and_a_tampered_number_counts_as_not_recorded():
+    measured = {"cost_source": "measured", "checkpoint_cost_s": 2.5}
+    good = attempt(1, 1.0, "vanished", extra={"restart": {"total_s": 36.0}, "checkpoint_interval": measured})
+    bad = attempt(2, 1.0, "vanished", start=2 * HOUR, extra={
+        "start_to_first_step_s": "nan", "checkpoint_interval": dict(measured, checkpoint_cost_s=float("inf"))})
+    bad["step_end"] = "lots"
+    a, b = read_attempts([good, bad, "not an attempt"])
+    assert (a.restart_seconds, a.checkpoint_cost_seconds, a.lifetime) == (36.0, 2.5, Lifetime(HOUR - 36.0, True))
+    assert (b.restart_seconds, b.checkpoint_cost_seconds, b.step_end) == (None, None, 0)
+    assert b.lifetime == Lifetime(0.0, preempted=False)  # no measured first step: no lifetime
+    assert restart_seconds_measured([good, bad]) == [36.0] and measured_cost_seconds([good, bad]) == 2.5
 
 
 def test_checkpoint_cost_is_the_stall_plus_what_uploads_take_from_training():

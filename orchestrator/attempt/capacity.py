@@ -35,7 +35,8 @@ from transformers import TrainerCallback
 from orchestrator.backends.capacity import MOVE, RESUBMIT, label, latest_decision
 from orchestrator.durations import parse_deadline
 from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity, reserve_seconds
-from orchestrator.policy.history import measured_cost_seconds, restart_seconds_measured, steady_seconds_per_step
+from orchestrator.policy.history import (AttemptHistory, first_start, measured_cost_seconds, read_attempts,
+                                         restart_seconds_measured, steady_seconds_per_step)
 
 log = logging.getLogger("orchestrator.capacity")
 
@@ -80,7 +81,7 @@ class CapacityWatch(TrainerCallback):
         self.latest: Optional[dict] = None
         self.stopping = False
         self._last_check = monotonic()
-        self._prior: list[dict] = []
+        self._prior: list[AttemptHistory] = []
         self._at_risk_asked = False
         self.decisions = 0  # in the ledger so far
 
@@ -89,9 +90,9 @@ class CapacityWatch(TrainerCallback):
         from orchestrator.policy.restart import restart_seconds
 
         ledger = self.record.load()
-        self._prior = [a for a in ledger.get("attempts", []) if a.get("epoch") != self.record.epoch]
-        starts = [float(a["started_at"]) for a in ledger.get("attempts", []) if a.get("started_at")]
-        self.first_start = min(starts) if starts else self.clock()
+        attempts = read_attempts(ledger.get("attempts") or [])
+        self._prior = [a for a in attempts if a.epoch != self.record.epoch]
+        self.first_start = first_start(attempts) or self.clock()
         self.deadline_s = deadline_seconds(self.deadline, self.first_start)
         self.latest = latest_decision(ledger)
         self.decisions = len(ledger.get("capacity") or [])
