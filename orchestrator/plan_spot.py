@@ -3,7 +3,7 @@
 For each GPU type and capacity, from the job's work (``plan.estimate_cost``'s hours) and the same policy
 functions the runner uses:
 
-- preemptions per hour: on-demand none; spot the prior (``cost.preemption_prior_per_hour``: catalog, else the
+- preemptions per hour: on-demand none (``compute.preemptions_per_hour`` for a job that runs on-demand); spot the prior (``cost.preemption_prior_per_hour``: catalog, else the
   traces' median) blended with the job's own attempts (``policy.interval.estimate_preemptions``), or
   ``compute.preemptions_per_hour``;
 - restart seconds (``policy.restart.restart_seconds``): ``compute.restart_seconds``, else the median measured
@@ -101,8 +101,10 @@ def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catal
         return None
     lifetimes, measured = history
     prior, _ = preemption_prior_per_hour(compute, catalog)
+    # on-demand is not preempted, unless the job runs on-demand and says how often (a partition that requeues)
+    explicit = None if cfg.compute.spot else cfg.compute.preemptions_per_hour
     estimate = estimate_preemptions(lifetimes if capacity == SPOT else [], prior,
-                                    override_per_hour=None if capacity == SPOT else 0.0)
+                                    override_per_hour=None if capacity == SPOT else (explicit or 0.0))
     ckpt_bytes = checkpoint_bytes(memory_plan)
     cost_s = estimated_checkpoint_seconds(ckpt_bytes)
     restart, source = restart_seconds(override=getattr(cfg.compute, "restart_seconds", None), measured=measured,
