@@ -15,8 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 from orchestrator import train_options
 from orchestrator.config import RECIPE_SCHEMAS, register_configs
 from orchestrator.distributed import configured_world_size
-from orchestrator.durations import interval_bounds, is_auto, parse_deadline, parse_duration
+from orchestrator.durations import parse_deadline, parse_duration
 from orchestrator.errors import ConfigError, UserError
+from orchestrator.policy.interval import interval_bounds, is_auto
 
 CHOICES = {
     "recipe.name": ("sft", "dpo", "qlora"),

@@ -12,6 +12,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from orchestrator.policy.interval import MAX_EVERY, MIN_EVERY
+
 
 @dataclass
 class RunConfig:
@@ -127,7 +129,7 @@ class ComputeConfig:
     price_per_hour: Optional[float] = None  # overrides the catalog; USD per GPU-hour (per node-hour for cpu)
     memory_gb: Optional[float] = None  # GPU memory per device, from the catalog when unset
     allow_idle_gpus: bool = False  # let a job bill more GPUs than it starts training processes for (refused otherwise)
-    preemptions_per_hour: Optional[float] = None  # expected spot preemptions per hour; unset: the catalog's prior blended with the job's history
+    preemptions_per_hour: Optional[float] = None  # expected preemptions per hour on this capacity (on-demand too: a partition that requeues); unset: spot, the catalog's prior blended with the job's history; on-demand, none
     restart_seconds: Optional[float] = None  # one restart (start to first step after a restore); unset: measured, else estimated
 
 
@@ -144,8 +146,8 @@ class StorageConfig:
 @dataclass
 class CheckpointConfig:
     every: str = "15m"  # wall-clock interval: 90s, 15m, 1h; "0" or "off" disables; auto: Young/Daly from the measured checkpoint cost and the preemption rate
-    min_every: str = "1m"  # checkpoint.every=auto: the shortest interval it may choose
-    max_every: str = "1h"  # checkpoint.every=auto: the longest interval it may choose
+    min_every: str = MIN_EVERY  # checkpoint.every=auto: the shortest interval it may choose
+    max_every: str = MAX_EVERY  # checkpoint.every=auto: the longest interval it may choose
     every_steps: int = 0  # also save every N optimizer steps (0: off)
     keep_last: int = 3  # committed checkpoints kept (at least 2; older ones deleted after a newer commit)
     allow_config_change: bool = False  # resume although a trajectory-shaping field changed

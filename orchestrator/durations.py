@@ -29,24 +29,6 @@ def parse_duration(text: str | int | float, *, key: str = "duration") -> float:
     return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
 
 
-AUTO = "auto"  # checkpoint.every=auto: the interval is derived (orchestrator.attempt.schedule)
-
-
-def is_auto(every) -> bool:
-    return str(every).strip().lower() == AUTO
-
-
-def interval_bounds(checkpoint_cfg) -> tuple[float, float]:
-    """(``checkpoint.min_every``, ``checkpoint.max_every``) in seconds. Raises ValueError naming the keys."""
-    low = parse_duration(checkpoint_cfg.min_every, key="checkpoint.min_every")
-    high = parse_duration(checkpoint_cfg.max_every, key="checkpoint.max_every")
-    if low <= 0 or high < low:
-        raise ValueError(f"checkpoint.min_every={checkpoint_cfg.min_every!r} and checkpoint.max_every="
-                         f"{checkpoint_cfg.max_every!r} must satisfy 0 < min_every <= max_every; "
-                         "e.g. checkpoint.min_every=1m checkpoint.max_every=1h.")
-    return low, high
-
-
 def parse_deadline(text) -> tuple[str, float]:
     """``run.deadline``: ("after", seconds from the job's first attempt) for ``52h``; ("at", unix time) for an
     ISO-8601 time (UTC when it names no zone). Raises ValueError with the accepted forms."""

@@ -29,7 +29,8 @@ restore can fall back to) are listed, and ``checkpoints_committed`` counts every
 commit, so a week-long job's ledger, rewritten at every heartbeat, stays small.
 
 Decisions and measurements (``run.deadline``, ``checkpoint.every=auto``): an attempt's
-``extra`` holds ``start_to_first_step_s`` (its start to the end of its first step) and
+``extra`` holds ``restart`` (its start-up split by phase; ``total_s`` is its start to the end of its
+first step, which ledgers before it held as ``start_to_first_step_s``: ``orchestrator.policy.history``) and
 ``checkpoint_interval`` (the newest interval it chose, with its inputs C, M and the notice
 share); ``capacity`` lists the job's capacity decisions, newest last (the newest
 ``MAX_CAPACITY_DECISIONS``), each ``{"capacity", "previous", "reason", "locked", "at_risk",

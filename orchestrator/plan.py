@@ -416,7 +416,8 @@ class GpuOption:
 
 def gpu_types_that_fit(plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], model_config: Mapping[str, Any],
                        headroom: float = 0.1) -> list[GpuOption]:
-    """Catalog GPU types whose memory holds ``plan``, cheapest run first (then cheapest hour;
+    """Catalog GPU types whose memory holds ``plan``, cheapest run first to the cent, as the plan prints it (then
+    cheapest hour: runs that round alike, a tiny job's all $0.00, are not ordered by a difference nobody sees;
     unpriced last), each priced at cfg's GPU count, spot mode and cloud."""
     from orchestrator.cost import price_for
 
@@ -433,7 +434,7 @@ def gpu_types_that_fit(plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], m
         run = estimate_cost(variant, price, model_config=model_config).usd
         options.append(GpuOption(gpu_type, memory, price.usd_per_hour_total if price else None, run))
     inf = float("inf")
-    return sorted(options, key=lambda o: (o.run_usd if o.run_usd is not None else inf,
+    return sorted(options, key=lambda o: (round(o.run_usd, 2) if o.run_usd is not None else inf,
                                           o.usd_per_hour_total if o.usd_per_hour_total is not None else inf))
 
 
@@ -479,7 +480,8 @@ def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], 
     if str(gpu_type).lower() in NO_BF16_GPUS and plan.dtype == "bfloat16":
         lines.append(f"WARNING: {gpu_type} has no bfloat16 support; set model.dtype=float16 (or pick an Ampere+ GPU).")
     if options:
-        lines.append("GPU types that fit (cheapest run first):")
+        lines.append("GPU types that fit (cheapest run first, to the cent; then cheapest hour):"
+                     if any(o.run_usd is not None for o in options) else "GPU types that fit (cheapest hour first):")
         for o in options:
             hourly = f"${o.usd_per_hour_total:,.2f}/h" if o.usd_per_hour_total is not None else "unpriced"
             run = f"~${o.run_usd:,.2f} for the run" if o.run_usd is not None else ""

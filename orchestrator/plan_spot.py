@@ -3,13 +3,13 @@
 For each GPU type and capacity, from the job's work (``plan.estimate_cost``'s hours) and the same policy
 functions the runner uses:
 
-- preemptions per hour: on-demand none; spot the prior (``cost.preemption_prior_per_hour``: catalog, else the
+- preemptions per hour: on-demand none (``compute.preemptions_per_hour`` for a job that runs on-demand); spot the prior (``cost.preemption_prior_per_hour``: catalog, else the
   traces' median) blended with the job's own attempts (``policy.interval.estimate_preemptions``), or
   ``compute.preemptions_per_hour``;
 - restart seconds (``policy.restart.restart_seconds``): ``compute.restart_seconds``, else the median measured
   in the job's attempts, else an estimate from the model's and the checkpoint's sizes;
-- the checkpoint cost (the checkpoint's bytes at ``CHECKPOINT_WRITE_BYTES_PER_SECOND``) and interval (the
-  configured one, or ``auto``'s Young/Daly);
+- the checkpoint cost (``policy.interval.estimated_checkpoint_seconds`` of the checkpoint's bytes, the estimate
+  the attempt's schedule starts from) and interval (the configured one, or ``auto``'s Young/Daly);
 - the waste share f (``policy.interval.expected_waste_fraction``: checkpoints, half an interval lost per hard
   kill, a restart per preemption); paid hours = (work + the first start) / (1 - f).
 
@@ -24,11 +24,10 @@ from typing import Any, Callable, Mapping, Optional
 
 from orchestrator.policy.history import restart_seconds_measured, spot_lifetimes
 from orchestrator.policy.interval import (Lifetime, checkpoint_interval, estimate_preemptions,
-                                          expected_waste_fraction)
+                                          estimated_checkpoint_seconds, expected_waste_fraction, interval_bounds,
+                                          is_auto)
 from orchestrator.policy.restart import restart_seconds
 
-CHECKPOINT_WRITE_BYTES_PER_SECOND = 200e6  # snapshot of the trainable state, before its upload goes on behind
-CHECKPOINT_FIXED_SECONDS = 1.0  # the commit's round trips (manifest last) whatever the size
 SPOT, ON_DEMAND = "spot", "on_demand"
 
 
@@ -73,7 +72,7 @@ def checkpoint_bytes(memory_plan: Any) -> float:
 
 
 def _interval(cfg: Any, cost_s: float, estimate, lifetimes: list[Lifetime]) -> float:
-    from orchestrator.durations import interval_bounds, is_auto, parse_duration
+    from orchestrator.durations import parse_duration
 
     if not is_auto(cfg.checkpoint.every):
         seconds = parse_duration(cfg.checkpoint.every, key="checkpoint.every")
@@ -102,10 +101,12 @@ def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catal
         return None
     lifetimes, measured = history
     prior, _ = preemption_prior_per_hour(compute, catalog)
+    # on-demand is not preempted, unless the job runs on-demand and says how often (a partition that requeues)
+    explicit = None if cfg.compute.spot else cfg.compute.preemptions_per_hour
     estimate = estimate_preemptions(lifetimes if capacity == SPOT else [], prior,
-                                    override_per_hour=None if capacity == SPOT else 0.0)
+                                    override_per_hour=None if capacity == SPOT else (explicit or 0.0))
     ckpt_bytes = checkpoint_bytes(memory_plan)
-    cost_s = CHECKPOINT_FIXED_SECONDS + ckpt_bytes / CHECKPOINT_WRITE_BYTES_PER_SECOND
+    cost_s = estimated_checkpoint_seconds(ckpt_bytes)
     restart, source = restart_seconds(override=getattr(cfg.compute, "restart_seconds", None), measured=measured,
                                       model_bytes=float(memory_plan.components.get("weights", 0)),
                                       checkpoint_bytes=ckpt_bytes)

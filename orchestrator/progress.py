@@ -159,23 +159,16 @@ def wants_bar(mode: str, stream=None) -> Optional[bool]:
     return mode == "bar"
 
 
-def attach_progress(trainer: Any, runner: Any) -> Optional[TrainingProgress]:
-    """Add the display to ``trainer`` on the main rank (``runner``: the attempt's ``Runner``, whose money
-    watch, restored step and first step's time the figures need). Returns the callback, or None."""
+def attach_progress(trainer: Any, tracking_cfg: Any, *, main: bool,
+                    dollars: Callable[[int, int], tuple[float, Optional[float]]]) -> Optional[TrainingProgress]:
+    """Add the display to ``trainer`` on the main rank (``tracking_cfg``: ``cfg.tracking``; ``dollars(step, total)``:
+    spent so far and the projected total, the money watch's). Returns the callback, or None."""
     from orchestrator.durations import parse_duration
 
-    cfg = runner.cfg
-    bar = wants_bar(cfg.tracking.progress)
-    if bar is None or not runner.main:
+    bar = wants_bar(tracking_cfg.progress)
+    if bar is None or not main:
         return None
-
-    def dollars(step: int, total: int) -> tuple[float, Optional[float]]:
-        money = runner.money
-        return money.total_cost_usd(), money.projected_total_usd(
-            step, max_steps=total, step_at_start=runner.step_at_start, first_step_seconds=runner.first_step_seconds,
-            restarts=len(runner.record.prior_attempts))
-
-    progress = TrainingProgress(dollars, bar=bar, every_s=parse_duration(cfg.tracking.job_metrics_every,
+    progress = TrainingProgress(dollars, bar=bar, every_s=parse_duration(tracking_cfg.job_metrics_every,
                                                                          key="tracking.job_metrics_every"))
     trainer.remove_callback(ProgressCallback)  # the Trainer's own bar, were disable_tqdm off: one display only
     if bar:

@@ -35,15 +35,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterable, Optional, Sequence
 
-from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity
-from orchestrator.policy.interval import Lifetime, checkpoint_interval, estimate_preemptions
+from orchestrator.durations import parse_duration
+from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity, reserve_seconds
+from orchestrator.policy.interval import (AUTO, MAX_EVERY, MIN_EVERY, Lifetime, checkpoint_interval,
+                                          estimate_preemptions)
 from orchestrator.spot_traces import Trace, load_trace, load_traces  # noqa: F401  (load_trace: re-exported)
 
 POLICIES = ("deadline", "late-switch", "spot", "on-demand")
 DEADLINE_POLICIES = ("deadline", "late-switch")
-AUTO = "auto"
-MIN_EVERY_SECONDS = 60.0  # auto's lower bound on the interval
-MAX_EVERY_SECONDS = 3600.0  # auto's upper bound (on-demand capacity, or no lossy preemption expected)
 # AWS p3.2xlarge (1x V100, the traces' instance), us-east-1 list price, and a typical spot price for it.
 ON_DEMAND_USD = 3.06
 SPOT_USD = 0.92
@@ -65,8 +64,8 @@ class Job:
     deadline_seconds: Optional[float] = None
     notice_share: float = 0.0
     prior_per_hour: float = 0.64
-    min_every_seconds: float = MIN_EVERY_SECONDS
-    max_every_seconds: float = MAX_EVERY_SECONDS
+    min_every_seconds: float = parse_duration(MIN_EVERY)  # auto's bounds, the job's defaults
+    max_every_seconds: float = parse_duration(MAX_EVERY)
     spot_usd: float = SPOT_USD
     on_demand_usd: float = ON_DEMAND_USD
     max_preemptions: int = 20
@@ -150,12 +149,11 @@ class _Run:
         return decision.capacity
 
     def _reserve(self, work_left: float) -> float:
-        """What the deadline policy keeps in hand: the work a hard kill would take back while on spot, the
-        checkpoints the work left will write on on-demand, and the tick until it decides again."""
-        job, od_every = self.job, self._interval_for(ON_DEMAND)
-        at_risk = self.done - self.committed if self.capacity == SPOT else 0.0
-        checkpoints = work_left * job.checkpoint_cost_seconds / od_every if 0 < od_every < math.inf else 0.0
-        return at_risk + checkpoints + self.trace.gap_seconds
+        """The deadline's reserve (``policy.deadline.reserve_seconds``), decided again at the next tick."""
+        return reserve_seconds(at_risk_seconds=self.done - self.committed if self.capacity == SPOT else 0.0,
+                               work_left_seconds=work_left, checkpoint_cost_seconds=self.job.checkpoint_cost_seconds,
+                               on_demand_every_seconds=self._interval_for(ON_DEMAND),
+                               until_next_decision_seconds=self.trace.gap_seconds)
 
     def _late_switch_needs(self, work_left: float) -> float:
         """The baseline's latest safe move, to be fair to it: the work left with its checkpoints on on-demand,
@@ -371,8 +369,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-minutes", type=float, default=6.0, help="one restart: start to first step (default 6)")
     p.add_argument("--checkpoint-cost-seconds", type=float, default=30.0, help="training time one checkpoint costs")
     p.add_argument("--checkpoint-every", default=AUTO, help="auto (Young/Daly, re-derived per attempt) or a duration")
-    p.add_argument("--min-every", default=f"{MIN_EVERY_SECONDS:g}s", help="auto's lower bound")
-    p.add_argument("--max-every", default=f"{MAX_EVERY_SECONDS:g}s", help="auto's upper bound")
+    p.add_argument("--min-every", default=MIN_EVERY, help=f"auto's lower bound (default {MIN_EVERY})")
+    p.add_argument("--max-every", default=MAX_EVERY, help=f"auto's upper bound (default {MAX_EVERY})")
     p.add_argument("--policy", choices=POLICIES + ("all",), default="all",
                    help="capacity policy (all: every policy the options allow)")
     p.add_argument("--notice-share", type=float, default=0.0, help="share of preemptions with an honoured notice")
@@ -391,8 +389,6 @@ def _parser() -> argparse.ArgumentParser:
 def _job_from_args(a: argparse.Namespace) -> Job:
     from orchestrator.config import RequeueConfig
     from orchestrator.cost import preemption_prior_per_hour
-    from orchestrator.durations import parse_duration
-
     if a.job_hours <= 0:
         raise ValueError("--job-hours must be > 0")
     if a.deadline_hours is not None and a.deadline_hours < a.job_hours:

@@ -45,7 +45,7 @@ from orchestrator.simulate import Job, simulate_window  # noqa: E402
 from orchestrator.spot_traces import Trace, load_trace  # noqa: E402
 
 PY = sys.executable
-FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*start to first step")
+FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*metered start-up")
 STALL = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*checkpoint save at step (\d+) stalled training "
                    r"for ([0-9.]+)s")
 RUNTIME = re.compile(r"'train_runtime': '([0-9.]+)'")

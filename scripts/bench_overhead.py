@@ -169,7 +169,7 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
                                  *overrides], cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=pin(bare_core))
     try:
-        while "start to first step" not in orch_log.read_text(errors="replace"):
+        while "metered start-up" not in orch_log.read_text(errors="replace"):
             if orch.poll() is not None:
                 raise SystemExit(f"orchestrated run failed (rc={orch.returncode}):\n"
                                  f"{orch_log.read_text(errors='replace')[-3000:]}")

@@ -67,7 +67,7 @@ NUM_TOKENS = re.compile(r"'num_tokens': '?([\d.e+]+)")
 STALL = re.compile(r"checkpoint save at step (\d+) stalled training for ([\d.]+)s")
 EMERGENCY = re.compile(r"emergency checkpoint at step (\d+) (committed|FAILED) in ([\d.]+)s")
 TRIAL_STEP_TIME = re.compile(r"^\s+step time\s+(?:-|[\d.]+ s)\s+([\d.]+) s", re.M)
-FIRST_STEP = re.compile(r"start to first step: ([\d.]+)s")
+FIRST_STEP = re.compile(r"metered start-up: ([\d.]+)s")
 
 
 def build_model(folder: Path, shape: dict, device: str) -> int:

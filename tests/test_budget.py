@@ -203,7 +203,7 @@ def _budgeted_job(tmp_path, receiver, *extra, env=None):
                                     "run.name=budgeted", f"budget.webhook_url={receiver.url}", *extra)
     done = jobs.run_job(overrides, tmp_path, env=jobs.job_env(tmp_path, env), timeout=600)
     out = done.stdout + done.stderr
-    first_step = re.search(r"start to first step: ([0-9.]+)s", out)
+    first_step = re.search(r"metered start-up: ([0-9.]+)s", out)
     assert first_step, out[-3000:]
     return done, out, float(first_step.group(1)), jobs.ledger(storage, "budgeted")
 

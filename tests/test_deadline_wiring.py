@@ -17,7 +17,10 @@ import yaml
 from omegaconf import OmegaConf
 
 from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch
-from orchestrator.policy.history import steady_seconds_per_step
+from orchestrator.attempt.ports import CheckpointInterval, StepClock
+from orchestrator.policy.history import (last_restart_seconds, measured_cost_seconds, read_attempts,
+                                         restart_seconds_measured, steady_seconds_per_step)
+from orchestrator.policy.interval import Lifetime
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule
 from orchestrator.policy.history import spot_lifetimes as lifetimes
@@ -65,9 +68,10 @@ class Webhook:
         return True
 
 
-def make_runner(tmp_path, *, history=(), spot=True, step_time_s=0.1):
-    """A runner as the callbacks see it: a real ledger in a folder (its earlier attempts ``history``), an attempt
-    begun in it, and stand-ins for the Trainer callback, tracking, preemption and the money watch."""
+def make_ports(tmp_path, *, history=(), spot=True, step_time_s=0.1):
+    """What the steering callbacks are handed: a real ledger record in a folder (its earlier attempts ``history``,
+    an attempt begun in it), a real checkpoint interval and step clock (``step_time_s`` per step measured), the
+    stops they request, and a stand-in for MLflow."""
     ledger = Ledger(LocalStore(tmp_path / "runs"), "job")
     if history:
         from orchestrator.ledger import new_ledger, transact
@@ -81,14 +85,21 @@ def make_runner(tmp_path, *, history=(), spot=True, step_time_s=0.1):
     compute = OmegaConf.structured(ComputeConfig(spot=spot))
     record = AttemptRecord(ledger, _policy(), compute=compute, budget_max_usd=None)
     record.begin(0)
-    callback = SimpleNamespace(every_seconds=0.0, save_stall_seconds=[],
-                               timing_metrics=lambda **kw: {"step_time_s": step_time_s})
-    preemption = SimpleNamespace(requests=[])
-    preemption.request = lambda reason: preemption.requests.append(reason)
-    return SimpleNamespace(record=record, callback=callback, tracking=Tracking(), preemption=preemption,
-                           checkpoints=SimpleNamespace(full_model=False, uploading=lambda: False),
-                           money=SimpleNamespace(total_cost_usd=lambda: 0.0), cfg=OmegaConf.create({"budget": {"max_usd": None}}),
-                           run_name="job", first_step_seconds=None), compute
+    stops: list = []
+    return SimpleNamespace(record=record, tracking=Tracking(), interval=CheckpointInterval.derived(),
+                           steps=measured_steps(step_time_s), stops=stops, request_stop=stops.append), compute
+
+
+def measured_steps(step_time_s: float, steps: int = 3) -> StepClock:
+    """A step clock that has measured ``steps`` steps of ``step_time_s`` (the first, warm-up, is left out)."""
+    now = [0.0]
+    clock = StepClock(clock=lambda: now[0])
+    for _ in range(steps):
+        clock.step_began()
+        now[0] += step_time_s
+        clock.step_ended()
+        clock.resume()
+    return clock
 
 
 def _policy():
@@ -116,6 +127,19 @@ def test_lifetimes_tell_honoured_notices_from_hard_kills_and_leave_out_moves_and
                    (0.99, False, False), (0.0, False, False)]
 
 
+def test_attempts_are_read_typed_and_a_tampered_number_counts_as_not_recorded():
+    measured = {"cost_source": "measured", "checkpoint_cost_s": 2.5}
+    good = attempt(1, 1.0, "vanished", extra={"restart": {"total_s": 36.0}, "checkpoint_interval": measured})
+    bad = attempt(2, 1.0, "vanished", start=2 * HOUR, extra={
+        "start_to_first_step_s": "nan", "checkpoint_interval": dict(measured, checkpoint_cost_s=float("inf"))})
+    bad["step_end"] = "lots"
+    a, b = read_attempts([good, bad, "not an attempt"])
+    assert (a.restart_seconds, a.checkpoint_cost_seconds, a.lifetime) == (36.0, 2.5, Lifetime(HOUR - 36.0, True))
+    assert (b.restart_seconds, b.checkpoint_cost_seconds, b.step_end) == (None, None, 0)
+    assert b.lifetime == Lifetime(0.0, preempted=False)  # no measured first step: no lifetime
+    assert restart_seconds_measured([good, bad]) == [36.0] and measured_cost_seconds([good, bad]) == 2.5
+
+
 def test_checkpoint_cost_is_the_stall_plus_what_uploads_take_from_training():
     cost = CheckpointCost()
     assert cost.seconds() is None
@@ -128,37 +152,38 @@ def test_checkpoint_cost_is_the_stall_plus_what_uploads_take_from_training():
     assert cost.seconds() == pytest.approx(0.6 + 0.05 * 4 / 2)
 
 
-def schedule_for(runner, compute, **kw):
-    return CheckpointSchedule(runner, compute=compute, catalog={}, min_seconds=kw.get("low", 1.0),
-                              max_seconds=kw.get("high", 10 * HOUR))
+def schedule_for(ports, compute, **kw):
+    return CheckpointSchedule(interval=ports.interval, steps=ports.steps, record=ports.record, tracking=ports.tracking,
+                              full_model=False, uploading=lambda: False, compute=compute, catalog={},
+                              min_seconds=kw.get("low", 1.0), max_seconds=kw.get("high", 10 * HOUR))
 
 
 def test_auto_interval_is_young_daly_from_the_estimate_then_re_derived_when_the_measured_cost_moves(tmp_path):
-    runner, compute = make_runner(tmp_path)
+    ports, compute = make_ports(tmp_path)
     compute.preemptions_per_hour = 1.0  # one lossy preemption per hour: M = 3600 s
-    schedule = schedule_for(runner, compute)
+    schedule = schedule_for(ports, compute)
     schedule.on_train_begin(None, state(), None, model=None)
     c0 = schedule.decision.checkpoint_cost_seconds
-    assert runner.callback.every_seconds == pytest.approx(math.sqrt(2 * c0 * HOUR))
-    assert runner.tracking.metrics["checkpoint_interval_s"] == runner.callback.every_seconds
+    assert ports.interval.seconds == pytest.approx(math.sqrt(2 * c0 * HOUR))
+    assert ports.tracking.metrics["checkpoint_interval_s"] == ports.interval.seconds
 
-    runner.callback.save_stall_seconds.append(c0 * 1.1)  # the first measurement replaces the estimate
+    ports.steps.saved(c0 * 1.1)  # the first measurement replaces the estimate
     schedule.on_save(None, state(50), None)
     assert schedule.decision.checkpoint_cost_seconds == pytest.approx(c0 * 1.1)
-    runner.callback.save_stall_seconds.append(c0 * 1.2)  # the mean moves by less than 25%: T stays
+    ports.steps.saved(c0 * 1.2)  # the mean moves by less than 25%: T stays
     schedule.on_save(None, state(75), None)
     assert schedule.decision.checkpoint_cost_seconds == pytest.approx(c0 * 1.1)
-    runner.callback.save_stall_seconds.append(c0 * 40)  # by far more: re-derived
+    ports.steps.saved(c0 * 40)  # by far more: re-derived
     schedule.on_save(None, state(100), None)
     measured = (c0 * 1.1 + c0 * 1.2 + c0 * 40) / 3
-    assert runner.callback.every_seconds == pytest.approx(math.sqrt(2 * measured * HOUR))
-    noted = runner.record.load()["attempts"][-1]["extra"]["checkpoint_interval"]
+    assert ports.interval.seconds == pytest.approx(math.sqrt(2 * measured * HOUR))
+    noted = ports.record.load()["attempts"][-1]["extra"]["checkpoint_interval"]
     assert noted["cost_source"] == "measured" and noted["checkpoint_cost_s"] == pytest.approx(measured)
     assert noted["mean_s_between_losses"] == pytest.approx(HOUR) and "sqrt(2 x C x M)" in noted["explanation"]
 
     # the next attempt starts from the cost this one measured
-    done = runner.record.load()["attempts"][-1]
-    nxt, compute2 = make_runner(tmp_path / "next", history=[dict(done, exit_class="preempted",
+    done = ports.record.load()["attempts"][-1]
+    nxt, compute2 = make_ports(tmp_path / "next", history=[dict(done, exit_class="preempted",
                                                                  ended_at=done["started_at"] + 60)])
     later = schedule_for(nxt, compute2)
     later.on_train_begin(None, state(), None, model=None)
@@ -168,19 +193,65 @@ def test_auto_interval_is_young_daly_from_the_estimate_then_re_derived_when_the_
 def test_hard_kills_shorten_the_interval_and_honoured_notices_lengthen_it(tmp_path):
     def interval(exit_class, where):
         history = [attempt(i, 0.5, exit_class, start=i * HOUR) for i in range(1, 7)]
-        runner, compute = make_runner(tmp_path / where, history=history)
-        schedule = schedule_for(runner, compute)
+        ports, compute = make_ports(tmp_path / where, history=history)
+        schedule = schedule_for(ports, compute)
         schedule.on_train_begin(None, state(), None, model=None)
-        return runner.callback.every_seconds
+        return ports.interval.seconds
 
     assert interval("vanished", "killed") < interval("preempted", "noticed")
 
 
 def test_on_demand_attempts_checkpoint_at_the_longest_interval(tmp_path):
-    runner, compute = make_runner(tmp_path, spot=False)
-    schedule = schedule_for(runner, compute, high=1800.0)
+    ports, compute = make_ports(tmp_path, spot=False)
+    schedule = schedule_for(ports, compute, high=1800.0)
     schedule.on_train_begin(None, state(), None, model=None)
-    assert (runner.callback.every_seconds, schedule.decision.bound) == (1800.0, "max_every")
+    assert (ports.interval.seconds, schedule.decision.bound) == (1800.0, "max_every")
+
+
+def test_an_explicit_preemption_rate_is_used_on_on_demand_capacity_too(tmp_path):
+    ports, compute = make_ports(tmp_path, spot=False)
+    compute.preemptions_per_hour = 600.0  # a partition that requeues on-demand jobs: M = 6 s
+    schedule = schedule_for(ports, compute, high=1800.0)
+    schedule.on_train_begin(None, state(), None, model=None)
+    c0 = schedule.decision.checkpoint_cost_seconds
+    assert ports.interval.seconds == pytest.approx(max(1.0, math.sqrt(2 * c0 * 6.0)))
+    assert "prior from compute.preemptions_per_hour" in ports.tracking.tags["checkpoint.interval"]
+
+
+def test_the_plan_prices_a_checkpoint_as_the_attempt_estimates_it_before_measuring(tmp_path):
+    import torch
+
+    from orchestrator.cost import load_catalog
+    from orchestrator.plan_spot import price_option
+
+    model = torch.nn.Linear(1000, 1000)  # 1M trainable fp32 parameters: 4 MB saved, 8 MB of Adam's moments
+    ports, compute = make_ports(tmp_path)
+    compute.preemptions_per_hour = 1.0
+    schedule = schedule_for(ports, compute)
+    schedule.on_train_begin(None, state(), None, model=model)
+    attempt_c = schedule.decision.checkpoint_cost_seconds
+    plan = SimpleNamespace(components={"adapters": 4 * model.weight.numel() + 4000, "optimizer": 8 * 1_001_000})
+    cfg = compose_config(["recipe=sft", "compute=l40s-spot", f"storage.uri={tmp_path}/none"])
+    option = price_option(cfg, "l40s", "spot", plan, load_catalog(), ([], []), variant=lambda c, g: c,
+                          work_hours=lambda c, p: 10.0)
+    assert option.checkpoint_cost_seconds == pytest.approx(attempt_c)
+
+
+def test_the_deadline_keeps_the_checkpoints_of_the_work_left_in_hand_as_the_simulator_does(tmp_path):
+    from orchestrator.policy.deadline import reserve_seconds
+
+    ports, _ = make_ports(tmp_path)
+    ports.interval = CheckpointInterval.fixed(600.0)
+    ports.steps.saved(20.0)
+    ports.steps.saved(40.0)  # C = 30 s measured in this attempt
+    watch = watch_for(ports, capacity=SPOT, deadline="52h", restart=60.0)
+    watch.on_train_begin(None, state(), None)
+    got = watch.standing(step=1000, max_steps=37000, seconds_per_step=1.0).reserve_seconds
+    # 36 000 s of work left at one 30 s checkpoint per 600 s: 1 800 s, besides the interval at risk and a heartbeat
+    assert got == pytest.approx(600.0 + 36000 * 30.0 / 600.0 + watch.heartbeat_seconds)
+    assert got == pytest.approx(reserve_seconds(at_risk_seconds=600.0, work_left_seconds=36000.0,
+                                                checkpoint_cost_seconds=30.0, on_demand_every_seconds=600.0,
+                                                until_next_decision_seconds=watch.heartbeat_seconds))
 
 
 # ---- run.deadline -----------------------------------------------------------------
@@ -203,49 +274,52 @@ def test_the_backend_says_which_capacity_an_attempt_runs_on_and_it_is_priced_so(
     assert attempt_capacity(on_demand, {"ORCH_CAPACITY": "spot"}) == ON_DEMAND  # never spot for an on-demand job
 
 
-def watch_for(runner, *, capacity=SPOT, action=None, request_file="", deadline="20m", restart=900.0, spot_job=True):
-    return CapacityWatch(runner, deadline=deadline, capacity=capacity, action=action, request_file=request_file,
-                         restart_override=restart, webhook=Webhook(), heartbeat_seconds=0.0, spot_job=spot_job)
+def watch_for(ports, *, capacity=SPOT, action=None, request_file="", deadline="20m", restart=900.0, spot_job=True):
+    return CapacityWatch(job="job", record=ports.record, tracking=ports.tracking, interval=ports.interval,
+                         steps=ports.steps, request_stop=ports.request_stop, total_cost_usd=lambda: 0.0,
+                         budget_max_usd=None, deadline=deadline, capacity=capacity, action=action,
+                         request_file=request_file, restart_override=restart, webhook=Webhook(),
+                         heartbeat_seconds=0.0, spot_job=spot_job)
 
 
 @pytest.mark.slurm
 def test_slurm_job_that_only_on_demand_can_finish_in_time_saves_and_asks_to_move(tmp_path):
-    runner, _ = make_runner(tmp_path)
+    ports, _ = make_ports(tmp_path)
     request = tmp_path / "job.capacity"
-    watch = watch_for(runner, action=MOVE, request_file=str(request))
+    watch = watch_for(ports, action=MOVE, request_file=str(request))
     watch.on_train_begin(None, state(), None)  # no earlier attempt: no pace to judge by yet
-    assert not runner.preemption.requests
+    assert not ports.stops
     watch.on_step_end(None, state(10), None)  # 990 steps x 0.1 s left, 20 min to go, two 15-minute restarts
     assert request.read_text().strip() == ON_DEMAND
-    [reason] = runner.preemption.requests
+    [reason] = ports.stops
     assert reason.startswith("capacity [spot -> on-demand]: time left is less than the work left plus two restarts")
-    ledger = runner.record.load()
+    ledger = ports.record.load()
     [decision] = ledger["capacity"]
     assert (decision["previous"], decision["capacity"], decision["locked"], decision["epoch"]) == (SPOT, ON_DEMAND,
                                                                                                    True, 1)
     assert ledger["attempts"][-1]["extra"]["capacity_switch"] == ON_DEMAND
-    assert runner.tracking.tags["capacity"] == ON_DEMAND and "two restarts" in runner.tracking.tags["capacity.reason"]
-    assert runner.tracking.metrics["capacity_on_demand"] == 1.0
+    assert ports.tracking.tags["capacity"] == ON_DEMAND and "two restarts" in ports.tracking.tags["capacity.reason"]
+    assert ports.tracking.metrics["capacity_on_demand"] == 1.0
     assert "capacity [spot -> on-demand]" in watch.webhook.sent[0].message
     watch.on_step_end(None, state(11), None)  # stopping: nothing more is decided or sent
-    assert len(runner.record.load()["capacity"]) == 1 and len(watch.webhook.sent) == 1
+    assert len(ports.record.load()["capacity"]) == 1 and len(watch.webhook.sent) == 1
 
 
 def test_local_job_is_advised_once_and_a_resubmitted_one_is_told_where_it_goes_next(tmp_path):
-    runner, _ = make_runner(tmp_path)
-    watch = watch_for(runner)  # local: no action
+    ports, _ = make_ports(tmp_path)
+    watch = watch_for(ports)  # local: no action
     watch.on_train_begin(None, state(), None)
     for step in (10, 20, 30):
         watch.on_step_end(None, state(step), None)
-    [decision] = runner.record.load()["capacity"]
-    assert decision["action"].startswith("advice only") and not runner.preemption.requests
+    [decision] = ports.record.load()["capacity"]
+    assert decision["action"].startswith("advice only") and not ports.stops
     assert [a.name for a in watch.webhook.sent] == ["capacity"]
 
-    runner2, _ = make_runner(tmp_path / "k8s")
-    watch2 = watch_for(runner2, action=RESUBMIT)
+    ports2, _ = make_ports(tmp_path / "k8s")
+    watch2 = watch_for(ports2, action=RESUBMIT)
     watch2.on_train_begin(None, state(), None)
     watch2.on_step_end(None, state(10), None)
-    assert "the next submission of run.name=job" in runner2.record.load()["capacity"][0]["action"]
+    assert "the next submission of run.name=job" in ports2.record.load()["capacity"][0]["action"]
 
 
 def test_on_schedule_jobs_stay_on_spot_and_the_decision_uses_the_earlier_attempts_pace(tmp_path):
@@ -253,39 +327,44 @@ def test_on_schedule_jobs_stay_on_spot_and_the_decision_uses_the_earlier_attempt
     assert steady_seconds_per_step(history) == pytest.approx(1.0)  # 360 s for 360 steps after the first
     now = time.time()
     history[0].update(started_at=now - 400, ended_at=now - 40)
-    runner, _ = make_runner(tmp_path, history=history)
-    watch = watch_for(runner, action=MOVE, request_file=str(tmp_path / "c"), deadline="2h", restart=60.0)
+    ports, _ = make_ports(tmp_path, history=history)
+    watch = watch_for(ports, action=MOVE, request_file=str(tmp_path / "c"), deadline="2h", restart=60.0)
     watch.on_train_begin(None, state(361, 1000), None)  # decided before training, at the earlier pace
-    [decision] = runner.record.load()["capacity"]
+    [decision] = ports.record.load()["capacity"]
     assert decision["capacity"] == SPOT and decision["seconds_per_step"] == pytest.approx(1.0)
-    assert decision["action"] == "stays on spot" and not runner.preemption.requests
+    assert decision["action"] == "stays on spot" and not ports.stops
 
 
 def test_deadline_at_risk_alerts_once_per_job(tmp_path):
-    runner, _ = make_runner(tmp_path)
-    watch = watch_for(runner, deadline="1m", restart=10.0)  # 1000 steps x 0.1 s cannot fit in a minute
+    ports, _ = make_ports(tmp_path)
+    watch = watch_for(ports, deadline="1m", restart=10.0)  # 1000 steps x 0.1 s cannot fit in a minute
     watch.on_train_begin(None, state(), None)
     watch.on_step_end(None, state(1), None)
     watch.on_step_end(None, state(2), None)
-    again = watch_for(runner, deadline="1m", restart=10.0)  # a later attempt of the same job
+    again = watch_for(ports, deadline="1m", restart=10.0)  # a later attempt of the same job
     again.on_train_begin(None, state(), None)
     again.on_step_end(None, state(3), None)
     alerts = [a.name for a in watch.webhook.sent + again.webhook.sent]
-    assert alerts.count(AT_RISK_ALERT) == 1 and AT_RISK_ALERT in runner.record.load()["alerts"]
+    assert alerts.count(AT_RISK_ALERT) == 1 and AT_RISK_ALERT in ports.record.load()["alerts"]
     assert "deadline at risk" in next(a.message for a in watch.webhook.sent if a.name == AT_RISK_ALERT)
 
-    on_demand_job, _ = make_runner(tmp_path / "od", spot=False)  # nothing to choose; it still hears of the risk
+    on_demand_job, _ = make_ports(tmp_path / "od", spot=False)  # nothing to choose; it still hears of the risk
     watch = watch_for(on_demand_job, capacity=ON_DEMAND, deadline="1m", restart=10.0, spot_job=False)
     watch.on_train_begin(None, state(), None)
     watch.on_step_end(None, state(1), None)
     assert [a.name for a in watch.webhook.sent] == [AT_RISK_ALERT] and not on_demand_job.record.load().get("capacity")
 
 
-def test_the_restart_split_gives_the_policies_their_start_to_first_step(tmp_path):
-    runner, _ = make_runner(tmp_path)
-    runner.record.record_restart({"imports_s": 2.0, "first_step_s": 0.5, "total_s": 12.5})
-    extra = runner.record.load()["attempts"][-1]["extra"]
-    assert extra["start_to_first_step_s"] == 12.5 and extra["restart"]["imports_s"] == 2.0
+def test_the_restart_split_is_the_one_record_of_start_to_first_step_and_old_ledgers_still_read(tmp_path):
+    ports, _ = make_ports(tmp_path)
+    ports.record.record_restart({"imports_s": 2.0, "first_step_s": 0.5, "total_s": 12.5})
+    written = ports.record.load()["attempts"][-1]
+    assert set(written["extra"]) == {"restart"} and written["extra"]["restart"]["imports_s"] == 2.0
+    old = attempt(1, 0.1, "preempted", extra={"start_to_first_step_s": 30.0})  # a ledger from before the split
+    assert restart_seconds_measured([old, written]) == [30.0, 12.5]
+    assert last_restart_seconds([old, written]) == 12.5
+    assert [round(lt.seconds) for lt in lifetimes([dict(written, spot=True, ended_at=written["started_at"] + 100,
+                                                        exit_class="vanished")])] == [88]
 
 
 # ---- launch checks, renders, status ----------------------------------------------------

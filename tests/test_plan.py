@@ -267,6 +267,26 @@ def test_cli_plans_qlora_llama_8b_on_l40s_offline():
 
 
 @pytest.mark.e2e
+def test_cli_lists_the_gpu_types_in_the_order_it_says_on_a_job_of_unknown_duration():
+    """The default job runs on compute=cpu (duration unknown); every GPU type's run rounds to $0.00, so the
+    list is by the hour: t4 ($0.35/h) before l40s ($1.86/h), as the heading says."""
+    import itertools
+    import re
+
+    done = _cli()
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("GPU types that fit"))
+    assert lines[start] == "GPU types that fit (cheapest run first, to the cent; then cheapest hour):", lines[start]
+    rows = [re.match(r"  (\S+) +\d+ GB +\$([\d.,]+)/h +~\$([\d.,]+) for the run", line)
+            for line in itertools.takewhile(lambda text: text.startswith("  "), lines[start + 1:])]
+    order = [(float(m.group(3)), float(m.group(2))) for m in rows]
+    assert order and order == sorted(order), lines[start:start + 10]
+    names = [m.group(1) for m in rows]
+    assert names.index("t4") < names.index("l40s"), names
+
+
+@pytest.mark.e2e
 def test_cli_warns_when_it_will_not_fit_and_exits_4_on_a_bad_config():
     done = _cli("model=llama-3.1-8b", "recipe=sft", "recipe.peft=full", "compute=l4-spot")
     assert done.returncode == 0, done.stderr

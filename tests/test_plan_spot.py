@@ -50,6 +50,15 @@ def test_short_job_on_volatile_capacity_with_a_slow_restart_is_cheaper_on_demand
 
 
 @pytest.mark.e2e
+def test_an_on_demand_job_that_says_how_often_it_is_preempted_is_priced_so(tmp_path):
+    done = _plan(*JOB, "compute.spot=false", "train.max_steps=5000", "compute.preemptions_per_hour=2",
+                 f"storage.uri={tmp_path}", "--json")
+    assert done.returncode == 0, done.stderr
+    od = _by(json.loads(done.stdout), "l40s")["on_demand"]
+    assert od["preemptions_per_hour"] == 2.0 and od["expected_preemptions"] > 0 and od["expected_lost_work_hours"] > 0
+
+
+@pytest.mark.e2e
 def test_long_job_on_calm_capacity_is_cheaper_on_spot_and_the_plan_prints_why(tmp_path):
     args = [*JOB, "train.max_steps=500000", "compute.preemptions_per_hour=0.2", f"storage.uri={tmp_path}"]
     doc = json.loads(_plan(*args, "--json").stdout)

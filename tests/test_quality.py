@@ -10,6 +10,7 @@ import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from orchestrator.checkpoint import manifest as mf
+from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.checkpoint.callback import OrchestratorCallback
 from orchestrator.checkpoint.ref_logps import FILE, RefLogProbStore
 from orchestrator.checkpoint.store import CheckpointStore
@@ -101,7 +102,7 @@ def _args(tmp_path, **kw):
 def test_a_new_best_evaluation_during_training_is_saved_and_its_step_recorded(tmp_path):
     args = _args(tmp_path, eval_strategy="steps", eval_steps=10, metric_for_best_model="eval_accuracy",
                  greater_is_better=True)
-    cb = OrchestratorCallback(hooks=None, every_seconds=0, save_best=True)
+    cb = OrchestratorCallback(hooks=None, interval=CheckpointInterval.off(), steps=StepClock(), save_best=True)
     control = TrainerControl()
     cb.on_evaluate(args, _state(0), control, metrics={"eval_accuracy": 0.9})  # before training: no candidate
     assert not control.should_save
@@ -115,7 +116,7 @@ def test_a_new_best_evaluation_during_training_is_saved_and_its_step_recorded(tm
     cb.on_train_end(args, state, control)
     cb.on_evaluate(args, _state(30, best=0.5), control, metrics={"eval_accuracy": 0.9})  # the end-of-training one
     assert not control.should_save
-    plain = OrchestratorCallback(hooks=None, every_seconds=0)  # checkpoint.final=last: evaluations save nothing
+    plain = OrchestratorCallback(hooks=None, interval=CheckpointInterval.off(), steps=StepClock())  # checkpoint.final=last: evaluations save nothing
     plain._training = True
     plain.on_evaluate(args, _state(10, best=0.4), control, metrics={"eval_accuracy": 0.9})
     assert not control.should_save

@@ -15,13 +15,15 @@ from orchestrator import distributed as dist
 from orchestrator.attempt.checkpoints import CheckpointController
 from orchestrator.attempt.datacache import PreparedDataCache, cache_wanted
 from orchestrator.attempt.money import MoneyWatch, SpendWatch
+from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.quality import QualityWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
-from orchestrator.durations import interval_bounds, is_auto, parse_duration
+from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError
+from orchestrator.policy.interval import interval_bounds, is_auto
 
 
 def job_name(cfg: Any) -> str:
@@ -87,34 +89,43 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
     recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
     hooks = TestHooks.from_environ(environ)
-    auto = is_auto(cfg.checkpoint.every)
-    runner = Runner(cfg, run_name=run_name, recipe=recipe, record=record, checkpoints=checkpoints, money=money,
-                    tracking=tracking, quality=quality, preemption=preemption, hooks=hooks, main=main,
-                    every_seconds=0.0 if auto else parse_duration(cfg.checkpoint.every, key="checkpoint.every"))
-    if main and cfg.train.trial_steps <= 0:
-        runner.extra_callbacks = steering(cfg, runner, compute=compute, capacity=capacity, catalog=catalog,
-                                          auto=auto, hooks=hooks, environ=environ)
-    return runner
+    parts = dict(record=record, tracking=tracking, interval=checkpoint_interval(cfg), steps=StepClock())
+    steer = steering(cfg, parts, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
+                     compute=compute, capacity=capacity, catalog=catalog, hooks=hooks,
+                     environ=environ) if main and cfg.train.trial_steps <= 0 else []
+    return Runner(cfg, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money, quality=quality,
+                  preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
 
 
-def steering(cfg: Any, runner: Runner, *, compute: Any, capacity: str, catalog: dict, auto: bool, hooks: TestHooks,
-             environ) -> list:
-    """The main rank's Trainer callbacks besides the orchestrator's: the checkpoint schedule (``checkpoint.every=auto``) and the deadline's capacity watch (``run.deadline``)."""
+def checkpoint_interval(cfg: Any) -> CheckpointInterval:
+    """``checkpoint.every``: a fixed interval (off at 0), or ``auto``'s, which the checkpoint schedule decides."""
+    if is_auto(cfg.checkpoint.every):
+        return CheckpointInterval.derived()
+    return CheckpointInterval.fixed(parse_duration(cfg.checkpoint.every, key="checkpoint.every"))
+
+
+def steering(cfg: Any, parts: dict, *, run_name: str, checkpoints: CheckpointController, money: MoneyWatch,
+             preemption: Any, compute: Any, capacity: str, catalog: dict, hooks: TestHooks, environ) -> list:
+    """The main rank's Trainer callbacks besides the orchestrator's: the checkpoint schedule
+    (``checkpoint.every=auto``) and the deadline's capacity watch (``run.deadline``). ``parts``: the record, the
+    tracking, the interval and the step clock they share with the runner."""
     from orchestrator.attempt.capacity import CapacityWatch
     from orchestrator.attempt.schedule import CheckpointSchedule
     from orchestrator.budget import WebhookSink, webhook_url
 
     callbacks: list = []
-    if auto:
+    if parts["interval"].auto:
         low, high = interval_bounds(cfg.checkpoint)
-        callbacks.append(CheckpointSchedule(runner, compute=compute, catalog=catalog, min_seconds=low, max_seconds=high))
+        callbacks.append(CheckpointSchedule(**parts, full_model=checkpoints.full_model, uploading=checkpoints.uploading,
+                                            compute=compute, catalog=catalog, min_seconds=low, max_seconds=high))
     if cfg.run.get("deadline"):
         url = webhook_url(cfg.budget)
         callbacks.append(CapacityWatch(
-            runner, deadline=str(cfg.run.deadline), capacity=capacity, action=environ.get(ACTION_ENV) or None,
-            request_file=environ.get(REQUEST_FILE_ENV, ""), restart_override=cfg.compute.restart_seconds,
-            webhook=WebhookSink(url) if url else None, heartbeat_seconds=hooks.heartbeat_seconds,
-            spot_job=bool(cfg.compute.spot)))
+            **parts, job=run_name, request_stop=preemption.request, total_cost_usd=money.total_cost_usd,
+            budget_max_usd=cfg.budget.max_usd, deadline=str(cfg.run.deadline), capacity=capacity,
+            action=environ.get(ACTION_ENV) or None, request_file=environ.get(REQUEST_FILE_ENV, ""),
+            restart_override=cfg.compute.restart_seconds, webhook=WebhookSink(url) if url else None,
+            heartbeat_seconds=hooks.heartbeat_seconds, spot_job=bool(cfg.compute.spot)))
     return callbacks
 
 

@@ -28,14 +28,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from transformers import TrainerCallback
 
 from orchestrator.backends.capacity import MOVE, RESUBMIT, label, latest_decision
 from orchestrator.durations import parse_deadline
-from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity
-from orchestrator.policy.history import restart_seconds_measured, steady_seconds_per_step
+from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity, reserve_seconds
+from orchestrator.policy.history import (AttemptHistory, first_start, measured_cost_seconds, read_attempts,
+                                         restart_seconds_measured, steady_seconds_per_step)
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,22 @@ def deadline_seconds(text: str, first_start: float) -> float:
 class CapacityWatch(TrainerCallback):
     """The deadline's decisions for one attempt (main rank; after the orchestrator callback).
 
-    ``runner``: the attempt (record, preemption, tracking, callback); ``capacity``: what it runs on;
-    ``action``: ``MOVE`` | ``RESUBMIT`` | None; ``webhook``: a ``budget.WebhookSink`` or None; ``spot_job``:
-    ``compute.spot`` (an on-demand job has no capacity to choose: it only hears whether the deadline is at risk).
+    ``job``: the job's name; ``record``: the attempt's ledger record; ``tracking``: its MLflow run; ``interval``
+    and ``steps``: the attempt's ``CheckpointInterval`` and ``StepClock``; ``request_stop(reason)``: save, then stop
+    (the preemption handler's); ``total_cost_usd()`` and ``budget_max_usd``: the figures a webhook message carries;
+    ``capacity``: what it runs on; ``action``: ``MOVE`` | ``RESUBMIT`` | None; ``webhook``: a
+    ``budget.WebhookSink`` or None; ``spot_job``: ``compute.spot`` (an on-demand job has no capacity to choose: it
+    only hears whether the deadline is at risk).
     """
 
-    def __init__(self, runner: Any, *, deadline: str, capacity: str, action: Optional[str], request_file: str = "",
-                 restart_override: Optional[float] = None, webhook: Any = None, heartbeat_seconds: float = 15.0,
-                 spot_job: bool = True, clock=time.time, monotonic=time.monotonic):
-        self.runner = runner
+    def __init__(self, *, job: str, record: Any, tracking: Any, interval: Any, steps: Any,
+                 request_stop: Callable[[str], None], total_cost_usd: Callable[[], float],
+                 budget_max_usd: Optional[float], deadline: str, capacity: str, action: Optional[str],
+                 request_file: str = "", restart_override: Optional[float] = None, webhook: Any = None,
+                 heartbeat_seconds: float = 15.0, spot_job: bool = True, clock=time.time, monotonic=time.monotonic):
+        self.job, self.record, self.tracking = job, record, tracking
+        self.interval, self.steps, self.request_stop = interval, steps, request_stop
+        self.total_cost_usd, self.budget_max_usd = total_cost_usd, budget_max_usd
         self.spot_job = spot_job
         self.deadline = deadline
         self.capacity = capacity
@@ -73,7 +81,7 @@ class CapacityWatch(TrainerCallback):
         self.latest: Optional[dict] = None
         self.stopping = False
         self._last_check = monotonic()
-        self._prior: list[dict] = []
+        self._prior: list[AttemptHistory] = []
         self._at_risk_asked = False
         self.decisions = 0  # in the ledger so far
 
@@ -81,10 +89,10 @@ class CapacityWatch(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         from orchestrator.policy.restart import restart_seconds
 
-        ledger = self.runner.record.load()
-        self._prior = [a for a in ledger.get("attempts", []) if a.get("epoch") != self.runner.record.epoch]
-        starts = [float(a["started_at"]) for a in ledger.get("attempts", []) if a.get("started_at")]
-        self.first_start = min(starts) if starts else self.clock()
+        ledger = self.record.load()
+        attempts = read_attempts(ledger.get("attempts") or [])
+        self._prior = [a for a in attempts if a.epoch != self.record.epoch]
+        self.first_start = first_start(attempts) or self.clock()
         self.deadline_s = deadline_seconds(self.deadline, self.first_start)
         self.latest = latest_decision(ledger)
         self.decisions = len(ledger.get("capacity") or [])
@@ -100,8 +108,7 @@ class CapacityWatch(TrainerCallback):
         if self.stopping or self.monotonic() - self._last_check < self.heartbeat_seconds:
             return
         self._last_check = self.monotonic()
-        timing = self.runner.callback.timing_metrics(reset=False, whole_run=True)
-        rate = timing.get("step_time_s") or steady_seconds_per_step(self._prior)
+        rate = self.steps.steady_seconds_per_step() or steady_seconds_per_step(self._prior)
         if rate:
             self.decide(state.global_step, state.max_steps, rate)
 
@@ -112,11 +119,17 @@ class CapacityWatch(TrainerCallback):
     # ---- deciding and acting -----------------------------------------------------------
     def standing(self, step: int, max_steps: int, seconds_per_step: float) -> DeadlineState:
         current = self.latest["capacity"] if self.latest else self.capacity
+        every = self.interval.seconds or 0.0  # none yet (off, or auto not decided): no interval's work at risk
+        stalls = self.steps.save_stall_seconds
+        cost = sum(stalls) / len(stalls) if stalls else (measured_cost_seconds(self._prior) or 0.0)
         # kept in hand, as the simulator does: the work a hard kill could take back on spot (up to one checkpoint
-        # interval) and the time until the next decision (a heartbeat)
-        every = float(getattr(self.runner.callback, "every_seconds", 0) or 0) if current != ON_DEMAND else 0.0
+        # interval), the checkpoints of the work left (at the interval in use) and the time to the next heartbeat
+        reserve = reserve_seconds(at_risk_seconds=every if current != ON_DEMAND else 0.0,
+                                  work_left_seconds=max(0, max_steps - step) * seconds_per_step,
+                                  checkpoint_cost_seconds=cost, on_demand_every_seconds=every,
+                                  until_next_decision_seconds=self.heartbeat_seconds)
         return DeadlineState(
-            reserve_seconds=self.heartbeat_seconds + every,
+            reserve_seconds=reserve,
             elapsed_seconds=self.clock() - self.first_start, deadline_seconds=self.deadline_s,
             work_done_seconds=step * seconds_per_step, work_total_seconds=max_steps * seconds_per_step,
             restart_seconds=self.restart_s,
@@ -141,16 +154,16 @@ class CapacityWatch(TrainerCallback):
         entry = dict(capacity=decision.capacity, previous=previous, reason=decision.reason, locked=decision.locked,
                      at_risk=decision.at_risk, action=action, step=step, restart_s=self.restart_s,
                      restart_source=self.restart_source, seconds_per_step=seconds_per_step)
-        self.runner.record.record_capacity(entry)
+        self.record.record_capacity(entry)
         self.latest = entry
         log.warning("%s (%s)", line, action)
         self.decisions += 1
         n = self.decisions
-        tracking = self.runner.tracking
+        tracking = self.tracking
         tracking.set_tags({"capacity": decision.capacity, "capacity.reason": decision.reason,
                            f"capacity.decision.{n}": f"{line} ({action})"})
         tracking.log_metrics({"capacity_on_demand": float(decision.capacity == ON_DEMAND)}, step)
-        self.send("capacity", f"[capacity] job {self.runner.run_name!r}: {line} ({action})")
+        self.send("capacity", f"[capacity] job {self.job!r}: {line} ({action})")
         return decision
 
     def act(self, decision: CapacityDecision, line: str) -> str:
@@ -160,12 +173,12 @@ class CapacityWatch(TrainerCallback):
             return f"stays on {wanted}"
         if self.action == MOVE and self.request_file:
             Path(self.request_file).write_text(decision.capacity + "\n")
-            self.runner.record.note(capacity_switch=decision.capacity)
+            self.record.note(capacity_switch=decision.capacity)
             self.stopping = True
-            self.runner.preemption.request(f"{line}; saving, then the job moves to {wanted}")
+            self.request_stop(f"{line}; saving, then the job moves to {wanted}")
             return f"saving, then moving the job to {wanted}"
         if self.action == RESUBMIT:
-            return (f"the next submission of run.name={self.runner.run_name} (python -m orchestrator.launch) "
+            return (f"the next submission of run.name={self.job} (python -m orchestrator.launch) "
                     f"takes {wanted}")
         return (f"advice only: this backend cannot change the machine; run the job on {wanted} capacity "
                 f"(compute.spot={'false' if decision.capacity == ON_DEMAND else 'true'}) to follow it")
@@ -174,12 +187,12 @@ class CapacityWatch(TrainerCallback):
         if self._at_risk_asked:
             return
         self._at_risk_asked = True
-        if not self.runner.record.record_alert(AT_RISK_ALERT):  # once per job, across attempts
+        if not self.record.record_alert(AT_RISK_ALERT):  # once per job, across attempts
             return
-        message = (f"[{AT_RISK_ALERT}] job {self.runner.run_name!r}: deadline at risk: even on-demand from now on "
+        message = (f"[{AT_RISK_ALERT}] job {self.job!r}: deadline at risk: even on-demand from now on "
                    f"misses it; {decision.reason}")
         log.warning(message)
-        self.runner.tracking.set_tag(f"alert.{AT_RISK_ALERT}", decision.reason)
+        self.tracking.set_tag(f"alert.{AT_RISK_ALERT}", decision.reason)
         self.send(AT_RISK_ALERT, message)
 
     def send(self, name: str, message: str) -> None:
@@ -187,5 +200,5 @@ class CapacityWatch(TrainerCallback):
             return
         from orchestrator.budget import Alert
 
-        self.webhook.send(Alert(name, message, total_cost_usd=self.runner.money.total_cost_usd(),
-                                max_usd=float(self.runner.cfg.budget.max_usd or 0.0)))
+        self.webhook.send(Alert(name, message, total_cost_usd=self.total_cost_usd(),
+                                max_usd=float(self.budget_max_usd or 0.0)))

@@ -95,13 +95,12 @@ class MoneyWatch:
         """True when no alert is still being sent."""
         return self.guard is None or self.guard.wait_for_delivery()
 
-    def cost_figures(self, step: int, *, callback: Any, upload_seconds: float,
+    def cost_figures(self, step: int, *, steps: Any, upload_seconds: float,
                      window_step_seconds: Optional[float] = None, ledger: Optional[dict] = None) -> dict:
-        """Cost, GPU-hours, tokens, lost work, savings and checkpoint time at ``step``; ``callback`` (the
-        Trainer callback, or None before it exists) has the step timing and the save stalls. With ``ledger``
-        (after the attempt ended) the totals are the ledger's."""
-        whole = callback.timing_metrics(reset=False, whole_run=True) if callback is not None else {}
-        stall = sum(callback.save_stall_seconds) if callback is not None else 0.0
+        """Cost, GPU-hours, tokens, lost work, savings and checkpoint time at ``step``; ``steps`` (the attempt's
+        ``StepClock``) has the step timing and the save stalls. With ``ledger`` (after the attempt ended) the
+        totals are the ledger's."""
+        stall = sum(steps.save_stall_seconds)
         overrides = {}
         if ledger is not None:
             attempts = ledger["attempts"]
@@ -109,7 +108,7 @@ class MoneyWatch:
                              preemptions=sum(a["exit_class"] in INTERRUPTED_CLASSES for a in attempts))
         return self.figures.figures(
             step=step, attempt_cost_usd=self.meter.attempt_cost_usd(), attempt_gpu_hours=self.meter.gpu_hours(),
-            mean_step_seconds=whole.get("step_time_s"), window_step_seconds=window_step_seconds,
+            mean_step_seconds=steps.steady_seconds_per_step(), window_step_seconds=window_step_seconds,
             checkpoint_stall_seconds=stall, checkpoint_upload_seconds=upload_seconds, **overrides)
 
 

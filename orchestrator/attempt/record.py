@@ -15,6 +15,7 @@ from orchestrator.cost import attempts_cost_usd
 from orchestrator.errors import BudgetExhausted, Fenced
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
+from orchestrator.policy.history import last_restart_seconds
 from orchestrator.requeue import RequeuePolicy, start_refusal
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class AttemptRecord:
             checkpoint_step=newest_checkpoint_step, refuse=refuse)
         stored = self.ledger.load()
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
-            self.spend.begin(attempt["epoch"], startup_s=last_startup_seconds(stored))
+            self.spend.begin(attempt["epoch"], startup_s=last_restart_seconds(stored.get("attempts") or []))
         self.prior_attempts = [a for a in stored["attempts"] if a["epoch"] != attempt["epoch"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
@@ -109,9 +110,8 @@ class AttemptRecord:
 
     def record_restart(self, split: dict) -> None:
         """This attempt's restart overhead, split by phase (``orchestrator.attempt.restart``), in its ledger entry;
-        its total is the ``start_to_first_step_s`` the policies read (``orchestrator.policy.history``)."""
-        self.ledger.update(lambda ledger: self.ledger.current_attempt(ledger)["extra"].update(
-            restart=dict(split), start_to_first_step_s=split.get("total_s")))
+        its total is the start to first step the policies read (``orchestrator.policy.history``)."""
+        self.ledger.update(lambda ledger: self.ledger.current_attempt(ledger)["extra"].update(restart=dict(split)))
 
     def update_quality(self, metrics: dict) -> None:
         self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update(metrics))
@@ -153,15 +153,6 @@ class AttemptRecord:
         except Exception as err:  # noqa: BLE001
             log.warning("could not record the attempt's end in the ledger: %s", err)
         self._settle(cost_usd)
-
-
-def last_startup_seconds(ledger: dict) -> float:
-    """The job's newest measured start to first step (``extra.restart.total_s``), 0 when none was measured."""
-    for attempt in reversed(ledger.get("attempts") or []):
-        total = ((attempt.get("extra") or {}).get("restart") or {}).get("total_s")
-        if total:
-            return float(total)
-    return 0.0
 
 
 class FollowerRecord:

@@ -12,13 +12,15 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from omegaconf import OmegaConf
 
 from orchestrator import exitcodes
 from orchestrator.attempt.measure import peak_memory_bytes
+from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.record import record_repro
+from orchestrator.attempt.trial import finish_trial
 from orchestrator.checkpoint import safe_load
 from orchestrator.exitcodes import ExitClass
 
@@ -65,28 +67,22 @@ class StopReason(str):
 
 class Runner:
     """Sequences the parts ``build_attempt`` made (record, checkpoints, money, tracking, preemption, recipe);
-    ``run_name`` is the job's name in storage, ``main`` whether this rank prints the results."""
+    ``run_name`` is the job's name in storage, ``main`` whether this rank prints the results; ``interval`` and
+    ``steps`` (``attempt/ports.py``) go to the Trainer callback and the ``steering`` callbacks (schedule, deadline)."""
 
     def __init__(self, cfg: Any, *, run_name: str, recipe: Any, record: Any, checkpoints: Any, money: Any,
-                 tracking: Any, quality: Any, preemption: Any, hooks: TestHooks, every_seconds: float, main: bool):
-        self.cfg = cfg
-        self.run_name = run_name
-        self.recipe = recipe
-        self.record = record
-        self.checkpoints = checkpoints
-        self.money = money
-        self.tracking = tracking
+                 tracking: Any, quality: Any, preemption: Any, hooks: TestHooks, interval: CheckpointInterval,
+                 steps: StepClock, main: bool, steering: Sequence[Any] = ()):
+        self.cfg, self.run_name, self.recipe, self.main = cfg, run_name, recipe, main
+        self.record, self.checkpoints, self.money, self.tracking = record, checkpoints, money, tracking
         self.quality = quality  # the "before" evaluation, early stopping, checkpoint.final
-        self.preemption = preemption
-        self.hooks = hooks
-        self.main = main
+        self.preemption, self.hooks = preemption, hooks
+        self.interval, self.steps, self.steering = interval, steps, list(steering)
         self.trial = cfg.train.trial_steps > 0
-        self.every_seconds = every_seconds
         self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
         self.fenced_error: Optional[Exception] = None
         self.callback = None  # the Trainer callback, made in build()
-        self.extra_callbacks: list = []  # build_attempt's: checkpoint.every=auto's schedule, run.deadline's watch
         self._last_heartbeat = time.monotonic()
 
     # ---- the sequence ---------------------------------------------------------
@@ -102,9 +98,8 @@ class Runner:
                 trainer.train(resume_from_checkpoint=str(restored) if restored else None)
             self.checkpoints.wait()
             if self.trial:
-                from orchestrator.attempt.trial import finish_trial
-
-                finish_trial(self, trainer)
+                finish_trial(self.cfg, trainer, steps=self.steps, money=self.money, tracking=self.tracking,
+                             step=self.step)
                 self.end(ExitClass.COMPLETED)
                 return exitcodes.COMPLETED
             if self.callback.stop_reason:
@@ -145,15 +140,17 @@ class Runner:
         from orchestrator.progress import attach_progress
 
         cfg = self.cfg
-        self.callback = OrchestratorCallback(self, every_seconds=0 if self.trial else self.every_seconds,
-                                             every_steps=0 if self.trial else cfg.checkpoint.every_steps,
-                                             stop_after_steps=cfg.train.trial_steps, save_best=cfg.checkpoint.final == "best")
+        trial = self.trial  # a trial measures steps and saves nothing
+        self.callback = OrchestratorCallback(
+            self, interval=CheckpointInterval.off() if trial else self.interval, steps=self.steps,
+            every_steps=0 if trial else cfg.checkpoint.every_steps, stop_after_steps=cfg.train.trial_steps,
+            save_best=cfg.checkpoint.final == "best")
         extra = {"ref_log_probs": self.checkpoints.ref_log_probs()} if cfg.recipe.get("precompute_ref_log_probs") else {}
         trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
                                             output_dir=str(self.checkpoints.work / "trainer"),
-                                            callbacks=[self.callback, *self.extra_callbacks], **extra)
+                                            callbacks=[self.callback, *self.steering], **extra)
         self.checkpoints.use_snapshot_root(trainer)
-        attach_progress(trainer, self)
+        attach_progress(trainer, cfg.tracking, main=self.main, dollars=self.dollars)
         return trainer
 
     # ---- the callback's hooks ---------------------------------------------------
@@ -164,14 +161,20 @@ class Runner:
                                         restarts=len(self.record.prior_attempts))
         return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else None
 
+    def dollars(self, step: int, total: int) -> tuple[float, Optional[float]]:
+        """Spent so far and the projected total at ``step`` (what the progress display shows)."""
+        return self.money.total_cost_usd(), self.money.projected_total_usd(
+            step, max_steps=total, step_at_start=self.step_at_start, first_step_seconds=self.first_step_seconds,
+            restarts=len(self.record.prior_attempts))
+
     def on_step(self, step: int) -> None:
         self.step = step
         if not self.record.writes:
             return
         if self.first_step_seconds is None:
             self.first_step_seconds = self.money.meter.attempt_seconds()
-            log.info("start to first step: %.2fs (set-up and restore included, resumed at step %d)",
-                     self.first_step_seconds, self.step_at_start)
+            log.info("metered start-up: %.2fs (the cost meter's start to the first step, as the budget counts it; "
+                     "resumed at step %d)", self.first_step_seconds, self.step_at_start)
         self.hooks.after_step(step - self.step_at_start)
         if time.monotonic() - self._last_heartbeat >= self.hooks.heartbeat_seconds:
             self.heartbeat()
@@ -194,7 +197,7 @@ class Runner:
         self.money.figures.observe_logs(metrics, step)
 
         def job_figures(closing: bool) -> dict:
-            timing = self.callback.timing_metrics()
+            timing = self.steps.timing_metrics()
             out = dict(peak_memory_bytes=peak_memory_bytes(), **timing)
             if not closing:
                 out.update(self.cost_figures(step, window_step_seconds=timing.get("step_time_s")))
@@ -206,7 +209,7 @@ class Runner:
 
     def cost_figures(self, step: int, *, window_step_seconds: Optional[float] = None,
                      ledger: Optional[dict] = None) -> dict:
-        return self.money.cost_figures(step, callback=self.callback, upload_seconds=self.checkpoints.upload_seconds(),
+        return self.money.cost_figures(step, steps=self.steps, upload_seconds=self.checkpoints.upload_seconds(),
                                        window_step_seconds=window_step_seconds, ledger=ledger)
 
     # ---- 4-5. how the attempt ends ----------------------------------------------------

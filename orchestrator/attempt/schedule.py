@@ -12,7 +12,7 @@ simulator and the planner); this module feeds it the attempt's inputs and acts:
 - M, from the rate of preemptions: the job's own spot attempts in the ledger
   (how long each held its machine; preempted with an honoured notice,
   ``preempted``, or without, ``vanished``) blended with the catalog's prior,
-  ``compute.preemptions_per_hour`` overriding both.
+  ``compute.preemptions_per_hour`` overriding both, on on-demand capacity too.
 
 T is derived when training begins, again after the first measured checkpoint
 when it began from an estimate, and whenever the running mean of C moves by
@@ -23,34 +23,17 @@ ledger entry and to MLflow (metrics and the ``checkpoint.interval`` tag).
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Optional
 
 from transformers import TrainerCallback
 
-from orchestrator.policy.history import spot_lifetimes
-from orchestrator.policy.interval import IntervalDecision, checkpoint_interval, estimate_preemptions
+from orchestrator.policy.history import measured_cost_seconds, spot_lifetimes
+from orchestrator.policy.interval import (SNAPSHOT_WRITE_BYTES_PER_SECOND, IntervalDecision, checkpoint_interval,
+                                          estimate_preemptions, estimated_checkpoint_seconds)
 
 log = logging.getLogger(__name__)
 
-# Before any checkpoint is measured: a snapshot written to local disk or /dev/shm. Round figures, replaced by
-# the measurement after the first save.
-SNAPSHOT_WRITE_BYTES_PER_SECOND = 200e6
-SNAPSHOT_BASE_SECONDS = 0.25
 REDERIVE_WHEN_CHANGED = 0.25  # re-derive T when the measured C moves this much (a share of the C in use)
-
-
-def estimated_cost_seconds(state_bytes: float) -> float:
-    return SNAPSHOT_BASE_SECONDS + max(0.0, state_bytes) / SNAPSHOT_WRITE_BYTES_PER_SECOND
-
-
-def measured_cost_seconds(attempts: Iterable[dict]) -> Optional[float]:
-    """The C the newest earlier attempt measured (None: none measured one)."""
-    for a in reversed(list(attempts)):
-        chosen = (a.get("extra") or {}).get("checkpoint_interval") or {}
-        if chosen.get("cost_source") == "measured" and chosen.get("checkpoint_cost_s") is not None:
-            return float(chosen["checkpoint_cost_s"])
-    return None
 
 
 class CheckpointCost:
@@ -82,51 +65,51 @@ class CheckpointCost:
 
 
 class CheckpointSchedule(TrainerCallback):
-    """Sets the orchestrator callback's ``every_seconds`` (main rank; after it in the Trainer's callbacks).
+    """Sets the attempt's ``CheckpointInterval``, which the orchestrator callback reads (main rank; after it in the
+    Trainer's callbacks, so each step's time and each save's stall are measured when this reads them).
 
-    ``runner``: the attempt (its callback, record, checkpoints, tracking); ``compute``: this attempt's
-    ``compute`` config (on-demand: no preemptions expected); ``catalog``: the price catalog (the prior).
+    ``interval``: the attempt's ``auto`` interval; ``steps``: its ``StepClock``; ``record``: its ledger record
+    (earlier attempts in, decisions out); ``tracking``: its MLflow run; ``full_model``: whether a checkpoint holds
+    every weight; ``uploading()``: whether a checkpoint's upload is in flight; ``compute``: this attempt's
+    ``compute`` config (on-demand: no preemptions expected unless ``compute.preemptions_per_hour`` says);
+    ``catalog``: the price catalog (the prior).
     """
 
-    def __init__(self, runner: Any, *, compute: Any, catalog: dict, min_seconds: float, max_seconds: float,
-                 clock=time.monotonic):
+    def __init__(self, *, interval: Any, steps: Any, record: Any, tracking: Any, full_model: bool,
+                 uploading: Callable[[], bool], compute: Any, catalog: dict, min_seconds: float, max_seconds: float):
         from orchestrator.cost import preemption_prior_per_hour
 
-        self.runner = runner
-        if compute.spot:
-            self.prior_per_hour, self.prior_source = preemption_prior_per_hour(compute, catalog)
-            self.override = compute.preemptions_per_hour
-        else:  # on-demand capacity is not preempted: T is held at checkpoint.max_every
-            self.prior_per_hour, self.prior_source, self.override = 0.0, "on-demand", None
+        self.interval, self.steps, self.record, self.tracking = interval, steps, record, tracking
+        self.full_model, self.uploading = full_model, uploading
+        # an explicit rate wins on any capacity (a Slurm partition with PreemptMode=REQUEUE preempts jobs priced
+        # on-demand); without one, on-demand capacity is not preempted: T is held at checkpoint.max_every
+        self.prior_per_hour, self.prior_source = preemption_prior_per_hour(compute, catalog)
+        self.override = compute.preemptions_per_hour
         self.min_seconds, self.max_seconds = min_seconds, max_seconds
-        self.clock = clock
         self.cost = CheckpointCost()
         self.decision: Optional[IntervalDecision] = None
-        self._last_step_end: Optional[float] = None
         self._source = ""  # where the C in use came from: "estimated" | "measured"
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        earlier = measured_cost_seconds(self.runner.record.prior_attempts)
+        earlier = measured_cost_seconds(self.record.prior_attempts)
         if earlier is not None:
             self.derive(earlier, "measured", state.global_step, why="measured by an earlier attempt")
         else:
             from orchestrator.checkpoint.snapshot import estimate_snapshot_bytes
 
-            size = estimate_snapshot_bytes(model, full_model=self.runner.checkpoints.full_model) if model else 0
-            self.derive(estimated_cost_seconds(size), "estimated", state.global_step,
+            size = estimate_snapshot_bytes(model, full_model=self.full_model) if model else 0
+            self.derive(estimated_checkpoint_seconds(size), "estimated", state.global_step,
                         why=f"estimated: {size / 1e6:.1f} MB at {SNAPSHOT_WRITE_BYTES_PER_SECOND / 1e6:.0f} MB/s")
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = self.clock()
-        if self._last_step_end is not None:
-            self.cost.observe_step(now - self._last_step_end, self.runner.checkpoints.uploading())
-        self._last_step_end = now
+        seconds = self.steps.last_step_seconds  # the step clock's (the first step and saves left out)
+        if seconds is not None:
+            self.cost.observe_step(seconds, self.uploading())
 
     def on_save(self, args, state, control, **kwargs):
-        stalls = self.runner.callback.save_stall_seconds
+        stalls = self.steps.save_stall_seconds
         if stalls:
             self.cost.observe_save(stalls[-1])
-        self._last_step_end = None  # the step that saved is not a training step
         measured = self.cost.seconds()
         used = self.decision.checkpoint_cost_seconds if self.decision else None
         first = len(self.cost.stalls) == 1 and self._source != "measured"  # the estimate gives way at once
@@ -135,8 +118,7 @@ class CheckpointSchedule(TrainerCallback):
                         why=f"measured over {len(self.cost.stalls)} checkpoint(s) of this attempt")
 
     def derive(self, cost_seconds: float, source: str, step: int, *, why: str) -> IntervalDecision:
-        runner = self.runner
-        seen = list(spot_lifetimes(runner.record.prior_attempts)) if self.prior_source != "on-demand" else []
+        seen = list(spot_lifetimes(self.record.prior_attempts)) if self.prior_source != "on-demand" else []
         estimate = estimate_preemptions(seen, self.prior_per_hour, override_per_hour=self.override)
         self._source = source
         # the same decision as the simulator's and the planner's: over the job's own lifetimes where it has
@@ -144,12 +126,12 @@ class CheckpointSchedule(TrainerCallback):
         self.decision = decision = checkpoint_interval(cost_seconds, estimate, min_seconds=self.min_seconds,
                                                        max_seconds=self.max_seconds,
                                                        lifetimes=None if self.override is not None else seen)
-        runner.callback.every_seconds = decision.seconds
+        self.interval.set(decision.seconds)
         prior = "compute.preemptions_per_hour" if self.override is not None else self.prior_source
         text = f"{decision.explain()}; C {why}; prior from {prior}"
         log.info("checkpoint_interval_s=%.0f: %s", decision.seconds, text)
         finite = decision.mean_seconds_between_losses != float("inf")
-        runner.record.note(checkpoint_interval=dict(
+        self.record.note(checkpoint_interval=dict(
             checkpoint_interval_s=decision.seconds, checkpoint_cost_s=cost_seconds, cost_source=source,
             mean_s_between_losses=decision.mean_seconds_between_losses if finite else None,
             preemptions_per_hour=estimate.per_hour, notice_share=estimate.notice_share, bound=decision.bound,
@@ -158,6 +140,6 @@ class CheckpointSchedule(TrainerCallback):
                    "preemptions_per_hour": estimate.per_hour, "preemption_notice_share": estimate.notice_share}
         if finite:
             metrics["mean_s_between_lossy_preemptions"] = decision.mean_seconds_between_losses
-        runner.tracking.log_metrics(metrics, step)
-        runner.tracking.set_tag("checkpoint.interval", text)
+        self.tracking.log_metrics(metrics, step)
+        self.tracking.set_tag("checkpoint.interval", text)
         return decision

@@ -4,23 +4,23 @@ from __future__ import annotations
 from orchestrator.attempt.measure import gradient_bytes, peak_memory_bytes
 
 
-def finish_trial(runner, trainer) -> None:
+def finish_trial(cfg, trainer, *, steps, money, tracking, step: int) -> None:
+    """``steps``: the attempt's ``StepClock``; ``money``: its money watch; ``tracking``: its MLflow run."""
     from orchestrator import plan
     from orchestrator.cost_report import estimated_tokens_per_step
 
-    cfg = runner.cfg
     measured = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
     measured["grads"] = gradient_bytes(trainer)  # the Trainer frees gradients after each step
-    timing = runner.callback.timing_metrics(reset=False, whole_run=True)
+    timing = steps.timing_metrics(reset=False, whole_run=True)
     measured.update(peak_memory_bytes=peak_memory_bytes(), step_time_s=timing.get("step_time_s"),
                     data_wait_s=timing.get("data_wait_s"))
     if measured["step_time_s"]:
         # every process's sequences (and DPO's chosen + rejected) count, as in the cost figures: the
         # trainer's own count of real tokens when it logged one (SFT, packed or not), else the padded bound
-        tokens = runner.money.figures.measured_tokens_per_step or estimated_tokens_per_step(cfg)
+        tokens = money.figures.measured_tokens_per_step or estimated_tokens_per_step(cfg)
         measured["tokens_per_second"] = tokens / measured["step_time_s"]
     estimate = plan.estimate_memory(cfg)
-    cost = plan.estimate_cost(cfg, runner.money.price)
+    cost = plan.estimate_cost(cfg, money.price)
     print(plan.format_trial(estimate, measured, cost), flush=True)
-    runner.tracking.log_metrics({f"trial_{k}": float(v) for k, v in measured.items() if v is not None}, runner.step)
-    runner.tracking.log_dict({"estimate": estimate.components, "measured": measured}, "trial.json")
+    tracking.log_metrics({f"trial_{k}": float(v) for k, v in measured.items() if v is not None}, step)
+    tracking.log_dict({"estimate": estimate.components, "measured": measured}, "trial.json")

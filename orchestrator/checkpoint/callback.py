@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from orchestrator import distributed
+
+if TYPE_CHECKING:  # the ports are handed in (orchestrator.attempt.ports): nothing here imports the attempt
+    from orchestrator.attempt.ports import CheckpointInterval, StepClock
 
 log = logging.getLogger(__name__)
 
@@ -100,24 +103,21 @@ def is_new_best(args, state, metrics: dict) -> bool:
 
 
 class OrchestratorCallback(TrainerCallback):
-    def __init__(self, hooks: JobHooks, *, every_seconds: float, every_steps: int = 0, stop_after_steps: int = 0,
-                 save_best: bool = False, clock=time.monotonic):
+    """``interval``: the timed saves' ``CheckpointInterval`` (read at every step: the checkpoint schedule may set
+    it); ``steps``: the attempt's ``StepClock``, which this callback feeds (``orchestrator.attempt.ports``)."""
+
+    def __init__(self, hooks: JobHooks, *, interval: "CheckpointInterval", steps: "StepClock", every_steps: int = 0,
+                 stop_after_steps: int = 0, save_best: bool = False, clock=time.monotonic):
         self.hooks = hooks
         self.save_best = save_best  # checkpoint.final=best: a checkpoint at each new best evaluation
         self.stop_after_steps = stop_after_steps
         self._steps_this_attempt = 0
-        self._step_began: float | None = None
-        self._last_step_end: float | None = None
-        # [steps, step seconds, data-wait seconds] since the last timing_metrics(), and over the
-        # whole attempt: running sums, so a log costs the same at step 100 and at step 100 000
-        self._window = [0, 0.0, 0.0]
-        self._all = [0, 0.0, 0.0]
-        self.every_seconds = every_seconds
+        self.interval = interval
+        self.steps = steps
         self.every_steps = every_steps
         self.clock = clock
         self._last_save = clock()
         self._stop_reason: str | None = None
-        self.save_stall_seconds: list[float] = []
         self._training = False
         self._save_started = 0.0
 
@@ -133,21 +133,13 @@ class OrchestratorCallback(TrainerCallback):
             restore_trainable_dtypes(model, optimizer, self._trainable_dtypes)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._step_began = self.clock()
+        self.steps.step_began()
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = self.clock()
-        if self._step_began is not None and self._last_step_end is not None:
-            # the gap between one step's end and the next one's start is mostly the data loader
-            # (plus logging); the first step of an attempt is left out (it includes warm-up)
-            step_s, wait_s = now - self._last_step_end, self._step_began - self._last_step_end
-            for sums in (self._window, self._all):
-                sums[0] += 1
-                sums[1] += step_s
-                sums[2] += wait_s
+        self.steps.step_ended()
         self._steps_this_attempt += 1
         self.hooks.on_step(state.global_step)
-        self._last_step_end = self.clock()
+        self.steps.resume()
         if self.stop_after_steps and self._steps_this_attempt >= self.stop_after_steps:
             control.should_training_stop = True
             return control
@@ -190,7 +182,8 @@ class OrchestratorCallback(TrainerCallback):
         reason = self.hooks.stop_reason()
         if reason:
             return True, reason
-        if self.every_seconds > 0 and self.clock() - self._last_save >= self.every_seconds:
+        every = self.interval.seconds
+        if every is not None and self.clock() - self._last_save >= every:
             return True, None
         return bool(self.every_steps > 0 and step % self.every_steps == 0), None
 
@@ -199,26 +192,17 @@ class OrchestratorCallback(TrainerCallback):
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         self.hooks.commit(folder, state.global_step, wait=self._stop_reason is not None)
         now = self.clock()
-        self.save_stall_seconds.append(now - self._save_started)
+        self.steps.saved(now - self._save_started)
         log.info("checkpoint save at step %d stalled training for %.2fs", state.global_step, now - self._save_started)
         self._last_save = now
-        self._last_step_end = now  # the save's stall is not the data loader's
+        self.steps.resume()  # the save's stall is not the data loader's
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:
             self.hooks.on_metrics({k: v for k, v in logs.items() if isinstance(v, (int, float))}, state.global_step)
-        self._last_step_end = self.clock()
+        self.steps.resume()
         return control
-
-    def timing_metrics(self, *, reset: bool = True, whole_run: bool = False) -> dict:
-        """Mean step time and data-loader wait (seconds) since the last call, or over the attempt."""
-        steps, step_s, wait_s = self._all if whole_run else self._window
-        if not steps:
-            return {}
-        if reset and not whole_run:
-            self._window = [0, 0.0, 0.0]
-        return {"step_time_s": step_s / steps, "data_wait_s": wait_s / steps}
 
     @property
     def stop_reason(self) -> str | None:

@@ -27,6 +27,7 @@ checkpoint and a restart for capacity no faster than the one it left.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 SPOT = "spot"
@@ -50,6 +51,17 @@ class DeadlineState:
     spot_available: bool = True  # spot capacity is there now (held, or offered); False while waiting for it
     reserve_seconds: float = 0.0  # kept in hand beyond the work left: work a hard kill would lose, checkpoints to
     # write, the time until the next decision
+
+
+def reserve_seconds(*, at_risk_seconds: float, work_left_seconds: float, checkpoint_cost_seconds: float,
+                    on_demand_every_seconds: float, until_next_decision_seconds: float) -> float:
+    """What the deadline policy keeps in hand beyond the work left (``DeadlineState.reserve_seconds``): the work a
+    hard kill would take back while on spot, the checkpoints the work left will write on on-demand (one of
+    ``checkpoint_cost_seconds`` every ``on_demand_every_seconds`` of training) and the time until it decides again.
+    The runner's capacity watch and the simulator both keep this."""
+    every = on_demand_every_seconds
+    checkpoints = work_left_seconds * checkpoint_cost_seconds / every if 0 < every < math.inf else 0.0
+    return max(0.0, at_risk_seconds) + max(0.0, checkpoints) + max(0.0, until_next_decision_seconds)
 
 
 @dataclass(frozen=True)

@@ -1,61 +1,153 @@
 """What the policies learn from a job's ledger: its spot lifetimes, its measured restarts, its steady pace.
 
 One reading for every caller (the checkpoint schedule, the deadline's capacity
-watch, the planner), with the simulator's conventions: a lifetime is training
-time, from the end of the first step to the attempt's end; an attempt that lost
-its machine before its first step could lose no work whatever the interval, so
-it counts as no lifetime at all.
+watch, the planner, the spend reservation): ``read_attempts`` turns the ledger's
+attempt entries into ``AttemptHistory`` values, checked (the ledger is read from
+storage: a number that is not finite counts as not recorded), and every figure
+below is computed from those. The simulator's conventions hold: a lifetime is
+training time, from the end of the first step to the attempt's end; an attempt
+that lost its machine before its first step could lose no work whatever the
+interval, so it counts as no lifetime at all.
+
+An attempt's start to the end of its first step is its restart split's total
+(``extra.restart.total_s``); ledgers written before the split was the one record
+have it as ``extra.start_to_first_step_s``, read when the split is absent.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping, Optional
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from orchestrator.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
 from orchestrator.policy.interval import Lifetime
 
 
-def restart_seconds_measured(attempts: Iterable[Mapping]) -> list[float]:
-    """Each attempt's start to the end of its first step (``extra.start_to_first_step_s``), where it got that far."""
-    out = []
-    for a in attempts:
-        first = (a.get("extra") or {}).get("start_to_first_step_s")
-        if first:
-            out.append(float(first))
-    return out
+def _number(value: Any) -> Optional[float]:
+    """A finite float, or None (absent, not a number, NaN or infinite: storage is not trusted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        out = float(value)
+    except ValueError:
+        return None
+    return out if math.isfinite(out) else None
 
 
-def spot_lifetimes(attempts: Iterable[Mapping]) -> Iterator[Lifetime]:
-    """The job's ended spot attempts as the rate estimate sees them.
-
-    Noticed: ended ``preempted`` (the worker exits so only after committing its emergency checkpoint) with
-    nothing past that checkpoint; ``vanished`` is a hard kill. An attempt that stopped to move to other
-    capacity (``extra.capacity_switch``) lost no machine; on-demand attempts say nothing of spot's rate.
-    """
-    for a in attempts:
-        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
-        if a.get("exit_class") == RUNNING or not a.get("spot") or start is None or end is None:
-            continue
-        extra = a.get("extra") or {}
-        first = extra.get("start_to_first_step_s")
-        if not first:
-            yield Lifetime(0.0, preempted=False)
-            continue
-        switched = bool(extra.get("capacity_switch"))
-        preempted = a.get("exit_class") in INTERRUPTED_CLASSES and not switched
-        noticed = (a.get("exit_class") == ExitClass.PREEMPTED.value
-                   and int(a.get("checkpoint_step_end") or 0) >= int(a.get("step_end") or 0))
-        yield Lifetime(seconds=max(0.0, float(end) - float(start) - float(first)), preempted=preempted,
-                       noticed=preempted and noticed)
+def _count(value: Any) -> int:
+    out = _number(value)
+    return int(out) if out is not None and out >= 0 else 0
 
 
-def steady_seconds_per_step(attempts: Iterable[Mapping]) -> Optional[float]:
+@dataclass(frozen=True)
+class AttemptHistory:
+    """One attempt of the job as the policies read it from the ledger."""
+
+    epoch: int
+    exit_class: str  # ``RUNNING`` while it lives
+    spot: bool
+    started_at: Optional[float]  # unix time
+    ended_at: Optional[float]  # its end, else the last heartbeat
+    step_start: int
+    step_end: int
+    checkpoint_step_end: int  # the newest step it committed
+    restart_seconds: Optional[float]  # its start to the end of its first step (None: it never got that far)
+    checkpoint_cost_seconds: Optional[float]  # the C it measured (None: it measured none)
+    capacity_switch: bool  # it stopped to move to other capacity (it lost no machine)
+
+    @classmethod
+    def from_ledger(cls, entry: Mapping) -> "AttemptHistory":
+        extra = entry.get("extra") if isinstance(entry.get("extra"), Mapping) else {}
+        split = extra.get("restart") if isinstance(extra.get("restart"), Mapping) else {}
+        restart = _number(split.get("total_s"))
+        if restart is None:  # ledgers written before the restart split was the one record
+            restart = _number(extra.get("start_to_first_step_s"))
+        chosen = extra.get("checkpoint_interval") if isinstance(extra.get("checkpoint_interval"), Mapping) else {}
+        cost = _number(chosen.get("checkpoint_cost_s")) if chosen.get("cost_source") == "measured" else None
+        return cls(epoch=_count(entry.get("epoch")), exit_class=str(entry.get("exit_class") or ""),
+                   spot=bool(entry.get("spot")), started_at=_number(entry.get("started_at")),
+                   ended_at=_number(entry.get("ended_at")) or _number(entry.get("last_seen")),
+                   step_start=_count(entry.get("step_start")), step_end=_count(entry.get("step_end")),
+                   checkpoint_step_end=_count(entry.get("checkpoint_step_end")),
+                   restart_seconds=restart if restart is not None and restart >= 0 else None,
+                   checkpoint_cost_seconds=cost if cost is not None and cost >= 0 else None,
+                   capacity_switch=bool(extra.get("capacity_switch")))
+
+    @property
+    def ended(self) -> bool:
+        return self.exit_class != RUNNING and self.started_at is not None and self.ended_at is not None
+
+    @property
+    def held_seconds(self) -> Optional[float]:
+        """Wall seconds from its start to its end (or last heartbeat)."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return max(0.0, self.ended_at - self.started_at)
+
+    @property
+    def lifetime(self) -> Optional[Lifetime]:
+        """Its spot lifetime as the rate estimate sees it (None: not an ended spot attempt).
+
+        Noticed: ended ``preempted`` (the worker exits so only after committing its emergency checkpoint) with
+        nothing past that checkpoint; ``vanished`` is a hard kill. A move to other capacity lost no machine."""
+        if not (self.spot and self.ended):
+            return None
+        if not self.restart_seconds:
+            return Lifetime(0.0, preempted=False)
+        preempted = self.exit_class in INTERRUPTED_CLASSES and not self.capacity_switch
+        noticed = self.exit_class == ExitClass.PREEMPTED.value and self.checkpoint_step_end >= self.step_end
+        return Lifetime(seconds=max(0.0, self.held_seconds - self.restart_seconds), preempted=preempted,
+                        noticed=preempted and noticed)
+
+
+def read_attempts(attempts: Iterable[Any]) -> list[AttemptHistory]:
+    """The ledger's attempt entries, typed (entries that are not objects are left out)."""
+    return [a if isinstance(a, AttemptHistory) else AttemptHistory.from_ledger(a)
+            for a in attempts if isinstance(a, (Mapping, AttemptHistory))]
+
+
+def start_to_first_step_seconds(attempt: Mapping) -> Optional[float]:
+    """The attempt's start to the end of its first step (None: it never got that far, or nothing was recorded)."""
+    return AttemptHistory.from_ledger(attempt).restart_seconds
+
+
+def restart_seconds_measured(attempts: Iterable[Any]) -> list[float]:
+    """Each attempt's start to the end of its first step, where it got that far."""
+    return [a.restart_seconds for a in read_attempts(attempts) if a.restart_seconds]
+
+
+def last_restart_seconds(attempts: Iterable[Any]) -> float:
+    """The newest measured start to first step, 0 when none was measured."""
+    measured = restart_seconds_measured(attempts)
+    return measured[-1] if measured else 0.0
+
+
+def measured_cost_seconds(attempts: Iterable[Any]) -> Optional[float]:
+    """The checkpoint cost C the newest earlier attempt measured (None: none measured one)."""
+    costs = [a.checkpoint_cost_seconds for a in read_attempts(attempts) if a.checkpoint_cost_seconds is not None]
+    return costs[-1] if costs else None
+
+
+def spot_lifetimes(attempts: Iterable[Any]) -> Iterator[Lifetime]:
+    """The job's ended spot attempts as the rate estimate sees them (``AttemptHistory.lifetime``); on-demand
+    attempts say nothing of spot's rate."""
+    for a in read_attempts(attempts):
+        if a.lifetime is not None:
+            yield a.lifetime
+
+
+def steady_seconds_per_step(attempts: Iterable[Any]) -> Optional[float]:
     """Seconds per optimizer step over the earlier attempts, start-up excluded (None: nothing to go on)."""
     seconds = steps = 0.0
-    for a in attempts:
-        start, end = a.get("started_at"), a.get("ended_at") or a.get("last_seen")
-        done = int(a.get("step_end") or 0) - int(a.get("step_start") or 0)
-        startup = (a.get("extra") or {}).get("start_to_first_step_s")
-        if start is not None and end is not None and done > 1 and startup is not None:
-            seconds += max(0.0, float(end) - float(start) - float(startup))
+    for a in read_attempts(attempts):
+        done = a.step_end - a.step_start
+        if a.held_seconds is not None and done > 1 and a.restart_seconds is not None:
+            seconds += max(0.0, a.held_seconds - a.restart_seconds)
             steps += done - 1
     return seconds / steps if steps else None
+
+
+def first_start(attempts: Sequence[Any]) -> Optional[float]:
+    """When the job's first attempt started (unix time; None: no attempt says)."""
+    starts = [a.started_at for a in read_attempts(attempts) if a.started_at is not None]
+    return min(starts) if starts else None
