@@ -1,0 +1,46 @@
+"""Inputs and money (issue 20): numbers that are not numbers, a deadline already past, and what a render copies
+from storage. Each launch here is refused before anything trains: exit 4, one line naming the key and the fix."""
+from __future__ import annotations
+
+import pytest
+
+from tests import jobs
+
+FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_failures=1"]
+
+
+def _refused(args: list[str], tmp_path, needles: list[str]) -> str:
+    done = jobs.run_job(FAST + [f"storage.uri={tmp_path / 'runs'}", "run.name=refused", *args], tmp_path, timeout=300)
+    assert done.returncode == 4, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert not (tmp_path / "runs").exists(), "nothing may be written for a refused job"
+    return lines[0]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("args,needles", [
+    (["budget.max_usd=nan"], ["budget.max_usd=nan", "finite number"]),
+    (["budget.monthly_max_usd=nan"], ["budget.monthly_max_usd=nan", "finite number"]),
+    (["compute.price_per_hour=nan"], ["compute.price_per_hour=nan", "finite number"]),
+    (["compute.price_per_hour=-1"], ["compute.price_per_hour=-1", "at least 0", "compute.price_per_hour=2.5"]),
+    (["compute.preemptions_per_hour=nan"], ["compute.preemptions_per_hour=nan", "finite number"]),
+    (["compute.restart_seconds=nan"], ["compute.restart_seconds=nan", "finite number"]),
+    (["budget.alert_thresholds=[1.5,-1,nan]"], ["budget.alert_thresholds[2]=nan", "finite number"]),
+    (["budget.alert_thresholds=[1.5,-1]"], ["budget.alert_thresholds[0]=1.5", "budget.alert_thresholds[1]=-1",
+                                            "at most 1", "budget.alert_thresholds=[0.5,0.8,1.0]"]),
+    (["recipe=dpo", "recipe.dpo_beta=-inf"], ["recipe.dpo_beta=-inf", "finite number"]),
+], ids=lambda v: " ".join(v) if "=" in v[0] else "")
+def test_a_float_key_that_is_not_a_finite_number_in_range_is_refused_at_launch(args, needles, tmp_path):
+    _refused(args, tmp_path, needles)
+
+
+@pytest.mark.e2e
+def test_a_mix_weight_of_infinity_is_refused_naming_the_entry(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n' * 20)
+    mix = f"data.mix=[{{path: {tmp_path / 'a.jsonl'}, weight: 1}}, {{path: {tmp_path / 'b.jsonl'}, weight: inf}}]"
+    _refused(["data=mix", mix], tmp_path, ["data.mix[1].weight=inf", "finite number"])
