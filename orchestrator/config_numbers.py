@@ -108,3 +108,17 @@ def _describe(low, low_in: bool, high, high_in: bool) -> str:
     if high is not None:
         parts.append(f"at most {high:g}" if high_in else f"less than {high:g}")
     return " and ".join(parts)
+
+
+def check_options(args, ranges: dict[str, tuple]) -> None:
+    """A command line's number options: every float finite, each one in ``ranges`` inside its range.
+
+    ``ranges`` maps an attribute of ``args`` to (low, low included, high, high included); raises
+    ValueError naming the option (``--job-hours``) and what it takes.
+    """
+    for name, value in vars(args).items():
+        option = f"--{name.replace('_', '-')}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{option} {value}: give a finite number.")
+        if name in ranges and value is not None and not _inside(value, *ranges[name]):
+            raise ValueError(f"{option} {value:g} must be {_describe(*ranges[name])}; give {option} a value in that range.")

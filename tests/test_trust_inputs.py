@@ -44,3 +44,30 @@ def test_a_mix_weight_of_infinity_is_refused_naming_the_entry(tmp_path):
         (tmp_path / f"{name}.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n' * 20)
     mix = f"data.mix=[{{path: {tmp_path / 'a.jsonl'}, weight: 1}}, {{path: {tmp_path / 'b.jsonl'}, weight: inf}}]"
     _refused(["data=mix", mix], tmp_path, ["data.mix[1].weight=inf", "finite number"])
+
+
+TRACE = '{"metadata": {"gap_seconds": GAP}, "data": [0, 0, 0, 1, 0, 0, 1]}'
+
+
+@pytest.mark.parametrize("args,gap,needles", [
+    (["--job-hours", "nan"], "60", ["--job-hours nan", "finite number"]),
+    (["--job-hours", "1", "--deadline-hours", "inf"], "60", ["--deadline-hours inf", "finite number"]),
+    (["--job-hours", "1", "--min-every", "2h", "--max-every", "1m"], "60", ["--min-every 2h", "--max-every 1m",
+                                                                           "--min-every 1m --max-every 1h"]),
+    (["--job-hours", "1", "--spot-price", "-1"], "60", ["--spot-price -1", "at least 0"]),
+    (["--job-hours", "1", "--restart-minutes", "-5"], "60", ["--restart-minutes -5", "at least 0"]),
+    (["--job-hours", "1"], "NaN", ["a.json", "gap_seconds must be a finite number"]),
+], ids=["job-hours-nan", "deadline-inf", "min-above-max", "negative-price", "negative-restart", "nan-in-trace"])
+def test_simulate_refuses_a_number_that_is_not_one_naming_the_option(args, gap, needles, tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "a.json").write_text(TRACE.replace("GAP", gap))
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "simulate", "--traces", str(tmp_path), "--windows", "2",
+                           *args], cwd=jobs.REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
