@@ -71,3 +71,58 @@ def test_simulate_refuses_a_number_that_is_not_one_naming_the_option(args, gap, 
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+PAST = "2020-01-01T00:00:00Z"
+
+
+@pytest.mark.e2e
+def test_a_deadline_already_past_is_refused_at_a_fresh_launch(tmp_path):
+    _refused([f"run.deadline={PAST}", "compute.spot=true"], tmp_path,
+             [f"run.deadline={PAST} passed", "h ago", "run.deadline=52h"])
+
+
+@pytest.mark.e2e
+def test_a_relaunch_whose_deadline_passed_while_it_ran_says_so_and_finishes(tmp_path):
+    """The job ran (an attempt in its ledger, then the machine vanished); relaunched after its deadline, it is
+    not refused: it says the deadline passed and runs to the end."""
+    storage, run = jobs.Storage(str(tmp_path / "runs")), "late-relaunch"
+    first = jobs.start_job(jobs.FAST + storage.overrides() + [f"run.name={run}"], tmp_path)
+    try:
+        jobs.wait_for_new_checkpoint(storage, run, first, 0)
+    finally:
+        jobs.kill_group(first)
+    done = jobs.run_job(jobs.FAST + storage.overrides() + [f"run.name={run}", f"run.deadline={PAST}",
+                                                           "compute.spot=true"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"run.deadline={PAST} passed" in done.stderr and "runs on-demand" in done.stderr, done.stderr[-3000:]
+    assert jobs.ledger(storage, run)["status"] == "completed"
+
+
+POISONED = "behind the line\r\x00#SBATCH --wrap=x\x1b[2J\u2028rm -rf ~\u202e by 3.0 h\n"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("backend,extra", [
+    ("slurm", ["backend.partition=spot", "backend.on_demand_partition=ondemand"]),
+    ("skypilot", ["backend.image=img:1"]),
+    ("kubernetes", ["backend.image=img:1"]),
+])
+def test_a_capacity_reason_from_storage_reaches_the_rendered_text_without_control_characters(
+        backend, extra, s3_server, s3_bucket, tmp_path):
+    """The ledger is storage, and storage is untrusted: a capacity reason with CR, NUL, an escape, a line
+    separator and a bidi override is rendered as one printable comment line by every backend's dry run."""
+    from orchestrator.ledger import Ledger
+
+    storage, run = jobs.Storage(s3_bucket, s3_server.endpoint_url), "poisoned-reason"
+    ledger = Ledger(storage.store(), run)
+    ledger.begin_attempt(host="h", pid=1, instance_type="cpu", gpu_type="none", gpus=0, spot=True, checkpoint_step=0)
+    ledger.record_capacity({"capacity": "on_demand", "previous": "spot", "reason": POISONED, "locked": False,
+                            "at_risk": False, "action": "the next submission", "step": 10})
+    done = jobs.run_job(FAST + storage.overrides() + [f"run.name={run}", f"backend={backend}", "backend.dry_run=true",
+                                                      "compute.spot=true", "run.deadline=52h", *extra], tmp_path)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    [line] = [ln for ln in done.stdout.split("\n") if ln.startswith("# capacity:")]
+    assert "on-demand" in line and "behind the line #SBATCH --wrap=x [2J rm -rf ~ by 3.0 h" in line, repr(line)
+    for bad in ("\r", "\x00", "\x1b", "\u2028", "\u202e", "\x85"):
+        assert bad not in done.stdout, (bad, repr(line))
