@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator import train_options
 from orchestrator.config import RECIPE_SCHEMAS, register_configs
+from orchestrator.config_numbers import check_finite, check_ranges
 from orchestrator.distributed import configured_world_size
 from orchestrator.durations import parse_deadline, parse_duration
 from orchestrator.errors import ConfigError, UserError
@@ -120,12 +121,13 @@ def _schema_keys(path: str) -> list[str] | None:
 def validate(cfg: DictConfig) -> None:
     """Cross-field checks the schemas cannot express, all of them: one ConfigError names every problem.
 
-    Unset or unresolvable values and invalid choices are reported first and alone (the other
-    checks read them); then every check runs and their problems are reported together, as
+    Unset or unresolvable values, invalid choices and numbers that are not finite (NaN, infinity)
+    are reported first and alone (the other checks read them); then every check runs and their problems are reported together, as
     torchtune's ``config.validate`` does, so a user fixes a config in one round.
     """
     _check_resolvable(cfg)
     _check_choices(cfg)
+    check_finite(cfg)
     problems = []
     for check in CHECKS:
         try:
@@ -507,7 +509,7 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
 
 
 # every check validate() runs (after the resolvable values and the choices), in the order they are reported
-CHECKS = (_check_recipe, _check_evaluation, _check_tracking, _check_data, _check_durations, _check_schedule, _check_counts,
+CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _check_data, _check_durations, _check_schedule, _check_counts,
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, *train_options.CHECKS)

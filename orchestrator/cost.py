@@ -87,7 +87,9 @@ def price_for(compute_cfg: Any, catalog: Mapping[str, Any]) -> Price:
 
     total = per-unit price x gpus_per_node x nodes (CPU jobs: per-node price x nodes).
     ``compute.price_per_hour`` replaces the per-unit price and may name a GPU type
-    the catalog lacks (its on-demand baseline is then the override itself).
+    the catalog lacks (its on-demand baseline is then the override itself); on an
+    on-demand job it is the on-demand baseline too (the catalog's list price is not
+    what that job pays, nor what it would pay on demand).
     ``cloud: any`` takes the cheapest cloud the catalog lists for that mode.
 
     Raises ValueError for an unknown gpu_type (listing the known ones) or a cloud
@@ -132,6 +134,8 @@ def price_for(compute_cfg: Any, catalog: Mapping[str, Any]) -> Price:
     if override is not None:
         per_unit = float(override)
         source = "compute.price_per_hour override"
+        if not spot:  # an on-demand job's override is its on-demand price: the catalog's is not what it pays
+            on_demand_per_unit = per_unit
     else:
         quoted = figures.get(mode) or figures["on_demand"]
         per_unit = float(quoted["usd"])

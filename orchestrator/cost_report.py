@@ -94,6 +94,11 @@ class JobFigures:
             self.measured_tokens_per_step = float(tokens) / steps_done
 
     @property
+    def ran_on_spot(self) -> bool:
+        """Whether any attempt of the job ran on spot: a job that never did has no spot savings."""
+        return self.price.spot or any(a.get("spot") for a in self.prior_attempts)
+
+    @property
     def tokens_per_step(self) -> float:
         return self.measured_tokens_per_step or float(self.fallback_tokens_per_step)
 
@@ -127,7 +132,7 @@ class JobFigures:
             "attempt_checkpoint_upload_s": checkpoint_upload_seconds,
         }
         on_demand = self.uninterrupted_on_demand_usd(attempt_cost_usd, mean_step_seconds or window_step_seconds)
-        if on_demand is not None:
+        if on_demand is not None and self.ran_on_spot:
             out.update(on_demand_cost_usd=on_demand, spot_savings_usd=costs.spot_savings_usd(on_demand, total))
         per_step = costs.usd_per_step(total, step)
         if per_step is not None:
@@ -172,7 +177,8 @@ def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: cos
                    "tokens_counted": "trainer num_tokens" if tokens_measured else "batch x grad-accum x world x max_length",
                    "usd_per_step": get("usd_per_step"), "usd_per_million_tokens": get("usd_per_million_tokens")},
         "lost_work": {"steps": get("lost_work_steps"), "seconds": get("lost_work_seconds"), "usd": get("lost_work_usd")},
-        "spot": {"on_demand_cost_usd": get("on_demand_cost_usd"), "savings_usd": get("spot_savings_usd")},
+        "spot": {"on_demand_cost_usd": get("on_demand_cost_usd"), "savings_usd": get("spot_savings_usd"),
+                 "ran_on_spot": price.spot or any(bool(a.get("spot")) for a in ledger.get("attempts", []))},
         "checkpointing_this_attempt": {"stall_s": get("attempt_checkpoint_stall_s"),
                                        "upload_s": get("attempt_checkpoint_upload_s")},
         "quality": {"metric": quality_metric, "value": quality, "before": quality_before,
@@ -204,8 +210,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"per step: ${num(totals['usd_per_step'], '{:.6f}')}; per million tokens: ${num(totals['usd_per_million_tokens'])} "
         f"({num(totals['tokens_trained'], '{:.0f}')} tokens, counted from {totals['tokens_counted']})",
         f"lost work: {num(lost['steps'], '{}')} step(s) redone, {num(lost['seconds'], '{:.1f}')}s, ${num(lost['usd'])}",
-        f"spot savings against an uninterrupted on-demand run: ${num(spot['savings_usd'])} "
-        f"(that run: ${num(spot['on_demand_cost_usd'])}; negative: spot cost more)",
+        _savings_line(report, num),
         f"checkpointing (this attempt): {num(report['checkpointing_this_attempt']['stall_s'], '{:.2f}')}s training "
         f"stalled, {num(report['checkpointing_this_attempt']['upload_s'], '{:.2f}')}s uploading",
     ]
@@ -215,3 +220,11 @@ def format_report(report: Mapping[str, Any]) -> str:
                      f"{num(quality.get('before'))}; gain: {num(quality.get('gain_points'), '{:+.2f}')} points); "
                      f"${num(quality['usd_per_point'], '{:.6f}')} per point gained")
     return "\n".join(lines)
+
+
+def _savings_line(report: Mapping[str, Any], num) -> str:
+    spot = report["spot"]
+    if not spot.get("ran_on_spot", True):
+        return "spot savings: none (an on-demand job)"
+    return (f"spot savings against an uninterrupted on-demand run: ${num(spot['savings_usd'])} "
+            f"(that run: ${num(spot['on_demand_cost_usd'])}; negative: spot cost more)")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from omegaconf import DictConfig
 
 from orchestrator.compose import absolutize, compose_config, with_default_storage
 from orchestrator.hub_pins import pin_revisions
-from orchestrator.errors import UserError
+from orchestrator.errors import ConfigError, UserError
 from orchestrator.logsetup import setup_logging
 
 log = logging.getLogger("orchestrator.launch")  # __name__ is "__main__" under python -m
@@ -31,6 +32,32 @@ def print_plan(cfg: DictConfig) -> None:
         log.warning("pre-flight plan unavailable: %s", err)
 
 
+def check_deadline_ahead(cfg: DictConfig, now: float | None = None) -> None:
+    """A ``run.deadline`` time already past refuses a fresh launch (exit 4): no capacity can meet it.
+
+    A relaunch of a job that has run (its ledger has attempts) whose deadline passed meanwhile is not
+    refused: it is told so and runs on-demand, as the capacity watch decides (``attempt/capacity.py``).
+    """
+    from orchestrator.durations import parse_deadline
+
+    if cfg.run.deadline is None:
+        return
+    kind, at = parse_deadline(cfg.run.deadline)
+    late = (time.time() if now is None else now) - at
+    if kind != "at" or late < 0:
+        return
+    from orchestrator.ledger import Ledger
+    from orchestrator.storage import store_from_config
+
+    if Ledger(store_from_config(cfg.storage), str(cfg.run.name)).load().get("attempts"):
+        log.warning("run.deadline=%s passed %.2f h ago, while job %r ran: it runs on-demand to the end",
+                    cfg.run.deadline, late / 3600, str(cfg.run.name))
+        return
+    raise ConfigError(f"run.deadline={cfg.run.deadline} passed {late / 3600:.2f} h ago, before job {cfg.run.name!r} "
+                      "started: no capacity can meet it. Give a later time (ISO-8601, UTC if no zone), a duration "
+                      "from the job's first attempt (run.deadline=52h), or drop run.deadline.")
+
+
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     overrides = absolutize(list(sys.argv[1:] if argv is None else argv))
@@ -41,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         pinned = pin_revisions(cfg, overrides)  # hub branches and tags -> the commits they name now
         if pinned != overrides:
             overrides, cfg = pinned, compose_config(pinned)
+        check_deadline_ahead(cfg)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

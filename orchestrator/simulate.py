@@ -386,20 +386,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# each number option's range: (low, low included, high, high included)
+OPTION_RANGES = {"job_hours": (0.0, False, None, False), "deadline_hours": (0.0, False, None, False),
+                 "restart_minutes": (0.0, True, None, False), "checkpoint_cost_seconds": (0.0, True, None, False),
+                 "notice_share": (0.0, True, 1.0, True), "preemptions_per_hour": (0.0, True, None, False),
+                 "max_preemptions": (0, True, None, False), "spot_price": (0.0, True, None, False),
+                 "on_demand_price": (0.0, False, None, False), "windows": (1, True, None, False)}
+
+
 def _job_from_args(a: argparse.Namespace) -> Job:
     from orchestrator.config import RequeueConfig
+    from orchestrator.config_numbers import check_options
     from orchestrator.cost import preemption_prior_per_hour
-    if a.job_hours <= 0:
-        raise ValueError("--job-hours must be > 0")
+
+    check_options(a, OPTION_RANGES)  # NaN, infinity and negative prices or times (--job-hours > 0)
     if a.deadline_hours is not None and a.deadline_hours < a.job_hours:
         raise ValueError(f"--deadline-hours {a.deadline_hours:g} is shorter than --job-hours {a.job_hours:g}: "
                          "no capacity can meet it; give a later deadline.")
-    if not 0.0 <= a.notice_share <= 1.0:
-        raise ValueError("--notice-share must be between 0 and 1")
     every: str | float = AUTO if str(a.checkpoint_every).strip().lower() == AUTO else \
         parse_duration(a.checkpoint_every, key="--checkpoint-every")
     if every != AUTO and every <= 0:
         raise ValueError("--checkpoint-every must be auto or a positive duration (15m, 900s)")
+    low, high = parse_duration(a.min_every, key="--min-every"), parse_duration(a.max_every, key="--max-every")
+    if low <= 0 or high < low:
+        raise ValueError(f"--min-every {a.min_every} and --max-every {a.max_every}: auto's bounds need "
+                         "0 < --min-every <= --max-every (e.g. --min-every 1m --max-every 1h).")
     compute = SimpleNamespace(spot=True, gpu_type="v100", cloud="aws", preemptions_per_hour=a.preemptions_per_hour)
     prior, _ = preemption_prior_per_hour(compute, _catalog())
     requeue = RequeueConfig()
@@ -407,8 +418,7 @@ def _job_from_args(a: argparse.Namespace) -> Job:
                checkpoint_cost_seconds=a.checkpoint_cost_seconds, every=every,
                deadline_seconds=a.deadline_hours * 3600 if a.deadline_hours is not None else None,
                notice_share=a.notice_share, prior_per_hour=prior,
-               min_every_seconds=parse_duration(a.min_every, key="--min-every"),
-               max_every_seconds=parse_duration(a.max_every, key="--max-every"),
+               min_every_seconds=low, max_every_seconds=high,
                spot_usd=a.spot_price, on_demand_usd=a.on_demand_price,
                max_preemptions=a.max_preemptions if a.max_preemptions is not None else requeue.max_preemptions,
                max_failures=requeue.max_failures)

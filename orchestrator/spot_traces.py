@@ -64,8 +64,8 @@ def load_trace(path: Path) -> Trace:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path} is not a spot trace ({type(err).__name__}: {err}); expected "
                          '{"metadata": {"gap_seconds": G}, "data": [0, 1, ...]} as in data/spot-traces/.') from None
-    if gap <= 0 or not ticks:
-        raise ValueError(f"{path}: gap_seconds must be > 0 and data non-empty.")
+    if not math.isfinite(gap) or gap <= 0 or not ticks:
+        raise ValueError(f"{path}: gap_seconds must be a finite number > 0 and data non-empty.")
     return Trace.from_ticks(str(path), ticks, gap)
 
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests import jobs
+from tests.helpers import jobs
 
 
 @pytest.mark.e2e

@@ -59,7 +59,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         raise ConfigError(str(err)) from None
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
-    money = MoneyWatch.from_config(cfg, price)
+    money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
     spend = spend_watch(cfg, store, run_name, money) if main else None
     record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=compute, budget_max_usd=cfg.budget.max_usd,
                             spend=spend) if main else FollowerRecord())

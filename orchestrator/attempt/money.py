@@ -21,11 +21,13 @@ class MoneyWatch:
         max_steps: ``train.max_steps`` (for the projected total).
         budget_max_usd: the hard stop, or None.
         fallback_tokens_per_step: tokens per optimizer step until the Trainer logs its own count.
+        started_at: when the meter starts (unix time): the process's start, so its imports are billed too.
     """
 
-    def __init__(self, price: Price, *, max_steps: int, budget_max_usd: Optional[float], fallback_tokens_per_step: int):
+    def __init__(self, price: Price, *, max_steps: int, budget_max_usd: Optional[float], fallback_tokens_per_step: int,
+                 started_at: Optional[float] = None):
         self.price = price
-        self.meter = CostMeter(price)
+        self.meter = CostMeter(price, started_at=started_at)
         self.max_steps = int(max_steps)
         self.budget_max_usd = budget_max_usd
         self.fallback_tokens_per_step = fallback_tokens_per_step
@@ -36,9 +38,9 @@ class MoneyWatch:
         self.figures: Optional[JobFigures] = None
 
     @classmethod
-    def from_config(cls, cfg: Any, price: Price) -> "MoneyWatch":
+    def from_config(cls, cfg: Any, price: Price, *, started_at: Optional[float] = None) -> "MoneyWatch":
         return cls(price, max_steps=cfg.train.max_steps, budget_max_usd=cfg.budget.max_usd,
-                   fallback_tokens_per_step=estimated_tokens_per_step(cfg))
+                   fallback_tokens_per_step=estimated_tokens_per_step(cfg), started_at=started_at)
 
     def watch_budget(self, guard, spend: "SpendWatch | None" = None) -> None:
         self.guard = guard

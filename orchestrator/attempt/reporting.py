@@ -239,7 +239,8 @@ def run_description(report: dict) -> str:
         ("cost", f"{usd(totals['cost_usd'])} ({usd(totals['usd_per_step'], 6)} per step, "
                  f"{usd(totals['usd_per_million_tokens'])} per million tokens)"),
         ("spot savings", f"{usd(spot['savings_usd'])} against an uninterrupted on-demand run "
-                         f"({usd(spot['on_demand_cost_usd'])})"),
+                         f"({usd(spot['on_demand_cost_usd'])})" if spot.get("ran_on_spot", True)
+         else "none (an on-demand job)"),
         ("lost work", f"{lost['steps'] if lost['steps'] is not None else '-'} step(s) redone, {usd(lost['usd'])}"),
     ]
     if quality["value"] is not None:

@@ -15,9 +15,13 @@ No Hydra or transformers import: the launcher renders with it.
 """
 from __future__ import annotations
 
+import logging
+import unicodedata
 from typing import Any, Optional
 
 from orchestrator.policy.deadline import ON_DEMAND, SPOT
+
+log = logging.getLogger(__name__)
 
 CAPACITY_ENV = "ORCH_CAPACITY"
 ACTION_ENV = "ORCH_CAPACITY_ACTION"
@@ -46,6 +50,17 @@ def attempt_compute(compute: Any, capacity: str) -> Any:
     return compute
 
 
+def stored_text(value: Any) -> str:
+    """Text read from storage, fit to copy into a rendered script or manifest: control and format characters
+    (CR, NUL, escapes, line and paragraph separators, bidi overrides) dropped, whitespace runs made one space.
+    Every render copies what it read from the bucket through this (``planned_capacity``)."""
+    def one(c: str) -> str:
+        kind = unicodedata.category(c)
+        return " " if kind in ("Cc", "Zl", "Zp") else "" if kind[0] == "C" else c
+
+    return " ".join("".join(map(one, str(value))).split())
+
+
 def latest_decision(ledger: dict) -> Optional[dict]:
     decisions = ledger.get("capacity") or []
     return decisions[-1] if decisions else None
@@ -63,7 +78,13 @@ def planned_capacity(cfg: Any) -> tuple[str, Optional[dict]]:
     from orchestrator.storage import store_from_config
 
     decision = latest_decision(Ledger(store_from_config(cfg.storage), str(cfg.run.name)).load())
-    return (decision["capacity"], decision) if decision else (configured, None)
+    if not decision:
+        return configured, None
+    if decision.get("capacity") not in (SPOT, ON_DEMAND):  # storage is untrusted: only the two known values
+        log.warning("the ledger's newest capacity decision names %r, neither %s nor %s; following compute.spot",
+                    stored_text(decision.get("capacity"))[:40], SPOT, ON_DEMAND)
+        return configured, None
+    return decision["capacity"], dict(decision, reason=stored_text(decision.get("reason", "")))
 
 
 def capacity_env(cfg: Any, capacity: str, action: str) -> dict[str, str]:
@@ -77,5 +98,5 @@ def capacity_comment(capacity: str, decision: Optional[dict]) -> str:
     """A comment line for the rendered text: why this submission runs on-demand (empty when it follows the config)."""
     if not decision:
         return ""
-    reason = " ".join(str(decision.get("reason", "")).split())
+    reason = stored_text(decision.get("reason", ""))
     return f"# capacity: {label(capacity)}, as the ledger's newest decision (run.deadline) says: {reason}\n"

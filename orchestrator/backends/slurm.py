@@ -150,12 +150,12 @@ def partition(cfg: Any) -> tuple[Optional[str], str]:
     on_demand = cfg.backend.get("on_demand_partition")
     if not on_demand:
         return cfg.backend.partition, ""
-    from orchestrator.backends.capacity import planned_capacity
+    from orchestrator.backends.capacity import planned_capacity, stored_text
     from orchestrator.policy.deadline import ON_DEMAND
 
     capacity, decision = planned_capacity(cfg)
     if capacity == ON_DEMAND:
-        return str(on_demand), f"on-demand, as the ledger's newest capacity decision says: {decision['reason']}"
+        return str(on_demand), f"on-demand, as the ledger's newest capacity decision says: {stored_text(decision['reason'])}"
     return cfg.backend.partition, ""
 
 
