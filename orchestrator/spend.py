@@ -29,16 +29,107 @@ what it spent so far into the old month and opens a new entry).
 """
 from __future__ import annotations
 
+import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from orchestrator.errors import BudgetExhausted
 from orchestrator.ledger import transact
 from orchestrator.storage.base import ObjectStore
 
 INDEX_KEY = "_spend/index.json"
+_ENTRY_AMOUNTS = ("base", "spent", "through", "updated_at")
 # a cap counts as reached within this of it: grants fill a cap exactly, and sums of floats land a hair short
 CAP_TOLERANCE_USD = 1e-9
+
+
+class SpendIndexCorrupt(BudgetExhausted):
+    """The spend index cannot be read (not JSON, wrong types, an amount not finite or negative).
+
+    A job under a cap stops on it (exit 3: a cap it cannot check is a cap it could overspend); a job
+    with no cap runs on and says so once (``orchestrator.attempt.money.SpendWatch``).
+    """
+
+
+def repair_hint(store_uri: str) -> str:
+    return (f"rebuild it from the jobs' ledgers with `orchestrator storage repair-spend {store_uri}` "
+            "(add --endpoint-url for S3-compatible stores)")
+
+
+def parse_index(raw: bytes, where: str, store_uri: str) -> dict:
+    """The index stored at ``where``, checked: raises SpendIndexCorrupt naming the object, the problem and the fix."""
+    try:
+        index = json.loads(raw)
+        problem = index_problem(index)
+    except (ValueError, UnicodeDecodeError) as err:
+        problem = f"it is not JSON ({str(err)[:120]})"
+    if problem:
+        raise SpendIndexCorrupt(f"the spend index {where} is unreadable: {problem}. Caps on it "
+                                f"(budget.monthly_max_usd, budget.experiment_max_usd) cannot be checked; "
+                                f"{repair_hint(store_uri)}")
+    return index
+
+
+def _amount_problem(value, where: str) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{where} is {value!r}, not a number"
+    if not math.isfinite(value) or value < 0:
+        return f"{where} is {value!r}, not a finite non-negative amount"
+    return None
+
+
+def _dict_problem(value, where: str) -> Optional[str]:
+    return None if isinstance(value, dict) else f"{where} is {type(value).__name__}, not an object"
+
+
+def _job_problem(name: str, job) -> Optional[str]:
+    where = f"jobs.{name}"
+    problem = _dict_problem(job, where)
+    if problem:
+        return problem
+    if not isinstance(job.get("experiment"), str):
+        return f"{where}.experiment is {job.get('experiment')!r}, not a name"
+    for key in ("months", "open"):
+        problem = _dict_problem(job.get(key, {}), f"{where}.{key}")
+        if problem:
+            return problem
+    for month, usd in job.get("months", {}).items():
+        problem = _amount_problem(usd, f"{where}.months.{month}")
+        if problem:
+            return problem
+    for epoch, entry in job.get("open", {}).items():
+        problem = _dict_problem(entry, f"{where}.open.{epoch}")
+        if problem:
+            return problem
+        if not isinstance(entry.get("month"), str):
+            return f"{where}.open.{epoch}.month is {entry.get('month')!r}, not a month"
+        for key in _ENTRY_AMOUNTS:
+            problem = _amount_problem(entry.get(key), f"{where}.open.{epoch}.{key}")
+            if problem:
+                return problem
+    return None
+
+
+def index_problem(index) -> Optional[str]:
+    """What makes ``index`` (parsed JSON) not a spend index, or None: the shapes above, every amount finite, >= 0."""
+    problem = _dict_problem(index, "the index")
+    if problem:
+        return problem
+    for key in ("jobs", "alerts"):
+        problem = _dict_problem(index.get(key, {}), key)
+        if problem:
+            return problem
+    for name, job in index.get("jobs", {}).items():
+        problem = _job_problem(name, job)
+        if problem:
+            return problem
+    for name, when in index.get("alerts", {}).items():
+        problem = _amount_problem(when, f"alerts.{name}")
+        if problem:
+            return problem
+    return None
 
 
 def month_of(ts: float) -> str:
@@ -148,12 +239,17 @@ class SpendIndex:
         return self.store.uri
 
     def load(self) -> dict:
-        import json
-
+        """The index, validated (SpendIndexCorrupt); {} when no job has written one yet."""
         try:
-            return json.loads(self.store.get_bytes(INDEX_KEY))
+            return self._decode(self.store.get_bytes(INDEX_KEY))
         except FileNotFoundError:
             return {}
+
+    def _decode(self, raw: bytes) -> dict:
+        return parse_index(raw, self.store.get_uri(INDEX_KEY), self.store.uri)
+
+    def _transact(self, mutate) -> dict:
+        return transact(self.store, INDEX_KEY, mutate, decode=self._decode)
 
     def refusal(self) -> Optional[str]:
         """Read only: why this job may not start (a cap already spent), with the numbers; None when it may."""
@@ -187,7 +283,7 @@ class SpendIndex:
                             self.caps.refusal(index, month, self.where))]
             return index
 
-        transact(self.store, INDEX_KEY, mutate)
+        self._transact(mutate)
         return out[0]
 
     def settle(self, epoch: int, spent: float) -> None:
@@ -203,7 +299,7 @@ class SpendIndex:
             months[entry["month"]] = float(months.get(entry["month"], 0.0)) + max(0.0, float(spent) - float(entry["base"]))
             return index
 
-        transact(self.store, INDEX_KEY, mutate)
+        self._transact(mutate)
 
     def record_alert(self, scope: str, name: str) -> bool:
         """Mark alert ``name`` of ``scope`` (a month, an experiment) sent; True only the first time, for every job."""
@@ -219,7 +315,7 @@ class SpendIndex:
             first.append(True)
             return index
 
-        transact(self.store, INDEX_KEY, mutate)
+        self._transact(mutate)
         return bool(first)
 
     def _job(self, index: dict) -> dict:
