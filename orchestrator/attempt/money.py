@@ -178,11 +178,14 @@ class SpendWatch:
             return err
         return BudgetExhausted(reason) if reason else None
 
-    def begin(self, epoch: int, *, startup_s: float = 0.0) -> None:
+    def begin(self, epoch: int, *, startup_s: float = 0.0, vanished_usd: Optional[dict] = None) -> None:
+        """``vanished_usd``: the job's earlier attempts' costs in the ledger (epoch -> $), which settle
+        the open entries of attempts that vanished."""
         self.epoch = epoch
         spent = self.spent()
         ahead = self.window_usd + self.usd_per_second * max(0.0, startup_s)
-        grant = self._unless_corrupt(lambda: self.index.reserve(epoch, spent, spent + ahead))
+        grant = self._unless_corrupt(lambda: self.index.reserve(epoch, spent, spent + ahead,
+                                                                vanished_usd=vanished_usd))
         if grant is None:
             return
         self._take(grant, spent, ahead)
@@ -238,4 +241,6 @@ class SpendWatch:
         self.through = grant.through
         self.refusal = grant.refusal
         for kind, guard in self.guards:
-            guard.check(grant.month_usd if kind == "monthly" else grant.experiment_usd, steps_done=0, max_steps=0)
+            # alerts tell money spent, never reservations (a cap's stop counts those)
+            guard.check(grant.month_spent_usd if kind == "monthly" else grant.experiment_spent_usd,
+                        steps_done=0, max_steps=0)

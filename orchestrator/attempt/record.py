@@ -65,7 +65,8 @@ class AttemptRecord:
             extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None)
         stored = self.ledger.load()
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
-            self.spend.begin(attempt["epoch"], startup_s=last_startup_seconds(stored))
+            costs = {str(a.get("epoch")): a.get("cost_usd") for a in stored["attempts"] if a["epoch"] != attempt["epoch"]}
+            self.spend.begin(attempt["epoch"], startup_s=last_startup_seconds(stored), vanished_usd=costs)
         self.prior_attempts = [a for a in stored["attempts"] if a["epoch"] != attempt["epoch"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
