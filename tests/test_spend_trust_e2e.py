@@ -71,3 +71,22 @@ def test_a_corrupt_index_never_lets_a_capped_job_spend_and_never_stops_an_uncapp
     index = json.loads(store.get_bytes(INDEX_KEY))
     assert month_total_usd(index, month) == pytest.approx(free_cost + ledger["cost_usd"])
     assert cap - RUN_USD / 2 <= month_total_usd(index, month) <= cap + FINAL_SLACK_USD
+
+
+@pytest.mark.e2e
+def test_a_sigkilled_attempt_is_settled_at_its_last_heartbeat_cost_not_its_reservation(tmp_path, s3_server, s3_bucket):
+    import random
+    import signal
+
+    storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
+    # a 60 s reservation at $0.01/s: $0.60 held, far more than the attempt spends before its SIGKILL
+    overrides = jobs.FAST + PRICE + storage.overrides() + ["run.name=killed", "budget.reserve_ahead=60s",
+                                                           "train.max_steps=80", "train.eval_at_end=false"]
+    rc, log, _ = jobs.interrupt_then_finish(overrides, tmp_path, storage, "killed", random.Random(7), [signal.SIGKILL])
+    assert rc == 0, log[-3000:]
+    ledger = jobs.ledger(storage, "killed")
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "completed"]
+    index = json.loads(storage.store().get_bytes(INDEX_KEY))
+    total = month_total_usd(index, month_of(time.time()))
+    assert index["jobs"]["killed"]["open"] == {}
+    assert abs(total - ledger["cost_usd"]) <= 0.01, (total, ledger["cost_usd"])  # within one heartbeat (1 s)
