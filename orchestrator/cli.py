@@ -13,7 +13,7 @@ COMMANDS = {
     "plan": ("orchestrator.plan", "estimate memory per GPU and cost for a job before running it"),
     "simulate": ("orchestrator.simulate", "replay spot traces through the interval, deadline and requeue policies"),
     "checkpoints": ("orchestrator.checkpoint.inspect", "list a job's committed checkpoints; --verify restores each"),
-    "storage": ("orchestrator.storage.lifecycle", "storage init <s3-uri>: lifecycle rules for a bucket"),
+    "storage": ("orchestrator.storage.lifecycle", "storage init <s3-uri>: lifecycle rules for a bucket; storage repair-spend <uri>: rebuild the spend index"),
 }
 
 

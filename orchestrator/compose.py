@@ -219,7 +219,8 @@ def _check_data(cfg: DictConfig) -> None:
 
 
 def _check_durations(cfg: DictConfig) -> None:
-    for key in ("checkpoint.every", "preemption.grace", "tracking.system_metrics_every", "tracking.job_metrics_every"):
+    for key in ("checkpoint.every", "preemption.grace", "tracking.system_metrics_every", "tracking.job_metrics_every",
+                "storage.retry_for"):
         if key == "checkpoint.every" and is_auto(cfg.checkpoint.every):
             continue
         try:

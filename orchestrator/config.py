@@ -141,6 +141,7 @@ class StorageConfig:
     profile: Optional[str] = None  # AWS profile; credentials never go in config
     checksum_compat: bool = False  # for stores that reject boto3's default checksum headers
     multipart_threshold_mb: int = 64  # files above this size upload in parallel parts
+    retry_for: str = "2m"  # how long one storage call is retried through an outage (then the attempt ends as preempted, exit 75); 0: no retry
 
 
 @dataclass

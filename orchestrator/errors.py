@@ -206,6 +206,13 @@ def classify_exception(err: BaseException, cfg: Any = None) -> Classified:
     """
     if isinstance(err, UserError):
         return Classified(err.exit_class, str(err))
+    from orchestrator.storage.base import TransientStorageError
+
+    outage = next((e for e in _chain(err) if isinstance(e, TransientStorageError)), None)
+    if outage is not None:  # like a preemption: requeued, never counted toward the crash-loop breaker
+        return Classified(ExitClass.PREEMPTED, f"storage outage: {outage}. The attempt stops as preempted (exit 75) "
+                                               "and is requeued; its next attempt settles the ledger and the spend "
+                                               "index and resumes from the newest committed checkpoint")
     for e in _chain(err):
         found = _trainer_config_error(e)
         if found:

@@ -371,17 +371,18 @@ def _close_lost(ledger: dict | None, epoch: int | None, exit_value: str, status:
     return True
 
 
-def transact(store: ObjectStore, key: str, mutate: Callable[[dict | None], dict | None]) -> dict:
+def transact(store: ObjectStore, key: str, mutate: Callable[[dict | None], dict | None], *,
+             decode: Callable[[bytes], dict] = json.loads) -> dict:
     """Read the JSON at ``key``, apply ``mutate``, conditionally write; retry when another writer won.
 
     ``mutate`` gets a fresh copy (None when absent) each round and returns
     the ledger to write, or None to write nothing. Exceptions it raises
-    propagate with nothing written.
+    (and ``decode``'s, which parses and checks what was read) propagate with nothing written.
     """
     for round_ in range(MAX_WRITE_ATTEMPTS):
         try:
             raw, version = store.get_versioned(key)
-            ledger: dict | None = json.loads(raw)
+            ledger: dict | None = decode(raw)
         except FileNotFoundError:
             ledger, version = None, None
         result = mutate(ledger)

@@ -14,8 +14,11 @@ write against the whole index, so two jobs racing for the last dollars cannot bo
 get them: the index's charged total never exceeds a cap. An attempt stops (final
 checkpoint, exit 3) once its spend reaches its reservation and no more is granted.
 At its end it settles its reservation to what it spent; an attempt that vanished
-(SIGKILL, a lost machine) is settled by the job's next attempt at its full
-reservation, the most it can have spent.
+(SIGKILL, a lost machine) is settled by the job's next attempt at the cost its
+ledger entry had at its last heartbeat (as the ledger itself counts it: known to
+within one heartbeat), or at its full reservation when the ledger has no cost for it.
+Every read is checked (``parse_index``): an index that is not this shape, or holds an
+amount that is not a finite non-negative number, is SpendIndexCorrupt.
 
 Shape::
 
@@ -29,16 +32,107 @@ what it spent so far into the old month and opens a new entry).
 """
 from __future__ import annotations
 
+import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from orchestrator.errors import BudgetExhausted
 from orchestrator.ledger import transact
 from orchestrator.storage.base import ObjectStore
 
 INDEX_KEY = "_spend/index.json"
+_ENTRY_AMOUNTS = ("base", "spent", "through", "updated_at")
 # a cap counts as reached within this of it: grants fill a cap exactly, and sums of floats land a hair short
 CAP_TOLERANCE_USD = 1e-9
+
+
+class SpendIndexCorrupt(BudgetExhausted):
+    """The spend index cannot be read (not JSON, wrong types, an amount not finite or negative).
+
+    A job under a cap stops on it (exit 3: a cap it cannot check is a cap it could overspend); a job
+    with no cap runs on and says so once (``orchestrator.attempt.money.SpendWatch``).
+    """
+
+
+def repair_hint(store_uri: str) -> str:
+    return (f"rebuild it from the jobs' ledgers with `orchestrator storage repair-spend {store_uri}` "
+            "(add --endpoint-url for S3-compatible stores)")
+
+
+def parse_index(raw: bytes, where: str, store_uri: str) -> dict:
+    """The index stored at ``where``, checked: raises SpendIndexCorrupt naming the object, the problem and the fix."""
+    try:
+        index = json.loads(raw)
+        problem = index_problem(index)
+    except (ValueError, UnicodeDecodeError) as err:
+        problem = f"it is not JSON ({str(err)[:120]})"
+    if problem:
+        raise SpendIndexCorrupt(f"the spend index {where} is unreadable: {problem}. Caps on it "
+                                f"(budget.monthly_max_usd, budget.experiment_max_usd) cannot be checked; "
+                                f"{repair_hint(store_uri)}")
+    return index
+
+
+def _amount_problem(value, where: str) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{where} is {value!r}, not a number"
+    if not math.isfinite(value) or value < 0:
+        return f"{where} is {value!r}, not a finite non-negative amount"
+    return None
+
+
+def _dict_problem(value, where: str) -> Optional[str]:
+    return None if isinstance(value, dict) else f"{where} is {type(value).__name__}, not an object"
+
+
+def _job_problem(name: str, job) -> Optional[str]:
+    where = f"jobs.{name}"
+    problem = _dict_problem(job, where)
+    if problem:
+        return problem
+    if not isinstance(job.get("experiment"), str):
+        return f"{where}.experiment is {job.get('experiment')!r}, not a name"
+    for key in ("months", "open"):
+        problem = _dict_problem(job.get(key, {}), f"{where}.{key}")
+        if problem:
+            return problem
+    for month, usd in job.get("months", {}).items():
+        problem = _amount_problem(usd, f"{where}.months.{month}")
+        if problem:
+            return problem
+    for epoch, entry in job.get("open", {}).items():
+        problem = _dict_problem(entry, f"{where}.open.{epoch}")
+        if problem:
+            return problem
+        if not isinstance(entry.get("month"), str):
+            return f"{where}.open.{epoch}.month is {entry.get('month')!r}, not a month"
+        for key in _ENTRY_AMOUNTS:
+            problem = _amount_problem(entry.get(key), f"{where}.open.{epoch}.{key}")
+            if problem:
+                return problem
+    return None
+
+
+def index_problem(index) -> Optional[str]:
+    """What makes ``index`` (parsed JSON) not a spend index, or None: the shapes above, every amount finite, >= 0."""
+    problem = _dict_problem(index, "the index")
+    if problem:
+        return problem
+    for key in ("jobs", "alerts"):
+        problem = _dict_problem(index.get(key, {}), key)
+        if problem:
+            return problem
+    for name, job in index.get("jobs", {}).items():
+        problem = _job_problem(name, job)
+        if problem:
+            return problem
+    for name, when in index.get("alerts", {}).items():
+        problem = _amount_problem(when, f"alerts.{name}")
+        if problem:
+            return problem
+    return None
 
 
 def month_of(ts: float) -> str:
@@ -46,28 +140,32 @@ def month_of(ts: float) -> str:
     return time.strftime("%Y-%m", time.gmtime(ts))
 
 
-def _open_charge(entry: dict) -> float:
-    return max(float(entry["spent"]), float(entry["through"])) - float(entry["base"])
+def _open_charge(entry: dict, held: bool = True) -> float:
+    """An open entry's charge: what it holds (``held``: its reservation, or its spend when that is more),
+    else only what it has spent (as of its last write)."""
+    top = max(float(entry["spent"]), float(entry["through"])) if held else float(entry["spent"])
+    return max(0.0, top - float(entry["base"]))
 
 
-def job_month_usd(job: dict, month: str) -> float:
-    """What one job has spent or holds reserved in ``month``."""
+def job_month_usd(job: dict, month: str, *, held: bool = True) -> float:
+    """What one job has spent or holds reserved in ``month`` (``held=False``: spent only)."""
     settled = float((job.get("months") or {}).get(month, 0.0))
-    return settled + sum(_open_charge(e) for e in (job.get("open") or {}).values() if e["month"] == month)
+    return settled + sum(_open_charge(e, held) for e in (job.get("open") or {}).values() if e["month"] == month)
 
 
-def job_total_usd(job: dict) -> float:
-    """What one job has spent or holds reserved, all months."""
+def job_total_usd(job: dict, *, held: bool = True) -> float:
+    """What one job has spent or holds reserved, all months (``held=False``: spent only)."""
     return sum(float(v) for v in (job.get("months") or {}).values()) + sum(
-        _open_charge(e) for e in (job.get("open") or {}).values())
+        _open_charge(e, held) for e in (job.get("open") or {}).values())
 
 
-def month_total_usd(index: dict, month: str) -> float:
-    return sum(job_month_usd(job, month) for job in (index.get("jobs") or {}).values())
+def month_total_usd(index: dict, month: str, *, held: bool = True) -> float:
+    return sum(job_month_usd(job, month, held=held) for job in (index.get("jobs") or {}).values())
 
 
-def experiment_total_usd(index: dict, experiment: str) -> float:
-    return sum(job_total_usd(job) for job in (index.get("jobs") or {}).values() if job.get("experiment") == experiment)
+def experiment_total_usd(index: dict, experiment: str, *, held: bool = True) -> float:
+    return sum(job_total_usd(job, held=held) for job in (index.get("jobs") or {}).values()
+               if job.get("experiment") == experiment)
 
 
 @dataclass(frozen=True)
@@ -120,13 +218,16 @@ def by_job(index: dict, *, month: Optional[str] = None, experiment: Optional[str
 
 @dataclass(frozen=True)
 class Grant:
-    """A reservation's outcome: the attempt may spend up to ``through``; the index's totals after the write."""
+    """A reservation's outcome: the attempt may spend up to ``through``; the index's totals after the write
+    (charged: reservations included, what the caps count; spent: money spent, what the alerts count)."""
 
     through: float
     month: str
     month_usd: float
     experiment_usd: float
     refusal: Optional[str] = None
+    month_spent_usd: float = 0.0
+    experiment_spent_usd: float = 0.0
 
 
 class SpendIndex:
@@ -148,23 +249,30 @@ class SpendIndex:
         return self.store.uri
 
     def load(self) -> dict:
-        import json
-
+        """The index, validated (SpendIndexCorrupt); {} when no job has written one yet."""
         try:
-            return json.loads(self.store.get_bytes(INDEX_KEY))
+            return self._decode(self.store.get_bytes(INDEX_KEY))
         except FileNotFoundError:
             return {}
+
+    def _decode(self, raw: bytes) -> dict:
+        return parse_index(raw, self.store.get_uri(INDEX_KEY), self.store.uri)
+
+    def _transact(self, mutate) -> dict:
+        return transact(self.store, INDEX_KEY, mutate, decode=self._decode)
 
     def refusal(self) -> Optional[str]:
         """Read only: why this job may not start (a cap already spent), with the numbers; None when it may."""
         return self.caps.refusal(self.load(), month_of(self.clock()), self.where)
 
-    def reserve(self, epoch: int, spent: float, want_through: float) -> Grant:
+    def reserve(self, epoch: int, spent: float, want_through: float, *,
+                vanished_usd: Optional[dict] = None) -> Grant:
         """Record that attempt ``epoch`` has spent ``spent`` and ask to spend up to ``want_through``.
 
         One conditional write. Grants what the caps leave room for, never more (at least ``spent``:
         what is spent is charged whatever the caps say). Settles this job's older open entries
-        (attempts that vanished) at their reservation.
+        (attempts that vanished) at their cost in ``vanished_usd`` (epoch -> the ledger's cost at the
+        attempt's last heartbeat), or at their reservation when the ledger has none.
         """
         now = self.clock()
         month = month_of(now)
@@ -173,7 +281,7 @@ class SpendIndex:
         def mutate(index: Optional[dict]) -> dict:
             index = _fresh(index)
             job = self._job(index)
-            _settle_vanished(job, keep=str(epoch))
+            _settle_vanished(job, keep=str(epoch), known=vanished_usd or {})
             entry = _entry(job, str(epoch), month, spent, now)
             entry["spent"] = max(float(entry["spent"]), float(spent))
             room = self.caps.room_usd(index, month)
@@ -182,12 +290,14 @@ class SpendIndex:
                 float(want_through), max(float(entry["through"]), float(entry["spent"])) + room)
             entry["through"] = max(float(entry["spent"]), float(entry["through"]), limit)
             entry["updated_at"] = now
+            experiment = self.caps.experiment
             out[:] = [Grant(entry["through"], month, month_total_usd(index, month),
-                            experiment_total_usd(index, self.caps.experiment),
-                            self.caps.refusal(index, month, self.where))]
+                            experiment_total_usd(index, experiment), self.caps.refusal(index, month, self.where),
+                            month_total_usd(index, month, held=False),
+                            experiment_total_usd(index, experiment, held=False))]
             return index
 
-        transact(self.store, INDEX_KEY, mutate)
+        self._transact(mutate)
         return out[0]
 
     def settle(self, epoch: int, spent: float) -> None:
@@ -203,7 +313,7 @@ class SpendIndex:
             months[entry["month"]] = float(months.get(entry["month"], 0.0)) + max(0.0, float(spent) - float(entry["base"]))
             return index
 
-        transact(self.store, INDEX_KEY, mutate)
+        self._transact(mutate)
 
     def record_alert(self, scope: str, name: str) -> bool:
         """Mark alert ``name`` of ``scope`` (a month, an experiment) sent; True only the first time, for every job."""
@@ -219,7 +329,7 @@ class SpendIndex:
             first.append(True)
             return index
 
-        transact(self.store, INDEX_KEY, mutate)
+        self._transact(mutate)
         return bool(first)
 
     def _job(self, index: dict) -> dict:
@@ -237,12 +347,18 @@ def _fresh(index: Optional[dict]) -> dict:
     return index
 
 
-def _settle_vanished(job: dict, *, keep: str) -> None:
-    """Open entries of other attempts of this job are attempts that ended without settling: charge their reservation."""
+def _settle_vanished(job: dict, *, keep: str, known: dict) -> None:
+    """Open entries of other attempts of this job are attempts that ended without settling: charge what the
+    ledger says each spent by its last heartbeat (``known``, by epoch), else its whole reservation."""
     months = job["months"]
     for epoch in [e for e in job["open"] if e != keep]:
         entry = job["open"].pop(epoch)
-        months[entry["month"]] = float(months.get(entry["month"], 0.0)) + _open_charge(entry)
+        cost = known.get(epoch)
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost) and cost >= 0:
+            charge = max(0.0, max(float(cost), float(entry["spent"])) - float(entry["base"]))
+        else:
+            charge = _open_charge(entry)
+        months[entry["month"]] = float(months.get(entry["month"], 0.0)) + charge
 
 
 def _entry(job: dict, epoch: str, month: str, spent: float, now: float) -> dict:

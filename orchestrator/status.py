@@ -170,20 +170,19 @@ def format_spend(index: dict, where: str, *, now: float | None = None) -> str:
 
 
 def spend_main(uri: str, *, endpoint_url: str | None, as_json: bool) -> int:
-    from orchestrator.spend import INDEX_KEY
+    from orchestrator.spend import INDEX_KEY, parse_index
 
     try:
         store = open_store(uri, endpoint_url=endpoint_url or None)
-        raw = store.get_bytes(INDEX_KEY)
+        index = parse_index(store.get_bytes(INDEX_KEY), store.get_uri(INDEX_KEY), store.uri)
     except FileNotFoundError:
         print(f"orchestrator status: no spend index at {store.get_uri(INDEX_KEY)}: no job has started under "
               f"{store.uri} yet. Give the jobs' storage.uri (not <storage.uri>/<run.name>), and --endpoint-url for "
               "S3-compatible stores.", file=sys.stderr)
         return 1
-    except (ValueError, UserError, TransientStorageError) as err:
+    except (ValueError, UserError, TransientStorageError) as err:  # SpendIndexCorrupt is a UserError
         print(f"orchestrator status: {err}", file=sys.stderr)
         return 1
-    index = json.loads(raw)
     print(json.dumps(index, indent=2) if as_json else format_spend(index, store.uri))
     return 0
 

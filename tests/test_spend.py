@@ -109,15 +109,17 @@ def test_the_watch_alerts_once_each_for_every_job_and_stops_at_its_reservation(s
     first.begin(1)
     for spent in (0.5, 1.0, 3.0, 5.5, 7.0):
         assert first.stop_reason(spent) is None
-    assert sent == ["monthly_cap_50", "monthly_cap_80"]
+    assert sent == ["monthly_cap_50"]  # $7 spent (and $9 charged): the alerts count what is spent
     second = _watch(store, "b").with_alerts(budget, [sent])
-    second.begin(1)  # $9 charged: $1 left, granted to b; the 80% alert is not sent again
-    assert second.through == pytest.approx(1.0) and sent == ["monthly_cap_50", "monthly_cap_80", "monthly_cap_100"]
+    second.begin(1)  # $9 charged: $1 left, granted to b; nothing more is spent, so no alert
+    assert second.through == pytest.approx(1.0) and sent == ["monthly_cap_50"]
     assert second.stop_reason(0.6) is None  # a capped grant: no write until it is used up
     assert "monthly spend cap reached" in second.stop_reason(1.0)
+    assert sent == ["monthly_cap_50", "monthly_cap_80"]  # $8 spent; the 50% alert is not sent again
     second.settle(1.0)
     reason = first.stop_reason(9.0)
     assert reason and "budget.monthly_max_usd=$10" in reason
+    assert sent == ["monthly_cap_50", "monthly_cap_80", "monthly_cap_100"]
     with pytest.raises(BudgetExhausted, match="monthly spend cap reached"):
         _watch(store, "c").begin(1)
 

@@ -7,12 +7,15 @@ rank's decision reaches them through the callback's broadcast).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional
 
 from orchestrator.cost import CostMeter, Price
 from orchestrator.cost_report import JobFigures, estimated_tokens_per_step
 from orchestrator.errors import BudgetExhausted
 from orchestrator.exitcodes import INTERRUPTED_CLASSES
+
+log = logging.getLogger(__name__)
 
 
 class MoneyWatch:
@@ -142,12 +145,50 @@ class SpendWatch:
         self.through = 0.0
         self.capped = False  # the last grant was cut short by a cap: ask again only when it is used up
         self.refusal: Optional[str] = None
+        self.unreadable: Optional[str] = None  # a job with no cap under a corrupt index: why it stopped writing there
 
-    def begin(self, epoch: int, *, startup_s: float = 0.0) -> None:
+    @property
+    def has_caps(self) -> bool:
+        caps = self.index.caps
+        return caps.monthly_max_usd is not None or caps.experiment_max_usd is not None
+
+    def _unless_corrupt(self, call: Callable[[], Any]) -> Any:
+        """``call()``; a corrupt index (SpendIndexCorrupt) is raised for a job with a cap, and for one with
+        none said once, after which this watch leaves the index alone (None)."""
+        from orchestrator.spend import SpendIndexCorrupt
+
+        if self.unreadable is not None:
+            return None
+        try:
+            return call()
+        except SpendIndexCorrupt as err:
+            if self.has_caps:
+                raise
+            self.unreadable = str(err)
+            log.warning("%s. This job has no spend cap, so it runs on without recording its spend there", err)
+            return None
+
+    def start_refusal(self) -> Optional[Exception]:
+        """Before the attempt takes an epoch: why a cap forbids it to start (BudgetExhausted, with the numbers;
+        SpendIndexCorrupt when a capped job's index is unreadable), or None."""
+        from orchestrator.spend import SpendIndexCorrupt
+
+        try:
+            reason = self._unless_corrupt(self.index.refusal)
+        except SpendIndexCorrupt as err:
+            return err
+        return BudgetExhausted(reason) if reason else None
+
+    def begin(self, epoch: int, *, startup_s: float = 0.0, vanished_usd: Optional[dict] = None) -> None:
+        """``vanished_usd``: the job's earlier attempts' costs in the ledger (epoch -> $), which settle
+        the open entries of attempts that vanished."""
         self.epoch = epoch
         spent = self.spent()
         ahead = self.window_usd + self.usd_per_second * max(0.0, startup_s)
-        grant = self.index.reserve(epoch, spent, spent + ahead)
+        grant = self._unless_corrupt(lambda: self.index.reserve(epoch, spent, spent + ahead,
+                                                                vanished_usd=vanished_usd))
+        if grant is None:
+            return
         self._take(grant, spent, ahead)
         if grant.through <= spent and ahead > 0:  # another job took the last dollars since the ledger's check
             raise BudgetExhausted(grant.refusal or f"spend cap reached: {self.index.where} grants this job nothing")
@@ -157,8 +198,16 @@ class SpendWatch:
             return None
         if spent < self.through and (self.capped or spent < self.through - self.window_usd / 2):
             return None  # the cheap path: most steps end here
-        self._take(self.index.reserve(self.epoch, spent, spent + self.window_usd), spent, self.window_usd)
-        if spent < self.through:
+        if self.unreadable is not None:
+            return None
+        from orchestrator.spend import SpendIndexCorrupt
+
+        try:
+            self._unless_corrupt(lambda: self._take(self.index.reserve(self.epoch, spent, spent + self.window_usd),
+                                                    spent, self.window_usd))
+        except SpendIndexCorrupt as err:  # a cap it cannot check: stop at the final checkpoint (exit 3)
+            return str(err)
+        if self.unreadable is not None or spent < self.through:
             return None
         return self.refusal or (f"spend cap reached: the spend index {self.index.where} grants this job no more "
                                 f"than ${self.through:.4f} this attempt")
@@ -185,7 +234,7 @@ class SpendWatch:
         return self
 
     def settle(self, spent: float) -> None:
-        if self.epoch is not None:
+        if self.epoch is not None and self.unreadable is None:
             self.index.settle(self.epoch, spent)
 
     def _take(self, grant, spent: float, asked: float) -> None:
@@ -193,4 +242,6 @@ class SpendWatch:
         self.through = grant.through
         self.refusal = grant.refusal
         for kind, guard in self.guards:
-            guard.check(grant.month_usd if kind == "monthly" else grant.experiment_usd, steps_done=0, max_steps=0)
+            # alerts tell money spent, never reservations (a cap's stop counts those)
+            guard.check(grant.month_spent_usd if kind == "monthly" else grant.experiment_spent_usd,
+                        steps_done=0, max_steps=0)

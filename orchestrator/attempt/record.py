@@ -12,7 +12,7 @@ import socket
 from typing import Any, Optional
 
 from orchestrator.cost import attempts_cost_usd
-from orchestrator.errors import BudgetExhausted, Fenced
+from orchestrator.errors import Fenced
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.policy.history import last_restart_seconds
@@ -56,16 +56,19 @@ class AttemptRecord:
 
         def refuse(ledger: dict):
             refusal = start_refusal(ledger, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
-            capped = self.spend.index.refusal() if refusal is None and self.spend is not None else None
-            return BudgetExhausted(capped) if capped else refusal
+            return self.spend.start_refusal() if refusal is None and self.spend is not None else refusal
 
         attempt = self.ledger.begin_attempt(
             host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
             gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
-            checkpoint_step=newest_checkpoint_step, refuse=refuse)
+            checkpoint_step=newest_checkpoint_step, refuse=refuse,
+            # the spend index can be rebuilt from the ledgers (orchestrator storage repair-spend)
+            extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None)
         stored = self.ledger.load()
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
-            self.spend.begin(attempt["epoch"], startup_s=last_restart_seconds(stored.get("attempts") or []))
+            costs = {str(a.get("epoch")): a.get("cost_usd") for a in stored["attempts"] if a["epoch"] != attempt["epoch"]}
+            self.spend.begin(attempt["epoch"], startup_s=last_restart_seconds(stored.get("attempts") or []),
+                             vanished_usd=costs)
         self.prior_attempts = [a for a in stored["attempts"] if a["epoch"] != attempt["epoch"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],

@@ -23,6 +23,7 @@ from orchestrator.attempt.record import record_repro
 from orchestrator.attempt.trial import finish_trial
 from orchestrator.checkpoint import safe_load
 from orchestrator.exitcodes import ExitClass
+from orchestrator.storage.base import TransientStorageError
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +158,11 @@ class Runner:
     def stop_reason(self) -> Optional[StopReason]:
         if self.preemption.requested:
             return StopReason(f"preempted ({self.preemption.reason})", ExitClass.PREEMPTED)
-        budget = self.money.stop_reason(self.step, self.step_at_start, first_step_seconds=self.first_step_seconds,
-                                        restarts=len(self.record.prior_attempts))
+        try:
+            budget = self.money.stop_reason(self.step, self.step_at_start, first_step_seconds=self.first_step_seconds,
+                                            restarts=len(self.record.prior_attempts))
+        except TransientStorageError as err:  # the spend index stayed unreachable for storage.retry_for
+            return StopReason(f"preempted (storage outage: {err})", ExitClass.PREEMPTED)
         return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else None
 
     def dollars(self, step: int, total: int) -> tuple[float, Optional[float]]:
@@ -181,7 +185,11 @@ class Runner:
 
     def heartbeat(self) -> None:
         self._last_heartbeat = time.monotonic()
-        fenced = self.record.heartbeat(self.step, self.money.attempt_cost_usd())
+        try:
+            fenced = self.record.heartbeat(self.step, self.money.attempt_cost_usd())
+        except TransientStorageError as err:  # unreachable for storage.retry_for: save what it can, stop as preempted
+            self.preemption.request(f"storage outage: {err}")
+            return
         if fenced is not None:  # another attempt took over: save nothing more, stop
             self.fenced_error = fenced
             self.preemption.request(f"fenced: {fenced}")

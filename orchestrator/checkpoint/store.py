@@ -74,14 +74,16 @@ def announce_restore(local: Path, manifest: dict) -> None:
 
 
 def retry_transient(fn, attempts: int = 4, first_delay_s: float = 0.5):
-    """``fn()``, retried with exponential backoff while the store reports a transient error."""
+    """``fn()``, retried with exponential backoff while the store reports a transient error (not once a
+    retrying store has given up on it: StorageUnavailable has waited its whole window already)."""
     from orchestrator.storage.base import TransientStorageError
+    from orchestrator.storage.retry import StorageUnavailable
 
     for i in range(attempts):
         try:
             return fn()
-        except TransientStorageError:
-            if i == attempts - 1:
+        except TransientStorageError as err:
+            if i == attempts - 1 or isinstance(err, StorageUnavailable):
                 raise
             time.sleep(first_delay_s * 2**i)
 

@@ -1,4 +1,5 @@
-"""``orchestrator storage init <s3-uri>``: bucket lifecycle rules for a job store.
+"""``orchestrator storage init <s3-uri>``: bucket lifecycle rules for a job store;
+``orchestrator storage repair-spend <storage.uri>``: the spend index rebuilt (``orchestrator.spend_repair``).
 
 A worker killed mid-upload (the normal end of a spot instance) leaves the
 parts of its multipart upload in the bucket, billed but invisible to a plain
@@ -19,7 +20,7 @@ import sys
 import botocore.exceptions
 
 from orchestrator.errors import UserError
-from orchestrator.storage.base import TransientStorageError
+from orchestrator.storage.base import PreconditionFailed, TransientStorageError
 from orchestrator.storage.s3 import S3Store
 
 DEFAULT_ABORT_INCOMPLETE_DAYS = 7
@@ -98,6 +99,21 @@ def apply_lifecycle(
     return {"applied": applied, "removed": removed, "kept": [r.get("ID", "?") for r in kept]}
 
 
+def repair_spend_main(uri: str, *, endpoint_url: str | None) -> int:
+    import time
+
+    from orchestrator.spend_repair import repair_spend_index, summary
+    from orchestrator.storage import open_store
+
+    try:
+        store = open_store(uri, endpoint_url=endpoint_url or None)
+        print(summary(repair_spend_index(store), store, now=time.time()))
+    except (ValueError, UserError, TransientStorageError, PreconditionFailed) as err:
+        print(f"orchestrator storage repair-spend: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchestrator storage", description="Manage the object store of jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,7 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint; defaults to AWS_ENDPOINT_URL")
     init.add_argument("--region", default=None)
     init.add_argument("--profile", default=None, help="AWS profile (credentials come from the AWS chain)")
+    repair = sub.add_parser(
+        "repair-spend",
+        help="rebuild the spend index (<uri>/_spend/index.json) from the jobs' ledgers",
+        description="Rebuild the spend index of the jobs under a storage.uri from their ledgers (each attempt's "
+        "cost): the fix for an index a capped job refuses as unreadable.",
+    )
+    repair.add_argument("uri", help="the jobs' storage.uri (s3://bucket/prefix or a folder)")
+    repair.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint; defaults to AWS_ENDPOINT_URL")
     args = parser.parse_args(argv)
+    if args.command == "repair-spend":
+        return repair_spend_main(args.uri, endpoint_url=args.endpoint_url)
     try:
         result = apply_lifecycle(
             args.uri,

@@ -122,6 +122,8 @@ class S3Store(ObjectStore):
             if isinstance(cause, botocore.exceptions.ClientError):
                 with self.translate_errors(key, missing_means_precondition=missing_means_precondition):
                     raise cause from None
+            if isinstance(cause, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)):
+                raise TransientStorageError(f"{where}: connection failed: {cause}") from err
             raise
         except botocore.exceptions.ClientError as err:
             code = str(err.response.get("Error", {}).get("Code", ""))

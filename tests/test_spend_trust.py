@@ -1,0 +1,138 @@
+"""The spend index is untrusted storage: checked on every read, rebuilt from the ledgers when it is bad.
+
+In-process, against a real S3 server (moto) where the store matters: a corrupt or NaN-poisoned index
+never switches a cap off (a capped job is refused, exit 3, naming the object and the fix), a job with
+no cap runs on and says so once, ``orchestrator status --spend`` prints a message instead of a
+traceback, and ``orchestrator storage repair-spend`` rebuilds the index from the ledgers' costs.
+"""
+from __future__ import annotations
+
+import calendar
+import json
+import logging
+
+import pytest
+
+from orchestrator.attempt.money import SpendWatch
+from orchestrator.errors import BudgetExhausted
+from orchestrator.ledger import Ledger
+from orchestrator.spend import INDEX_KEY, Caps, SpendIndex, SpendIndexCorrupt, month_total_usd, parse_index
+
+DEC = calendar.timegm((2026, 12, 15, 12, 0, 0))
+GOOD = {"jobs": {"a": {"experiment": "x", "months": {"2026-12": 1.0}, "open": {}}}, "alerts": {}}
+
+# what a truncated write, a careless edit or an attacker leaves at _spend/index.json
+CORRUPT = {
+    "truncated": b'{"jobs": {"a": {"experiment": "x", "mon',
+    "nan month": b'{"jobs": {"a": {"experiment": "x", "months": {"2026-12": NaN}, "open": {}}}, "alerts": {}}',
+    "negative": json.dumps({"jobs": {"a": {"experiment": "x", "months": {"2026-12": -100.0}}}}).encode(),
+    "infinite through": b'{"jobs": {"a": {"experiment": "x", "months": {}, "open": {"1": {"month": "2026-12", '
+                        b'"base": 0, "spent": 0, "through": Infinity, "updated_at": 1}}}}}',
+    "string amount": json.dumps({"jobs": {"a": {"experiment": "x", "months": {"2026-12": "lots"}}}}).encode(),
+    "jobs a list": json.dumps({"jobs": [1, 2]}).encode(),
+    "job not an object": json.dumps({"jobs": {"a": 3}}).encode(),
+    "not an object": b"[]",
+    "boolean amount": json.dumps({"jobs": {"a": {"experiment": "x", "months": {"2026-12": True}}}}).encode(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPT))
+def test_every_read_of_a_corrupt_index_is_refused_naming_the_object_and_the_fix(name):
+    with pytest.raises(SpendIndexCorrupt) as err:
+        parse_index(CORRUPT[name], "s3://b/runs/_spend/index.json", "s3://b/runs")
+    text = str(err.value)
+    assert "the spend index s3://b/runs/_spend/index.json is unreadable" in text
+    assert "orchestrator storage repair-spend s3://b/runs" in text
+    assert err.value.exit_code == 3
+    assert parse_index(json.dumps(GOOD).encode(), "w", "s") == GOOD
+
+
+def _watch(store, *, monthly=None, run="a", spent=lambda: 0.0):
+    index = SpendIndex(store, Caps(run, "x", monthly_max_usd=monthly), clock=lambda: DEC)
+    return SpendWatch(index, usd_per_second=1.0, window_s=2.0, spent=spent)
+
+
+def test_a_capped_job_under_a_nan_index_is_refused_and_one_without_a_cap_runs_saying_so_once(s3_store, caplog):
+    s3_store.put_bytes(INDEX_KEY, CORRUPT["nan month"])
+    capped = _watch(s3_store, monthly=0.05)
+    refusal = capped.start_refusal()
+    assert isinstance(refusal, SpendIndexCorrupt) and "2026-12 is nan" in str(refusal)
+    with pytest.raises(SpendIndexCorrupt):  # a capped attempt that got past the check still takes nothing
+        capped.begin(1)
+    assert "unreadable" in capped.stop_reason(5.0)  # and a running one stops at its next checkpoint (exit 3)
+
+    free = _watch(s3_store)
+    with caplog.at_level(logging.WARNING):
+        assert free.start_refusal() is None
+        free.begin(1)
+        assert [free.stop_reason(spent) for spent in (1.0, 3.0, 9.0)] == [None, None, None]
+        free.settle(9.0)
+    said = [r for r in caplog.records if "is unreadable" in r.getMessage()]
+    assert len(said) == 1 and "no spend cap, so it runs on" in said[0].getMessage()
+    assert s3_store.get_bytes(INDEX_KEY) == CORRUPT["nan month"]  # nothing written over the evidence
+
+
+def test_a_corrupt_index_found_mid_run_stops_a_capped_job(s3_store):
+    spent = [0.0]
+    watch = _watch(s3_store, monthly=10.0, spent=lambda: spent[0])
+    watch.begin(1)
+    s3_store.put_bytes(INDEX_KEY, CORRUPT["truncated"])
+    reason = watch.stop_reason(1.5)  # half the window used: the extension reads the index
+    assert reason and "is unreadable: it is not JSON" in reason
+
+
+def test_status_spend_on_a_corrupt_index_prints_a_message_not_a_traceback(s3_server, s3_store, capsys):
+    from orchestrator import status
+
+    s3_store.put_bytes(INDEX_KEY, CORRUPT["truncated"])
+    for extra in ([], ["--json"]):
+        assert status.main(["--spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url, *extra]) == 1
+        captured = capsys.readouterr()
+        assert "is unreadable: it is not JSON" in captured.err and "repair-spend" in captured.err
+        assert "Traceback" not in captured.err and captured.out == ""
+
+
+def _ledger_with(store, run, costs_and_classes, *, experiment="x"):
+    """A real ledger: one attempt per (cost, exit class); the last may stay running."""
+    ledger = Ledger(store, run)
+    for cost, exit_class in costs_and_classes:
+        ledger.begin_attempt(host="h", pid=1, instance_type=None, gpu_type="cpu", gpus=1, spot=True, checkpoint_step=0,
+                             extra={"experiment": experiment})
+        ledger.heartbeat(5, cost)
+        if exit_class != "running":
+            ledger.end_attempt(exit_class, 5, cost)
+    return ledger
+
+
+def test_repair_spend_rebuilds_the_index_from_the_ledgers(s3_server, s3_store, capsys):
+    from orchestrator.storage.lifecycle import main as storage_main
+
+    _ledger_with(s3_store, "a", [(0.25, "preempted"), (0.5, "completed")])
+    _ledger_with(s3_store, "b", [(0.125, "crashed"), (0.375, "running")], experiment="y")
+    s3_store.put_bytes(INDEX_KEY, CORRUPT["nan month"])
+    assert storage_main(["repair-spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url]) == 0
+    out = capsys.readouterr().out
+    assert "from 2 ledger(s): 2 job(s)" in out
+    index = parse_index(s3_store.get_bytes(INDEX_KEY), "w", "s")
+    import time
+
+    from orchestrator.spend import month_of
+
+    month = month_of(time.time())
+    assert month_total_usd(index, month) == pytest.approx(1.25)
+    assert index["jobs"]["a"] == {"experiment": "x", "months": {month: 0.75}, "open": {}}
+    assert index["jobs"]["b"]["experiment"] == "y" and index["jobs"]["b"]["months"] == {month: 0.125}
+    assert list(index["jobs"]["b"]["open"]) == ["2"]  # the running attempt goes on extending its own entry
+    # the capped job that was refused now starts against the rebuilt index
+    watch = SpendWatch(SpendIndex(s3_store, Caps("c", "x", monthly_max_usd=10.0)), usd_per_second=1.0,
+                       window_s=2.0, spent=lambda: 0.0)
+    assert watch.start_refusal() is None
+    watch.begin(1)
+    assert watch.through == pytest.approx(2.0)
+
+
+def test_a_spent_cap_still_refuses_with_the_numbers(s3_store):
+    s3_store.put_bytes(INDEX_KEY, json.dumps(GOOD).encode())
+    refusal = _watch(s3_store, monthly=1.0, run="b").start_refusal()
+    assert isinstance(refusal, BudgetExhausted) and not isinstance(refusal, SpendIndexCorrupt)
+    assert "monthly spend cap reached" in str(refusal)
