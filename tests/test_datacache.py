@@ -12,11 +12,12 @@ import logging
 
 import pytest
 
-from orchestrator.attempt.datacache import PreparedDataCache, cache_key, cache_wanted
+from orchestrator.attempt.datacache import PREFIX, PreparedDataCache, cache_key, cache_wanted
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.compose import compose_config
 from orchestrator.storage import LocalStore
+from tests import jobs
 
 VOCAB = 100
 SPLITS = ("train", "eval")
@@ -168,3 +169,40 @@ def test_negative_labels_other_than_the_ignored_index_are_refused(tmp_path, capl
     rows = Dataset.from_list([{"input_ids": [1, 2, 3], "labels": [-100, -7, 3]}] * 4)
     cache._save("k", DatasetDict({"train": rows, "eval": rows}))
     _refused_then_replaced(store, cache, caplog, "labels hold token ids from -7 to 3")
+
+
+def _run(base: list[str], name: str, tmp_path, **env) -> tuple[int, str]:
+    done = jobs.run_job(base + [f"run.name={name}"], tmp_path, env=jobs.job_env(tmp_path, env))
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.e2e
+def test_jobs_on_a_bad_then_unsigned_cache_entry_complete_and_replace_it(s3_server, s3_bucket, tmp_path, monkeypatch):
+    """Real SFT jobs with the same data on moto's S3 server: the first saves the prepared set; a manifest with a
+    climbing path, then signing turned on, each cost the next job one tokenisation (it completes and replaces
+    the entry), never a crash; the job after that trains from the signed entry."""
+    storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
+    base = jobs.with_overrides(jobs.FAST, "recipe=sft") + storage.overrides()
+    rc, log = _run(base, "first", tmp_path)
+    assert rc == 0, log[-3000:]
+    store = storage.store()
+    manifests = [k for k in store.list(PREFIX) if k.endswith("/" + mf.MANIFEST_NAME)]
+    assert len(manifests) == 1, manifests
+    store.put_bytes(manifests[0], json.dumps({"version": 1, "files": [
+        {"path": "../../../etc/x", "size": 1, "sha256": "0" * 64}]}).encode())
+
+    rc, log = _run(base, "second", tmp_path)
+    assert rc == 0, log[-3000:]
+    assert "is unusable" in log and "unsafe path '../../../etc/x'" in log, log[-3000:]
+    assert "train" in {e["path"].split("/")[0] for e in mf.loads(store.get_bytes(manifests[0]))["files"]}
+
+    key = {mf.SIGNING_KEY_VARIABLE: "a key shared by the job's machines"}
+    rc, log = _run(base, "third", tmp_path, **key)
+    assert rc == 0, log[-3000:]
+    assert "is unusable" in log and "not signed" in log, log[-3000:]
+    monkeypatch.setenv(mf.SIGNING_KEY_VARIABLE, key[mf.SIGNING_KEY_VARIABLE])
+    mf.loads(store.get_bytes(manifests[0]))  # signed now
+
+    rc, log = _run(base, "fourth", tmp_path, **key)
+    assert rc == 0, log[-3000:]
+    assert "prepared training set from" in log and "is unusable" not in log, log[-3000:]
