@@ -11,6 +11,10 @@ does nothing to them, and the rows are those the first attempt trained on. The f
 then a manifest with every SHA-256, last); a later attempt, of this job or another with the
 same data, downloads it, verifies every hash against the manifest before anything is read,
 and hands them to the recipe (``prepared=``) beside the raw rows (the generation metric reads those).
+Storage is untrusted (docs/trust.md, "Cached data"): the manifest must parse (signed, with
+``ORCH_MANIFEST_HMAC_KEY``) and be this key's, the files ``load_from_disk`` opens by the names in the
+entry's JSON must be the manifest's, and the token ids must be the tokenizer's; an entry failing any of it
+is reported, the data tokenised again, and the new set replaces it.
 
 The key hashes everything that shapes the prepared rows: the datasets' fingerprints (their rows,
 in order: training and held-out), the tokenizer (vocabulary and merges, special tokens, chat template, class), the
