@@ -206,3 +206,40 @@ def test_jobs_on_a_bad_then_unsigned_cache_entry_complete_and_replace_it(s3_serv
     rc, log = _run(base, "fourth", tmp_path, **key)
     assert rc == 0, log[-3000:]
     assert "prepared training set from" in log and "is unusable" not in log, log[-3000:]
+
+
+@pytest.mark.e2e
+def test_a_dpo_job_whose_stored_reference_log_probs_turned_nan_computes_them_again(s3_server, s3_bucket, tmp_path):
+    """A real DPO job on moto's S3 server stores its reference log-probs and is killed; a bucket writer replaces
+    them with NaN arrays of the same shape (hashes fixed). The relaunched job refuses them, computes them again,
+    completes, and its final weights are finite."""
+    import numpy as np
+    from safetensors.numpy import load, save
+
+    storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
+    run = "dpo-nan"
+    overrides = jobs.with_overrides(jobs.FAST, "recipe=dpo", "recipe.precompute_ref_log_probs=true") + \
+        storage.overrides() + [f"run.name={run}"]
+    proc = jobs.start_job(overrides, tmp_path)
+    try:
+        jobs.wait_for_new_checkpoint(storage, run, proc, 0)
+    finally:
+        jobs.kill_group(proc)
+    store = storage.store()
+    manifests = [k for k in store.list(f"{run}/ref_log_probs/") if k.endswith("/" + mf.MANIFEST_NAME)]
+    assert manifests, store.list(f"{run}/")
+    for key in manifests:
+        prefix = key[: -len(mf.MANIFEST_NAME)]
+        arrays = load(store.get_bytes(prefix + "ref_logps.safetensors"))
+        _rewrite(store, prefix, "ref_logps.safetensors", save({k: np.full_like(v, np.nan) for k, v in arrays.items()}))
+
+    done = jobs.run_job(overrides, tmp_path)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "are unusable (its ref_chosen_logps hold" in log and "not log-probabilities" in log, log[-4000:]
+    assert "reference log-probs of the train split computed" in log, log[-4000:]
+    assert jobs.ledger(storage, run)["status"] == "completed"
+    final = json.loads(store.get_bytes(f"{run}/final/{mf.MANIFEST_NAME}"))
+    weights = [load(store.get_bytes(f"{run}/final/{f['path']}")) for f in final["files"]
+               if f["path"].endswith(".safetensors")]
+    assert weights and all(np.isfinite(t).all() for w in weights for t in w.values())
