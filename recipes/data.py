@@ -68,7 +68,8 @@ def _read_jsonl(path: str, where: str = "data") -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise DataError(f"{where}.path={path!r}, line {lineno}: not valid JSON ({err.msg}). Fix that line.") from None
+                raise DataError(f"{where}.path={path!r}, line {lineno}: not valid JSON ({err.msg}). "
+                                "Fix that line.") from None
     if not rows:
         raise DataError(f"{where}.path={path!r} holds no rows. Add training examples, one JSON object per line.")
     return rows
@@ -256,8 +257,8 @@ def _check_sandbox(value, text: str) -> None:
         except SecurityError as err:
             where = str(Path(value).expanduser().resolve()) if value.endswith((".jinja", ".j2")) or "/" in value \
                 else str(trl_templates_dir() / f"{value}.jinja")
-            raise DataError(f"data.chat_template={value!r} ({where}) is refused by Jinja's sandbox: {str(err).rstrip('.')}. A chat "
-                            "template may only read the messages and format them; remove that expression from the "
+            raise DataError(f"data.chat_template={value!r} ({where}) is refused by Jinja's sandbox: "
+                            f"{str(err).rstrip('.')}. A chat template may only read the messages and format them; remove that expression from the "
                             "template.") from None
         except Exception:  # noqa: BLE001 - not the sandbox: the template's own checks, rendered again on the data
             continue

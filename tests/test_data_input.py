@@ -53,7 +53,8 @@ def test_a_missing_mix_file_is_named_by_its_mix_entry(tmp_path):
     with pytest.raises(UserError) as err:
         compose_config(["data=mix", f"data.mix=[{{source: synthetic}}, {{source: jsonl, path: '{missing}'}}]"])
     assert err.value.exit_code == 4
-    assert str(err.value).startswith(f"data.mix[1].path={missing!r}: no such file. Point data.mix[1].path at"), err.value
-    assert "data.path" not in str(err.value) and "drop the entry from data.mix" in str(err.value)
+    message = str(err.value)
+    assert message.startswith(f"data.mix[1].path={missing!r}: no such file. Point data.mix[1].path at"), message
+    assert "data.path" not in message and "drop the entry from data.mix" in message
     with pytest.raises(UserError, match=r"^data.path=./nowhere.jsonl.: no such file"):
         compose_config(["data=jsonl", "data.path=/nowhere.jsonl"])

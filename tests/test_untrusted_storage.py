@@ -330,10 +330,13 @@ def _ref_key(store: RefLogProbStore, data: str = "d") -> str:
     return store.key(split="train", data_fingerprint=data, model_fingerprint="m", batch_size=8)
 
 
+NOT_LOGPS = "values that are not log-probabilities (finite and at most 0), e.g."
+
+
 @pytest.mark.parametrize("bad,why", [
-    (np.array([-1.0, np.nan, -2.0], np.float32), "hold 1 values that are not log-probabilities (finite and at most 0), e.g. nan"),
-    (np.array([-np.inf, -1.0, -2.0], np.float32), "hold 1 values that are not log-probabilities (finite and at most 0), e.g. -inf"),
-    (np.array([-1.0, 0.5, 3.0], np.float64), "hold 2 values that are not log-probabilities (finite and at most 0), e.g. 0.5"),
+    (np.array([-1.0, np.nan, -2.0], np.float32), f"hold 1 {NOT_LOGPS} nan"),
+    (np.array([-np.inf, -1.0, -2.0], np.float32), f"hold 1 {NOT_LOGPS} -inf"),
+    (np.array([-1.0, 0.5, 3.0], np.float64), f"hold 2 {NOT_LOGPS} 0.5"),
     (np.array([-1, -2, -3], np.int64), "are int64, not floating-point log-probabilities"),
 ])
 def test_stored_reference_log_probs_that_are_not_log_probabilities_are_refused(tmp_path, caplog, bad, why):
