@@ -92,6 +92,12 @@ _TARGETS_FIX = ("recipe.lora_target_modules", "name modules the model has (print
                 "Qwen: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), as a list: "
                 "recipe.lora_target_modules=[q_proj,v_proj]")
 
+# Jinja's sandbox (transformers renders chat templates in it) refusing an expression of data.chat_template that
+# only some rows reach (the launch check renders a sample conversation): a retry renders the same rows.
+_TEMPLATE_FIX = ("data.chat_template", "remove the expression Jinja's sandbox refused from the chat template (a "
+                 "template may only read the messages and format them), or drop data.chat_template for the "
+                 "tokenizer's own")
+
 
 def _trainer_config_error(err: BaseException) -> Optional[tuple[str, str]]:
     """(key, fix) when ``err`` is one of the trainer-side config errors above, else None."""
@@ -99,6 +105,8 @@ def _trainer_config_error(err: BaseException) -> Optional[tuple[str, str]]:
     module = _raising_module(err)
     if module.startswith("peft.") and type(err).__name__ == "NoMatchingPeftModuleError":
         return _TARGETS_FIX
+    if module.startswith("jinja2.") and type(err).__name__ == "SecurityError":
+        return _TEMPLATE_FIX
     if isinstance(err, ValueError) and module.startswith("peft.") and text.startswith("Target module "):
         return _TARGETS_FIX
     if isinstance(err, ValueError) and module.startswith("transformers.") and "is not a valid SchedulerType" in text:

@@ -52,13 +52,14 @@ def tokenizer_training_text() -> list[str]:
     return [r["prompt"] + r["completion"] for r in rows] + ["Q: A: user assistant system the a is of"]
 
 
-def _read_jsonl(path: str) -> list[dict]:
+def _read_jsonl(path: str, where: str = "data") -> list[dict]:
+    """The rows of the JSONL file ``path``, which the key ``<where>.path`` names (``data``, ``data.mix[i]``)."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise DataError(
-            f"data.path={path!r}: no such file. Point data.path at an existing JSONL file "
-            "(one JSON object per line), or use data=synthetic for the built-in task."
-        )
+        fix = "or use data=synthetic for the built-in task" if where == "data" else \
+            "or drop the entry from data.mix (or give it source: synthetic)"
+        raise DataError(f"{where}.path={path!r}: no such file. Point {where}.path at an existing JSONL file "
+                        f"(one JSON object per line), {fix}.")
     rows = []
     with p.open() as fh:
         for lineno, line in enumerate(fh, 1):
@@ -67,9 +68,10 @@ def _read_jsonl(path: str) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise DataError(f"data.path={path!r}, line {lineno}: not valid JSON ({err.msg}). Fix that line.") from None
+                raise DataError(f"{where}.path={path!r}, line {lineno}: not valid JSON ({err.msg}). "
+                                "Fix that line.") from None
     if not rows:
-        raise DataError(f"data.path={path!r} holds no rows. Add training examples, one JSON object per line.")
+        raise DataError(f"{where}.path={path!r} holds no rows. Add training examples, one JSON object per line.")
     return rows
 
 
@@ -122,7 +124,7 @@ def _load_source(src, recipe_name: str, where: str = "data"):
     if src.source == "synthetic":
         return Dataset.from_list(synthetic_rows(kind, src.num_examples, src.seed))
     if src.source == "jsonl":
-        rows = _read_jsonl(src.path)
+        rows = _read_jsonl(src.path, where)
         _check_columns(set().union(*(r.keys() for r in rows)), recipe_name, f"{where}.path={src.path!r}")
         return Dataset.from_list(rows)
     if src.source == "hub":
@@ -167,7 +169,7 @@ def check_mix(data_cfg, recipe_name: str) -> None:
             if not Path(src.path).expanduser().is_absolute():
                 raise DataError(f"{where}.path={src.path!r} is relative; every attempt (maybe on another machine "
                                 "or in another folder) must find it. Give an absolute path.")
-            rows = _read_jsonl(src.path)
+            rows = _read_jsonl(src.path, where)
             _check_columns(set().union(*(r.keys() for r in rows)), recipe_name, f"{where}.path={src.path!r}")
 
 
@@ -222,17 +224,44 @@ def chat_template_text(value) -> str | None:
 
 
 def check_chat_template(value) -> None:
-    """Launch check: the named template exists, or the file does and is a valid Jinja template."""
+    """Launch check: the named template exists, or the file does and is a valid Jinja template that renders a
+    sample conversation in transformers' sandbox (the one ``apply_chat_template`` renders in) without tripping it."""
     text = chat_template_text(value)
     if text is None:
         return
     import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    try:
-        jinja2.Environment().parse(text)
+    try:  # transformers' own environment (its loop controls, filters and sandbox), as apply_chat_template compiles
+        _compile_jinja_template(text)
     except jinja2.TemplateSyntaxError as err:
         raise DataError(f"data.chat_template={value!r} is not valid Jinja (line {err.lineno}: {err.message}). "
                         "Fix the template.") from None
+    _check_sandbox(value, text)
+
+
+SAMPLE_CONVERSATION = [{"role": "system", "content": "You answer."}, {"role": "user", "content": "2 + 2 ="},
+                       {"role": "assistant", "content": "4"}]
+
+
+def _check_sandbox(value, text: str) -> None:
+    """Render ``text`` as training and generation do; an access the sandbox forbids is a DataError. Other errors
+    (a template's own ``raise_exception`` for this sample, say) are the data's business, seen when it renders."""
+    from jinja2.exceptions import SecurityError
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    for generation in (False, True):
+        conversation = SAMPLE_CONVERSATION[:-1] if generation else SAMPLE_CONVERSATION
+        try:
+            render_jinja_template([conversation], chat_template=text, add_generation_prompt=generation)
+        except SecurityError as err:
+            where = str(Path(value).expanduser().resolve()) if value.endswith((".jinja", ".j2")) or "/" in value \
+                else str(trl_templates_dir() / f"{value}.jinja")
+            raise DataError(f"data.chat_template={value!r} ({where}) is refused by Jinja's sandbox: "
+                            f"{str(err).rstrip('.')}. A chat template may only read the messages and format them; remove that expression from the "
+                            "template.") from None
+        except Exception:  # noqa: BLE001 - not the sandbox: the template's own checks, rendered again on the data
+            continue
 
 
 def fingerprint(dataset, data_cfg=None) -> str:

@@ -10,10 +10,12 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint import safe_load
+from orchestrator.checkpoint.ref_logps import RefLogProbStore
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.storage import LocalStore
 
@@ -311,3 +313,59 @@ def test_with_a_key_unsigned_and_foreign_manifests_are_refused_without_one_ignor
         mf.loads(signed)
     monkeypatch.delenv(mf.SIGNING_KEY_VARIABLE)
     assert mf.loads(signed)["step"] == 4  # no key here: the signature is not checked
+
+
+# ---- DPO's stored reference log-probabilities ------------------------------------------------------
+
+GOOD_LOGPS = {"ref_chosen_logps": np.array([-1.5, -2.25, -3.0], np.float32),
+              "ref_rejected_logps": np.array([-4.0, -5.5, 0.0], np.float32)}
+
+
+def _ref_store(tmp_path: Path, run: str = "job") -> RefLogProbStore:
+    checkpoints = CheckpointStore(LocalStore(tmp_path / "store"), run, staging_dir=tmp_path / f"staging-{run}")
+    return RefLogProbStore(checkpoints, work=tmp_path / f"work-{run}", main=True, trajectory={"t": 1})
+
+
+def _ref_key(store: RefLogProbStore, data: str = "d") -> str:
+    return store.key(split="train", data_fingerprint=data, model_fingerprint="m", batch_size=8)
+
+
+NOT_LOGPS = "values that are not log-probabilities (finite and at most 0), e.g."
+
+
+@pytest.mark.parametrize("bad,why", [
+    (np.array([-1.0, np.nan, -2.0], np.float32), f"hold 1 {NOT_LOGPS} nan"),
+    (np.array([-np.inf, -1.0, -2.0], np.float32), f"hold 1 {NOT_LOGPS} -inf"),
+    (np.array([-1.0, 0.5, 3.0], np.float64), f"hold 2 {NOT_LOGPS} 0.5"),
+    (np.array([-1, -2, -3], np.int64), "are int64, not floating-point log-probabilities"),
+])
+def test_stored_reference_log_probs_that_are_not_log_probabilities_are_refused(tmp_path, caplog, bad, why):
+    store = _ref_store(tmp_path)
+    key = _ref_key(store)
+    # written with matching sizes, hashes (and, with a key, a signature): only the values say they are wrong
+    store.save(key, dict(GOOD_LOGPS, ref_rejected_logps=bad))
+    with caplog.at_level(logging.WARNING, logger="orchestrator.checkpoint"):
+        assert store.load(key, rows=3) is None
+    assert "are unusable" in caplog.text and f"ref_rejected_logps {why}" in caplog.text, caplog.text
+    store.save(key, GOOD_LOGPS)  # what the attempt does after computing them again: the bad entry is replaced
+    assert np.array_equal(store.load(key, rows=3)["ref_rejected_logps"], GOOD_LOGPS["ref_rejected_logps"])
+
+
+def test_with_a_key_signed_log_probs_of_another_key_or_job_are_refused(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(mf.SIGNING_KEY_VARIABLE, "a key shared by the job's machines")
+    raw = LocalStore(tmp_path / "store")
+    ours, other_job = _ref_store(tmp_path), _ref_store(tmp_path, "other")
+    key, other_key = _ref_key(ours), _ref_key(ours, "another data set")
+    ours.save(other_key, GOOD_LOGPS)
+    other_job.save(key, GOOD_LOGPS)
+    copies = {f"job/ref_log_probs/{other_key}/": "another key", f"other/ref_log_probs/{key}/": "another job"}
+    for source, what in copies.items():
+        for name in raw.list(source):
+            raw.put_bytes(f"job/ref_log_probs/{key}/" + name[len(source):], raw.get_bytes(name))
+        assert mf.loads(raw.get_bytes(f"job/ref_log_probs/{key}/manifest.json"))  # signed: the signature holds
+        with caplog.at_level(logging.WARNING, logger="orchestrator.checkpoint"):
+            assert ours.load(key, rows=3) is None, what
+        assert "its manifest is that of job" in caplog.text and f"not of job 'job', key {key[:12]!r}" in caplog.text
+        caplog.clear()
+    ours.save(key, GOOD_LOGPS)
+    assert ours.load(key, rows=3) is not None

@@ -149,7 +149,7 @@ class MeasuredRecipe:
         prepared = data_fp = None
         if self.cache is not None:
             data_fp = self.data_fingerprint() + ("" if eval_dataset is None else ":" + fingerprint(eval_dataset))
-            prepared = self.cache.load(cfg, data_fp)
+            prepared = self.cache.load(cfg, data_fp, splits=("train",) if eval_dataset is None else ("train", "eval"))
         if prepared is not None:
             extra["prepared"] = prepared
         loads_before = common.LOAD_SECONDS["total"]

@@ -68,6 +68,19 @@ def safe_join(folder: Path, path: str) -> Path:
     return joined
 
 
+def listed_path(manifest: dict, path: object, *, named_by: str) -> str:
+    """``path``, named by a file inside a checkpoint (``named_by``), if it is safe and a file the manifest lists:
+    what a loader opens by a name it read from the checkpoint is then a file whose hash was checked.
+    Raises CorruptCheckpoint."""
+    try:
+        check_path(path)
+    except CorruptCheckpoint:
+        raise CorruptCheckpoint(f"{named_by} names an unsafe path {path!r}") from None
+    if path not in {entry["path"] for entry in manifest["files"]}:
+        raise CorruptCheckpoint(f"{named_by} names {path!r}, a file the manifest does not list")
+    return path
+
+
 def check_entries(manifest: dict) -> None:
     """Check every file entry's shape and path (no duplicates, no manifest in the list). Raises CorruptCheckpoint."""
     files = manifest.get("files")

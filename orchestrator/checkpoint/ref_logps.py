@@ -12,7 +12,9 @@ job's trajectory config, so a changed model or dataset never reads stale values.
 
 Storage is untrusted: the manifest's paths are checked before any download, the file's size and
 SHA-256 before it is read, and the file is safetensors (no pickle) whose arrays must have the split's
-length; anything else is reported and the log-probs are computed again.
+length and hold log-probabilities (finite, at most 0); the manifest must be this job's, for this key
+(``run_name``, ``meta.key``: what ties a signed entry to its place). Anything else is reported and the
+log-probs are computed again (and stored again under the same key).
 """
 from __future__ import annotations
 
@@ -70,20 +72,27 @@ class RefLogProbStore:
         shutil.rmtree(local, ignore_errors=True)
         try:
             manifest = mf.loads(self.store.get_bytes(manifest_key))
+            self._check_owner(manifest, key)
             if [e["path"] for e in manifest["files"]] != [FILE]:
                 raise mf.CorruptCheckpoint(f"it lists {[e['path'] for e in manifest['files']]}, not [{FILE!r}]")
             self.store.download_file(f"{self.prefix}{key}/{FILE}", mf.safe_join(local, FILE))
             mf.verify_folder(local, manifest)
             arrays = load_file(str(local / FILE))
-            if sorted(arrays) != sorted(COLUMNS) or any(a.shape != (rows,) for a in arrays.values()):
-                raise mf.CorruptCheckpoint(f"its arrays are {{{', '.join(f'{k}: {v.shape}' for k, v in arrays.items())}}}"
-                                           f", not {rows} values of each of {', '.join(COLUMNS)}")
+            check_arrays(arrays, rows)
         except (mf.CorruptCheckpoint, FileNotFoundError, ValueError, OSError) as err:
             log.warning("stored reference log-probs %s are unusable (%s); computing them again", key[:12], err)
             return None
         finally:
             shutil.rmtree(local, ignore_errors=True)
         return arrays
+
+    def _check_owner(self, manifest: dict, key: str) -> None:
+        """The entry is this job's, for this key: a signed entry copied from another key or job is signed too."""
+        meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
+        if meta.get("key") != key or manifest.get("run_name") != self.checkpoints.run_name:
+            raise mf.CorruptCheckpoint(f"its manifest is that of job {manifest.get('run_name')!r}, key "
+                                       f"{str(meta.get('key'))[:12]!r}, not of job {self.checkpoints.run_name!r}, "
+                                       f"key {key[:12]!r}")
 
     def save(self, key: str, arrays: dict) -> None:
         """Commit ``arrays`` under ``key`` (main rank only; a failure costs only a recomputation later)."""
@@ -104,3 +113,21 @@ class RefLogProbStore:
                         type(err).__name__, err)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_arrays(arrays: dict, rows: int) -> None:
+    """The stored arrays are ``rows`` log-probabilities of each column: floats, finite and at most 0 (a sum of
+    log-probabilities of tokens). NaN or positive values would train to NaN weights. Raises CorruptCheckpoint."""
+    import numpy as np
+
+    if sorted(arrays) != sorted(COLUMNS) or any(a.shape != (rows,) for a in arrays.values()):
+        raise mf.CorruptCheckpoint(f"its arrays are {{{', '.join(f'{k}: {v.shape}' for k, v in arrays.items())}}}"
+                                   f", not {rows} values of each of {', '.join(COLUMNS)}")
+    for name in COLUMNS:
+        values = arrays[name]
+        if not np.issubdtype(values.dtype, np.floating):
+            raise mf.CorruptCheckpoint(f"its {name} are {values.dtype}, not floating-point log-probabilities")
+        bad = ~np.isfinite(values) | (values > 0)
+        if bad.any():
+            raise mf.CorruptCheckpoint(f"its {name} hold {int(bad.sum())} values that are not log-probabilities "
+                                       f"(finite and at most 0), e.g. {float(values[bad][0])}")
