@@ -255,11 +255,12 @@ def _check_sandbox(value, text: str) -> None:
         try:
             render_jinja_template([conversation], chat_template=text, add_generation_prompt=generation)
         except SecurityError as err:
+            value = str(value)
             where = str(Path(value).expanduser().resolve()) if value.endswith((".jinja", ".j2")) or "/" in value \
                 else str(trl_templates_dir() / f"{value}.jinja")
             raise DataError(f"data.chat_template={value!r} ({where}) is refused by Jinja's sandbox: "
-                            f"{str(err).rstrip('.')}. A chat template may only read the messages and format them; remove that expression from the "
-                            "template.") from None
+                            f"{str(err).rstrip('.')}. A chat template may only read the messages and format "
+                            "them; remove that expression from the template.") from None
         except Exception:  # noqa: BLE001 - not the sandbox: the template's own checks, rendered again on the data
             continue
 

@@ -41,7 +41,7 @@ def measure(rows: int) -> tuple[int, float, float]:
     build()
     tokenising = time.monotonic() - started
     started = time.monotonic()
-    build(cache.load(cfg, data_fp))
+    build(cache.load(cfg, data_fp, splits=("train", "eval")))
     cached = time.monotonic() - started
     return len(train), tokenising, cached
 
