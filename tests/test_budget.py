@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 
 import pytest
 
@@ -11,6 +10,7 @@ from orchestrator.budget import BudgetGuard, LogSink, MlflowTagSink, WebhookSink
 from orchestrator.config import BudgetConfig
 from tests.helpers import jobs
 from tests.helpers.webhooks import WebhookReceiver
+from tests.helpers.net import free_port
 
 
 @pytest.fixture
@@ -167,9 +167,7 @@ def test_webhook_returning_500_is_retried_then_logged_never_raised(caplog):
 
 
 def test_webhook_refusing_connections_never_raises(caplog):
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     sink = WebhookSink(f"http://127.0.0.1:{port}/hook", attempts=2, backoff_initial_s=0.05, timeout_s=1)
     guard = _guard(BudgetConfig(max_usd=10.0, projection_alert=False), LedgerAlerts(), [LogSink(), sink])
     with caplog.at_level(logging.WARNING, logger="orchestrator.budget"):

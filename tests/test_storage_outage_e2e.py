@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.spend import INDEX_KEY, month_of, month_total_usd
 from tests.helpers import jobs
-from tests.tcp_proxy import TcpProxy
+from tests.helpers.tcp_proxy import TcpProxy
 
 OUTAGE_S = 30.0
 USD_PER_S = 0.01  # compute.price_per_hour=36

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 
 from orchestrator.config import TrackingConfig
 from orchestrator.tracking import JobTracker, redact, scrub_text
+from tests.helpers.net import free_port
 
 FAKE_AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 URL_PASSWORD = "hunter2Pass"
@@ -214,14 +215,11 @@ def test_disabled_tracking_is_a_no_op():
 
 
 def test_unreachable_server_at_start_fails_fast_with_the_fix(monkeypatch):
-    import socket
-
+    
     from orchestrator.tracking import TrackingUnavailable
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     began = time.monotonic()
     with pytest.raises(TrackingUnavailable) as err:
         JobTracker(TrackingConfig(uri=f"http://me:{URL_PASSWORD}@127.0.0.1:{port}"), job_name="x").start()
