@@ -53,7 +53,7 @@ class CapacityOption:
 
 def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
     """The job's spot lifetimes and measured restarts from its ledger; none when it has no ledger (or none can be
-    read: the plan is advice and never stops a launch). A restart is an attempt's ``start_to_first_step_s``."""
+    read: the plan is advice and never stops a launch). A restart is an attempt's start to first step (``policy.history``)."""
     try:
         from orchestrator.ledger import Ledger
         from orchestrator.storage import store_from_config
