@@ -4,8 +4,8 @@ For each GPU type and capacity, from the job's work (``plan.estimate_cost``'s ho
 functions the runner uses:
 
 - preemptions per hour: on-demand none (``compute.preemptions_per_hour`` for a job that runs on-demand); spot
-  the prior (``cost.preemption_prior_per_hour``: catalog, else the traces' median) blended with the job's own attempts (``policy.interval.estimate_preemptions``), or
-  ``compute.preemptions_per_hour``;
+  the prior (``cost.preemption_prior_per_hour``: catalog, else the traces' median) blended with the job's own
+  attempts (``policy.interval.estimate_preemptions``), or ``compute.preemptions_per_hour``;
 - restart seconds (``policy.restart.restart_seconds``): ``compute.restart_seconds``, else the median measured
   in the job's attempts, else an estimate from the model's and the checkpoint's sizes;
 - the checkpoint cost (``policy.interval.estimated_checkpoint_seconds`` of the checkpoint's bytes, the estimate
