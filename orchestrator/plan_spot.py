@@ -3,9 +3,9 @@
 For each GPU type and capacity, from the job's work (``plan.estimate_cost``'s hours) and the same policy
 functions the runner uses:
 
-- preemptions per hour: on-demand none (``compute.preemptions_per_hour`` for a job that runs on-demand); spot the prior (``cost.preemption_prior_per_hour``: catalog, else the
-  traces' median) blended with the job's own attempts (``policy.interval.estimate_preemptions``), or
-  ``compute.preemptions_per_hour``;
+- preemptions per hour: on-demand none (``compute.preemptions_per_hour`` for a job that runs on-demand); spot
+  the prior (``cost.preemption_prior_per_hour``: catalog, else the traces' median) blended with the job's own
+  attempts (``policy.interval.estimate_preemptions``), or ``compute.preemptions_per_hour``;
 - restart seconds (``policy.restart.restart_seconds``): ``compute.restart_seconds``, else the median measured
   in the job's attempts, else an estimate from the model's and the checkpoint's sizes;
 - the checkpoint cost (``policy.interval.estimated_checkpoint_seconds`` of the checkpoint's bytes, the estimate
@@ -53,7 +53,8 @@ class CapacityOption:
 
 def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
     """The job's spot lifetimes and measured restarts from its ledger; none when it has no ledger (or none can be
-    read: the plan is advice and never stops a launch). A restart is an attempt's ``start_to_first_step_s``."""
+    read: the plan is advice and never stops a launch). A restart is an attempt's start to first step
+    (``policy.history``)."""
     try:
         from orchestrator.ledger import Ledger
         from orchestrator.storage import store_from_config

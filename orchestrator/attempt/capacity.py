@@ -8,7 +8,7 @@ standing and acts on a change:
   earlier attempts' in the ledger), against ``max_steps`` x the same;
 - time: from the first attempt's start in the ledger to ``run.deadline``;
 - one restart: ``orchestrator.policy.restart.restart_seconds`` (the override,
-  the attempts' measured ``start_to_first_step_s``, or an estimate).
+  the attempts' measured start to first step, ``policy.history``, or an estimate).
 
 A decision that changes the job's capacity is logged (``capacity [spot ->
 on-demand]: <reason>``), appended to the ledger's ``capacity`` list, tagged in

@@ -106,11 +106,6 @@ def read_attempts(attempts: Iterable[Any]) -> list[AttemptHistory]:
             for a in attempts if isinstance(a, (Mapping, AttemptHistory))]
 
 
-def start_to_first_step_seconds(attempt: Mapping) -> Optional[float]:
-    """The attempt's start to the end of its first step (None: it never got that far, or nothing was recorded)."""
-    return AttemptHistory.from_ledger(attempt).restart_seconds
-
-
 def restart_seconds_measured(attempts: Iterable[Any]) -> list[float]:
     """Each attempt's start to the end of its first step, where it got that far."""
     return [a.restart_seconds for a in read_attempts(attempts) if a.restart_seconds]
