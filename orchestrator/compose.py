@@ -509,7 +509,7 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
     return overrides
 
 
-# every check validate() runs (after the resolvable values and the choices), in the order they are reported
+# every check validate() runs (after the resolvable values, the choices and the finite numbers), in the order they are reported
 CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _check_data, _check_durations, _check_schedule, _check_counts,
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
