@@ -44,6 +44,7 @@ class KubernetesSettings:
     cpu: Optional[str] = None  # resource request, e.g. "8"
     memory: Optional[str] = None  # request and limit, e.g. "64Gi"
     shm_size: Optional[str] = None  # cap on the memory-backed /dev/shm for checkpoint snapshots, e.g. "16Gi"
+    image_paths: tuple[str, ...] = ()  # folders the image holds: an input path under one is read in the pod as is
 
 
 SETTINGS = {"local": LocalSettings, "slurm": SlurmSettings, "skypilot": SkyPilotSettings,
