@@ -290,3 +290,27 @@ def test_a_changed_data_object_is_a_changed_trajectory(s3_server, s3_bucket, tmp
     resumed = jobs.run_job(jobs.with_overrides(args, "requeue.max_failures=3"), tmp_path)
     assert resumed.returncode == exitcodes.CONFIG_ERROR, resumed.stderr[-3000:]
     assert "the training data changed since checkpoint" in resumed.stderr, resumed.stderr[-3000:]
+
+
+def test_skypilot_file_mounts_and_mix_sources_are_given_as_the_vm_sees_them(project, tmp_path, monkeypatch, capsys):
+    from orchestrator import launch
+    from orchestrator.compose import compose_config
+
+    datasets = tmp_path / "datasets"
+    datasets.mkdir()
+    (datasets / "b.jsonl").write_text(_jsonl(_messages_rows(30, 2)))
+    mix = f"data.mix=[{{path: {project}/data/train.jsonl, weight: 3}}, {{path: {datasets}/b.jsonl, weight: 1}}]"
+    monkeypatch.chdir(project)
+    code = launch.main(["recipe=sft", "data=mix", mix, "storage.uri=s3://bucket/runs", "backend=skypilot",
+                        f"+backend.extra.file_mounts={{/mnt/datasets: {datasets}}}", "backend.dry_run=true"])
+    out = capsys.readouterr().out
+    assert code == 0
+    task = _rendered(out, "# sky jobs launch")
+    assert task["file_mounts"] == {"/mnt/datasets": str(datasets)}
+    assert str(project) not in task["run"] and str(datasets) not in task["run"], task["run"]
+    import shlex
+
+    worker_args = shlex.split(task["run"])[3:]
+    cfg = compose_config(worker_args, launch_checks=False)  # the worker's own reading of its command
+    assert [s.path for s in cfg.data.mix] == ["./data/train.jsonl", "/mnt/datasets/b.jsonl"]
+    assert [s.weight for s in cfg.data.mix] == [3.0, 1.0]

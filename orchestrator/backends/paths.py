@@ -90,11 +90,33 @@ def _git_ignored(workdir: Path, path: Path) -> bool:
     return done.returncode == 0
 
 
-def _skypilot_problem(key: str, value: str, workdir: Path) -> Optional[str]:
+def file_mounts(cfg: Any) -> dict[str, Path]:
+    """SkyPilot's local file mounts: {path on the VM: local folder or file}."""
+    if cfg.backend.name != "skypilot":
+        return {}
+    from orchestrator.backends.settings import backend_settings
+
+    mounts = backend_settings(cfg).file_mounts or {}
+    return {remote: Path(local).expanduser().resolve() for remote, local in mounts.items() if "://" not in local}
+
+
+def _mounted(value: str, mounts: dict[str, Path]) -> Optional[str]:
+    """``value``'s path on the VM when it lies under a local file mount's source, else None."""
     path = Path(value).expanduser().resolve()
+    for remote, local in mounts.items():
+        if _under(path, local):
+            rest = path.relative_to(local).as_posix()
+            return remote if rest == "." else f"{remote.rstrip('/')}/{rest}"
+    return None
+
+
+def _skypilot_problem(key: str, value: str, workdir: Path, mounts: dict[str, Path]) -> Optional[str]:
+    path = Path(value).expanduser().resolve()
+    if _mounted(value, mounts):
+        return None
     if not _under(path, workdir):
         return (f"{key}={value!r} is outside the folder SkyPilot syncs to the VM ({workdir}), so the worker "
-                f"cannot find it there. Fix: {ROUTES}.")
+                f"cannot find it there. Fix: {ROUTES} ('+backend.extra.file_mounts={{/data: {path.parent}}}').")
     if _git_ignored(workdir, path):
         return (f"{key}={value!r} is left out of the sync to the VM by {workdir}/.gitignore, so the worker cannot "
                 f"find it there. Fix: un-ignore it, add a .skyignore, or {ROUTES.split(', or ', 1)[1]}.")
@@ -116,7 +138,7 @@ def check_placement(cfg: Any) -> None:
         if is_remote(value):
             check_listed(cfg, key, value)
         elif backend == "skypilot":
-            problems.append(_skypilot_problem(key, value, Path.cwd().resolve()))
+            problems.append(_skypilot_problem(key, value, Path.cwd().resolve(), file_mounts(cfg)))
         elif backend == "kubernetes" and checked_here(cfg, value):
             problems.append(_kubernetes_problem(key, value))
     problems = [p for p in problems if p]
@@ -141,18 +163,19 @@ def check_listed(cfg: Any, key: str, uri: str) -> None:
                     key, uri, err)
 
 
-def _relative(value: str, workdir: Path) -> str:
-    return "./" + Path(value).expanduser().resolve().relative_to(workdir).as_posix()
+def _on_vm(value: str, workdir: Path, mounts: dict[str, Path]) -> str:
+    """A local input's path on the SkyPilot VM: under a file mount, or relative to the synced workdir."""
+    return _mounted(value, mounts) or "./" + Path(value).expanduser().resolve().relative_to(workdir).as_posix()
 
 
-def _mix_override(cfg: Any, workdir: Path) -> str:
+def _mix_override(cfg: Any, workdir: Path, mounts: dict[str, Path]) -> str:
     """``data.mix=[...]`` with each local source's path relative to ``workdir``, in Hydra's override grammar."""
     from omegaconf import OmegaConf
 
     entries = []
     for src in OmegaConf.to_container(cfg.data.mix, resolve=True):
         if src.get("source") == "jsonl" and src.get("path") and not is_remote(src["path"]):
-            src["path"] = _relative(src["path"], workdir)
+            src["path"] = _on_vm(src["path"], workdir, mounts)
         fields = [f"{k}:{_hydra_value(v)}" for k, v in src.items()]
         entries.append("{" + ",".join(fields) + "}")
     return "data.mix=[" + ",".join(entries) + "]"
@@ -184,11 +207,11 @@ def placed_overrides(cfg: Any, overrides: Sequence[str]) -> list[str]:
     out = [o for o in overrides if not (_key(o) == "run.work_dir" and _under(o.partition("=")[2], launch))]
     if backend != "skypilot":
         return out
-    moved = {}
+    moved, mounts = {}, file_mounts(cfg)
     for key, value in input_paths(cfg):
         if not is_remote(value) and not key.startswith("data.mix["):
-            moved[key] = f"{key}={_relative(value, launch)}"
+            moved[key] = f"{key}={_on_vm(value, launch, mounts)}"
     if any(key.startswith("data.mix[") and not is_remote(value) for key, value in input_paths(cfg)):
-        moved["data.mix"] = _mix_override(cfg, launch)
+        moved["data.mix"] = _mix_override(cfg, launch, mounts)
     return [o for o in out if _key(o) not in moved] + list(moved.values())
 
