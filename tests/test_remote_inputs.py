@@ -22,7 +22,6 @@ import yaml
 
 from orchestrator import exitcodes
 from orchestrator.errors import DataError
-from orchestrator.inputs import InputFiles, verify
 from recipes.data import synthetic_rows
 from tests import jobs
 
@@ -179,6 +178,8 @@ def _storage_cfg(s3_server):
 
 
 def test_an_object_a_folder_and_a_glob_download_once_and_verified(s3_server, s3_bucket, tmp_path):
+    from orchestrator.inputs import InputFiles
+
     bucket = s3_bucket.split("/")[2]
     for name in ("a.jsonl", "b.jsonl", "notes.txt"):
         _put(s3_server, f"s3://{bucket}/data/shards/{name}", f"{name}\n".encode())
@@ -194,6 +195,8 @@ def test_an_object_a_folder_and_a_glob_download_once_and_verified(s3_server, s3_
 
 
 def test_a_key_that_would_leave_the_download_folder_is_refused(s3_server, s3_bucket, tmp_path):
+    from orchestrator.inputs import InputFiles
+
     bucket = s3_bucket.split("/")[2]
     _put(s3_server, f"s3://{bucket}/models/x/config.json", b"{}")
     _put(s3_server, f"s3://{bucket}/models/x/../../../escape.txt", b"owned")
@@ -204,6 +207,8 @@ def test_a_key_that_would_leave_the_download_folder_is_refused(s3_server, s3_buc
 
 
 def test_bytes_that_do_not_match_the_listed_size_or_etag_are_refused(tmp_path):
+    from orchestrator.inputs import verify
+
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 100)
     good = hashlib.md5(b"x" * 100).hexdigest()
@@ -215,6 +220,8 @@ def test_bytes_that_do_not_match_the_listed_size_or_etag_are_refused(tmp_path):
 
 
 def test_a_multipart_upload_is_checked_against_its_etag(s3_server, s3_bucket, tmp_path):
+    from orchestrator.inputs import InputFiles, verify
+
     from boto3.s3.transfer import TransferConfig
 
     bucket = s3_bucket.split("/")[2]
@@ -237,6 +244,7 @@ def test_parquet_shards_under_a_glob_are_read_in_key_order(s3_server, s3_bucket,
     import pyarrow.parquet as pq
 
     from orchestrator import inputs
+    from orchestrator.inputs import InputFiles
     from recipes.data import _read_jsonl
 
     bucket = s3_bucket.split("/")[2]

@@ -32,8 +32,7 @@ log = logging.getLogger(__name__)
 REMOTE_BACKENDS = ("skypilot", "kubernetes")
 MODEL_PATH_PREFIXES = ("/", "./", "../", "~")
 # how a file reaches a remote worker, for the refusals' messages
-ROUTES = ("move it into the project folder (the synced workdir), list it under the task's file_mounts, or "
-          "upload it to object storage and give its s3:// URI")
+OBJECT_STORAGE = "upload it to object storage and give its s3:// URI"
 
 
 def _is_template_file(value: str) -> bool:
@@ -116,10 +115,13 @@ def _skypilot_problem(key: str, value: str, workdir: Path, mounts: dict[str, Pat
         return None
     if not _under(path, workdir):
         return (f"{key}={value!r} is outside the folder SkyPilot syncs to the VM ({workdir}), so the worker "
-                f"cannot find it there. Fix: {ROUTES} ('+backend.extra.file_mounts={{/data: {path.parent}}}').")
+                f"cannot find it there. Fix: move it into the project folder; or mount its folder, "
+                f"'+backend.extra.file_mounts={{/data: {path.parent}}}', and give the path under /data; or "
+                f"{OBJECT_STORAGE}.")
     if _git_ignored(workdir, path):
         return (f"{key}={value!r} is left out of the sync to the VM by {workdir}/.gitignore, so the worker cannot "
-                f"find it there. Fix: un-ignore it, add a .skyignore, or {ROUTES.split(', or ', 1)[1]}.")
+                f"find it there. Fix: un-ignore it, add a .skyignore, mount it (backend.extra.file_mounts), or "
+                f"{OBJECT_STORAGE}.")
     return None
 
 
