@@ -322,3 +322,22 @@ def test_skypilot_file_mounts_and_mix_sources_are_given_as_the_vm_sees_them(proj
     cfg = compose_config(worker_args, launch_checks=False)  # the worker's own reading of its command
     assert [s.path for s in cfg.data.mix] == ["./data/train.jsonl", "/mnt/datasets/b.jsonl"]
     assert [s.weight for s in cfg.data.mix] == [3.0, 1.0]
+
+
+def test_mix_sources_in_s3_are_read_through_the_jobs_storage_settings(s3_server, s3_bucket, tmp_path, monkeypatch):
+    from orchestrator import inputs
+    from orchestrator.compose import compose_config
+    from recipes.data import load_datasets
+
+    bucket = s3_bucket.split("/")[2]
+    for name, seed in (("a", 1), ("b", 2)):
+        _put(s3_server, f"s3://{bucket}/mix/{name}.jsonl", _jsonl(synthetic_rows("sft", 40, seed)).encode())
+    cfg = compose_config(["recipe=sft", "data=mix", f"storage.uri={s3_bucket}",
+                          f"storage.endpoint_url={s3_server.endpoint_url}",
+                          f"data.mix=[{{path: 's3://{bucket}/mix/a.jsonl', weight: 1}}, "
+                          f"{{path: 's3://{bucket}/mix/b.jsonl', weight: 1}}]"])  # launch checks list them
+    monkeypatch.setitem(inputs._ACTIVE, "files", None)
+    inputs.use(cfg.storage, tmp_path / "inputs")
+    train, held_out = load_datasets(cfg.data, "sft")
+    assert len(train) + len(held_out) > 40
+    assert sorted(p.name for p in (tmp_path / "inputs").rglob("*.jsonl")) == ["a.jsonl", "b.jsonl"]
