@@ -208,14 +208,17 @@ def _check_tracking(cfg: DictConfig) -> None:
 
 
 def _check_data(cfg: DictConfig) -> None:
+    from orchestrator.backends.paths import check_placement, checked_here
     from recipes.data import check_chat_template, check_jsonl, check_mix
 
     if cfg.data.source in ("jsonl", "hub") and not cfg.data.path:
         raise ConfigError(f"data={cfg.data.source} needs data.path (a JSONL file or a hub dataset id).")
-    if cfg.data.source == "jsonl":
+    check_placement(cfg)  # each input reaches the worker's machine: s3:// listed, the backend's paths
+    if cfg.data.source == "jsonl" and checked_here(cfg, cfg.data.path):
         check_jsonl(cfg.data.path, cfg.recipe.name)  # raises DataError naming the file and the fix
-    check_mix(cfg.data, cfg.recipe.name)
-    check_chat_template(cfg.data.chat_template)
+    check_mix(cfg.data, cfg.recipe.name, readable=lambda path: checked_here(cfg, path))
+    if cfg.data.chat_template is None or checked_here(cfg, str(cfg.data.chat_template)):
+        check_chat_template(cfg.data.chat_template)
 
 
 def _check_durations(cfg: DictConfig) -> None:
@@ -300,7 +303,10 @@ def _check_run_name(cfg: DictConfig) -> None:
 
 
 def _check_model_path(cfg: DictConfig) -> None:
-    if cfg.model.name_or_path.startswith(("/", "./", "../", "~")) and not Path(cfg.model.name_or_path).expanduser().is_dir():
+    from orchestrator.backends.paths import checked_here
+
+    name = cfg.model.name_or_path
+    if name.startswith(("/", "./", "../", "~")) and checked_here(cfg, name) and not Path(name).expanduser().is_dir():
         raise ConfigError(
             f"model.name_or_path={cfg.model.name_or_path!r} does not exist. Give an existing local model folder "
             "(with config.json) or a hub id such as Qwen/Qwen2.5-0.5B."
@@ -492,7 +498,8 @@ def absolutize(overrides: list[str]) -> list[str]:
         key, _, value = item.partition("=")
         local = (key in LOCAL_PATH_KEYS and value and "://" not in value and not value.startswith("/")) or (
             key == "model.name_or_path" and value.startswith(("./", "../", "~"))) or (
-            key == "data.chat_template" and value.endswith((".jinja", ".j2")) and not value.startswith("/"))
+            key == "data.chat_template" and value.endswith((".jinja", ".j2")) and not value.startswith("/")
+            and "://" not in value)
         if local:
             item = f"{key}={Path(value).expanduser().resolve()}"
         out.append(item)

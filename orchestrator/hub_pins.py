@@ -22,7 +22,7 @@ def hub_inputs(cfg: Any) -> list[tuple[str, str, str, Optional[str]]]:
     """(override key, repo type, repo id, revision) of each hub input the job downloads."""
     out = []
     name = str(cfg.model.name_or_path)
-    if not name.startswith(("builtin:", "/", "./", "../", "~")) and not Path(name).expanduser().exists():
+    if not name.startswith(("builtin:", "/", "./", "../", "~", "s3://")) and not Path(name).expanduser().exists():
         out.append(("model.revision", "model", name, cfg.model.revision))
     if cfg.data.source == "hub" and cfg.data.path:
         out.append(("data.revision", "dataset", str(cfg.data.path), cfg.data.revision))

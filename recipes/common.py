@@ -35,6 +35,14 @@ def resolve_model_path(model_cfg) -> str:
         return str(ensure_tiny_model(model_cfg.hidden_size, model_cfg.num_layers, model_cfg.num_heads, model_cfg.vocab_size))
     if name.startswith("builtin:"):
         raise ConfigError(f"model.name_or_path={name!r}: the only built-in model is {TINY_NAME!r}.")
+    if name.startswith("s3://"):
+        from orchestrator.inputs import local_folder
+
+        folder = local_folder(name)  # downloaded once per attempt, verified
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model.name_or_path={name!r} holds no config.json; point it at the folder a model "
+                              "was saved to (save_pretrained), uploaded whole (aws s3 sync MODEL_DIR URI).")
+        return str(folder)
     looks_local = name.startswith(("/", "./", "../", "~")) or os.path.sep in name and Path(name).expanduser().exists()
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
         raise ConfigError(

@@ -53,13 +53,34 @@ def tokenizer_training_text() -> list[str]:
 
 
 def _read_jsonl(path: str, where: str = "data") -> list[dict]:
-    """The rows of the JSONL file ``path``, which the key ``<where>.path`` names (``data``, ``data.mix[i]``)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        fix = "or use data=synthetic for the built-in task" if where == "data" else \
-            "or drop the entry from data.mix (or give it source: synthetic)"
-        raise DataError(f"{where}.path={path!r}: no such file. Point {where}.path at an existing JSONL file "
-                        f"(one JSON object per line), {fix}.")
+    """The rows of a JSONL file, or of every JSONL/Parquet file an ``s3://`` object, folder or glob names; the key
+    ``<where>.path`` names it (``data``, ``data.mix[i]``)."""
+    from orchestrator.inputs import is_remote, local_files
+
+    if is_remote(path):
+        rows = [row for f in local_files(path) for row in _read_file(f, f"{where}.path={path!r} ({f.name})")]
+    else:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            fix = "or use data=synthetic for the built-in task" if where == "data" else \
+                "or drop the entry from data.mix (or give it source: synthetic)"
+            raise DataError(f"{where}.path={path!r}: no such file. Point {where}.path at an existing JSONL file "
+                            f"(one JSON object per line) or an s3:// object, {fix}.")
+        rows = _read_file(p, f"{where}.path={path!r}")
+    if not rows:
+        raise DataError(f"{where}.path={path!r} holds no rows. Add training examples, one JSON object per line.")
+    return rows
+
+
+def _read_file(p: Path, where: str) -> list[dict]:
+    """One JSONL file's rows, or a Parquet file's (``.parquet``)."""
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(p).to_pylist()
+        except Exception as err:  # noqa: BLE001 - pyarrow's errors vary; the fix is the same
+            raise DataError(f"{where}: not a readable Parquet file ({err}). Fix or replace the file.") from None
     rows = []
     with p.open() as fh:
         for lineno, line in enumerate(fh, 1):
@@ -68,10 +89,7 @@ def _read_jsonl(path: str, where: str = "data") -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise DataError(f"{where}.path={path!r}, line {lineno}: not valid JSON ({err.msg}). "
-                                "Fix that line.") from None
-    if not rows:
-        raise DataError(f"{where}.path={path!r} holds no rows. Add training examples, one JSON object per line.")
+                raise DataError(f"{where}, line {lineno}: not valid JSON ({err.msg}). Fix that line.") from None
     return rows
 
 
@@ -88,7 +106,13 @@ def _check_columns(rows_columns: set[str], recipe_name: str, where: str) -> None
 
 
 def check_jsonl(path: str, recipe_name: str) -> None:
-    """Validate a JSONL file up front: it exists, parses, and has the recipe's columns. Raises DataError."""
+    """Validate a JSONL file up front: it exists, parses, and has the recipe's columns. Raises DataError.
+
+    An ``s3://`` path is read by the worker, not here (``orchestrator.compose`` checks that it is listed)."""
+    from orchestrator.inputs import is_remote
+
+    if is_remote(path):
+        return
     rows = _read_jsonl(path)
     _check_columns(set().union(*(r.keys() for r in rows)), recipe_name, f"data.path={path!r}")
 
@@ -146,8 +170,11 @@ def _load_source(src, recipe_name: str, where: str = "data"):
 MIX_SOURCES = ("synthetic", "jsonl", "hub")
 
 
-def check_mix(data_cfg, recipe_name: str) -> None:
-    """``data.mix`` at launch: present exactly when data.source=mix, each source usable. Raises DataError."""
+def check_mix(data_cfg, recipe_name: str, readable=lambda path: True) -> None:
+    """``data.mix`` at launch: present exactly when data.source=mix, each source usable. Raises DataError.
+
+    A JSONL source is read to check it where ``readable(path)`` (not an ``s3://`` object, which the worker
+    reads, nor a path inside a Kubernetes image)."""
     mix = list(data_cfg.mix or [])
     if data_cfg.source != "mix":
         if mix:
@@ -165,7 +192,7 @@ def check_mix(data_cfg, recipe_name: str) -> None:
             raise DataError(f"{where}.weight={src.weight} must be more than 0 (its share is weight / sum of weights).")
         if src.source in ("jsonl", "hub") and not src.path:
             raise DataError(f"{where} (source {src.source}) needs a path: a JSONL file or a hub dataset id.")
-        if src.source == "jsonl":
+        if src.source == "jsonl" and not str(src.path).startswith("s3://") and readable(str(src.path)):
             if not Path(src.path).expanduser().is_absolute():
                 raise DataError(f"{where}.path={src.path!r} is relative; every attempt (maybe on another machine "
                                 "or in another folder) must find it. Give an absolute path.")
@@ -209,6 +236,10 @@ def chat_template_text(value) -> str | None:
     if value is None:
         return None
     value = str(value)
+    if value.startswith("s3://"):
+        from orchestrator.inputs import local_files
+
+        return local_files(value)[0].read_text(encoding="utf-8")
     if value.endswith((".jinja", ".j2")) or "/" in value:
         path = Path(value).expanduser()
         if not path.is_file():
@@ -225,7 +256,10 @@ def chat_template_text(value) -> str | None:
 
 def check_chat_template(value) -> None:
     """Launch check: the named template exists, or the file does and is a valid Jinja template that renders a
-    sample conversation in transformers' sandbox (the one ``apply_chat_template`` renders in) without tripping it."""
+    sample conversation in transformers' sandbox (the one ``apply_chat_template`` renders in) without tripping it.
+    An ``s3://`` template is checked by the worker, which reads it (``orchestrator.compose`` checks it is listed)."""
+    if str(value).startswith("s3://"):
+        return
     text = chat_template_text(value)
     if text is None:
         return

@@ -244,6 +244,7 @@ def test_skypilot_yaml_loads_with_skypilots_own_parser(tmp_path):
         "h100x8-aws": ["compute.cloud=aws"],
         "cpu-any": ["compute.gpus_per_node=0", "compute.spot=false"],
         "image-gcp": ["backend.image=registry.example/orch:1", "compute.cloud=gcp", "+backend.extra.region=us-central1"],
+        "mounts": [f"+backend.extra.file_mounts={{/mnt/data: {tmp_path}, /mnt/bucket: s3://bucket/data}}"],
     }
     paths = {}
     for name, extra in variants.items():
@@ -258,7 +259,8 @@ def test_skypilot_yaml_loads_with_skypilots_own_parser(tmp_path):
             task = sky.Task.from_yaml_config(yaml.safe_load(open(path)))
             (res,) = list(task.resources)
             out[name] = {"spot": res.use_spot, "accelerators": res.accelerators, "recovery": res.job_recovery,
-                         "cloud": str(res.cloud) if res.cloud else None, "run": task.run, "envs": task.envs}
+                         "cloud": str(res.cloud) if res.cloud else None, "run": task.run, "envs": task.envs,
+                         "file_mounts": task.file_mounts}
         print(json.dumps(out))
         """
     )
@@ -273,6 +275,7 @@ def test_skypilot_yaml_loads_with_skypilots_own_parser(tmp_path):
     assert parsed["cpu-any"]["accelerators"] is None and parsed["cpu-any"]["spot"] is False
     assert parsed["image-gcp"]["run"].startswith("python -m orchestrator.worker")
     assert parsed["image-gcp"]["envs"]["ORCH_CONTAINER_IMAGE"] == "registry.example/orch:1"
+    assert parsed["mounts"]["file_mounts"] == {"/mnt/data": str(tmp_path), "/mnt/bucket": "s3://bucket/data"}
 
 
 # -- kubernetes -------------------------------------------------------------------

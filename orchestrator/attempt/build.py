@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import distributed as dist
+from orchestrator import inputs
 from orchestrator.attempt.checkpoints import CheckpointController
 from orchestrator.attempt.datacache import PreparedDataCache, cache_wanted
 from orchestrator.attempt.money import MoneyWatch, SpendWatch
@@ -67,6 +68,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     # one folder per attempt, shared by its ranks (the launcher hands them a token)
     token = environ.get("ORCH_ATTEMPT_TOKEN", f"pid{os.getpid()}")
     work = Path(cfg.run.work_dir).expanduser().resolve() / run_name / token
+    inputs.use(cfg.storage, work / "inputs")  # s3:// data, templates and weights land here, once per attempt
     checkpoints = CheckpointController(
         CheckpointStore(store, run_name, keep_last=cfg.checkpoint.keep_last, staging_dir=work / "staging"), record,
         main=main, work=work, token=token, snapshot_dir=cfg.checkpoint.snapshot_dir,

@@ -153,10 +153,11 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
     """Split the worker's overrides into text that is safe to write and secrets passed by environment.
 
     Raises:
-        ConfigError: a malformed override.
+        ConfigError: a malformed override, or an input the worker's machine cannot reach.
     """
     from omegaconf import OmegaConf
 
+    from orchestrator.backends.paths import placed_overrides
     from orchestrator.tracking import (
         is_env_reference,
         is_secret_key,
@@ -168,7 +169,7 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
     values: dict[str, str] = {}
     names: list[str] = []
     moved_keys: list[str] = []
-    for item in worker_overrides(overrides):
+    for item in worker_overrides(placed_overrides(cfg, overrides)):  # paths as the worker's machine sees them
         raw_key, sep, text = item.partition("=")
         key = raw_key.lstrip("+~")
         leaf = key.rsplit(".", 1)[-1]

@@ -34,6 +34,9 @@ class SkyPilotSettings:
     region: Optional[str] = None  # SkyPilot region
     disk_size: Optional[int] = None  # GB
     setup: Optional[str] = None  # a setup command replacing the default one
+    # SkyPilot's file_mounts, {path on the VM: local path or bucket URI}; an input under a local source is
+    # read on the VM at the mounted path
+    file_mounts: Optional[dict] = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class KubernetesSettings:
     cpu: Optional[str] = None  # resource request, e.g. "8"
     memory: Optional[str] = None  # request and limit, e.g. "64Gi"
     shm_size: Optional[str] = None  # cap on the memory-backed /dev/shm for checkpoint snapshots, e.g. "16Gi"
+    image_paths: tuple[str, ...] = ()  # folders the image holds: an input path under one is read in the pod as is
 
 
 SETTINGS = {"local": LocalSettings, "slurm": SlurmSettings, "skypilot": SkyPilotSettings,
@@ -56,6 +60,11 @@ def _coerce(key: str, value: Any, hint: Any):
         if value is None:
             return None
         hint = next(a for a in get_args(hint) if a is not type(None))
+    if hint is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ConfigError(f"backend.extra.{key} must map paths to paths, e.g. "
+                              f"'+backend.extra.{key}={{/data: /home/me/datasets}}'; got {value!r}.")
+        return dict(value)
     if get_origin(hint) is tuple:
         if isinstance(value, str) or not hasattr(value, "__iter__"):
             raise ConfigError(f"backend.extra.{key} must be a list, e.g. backend.extra.{key}=[...]; got {value!r}.")

@@ -112,6 +112,8 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
         # null: the value is given at launch (``sky jobs launch --secret NAME`` reads it from the launcher's
         # environment) and SkyPilot keeps it out of its dashboard and logs
         task["secrets"] = {name: None for name in invocation.secret_names}
+    if settings.file_mounts:
+        task["file_mounts"] = {remote: _mount_source(local) for remote, local in settings.file_mounts.items()}
     if cfg.backend.image:
         # the image has the project installed (containers/Dockerfile); its entrypoint is not used by SkyPilot
         task["setup"] = backend_settings(cfg).setup or "python -c 'import orchestrator'"
@@ -119,6 +121,11 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
         task["workdir"] = os.getcwd()
         task["setup"] = backend_settings(cfg).setup or DEFAULT_SETUP
     return task
+
+
+def _mount_source(source: str) -> str:
+    """A file mount's source as SkyPilot reads it: a bucket URI as given, a local path absolute."""
+    return source if "://" in source else str(Path(source).expanduser().resolve())
 
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
