@@ -69,6 +69,14 @@ def _http(method: str, url: str, headers: dict[str, str], timeout_seconds: float
         return err.code, err.read().decode("utf-8", "replace")
 
 
+def _get_ok(url: str, headers: dict[str, str], timeout_seconds: float, what: str) -> str:
+    """The body of a GET that must answer 200 (RuntimeError naming ``what`` otherwise)."""
+    status, body = _http("GET", url, headers, timeout_seconds)
+    if status != 200:
+        raise RuntimeError(f"{what} answered HTTP {status}")
+    return body
+
+
 def _seconds_until(when: _dt.datetime) -> float:
     if when.tzinfo is None:
         when = when.replace(tzinfo=_dt.timezone.utc)
@@ -132,15 +140,8 @@ class GcpWatcher:
         self.timeout_seconds = timeout_seconds
 
     def _get(self) -> str:
-        status, body = _http(
-            "GET",
-            f"{self.base_url}/computeMetadata/v1/instance/preempted",
-            {"Metadata-Flavor": "Google"},
-            self.timeout_seconds,
-        )
-        if status != 200:
-            raise RuntimeError(f"instance/preempted answered HTTP {status}")
-        return body.strip()
+        return _get_ok(f"{self.base_url}/computeMetadata/v1/instance/preempted", {"Metadata-Flavor": "Google"},
+                       self.timeout_seconds, "instance/preempted").strip()
 
     def probe(self) -> bool:
         self._get()
@@ -168,15 +169,8 @@ class AzureWatcher:
         self.timeout_seconds = timeout_seconds
 
     def _get(self) -> dict[str, Any]:
-        status, body = _http(
-            "GET",
-            f"{self.base_url}/metadata/scheduledevents?api-version={self.API_VERSION}",
-            {"Metadata": "true"},
-            self.timeout_seconds,
-        )
-        if status != 200:
-            raise RuntimeError(f"scheduledevents answered HTTP {status}")
-        return json.loads(body)
+        return json.loads(_get_ok(f"{self.base_url}/metadata/scheduledevents?api-version={self.API_VERSION}",
+                                  {"Metadata": "true"}, self.timeout_seconds, "scheduledevents"))
 
     def probe(self) -> bool:
         self._get()

@@ -36,7 +36,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from orchestrator.errors import BudgetExhausted
 from orchestrator.ledger import transact
@@ -87,52 +87,42 @@ def _dict_problem(value, where: str) -> Optional[str]:
     return None if isinstance(value, dict) else f"{where} is {type(value).__name__}, not an object"
 
 
-def _job_problem(name: str, job) -> Optional[str]:
+def _first(problems: Iterator[Optional[str]]) -> Optional[str]:
+    """The first problem a lazy run of checks finds: a later check runs only once the earlier ones passed (it
+    may rely on the shape they checked)."""
+    return next((problem for problem in problems if problem), None)
+
+
+def _job_problems(name: str, job) -> Iterator[Optional[str]]:
     where = f"jobs.{name}"
-    problem = _dict_problem(job, where)
-    if problem:
-        return problem
+    yield _dict_problem(job, where)
     if not isinstance(job.get("experiment"), str):
-        return f"{where}.experiment is {job.get('experiment')!r}, not a name"
+        yield f"{where}.experiment is {job.get('experiment')!r}, not a name"
     for key in ("months", "open"):
-        problem = _dict_problem(job.get(key, {}), f"{where}.{key}")
-        if problem:
-            return problem
+        yield _dict_problem(job.get(key, {}), f"{where}.{key}")
     for month, usd in job.get("months", {}).items():
-        problem = _amount_problem(usd, f"{where}.months.{month}")
-        if problem:
-            return problem
+        yield _amount_problem(usd, f"{where}.months.{month}")
     for epoch, entry in job.get("open", {}).items():
-        problem = _dict_problem(entry, f"{where}.open.{epoch}")
-        if problem:
-            return problem
+        yield _dict_problem(entry, f"{where}.open.{epoch}")
         if not isinstance(entry.get("month"), str):
-            return f"{where}.open.{epoch}.month is {entry.get('month')!r}, not a month"
+            yield f"{where}.open.{epoch}.month is {entry.get('month')!r}, not a month"
         for key in _ENTRY_AMOUNTS:
-            problem = _amount_problem(entry.get(key), f"{where}.open.{epoch}.{key}")
-            if problem:
-                return problem
-    return None
+            yield _amount_problem(entry.get(key), f"{where}.open.{epoch}.{key}")
+
+
+def _index_problems(index) -> Iterator[Optional[str]]:
+    yield _dict_problem(index, "the index")
+    for key in ("jobs", "alerts"):
+        yield _dict_problem(index.get(key, {}), key)
+    for name, job in index.get("jobs", {}).items():
+        yield _first(_job_problems(name, job))
+    for name, when in index.get("alerts", {}).items():
+        yield _amount_problem(when, f"alerts.{name}")
 
 
 def index_problem(index) -> Optional[str]:
     """What makes ``index`` (parsed JSON) not a spend index, or None: the shapes above, every amount finite, >= 0."""
-    problem = _dict_problem(index, "the index")
-    if problem:
-        return problem
-    for key in ("jobs", "alerts"):
-        problem = _dict_problem(index.get(key, {}), key)
-        if problem:
-            return problem
-    for name, job in index.get("jobs", {}).items():
-        problem = _job_problem(name, job)
-        if problem:
-            return problem
-    for name, when in index.get("alerts", {}).items():
-        problem = _amount_problem(when, f"alerts.{name}")
-        if problem:
-            return problem
-    return None
+    return _first(_index_problems(index))
 
 
 def month_of(ts: float) -> str:

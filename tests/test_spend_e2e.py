@@ -15,7 +15,7 @@ from orchestrator.spend import INDEX_KEY, month_of, month_total_usd
 from tests.helpers import jobs
 
 CAP_USD = 10.0
-RESERVE_S = 4.0
+RESERVE_S = 20.0  # at $0.10/s: $2, which covers a stopped job's last step, final save and exit on a loaded machine
 # compute.price_per_hour=360 on the cpu preset: $0.10 per second of an attempt, its imports included (billed from
 # the process start): the cap holds two start-ups and some training
 USD_PER_S = 0.1
@@ -50,6 +50,8 @@ def test_two_jobs_racing_for_a_monthly_cap_never_overspend_it_and_a_third_is_ref
         assert index["jobs"][name]["open"] == {}
         assert index["jobs"][name]["months"][month] == spent[name]
     # the guarantee: charged before spent, so the month ends within one reservation of the cap
+    print(f"month total ${sum(spent.values()):.2f} ({' + '.join(f'{v:.2f}' for v in spent.values())}) "
+          f"against a ${CAP_USD:g} cap, one reservation ${RESERVE_S * USD_PER_S:.2f}")
     assert month_total_usd(index, month) == sum(spent.values())
     assert CAP_USD - 1.0 <= sum(spent.values()) <= CAP_USD + RESERVE_S * USD_PER_S, spent
     # each alert of the shared cap went out once, for both jobs together

@@ -49,20 +49,13 @@ def check_uri(uri: str) -> None:
         )
 
 
-def open_store(
-    uri: str,
-    *,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    profile: str | None = None,
-    checksum_compat: bool = False,
-    multipart_threshold_mb: int = 64,
-) -> ObjectStore:
+def open_store(uri: str, **s3_options: Any) -> ObjectStore:
     """Open the store at ``uri``.
 
     A plain path or ``file://`` URI gives a LocalStore; ``s3://bucket/prefix``
-    gives an S3Store (the other arguments apply to S3 only; S3-compatible
-    stores such as MinIO, R2 or GCS use s3:// with ``endpoint_url``).
+    gives an S3Store, built with ``s3_options`` (S3Store's keyword arguments: ``endpoint_url``, ``region``,
+    ``profile``, ``checksum_compat``, ``multipart_threshold_mb``; ignored for a local store). S3-compatible
+    stores such as MinIO, R2 or GCS use s3:// with ``endpoint_url``.
     Raises ValueError for any other scheme.
     """
     uri = str(uri)
@@ -72,14 +65,7 @@ def open_store(
             S3Store,  # boto3 is slow to import; local runs skip it
         )
 
-        return S3Store(
-            uri,
-            endpoint_url=endpoint_url,
-            region=region,
-            profile=profile,
-            checksum_compat=checksum_compat,
-            multipart_threshold_mb=multipart_threshold_mb,
-        )
+        return S3Store(uri, **s3_options)
     if uri.startswith("file://"):
         return LocalStore(uri[len("file://"):])
     return LocalStore(uri)
