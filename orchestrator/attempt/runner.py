@@ -177,7 +177,7 @@ class Runner:
             return
         if self.first_step_seconds is None:
             self.first_step_seconds = self.money.meter.attempt_seconds()
-            log.info("metered start-up: %.2fs (the cost meter's start to the first step, as the budget counts it; "
+            log.info("metered start-up: %.2fs (billed from the process start to the first step, as the budget counts it; "
                      "resumed at step %d)", self.first_step_seconds, self.step_at_start)
         self.hooks.after_step(step - self.step_at_start)
         if time.monotonic() - self._last_heartbeat >= self.hooks.heartbeat_seconds:
