@@ -116,6 +116,7 @@ def test_kubernetes_job_from_a_project_folder_holds_no_launch_path(project, monk
 @pytest.mark.parametrize("backend, given, fix", [
     ("skypilot", "data.path={outside}", "outside the folder SkyPilot syncs to the VM"),
     ("skypilot", "model.name_or_path={outside_dir}", "outside the folder SkyPilot syncs to the VM"),
+    ("skypilot", "backend.image=registry.example/orch:1", "with backend.image SkyPilot syncs no workdir"),
     ("kubernetes", "data.path=data/train.jsonl", "a Kubernetes pod sees only its image and object storage"),
     ("kubernetes", "data.chat_template=data/chat.jinja", "a Kubernetes pod sees only its image and object storage"),
 ])
@@ -126,8 +127,9 @@ def test_an_input_the_worker_cannot_reach_is_refused_at_launch_with_the_fix(proj
     outside = tmp_path / "elsewhere.jsonl"
     outside.write_text(_jsonl(_messages_rows(20, 1)))
     monkeypatch.chdir(project)
+    image = ["backend.image=registry.example/orch:1"] if backend == "kubernetes" else []
     args = ["recipe=sft", "data=jsonl", "data.path=data/train.jsonl", "storage.uri=s3://bucket/runs",
-            f"backend={backend}", "backend.image=registry.example/orch:1", "backend.dry_run=true",
+            f"backend={backend}", "backend.dry_run=true", *image,
             given.format(outside=outside, outside_dir=_tiny_model())]
     code = launch.main(args)
     err = capsys.readouterr().err
