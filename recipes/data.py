@@ -238,7 +238,9 @@ def chat_template_text(value) -> str | None:
     if value.startswith("s3://"):
         from orchestrator.inputs import local_files
 
-        return local_files(value)[0].read_text(encoding="utf-8")
+        text = local_files(value)[0].read_text(encoding="utf-8")  # downloaded once per attempt, verified
+        check_jinja(text, value)
+        return text
     if value.endswith((".jinja", ".j2")) or "/" in value:
         path = Path(value).expanduser()
         if not path.is_file():
@@ -259,15 +261,30 @@ def check_chat_template(value) -> None:
     if str(value).startswith("s3://"):
         return
     text = chat_template_text(value)
-    if text is None:
-        return
+    if text is not None:
+        check_jinja(text, value)
+
+
+def check_jinja(text: str, value) -> None:
+    """``text`` compiles as a chat template. Plain Jinja first (no transformers import at launch); a template
+    using transformers' own tags (``{% generation %}`` in TRL's *_training templates) is compiled by transformers.
+    Raises DataError."""
     import jinja2
 
     try:
         jinja2.Environment().parse(text)
+        return
     except jinja2.TemplateSyntaxError as err:
-        raise DataError(f"data.chat_template={value!r} is not valid Jinja (line {err.lineno}: {err.message}). "
-                        "Fix the template.") from None
+        problem = f"line {err.lineno}: {err.message}"
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(text)
+    except jinja2.TemplateSyntaxError as err:
+        problem = f"line {err.lineno}: {err.message}"
+    else:
+        return
+    raise DataError(f"data.chat_template={value!r} is not valid Jinja ({problem}). Fix the template.")
 
 
 def fingerprint(dataset, data_cfg=None) -> str:

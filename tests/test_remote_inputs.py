@@ -343,3 +343,22 @@ def test_mix_sources_in_s3_are_read_through_the_jobs_storage_settings(s3_server,
     train, held_out = load_datasets(cfg.data, "sft")
     assert len(train) + len(held_out) > 40
     assert sorted(p.name for p in (tmp_path / "inputs").rglob("*.jsonl")) == ["a.jsonl", "b.jsonl"]
+
+
+def test_trls_training_templates_pass_the_launch_check():
+    from recipes.data import check_chat_template
+
+    check_chat_template("llama3_training")  # {% generation %}: transformers' own tag, which plain Jinja refuses
+    check_chat_template("qwen2_5_training")
+
+
+def test_an_s3_template_that_is_not_jinja_stops_the_attempt_with_the_fix(s3_server, s3_bucket, tmp_path, monkeypatch):
+    from orchestrator import inputs
+    from orchestrator.inputs import InputFiles
+    from recipes.data import chat_template_text
+
+    bucket = s3_bucket.split("/")[2]
+    _put(s3_server, f"s3://{bucket}/t/bad.jinja", b"{% for m in messages %}{{ m }")
+    monkeypatch.setitem(inputs._ACTIVE, "files", InputFiles(_storage_cfg(s3_server), tmp_path / "inputs"))
+    with pytest.raises(DataError, match="is not valid Jinja"):
+        chat_template_text(f"s3://{bucket}/t/bad.jinja")
