@@ -72,7 +72,8 @@ def _rendered(stdout: str, marker: str) -> dict:
 
 
 @pytest.mark.e2e
-def test_rendered_skypilot_task_runs_in_a_copy_of_the_workdir_elsewhere(project, s3_server, s3_bucket, tmp_path):
+def test_rendered_skypilot_task_runs_and_recovers_in_copies_of_the_workdir_elsewhere(project, s3_server, s3_bucket,
+                                                                                    tmp_path):
     storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
     args = [*RELATIVE_INPUTS, *SMALL, *storage.overrides(), "run.name=sky1", "backend=skypilot",
             "backend.dry_run=true"]
@@ -84,17 +85,28 @@ def test_rendered_skypilot_task_runs_in_a_copy_of_the_workdir_elsewhere(project,
     assert "run.work_dir" not in task["run"]
     assert "data.path=./data/train.jsonl" in task["run"] and "model.name_or_path=./models/tiny" in task["run"]
 
-    # the VM: SkyPilot copies the workdir to ~/sky_workdir and runs `run:` there; the laptop's folder is gone
-    vm = tmp_path / "vm" / "home" / "sky" / "sky_workdir"
-    shutil.copytree(project, vm)
+    # the VM: SkyPilot copies the workdir to ~/sky_workdir and runs `run:` there; the laptop's folder is gone.
+    # The first VM fails after a checkpoint; the recovery runs on another VM, whose home is elsewhere.
+    first, second = (tmp_path / vm / "home" / user / "sky_workdir"
+                     for vm, user in (("vm1", "ubuntu"), ("vm2", "gcpuser")))
+    shutil.copytree(project, first)
+    shutil.copytree(project, second)
     shutil.rmtree(project.parent)
-    env = jobs.job_env(vm, {k: str(v) for k, v in task["envs"].items()})
-    env["PATH"] = f"{Path(jobs.PYTHON).parent}{os.pathsep}{env['PATH']}"  # `python` is the VM's environment
-    ran = subprocess.run(["bash", "-c", task["run"]], cwd=vm, env=env, capture_output=True, text=True, timeout=600)
-    assert ran.returncode == exitcodes.COMPLETED, ran.stderr[-4000:]
+    crashed = _run_on_vm(task, first, {"ORCH_FAULT_AFTER_STEPS": "6"})
+    assert crashed.returncode not in (exitcodes.COMPLETED, exitcodes.CONFIG_ERROR), crashed.stderr[-4000:]
+    assert jobs.committed_steps(storage, "sky1") == [4]
+    recovered = _run_on_vm(task, second)
+    assert recovered.returncode == exitcodes.COMPLETED, recovered.stderr[-4000:]
     ledger = jobs.ledger(storage, "sky1")
     assert ledger["status"] == "completed" and ledger["attempts"][-1]["step_end"] == 12
-    assert (vm / ".cache" / "work").is_dir()  # the worker's own work folder, under its working directory
+    assert ledger["attempts"][-1]["checkpoint_step_at_start"] == 4  # resumed: the same trajectory on another VM
+    assert (second / ".cache" / "work").is_dir()  # the worker's own work folder, under its working directory
+
+
+def _run_on_vm(task: dict, vm: Path, extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = jobs.job_env(vm, {**{k: str(v) for k, v in task["envs"].items()}, **(extra or {})})
+    env["PATH"] = f"{Path(jobs.PYTHON).parent}{os.pathsep}{env['PATH']}"  # `python` is the VM's environment
+    return subprocess.run(["bash", "-c", task["run"]], cwd=vm, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_kubernetes_job_from_a_project_folder_holds_no_launch_path(project, monkeypatch, capsys):
