@@ -46,11 +46,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None = None) -> int:
-    from orchestrator.compose import absolutize, compose_config
+    from orchestrator.compose import compose_config
     from orchestrator.logsetup import setup_logging
 
     setup_logging()
-    overrides = absolutize(list(sys.argv[1:] if argv is None else argv))
+    # paths as the backend wrote them: the launcher made local ones absolute where the worker shares its
+    # filesystem; a relative one is the worker's own working directory's (a SkyPilot VM's synced workdir) and
+    # stays relative, so the trajectory a resume checks does not depend on where a recovered VM puts it
+    overrides = list(sys.argv[1:] if argv is None else argv)
     job = None
     try:
         cfg = compose_config(overrides, launch_checks=False)  # validated at launch; resolved here

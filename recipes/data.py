@@ -239,7 +239,9 @@ def chat_template_text(value) -> str | None:
     if value.startswith("s3://"):
         from orchestrator.inputs import local_files
 
-        return local_files(value)[0].read_text(encoding="utf-8")
+        text = local_files(value)[0].read_text(encoding="utf-8")  # downloaded once per attempt, verified
+        check_jinja(text, value)
+        return text
     if value.endswith((".jinja", ".j2")) or "/" in value:
         path = Path(value).expanduser()
         if not path.is_file():
@@ -261,8 +263,13 @@ def check_chat_template(value) -> None:
     if str(value).startswith("s3://"):
         return
     text = chat_template_text(value)
-    if text is None:
-        return
+    if text is not None:
+        check_jinja(text, value)
+
+
+def check_jinja(text: str, value) -> None:
+    """``text`` compiles as a chat template in transformers' own environment (its tags, such as ``{% generation %}``
+    in TRL's *_training templates, and its sandbox) and renders a sample conversation there. Raises DataError."""
     import jinja2
     from transformers.utils.chat_template_utils import _compile_jinja_template
 

@@ -72,7 +72,8 @@ def _rendered(stdout: str, marker: str) -> dict:
 
 
 @pytest.mark.e2e
-def test_rendered_skypilot_task_runs_in_a_copy_of_the_workdir_elsewhere(project, s3_server, s3_bucket, tmp_path):
+def test_rendered_skypilot_task_runs_and_recovers_in_copies_of_the_workdir_elsewhere(project, s3_server, s3_bucket,
+                                                                                    tmp_path):
     storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
     args = [*RELATIVE_INPUTS, *SMALL, *storage.overrides(), "run.name=sky1", "backend=skypilot",
             "backend.dry_run=true"]
@@ -84,17 +85,28 @@ def test_rendered_skypilot_task_runs_in_a_copy_of_the_workdir_elsewhere(project,
     assert "run.work_dir" not in task["run"]
     assert "data.path=./data/train.jsonl" in task["run"] and "model.name_or_path=./models/tiny" in task["run"]
 
-    # the VM: SkyPilot copies the workdir to ~/sky_workdir and runs `run:` there; the laptop's folder is gone
-    vm = tmp_path / "vm" / "home" / "sky" / "sky_workdir"
-    shutil.copytree(project, vm)
+    # the VM: SkyPilot copies the workdir to ~/sky_workdir and runs `run:` there; the laptop's folder is gone.
+    # The first VM fails after a checkpoint; the recovery runs on another VM, whose home is elsewhere.
+    first, second = (tmp_path / vm / "home" / user / "sky_workdir"
+                     for vm, user in (("vm1", "ubuntu"), ("vm2", "gcpuser")))
+    shutil.copytree(project, first)
+    shutil.copytree(project, second)
     shutil.rmtree(project.parent)
-    env = jobs.job_env(vm, {k: str(v) for k, v in task["envs"].items()})
-    env["PATH"] = f"{Path(jobs.PYTHON).parent}{os.pathsep}{env['PATH']}"  # `python` is the VM's environment
-    ran = subprocess.run(["bash", "-c", task["run"]], cwd=vm, env=env, capture_output=True, text=True, timeout=600)
-    assert ran.returncode == exitcodes.COMPLETED, ran.stderr[-4000:]
+    crashed = _run_on_vm(task, first, {"ORCH_FAULT_AFTER_STEPS": "6"})
+    assert crashed.returncode not in (exitcodes.COMPLETED, exitcodes.CONFIG_ERROR), crashed.stderr[-4000:]
+    assert jobs.committed_steps(storage, "sky1") == [4]
+    recovered = _run_on_vm(task, second)
+    assert recovered.returncode == exitcodes.COMPLETED, recovered.stderr[-4000:]
     ledger = jobs.ledger(storage, "sky1")
     assert ledger["status"] == "completed" and ledger["attempts"][-1]["step_end"] == 12
-    assert (vm / ".cache" / "work").is_dir()  # the worker's own work folder, under its working directory
+    assert ledger["attempts"][-1]["checkpoint_step_at_start"] == 4  # resumed: the same trajectory on another VM
+    assert (second / ".cache" / "work").is_dir()  # the worker's own work folder, under its working directory
+
+
+def _run_on_vm(task: dict, vm: Path, extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = jobs.job_env(vm, {**{k: str(v) for k, v in task["envs"].items()}, **(extra or {})})
+    env["PATH"] = f"{Path(jobs.PYTHON).parent}{os.pathsep}{env['PATH']}"  # `python` is the VM's environment
+    return subprocess.run(["bash", "-c", task["run"]], cwd=vm, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_kubernetes_job_from_a_project_folder_holds_no_launch_path(project, monkeypatch, capsys):
@@ -116,6 +128,7 @@ def test_kubernetes_job_from_a_project_folder_holds_no_launch_path(project, monk
 @pytest.mark.parametrize("backend, given, fix", [
     ("skypilot", "data.path={outside}", "outside the folder SkyPilot syncs to the VM"),
     ("skypilot", "model.name_or_path={outside_dir}", "outside the folder SkyPilot syncs to the VM"),
+    ("skypilot", "backend.image=registry.example/orch:1", "with backend.image SkyPilot syncs no workdir"),
     ("kubernetes", "data.path=data/train.jsonl", "a Kubernetes pod sees only its image and object storage"),
     ("kubernetes", "data.chat_template=data/chat.jinja", "a Kubernetes pod sees only its image and object storage"),
 ])
@@ -126,8 +139,9 @@ def test_an_input_the_worker_cannot_reach_is_refused_at_launch_with_the_fix(proj
     outside = tmp_path / "elsewhere.jsonl"
     outside.write_text(_jsonl(_messages_rows(20, 1)))
     monkeypatch.chdir(project)
+    image = ["backend.image=registry.example/orch:1"] if backend == "kubernetes" else []
     args = ["recipe=sft", "data=jsonl", "data.path=data/train.jsonl", "storage.uri=s3://bucket/runs",
-            f"backend={backend}", "backend.image=registry.example/orch:1", "backend.dry_run=true",
+            f"backend={backend}", "backend.dry_run=true", *image,
             given.format(outside=outside, outside_dir=_tiny_model())]
     code = launch.main(args)
     err = capsys.readouterr().err
@@ -341,3 +355,22 @@ def test_mix_sources_in_s3_are_read_through_the_jobs_storage_settings(s3_server,
     train, held_out = load_datasets(cfg.data, "sft")
     assert len(train) + len(held_out) > 40
     assert sorted(p.name for p in (tmp_path / "inputs").rglob("*.jsonl")) == ["a.jsonl", "b.jsonl"]
+
+
+def test_trls_training_templates_pass_the_launch_check():
+    from recipes.data import check_chat_template
+
+    check_chat_template("llama3_training")  # {% generation %}: transformers' own tag, which plain Jinja refuses
+    check_chat_template("qwen2_5_training")
+
+
+def test_an_s3_template_that_is_not_jinja_stops_the_attempt_with_the_fix(s3_server, s3_bucket, tmp_path, monkeypatch):
+    from orchestrator import inputs
+    from orchestrator.inputs import InputFiles
+    from recipes.data import chat_template_text
+
+    bucket = s3_bucket.split("/")[2]
+    _put(s3_server, f"s3://{bucket}/t/bad.jinja", b"{% for m in messages %}{{ m }")
+    monkeypatch.setitem(inputs._ACTIVE, "files", InputFiles(_storage_cfg(s3_server), tmp_path / "inputs"))
+    with pytest.raises(DataError, match="is not valid Jinja"):
+        chat_template_text(f"s3://{bucket}/t/bad.jinja")

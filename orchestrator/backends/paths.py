@@ -109,10 +109,15 @@ def _mounted(value: str, mounts: dict[str, Path]) -> Optional[str]:
     return None
 
 
-def _skypilot_problem(key: str, value: str, workdir: Path, mounts: dict[str, Path]) -> Optional[str]:
+def _skypilot_problem(key: str, value: str, workdir: Optional[Path], mounts: dict[str, Path]) -> Optional[str]:
+    """Why the VM would not find ``value`` (``workdir`` None: with ``backend.image`` nothing is synced)."""
     path = Path(value).expanduser().resolve()
     if _mounted(value, mounts):
         return None
+    if workdir is None:
+        return (f"{key}={value!r} is a path on this machine, and with backend.image SkyPilot syncs no workdir, so "
+                f"the worker cannot find it. Fix: mount its folder, '+backend.extra.file_mounts={{/data: "
+                f"{path.parent}}}', and give the path under /data; or {OBJECT_STORAGE}.")
     if not _under(path, workdir):
         return (f"{key}={value!r} is outside the folder SkyPilot syncs to the VM ({workdir}), so the worker "
                 f"cannot find it there. Fix: move it into the project folder; or mount its folder, "
@@ -140,7 +145,8 @@ def check_placement(cfg: Any) -> None:
         if is_remote(value):
             check_listed(cfg, key, value)
         elif backend == "skypilot":
-            problems.append(_skypilot_problem(key, value, Path.cwd().resolve(), file_mounts(cfg)))
+            workdir = None if cfg.backend.image else Path.cwd().resolve()
+            problems.append(_skypilot_problem(key, value, workdir, file_mounts(cfg)))
         elif backend == "kubernetes" and checked_here(cfg, value):
             problems.append(_kubernetes_problem(key, value))
     problems = [p for p in problems if p]
