@@ -222,6 +222,37 @@ def refuse_secrets_in_text(cfg: Any, text: str, what: str) -> str:
     return text
 
 
+def render_yaml(cfg: Any, command: str, document: Callable[[str], dict], what: str) -> str:
+    """``document(capacity)`` as YAML (by the serialiser: every value quoted as YAML needs) under a comment saying
+    how to submit it and which capacity it asks for (``run.deadline``'s newest decision, or the config's).
+
+    Raises:
+        ConfigError: a secret of the config would appear in the text (see :func:`refuse_secrets_in_text`).
+    """
+    import yaml
+
+    from orchestrator.backends.capacity import capacity_comment, planned_capacity
+
+    capacity, decision = planned_capacity(cfg)
+    text = (f"# {command} <this file>\n" + capacity_comment(capacity, decision)
+            + yaml.safe_dump(document(capacity), sort_keys=False))
+    return refuse_secrets_in_text(cfg, text, what)
+
+
+def run_tool(argv: list[str], *, timeout_seconds: float, missing: str, env: Optional[dict] = None):
+    """Run a backend's command-line tool (sbatch, sky, kubectl) and return its CompletedProcess.
+
+    Raises:
+        ConfigError: ``missing`` (what to install, where to run) when the tool is not on PATH.
+    """
+    import subprocess
+
+    try:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_seconds)
+    except FileNotFoundError:
+        raise ConfigError(missing) from None
+
+
 def grace_seconds(cfg: Any) -> int:
     """``preemption.grace`` in whole seconds (rounded up), as engines take it."""
     try:

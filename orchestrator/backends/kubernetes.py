@@ -24,21 +24,20 @@ memory-backed ``/dev/shm`` the pod gets for checkpoint snapshots).
 from __future__ import annotations
 
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import yaml
 
 from orchestrator import exitcodes
 from orchestrator.backends import (
     grace_seconds,
-    refuse_secrets_in_text,
+    render_yaml,
+    run_tool,
     single_node,
     worker_invocation,
 )
-from orchestrator.backends.capacity import RESUBMIT, capacity_comment, capacity_env, planned_capacity
+from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
 from orchestrator.distributed import worker_argv
 from orchestrator.errors import ConfigError
@@ -192,10 +191,8 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     Raises:
         ConfigError: see :func:`manifest`; or a secret of the config would appear in the text.
     """
-    capacity, decision = planned_capacity(cfg)
-    text = ("# kubectl apply -f <this file>\n" + capacity_comment(capacity, decision)
-            + yaml.safe_dump(manifest(cfg, overrides, capacity), sort_keys=False))
-    return refuse_secrets_in_text(cfg, text, "the Kubernetes Job manifest")
+    return render_yaml(cfg, "kubectl apply -f", lambda capacity: manifest(cfg, overrides, capacity),
+                       "the Kubernetes Job manifest")
 
 
 def submit(cfg: Any, overrides: Sequence[str]) -> str:
@@ -210,14 +207,9 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     prefix = f"{job_name(str(cfg.run.name))}-"
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=prefix, dir=work, delete=False) as f:
         f.write(text)
-    try:
-        done = subprocess.run(
-            ["kubectl", "apply", "-f", f.name], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_SECONDS
-        )
-    except FileNotFoundError:
-        raise ConfigError(
-            "backend=kubernetes needs kubectl on PATH, pointed at your cluster (kubectl config current-context)."
-        ) from None
+    done = run_tool(["kubectl", "apply", "-f", f.name], timeout_seconds=KUBECTL_TIMEOUT_SECONDS,
+                    missing="backend=kubernetes needs kubectl on PATH, pointed at your cluster "
+                            "(kubectl config current-context).")
     if done.returncode != 0:
         raise ConfigError(f"kubectl apply -f {f.name} failed: {done.stderr.strip() or done.stdout.strip()}")
     meta = manifest(cfg, overrides)["metadata"]

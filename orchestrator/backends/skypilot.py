@@ -27,21 +27,19 @@ service account reaches the bucket.
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import yaml
-
 from orchestrator import exitcodes
 from orchestrator.backends import (
-    refuse_secrets_in_text,
+    render_yaml,
+    run_tool,
     single_node,
     worker_command,
     worker_invocation,
 )
-from orchestrator.backends.capacity import RESUBMIT, capacity_comment, capacity_env, planned_capacity
+from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
 from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError
 from orchestrator.gpus import skypilot_name
@@ -69,41 +67,12 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
     """
     single_node(cfg, "skypilot")
     capacity = capacity or planned_capacity(cfg)[0]
-    resources: dict[str, Any] = {
-        "use_spot": capacity == SPOT,
-        "job_recovery": {
-            "strategy": RECOVERY_STRATEGY,
-            "max_restarts_on_errors": int(cfg.requeue.max_failures),
-            "recover_on_exit_codes": [exitcodes.PREEMPTED],
-        },
-    }
-    if accelerator(cfg):
-        resources["accelerators"] = accelerator(cfg)
-    if cfg.compute.cloud and cfg.compute.cloud != "any":
-        resources["cloud"] = str(cfg.compute.cloud)
     settings = backend_settings(cfg)
-    if settings.region:
-        resources["region"] = settings.region
-    if settings.disk_size:
-        resources["disk_size"] = settings.disk_size
-    if cfg.backend.image:
-        resources["image_id"] = f"docker:{cfg.backend.image}"
-
     invocation = worker_invocation(cfg, overrides)
-    envs = {"PYTHONUNBUFFERED": "1", **invocation.env, **capacity_env(cfg, capacity, RESUBMIT)}
-    if not cfg.backend.image:
-        # the code is this directory, synced as workdir (without .git): record its commit for the repro record
-        from orchestrator.repro import GIT_COMMIT_ENV, GIT_DIRTY_ENV, git_state
-
-        commit, dirty = git_state(Path.cwd())
-        if commit:
-            envs[GIT_COMMIT_ENV] = commit
-            if dirty is not None:
-                envs[GIT_DIRTY_ENV] = "true" if dirty else "false"
-
+    envs = {"PYTHONUNBUFFERED": "1", **invocation.env, **capacity_env(cfg, capacity, RESUBMIT), **_code_commit_env(cfg)}
     task: dict[str, Any] = {
         "name": str(cfg.run.name),
-        "resources": resources,
+        "resources": _resources(cfg, capacity, settings),
         "num_nodes": 1,
         "envs": envs,
         "run": worker_command(invocation.overrides),
@@ -123,6 +92,42 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
     return task
 
 
+def _resources(cfg: Any, capacity: str, settings: Any) -> dict:
+    """The task's ``resources``: spot or not, the recovery on preemption exits, accelerator, cloud, region, disk, image."""
+    resources: dict[str, Any] = {
+        "use_spot": capacity == SPOT,
+        "job_recovery": {
+            "strategy": RECOVERY_STRATEGY,
+            "max_restarts_on_errors": int(cfg.requeue.max_failures),
+            "recover_on_exit_codes": [exitcodes.PREEMPTED],
+        },
+    }
+    if accelerator(cfg):
+        resources["accelerators"] = accelerator(cfg)
+    if cfg.compute.cloud and cfg.compute.cloud != "any":
+        resources["cloud"] = str(cfg.compute.cloud)
+    if settings.region:
+        resources["region"] = settings.region
+    if settings.disk_size:
+        resources["disk_size"] = settings.disk_size
+    if cfg.backend.image:
+        resources["image_id"] = f"docker:{cfg.backend.image}"
+    return resources
+
+
+def _code_commit_env(cfg: Any) -> dict:
+    """Without an image the code is this directory, synced as workdir (without .git): its commit, for the
+    reproducibility record."""
+    if cfg.backend.image:
+        return {}
+    from orchestrator.repro import GIT_COMMIT_ENV, GIT_DIRTY_ENV, git_state
+
+    commit, dirty = git_state(Path.cwd())
+    if not commit:
+        return {}
+    return {GIT_COMMIT_ENV: commit, **({} if dirty is None else {GIT_DIRTY_ENV: "true" if dirty else "false"})}
+
+
 def _mount_source(source: str) -> str:
     """A file mount's source as SkyPilot reads it: a bucket URI as given, a local path absolute."""
     return source if "://" in source else str(Path(source).expanduser().resolve())
@@ -134,10 +139,8 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     Raises:
         ConfigError: see :func:`task_config`; or a secret of the config would appear in the text.
     """
-    capacity, decision = planned_capacity(cfg)
-    text = ("# sky jobs launch -y <this file>\n" + capacity_comment(capacity, decision)
-            + yaml.safe_dump(task_config(cfg, overrides, capacity), sort_keys=False))
-    return refuse_secrets_in_text(cfg, text, "the SkyPilot task YAML")
+    return render_yaml(cfg, "sky jobs launch -y", lambda capacity: task_config(cfg, overrides, capacity),
+                       "the SkyPilot task YAML")
 
 
 def submit(cfg: Any, overrides: Sequence[str]) -> str:
@@ -154,19 +157,10 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{cfg.run.name}-", dir=work, delete=False) as f:
         f.write(text)
-    try:
-        done = subprocess.run(
-            ["sky", "jobs", "launch", "-y", "--name", str(cfg.run.name), *secret_flags, f.name],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=LAUNCH_TIMEOUT_SECONDS,
-        )
-    except FileNotFoundError:
-        raise ConfigError(
-            "backend=skypilot needs the sky CLI: pip install 'skypilot[aws]' (or [gcp], [azure], [kubernetes]), "
-            "then run `sky check`."
-        ) from None
+    done = run_tool(["sky", "jobs", "launch", "-y", "--name", str(cfg.run.name), *secret_flags, f.name], env=env,
+                    timeout_seconds=LAUNCH_TIMEOUT_SECONDS,
+                    missing="backend=skypilot needs the sky CLI: pip install 'skypilot[aws]' (or [gcp], [azure], "
+                            "[kubernetes]), then run `sky check`.")
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise ConfigError(f"sky jobs launch failed for {f.name}:\n{tail}")

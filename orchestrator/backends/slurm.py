@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -43,6 +42,7 @@ from orchestrator import exitcodes
 from orchestrator.backends import (
     grace_seconds,
     refuse_secrets_in_text,
+    run_tool,
     single_node,
     worker_command,
     worker_invocation,
@@ -255,18 +255,8 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     script_path = Path(cfg.run.work_dir).expanduser().resolve() / "slurm" / f"{cfg.run.name}.sbatch"
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script)
-    try:
-        done = subprocess.run(
-            ["sbatch", "--parsable", str(script_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=SBATCH_TIMEOUT_SECONDS,
-        )
-    except FileNotFoundError:
-        raise ConfigError(
-            "backend=slurm needs the sbatch command on PATH; run the launcher on a Slurm login node."
-        ) from None
+    done = run_tool(["sbatch", "--parsable", str(script_path)], env=env, timeout_seconds=SBATCH_TIMEOUT_SECONDS,
+                    missing="backend=slurm needs the sbatch command on PATH; run the launcher on a Slurm login node.")
     if done.returncode != 0:
         raise ConfigError(f"sbatch refused {script_path}: {done.stderr.strip() or done.stdout.strip()}")
     # --parsable prints "jobid" or "jobid;cluster"
