@@ -1,36 +1,46 @@
-"""``orchestrator <command>``: the tools around a job (status, report, plan, simulate, checkpoints, storage init).
+"""``orchestrator <command>``: the tools around a job (status, report, plan, simulate, checkpoints, storage).
 
-Launching a job is ``python -m orchestrator.launch [overrides]``.
+Launching a job is ``python -m orchestrator.launch [overrides]``. Every command parses with argparse, prints
+errors as ``error: ...`` and exits 2 on a user error, 4 on a bad job config (docs/cli.md).
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
+from orchestrator.cli_common import Parser
+
 COMMANDS = {
-    "status": ("orchestrator.status", "print a job's ledger (attempts, exit classes, cost, checkpoints); --spend URI: spend by month, experiment, job"),
+    "status": ("orchestrator.status", "print a job's ledger (attempts, exit classes, cost, checkpoints); --spend: spend by month, experiment, job"),
     "report": ("orchestrator.report", "list jobs from MLflow with cost and quality; chart cost against quality"),
     "plan": ("orchestrator.plan", "estimate memory per GPU and cost for a job before running it"),
     "simulate": ("orchestrator.simulate", "replay spot traces through the interval, deadline and requeue policies"),
     "checkpoints": ("orchestrator.checkpoint.inspect", "list a job's committed checkpoints; --verify restores each"),
-    "storage": ("orchestrator.storage.lifecycle", "storage init <s3-uri>: lifecycle rules for a bucket; storage repair-spend <uri>: rebuild the spend index"),
+    "storage": ("orchestrator.storage.lifecycle", "storage init: lifecycle rules for a bucket; storage repair-spend: rebuild the spend index"),
 }
+
+
+def _parser() -> Parser:
+    listing = "\n".join(f"  {name:<12} {doc}" for name, (_, doc) in COMMANDS.items())
+    parser = Parser(
+        prog="orchestrator", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The tools around a job.", usage="orchestrator [-h] <command> [args]",
+        epilog=f"commands:\n{listing}\n\n`orchestrator <command> --help` for each one's arguments.\n"
+               "launch a job: python -m orchestrator.launch [hydra overrides]")
+    parser.add_argument("command", choices=list(COMMANDS), metavar="<command>", help=argparse.SUPPRESS)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in {"-h", "--help"}:
-        print("usage: orchestrator <command> [args]\n\ncommands:")
-        for name, (_, doc) in COMMANDS.items():
-            print(f"  {name:<12} {doc}")
-        print("\nlaunch a job: python -m orchestrator.launch [hydra overrides]")
-        return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"orchestrator: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+    # Only the first word is the top level's; the rest, --help included, belongs to the command.
+    parser = _parser()
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        parser.error(f"unrecognized arguments: {argv[0]}; the command comes first")
+    name = parser.parse_args(argv[:1]).command
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    return int(module.main(argv[1:]) or 0)
 
 
 if __name__ == "__main__":

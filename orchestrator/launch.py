@@ -1,7 +1,8 @@
 """Entry point: ``python -m orchestrator.launch [hydra overrides]``.
 
-1. compose ``conf/config.yaml`` with the overrides against the typed schemas;
-2. validate everything up front, so a bad key fails before any GPU minute is paid;
+1. compose ``conf/config.yaml`` with the overrides against the typed schemas, once; add the default
+   folders and the pinned hub revisions to the config and to the overrides alike;
+2. validate everything up front, once, so a bad key fails before any GPU minute is paid;
 3. print the pre-flight plan (memory per GPU, fit, cost);
 4. hand the job to the chosen backend (local: the supervisor; slurm, skypilot,
    kubernetes: submit a script that runs ``python -m orchestrator.worker``).
@@ -14,9 +15,9 @@ import time
 
 from omegaconf import DictConfig
 
-from orchestrator.compose import absolutize, compose_config, with_default_storage
-from orchestrator.hub_pins import pin_revisions
+from orchestrator.compose import absolutize, compose_config, validate, with_default_storage
 from orchestrator.errors import ConfigError, UserError
+from orchestrator.hub_pins import pin_revisions, resolve_commit
 from orchestrator.logsetup import setup_logging
 
 log = logging.getLogger("orchestrator.launch")  # __name__ is "__main__" under python -m
@@ -58,16 +59,30 @@ def check_deadline_ahead(cfg: DictConfig, now: float | None = None) -> None:
                       "from the job's first attempt (run.deadline=52h), or drop run.deadline.")
 
 
+def compose_for_launch(overrides: list[str], resolve=resolve_commit) -> tuple[DictConfig, list[str]]:
+    """Compose once, add the default ``storage.uri``/``run.work_dir`` and the pinned hub revisions to the
+    config and to the overrides alike (the backend's worker composes the overrides again), validate once."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = compose_config(overrides, launch_checks=False)
+    final = pin_revisions(cfg, with_default_storage(cfg, overrides), resolve=resolve)
+    for item in final:
+        if item not in overrides:  # what the launcher added: plain key=value of existing string keys
+            key, _, value = item.partition("=")
+            try:
+                OmegaConf.update(cfg, key, value, merge=False)
+            except OmegaConfBaseException as err:
+                raise ConfigError(f"{item}: {err}") from None
+    validate(cfg)
+    return cfg, final
+
+
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     overrides = absolutize(list(sys.argv[1:] if argv is None else argv))
     try:
-        cfg = compose_config(overrides, launch_checks=False)  # only to read the defaults to pin
-        overrides = with_default_storage(cfg, overrides)
-        cfg = compose_config(overrides)
-        pinned = pin_revisions(cfg, overrides)  # hub branches and tags -> the commits they name now
-        if pinned != overrides:
-            overrides, cfg = pinned, compose_config(pinned)
+        cfg, overrides = compose_for_launch(overrides)
         check_deadline_ahead(cfg)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)

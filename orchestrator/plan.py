@@ -533,19 +533,20 @@ def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``orchestrator plan [hydra overrides]``: print the plan. Exit 0, or the error's code (4: bad config)."""
+    from orchestrator.cli_common import Parser, fail
     from orchestrator.compose import compose_config
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
-        print("usage: orchestrator plan [--json] [hydra overrides]   e.g. model=llama-3.1-8b recipe=qlora "
-              "compute=l40s-spot\n  --json: spot against on-demand per GPU type that fits, and the recommendation")
-        return 0
-    as_json, argv = "--json" in argv, [a for a in argv if a != "--json"]
+    parser = Parser(prog="orchestrator plan", description="Estimate memory per GPU and cost for a job before "
+                    "running it, from the same Hydra overrides as the launch.")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra overrides, as for the launch: e.g. model=llama-3.1-8b recipe=qlora compute=l40s-spot")
+    parser.add_argument("--json", action="store_true",
+                        help="print spot against on-demand per GPU type that fits, and the recommendation, as JSON")
+    args = parser.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        print(plan_text(compose_config(argv), as_json=as_json))
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+        print(plan_text(compose_config(args.overrides), as_json=args.json))
+    except UserError as err:  # a bad config: the launch's exit code (4)
+        return fail(err, err.exit_code)
     return 0
 
 

@@ -14,7 +14,6 @@ run is touched after it ended. That run is left out of the table.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -22,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
+from orchestrator.cli_common import Parser, fail
 from orchestrator.tracking import JOB_TAG, KIND_TAG, scrub_text
 
 REPORT_RUN_NAME = "report"
@@ -131,7 +131,7 @@ def _report_run_id(client, experiment_id: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="orchestrator report", description=__doc__.splitlines()[0])
+    parser = Parser(prog="orchestrator report", description=__doc__.splitlines()[0])
     parser.add_argument("--tracking-uri", help="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./.cache/mlflow SQLite)")
     parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})")
     parser.add_argument("--out", default="cost_vs_quality.png", help="where to write the chart")
@@ -146,17 +146,15 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # An explicit --tracking-uri beats the environment; otherwise the same rule as jobs use.
     uri = args.tracking_uri or resolve_tracking_uri(_Cfg)
-    client = MlflowClient(tracking_uri=uri)
     try:
+        client = MlflowClient(tracking_uri=uri)
         experiment = client.get_experiment_by_name(args.experiment)
     except Exception as err:
-        print(f"orchestrator report: cannot reach MLflow at {scrub_text(uri)} ({type(err).__name__}). "
-              "Check --tracking-uri or MLFLOW_TRACKING_URI.", file=sys.stderr)
-        return 2
+        return fail(f"cannot reach MLflow at {scrub_text(uri)} ({type(err).__name__}). "
+                    "Check --tracking-uri or MLFLOW_TRACKING_URI.")
     if experiment is None:
-        print(f"orchestrator report: no experiment {args.experiment!r} at {scrub_text(uri)}. "
-              "Pass --experiment with the name your jobs used (tracking.experiment).", file=sys.stderr)
-        return 2
+        return fail(f"no experiment {args.experiment!r} at {scrub_text(uri)}. "
+                    "Pass --experiment with the name your jobs used (tracking.experiment).")
     rows = collect_jobs(client, experiment.experiment_id)
     if not rows:
         print(f"no jobs in experiment {args.experiment!r} yet")

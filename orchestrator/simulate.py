@@ -35,6 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterable, Optional, Sequence
 
+from orchestrator.cli_common import Parser, fail
 from orchestrator.durations import parse_duration
 from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity, reserve_seconds
 from orchestrator.policy.interval import (AUTO, MAX_EVERY, MIN_EVERY, Lifetime, checkpoint_interval,
@@ -361,8 +362,8 @@ def interval_sweep(job: Job, trace: Trace, windows: int = 40, minutes: Sequence[
 # ---------------------------------------------------------------- command line
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="orchestrator simulate", description=__doc__.split("\n\n")[0])
+def _parser() -> Parser:
+    p = Parser(prog="orchestrator simulate", description=__doc__.split("\n\n")[0])
     p.add_argument("--traces", required=True, help="a trace file or a folder of them (data/spot-traces/...)")
     p.add_argument("--job-hours", type=float, required=True, help="useful training the job needs, in hours")
     p.add_argument("--deadline-hours", type=float, help="deadline from the job's start (deadline, late-switch need it)")
@@ -453,8 +454,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if job.deadline_seconds is None and set(policies) & set(DEADLINE_POLICIES):
             raise ValueError(f"--policy {args.policy} needs --deadline-hours")
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return fail(err)
     results = [simulate(job, traces, p, args.windows) for p in policies]
     per_trace = {tr.name: [simulate(job, [tr], p, args.windows) for p in policies] for tr in traces} \
         if args.per_trace else {}

@@ -10,11 +10,11 @@ taken the job over is shown as vanished (lost): nothing will record its end.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
+from orchestrator.cli_common import Parser, fail, format_bytes
 from orchestrator.errors import UserError
 from orchestrator.exitcodes import RUNNING, ExitClass
 from orchestrator.ledger import LEDGER_FILENAME, Ledger
@@ -34,15 +34,6 @@ def _duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{secs}s"
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -113,7 +104,7 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
     if checkpoints:
         out.append(_table(
             ["step", "epoch", "size", "saved", "key"],
-            [[str(c.get("step")), str(c.get("epoch")), _size(int(c.get("size") or 0)), _when(c.get("time")), str(c.get("key"))]
+            [[str(c.get("step")), str(c.get("epoch")), format_bytes(int(c.get("size") or 0)), _when(c.get("time")), str(c.get("key"))]
              for c in checkpoints],
         ))
     else:
@@ -176,19 +167,17 @@ def spend_main(uri: str, *, endpoint_url: str | None, as_json: bool) -> int:
         store = open_store(uri, endpoint_url=endpoint_url or None)
         index = parse_index(store.get_bytes(INDEX_KEY), store.get_uri(INDEX_KEY), store.uri)
     except FileNotFoundError:
-        print(f"orchestrator status: no spend index at {store.get_uri(INDEX_KEY)}: no job has started under "
-              f"{store.uri} yet. Give the jobs' storage.uri (not <storage.uri>/<run.name>), and --endpoint-url for "
-              "S3-compatible stores.", file=sys.stderr)
-        return 1
+        return fail(f"no spend index at {store.get_uri(INDEX_KEY)}: no job has started under {store.uri} yet. "
+                    "Give the jobs' storage.uri (not <storage.uri>/<run.name>), and --endpoint-url for "
+                    "S3-compatible stores.")
     except (ValueError, UserError, TransientStorageError) as err:  # SpendIndexCorrupt is a UserError
-        print(f"orchestrator status: {err}", file=sys.stderr)
-        return 1
+        return fail(err)
     print(json.dumps(index, indent=2) if as_json else format_spend(index, store.uri))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="orchestrator status",
         description="Print a job's ledger: status, attempts with exit classes, cost, checkpoints "
                     "(--spend STORAGE_URI: the month's and each experiment's spend by job).",
@@ -211,16 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         store = open_store(store_uri, endpoint_url=args.endpoint_url or None)
         ledger = Ledger(store, run_name).load()
     except (ValueError, UserError, TransientStorageError) as err:
-        print(f"orchestrator status: {err}", file=sys.stderr)
-        return 1
+        return fail(err)
     if not ledger:
-        print(
-            f"orchestrator status: no ledger at {store.get_uri(f'{run_name}/{LEDGER_FILENAME}')}: "
-            f"no job named {run_name!r} has started under {store.uri}. "
-            "Check the run name (run.name) and the storage URI (storage.uri), and --endpoint-url for S3-compatible stores.",
-            file=sys.stderr,
-        )
-        return 1
+        return fail(f"no ledger at {store.get_uri(f'{run_name}/{LEDGER_FILENAME}')}: "
+                    f"no job named {run_name!r} has started under {store.uri}. Check the run name (run.name) and "
+                    "the storage URI (storage.uri), and --endpoint-url for S3-compatible stores.")
     if args.json:
         print(json.dumps(with_lost_attempts(ledger), indent=2))
     else:

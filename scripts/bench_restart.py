@@ -1,7 +1,9 @@
-"""Restart overhead: process start to the first optimizer step after a restore, orchestrated against bare TRL.
+"""Restart overhead: process start to the first optimizer step after a restore (or, with ``--fresh``, of a
+fresh job), orchestrated against bare TRL.
 
     .venv/bin/python scripts/bench_restart.py                      # tiny model, 3 rounds at steps 10 and 1000
     .venv/bin/python scripts/bench_restart.py --rounds 5 --examples 20000 -- model.hidden_size=128
+    .venv/bin/python scripts/bench_restart.py --fresh --rounds 2   # a fresh start, launcher to first step
 
 Set-up: one orchestrated SFT job (local storage, checkpoints every 10 steps) is trained to step 1000
 and another to step 10; each is stopped right after its checkpoint. Then, per round and per step,
@@ -18,13 +20,24 @@ in turn (the steps' and the sides' order swapped every round, so a machine's dri
 MLflow is off on the orchestrated side (its client's import and run start are the tracking feature's
 own cost). Prints every measurement, the medians, and the ratios side by side: orchestrated/bare at
 step 1000 (target <= 1.15) and step 1000 / step 10 for each side (flat: about 1).
+
+``--fresh``: a fresh start instead, the two sides alternating (which goes first swapped every round):
+  orchestrated  ``python -m orchestrator.launch`` with the job's overrides (MLflow off, as above), as a user starts it, on a
+                storage and work folder of its own each round (no prepared-dataset cache, no ledger): the
+                launcher's composition, checks and plan, the local supervisor, the worker's start, one
+                step. Its time is the launcher's process start (the kernel's record) to the end of the
+                first step (the worker's own log line of that moment), and the CPU seconds of the launcher,
+                the supervisor and the worker by then; then the job is killed.
+  bare          the same plain TRL script with no checkpoint: ``trainer.train()`` from scratch.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +50,7 @@ PYTHON = sys.executable
 TARGET_RATIO = 1.15
 RESULT_PREFIX = "BENCH_RESTART "
 STEPS = (10, 1000)
+FIRST_STEP_LINE = "restart overhead (process start to first step"  # the worker logs it at the first step's end
 
 
 def overrides(workdir: Path, run: str, examples: int, extra: list[str]) -> list[str]:
@@ -106,7 +120,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 spec = json.load(open(sys.argv[1]))
-checkpoint = sys.argv[2]
+checkpoint = sys.argv[2] if len(sys.argv) > 2 else None  # None: a fresh start
 tok = AutoTokenizer.from_pretrained(spec["model"])
 if tok.pad_token is None:
     tok.pad_token = tok.eos_token
@@ -126,10 +140,11 @@ trainer.train(resume_from_checkpoint=checkpoint)
 '''
 
 
-def bare(spec: Path, checkpoint: Path, workdir: Path, log: Path) -> dict:
+def bare(spec: Path, checkpoint: Path | None, workdir: Path, log: Path) -> dict:
     script = workdir / "bare_trl.py"
     script.write_text(BARE_SCRIPT)
-    done = subprocess.run([PYTHON, str(script), str(spec), str(checkpoint)], cwd=workdir, capture_output=True,
+    resume = [str(checkpoint)] if checkpoint else []
+    done = subprocess.run([PYTHON, str(script), str(spec), *resume], cwd=workdir, capture_output=True,
                           text=True, env=env(), timeout=1800)
     with open(log, "a") as out:
         out.write(done.stdout + done.stderr)
@@ -139,15 +154,90 @@ def bare(spec: Path, checkpoint: Path, workdir: Path, log: Path) -> dict:
     raise SystemExit(f"the bare TRL script failed (rc={done.returncode}):\n{done.stderr[-3000:]}")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process and all its descendants (launcher, supervisor, worker)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def launch_fresh(args: list[str], workdir: Path, log: Path) -> dict:
+    """One fresh job through ``python -m orchestrator.launch``: its process start to the first step's end."""
+    import psutil
+
+    proc = subprocess.Popen([PYTHON, "-m", "orchestrator.launch", *args], cwd=workdir, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env(), start_new_session=True)
+    started = psutil.Process(proc.pid).create_time()
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if FIRST_STEP_LINE in line:  # "2026-12-01 21:46:42,123 INFO ...": local time, milliseconds
+                at = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                return {"total_s": at - started, "cpu_s": tree_cpu_seconds(proc.pid)}
+    finally:
+        with open(log, "a") as out:
+            out.writelines(seen)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    raise SystemExit(f"the launch ended (rc={proc.returncode}) before its first step:\n{''.join(seen[-40:])}")
+
+
+def fresh_main(args: argparse.Namespace, workdir: Path, log: Path) -> int:
+    """``--fresh``: a fresh start to the first step, the launch against the plain TRL script, alternating."""
+    def job(n: int) -> list[str]:  # a storage and work folder of its own: no cache, no ledger, a fresh job
+        return overrides(workdir / f"fresh-{n}", "fresh", args.examples, args.extra)
+
+    spec = bare_inputs(job(0), workdir)
+    launch_fresh(job(0), workdir, log)  # one warm-up per side, left out: the first read of every library
+    bare(spec, None, workdir, log)
+    results: dict[str, list[dict]] = {"orchestrated": [], "bare": []}
+    for round_ in range(1, args.rounds + 1):
+        for side in (("orchestrated", "bare") if round_ % 2 else ("bare", "orchestrated")):
+            seconds = launch_fresh(job(round_), workdir, log) if side == "orchestrated" else bare(spec, None, workdir, log)
+            results[side].append(seconds)
+            print(f"round {round_} fresh {side:<12} {seconds['total_s']:6.2f}s wall, {seconds['cpu_s']:6.2f}s CPU",
+                  flush=True)
+    ratios = {}
+    for figure, label in (("total_s", "wall"), ("cpu_s", "CPU")):
+        median = {side: statistics.median(v[figure] for v in values) for side, values in results.items()}
+        ratios[figure] = median["orchestrated"] / median["bare"]
+        print(f"\nfresh start, process start to first step ({label} seconds, medians of {args.rounds}):")
+        for side in ("orchestrated", "bare"):
+            print(f"  {side:<14}{median[side]:>8.2f}s   ({', '.join(f'{v[figure]:.2f}' for v in results[side])})")
+    verdict = "met" if ratios["total_s"] <= TARGET_RATIO else "MISSED"
+    print(f"\nfresh start: orchestrated/bare {ratios['total_s']:.3f} wall, {ratios['cpu_s']:.3f} CPU "
+          f"(target <= {TARGET_RATIO}: {verdict} on wall time)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="measurements per side and step (default 3)")
     parser.add_argument("--examples", type=int, default=1200, help="synthetic training examples (default 1200)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--fresh", action="store_true",
+                        help="a fresh start (python -m orchestrator.launch) against the plain TRL script from scratch")
     parser.add_argument("extra", nargs="*", help="extra Hydra overrides for the job (after --)")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-restart-"))
     log = workdir / "bench.log"
+    if args.fresh:
+        print(f"work dir {workdir}; fresh starts, {args.rounds} round(s) per side", flush=True)
+        try:
+            return fresh_main(args, workdir, log)
+        finally:
+            if not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
     print(f"work dir {workdir}; preparing checkpoints at steps {STEPS}", flush=True)
     try:
         jobs = {step: overrides(workdir, f"restart-{step}", args.examples, args.extra) for step in STEPS}

@@ -85,3 +85,32 @@ def test_storage_preemption_and_the_backends_import_without_hydra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def _importers_of(package: str) -> list[str]:
+    found = set()
+    for path in (p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n == package or n.startswith(package + ".") for n in names):
+                found.add(_module_name(path))
+    return sorted(found)
+
+
+def test_only_compose_and_the_schemas_import_hydra():
+    assert _importers_of("hydra") == ["orchestrator.compose", "orchestrator.config"]
+
+
+@pytest.mark.e2e
+def test_the_launcher_composes_validates_and_plans_without_the_training_stack(tmp_path):
+    code = ("import sys\n"
+            "from orchestrator import launch\n"
+            "cfg, overrides = launch.compose_for_launch([])\n"
+            "launch.print_plan(cfg)\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'peft', 'datasets', 'mlflow') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "plan: sft" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

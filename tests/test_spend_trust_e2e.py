@@ -53,7 +53,8 @@ def test_a_corrupt_index_never_lets_a_capped_job_spend_and_never_stops_an_uncapp
     assert store.get_bytes(INDEX_KEY) == CORRUPT["nan month"]
 
     shown = _cli(["status", "--spend"], tmp_path, storage)
-    assert shown.returncode == 1 and "is unreadable" in shown.stderr and "Traceback" not in shown.stderr
+    assert shown.returncode == 2 and shown.stderr.startswith("error: ") and "is unreadable" in shown.stderr
+    assert "Traceback" not in shown.stderr
     repaired = _cli(["storage", "repair-spend"], tmp_path, storage)
     assert repaired.returncode == 0, repaired.stderr[-2000:]
     month = month_of(time.time())

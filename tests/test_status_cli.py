@@ -72,7 +72,7 @@ def test_status_table(run_uri):
     rows = [line.split() for line in out.splitlines()]
     assert any(r[:2] == ["1", "spot-a"] and "preempted" in r and "0->25" in r for r in rows), out
     assert any(r[:2] == ["2", "spot-b"] and "completed" in r and "20->40" in r for r in rows), out
-    assert "exp1/checkpoints/20-1" in out and "3.0 MiB" in out
+    assert "exp1/checkpoints/20-1" in out and "3.1 MB" in out
 
 
 @pytest.mark.e2e
@@ -86,7 +86,7 @@ def test_status_reads_endpoint_from_environment(s3_server, s3_store):
 @pytest.mark.e2e
 def test_status_missing_ledger_names_the_uri(tmp_path):
     proc = _cli("status", f"{tmp_path}/runs/nojob")
-    assert proc.returncode == 1
+    assert proc.returncode == 2 and proc.stderr.startswith("error: no ledger at")
     assert f"no ledger at {tmp_path}/runs/nojob/ledger.json" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -1,10 +1,10 @@
-"""One attempt, in order: begin -> restore -> build -> train -> finish.
+"""One attempt, in order: begin -> load data (the checkpoint's download starts) -> build (the model's
+load) -> restore (the download joined) -> train -> finish | stop.
 
-The runner only sequences the collaborators ``orchestrator.attempt.build``
-made for it (record, checkpoints, money, tracking, preemption, recipe), and is
-what the Trainer callback calls back into (``on_step``, ``stop_reason``,
-``commit``, ``on_metrics``). It decides nothing about storage, cost or MLflow
-itself.
+The runner sequences the collaborators ``orchestrator.attempt.build`` made for it (record, checkpoints,
+money, tracking, preemption, recipe, the steering callbacks), and is what the Trainer callback calls back
+into (``on_step``, ``stop_reason``, ``commit``, ``on_metrics``): that callback is the one part it makes
+itself, in ``build``, handing it itself. It decides nothing about storage, cost or MLflow itself.
 """
 from __future__ import annotations
 
@@ -118,6 +118,7 @@ class Runner:
         record_repro(self.cfg, self.record, self.tracking)
 
     def load_data(self):
+        """2. The datasets and their fingerprint (the checkpoint's download starts behind the model's load)."""
         from recipes.data import fingerprint, load_datasets
 
         train_ds, eval_ds = load_datasets(self.cfg.data, self.cfg.recipe.name)
@@ -126,7 +127,7 @@ class Runner:
         return train_ds, eval_ds
 
     def restore(self):
-        """2. The newest usable checkpoint of this trajectory, verified (None: start fresh)."""
+        """4. The newest usable checkpoint of this trajectory, verified (None: start fresh)."""
         from orchestrator.checkpoint.fingerprint import check_resumable
 
         restored, manifest = self.checkpoints.restore(

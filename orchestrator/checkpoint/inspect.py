@@ -11,16 +11,17 @@ unsafe path (absolute, ``..``, empty parts) fails before anything is downloaded.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import sys
 import tempfile
+from argparse import Namespace
 from pathlib import Path
 
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint import safe_load
 from orchestrator.checkpoint.store import CheckpointStore, CommittedCheckpoint
+from orchestrator.cli_common import FAILED, Parser, fail, format_bytes
 
 
 def load_files(folder: Path, manifest: dict) -> int:
@@ -83,12 +84,8 @@ def _when(seconds: float | None) -> str:
     return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _size(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1e6:.1f} MB"
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="orchestrator checkpoints", description=__doc__.split("\n\n")[1])
+def parse_args(argv: list[str]) -> Namespace:
+    parser = Parser(prog="orchestrator checkpoints", description=__doc__.split("\n\n")[1])
     parser.add_argument("run_uri", help="<storage-uri>/<run-name>, e.g. s3://bucket/runs/exp1 or .cache/runs/exp1")
     parser.add_argument("--verify", action="store_true", help="download, hash-check and load each checkpoint")
     parser.add_argument("--endpoint-url", default=None, help="an S3-compatible endpoint (MinIO, R2, moto)")
@@ -122,15 +119,14 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(ok=reason is None, reason=reason)
                 rows.append(row)
     except (ValueError, UserError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return fail(err)
     failed = [r for r in rows if args.verify and not r["ok"]]
     if args.json:
         print(json.dumps({"run": run_name, "storage": storage_uri, "checkpoints": rows,
                           "verified": args.verify, "failed": len(failed)}, indent=1))
     else:
         print_table(run_name, storage_uri, rows, verify=args.verify)
-    return 1 if failed else 0
+    return FAILED if failed else 0
 
 
 def print_table(run_name: str, storage_uri: str, rows: list[dict], *, verify: bool) -> None:
@@ -141,7 +137,7 @@ def print_table(run_name: str, storage_uri: str, rows: list[dict], *, verify: bo
     print(f"  {'name':<16}{'step':>10}{'epoch':>7}  {'written':<24}{'size':>11}{'files':>7}" + ("  verify" if verify else ""))
     for r in rows:
         line = (f"  {r['name']:<16}{r['step']:>10}{r['epoch']:>7}  {_when(r['created_at']):<24}"
-                f"{_size(r['bytes']):>11}{r['files'] if r['files'] is not None else '-':>7}")
+                f"{format_bytes(r['bytes']):>11}{r['files'] if r['files'] is not None else '-':>7}")
         if verify:
             line += "  OK" if r["ok"] else f"  FAILED: {r['reason']}"
         print(line)

@@ -13,12 +13,12 @@ prefix are replaced.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 
 import botocore.exceptions
 
+from orchestrator.cli_common import Parser, fail
 from orchestrator.errors import UserError
 from orchestrator.storage.base import PreconditionFailed, TransientStorageError
 from orchestrator.storage.s3 import S3Store
@@ -109,13 +109,12 @@ def repair_spend_main(uri: str, *, endpoint_url: str | None) -> int:
         store = open_store(uri, endpoint_url=endpoint_url or None)
         print(summary(repair_spend_index(store), store, now=time.time()))
     except (ValueError, UserError, TransientStorageError, PreconditionFailed) as err:
-        print(f"orchestrator storage repair-spend: {err}", file=sys.stderr)
-        return 2
+        return fail(err)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="orchestrator storage", description="Manage the object store of jobs.")
+    parser = Parser(prog="orchestrator storage", description="Manage the object store of jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser(
         "init",
@@ -157,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             profile=args.profile,
         )
     except (ValueError, UserError, TransientStorageError) as err:
-        print(f"orchestrator storage init: {err}", file=sys.stderr)
-        return getattr(err, "exit_code", 2) if isinstance(err, UserError) else 2
+        return fail(err)
     print(f"lifecycle rules applied to {args.uri}:")
     for rule in result["applied"]:
         prefix = rule["Filter"]["Prefix"] or "(whole bucket)"

@@ -1,0 +1,50 @@
+"""The launcher composes the job config once: the default folders and the pinned hub revisions go into the
+composed config and into the overrides handed to the backend alike, and the config is validated once."""
+from __future__ import annotations
+
+import hydra
+import pytest
+from omegaconf import OmegaConf
+
+from orchestrator import launch
+from orchestrator.compose import compose_config
+from orchestrator.errors import ConfigError
+
+SHAS = {"model": "a" * 40, "dataset": "b" * 40}
+HUB_JOB = ["model=qwen2.5-0.5b", "model.revision=main", "data=hub", "data.path=org/set"]
+
+
+@pytest.fixture
+def composes(monkeypatch, tmp_path):
+    """How many times Hydra composes; the hub online, answered by ``SHAS``; launched from ``tmp_path``."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    real = hydra.compose
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("overrides"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hydra, "compose", counted)
+    return calls
+
+
+def test_the_launcher_composes_once_and_hands_the_backend_the_same_overrides(composes, tmp_path):
+    cfg, overrides = launch.compose_for_launch(list(HUB_JOB), resolve=lambda kind, repo, rev: SHAS[kind])
+    assert len(composes) == 1, composes
+    assert overrides == ["model=qwen2.5-0.5b", "data=hub", "data.path=org/set",
+                         f"storage.uri={tmp_path}/.cache/runs", f"run.work_dir={tmp_path}/.cache/work",
+                         "model.revision=" + "a" * 40, "data.revision=" + "b" * 40]
+    assert cfg.model.revision == "a" * 40 and cfg.data.revision == "b" * 40
+    assert cfg.storage.uri == f"{tmp_path}/.cache/runs" and cfg.run.work_dir == f"{tmp_path}/.cache/work"
+    # what the worker composes from those overrides is the config the launcher validated and planned
+    assert OmegaConf.to_container(compose_config(overrides), resolve=True) == OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_a_bad_config_is_still_refused_at_launch(composes):
+    with pytest.raises(ConfigError, match="run.name"):
+        launch.compose_for_launch(["run.name=bad name!"], resolve=lambda *a: "c" * 40)
+    assert len(composes) == 1
