@@ -111,7 +111,8 @@ def save_generation_state(trainer, folder: Path) -> None:
             scalars.append(kept)
         save_file(tensors, str(folder / f"grpo_buffer_rank{rank}.safetensors"))
     if rank == 0 or inside:
-        state = {"step": int(trainer._step), "generate_every": generate_every(trainer), "buffer": scalars if inside else None}
+        state = {"step": int(trainer._step), "generate_every": generate_every(trainer), "buffer": scalars if inside else None,
+                 "metrics": {k: list(v) for k, v in trainer._metrics["train"].items()}}
         name = STATE_FILE if rank == 0 else f"grpo_state_rank{rank}.json"
         (folder / name).write_text(json.dumps(state))
 
@@ -132,11 +133,26 @@ def load_generation_state(trainer, folder: Path) -> None:
                          f"this job generates every {generate_every(trainer)}")
     trainer._step = step
     trainer._buffered_inputs = None
+    trainer._metrics["train"].update(read_metrics(state.get("metrics") or {}))
     if step % generate_every(trainer) and path.exists() and state.get("buffer") is not None:
         trainer._buffered_inputs = read_buffer(folder / f"grpo_buffer_rank{rank}.safetensors", state["buffer"],
                                                int(trainer.args.steps_per_generation), trainer.accelerator.device)
         log.info("resumed inside a generation batch: micro-step %d, the batch in flight restored from the checkpoint",
                  step)
+
+
+def read_metrics(metrics) -> dict:
+    """TRL's metrics gathered since the last log (rewards, lengths, KL): numbers only (NaN is TRL's "none this
+    batch"; they are logged, never trained on). On resume they make the next logged means the uninterrupted run's."""
+    if not isinstance(metrics, dict):
+        raise ValueError(f"{STATE_FILE}: metrics is not a mapping")
+    out = {}
+    for name, values in metrics.items():
+        if not isinstance(values, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"{STATE_FILE}: metric {str(name)[:60]!r} holds a value that is not a number")
+        out[str(name)] = [float(v) for v in values]
+    return out
 
 
 def read_buffer(path: Path, scalars: list, parts: int, device) -> list:

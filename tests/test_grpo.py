@@ -128,3 +128,51 @@ def test_the_batch_in_flight_round_trips_and_non_finite_values_are_refused(tmp_p
     save_file(tensors, str(tmp_path / "b.safetensors"))
     with pytest.raises(ValueError, match="non-finite"):
         read_buffer(tmp_path / "b.safetensors", scalars, 2, "cpu")
+
+
+def _commit_generation_checkpoint(store, tmp_path, step: int, advantages) -> str:
+    """A checkpoint folder as ExactResumeGRPOTrainer writes it inside a generation batch, committed as a job does."""
+    import torch
+    from safetensors.torch import save_file
+
+    from orchestrator.checkpoint.store import CheckpointStore
+
+    folder = tmp_path / f"trainer-{step}"
+    folder.mkdir()
+    save_file({"0/advantages": torch.tensor(advantages), "1/advantages": torch.tensor(advantages)},
+              str(folder / "grpo_buffer_rank0.safetensors"))
+    (folder / "grpo_state.json").write_text(json.dumps({"step": step, "generate_every": 4, "buffer": [{}, {}],
+                                                        "metrics": {"reward": [0.5]}}))
+    checkpoints = CheckpointStore(store, "job", staging_dir=tmp_path / "staging")
+    name = checkpoints.commit_async(folder, step=step, epoch=1, meta={}, may_commit=lambda: None,
+                                    on_committed=lambda result, manifest: None)
+    checkpoints.wait()
+    checkpoints.close()
+    return name
+
+
+def test_a_tampered_batch_in_flight_is_refused_and_the_previous_checkpoint_restored(tmp_path, caplog):
+    from safetensors.torch import save_file
+    import torch
+
+    from orchestrator.checkpoint.store import CheckpointStore
+    from orchestrator.storage.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    older = _commit_generation_checkpoint(store, tmp_path, 5, [0.5, -0.5])
+    newer = _commit_generation_checkpoint(store, tmp_path, 9, [1.0, -1.0])
+    forged = tmp_path / "forged.safetensors"  # other advantages, same shapes: what a bucket writer would try
+    save_file({"0/advantages": torch.tensor([9.0, -9.0]), "1/advantages": torch.tensor([9.0, -9.0])}, str(forged))
+    store.put_bytes(f"job/checkpoints/{newer}/grpo_buffer_rank0.safetensors", forged.read_bytes())
+    local, manifest = CheckpointStore(store, "job", staging_dir=tmp_path / "s").restore_latest(tmp_path / "restore")
+    assert local.name == older and manifest["step"] == 5
+    assert f"checkpoint {newer} is unusable" in caplog.text
+
+
+def test_trl_metrics_in_a_checkpoint_must_be_numbers():
+    from recipes.grpo import read_metrics
+
+    assert read_metrics({"reward": [0.5, 1], "kl": []}) == {"reward": [0.5, 1.0], "kl": []}
+    for bad in ({"reward": ["x"]}, {"reward": 0.5}, [1]):
+        with pytest.raises(ValueError):
+            read_metrics(bad)

@@ -23,6 +23,16 @@ GRPO = ["recipe=grpo", "recipe.reward_funcs=[tests.helpers.grpo_rewards:logged_e
         "preemption.provider=none", "tracking.enabled=false", "requeue.backoff_base_seconds=0.2"]
 
 
+def _reward_curve(storage, run: str) -> list:
+    """(step, mean reward, per-function means) at every logging step, from the newest checkpoint's Trainer state."""
+    newest = max(jobs.committed_steps(storage, run))
+    store = storage.store()
+    name = next(k for k in store.list(f"{run}/checkpoints/") if k.endswith("trainer_state.json")
+                and f"/{newest:09d}-" in k)
+    history = json.loads(store.get_bytes(name))["log_history"]
+    return [(h["step"], h.get("reward"), h.get("rewards/logged_exact_answer/mean")) for h in history if "loss" in h]
+
+
 def _calls(path) -> list:
     return [tuple(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -46,7 +56,9 @@ def test_grpo_sigkilled_three_times_ends_bit_identical_with_no_reward_called_twi
                                                     [signal.SIGKILL] * 3, env=env)
     assert rc == 0, log[-4000:]
     assert jobs.attempt_classes(storage, "grpo-chaos") == ["vanished", "vanished", "vanished", "completed"]
-    assert "resumed inside a generation batch" in log, (killed_at, log[-3000:])
     assert jobs.final_digest(storage, "grpo-chaos") == jobs.final_digest(storage, "grpo-ref"), (
         f"resumed GRPO weights differ from the uninterrupted run (kills after checkpoints at {killed_at})")
     assert _calls(run_log) == reference, f"reward calls differ from the uninterrupted run's (kills after {killed_at})"
+    # TRL's reward metrics gathered since the last log come back too: the logged curve is the uninterrupted one
+    assert _reward_curve(storage, "grpo-chaos") == _reward_curve(storage, "grpo-ref"), killed_at
+    assert "resumed inside a generation batch" in log, (killed_at, log[-3000:])
