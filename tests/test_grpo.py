@@ -176,3 +176,18 @@ def test_trl_metrics_in_a_checkpoint_must_be_numbers():
     for bad in ({"reward": ["x"]}, {"reward": 0.5}, [1]):
         with pytest.raises(ValueError):
             read_metrics(bad)
+
+
+def test_the_planner_counts_grpos_rows_reference_model_and_generation_cache():
+    from orchestrator.plan import estimate_memory
+
+    sft = estimate_memory(compose_config(["recipe=sft", "recipe.peft=full"]))
+    grpo = estimate_memory(compose_config(["recipe=grpo", "recipe.peft=full", "recipe.beta=0.04",
+                                           "recipe.max_completion_length=16", "recipe.steps_per_generation=2"]))
+    lora = estimate_memory(compose_config(["recipe=grpo", "recipe.beta=0.04", "recipe.max_completion_length=16"]))
+    assert grpo.tokens_per_step == sft.tokens_per_step * (64 + 16) // 64  # prompt and completion per row
+    assert grpo.components["reference_model"] == grpo.components["weights"]  # full fine-tune, beta > 0
+    assert "reference_model" not in lora.components and "reference_model" not in sft.components  # LoRA: the base
+    # 2 (K and V) x layers x kv_dim x (prompt + completion) x (8 rows x 2 steps) x float32
+    assert grpo.components["generation_cache"] == 2 * 2 * 64 * 80 * 16 * 4
+    assert "generation_cache" not in sft.components
