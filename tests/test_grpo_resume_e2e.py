@@ -62,3 +62,16 @@ def test_grpo_sigkilled_three_times_ends_bit_identical_with_no_reward_called_twi
     # TRL's reward metrics gathered since the last log come back too: the logged curve is the uninterrupted one
     assert _reward_curve(storage, "grpo-chaos") == _reward_curve(storage, "grpo-ref"), killed_at
     assert "resumed inside a generation batch" in log, (killed_at, log[-3000:])
+
+
+@pytest.mark.e2e
+def test_grpo_full_fine_tune_trains_and_writes_full_weights(tmp_path):
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    done = jobs.run_job(["recipe=grpo", "recipe.peft=full", "recipe.max_completion_length=3", "train.max_steps=4",
+                         "train.logging_steps=2", "data.num_examples=60", "preemption.provider=none",
+                         "tracking.enabled=false", "run.name=grpo-full", *storage.overrides()], tmp_path,
+                        env=jobs.job_env(tmp_path, {"ORCH_STEP_DELAY_SECONDS": "0"}))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = [f["path"] for f in json.loads(storage.store().get_bytes("grpo-full/final/manifest.json"))["files"]]
+    assert "model.safetensors" in files and "adapter_model.safetensors" not in files, files
+    assert "rewards/exact_answer/mean" in done.stdout + done.stderr  # TRL's per-function reward metrics
