@@ -191,3 +191,15 @@ def test_the_planner_counts_grpos_rows_reference_model_and_generation_cache():
     # 2 (K and V) x layers x kv_dim x (prompt + completion) x (8 rows x 2 steps) x float32
     assert grpo.components["generation_cache"] == 2 * 2 * 64 * 80 * 16 * 4
     assert "generation_cache" not in sft.components
+
+
+@pytest.mark.e2e
+def test_launch_exits_4_with_the_fix_for_a_reward_function_it_cannot_import(tmp_path):
+    from tests.helpers import jobs
+
+    done = jobs.run_job(["recipe=grpo", "recipe.reward_funcs=[mypkg_missing.rewards:judge]",
+                         f"storage.uri={tmp_path / 'runs'}", "run.name=bad-reward"], tmp_path, timeout=120)
+    assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
+    text = done.stdout + done.stderr
+    assert "mypkg_missing" in text and "PYTHONPATH" in text
+    assert not (tmp_path / "runs" / "bad-reward" / "ledger.json").exists()  # refused before any attempt
