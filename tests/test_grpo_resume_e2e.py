@@ -3,8 +3,9 @@
 TRL's GRPOTrainer trains ``steps_per_generation x num_iterations`` micro-steps on one generation
 batch it keeps in memory only. Checkpoints every 3 steps with a batch every 4 micro-steps fall at
 each position in it (after 3 of 4 parts, after the first iteration, after 1, at a boundary). The job
-is killed three times; its final weights must be byte-identical to an uninterrupted run's, and its
-reward function (which logs every call) called for exactly the same (prompt, completion) pairs.
+is killed five times; its final weights and optimizer state must be byte-identical to an uninterrupted
+run's, and its reward function (which logs every call) called for exactly the same (prompt, completion)
+pairs.
 """
 from __future__ import annotations
 
@@ -33,12 +34,20 @@ def _reward_curve(storage, run: str) -> list:
     return [(h["step"], h.get("reward"), h.get("rewards/logged_exact_answer/mean")) for h in history if "loss" in h]
 
 
+def _newest_file(storage, run: str, name: str) -> bytes:
+    """``name`` from the run's newest committed checkpoint."""
+    newest = max(jobs.committed_steps(storage, run))
+    store = storage.store()
+    return store.get_bytes(next(k for k in store.list(f"{run}/checkpoints/") if k.endswith("/" + name)
+                                and f"/{newest:09d}-" in k))
+
+
 def _calls(path) -> list:
     return [tuple(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.mark.e2e
-def test_grpo_sigkilled_three_times_ends_bit_identical_with_no_reward_called_twice(tmp_path):
+def test_grpo_sigkilled_five_times_ends_bit_identical_with_no_reward_called_twice(tmp_path):
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     ref_dir.mkdir()
     run_dir.mkdir()
@@ -53,11 +62,13 @@ def test_grpo_sigkilled_three_times_ends_bit_identical_with_no_reward_called_twi
     env = jobs.job_env(run_dir, {"ORCH_TEST_REWARD_LOG": str(run_log), "ORCH_STEP_DELAY_SECONDS": "0.3"})
     rc, log, killed_at = jobs.interrupt_then_finish(GRPO + storage.overrides() + ["run.name=grpo-chaos"], run_dir,
                                                     storage, "grpo-chaos", random.Random("grpo"),
-                                                    [signal.SIGKILL] * 3, env=env)
+                                                    [signal.SIGKILL] * 5, env=env)
     assert rc == 0, log[-4000:]
-    assert jobs.attempt_classes(storage, "grpo-chaos") == ["vanished", "vanished", "vanished", "completed"]
+    assert jobs.attempt_classes(storage, "grpo-chaos") == ["vanished"] * 5 + ["completed"]
     assert jobs.final_digest(storage, "grpo-chaos") == jobs.final_digest(storage, "grpo-ref"), (
         f"resumed GRPO weights differ from the uninterrupted run (kills after checkpoints at {killed_at})")
+    assert max(jobs.committed_steps(storage, "grpo-chaos")) == max(jobs.committed_steps(storage, "grpo-ref")) == 30
+    assert _newest_file(storage, "grpo-chaos", "optimizer.pt") == _newest_file(storage, "grpo-ref", "optimizer.pt")
     assert _calls(run_log) == reference, f"reward calls differ from the uninterrupted run's (kills after {killed_at})"
     # TRL's reward metrics gathered since the last log come back too: the logged curve is the uninterrupted one
     assert _reward_curve(storage, "grpo-chaos") == _reward_curve(storage, "grpo-ref"), killed_at
