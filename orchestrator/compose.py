@@ -21,7 +21,7 @@ from orchestrator.errors import ConfigError, UserError
 from orchestrator.policy.interval import interval_bounds, is_auto
 
 CHOICES = {
-    "recipe.name": ("sft", "dpo", "qlora"),
+    "recipe.name": ("sft", "dpo", "qlora", "grpo"),
     "recipe.peft": ("lora", "full"),
     "recipe.quantization": ("none", "nf4"),
     "data.source": ("synthetic", "jsonl", "hub", "mix"),
@@ -166,8 +166,12 @@ def _check_choices(cfg: DictConfig) -> None:
 
 
 def _check_recipe(cfg: DictConfig) -> None:
-    if cfg.recipe.peft == "full" and cfg.recipe.name != "sft":
-        raise ConfigError(f"recipe.peft=full works with recipe=sft only; {cfg.recipe.name} trains LoRA adapters.")
+    if cfg.recipe.peft == "full" and cfg.recipe.name not in ("sft", "grpo"):
+        raise ConfigError(f"recipe.peft=full works with recipe=sft or grpo; {cfg.recipe.name} trains LoRA adapters.")
+    if cfg.recipe.name == "grpo":
+        from recipes.rewards import check_grpo_config
+
+        check_grpo_config(cfg)  # reward functions importable with TRL's signature, batch shapes, beta, vLLM
     if cfg.recipe.quantization == "nf4" and cfg.recipe.peft == "full":
         raise ConfigError("recipe.quantization=nf4 needs recipe.peft=lora: a 4-bit base cannot be fully fine-tuned. "
                           "Use recipe.peft=lora (QLoRA) or recipe.quantization=none.")

@@ -24,8 +24,8 @@ class RunConfig:
 
 @dataclass
 class RecipeConfig:
-    name: str = MISSING  # sft | dpo | qlora
-    peft: str = "lora"  # lora | full (full fine-tune; sft only)
+    name: str = MISSING  # sft | dpo | qlora | grpo
+    peft: str = "lora"  # lora | full (full fine-tune; sft and grpo)
     lora_r: int = 8  # LoRA rank: adapter size and capacity
     lora_alpha: int = 16  # usually 2 x lora_r
     lora_dropout: float = 0.0  # dropout on the adapters' input (resume stays exact: RNG is checkpointed)
@@ -42,6 +42,25 @@ class DpoRecipeConfig(RecipeConfig):
 
     dpo_beta: float = 0.1  # DPO: strength of the pull toward the reference model
     precompute_ref_log_probs: bool = False  # DPO: reference log-probs computed once, stored with the checkpoints
+
+
+@dataclass
+class GrpoRecipeConfig(RecipeConfig):
+    """recipe=grpo: TRL's GRPOTrainer, its own option names (docs/grpo.md)."""
+
+    reward_funcs: list[str] = field(  # "pkg.mod:fn" import paths; shipped: recipes.rewards:exact_answer, :answer_format
+        default_factory=lambda: ["recipes.rewards:exact_answer", "recipes.rewards:answer_format"])
+    reward_weights: Optional[list[float]] = None  # one weight per reward function (None: all 1.0)
+    num_generations: int = 4  # completions sampled per prompt (the group advantages are relative to)
+    steps_per_generation: Optional[int] = None  # micro-batches trained per generation batch (None: grad. accumulation)
+    generation_batch_size: Optional[int] = None  # completions per generation (instead of steps_per_generation)
+    num_iterations: int = 1  # passes over each generation batch (PPO-style epochs)
+    beta: float = 0.0  # KL coefficient against the reference model (0: no reference model held)
+    max_completion_length: int = 8  # tokens sampled per completion
+    temperature: float = 1.0  # sampling temperature of the rollouts
+    use_vllm: bool = False  # generate with vLLM (CUDA only)
+    vllm_mode: str = "colocate"  # colocate | server
+    reward_cache: bool = True  # rewards kept by (prompt id, completion hash) beside the checkpoints
 
 
 @dataclass
@@ -254,7 +273,7 @@ GROUP_SCHEMAS = {
 }
 
 
-RECIPE_SCHEMAS = {"dpo": DpoRecipeConfig}
+RECIPE_SCHEMAS = {"dpo": DpoRecipeConfig, "grpo": GrpoRecipeConfig}
 
 
 def register_configs() -> None:

@@ -92,7 +92,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from orchestrator import train_options
+from orchestrator import plan_grpo, train_options
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.gpus import CPU_TYPES, GPUS, gpu_memory_gb  # noqa: F401  (gpu_memory_gb: re-exported)
 from orchestrator.model_config import (  # noqa: F401  (the model's shape; re-exported under the planner's names)
@@ -119,7 +119,8 @@ GPU_PEAK_TFLOPS = {name: gpu.peak_tflops for name, gpu in GPUS.items() if gpu.pe
 COMPONENT_LABELS = {
     "weights": "weights (base model)",
     "quant_constants": "NF4 quantisation constants",
-    "reference_model": "DPO reference model",
+    "reference_model": "reference model (DPO; GRPO with beta > 0)",
+    "generation_cache": "generation KV cache (GRPO)",
     "adapters": "LoRA adapters (fp32)",
     "gradients": "gradients",
     "master_weights": "fp32 master weights",
@@ -221,7 +222,7 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
         c["weights"] = params["total"] * width
     if full:
         trainable = params["total"]
-        if recipe.name == "dpo":
+        if recipe.name == "dpo" or plan_grpo.holds_reference(cfg):
             c["reference_model"] = params["total"] * width
         c["gradients"] = trainable * width
         c["master_weights"] = trainable * 4 if width < 4 else 0
@@ -244,9 +245,10 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
     sequences = int(train.per_device_batch_size) * (2 if recipe.name == "dpo" else 1)
     ckpt = bool(train.gradient_checkpointing)
     attention, flat = cfg.model.attn_implementation, train_options.padding_free(cfg)
-    c["activations"] = activation_bytes(model_config, cfg.data.max_length, sequences, compute, ckpt,
+    c["generation_cache"] = plan_grpo.generation_cache_bytes(cfg, model_config, compute)
+    c["activations"] = activation_bytes(model_config, plan_grpo.sequence_length(cfg), sequences, compute, ckpt,
                                         attention=attention, padding_free=flat)
-    alternative = activation_bytes(model_config, cfg.data.max_length, sequences, compute, not ckpt,
+    alternative = activation_bytes(model_config, plan_grpo.sequence_length(cfg), sequences, compute, not ckpt,
                                    attention=attention, padding_free=flat)
     notes += _packing_notes(cfg)
     if str(cfg.compute.gpu_type).lower() not in CPU_GPU_TYPES:
@@ -260,7 +262,7 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
     return MemoryPlan(
         components=components, params=params, trainable_params=trainable, world_size=W, sharding=sharding,
         dtype=dtype, checkpointing=ckpt, activations_alternative=int(alternative), cpu_offload_bytes=int(offload),
-        tokens_per_step=sequences * int(cfg.data.max_length) * int(train.gradient_accumulation_steps) * W,
+        tokens_per_step=sequences * plan_grpo.sequence_length(cfg) * int(train.gradient_accumulation_steps) * W,
         optim=str(train.optim), describe=describe, notes=notes,
     )
 

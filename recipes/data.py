@@ -17,11 +17,12 @@ from orchestrator.errors import DataError
 COLUMNS = {
     "sft": ({"prompt", "completion"}, {"messages"}),  # either form
     "dpo": ({"prompt", "chosen", "rejected"},),
+    "grpo": ({"prompt"},),  # other columns reach the reward functions as keyword arguments (answer=...)
 }
 
 
 def required_columns(recipe_name: str) -> tuple[set[str], ...]:
-    return COLUMNS["dpo" if recipe_name == "dpo" else "sft"]
+    return COLUMNS[recipe_name if recipe_name in ("dpo", "grpo") else "sft"]
 
 
 def _problem(rng: random.Random) -> tuple[str, int]:
@@ -33,7 +34,7 @@ def _problem(rng: random.Random) -> tuple[str, int]:
 
 
 def synthetic_rows(kind: str, n: int, seed: int) -> list[dict]:
-    """``kind`` 'sft' -> prompt/completion rows; 'dpo' -> prompt/chosen/rejected rows."""
+    """``kind`` 'sft' -> prompt/completion rows; 'dpo' -> prompt/chosen/rejected rows; 'grpo' -> prompt/answer rows."""
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
@@ -42,6 +43,8 @@ def synthetic_rows(kind: str, n: int, seed: int) -> list[dict]:
         if kind == "dpo":
             wrong = answer + rng.choice([-2, -1, 1, 2, 3])
             rows.append({"prompt": prompt, "chosen": f" {answer}", "rejected": f" {wrong}"})
+        elif kind == "grpo":
+            rows.append({"prompt": prompt, "answer": str(answer)})
         else:
             rows.append({"prompt": prompt, "completion": f" {answer}"})
     return rows
@@ -144,7 +147,7 @@ def _load_source(src, recipe_name: str, where: str = "data"):
     """One source (``data`` itself or an entry of ``data.mix``) as a validated ``datasets.Dataset``."""
     from datasets import Dataset
 
-    kind = "dpo" if recipe_name == "dpo" else "sft"
+    kind = recipe_name if recipe_name in ("dpo", "grpo") else "sft"
     if src.source == "synthetic":
         return Dataset.from_list(synthetic_rows(kind, src.num_examples, src.seed))
     if src.source == "jsonl":

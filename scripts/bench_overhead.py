@@ -6,7 +6,7 @@
 The two sides run at the same time, each pinned to a core of its own and the two swapping
 cores every second, so whatever else the machine is doing (these machines are shared, and
 another tenant may load one core more than the other) hits both alike.
-  bare          recipes.sft.build_trainer(...) with no callbacks and no saves, trainer.train();
+  bare          recipes.<recipe>.build_trainer(...) with no callbacks and no saves, trainer.train();
   orchestrated  python -m orchestrator.launch with every feature on: checkpoints every 10 s to
                 local storage, MLflow tracking (with MLflow's system metrics) to a local ``mlflow server``
                 this script starts on 127.0.0.1 (pinned to the orchestrated side's core: its cost is the
@@ -46,7 +46,8 @@ SWAP_SECONDS = 1.0
 
 def job_overrides(steps: int, extra: list[str]) -> list[str]:
     """The training config both sides share."""
-    return ["recipe=sft", f"train.max_steps={steps}", "train.logging_steps=10", "train.eval_at_end=false",
+    recipe = [] if any(o.startswith("recipe=") for o in extra) else ["recipe=sft"]  # scripts/bench_grpo.py: grpo
+    return [*recipe, f"train.max_steps={steps}", "train.logging_steps=10", "train.eval_at_end=false",
             "data.num_examples=1200", *extra]
 
 
@@ -86,14 +87,16 @@ def start_mlflow(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 def bare_child(overrides: list[str], go_file: str | None = None) -> None:
     """In a fresh process: the recipe's trainer, no orchestrator callback, no saves."""
+    import importlib
+
     from orchestrator.compose import compose_config
-    from recipes import sft
     from recipes.data import load_datasets
 
     cfg = compose_config(overrides)
+    recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
     train_ds, eval_ds = load_datasets(cfg.data, cfg.recipe.name)
     with tempfile.TemporaryDirectory() as out:
-        trainer = sft.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds, output_dir=out, callbacks=[])
+        trainer = recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds, output_dir=out, callbacks=[])
         while go_file and not os.path.exists(go_file):
             time.sleep(0.05)
         metrics = trainer.train().metrics

@@ -250,6 +250,12 @@ class CheckpointController:
         return RefLogProbStore(self.checkpoints, work=self.work, main=self.main, trajectory=self.trajectory,
                                epoch=lambda: self.record.epoch)
 
+    def reward_cache(self):
+        """Where GRPO's rewards are kept across attempts (``recipe.reward_cache``)."""
+        from orchestrator.checkpoint.reward_cache import RewardCache
+
+        return RewardCache(self.checkpoints, work=self.work, main=self.main, epoch=lambda: self.record.epoch)
+
     def final_uri(self) -> str:
         return self.store.get_uri(f"{self.run_name}/final/")
 

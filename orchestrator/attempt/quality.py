@@ -53,7 +53,8 @@ class QualityWatch:
         the checkpoint, so the evaluation an uninterrupted run made at step 0 is neither redone nor missed.
         """
         cfg = self.cfg
-        wanted = cfg.train.eval_at_end or cfg.train.eval_steps > 0
+        # recipe=grpo evaluates at the end only, by generation (TRL's GRPO evaluation samples and scores rewards)
+        wanted = (cfg.train.eval_at_end or cfg.train.eval_steps > 0) and cfg.recipe.name != "grpo"
         self._expect_before = bool(fresh and wanted and cfg.train.trial_steps <= 0)
         trainer.args.eval_on_start = self._expect_before
 

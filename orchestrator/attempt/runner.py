@@ -148,6 +148,8 @@ class Runner:
             every_steps=0 if trial else cfg.checkpoint.every_steps, stop_after_steps=cfg.train.trial_steps,
             save_best=cfg.checkpoint.final == "best")
         extra = {"ref_log_probs": self.checkpoints.ref_log_probs()} if cfg.recipe.get("precompute_ref_log_probs") else {}
+        if cfg.recipe.name == "grpo":
+            extra["reward_cache"] = self.checkpoints.reward_cache()
         trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
                                             output_dir=str(self.checkpoints.work / "trainer"),
                                             callbacks=[self.callback, *self.steering], **extra)

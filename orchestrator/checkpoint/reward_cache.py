@@ -1,0 +1,127 @@
+"""GRPO's reward cache: every reward computed, by (reward function, prompt id, completion hash), beside the checkpoints.
+
+Rewards may be expensive or side-effecting (a sandbox, a judge). A resumed attempt regenerates the
+completions of the generation batch it was killed in (the same completions: the RNG comes back with
+the checkpoint), and without a cache would score them again. Here each batch of new rewards is
+committed at once, before training on them, under ``<run>/reward_cache/<shard>/`` with the
+checkpoints' protocol (the file, then the manifest last), and every attempt loads all shards first.
+
+Storage is untrusted: a shard's manifest must be this job's and name this shard, its one file must
+match the manifest's size and SHA-256 before it is parsed (JSON, never a pickle), and every entry
+must be three hex ids and a finite number. A shard that fails any check is reported and skipped:
+its rewards are computed again, nothing else is lost.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from orchestrator.checkpoint import manifest as mf
+
+log = logging.getLogger(__name__)
+
+FILE = "rewards.json"
+_ID = re.compile(r"[0-9a-f]{32}")
+
+
+class RewardCache:
+    """Args:
+        checkpoints: the job's ``CheckpointStore`` (its commit protocol; ``.store`` to read).
+        work: a local scratch folder of this attempt.
+        main: whether this rank writes shards (the others keep theirs in memory).
+        epoch: the attempt's epoch (a callable: known after the ledger's begin), in each shard's name.
+    """
+
+    def __init__(self, checkpoints: Any, *, work: Path, main: bool, epoch=lambda: 0):
+        self.checkpoints = checkpoints
+        self.store = checkpoints.store
+        self.prefix = f"{checkpoints.run_name}/reward_cache/"
+        self.work = Path(work)
+        self.main = main
+        self.epoch = epoch
+        self.values: dict[tuple[str, str, str], float] = {}
+        self.written = 0
+        self.loaded = False
+
+    def get(self, func: str, key: tuple[str, str]) -> Optional[float]:
+        if not self.loaded:
+            self.load()
+        return self.values.get((func, *key))
+
+    def put(self, func: str, values: dict) -> None:
+        """Keep ``values`` ({(prompt id, completion hash): reward}) and commit them as one shard now."""
+        fresh = {(func, *key): float(v) for key, v in values.items()
+                 if v is not None and math.isfinite(float(v))}  # None/NaN: not a result to keep
+        self.values.update(fresh)
+        if fresh and self.main:
+            self._commit(fresh)
+
+    def _commit(self, fresh: dict) -> None:
+        name = f"{int(self.epoch()):05d}-{self.written:06d}"
+        self.written += 1
+        folder = self.work / "reward_cache_out" / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        try:
+            (folder / FILE).write_text(json.dumps({"entries": [[*k, v] for k, v in fresh.items()]}))
+            self.checkpoints.commit_folder(folder, f"{self.prefix}{name}/", step=0, epoch=int(self.epoch()),
+                                           meta={"kind": "grpo_reward_cache", "shard": name})
+        except Exception as err:  # noqa: BLE001 - training goes on; a resumed attempt scores these again
+            log.warning("could not store %d rewards (%s: %s); a resumed attempt will compute them again",
+                        len(fresh), type(err).__name__, err)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def load(self) -> int:
+        """Read every committed shard (verified); returns how many rewards came back."""
+        self.loaded = True
+        shards = sorted({k[len(self.prefix):].split("/", 1)[0] for k in self.store.list(self.prefix)
+                         if k.endswith("/" + mf.MANIFEST_NAME)})
+        before = len(self.values)
+        for name in shards:
+            try:
+                self.values.update(self._read(name))
+            except (mf.CorruptCheckpoint, FileNotFoundError, ValueError, OSError, KeyError, TypeError) as err:
+                log.warning("reward cache shard %s is unusable (%s); its rewards will be computed again", name, err)
+        if shards:
+            log.info("reward cache: %d rewards from %d shards in storage", len(self.values) - before, len(shards))
+        self.written = max(self.written, sum(1 for s in shards if s.startswith(f"{int(self.epoch()):05d}-")))
+        return len(self.values) - before
+
+    def _read(self, name: str) -> dict:
+        local = self.work / "reward_cache_in" / name
+        shutil.rmtree(local, ignore_errors=True)
+        try:
+            manifest = mf.loads(self.store.get_bytes(f"{self.prefix}{name}/{mf.MANIFEST_NAME}"))
+            meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
+            if meta.get("shard") != name or manifest.get("run_name") != self.checkpoints.run_name:
+                raise mf.CorruptCheckpoint(f"its manifest is that of job {manifest.get('run_name')!r}, shard "
+                                           f"{meta.get('shard')!r}")
+            if [e["path"] for e in manifest["files"]] != [FILE]:
+                raise mf.CorruptCheckpoint(f"it lists {[e['path'] for e in manifest['files']]}, not [{FILE!r}]")
+            self.store.download_file(f"{self.prefix}{name}/{FILE}", mf.safe_join(local, FILE))
+            mf.verify_folder(local, manifest)
+            return parse_entries(json.loads((local / FILE).read_text()))
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+
+
+def parse_entries(body: Any) -> dict:
+    """``{"entries": [[func, prompt id, completion hash, reward], ...]}``, each checked; ValueError otherwise."""
+    if not isinstance(body, dict) or not isinstance(body.get("entries"), list):
+        raise ValueError("it holds no list of entries")
+    out = {}
+    for entry in body["entries"]:
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
+                and all(isinstance(x, str) and _ID.fullmatch(x) for x in entry[1:3])):
+            raise ValueError(f"entry {str(entry)[:80]!r} is not [function, prompt id, completion hash, reward]")
+        value = entry[3]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"reward {value!r} is not a finite number")
+        out[(entry[0], entry[1], entry[2])] = float(value)
+    return out

@@ -1,0 +1,205 @@
+"""recipe=grpo: launch checks of the reward functions and batch shapes, the reward cache, the batch in flight."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from orchestrator.compose import compose_config
+from orchestrator.errors import ConfigError
+
+BAD = [
+    (["recipe.reward_funcs=[no_such_module_xyz:fn]"], ["no_such_module_xyz", "cannot be imported", "PYTHONPATH"]),
+    (["recipe.reward_funcs=[recipes.rewards:nope]"], ["has no callable 'nope'"]),
+    (["recipe.reward_funcs=[recipes.rewards]"], ["not an import path", "package.module:function"]),
+    (["recipe.reward_funcs=[tests.helpers.grpo_rewards:NOT_CALLABLE]"], ["has no callable"]),
+    (["recipe.reward_funcs=[tests.helpers.grpo_rewards:no_kwargs]"], ["takes no **kwargs", "def no_kwargs(prompts, completions, **kwargs)"]),
+    (["recipe.reward_funcs=[tests.helpers.grpo_rewards:needs_judge]"], ["cannot be called as TRL calls it", "judge"]),
+    (["recipe.reward_funcs=[]"], ["at least one reward function"]),
+    (["recipe.num_generations=3", "train.per_device_batch_size=8", "recipe.steps_per_generation=1"],
+     ["num_generations=3 does not divide the generation batch of 8"]),
+    (["recipe.beta=-0.1"], ["recipe.beta=-0.1 must be a finite number of at least 0"]),
+    (["recipe.use_vllm=true"], ["use_vllm=true needs a CUDA GPU"]),
+    (["recipe.reward_weights=[1.0]"], ["2 reward functions"]),
+    (["train.eval_steps=5"], ["train.eval_steps=0"]),
+]
+
+
+@pytest.mark.parametrize("overrides,needles", BAD)
+def test_bad_grpo_settings_are_refused_at_compose_with_the_fix(overrides, needles):
+    with pytest.raises(ConfigError) as err:
+        compose_config(["recipe=grpo", *overrides])
+    for needle in needles:
+        assert needle in str(err.value), str(err.value)
+
+
+def test_grpo_composes_with_its_own_option_names_and_full_fine_tune():
+    cfg = compose_config(["recipe=grpo", "recipe.peft=full", "recipe.num_generations=2", "recipe.num_iterations=2"])
+    assert cfg.recipe.peft == "full" and cfg.recipe.num_iterations == 2
+    assert list(cfg.recipe.reward_funcs) == ["recipes.rewards:exact_answer", "recipes.rewards:answer_format"]
+    with pytest.raises(Exception):
+        compose_config(["recipe=sft", "recipe.num_generations=2"])  # an SFT job has no GRPO keys
+
+
+def test_shipped_rewards_score_the_builtin_task():
+    from recipes.rewards import answer_format, exact_answer
+
+    assert exact_answer(["Q: 3 + 5 =\nA:"] * 3, [" 8", " 9", " 8 and"], answer=["8"] * 3) == [1.0, 0.0, 1.0]
+    assert answer_format([""] * 3, [" 8", "8 x", "-3 "]) == [0.5, 0.0, 0.5]
+
+
+def _cache(tmp_path, run="g"):
+    from orchestrator.checkpoint.reward_cache import RewardCache
+    from orchestrator.checkpoint.store import CheckpointStore
+    from orchestrator.storage import open_store
+
+    store = open_store(str(tmp_path / "runs"))
+    return RewardCache(CheckpointStore(store, run, keep_last=2, staging_dir=tmp_path / "st"), work=tmp_path / "w",
+                       main=True), store
+
+
+def test_reward_cache_scores_each_pair_once_across_a_resume(tmp_path):
+    from recipes.rewards import CachedReward
+
+    calls = []
+
+    def reward(prompts, completions, answer=None, **kwargs):
+        calls.extend(zip(prompts, completions))
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    cache, _ = _cache(tmp_path)
+    fn = CachedReward(reward, "tests:reward", cache)
+    assert fn.__name__ == "reward"  # TRL names the metric after it
+    prompts, completions, answers = ["p1", "p1", "p2", "p2"], ["1", "1", "2", "3"], ["1", "1", "2", "2"]
+    assert fn(prompts, completions, answer=answers, trainer_state=None) == [1.0, 1.0, 1.0, 0.0]
+    assert calls == [("p1", "1"), ("p2", "2"), ("p2", "3")]  # the repeated pair scored once
+    resumed, _ = _cache(tmp_path)  # a new attempt: the cache comes from storage
+    again = CachedReward(reward, "tests:reward", resumed)
+    assert again(prompts + ["p3"], completions + ["4"], answer=answers + ["4"]) == [1.0, 1.0, 1.0, 0.0, 1.0]
+    assert calls[3:] == [("p3", "4")]
+    # the same completion with another answer column is another row: scored
+    assert again(["p1"], ["1"], answer=["2"]) == [0.0] and calls[-1] == ("p1", "1")
+
+
+@pytest.mark.parametrize("tamper", ["value", "nan", "manifest_owner"])
+def test_a_tampered_reward_cache_shard_is_refused_and_its_rewards_computed_again(tmp_path, tamper, caplog):
+    cache, store = _cache(tmp_path)
+    cache.put("f", {("a" * 32, "b" * 32): 1.0})
+    cache.put("f", {("c" * 32, "d" * 32): 0.5})
+    shard = sorted(k for k in store.list("g/reward_cache/") if k.endswith("rewards.json"))[0]
+    body = json.loads(store.get_bytes(shard))
+    if tamper == "value":
+        body["entries"][0][3] = 7.0  # same size, other bytes: the manifest's hash refuses it
+        store.put_bytes(shard, json.dumps(body).encode())
+    elif tamper == "nan":
+        from orchestrator.checkpoint.reward_cache import parse_entries
+
+        body["entries"][0][3] = math.nan
+        with pytest.raises(ValueError, match="not a finite number"):
+            parse_entries(json.loads(json.dumps(body)))
+        return
+    else:
+        key = shard.replace("rewards.json", "manifest.json")
+        store.put_bytes(key, store.get_bytes(key).replace(b'"run_name": "g"', b'"run_name": "other"'))
+    resumed, _ = _cache(tmp_path)
+    assert resumed.get("f", ("a" * 32, "b" * 32)) is None  # refused: computed again
+    assert resumed.get("f", ("c" * 32, "d" * 32)) == 0.5  # the other shard still serves
+    assert "unusable" in caplog.text
+
+
+def test_the_batch_in_flight_round_trips_and_non_finite_values_are_refused(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from recipes.grpo import read_buffer
+
+    parts = [{"advantages": torch.tensor([0.5, -0.5]), "completion_ids": torch.tensor([[1, 2], [3, 4]]),
+              "num_items_in_batch": 4}, {"advantages": torch.tensor([1.0, 0.0]),
+                                         "completion_ids": torch.tensor([[5, 6], [7, 8]]), "num_items_in_batch": 4}]
+    tensors = {f"{i}/{k}": v for i, p in enumerate(parts) for k, v in p.items() if torch.is_tensor(v)}
+    scalars = [{"num_items_in_batch": 4}, {"num_items_in_batch": 4}]
+    save_file(tensors, str(tmp_path / "b.safetensors"))
+    back = read_buffer(tmp_path / "b.safetensors", scalars, 2, "cpu")
+    assert torch.equal(back[1]["completion_ids"], parts[1]["completion_ids"]) and back[0]["num_items_in_batch"] == 4
+    with pytest.raises(ValueError, match="2 parts"):
+        read_buffer(tmp_path / "b.safetensors", scalars[:1], 2, "cpu")
+    tensors["0/advantages"] = torch.tensor([math.inf, 0.0])
+    save_file(tensors, str(tmp_path / "b.safetensors"))
+    with pytest.raises(ValueError, match="non-finite"):
+        read_buffer(tmp_path / "b.safetensors", scalars, 2, "cpu")
+
+
+def _commit_generation_checkpoint(store, tmp_path, step: int, advantages) -> str:
+    """A checkpoint folder as ExactResumeGRPOTrainer writes it inside a generation batch, committed as a job does."""
+    import torch
+    from safetensors.torch import save_file
+
+    from orchestrator.checkpoint.store import CheckpointStore
+
+    folder = tmp_path / f"trainer-{step}"
+    folder.mkdir()
+    save_file({"0/advantages": torch.tensor(advantages), "1/advantages": torch.tensor(advantages)},
+              str(folder / "grpo_buffer_rank0.safetensors"))
+    (folder / "grpo_state.json").write_text(json.dumps({"step": step, "generate_every": 4, "buffer": [{}, {}],
+                                                        "metrics": {"reward": [0.5]}}))
+    checkpoints = CheckpointStore(store, "job", staging_dir=tmp_path / "staging")
+    name = checkpoints.commit_async(folder, step=step, epoch=1, meta={}, may_commit=lambda: None,
+                                    on_committed=lambda result, manifest: None)
+    checkpoints.wait()
+    checkpoints.close()
+    return name
+
+
+def test_a_tampered_batch_in_flight_is_refused_and_the_previous_checkpoint_restored(tmp_path, caplog):
+    from safetensors.torch import save_file
+    import torch
+
+    from orchestrator.checkpoint.store import CheckpointStore
+    from orchestrator.storage.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    older = _commit_generation_checkpoint(store, tmp_path, 5, [0.5, -0.5])
+    newer = _commit_generation_checkpoint(store, tmp_path, 9, [1.0, -1.0])
+    forged = tmp_path / "forged.safetensors"  # other advantages, same shapes: what a bucket writer would try
+    save_file({"0/advantages": torch.tensor([9.0, -9.0]), "1/advantages": torch.tensor([9.0, -9.0])}, str(forged))
+    store.put_bytes(f"job/checkpoints/{newer}/grpo_buffer_rank0.safetensors", forged.read_bytes())
+    local, manifest = CheckpointStore(store, "job", staging_dir=tmp_path / "s").restore_latest(tmp_path / "restore")
+    assert local.name == older and manifest["step"] == 5
+    assert f"checkpoint {newer} is unusable" in caplog.text
+
+
+def test_trl_metrics_in_a_checkpoint_must_be_numbers():
+    from recipes.grpo import read_metrics
+
+    assert read_metrics({"reward": [0.5, 1], "kl": []}) == {"reward": [0.5, 1.0], "kl": []}
+    for bad in ({"reward": ["x"]}, {"reward": 0.5}, [1]):
+        with pytest.raises(ValueError):
+            read_metrics(bad)
+
+
+def test_the_planner_counts_grpos_rows_reference_model_and_generation_cache():
+    from orchestrator.plan import estimate_memory
+
+    sft = estimate_memory(compose_config(["recipe=sft", "recipe.peft=full"]))
+    grpo = estimate_memory(compose_config(["recipe=grpo", "recipe.peft=full", "recipe.beta=0.04",
+                                           "recipe.max_completion_length=16", "recipe.steps_per_generation=2"]))
+    lora = estimate_memory(compose_config(["recipe=grpo", "recipe.beta=0.04", "recipe.max_completion_length=16"]))
+    assert grpo.tokens_per_step == sft.tokens_per_step * (64 + 16) // 64  # prompt and completion per row
+    assert grpo.components["reference_model"] == grpo.components["weights"]  # full fine-tune, beta > 0
+    assert "reference_model" not in lora.components and "reference_model" not in sft.components  # LoRA: the base
+    # 2 (K and V) x layers x kv_dim x (prompt + completion) x (8 rows x 2 steps) x float32
+    assert grpo.components["generation_cache"] == 2 * 2 * 64 * 80 * 16 * 4
+    assert "generation_cache" not in sft.components
+
+
+@pytest.mark.e2e
+def test_launch_exits_4_with_the_fix_for_a_reward_function_it_cannot_import(tmp_path):
+    from tests.helpers import jobs
+
+    done = jobs.run_job(["recipe=grpo", "recipe.reward_funcs=[mypkg_missing.rewards:judge]",
+                         f"storage.uri={tmp_path / 'runs'}", "run.name=bad-reward"], tmp_path, timeout=120)
+    assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
+    text = done.stdout + done.stderr
+    assert "mypkg_missing" in text and "PYTHONPATH" in text
+    assert not (tmp_path / "runs" / "bad-reward" / "ledger.json").exists()  # refused before any attempt
