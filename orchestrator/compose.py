@@ -17,6 +17,7 @@ from orchestrator.config import RECIPE_SCHEMAS, register_configs
 from orchestrator.distributed import configured_world_size
 from orchestrator.durations import interval_bounds, is_auto, parse_deadline, parse_duration
 from orchestrator.errors import ConfigError, UserError
+from orchestrator.evaluation import spec as bench_spec
 
 CHOICES = {
     "recipe.name": ("sft", "dpo", "qlora"),
@@ -509,4 +510,4 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
 CHECKS = (_check_recipe, _check_evaluation, _check_tracking, _check_data, _check_durations, _check_schedule, _check_counts,
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
-          _check_attempt_settings, check_lr_scheduler, _check_model_path, *train_options.CHECKS)
+          _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS)
