@@ -94,6 +94,11 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     if main and cfg.train.trial_steps <= 0:
         runner.extra_callbacks = steering(cfg, runner, compute=compute, capacity=capacity, catalog=catalog,
                                           auto=auto, hooks=hooks, environ=environ)
+        from orchestrator.evaluation.watch import bench_watch
+
+        runner.bench = bench_watch(cfg, store=store, run_name=run_name, runner=runner)
+        if runner.bench is not None:
+            runner.extra_callbacks.append(runner.bench)
     return runner
 
 

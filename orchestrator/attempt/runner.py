@@ -87,6 +87,7 @@ class Runner:
         self.fenced_error: Optional[Exception] = None
         self.callback = None  # the Trainer callback, made in build()
         self.extra_callbacks: list = []  # build_attempt's: checkpoint.every=auto's schedule, run.deadline's watch
+        self.bench = None  # build_attempt's benchmark watch (eval.tasks; orchestrator.evaluation.watch), also a callback
         self._last_heartbeat = time.monotonic()
 
     # ---- the sequence ---------------------------------------------------------
@@ -206,8 +207,9 @@ class Runner:
 
     def cost_figures(self, step: int, *, window_step_seconds: Optional[float] = None,
                      ledger: Optional[dict] = None) -> dict:
-        return self.money.cost_figures(step, callback=self.callback, upload_seconds=self.checkpoints.upload_seconds(),
-                                       window_step_seconds=window_step_seconds, ledger=ledger)
+        figures = self.money.cost_figures(step, callback=self.callback, upload_seconds=self.checkpoints.upload_seconds(),
+                                          window_step_seconds=window_step_seconds, ledger=ledger)
+        return figures if self.bench is None else dict(figures, **self.bench.figures())
 
     # ---- 4-5. how the attempt ends ----------------------------------------------------
     def stop(self, reason: StopReason) -> int:
@@ -226,6 +228,8 @@ class Runner:
         saved = self.checkpoints.save_final(trainer, weights_step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)),
                                             upload=cfg.checkpoint.save_final_weights,
                                             to_mlflow=self.tracking if cfg.tracking.log_final_weights else None)
+        if self.bench is not None:
+            self.bench.after_final(trainer, weights_step)
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
         if not self.main:
             return exitcodes.COMPLETED
