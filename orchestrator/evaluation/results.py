@@ -4,7 +4,7 @@ every job of the storage).
 
 Each result records the hash of the checkpoint manifest it scored, the harness version, the task configuration's
 hash and the seed, and the SHA-256 of all of it. Storage is untrusted: a result is used only when its own hash,
-its numbers (finite, scores in [0, 1]... or any finite value for non-fraction metrics) and all four match what
+its numbers (finite) and all four match what
 this evaluation would produce; otherwise it is reported, ignored, and the checkpoint evaluated again. The
 folder is outside ``checkpoints/``: a result outlives its checkpoint's retention.
 """
