@@ -8,9 +8,10 @@ shown as evaluation time in the cost report; the step timing does not count it. 
 ``cost_usd`` at the checkpoint's step; the tracker drops a (metric, step) the run already has, so a restart that
 evaluates a checkpoint again logs nothing twice.
 
-``eval.every`` counts the job's regular commits (not the emergency save of a stop) in
-``<run>/bench/<hash>/progress.json``, written before each evaluation: an attempt killed during one evaluates
-that checkpoint again when it resumes from it.
+``eval.every`` counts the job's regular saves (not the emergency save of a stop) in
+``<run>/bench/<hash>/progress.json``, each noted when it is saved and again once evaluated. An attempt resuming
+from a checkpoint counts only the saves up to it (later ones never committed), and evaluates it if it was due and
+its evaluation never finished (the attempt was killed during it).
 """
 from __future__ import annotations
 
@@ -50,25 +51,26 @@ class BenchWatch(TrainerCallback):
         self.base: Optional[dict] = None
         self.seconds = 0.0  # evaluation time this attempt
         self.evaluated: list[int] = []  # steps evaluated this attempt
+        self.history: list[list[int]] = []  # [step, regular commits since the last evaluated one] per noted save
 
     # ---- the Trainer's hooks --------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         self.runner.tracking.set_tags(spec.describe(self.task_set, self.ev))
         self.base = self._base(model, processing_class)
-        progress = self._progress()
         restored = self._committed_at(state.global_step)
-        if restored is not None and progress.get("step", -1) < state.global_step:
-            progress = {"step": state.global_step, "since": int(progress.get("since", 0)) + 1}  # killed before noting
-        if restored is not None and progress.get("since", 0) >= max(self.ev.every, 1) and self.ev.every > 0:
-            self._evaluate_checkpoint(model, processing_class, restored, state.global_step)  # pending: killed mid-way
+        # saves noted after the restored checkpoint never committed: they do not count
+        self.history = [e for e in self._progress() if restored is not None and e[0] <= state.global_step]
+        if restored is not None and (not self.history or self.history[-1][0] < state.global_step):
+            self._note(state.global_step, (self.history[-1][1] if self.history else 0) + 1)  # killed before noting
+        if restored is not None and self.ev.every > 0 and self.history[-1][1] >= self.ev.every:
+            self._evaluate_checkpoint(model, processing_class, restored, state.global_step)  # killed before or during it
         return control
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self.ev.every <= 0 or self.runner.callback.stop_reason:
             return control  # the emergency save of a stop is not evaluated (the next attempt goes on)
-        progress = self._progress()
-        since = int(progress.get("since", 0)) + 1
-        self._write_progress(state.global_step, since)
+        since = (self.history[-1][1] if self.history else 0) + 1
+        self._note(state.global_step, since)
         if since >= self.ev.every:
             self.runner.checkpoints.wait()
             done = self.runner.checkpoints.checkpoints.results
@@ -83,7 +85,7 @@ class BenchWatch(TrainerCallback):
         if digest is None:
             return
         record = self._score(name, step, digest, model, tokenizer)
-        self._write_progress(step, 0)
+        self._note(step, 0)
         self._log(record, step)
 
     def after_final(self, trainer: Any, step: int) -> Optional[dict]:
@@ -159,16 +161,20 @@ class BenchWatch(TrainerCallback):
                 "attempt_evaluation_usd": self.seconds * self.runner.money.price.usd_per_hour_total / 3600.0}
 
     # ---- the eval.every counter -------------------------------------------------------
-    def _progress(self) -> dict:
+    def _progress(self) -> list[list[int]]:
         try:
             data = json.loads(self.store.get_bytes(f"{self.results.prefix}progress.json"))
         except (FileNotFoundError, KeyError, ValueError):
-            return {}
-        ok = isinstance(data, dict) and all(isinstance(data.get(k), int) for k in ("step", "since"))
-        return data if ok else {}
+            return []
+        entries = data.get("saves") if isinstance(data, dict) else None
+        ok = isinstance(entries, list) and all(
+            isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v >= 0 for v in e) for e in entries)
+        return entries if ok else []
 
-    def _write_progress(self, step: int, since: int) -> None:
-        self.store.put_bytes(f"{self.results.prefix}progress.json", json.dumps({"step": step, "since": since}).encode())
+    def _note(self, step: int, since: int) -> None:
+        """The save at ``step`` is the ``since``-th regular commit since the last evaluated one (0: evaluated)."""
+        self.history = [e for e in self.history if e[0] < step][-8:] + [[int(step), int(since)]]
+        self.store.put_bytes(f"{self.results.prefix}progress.json", json.dumps({"saves": self.history}).encode())
 
     def _committed_at(self, step: int) -> Optional[str]:
         found = [c.name for c in self.runner.checkpoints.checkpoints.committed() if c.step == step]
