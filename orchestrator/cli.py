@@ -1,4 +1,4 @@
-"""``orchestrator <command>``: the tools around a job (status, report, plan, simulate, checkpoints, storage init).
+"""``orchestrator <command>``: the tools around a job (status, report, plan, simulate, checkpoints, storage init, eval).
 
 Launching a job is ``python -m orchestrator.launch [overrides]``.
 """
@@ -14,6 +14,7 @@ COMMANDS = {
     "simulate": ("orchestrator.simulate", "replay spot traces through the interval, deadline and requeue policies"),
     "checkpoints": ("orchestrator.checkpoint.inspect", "list a job's committed checkpoints; --verify restores each"),
     "storage": ("orchestrator.storage.lifecycle", "storage init <s3-uri>: lifecycle rules for a bucket"),
+    "eval": ("orchestrator.evaluation.job", "eval <storage-uri>/<run> [overrides]: benchmark scores of a job's checkpoints"),
 }
 
 
