@@ -13,6 +13,7 @@ import logging
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -98,12 +99,40 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path) -> dict:
             continue
         result = harness.run(task_set, cfg.eval, model_args=model_args(cfg, Path(folder)))
         results.save(name, step=step, manifest_sha256=digest, evaluation=result)
+        log_to_run(cfg, store, run_name, result.scores, step)
         counts["evaluated"] += 1
         print(f"{name} (step {step}): " + ", ".join(
             f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
             for metric, score in metrics.items()), flush=True)
         shutil.rmtree(folder, ignore_errors=True)
     return counts
+
+
+def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> int:
+    """``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the ledger's), each
+    (metric, step) the run does not have yet: a rerun logs nothing twice. Returns the points logged."""
+    from orchestrator.ledger import Ledger
+
+    run_id = Ledger(store, run_name).load().get("mlflow_run_id")
+    if not (cfg.tracking.enabled and run_id):
+        return 0
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    from orchestrator.tracking import quiet_telemetry, resolve_tracking_uri
+
+    quiet_telemetry()
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking))
+    now_ms, points = int(time.time() * 1000), []
+    for task, metrics in scores.items():
+        for metric, score in metrics.items():
+            for key, value in ((f"bench/{task}/{metric}", score.get("value")),
+                               (f"bench/{task}/{metric}_stderr", score.get("stderr"))):
+                if value is not None and step not in {m.step for m in client.get_metric_history(run_id, key)}:
+                    points.append(Metric(key, float(value), now_ms, int(step)))
+    if points:
+        client.log_batch(run_id, metrics=points)
+    return len(points)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
