@@ -77,3 +77,15 @@ def test_the_harness_output_becomes_scores_with_errors_and_per_item_values():
     parsed = parse_results(output, ["t"])
     assert parsed.scores == {"t": {"acc": {"value": 0.5, "stderr": 0.25}, "exact_match_strip": {"value": 1.0}}}
     assert parsed.samples == {"t": {"acc": [1.0, 0.0], "exact_match_strip": [1.0, 1.0]}}
+
+
+def test_the_report_column_shows_each_score_with_its_interval_and_the_gain_or_within_noise():
+    metrics = {"bench/tiny_arith_mc/acc": 0.30, "bench/tiny_arith_mc/acc_stderr": 0.032,
+               "bench_gain/tiny_arith_mc/acc": 3.0, "bench_gain/tiny_arith_mc/acc_interval": 8.7,
+               "bench/tiny_arith_gen/exact_match_strip": 0.80, "bench/tiny_arith_gen/exact_match_strip_stderr": 0.028,
+               "bench_gain/tiny_arith_gen/exact_match_strip": 50.0,
+               "bench_gain/tiny_arith_gen/exact_match_strip_interval": 8.4,
+               "bench_usd_per_point/tiny_arith_gen/exact_match_strip": 0.04, "loss": 1.0}
+    assert stats.report_cell(metrics) == ("tiny_arith_gen/exact_match_strip=0.800+-0.055 (+50.0+-8.4 pts, $0.0400/pt); "
+                                          "tiny_arith_mc/acc=0.300+-0.063 (+3.0+-8.7 pts, within noise)")
+    assert stats.report_cell({"loss": 1.0}) == "-"

@@ -59,3 +59,21 @@ def gains(after: dict, before: dict) -> dict:
             out[f"{task}/{metric}"] = gain(score, base, ((after.get("samples") or {}).get(task) or {}).get(metric),
                                            ((before.get("samples") or {}).get(task) or {}).get(metric))
     return out
+
+
+def report_cell(metrics: dict) -> str:
+    """A job's benchmark column from its run's latest metrics: each score with its 95% interval, and the gain
+    over the base with its interval and USD per point (or "within noise")."""
+    cells = []
+    for key in sorted(k for k in metrics if k.startswith("bench/") and not k.endswith("_stderr")):
+        name = key[len("bench/"):]
+        text = f"{name}={metrics[key]:.3f}"
+        if metrics.get(f"{key}_stderr") is not None:
+            text += f"+-{Z95 * metrics[key + '_stderr']:.3f}"
+        gain_points, interval = metrics.get(f"bench_gain/{name}"), metrics.get(f"bench_gain/{name}_interval")
+        if gain_points is not None and interval is not None:
+            per_point = metrics.get(f"bench_usd_per_point/{name}")
+            text += (f" ({gain_points:+.1f}+-{interval:.1f} pts, "
+                     + (f"${per_point:.4f}/pt)" if per_point is not None else "within noise)"))
+        cells.append(text)
+    return "; ".join(cells) or "-"

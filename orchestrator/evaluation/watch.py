@@ -148,6 +148,13 @@ class BenchWatch(TrainerCallback):
         for key, g in stats.gains(final, self.base).items():
             rows[key] = {"gain_points": g.points, "interval_points": g.half_width, "paired": g.paired,
                          "usd_per_point": g.usd_per_point(cost), "verdict": g.verdict(cost)}
+        gain_metrics = {}
+        for key, row in rows.items():
+            gain_metrics[f"bench_gain/{key}"] = row["gain_points"]
+            gain_metrics[f"bench_gain/{key}_interval"] = row["interval_points"]
+            if row["usd_per_point"] is not None:
+                gain_metrics[f"bench_usd_per_point/{key}"] = row["usd_per_point"]
+        self.runner.tracking.log_metrics(gain_metrics, int(final["step"]))
         lines = [f"benchmark {key}: {row['verdict']}" for key, row in rows.items()]
         if lines and self.runner.main:
             print("\n".join(lines), flush=True)
