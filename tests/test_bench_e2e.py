@@ -68,6 +68,10 @@ def test_bench_points_at_the_evaluated_steps_once_each_across_sigkills(s3_server
     cost_steps = collections.Counter(m.step for m in client.get_metric_history(mlrun.info.run_id, "cost_usd"))
     assert cost_steps[10] == 1 and cost_steps[20] == 1, cost_steps
     assert mlrun.data.tags["bench_harness_version"] == "0.4.13" and mlrun.data.tags["bench_tasks"] == "tiny_arith_mc"
+    # the final gain over the base with its interval, once, at the final step; the verdict in the job's output
+    gains = client.get_metric_history(mlrun.info.run_id, "bench_gain/tiny_arith_mc/acc_interval")
+    assert [m.step for m in gains] == [results["final"]["step"]] and gains[0].value > 0, gains
+    assert "benchmark tiny_arith_mc/acc: " in log
     text = client.download_artifacts(mlrun.info.run_id, "cost_report.txt", str(tmp_path / "a"))
     assert "benchmark evaluation (this attempt, not training):" in open(text).read()
 

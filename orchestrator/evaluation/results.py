@@ -60,10 +60,12 @@ class ResultStore:
     def key(self, name: str) -> str:
         return f"{self.prefix}{name}.json"
 
-    def save(self, name: str, *, step: int, manifest_sha256: str, evaluation: Any) -> dict:
+    def save(self, name: str, *, step: int, manifest_sha256: str, evaluation: Any,
+             cost_usd: Optional[float] = None) -> dict:
+        """``cost_usd``: the job's cost when the checkpoint was evaluated (logged beside its scores)."""
         body = {"version": RESULT_VERSION, "checkpoint": name, "step": int(step), "manifest_sha256": manifest_sha256,
                 **self.identity, "scores": evaluation.scores, "samples": evaluation.samples,
-                "seconds": round(float(evaluation.seconds), 3)}
+                "seconds": round(float(evaluation.seconds), 3), "cost_usd": cost_usd}
         record = dict(body, sha256=_digest(body))
         self.store.put_bytes(self.key(name), json.dumps(record, sort_keys=True).encode())
         return record

@@ -57,6 +57,7 @@ class BenchWatch(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         self.runner.tracking.set_tags(spec.describe(self.task_set, self.ev))
         self.base = self._base(model, processing_class)
+        self._replay(state.global_step)
         restored = self._committed_at(state.global_step)
         # saves noted after the restored checkpoint never committed: they do not count
         self.history = [e for e in self._progress() if restored is not None and e[0] <= state.global_step]
@@ -106,7 +107,8 @@ class BenchWatch(TrainerCallback):
         if keep_samples and result.raw_samples is not None:
             self.runner.tracking.log_dict(json.loads(json.dumps(result.raw_samples, default=str)),
                                           "bench/samples_final.json")
-        return self.results.save(name, step=step, manifest_sha256=digest, evaluation=result)
+        return self.results.save(name, step=step, manifest_sha256=digest, evaluation=result,
+                                 cost_usd=self.runner.money.total_cost_usd())
 
     def _base(self, model, tokenizer) -> Optional[dict]:
         """The base model's scores, from ``_bench/<key>/`` or evaluated once (LoRA: the adapter switched off)."""
@@ -128,6 +130,20 @@ class BenchWatch(TrainerCallback):
         return cached
 
     # ---- what it reports ----------------------------------------------------------------
+    def _replay(self, restored_step: int) -> None:
+        """Points of stored results an earlier attempt was killed before delivering (the tracker drops those the
+        run has): oldest first, each with the cost it was evaluated at."""
+        records = []
+        for name in self.results.names():
+            if name in ("progress", "final"):
+                continue
+            digest = manifest_hash(self.store, f"{self.run_name}/checkpoints/{name}/manifest.json")
+            record = self.results.load(name, manifest_sha256=digest) if digest else None  # None: retention took it
+            if record is not None and record["step"] <= restored_step:
+                records.append(record)
+        for record in sorted(records, key=lambda r: r["step"]):
+            self._log(record, record["step"], cost=record.get("cost_usd") is not None)
+
     def _log(self, record: dict, step: int, *, cost: bool = True) -> None:
         metrics = {}
         for task, scores in record["scores"].items():
@@ -136,8 +152,11 @@ class BenchWatch(TrainerCallback):
                 if score.get("stderr") is not None:
                     metrics[f"bench/{task}/{metric}_stderr"] = score["stderr"]
         if cost:
-            metrics["cost_usd"] = self.runner.money.total_cost_usd()
+            metrics["cost_usd"] = record.get("cost_usd") or self.runner.money.total_cost_usd()
         self.runner.tracking.log_metrics(metrics, step)
+        tracker = getattr(self.runner.tracking, "tracker", None)
+        if tracker is not None:  # delivered now: a SIGKILL after this loses no point
+            tracker.flush(timeout_s=10.0)
 
     def summary(self, final: dict) -> Optional[dict]:
         """Per task and metric: the final score, the base's, the gain with its 95% interval, USD per point."""
