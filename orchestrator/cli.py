@@ -1,4 +1,4 @@
-"""``orchestrator <command>``: the tools around a job (status, report, plan, simulate, checkpoints, storage).
+"""``orchestrator <command>``: the tools around a job (status, report, plan, simulate, checkpoints, storage, eval).
 
 Launching a job is ``python -m orchestrator.launch [overrides]``. Every command parses with argparse, prints
 errors as ``error: ...`` and exits 2 on a user error, 4 on a bad job config (docs/cli.md).
@@ -18,6 +18,7 @@ COMMANDS = {
     "simulate": ("orchestrator.simulate", "replay spot traces through the interval, deadline and requeue policies"),
     "checkpoints": ("orchestrator.checkpoint.inspect", "list a job's committed checkpoints; --verify restores each"),
     "storage": ("orchestrator.storage.lifecycle", "storage init: lifecycle rules for a bucket; storage repair-spend: rebuild the spend index"),
+    "eval": ("orchestrator.evaluation.job", "benchmark scores of a job's committed checkpoints (lm-evaluation-harness)"),
 }
 
 

@@ -239,6 +239,19 @@ class DistributedConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Benchmark scores of checkpoints with lm-evaluation-harness (docs/quality.md); off while ``tasks`` is empty."""
+
+    tasks: list[str] = field(default_factory=list)  # harness task names (tiny_arith_mc, tiny_arith_gen ship here), task YAML files or folders
+    num_fewshot: Optional[int] = None  # few-shot examples per item (None: each task's own)
+    limit: Optional[int] = None  # items per task (None: all of them); scores of a limited run are for smoke tests
+    batch_size: int = 16  # items per forward pass
+    seed: int = 1234  # the harness's random, numpy, torch and few-shot seeds (the same seed: the same scores)
+    every: int = 0  # in the training job: every k-th committed checkpoint, and always the final weights (0: the final weights only)
+    log_samples: bool = False  # the final evaluation's per-item samples as an MLflow artifact (bench/samples_final.json)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
@@ -254,6 +267,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 GROUP_SCHEMAS = {
@@ -270,6 +284,7 @@ GROUP_SCHEMAS = {
     "backend": BackendConfig,
     "distributed": DistributedConfig,
     "train": TrainConfig,
+    "eval": EvalConfig,
 }
 
 

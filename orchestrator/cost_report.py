@@ -181,6 +181,7 @@ def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: cos
                  "ran_on_spot": price.spot or any(bool(a.get("spot")) for a in ledger.get("attempts", []))},
         "checkpointing_this_attempt": {"stall_s": get("attempt_checkpoint_stall_s"),
                                        "upload_s": get("attempt_checkpoint_upload_s")},
+        "evaluation_this_attempt": {"seconds": get("attempt_evaluation_s"), "usd": get("attempt_evaluation_usd")},
         "quality": {"metric": quality_metric, "value": quality, "before": quality_before,
                     "gain_points": get("quality_gain_points"), "usd_per_point": get("usd_per_quality_point")},
     }
@@ -214,6 +215,10 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"checkpointing (this attempt): {num(report['checkpointing_this_attempt']['stall_s'], '{:.2f}')}s training "
         f"stalled, {num(report['checkpointing_this_attempt']['upload_s'], '{:.2f}')}s uploading",
     ]
+    evaluation = report.get("evaluation_this_attempt") or {}
+    if evaluation.get("seconds"):
+        lines.append(f"benchmark evaluation (this attempt, not training): {evaluation['seconds']:.2f}s, "
+                     f"${num(evaluation.get('usd'), '{:.6f}')}")
     quality = report["quality"]
     if quality["value"] is not None:
         lines.append(f"quality: {quality['metric']}={quality['value']:.4f} (before training: "

@@ -22,13 +22,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 from orchestrator.cli_common import Parser, fail
+from orchestrator.evaluation.stats import report_cell
 from orchestrator.tracking import JOB_TAG, KIND_TAG, scrub_text
 
 REPORT_RUN_NAME = "report"
 REPORT_KIND = "report"
 CHART_ARTIFACT = "cost_vs_quality.png"
 DEFAULT_EXPERIMENT = "spot-orchestrator"
-COLUMNS = ("job", "recipe", "model", "status", "attempts", "preemptions", "cost_usd", "quality", "usd_per_point")
+COLUMNS = ("job", "recipe", "model", "status", "attempts", "preemptions", "cost_usd", "quality", "usd_per_point",
+           "benchmarks")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class JobRow:
     # USD per percentage point gained over the "before training" value, as the job logged it
     # (``orchestrator.cost_report.usd_per_quality_point``); None when it had no gain or no "before"
     usd_per_point: Optional[float] = None
+    benchmarks: str = "-"  # bench/<task>/<metric> with its 95% interval and the gain over the base (docs/quality.md)
 
 
 def _number(run, key: str) -> Optional[float]:
@@ -79,6 +82,7 @@ def collect_jobs(client, experiment_id: str) -> list[JobRow]:
                 quality_metric=quality_metric,
                 quality=_number(run, quality_metric) if quality_metric else None,
                 usd_per_point=_number(run, "usd_per_quality_point"),
+                benchmarks=report_cell(run.data.metrics),
             )
         )
     return sorted(rows, key=lambda r: r.job)
@@ -90,7 +94,8 @@ def format_table(rows: list[JobRow]) -> str:
 
     lines = [
         (r.job, r.recipe, r.model, r.status, cell(r.attempts), cell(r.preemptions), cell(r.cost_usd, "{:.2f}"),
-         "-" if r.quality is None else f"{r.quality_metric}={r.quality:.3f}", cell(r.usd_per_point, "{:.3f}"))
+         "-" if r.quality is None else f"{r.quality_metric}={r.quality:.3f}", cell(r.usd_per_point, "{:.3f}"),
+         r.benchmarks)
         for r in rows
     ]
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(COLUMNS)]

@@ -55,7 +55,7 @@ def test_each_command_help_exits_0(capsys, name):
 
 
 @pytest.mark.parametrize("argv", [["status", "x/y"], ["report"], ["plan"], ["simulate", "--traces", "t", "--job-hours", "1"],
-                                  ["checkpoints", "x/y"], ["storage", "init", "s3://b"]], ids=COMMANDS)
+                                  ["checkpoints", "x/y"], ["storage", "init", "s3://b"], ["eval", "x/y"]], ids=COMMANDS)
 def test_each_command_refuses_an_unknown_flag(capsys, argv):
     code, out, err = _run(capsys, *argv, "--no-such-flag")
     assert code == 2, err
@@ -76,6 +76,7 @@ def user_errors(tmp_path, monkeypatch) -> dict[str, tuple[list[str], int, str]]:
                      "--deadline-hours"),
         "checkpoints": (["checkpoints", "s3://"], 2, "s3://"),
         "storage": (["storage", "init", str(tmp_path)], 2, "applies to S3 URIs"),
+        "eval": (["eval", f"{tmp_path}/job", "eval.tasks=[]"], 4, "eval.tasks is empty"),
     }
 
 

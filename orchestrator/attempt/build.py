@@ -92,7 +92,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
     hooks = TestHooks.from_environ(environ)
     parts = dict(record=record, tracking=tracking, interval=checkpoint_interval(cfg), steps=StepClock())
-    steer = steering(cfg, parts, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
+    steer = steering(cfg, parts, store=store, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
                      compute=compute, capacity=capacity, catalog=catalog, hooks=hooks,
                      environ=environ) if main and cfg.train.trial_steps <= 0 else []
     return Runner(cfg, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money, quality=quality,
@@ -106,16 +106,23 @@ def checkpoint_interval(cfg: Any) -> CheckpointInterval:
     return CheckpointInterval.fixed(parse_duration(cfg.checkpoint.every, key="checkpoint.every"))
 
 
-def steering(cfg: Any, parts: dict, *, run_name: str, checkpoints: CheckpointController, money: MoneyWatch,
+def steering(cfg: Any, parts: dict, *, store: Any, run_name: str, checkpoints: CheckpointController, money: MoneyWatch,
              preemption: Any, compute: Any, capacity: str, catalog: dict, hooks: TestHooks, environ) -> list:
     """The main rank's Trainer callbacks besides the orchestrator's: the checkpoint schedule
-    (``checkpoint.every=auto``) and the deadline's capacity watch (``run.deadline``). ``parts``: the record, the
-    tracking, the interval and the step clock they share with the runner."""
+    (``checkpoint.every=auto``), the deadline's capacity watch (``run.deadline``) and the benchmark watch
+    (``eval.tasks``). ``parts``: the record, the tracking, the interval and the step clock they share with the
+    runner."""
     from orchestrator.attempt.capacity import CapacityWatch
     from orchestrator.attempt.schedule import CheckpointSchedule
     from orchestrator.budget import WebhookSink, webhook_url
 
+    from orchestrator.evaluation.watch import bench_watch
+
     callbacks: list = []
+    bench = bench_watch(cfg, store=store, run_name=run_name, tracking=parts["tracking"], checkpoints=checkpoints,
+                        money=money, steps=parts["steps"])
+    if bench is not None:
+        callbacks.append(bench)
     if parts["interval"].auto:
         low, high = interval_bounds(cfg.checkpoint)
         callbacks.append(CheckpointSchedule(**parts, full_model=checkpoints.full_model, uploading=checkpoints.uploading,

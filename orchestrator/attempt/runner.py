@@ -79,6 +79,8 @@ class Runner:
         self.quality = quality  # the "before" evaluation, early stopping, checkpoint.final
         self.preemption, self.hooks = preemption, hooks
         self.interval, self.steps, self.steering = interval, steps, list(steering)
+        # the steering part that scores the final weights too (eval.tasks: orchestrator.evaluation.watch)
+        self.bench = next((part for part in self.steering if hasattr(part, "after_final")), None)
         self.trial = cfg.train.trial_steps > 0
         self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
@@ -220,8 +222,9 @@ class Runner:
 
     def cost_figures(self, step: int, *, window_step_seconds: Optional[float] = None,
                      ledger: Optional[dict] = None) -> dict:
-        return self.money.cost_figures(step, steps=self.steps, upload_seconds=self.checkpoints.upload_seconds(),
-                                       window_step_seconds=window_step_seconds, ledger=ledger)
+        figures = self.money.cost_figures(step, steps=self.steps, upload_seconds=self.checkpoints.upload_seconds(),
+                                          window_step_seconds=window_step_seconds, ledger=ledger)
+        return figures if self.bench is None else dict(figures, **self.bench.figures())
 
     # ---- 4-5. how the attempt ends ----------------------------------------------------
     def stop(self, reason: StopReason) -> int:
@@ -240,6 +243,8 @@ class Runner:
         saved = self.checkpoints.save_final(trainer, weights_step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)),
                                             upload=cfg.checkpoint.save_final_weights,
                                             to_mlflow=self.tracking if cfg.tracking.log_final_weights else None)
+        if self.bench is not None:
+            self.bench.after_final(trainer, weights_step)
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
         if not self.main:
             return exitcodes.COMPLETED

@@ -1,0 +1,163 @@
+"""``orchestrator eval <storage.uri>/<run.name> [overrides]``: score a job's committed checkpoints and final weights.
+
+The overrides are the training job's (at least the model and the ``eval.*`` keys); they are composed and
+checked like a launch (exit 4 with the fix). Every committed checkpoint (and ``final/``) without a sound result
+for this task set is downloaded, verified (hashes, weights-only loads) and evaluated with the harness's ``hf``
+model (full weights, or the base with the checkpoint's adapter through ``peft=``); each result is stored as soon
+as it exists, so a rerun skips what is done and a SIGKILL loses at most the evaluation in flight.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from orchestrator.cli_common import Parser
+
+    parser = Parser(prog="orchestrator eval", description=__doc__.splitlines()[0])
+    parser.add_argument("run_uri", help="<storage.uri>/<run.name>, e.g. s3://bucket/runs/job1 or .cache/runs/job1")
+    parser.add_argument("overrides", nargs="*", help="the job's Hydra overrides (model=..., eval.tasks=[...], ...)")
+    parser.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (as storage.endpoint_url)")
+    return parser.parse_args(argv)
+
+
+def _fetch_final(store: Any, run_name: str, dest: Path) -> Optional[Path]:
+    """``<run>/final/``, downloaded and verified against its manifest (None: there is none, or it is unsound)."""
+    from orchestrator.checkpoint import manifest as mf
+
+    prefix = f"{run_name}/final/"
+    try:
+        manifest = mf.loads(store.get_bytes(prefix + mf.MANIFEST_NAME))
+        for entry in manifest["files"]:
+            store.download_file(prefix + entry["path"], mf.safe_join(dest, entry["path"]))
+        mf.verify_folder(dest, manifest)
+    except FileNotFoundError:
+        return None
+    except (mf.CorruptCheckpoint, ValueError) as err:
+        log.warning("%sfinal/ is unusable (%s); not evaluated", prefix, err)
+        return None
+    return dest
+
+
+def model_args(cfg: Any, folder: Path) -> dict:
+    """The harness's ``hf`` arguments for a checkpoint folder: base + adapter (LoRA) or the folder's full weights."""
+    from recipes.common import resolve_model_path
+
+    args = {"dtype": cfg.model.dtype, "device": "cpu"}
+    try:
+        import torch
+
+        args["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        pass
+    if (folder / "adapter_config.json").exists():
+        base = resolve_model_path(cfg.model)
+        return dict(args, pretrained=base, peft=str(folder), tokenizer=base,
+                    revision=cfg.model.get("revision") or "main")
+    return dict(args, pretrained=str(folder))
+
+
+def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path) -> dict:
+    """Evaluate what has no result yet; returns counts (evaluated, skipped, unusable)."""
+    from orchestrator.checkpoint.store import CheckpointStore
+    from orchestrator.evaluation import harness, spec
+    from orchestrator.evaluation.results import ResultStore, manifest_hash
+
+    task_set = spec.resolve(cfg.eval)
+    results = ResultStore.for_run(store, run_name, task_set, cfg.eval.seed)
+    checkpoints = CheckpointStore(store, run_name, keep_last=10**6, staging_dir=work / "staging")
+    todo = [(c.name, c.step, c.manifest_key) for c in checkpoints.committed()]
+    final_key = f"{run_name}/final/manifest.json"
+    if store.exists(final_key):
+        todo.append(("final", None, final_key))
+    counts = {"evaluated": 0, "skipped": 0, "unusable": 0}
+    for name, step, key in todo:
+        digest = manifest_hash(store, key)
+        if digest is None:
+            continue
+        if results.load(name, manifest_sha256=digest) is not None:
+            counts["skipped"] += 1
+            continue
+        local = work / name
+        shutil.rmtree(local, ignore_errors=True)
+        if step is None:
+            folder = _fetch_final(store, run_name, local)
+            from orchestrator.checkpoint import manifest as mf
+
+            step = int(mf.loads(store.get_bytes(key)).get("step", 0)) if folder else 0
+        else:
+            folder, _ = checkpoints.restore_latest(work, step=step)
+        if folder is None:
+            counts["unusable"] += 1
+            continue
+        result = harness.run(task_set, cfg.eval, model_args=model_args(cfg, Path(folder)))
+        results.save(name, step=step, manifest_sha256=digest, evaluation=result)
+        log_to_run(cfg, store, run_name, result.scores, step)
+        counts["evaluated"] += 1
+        print(f"{name} (step {step}): " + ", ".join(
+            f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
+            for metric, score in metrics.items()), flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+    return counts
+
+
+def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> int:
+    """``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the ledger's), each
+    (metric, step) the run does not have yet: a rerun logs nothing twice. Returns the points logged."""
+    from orchestrator.ledger import Ledger
+
+    run_id = Ledger(store, run_name).load().get("mlflow_run_id")
+    if not (cfg.tracking.enabled and run_id):
+        return 0
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    from orchestrator.tracking import quiet_telemetry, resolve_tracking_uri
+
+    quiet_telemetry()
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking))
+    now_ms, points = int(time.time() * 1000), []
+    for task, metrics in scores.items():
+        for metric, score in metrics.items():
+            for key, value in ((f"bench/{task}/{metric}", score.get("value")),
+                               (f"bench/{task}/{metric}_stderr", score.get("stderr"))):
+                if value is not None and step not in {m.step for m in client.get_metric_history(run_id, key)}:
+                    points.append(Metric(key, float(value), now_ms, int(step)))
+    if points:
+        client.log_batch(run_id, metrics=points)
+    return len(points)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from orchestrator.cli_common import USAGE_ERROR, fail
+    from orchestrator.compose import compose_config
+    from orchestrator.errors import ConfigError, DataError, UserError
+    from orchestrator.storage import open_store, split_run_uri
+
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        storage_uri, run_name = split_run_uri(args.run_uri)
+        extra = [f"storage.endpoint_url={args.endpoint_url}"] if args.endpoint_url else []
+        cfg = compose_config([*args.overrides, f"storage.uri={storage_uri}", f"run.name={run_name}", *extra])
+        if not cfg.eval.tasks:
+            raise ConfigError("eval.tasks is empty; give the tasks, e.g. 'eval.tasks=[tiny_arith_mc]'.")
+        store = open_store(storage_uri, endpoint_url=args.endpoint_url)
+        with tempfile.TemporaryDirectory(prefix="orch-eval-") as work:
+            counts = evaluate_run(cfg, store, run_name, Path(work))
+    except (ConfigError, DataError) as err:  # the job's config: the code a launch gives (docs/cli.md)
+        return fail(err, err.exit_code)
+    except (ValueError, UserError) as err:  # the URI, the store
+        return fail(err, USAGE_ERROR)
+    print(f"{run_name}: {counts['evaluated']} evaluated, {counts['skipped']} already done, "
+          f"{counts['unusable']} unusable", flush=True)
+    return 0

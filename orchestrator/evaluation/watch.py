@@ -1,0 +1,218 @@
+"""The training attempt's benchmark evaluations (``eval.tasks``): the base model once, every ``eval.every``-th
+committed checkpoint right after its commit, and always the final weights.
+
+The model evaluated is the trainer's, in memory (imports and the model's load are paid once), at the step of
+the checkpoint just committed: the same weights as the checkpoint. Its time is metered apart (``seconds``) and
+shown as evaluation time in the cost report; the step timing does not count it. Each result goes to storage
+(``results.ResultStore``) and to the job's MLflow run as ``bench/<task>/<metric>`` (and ``_stderr``) with
+``cost_usd`` at the checkpoint's step; the tracker drops a (metric, step) the run already has, so a restart that
+evaluates a checkpoint again logs nothing twice.
+
+``eval.every`` counts the job's regular saves (not the emergency save of a stop) in
+``<run>/bench/<hash>/progress.json``, each noted when it is saved and again once evaluated. An attempt resuming
+from a checkpoint counts only the saves up to it (later ones never committed), and evaluates it if it was due and
+its evaluation never finished (the attempt was killed during it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, Optional
+
+from transformers import TrainerCallback
+
+from orchestrator.evaluation import harness, spec, stats
+from orchestrator.evaluation.results import ResultStore, manifest_hash
+
+log = logging.getLogger(__name__)
+
+
+def base_key(cfg: Any, task_set: Any) -> str:
+    """The base model's cache key: model, revision, shape and dtype, the task set (with few-shot and limit), seed."""
+    m = cfg.model
+    shape = {"model": m.name_or_path, "revision": m.get("revision"), "dtype": m.dtype,
+             "quantization": cfg.recipe.quantization, "tiny": [m.hidden_size, m.num_layers, m.num_heads, m.vocab_size],
+             "tasks": task_set.config_hash, "seed": int(cfg.eval.seed)}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+class BenchWatch(TrainerCallback):
+    """Args: ``store`` the job's object store; the attempt's ``tracking``, ``checkpoints`` (the controller),
+    ``money`` (the meter, for the dollars beside each score) and ``steps`` (the step clock: an evaluation between
+    two steps is not timed as one). A main-rank part."""
+
+    def __init__(self, cfg: Any, *, store: Any, run_name: str, tracking: Any, checkpoints: Any, money: Any,
+                 steps: Any):
+        self.cfg, self.ev, self.store, self.run_name = cfg, cfg.eval, store, run_name
+        self.tracking, self.checkpoints, self.money, self.steps = tracking, checkpoints, money, steps
+        self.task_set = spec.resolve(cfg.eval)
+        self.results = ResultStore.for_run(store, run_name, self.task_set, cfg.eval.seed)
+        key = base_key(cfg, self.task_set)
+        self.base_results = ResultStore(store, f"_bench/{key}", harness_version=self.task_set.harness_version,
+                                        task_hash=self.task_set.config_hash, seed=cfg.eval.seed)
+        self.base: Optional[dict] = None
+        self.seconds = 0.0  # evaluation time this attempt
+        self.evaluated: list[int] = []  # steps evaluated this attempt
+        self.history: list[list[int]] = []  # [step, regular commits since the last evaluated one] per noted save
+
+    # ---- the Trainer's hooks --------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        self.tracking.set_tags(spec.describe(self.task_set, self.ev))
+        self.base = self._base(model, processing_class)
+        self._replay(state.global_step)
+        restored = self._committed_at(state.global_step)
+        # saves noted after the restored checkpoint never committed: they do not count
+        self.history = [e for e in self._progress() if restored is not None and e[0] <= state.global_step]
+        if restored is not None and (not self.history or self.history[-1][0] < state.global_step):
+            self._note(state.global_step, (self.history[-1][1] if self.history else 0) + 1)  # killed before noting
+        if restored is not None and self.ev.every > 0 and self.history[-1][1] >= self.ev.every:
+            self._evaluate_checkpoint(model, processing_class, restored, state.global_step)  # killed before or during it
+        return control
+
+    def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if self.ev.every <= 0 or control.should_training_stop:
+            # training stops after this save: an emergency save is not evaluated (the next attempt goes on), and
+            # the last regular one is the final weights, which are
+            return control
+        since = (self.history[-1][1] if self.history else 0) + 1
+        self._note(state.global_step, since)
+        if since >= self.ev.every:
+            self.checkpoints.wait()
+            done = self.checkpoints.checkpoints.results
+            if done and done[-1].ok and done[-1].step == state.global_step:
+                self._evaluate_checkpoint(model, processing_class, done[-1].name, state.global_step)
+            self.steps.resume()  # the evaluation is not the data loader's wait
+        return control
+
+    # ---- evaluations ----------------------------------------------------------------
+    def _evaluate_checkpoint(self, model, tokenizer, name: str, step: int) -> None:
+        digest = manifest_hash(self.store, f"{self.run_name}/checkpoints/{name}/manifest.json")
+        if digest is None:
+            return
+        record = self._score(name, step, digest, model, tokenizer)
+        self._note(step, 0)
+        self._log(record, step)
+
+    def after_final(self, trainer: Any, step: int) -> Optional[dict]:
+        """The final weights (committed under ``<run>/final/``), then the job's benchmark summary."""
+        digest = manifest_hash(self.store, f"{self.run_name}/final/manifest.json") or f"unsaved-step-{step}"
+        record = self._score("final", step, digest, trainer.model, trainer.processing_class,
+                             keep_samples=bool(self.ev.log_samples))
+        self._log(record, step)
+        return self.summary(record)
+
+    def _score(self, name: str, step: int, digest: str, model, tokenizer, keep_samples: bool = False) -> dict:
+        record = self.results.load(name, manifest_sha256=digest)
+        if record is not None and not keep_samples:
+            return record
+        result = harness.run(self.task_set, self.ev, model=model, tokenizer=tokenizer, keep_samples=keep_samples)
+        self.seconds += result.seconds
+        self.evaluated.append(step)
+        if keep_samples and result.raw_samples is not None:
+            self.tracking.log_dict(json.loads(json.dumps(result.raw_samples, default=str)),
+                                          "bench/samples_final.json")
+        return self.results.save(name, step=step, manifest_sha256=digest, evaluation=result,
+                                 cost_usd=self.money.total_cost_usd())
+
+    def _base(self, model, tokenizer) -> Optional[dict]:
+        """The base model's scores, from ``_bench/<key>/`` or evaluated once (LoRA: the adapter switched off)."""
+        identity = f"base:{base_key(self.cfg, self.task_set)}"
+        cached = self.base_results.load("base", manifest_sha256=identity)
+        if cached is None:
+            if self.cfg.recipe.peft == "lora" and hasattr(model, "disable_adapter"):
+                with model.disable_adapter():
+                    result = harness.run(self.task_set, self.ev, model=model, tokenizer=tokenizer)
+            else:
+                from recipes.common import resolve_model_path
+
+                result = harness.run(self.task_set, self.ev, model_args={
+                    "pretrained": resolve_model_path(self.cfg.model), "dtype": self.cfg.model.dtype,
+                    "revision": self.cfg.model.get("revision") or "main"})
+            self.seconds += result.seconds
+            cached = self.base_results.save("base", step=0, manifest_sha256=identity, evaluation=result)
+        self._log(cached, 0, cost=False)
+        return cached
+
+    # ---- what it reports ----------------------------------------------------------------
+    def _replay(self, restored_step: int) -> None:
+        """Points of stored results an earlier attempt was killed before delivering (the tracker drops those the
+        run has): oldest first, each with the cost it was evaluated at."""
+        records = []
+        for name in self.results.names():
+            if name in ("progress", "final"):
+                continue
+            digest = manifest_hash(self.store, f"{self.run_name}/checkpoints/{name}/manifest.json")
+            record = self.results.load(name, manifest_sha256=digest) if digest else None  # None: retention took it
+            if record is not None and record["step"] <= restored_step:
+                records.append(record)
+        for record in sorted(records, key=lambda r: r["step"]):
+            self._log(record, record["step"], cost=record.get("cost_usd") is not None)
+
+    def _log(self, record: dict, step: int, *, cost: bool = True) -> None:
+        metrics = {}
+        for task, scores in record["scores"].items():
+            for metric, score in scores.items():
+                metrics[f"bench/{task}/{metric}"] = score.get("value")
+                if score.get("stderr") is not None:
+                    metrics[f"bench/{task}/{metric}_stderr"] = score["stderr"]
+        if cost:
+            metrics["cost_usd"] = record.get("cost_usd") or self.money.total_cost_usd()
+        self.tracking.log_metrics(metrics, step)
+        tracker = getattr(self.tracking, "tracker", None)
+        if tracker is not None:  # delivered now: a SIGKILL after this loses no point
+            tracker.flush(timeout_s=10.0)
+
+    def summary(self, final: dict) -> Optional[dict]:
+        """Per task and metric: the final score, the base's, the gain with its 95% interval, USD per point."""
+        if self.base is None:
+            return None
+        cost = self.money.total_cost_usd()
+        rows = {}
+        for key, g in stats.gains(final, self.base).items():
+            rows[key] = {"gain_points": g.points, "interval_points": g.half_width, "paired": g.paired,
+                         "usd_per_point": g.usd_per_point(cost), "verdict": g.verdict(cost)}
+        gain_metrics = {}
+        for key, row in rows.items():
+            gain_metrics[f"bench_gain/{key}"] = row["gain_points"]
+            gain_metrics[f"bench_gain/{key}_interval"] = row["interval_points"]
+            if row["usd_per_point"] is not None:
+                gain_metrics[f"bench_usd_per_point/{key}"] = row["usd_per_point"]
+        self.tracking.log_metrics(gain_metrics, int(final["step"]))
+        lines = [f"benchmark {key}: {row['verdict']}" for key, row in rows.items()]
+        if lines:
+            print("\n".join(lines), flush=True)
+        self.tracking.log_dict({"cost_usd": cost, "gains": rows, "refused": self.results.refused},
+                                      "bench/summary.json")
+        return rows
+
+    def figures(self) -> dict:
+        """Evaluation time this attempt, for the cost report (not training time)."""
+        return {"attempt_evaluation_s": self.seconds,
+                "attempt_evaluation_usd": self.seconds * self.money.price.usd_per_hour_total / 3600.0}
+
+    # ---- the eval.every counter -------------------------------------------------------
+    def _progress(self) -> list[list[int]]:
+        try:
+            data = json.loads(self.store.get_bytes(f"{self.results.prefix}progress.json"))
+        except (FileNotFoundError, KeyError, ValueError):
+            return []
+        entries = data.get("saves") if isinstance(data, dict) else None
+        ok = isinstance(entries, list) and all(
+            isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v >= 0 for v in e) for e in entries)
+        return entries if ok else []
+
+    def _note(self, step: int, since: int) -> None:
+        """The save at ``step`` is the ``since``-th regular commit since the last evaluated one (0: evaluated)."""
+        self.history = [e for e in self.history if e[0] < step][-8:] + [[int(step), int(since)]]
+        self.store.put_bytes(f"{self.results.prefix}progress.json", json.dumps({"saves": self.history}).encode())
+
+    def _committed_at(self, step: int) -> Optional[str]:
+        found = [c.name for c in self.checkpoints.checkpoints.committed() if c.step == step]
+        return found[-1] if found and step > 0 else None
+
+
+def bench_watch(cfg: Any, **ports: Any) -> Optional[BenchWatch]:
+    """The attempt's watch when ``eval.tasks`` is set (made for the main rank only), else None."""
+    return BenchWatch(cfg, **ports) if spec.enabled(cfg) else None
+

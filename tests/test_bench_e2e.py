@@ -1,0 +1,91 @@
+"""Benchmark scores of checkpoints in real jobs: moto's S3 server, a real MLflow server, the tiny model and the
+shipped task ``tiny_arith_mc``.
+
+A job evaluating every 2nd commit is SIGKILLed twice (the second kill lands in or next to an evaluation): its one
+MLflow run has ``bench/tiny_arith_mc/acc`` at exactly the evaluated steps (and the base at 0), once each, with
+``cost_usd`` beside them; its final score equals an uninterrupted twin's. The twin finds the base model's cached
+result edited in storage, refuses it, evaluates the base again and gets the same score.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import random
+import signal
+import uuid
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.helpers import jobs
+
+EVAL = ["eval.tasks=[tiny_arith_mc]", "eval.every=2", "eval.limit=40", "checkpoint.every=off",
+        "checkpoint.every_steps=5", "train.max_steps=20"]
+
+
+def _overrides(storage: jobs.Storage, mlflow_uri: str, experiment: str, run: str) -> list[str]:
+    fast = [o for o in jobs.FAST if not o.startswith(("tracking.", "checkpoint.every", "train.max_steps"))]
+    return fast + storage.overrides() + EVAL + [
+        f"run.name={run}", "tracking.enabled=true", f"tracking.uri={mlflow_uri}", f"tracking.experiment={experiment}"]
+
+
+def _results(store, run: str) -> dict[str, dict]:
+    keys = [k for k in store.list(f"{run}/bench/") if k.endswith(".json") and not k.endswith("progress.json")]
+    return {k.rsplit("/", 1)[1][:-5]: json.loads(store.get_bytes(k)) for k in keys}
+
+
+def _base_key(store) -> str:
+    keys = [k for k in store.list("_bench/") if k.endswith("/base.json")]
+    assert len(keys) == 1, keys
+    return keys[0]
+
+
+@pytest.mark.e2e
+def test_bench_points_at_the_evaluated_steps_once_each_across_sigkills(s3_server, s3_bucket, mlflow_server, tmp_path):
+    storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
+    store, experiment = storage.store(), f"bench-{uuid.uuid4().hex[:8]}"
+    env = jobs.job_env(tmp_path)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    rc, log, _ = jobs.interrupt_then_finish(_overrides(storage, mlflow_server.uri, experiment, "killed"), tmp_path,
+                                            storage, "killed", random.Random("bench"), [signal.SIGKILL, signal.SIGKILL],
+                                            env=env)
+    assert rc == 0, log[-4000:]
+    assert [a["exit_class"] for a in jobs.ledger(storage, "killed")["attempts"]] == ["vanished", "vanished", "completed"]
+    results = _results(store, "killed")
+    # checkpoints 10 and 20 (every 2nd of every 5 steps; names carry the attempt's epoch) and the final weights
+    assert sorted(r["step"] for name, r in results.items() if name != "final") == [10, 20], sorted(results)
+    final_manifest = json.loads(store.get_bytes("killed/final/manifest.json"))
+    assert results["final"]["step"] == final_manifest["step"] >= 20
+    expected = {0: 1, **{r["step"]: 1 for r in results.values()}}
+
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    exp = client.get_experiment_by_name(experiment)
+    (mlrun,) = client.search_runs([exp.experiment_id], filter_string="tags.job = 'killed'")
+    history = collections.Counter(m.step for m in client.get_metric_history(mlrun.info.run_id, "bench/tiny_arith_mc/acc"))
+    assert history == expected, history  # the base at 0, each evaluated checkpoint and the final weights once
+    stderr_steps = sorted(m.step for m in client.get_metric_history(mlrun.info.run_id, "bench/tiny_arith_mc/acc_stderr"))
+    assert stderr_steps == sorted(expected), stderr_steps
+    cost_steps = collections.Counter(m.step for m in client.get_metric_history(mlrun.info.run_id, "cost_usd"))
+    assert cost_steps[10] == 1 and cost_steps[20] == 1, cost_steps
+    assert mlrun.data.tags["bench_harness_version"] == "0.4.13" and mlrun.data.tags["bench_tasks"] == "tiny_arith_mc"
+    # the final gain over the base with its interval, once, at the final step; the verdict in the job's output
+    gains = client.get_metric_history(mlrun.info.run_id, "bench_gain/tiny_arith_mc/acc_interval")
+    assert [m.step for m in gains] == [results["final"]["step"]] and gains[0].value > 0, gains
+    assert "benchmark tiny_arith_mc/acc: " in log
+    text = client.download_artifacts(mlrun.info.run_id, "cost_report.txt", str(tmp_path / "a"))
+    assert "benchmark evaluation (this attempt, not training):" in open(text).read()
+
+    # an uninterrupted twin: the base's cached score edited in storage is refused, evaluated again, identical
+    key = _base_key(store)
+    base = json.loads(store.get_bytes(key))
+    edited = json.loads(json.dumps(base))
+    edited["scores"]["tiny_arith_mc"]["acc"]["value"] = 0.99
+    store.put_bytes(key, json.dumps(edited).encode())
+    done = jobs.run_job(_overrides(storage, mlflow_server.uri, experiment, "calm"), tmp_path, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"benchmark result {key} ignored (its content does not match its hash" in done.stdout + done.stderr
+    assert json.loads(store.get_bytes(key))["scores"] == base["scores"]
+    calm = _results(store, "calm")
+    assert calm["final"]["scores"] == results["final"]["scores"], (calm["final"]["scores"], results["final"]["scores"])
+    at_10 = [r for r in results.values() if r["step"] == 10]
+    assert [r["samples"] for r in calm.values() if r["step"] == 10] == [at_10[0]["samples"]]

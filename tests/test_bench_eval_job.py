@@ -1,0 +1,74 @@
+"""``orchestrator eval <storage.uri>/<run.name>``: a finished job's committed checkpoints and final weights scored
+from storage (base + adapter through the harness's ``peft=``), each result stored as it lands: a rerun evaluates
+nothing, a SIGKILL mid-way and a rerun give the same scores as one uninterrupted pass."""
+from __future__ import annotations
+
+import collections
+import json
+import signal
+import subprocess
+import uuid
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.helpers import jobs
+
+TRAIN = ["train.max_steps=10", "checkpoint.every=off", "checkpoint.every_steps=5", "checkpoint.keep_last=2"]
+EVAL = ["eval.tasks=[tiny_arith_mc]", "eval.limit=40"]
+
+
+def _eval_cmd(uri: str, tracking: list[str]) -> list[str]:
+    return [jobs.PYTHON, "-m", "orchestrator.cli", "eval", f"{uri}/trained", *EVAL, *tracking]
+
+
+def _results(root) -> dict:
+    return {p.stem: json.loads(p.read_text()) for p in root.glob("trained/bench/*/*.json") if p.stem != "progress"}
+
+
+@pytest.mark.e2e
+def test_eval_job_scores_each_checkpoint_once_and_a_sigkill_loses_only_the_one_in_flight(mlflow_server, tmp_path):
+    runs, experiment = tmp_path / "runs", f"bench-job-{uuid.uuid4().hex[:8]}"
+    tracking = ["tracking.enabled=true", f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={experiment}"]
+    fast = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps", "tracking."))]
+    env = jobs.job_env(tmp_path)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = jobs.run_job(fast + TRAIN + tracking + [f"storage.uri={runs}", "run.name=trained"], tmp_path, env=env,
+                        timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    # killed once its first result is stored (during the second): that one stays, the rerun does the other two
+    log = tmp_path / "eval.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(_eval_cmd(str(runs), tracking), cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    jobs.wait_for(lambda: proc.poll() is not None or "(step 5): tiny_arith_mc/acc=" in log.read_text(), 300,
+                  "the first result")
+    assert proc.poll() is None, log.read_text()[-3000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    first = subprocess.run(_eval_cmd(str(runs), tracking), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "trained: 2 evaluated, 1 already done" in first.stdout, first.stdout[-2000:]
+    results = _results(runs)
+    assert sorted(r["step"] for r in results.values()) == [5, 10, 10], sorted(results)  # two checkpoints, final
+    again = subprocess.run(_eval_cmd(str(runs), tracking), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "trained: 0 evaluated, 3 already done" in again.stdout, again.stdout[-2000:]
+
+    # one uninterrupted pass from scratch gives the same scores
+    scores = {name: r["scores"] for name, r in results.items()}
+    for path in runs.glob("trained/bench/*/*.json"):
+        path.unlink()
+    clean = subprocess.run(_eval_cmd(str(runs), tracking), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert clean.returncode == 0 and "trained: 3 evaluated" in clean.stdout, clean.stdout[-2000:]
+    assert {name: r["scores"] for name, r in _results(runs).items()} == scores
+
+    # the job's one MLflow run has each evaluated step once, through a kill and three reruns
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    for key in ("bench/tiny_arith_mc/acc", "bench/tiny_arith_mc/acc_stderr"):
+        steps = collections.Counter(m.step for m in client.get_metric_history(run.info.run_id, key))
+        assert steps == {5: 1, 10: 1}, (key, steps)
+    values = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "bench/tiny_arith_mc/acc")}
+    assert values == {r["step"]: r["scores"]["tiny_arith_mc"]["acc"]["value"] for r in results.values()}
+

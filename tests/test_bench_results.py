@@ -1,0 +1,91 @@
+"""Benchmark results as stored (untrusted), and the decision numbers: a gain within noise gets no USD per point."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.evaluation import stats
+from orchestrator.evaluation.harness import Evaluation, parse_results
+from orchestrator.evaluation.results import ResultStore
+from orchestrator.storage import open_store
+
+
+def _results(tmp_path) -> ResultStore:
+    return ResultStore(open_store(str(tmp_path / "runs")), "job/bench/abc", harness_version="0.4.13",
+                       task_hash="abc" * 10, seed=1234)
+
+
+def _evaluation(acc: float) -> Evaluation:
+    return Evaluation(scores={"tiny_arith_mc": {"acc": {"value": acc, "stderr": 0.03}}},
+                      samples={"tiny_arith_mc": {"acc": [1.0, 0.0, 1.0, 1.0]}}, seconds=1.5)
+
+
+def test_a_sound_result_is_used_and_an_edited_one_refused_with_the_reason(tmp_path):
+    results = _results(tmp_path)
+    results.save("000000010-0001", step=10, manifest_sha256="m1", evaluation=_evaluation(0.75))
+    assert results.load("000000010-0001", manifest_sha256="m1")["scores"]["tiny_arith_mc"]["acc"]["value"] == 0.75
+    # another checkpoint under the same name (its manifest differs): not this one's score
+    assert results.load("000000010-0001", manifest_sha256="m2") is None
+    assert "its manifest hash differs" in results.refused[-1]
+    # the score edited in storage
+    key = tmp_path / "runs" / "job/bench/abc/000000010-0001.json"
+    record = json.loads(key.read_text())
+    record["scores"]["tiny_arith_mc"]["acc"]["value"] = 0.99
+    key.write_text(json.dumps(record))
+    assert results.load("000000010-0001", manifest_sha256="m1") is None
+    assert "does not match its hash" in results.refused[-1]
+    # another seed or harness version: not this evaluation's result
+    other = ResultStore(results.store, "job/bench/abc", harness_version="0.4.13", task_hash="abc" * 10, seed=7)
+    other.save("final", step=20, manifest_sha256="f", evaluation=_evaluation(0.5))
+    assert results.load("final", manifest_sha256="f") is None and "its seed is 7" in results.refused[-1]
+    key.write_text("{not json")
+    assert results.load("000000010-0001", manifest_sha256="m1") is None and "not JSON" in results.refused[-1]
+
+
+def test_a_gain_within_noise_has_no_usd_per_point_and_says_so():
+    g = stats.gain({"value": 0.30, "stderr": 0.032}, {"value": 0.27, "stderr": 0.031})
+    assert not g.paired and g.points == pytest.approx(3.0) and g.half_width == pytest.approx(8.73, abs=0.01)
+    assert g.usd_per_point(2.0) is None
+    assert g.verdict(2.0) == "+3.0 points: no gain beyond noise (+-8.7 points)"
+
+
+def test_a_gain_beyond_noise_has_its_usd_per_point():
+    g = stats.gain({"value": 0.80, "stderr": 0.028}, {"value": 0.30, "stderr": 0.032})
+    assert g.beyond_noise and g.usd_per_point(2.0) == pytest.approx(2.0 / 50.0)
+    assert "$0.040000 per point" in g.verdict(2.0)
+
+
+def test_paired_items_give_the_interval_of_the_per_item_differences():
+    before = [0.0] * 100
+    after = [1.0] * 10 + [0.0] * 90  # ten items flipped right, none wrong: a paired gain of 10 points
+    g = stats.gain({"value": 0.1, "stderr": 0.03}, {"value": 0.0, "stderr": 0.0}, after, before)
+    assert g.paired and g.points == pytest.approx(10.0)
+    assert g.half_width == pytest.approx(100 * stats.Z95 * (0.1 * 0.9 * 100 / 99 / 100) ** 0.5)
+    assert g.usd_per_point(1.0) == pytest.approx(0.1)
+    rows = stats.gains({"scores": {"t": {"acc": {"value": 0.1, "stderr": 0.03}}}, "samples": {"t": {"acc": after}}},
+                       {"scores": {"t": {"acc": {"value": 0.0, "stderr": 0.0}}}, "samples": {"t": {"acc": before}}})
+    assert list(rows) == ["t/acc"] and rows["t/acc"].paired
+
+
+def test_the_harness_output_becomes_scores_with_errors_and_per_item_values():
+    output = {"results": {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.25, "sample_len": 2,
+                                "exact_match,strip": 1.0, "exact_match_stderr,strip": "N/A"}},
+              "samples": {"t": [{"doc_id": 1, "filter": "none", "acc": 0.0}, {"doc_id": 0, "filter": "none", "acc": 1.0},
+                                {"doc_id": 0, "filter": "strip", "exact_match": 1.0},
+                                {"doc_id": 1, "filter": "strip", "exact_match": 1.0}]}}
+    parsed = parse_results(output, ["t"])
+    assert parsed.scores == {"t": {"acc": {"value": 0.5, "stderr": 0.25}, "exact_match_strip": {"value": 1.0}}}
+    assert parsed.samples == {"t": {"acc": [1.0, 0.0], "exact_match_strip": [1.0, 1.0]}}
+
+
+def test_the_report_column_shows_each_score_with_its_interval_and_the_gain_or_within_noise():
+    metrics = {"bench/tiny_arith_mc/acc": 0.30, "bench/tiny_arith_mc/acc_stderr": 0.032,
+               "bench_gain/tiny_arith_mc/acc": 3.0, "bench_gain/tiny_arith_mc/acc_interval": 8.7,
+               "bench/tiny_arith_gen/exact_match_strip": 0.80, "bench/tiny_arith_gen/exact_match_strip_stderr": 0.028,
+               "bench_gain/tiny_arith_gen/exact_match_strip": 50.0,
+               "bench_gain/tiny_arith_gen/exact_match_strip_interval": 8.4,
+               "bench_usd_per_point/tiny_arith_gen/exact_match_strip": 0.04, "loss": 1.0}
+    assert stats.report_cell(metrics) == ("tiny_arith_gen/exact_match_strip=0.800+-0.055 (+50.0+-8.4 pts, $0.0400/pt); "
+                                          "tiny_arith_mc/acc=0.300+-0.063 (+3.0+-8.7 pts, within noise)")
+    assert stats.report_cell({"loss": 1.0}) == "-"
