@@ -42,7 +42,7 @@ import json
 import os
 import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from orchestrator.cost import attempts_cost_usd
 from orchestrator.errors import CapsReached, Fenced, UserError
@@ -270,19 +270,8 @@ class Ledger:
 
     def record_alert(self, name: str) -> bool:
         """Mark alert ``name`` as sent; True only the first time across the whole job (all attempts)."""
-        first: list[bool] = []
-
-        def mutate(ledger: dict | None) -> dict | None:
-            ledger = fence(ledger, self.epoch, self.uri)
-            first.clear()
-            if name in ledger["alerts"]:
-                return None
-            ledger["alerts"][name] = time.time()
-            first.append(True)
-            return ledger
-
-        transact(self.store, self.key, mutate)
-        return bool(first)
+        return record_once(lambda mutate: transact(self.store, self.key, mutate),
+                           lambda ledger: fence(ledger, self.epoch, self.uri), name, time.time)
 
     def set_attempt_extra(self, **fields: Any) -> dict:
         """Merge ``fields`` into this attempt's ``extra`` (its measurements and decisions)."""
@@ -400,6 +389,24 @@ def transact(store: ObjectStore, key: str, mutate: Callable[[dict | None], dict 
         f"could not update {store.get_uri(key)}: {MAX_WRITE_ATTEMPTS} conditional writes in a row lost to other writers"
     )
 
+
+
+def record_once(run: Callable, opened: Callable[[Optional[dict]], dict], name: str, now: Callable[[], float]) -> bool:
+    """Mark ``name`` in the stored document's ``alerts`` (``run(mutate)``: one conditional write loop; ``opened``:
+    the document as read, checked or created). True only for the caller whose write marked it first."""
+    first: list[bool] = []
+
+    def mutate(doc: Optional[dict]) -> Optional[dict]:
+        doc = opened(doc)
+        first.clear()
+        if name in doc["alerts"]:
+            return None
+        doc["alerts"][name] = now()
+        first.append(True)
+        return doc
+
+    run(mutate)
+    return bool(first)
 
 def fence(ledger: dict | None, epoch: int | None, uri: str) -> dict:
     """``ledger`` when attempt ``epoch`` still holds the job; raises Fenced when another took it (or it is gone)."""

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from orchestrator.errors import BudgetExhausted
-from orchestrator.ledger import transact
+from orchestrator.ledger import record_once, transact
 from orchestrator.storage.base import ObjectStore
 
 INDEX_KEY = "_spend/index.json"
@@ -307,20 +307,7 @@ class SpendIndex:
 
     def record_alert(self, scope: str, name: str) -> bool:
         """Mark alert ``name`` of ``scope`` (a month, an experiment) sent; True only the first time, for every job."""
-        key = f"{scope}/{name}"
-        first: list[bool] = []
-
-        def mutate(index: Optional[dict]) -> Optional[dict]:
-            index = _fresh(index)
-            first.clear()
-            if key in index["alerts"]:
-                return None
-            index["alerts"][key] = self.clock()
-            first.append(True)
-            return index
-
-        self._transact(mutate)
-        return bool(first)
+        return record_once(self._transact, _fresh, f"{scope}/{name}", self.clock)
 
     def _job(self, index: dict) -> dict:
         job = index["jobs"].setdefault(self.caps.run_name, {"experiment": self.caps.experiment, "months": {}, "open": {}})

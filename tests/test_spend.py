@@ -163,5 +163,5 @@ def test_status_spend_prints_the_month_and_each_experiment_by_job(s3_server, s3_
     assert status.main(["--spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url]) == 0
     printed = capsys.readouterr().out
     assert "spend under " + s3_store.uri in printed and "a " in printed and "b " in printed
-    assert status.main(["--spend", s3_store.uri + "-empty", "--endpoint-url", s3_server.endpoint_url]) == 1
+    assert status.main(["--spend", s3_store.uri + "-empty", "--endpoint-url", s3_server.endpoint_url]) == 2  # a user error (docs/cli.md)
     assert "no spend index at" in capsys.readouterr().err

@@ -86,7 +86,7 @@ def test_status_spend_on_a_corrupt_index_prints_a_message_not_a_traceback(s3_ser
 
     s3_store.put_bytes(INDEX_KEY, CORRUPT["truncated"])
     for extra in ([], ["--json"]):
-        assert status.main(["--spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url, *extra]) == 1
+        assert status.main(["--spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url, *extra]) == 2  # a user error (docs/cli.md)
         captured = capsys.readouterr()
         assert "is unreadable: it is not JSON" in captured.err and "repair-spend" in captured.err
         assert "Traceback" not in captured.err and captured.out == ""

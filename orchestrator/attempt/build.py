@@ -40,7 +40,6 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     from orchestrator.budget import BudgetGuard, default_sinks
     from orchestrator.checkpoint.fingerprint import trajectory_config
     from orchestrator.checkpoint.store import CheckpointStore
-    from orchestrator.cost import load_catalog, price_for
     from orchestrator.ledger import Ledger
     from orchestrator.preemption import PreemptionHandler
     from orchestrator.requeue import RequeuePolicy
@@ -51,13 +50,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
     main = dist.is_main()
     run_name = job_name(cfg)
-    capacity = attempt_capacity(cfg.compute, environ)  # a backend may run a spot job on-demand (run.deadline)
-    compute = attempt_compute(cfg.compute, capacity)
-    catalog = load_catalog()
-    try:
-        price = price_for(compute, catalog)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    capacity, compute, catalog, price = attempt_price(cfg, environ)
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
@@ -65,9 +58,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=compute, budget_max_usd=cfg.budget.max_usd,
                             spend=spend) if main else FollowerRecord())
 
-    # one folder per attempt, shared by its ranks (the launcher hands them a token)
-    token = environ.get("ORCH_ATTEMPT_TOKEN", f"pid{os.getpid()}")
-    work = Path(cfg.run.work_dir).expanduser().resolve() / run_name / token
+    token, work = attempt_folder(cfg, run_name, environ)
     inputs.use(cfg.storage, work / "inputs")  # s3:// data, templates and weights land here, once per attempt
     checkpoints = CheckpointController(
         CheckpointStore(store, run_name, keep_last=cfg.checkpoint.keep_last, staging_dir=work / "staging"), record,
@@ -97,6 +88,25 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
                      environ=environ) if main and cfg.train.trial_steps <= 0 else []
     return Runner(cfg, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money, quality=quality,
                   preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
+
+
+def attempt_price(cfg: Any, environ) -> tuple:
+    """(capacity, compute, catalog, price) of this attempt: a backend may run a spot job on-demand (run.deadline)."""
+    from orchestrator.cost import load_catalog, price_for
+
+    capacity = attempt_capacity(cfg.compute, environ)
+    compute = attempt_compute(cfg.compute, capacity)
+    catalog = load_catalog()
+    try:
+        return capacity, compute, catalog, price_for(compute, catalog)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def attempt_folder(cfg: Any, run_name: str, environ) -> tuple[str, Path]:
+    """(token, folder): one folder per attempt, shared by its ranks (the launcher hands them the token)."""
+    token = environ.get("ORCH_ATTEMPT_TOKEN", f"pid{os.getpid()}")
+    return token, Path(cfg.run.work_dir).expanduser().resolve() / run_name / token
 
 
 def checkpoint_interval(cfg: Any) -> CheckpointInterval:

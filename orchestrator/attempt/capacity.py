@@ -69,13 +69,8 @@ class CapacityWatch(TrainerCallback):
         self.job, self.record, self.tracking = job, record, tracking
         self.interval, self.steps, self.request_stop = interval, steps, request_stop
         self.total_cost_usd, self.budget_max_usd = total_cost_usd, budget_max_usd
-        self.spot_job = spot_job
-        self.deadline = deadline
-        self.capacity = capacity
-        self.action = action
-        self.request_file = request_file
-        self.restart_override = restart_override
-        self.webhook = webhook
+        self.spot_job, self.deadline, self.capacity, self.action = spot_job, deadline, capacity, action
+        self.request_file, self.restart_override, self.webhook = request_file, restart_override, webhook
         self.heartbeat_seconds = heartbeat_seconds
         self.clock, self.monotonic = clock, monotonic
         self.latest: Optional[dict] = None

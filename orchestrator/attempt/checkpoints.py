@@ -91,18 +91,10 @@ class CheckpointController:
     def __init__(self, checkpoints: CheckpointStore, record: Any, *, main: bool, work: Path, token: str,
                  snapshot_dir: str, full_model: bool, trajectory: dict, attempt_cost_usd: Callable[[], float],
                  clock: Any = None):
-        self.checkpoints = checkpoints
-        self.store = checkpoints.store
-        self.run_name = checkpoints.run_name
-        self.record = record
-        self.main = main
-        self.work = work
-        self.token = token
-        self.snapshot_dir = snapshot_dir
-        self.full_model = full_model
-        self.trajectory = trajectory
-        self.dataset_fp = ""
-        self.attempt_cost_usd = attempt_cost_usd
+        self.checkpoints, self.store, self.run_name = checkpoints, checkpoints.store, checkpoints.run_name
+        self.record, self.main, self.work, self.token = record, main, work, token
+        self.snapshot_dir, self.full_model, self.trajectory = snapshot_dir, full_model, trajectory
+        self.dataset_fp, self.attempt_cost_usd = "", attempt_cost_usd
         self.snapshot_root = work  # moved to memory by use_snapshot_root() when there is room
         self.clock = clock
         self._prefetch: Optional[BackgroundRestore] = None  # the checkpoint's download, behind the model's load

@@ -143,9 +143,7 @@ class PreparedDataCache:
             raise mf.CorruptCheckpoint(f"its manifest is that of the prepared set {owner!r}, not {key!r}")
         local = self.work / "prepared" / key
         shutil.rmtree(local, ignore_errors=True)
-        for entry in manifest["files"]:
-            self.store.download_file(f"{PREFIX}{key}/{entry['path']}", mf.safe_join(local, entry["path"]))
-        mf.verify_folder(local, manifest)  # every size and SHA-256 before anything is read
+        mf.fetch_folder(self.store, f"{PREFIX}{key}/", manifest, local)  # every size and SHA-256 before it is read
         check_layout(local, manifest, splits)  # the files load_from_disk opens are the manifest's
         dataset = DatasetDict.load_from_disk(str(local))
         check_token_ids(dataset, vocab_size)

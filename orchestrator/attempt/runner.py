@@ -84,9 +84,8 @@ class Runner:
         self.trial = cfg.train.trial_steps > 0
         self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
-        self.fenced_error: Optional[Exception] = None
+        self.beat = Heartbeat(record, money, preemption, every_seconds=hooks.heartbeat_seconds)
         self.callback = None  # the Trainer callback, made in build()
-        self._last_heartbeat = time.monotonic()
 
     # ---- the sequence ---------------------------------------------------------
     def run(self) -> int:
@@ -149,12 +148,10 @@ class Runner:
             self, interval=CheckpointInterval.off() if trial else self.interval, steps=self.steps,
             every_steps=0 if trial else cfg.checkpoint.every_steps, stop_after_steps=cfg.train.trial_steps,
             save_best=cfg.checkpoint.final == "best")
-        extra = {"ref_log_probs": self.checkpoints.ref_log_probs()} if cfg.recipe.get("precompute_ref_log_probs") else {}
-        if cfg.recipe.name == "grpo":
-            extra["reward_cache"] = self.checkpoints.reward_cache()
         trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
                                             output_dir=str(self.checkpoints.work / "trainer"),
-                                            callbacks=[self.callback, *self.steering], **extra)
+                                            callbacks=[self.callback, *self.steering],
+                                            **recipe_extras(cfg, self.checkpoints))
         self.checkpoints.use_snapshot_root(trainer)
         attach_progress(trainer, cfg.tracking, main=self.main, dollars=self.dollars)
         return trainer
@@ -185,19 +182,7 @@ class Runner:
             log.info("metered start-up: %.2fs (billed from the process start to the first step, as the budget counts it; "
                      "resumed at step %d)", self.first_step_seconds, self.step_at_start)
         self.hooks.after_step(step - self.step_at_start)
-        if time.monotonic() - self._last_heartbeat >= self.hooks.heartbeat_seconds:
-            self.heartbeat()
-
-    def heartbeat(self) -> None:
-        self._last_heartbeat = time.monotonic()
-        try:
-            fenced = self.record.heartbeat(self.step, self.money.attempt_cost_usd())
-        except TransientStorageError as err:  # unreachable for storage.retry_for: save what it can, stop as preempted
-            self.preemption.request(f"storage outage: {err}")
-            return
-        if fenced is not None:  # another attempt took over: save nothing more, stop
-            self.fenced_error = fenced
-            self.preemption.request(f"fenced: {fenced}")
+        self.beat.maybe(step)
 
     def commit(self, folder, step: int, *, wait: bool) -> None:
         self.checkpoints.commit(folder, step, wait=wait, seconds_left=self.preemption.seconds_left())
@@ -229,8 +214,8 @@ class Runner:
     # ---- 4-5. how the attempt ends ----------------------------------------------------
     def stop(self, reason: StopReason) -> int:
         """After an emergency checkpoint: preempted (requeue) or budget exhausted (stop)."""
-        if self.fenced_error is not None:
-            raise self.fenced_error
+        if self.beat.fenced_error is not None:
+            raise self.beat.fenced_error
         self.end(reason.exit_class)
         if reason.exit_class is ExitClass.BUDGET_EXHAUSTED and self.main:
             print(f"stopped: {reason}; the final checkpoint is committed and the job will not be requeued", flush=True)
@@ -280,6 +265,39 @@ class Runner:
         """Best effort: record a failed attempt; the ledger may be what failed."""
         self.record.fail(exit_class, self.step, self.money.attempt_cost_usd())
         self.tracking.close(exitcodes.outcome(exit_class).mlflow_status or "FAILED", flush_timeout_s=10)
+
+
+def recipe_extras(cfg: Any, checkpoints: Any) -> dict:
+    """What a recipe keeps in storage beside the checkpoints: DPO's stored reference log-probs, GRPO's rewards."""
+    extra = {"ref_log_probs": checkpoints.ref_log_probs()} if cfg.recipe.get("precompute_ref_log_probs") else {}
+    if cfg.recipe.name == "grpo":
+        extra["reward_cache"] = checkpoints.reward_cache()
+    return extra
+
+
+class Heartbeat:
+    """Every ``every_seconds`` of training: the step and the attempt's cost to the ledger. Another attempt's
+    fence, or storage unreachable for ``storage.retry_for``, asks the attempt to save what it can and stop."""
+
+    def __init__(self, record: Any, money: Any, preemption: Any, *, every_seconds: float):
+        self.record, self.money, self.preemption, self.every_seconds = record, money, preemption, every_seconds
+        self.fenced_error: Optional[Exception] = None
+        self._last = time.monotonic()
+
+    def maybe(self, step: int) -> None:
+        if time.monotonic() - self._last >= self.every_seconds:
+            self.beat(step)
+
+    def beat(self, step: int) -> None:
+        self._last = time.monotonic()
+        try:
+            fenced = self.record.heartbeat(step, self.money.attempt_cost_usd())
+        except TransientStorageError as err:  # unreachable for storage.retry_for: save what it can, stop as preempted
+            self.preemption.request(f"storage outage: {err}")
+            return
+        if fenced is not None:  # another attempt took over: save nothing more, stop
+            self.fenced_error = fenced
+            self.preemption.request(f"fenced: {fenced}")
 
 
 def redacted_config(cfg) -> dict:

@@ -186,11 +186,7 @@ def manifest(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = None)
 
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
-    """The manifest as YAML text (by the YAML serialiser: every value quoted as YAML needs), as ``submit`` applies it.
-
-    Raises:
-        ConfigError: see :func:`manifest`; or a secret of the config would appear in the text.
-    """
+    """The manifest as YAML text, as ``submit`` applies it (``render_yaml``: ConfigError for a secret in it)."""
     return render_yaml(cfg, "kubectl apply -f", lambda capacity: manifest(cfg, overrides, capacity),
                        "the Kubernetes Job manifest")
 

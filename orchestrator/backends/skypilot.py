@@ -134,11 +134,7 @@ def _mount_source(source: str) -> str:
 
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
-    """The task YAML text (by the YAML serialiser) that ``submit`` would hand to ``sky jobs launch``.
-
-    Raises:
-        ConfigError: see :func:`task_config`; or a secret of the config would appear in the text.
-    """
+    """The task YAML that ``submit`` hands to ``sky jobs launch`` (``render_yaml``: ConfigError for a secret in it)."""
     return render_yaml(cfg, "sky jobs launch -y", lambda capacity: task_config(cfg, overrides, capacity),
                        "the SkyPilot task YAML")
 

@@ -58,8 +58,7 @@ def verify_one(checkpoints: CheckpointStore, ckpt: CommittedCheckpoint, manifest
     with tempfile.TemporaryDirectory(prefix=f"verify-{ckpt.name}-") as tmp:
         local = Path(tmp)
         try:
-            checkpoints.download(ckpt, manifest, local)  # every path checked before its download
-            mf.verify_folder(local, manifest)  # every hash before anything is deserialised
+            checkpoints.fetch(ckpt, manifest, local)  # every path checked before its download, every hash after
             load_files(local, manifest)
         except FileNotFoundError as err:
             return f"a listed file is missing from storage ({err})"

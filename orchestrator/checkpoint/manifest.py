@@ -12,6 +12,7 @@ import json
 import os
 import re
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 # A secret shared by the machines that write and restore a job (never stored in the bucket or the config):
@@ -130,6 +131,17 @@ def build_manifest(folder: Path, *, run_name: str, step: int, epoch: int, meta: 
         "total_bytes": sum(f["size"] for f in files),
         "meta": meta,
     }
+
+
+def fetch_folder(store: Any, prefix: str, manifest: dict, local: Path) -> None:
+    """Download every file ``manifest`` lists from ``<prefix><path>`` in ``store`` into ``local``, each path checked
+    before its download, then check every size and hash before anything is deserialised.
+
+    Raises CorruptCheckpoint (a path that would land outside ``local``, a size or hash that differs) or
+    FileNotFoundError (a listed file missing from storage)."""
+    for entry in manifest["files"]:
+        store.download_file(f"{prefix}{entry['path']}", safe_join(local, entry["path"]))
+    verify_folder(local, manifest)
 
 
 def verify_folder(folder: Path, manifest: dict) -> None:

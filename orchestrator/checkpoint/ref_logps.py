@@ -49,13 +49,9 @@ class RefLogProbStore:
     """
 
     def __init__(self, checkpoints: Any, *, work: Path, main: bool, trajectory: dict, epoch=lambda: 0):
-        self.checkpoints = checkpoints
-        self.store = checkpoints.store
+        self.checkpoints, self.store = checkpoints, checkpoints.store
         self.prefix = f"{checkpoints.run_name}/ref_log_probs/"
-        self.work = Path(work)
-        self.main = main
-        self.trajectory = trajectory
-        self.epoch = epoch
+        self.work, self.main, self.trajectory, self.epoch = Path(work), main, trajectory, epoch
 
     def key(self, *, split: str, data_fingerprint: str, model_fingerprint: str, batch_size: int) -> str:
         return ref_logps_key(split=split, data_fingerprint=data_fingerprint, model_fingerprint=model_fingerprint,

@@ -38,12 +38,9 @@ class RewardCache:
     """
 
     def __init__(self, checkpoints: Any, *, work: Path, main: bool, epoch=lambda: 0):
-        self.checkpoints = checkpoints
-        self.store = checkpoints.store
+        self.checkpoints, self.store = checkpoints, checkpoints.store
         self.prefix = f"{checkpoints.run_name}/reward_cache/"
-        self.work = Path(work)
-        self.main = main
-        self.epoch = epoch
+        self.work, self.main, self.epoch = Path(work), main, epoch
         self.values: dict[tuple[str, str, str], float] = {}
         self.written = 0
         self.loaded = False

@@ -266,10 +266,9 @@ class CheckpointStore:
             try:
                 # 1. the manifest, every listed path checked before anything is downloaded
                 manifest = mf.loads(self.store.get_bytes(ckpt.manifest_key))
-                # 2. the files, each into its checked place inside ``local``
-                self.download(ckpt, manifest, local)
-                # 3. sizes and hashes, then 4. every pickle through the allow-list, without running it
-                mf.verify_folder(local, manifest)
+                # 2. the files, each into its checked place inside ``local``, 3. their sizes and hashes
+                self.fetch(ckpt, manifest, local)
+                # 4. every pickle through the allow-list, without running it
                 safe_load.check_restorable(local, manifest, allowed=allowed)
             except (mf.CorruptCheckpoint, FileNotFoundError, ValueError) as err:
                 log.warning("checkpoint %s is unusable (%s); trying the previous one", ckpt.name, err)
@@ -280,11 +279,6 @@ class CheckpointStore:
             log.warning("none of the %d committed checkpoints is usable; training starts from scratch", len(committed))
         return None, None
 
-    def download(self, ckpt: CommittedCheckpoint, manifest: dict, local: Path) -> None:
-        """Download every file ``manifest`` lists into ``local``; each path is checked before its download.
-
-        Raises CorruptCheckpoint for a path that would land outside ``local``, FileNotFoundError for a missing file.
-        """
-        for entry in manifest["files"]:
-            dest = mf.safe_join(local, entry["path"])
-            self.store.download_file(f"{self.prefix}{ckpt.name}/{entry['path']}", dest)
+    def fetch(self, ckpt: CommittedCheckpoint, manifest: dict, local: Path) -> None:
+        """``ckpt``'s files into ``local``, verified (``manifest.fetch_folder``: paths, sizes, hashes)."""
+        mf.fetch_folder(self.store, f"{self.prefix}{ckpt.name}/", manifest, local)

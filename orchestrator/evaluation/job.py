@@ -37,9 +37,7 @@ def _fetch_final(store: Any, run_name: str, dest: Path) -> Optional[Path]:
     prefix = f"{run_name}/final/"
     try:
         manifest = mf.loads(store.get_bytes(prefix + mf.MANIFEST_NAME))
-        for entry in manifest["files"]:
-            store.download_file(prefix + entry["path"], mf.safe_join(dest, entry["path"]))
-        mf.verify_folder(dest, manifest)
+        mf.fetch_folder(store, prefix, manifest, dest)
     except FileNotFoundError:
         return None
     except (mf.CorruptCheckpoint, ValueError) as err:

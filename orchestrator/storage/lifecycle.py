@@ -113,16 +113,21 @@ def repair_spend_main(uri: str, *, endpoint_url: str | None) -> int:
     return 0
 
 
+def _subcommand(sub, name: str, help: str, description: str, *, uri: str):
+    """A ``storage`` subcommand taking a URI and the S3-compatible endpoint."""
+    command = sub.add_parser(name, help=help, description=description)
+    command.add_argument("uri", help=uri)
+    command.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint; defaults to AWS_ENDPOINT_URL")
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="orchestrator storage", description="Manage the object store of jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    init = sub.add_parser(
-        "init",
-        help="apply lifecycle rules to an S3 bucket",
-        description="Apply lifecycle rules for s3://bucket/prefix: abort multipart uploads left by killed "
-        "workers, and optionally expire old objects. Other rules on the bucket are kept.",
-    )
-    init.add_argument("uri", help="s3://bucket/prefix (the jobs' storage.uri)")
+    init = _subcommand(sub, "init", "apply lifecycle rules to an S3 bucket",
+                       "Apply lifecycle rules for s3://bucket/prefix: abort multipart uploads left by killed workers, "
+                       "and optionally expire old objects. Other rules on the bucket are kept.",
+                       uri="s3://bucket/prefix (the jobs' storage.uri)")
     init.add_argument(
         "--abort-incomplete-days", type=int, default=DEFAULT_ABORT_INCOMPLETE_DAYS,
         help=f"abort unfinished multipart uploads this many days after they began (default {DEFAULT_ABORT_INCOMPLETE_DAYS})",
@@ -132,17 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         help="delete EVERY object under the prefix this many days after it was written, "
         "including finished jobs' final weights (default: never)",
     )
-    init.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint; defaults to AWS_ENDPOINT_URL")
     init.add_argument("--region", default=None)
     init.add_argument("--profile", default=None, help="AWS profile (credentials come from the AWS chain)")
-    repair = sub.add_parser(
-        "repair-spend",
-        help="rebuild the spend index (<uri>/_spend/index.json) from the jobs' ledgers",
-        description="Rebuild the spend index of the jobs under a storage.uri from their ledgers (each attempt's "
-        "cost): the fix for an index a capped job refuses as unreadable.",
-    )
-    repair.add_argument("uri", help="the jobs' storage.uri (s3://bucket/prefix or a folder)")
-    repair.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint; defaults to AWS_ENDPOINT_URL")
+    _subcommand(sub, "repair-spend", "rebuild the spend index (<uri>/_spend/index.json) from the jobs' ledgers",
+                "Rebuild the spend index of the jobs under a storage.uri from their ledgers (each attempt's cost): "
+                "the fix for an index a capped job refuses as unreadable.",
+                uri="the jobs' storage.uri (s3://bucket/prefix or a folder)")
     args = parser.parse_args(argv)
     if args.command == "repair-spend":
         return repair_spend_main(args.uri, endpoint_url=args.endpoint_url)
