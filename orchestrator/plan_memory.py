@@ -215,7 +215,8 @@ def _checked_dtype(cfg: Any) -> str:
     return dtype
 
 
-def _model_state(cfg: Any, model_config: Mapping[str, Any], params: Mapping[str, int]) -> tuple[dict[str, float], int]:
+def _model_state(cfg: Any, model_config: Mapping[str, Any],
+                 params: Mapping[str, int]) -> tuple[dict[str, float], int]:
     """Bytes of the weights, reference model, adapters, gradients, master weights, optimizer states and autocast
     copies (unsharded), and the trainable parameter count."""
     recipe = cfg.recipe
@@ -258,8 +259,8 @@ def _describe(cfg: Any, params: Mapping[str, int], trainable: int) -> str:
     full, nf4 = recipe.peft == "full", recipe.quantization == "nf4"
     method = "full fine-tune" if full else ("QLoRA (NF4 base + LoRA)" if nf4 else "LoRA")
     precision = "" if str(train.mixed_precision) == "no" else f" + {train.mixed_precision} mixed precision"
-    return (f"{recipe.name} / {method} on {cfg.model.name_or_path} ({cfg.model.preset}), {cfg.model.dtype}{precision}, "
-            f"{train.optim}, "
+    return (f"{recipe.name} / {method} on {cfg.model.name_or_path} ({cfg.model.preset}), "
+            f"{cfg.model.dtype}{precision}, {train.optim}, "
             f"{_count(params['total'])} params, trainable {_count(trainable)} ({100 * trainable / params['total']:.3g}%)")
 
 def d_vocab_h(model_config: Mapping[str, Any]) -> int:
