@@ -1,5 +1,5 @@
 """A model's shape from its ``config.json`` alone: reading the config (local folder, hub, shipped preset) and
-counting parameters by part, LoRA adapters included. The planner's assumptions are in ``orchestrator.plan``'s
+counting parameters by part, LoRA adapters included. The planner's assumptions are in ``orchestrator.plan_memory``'s
 docstring (a Llama-style decoder)."""
 from __future__ import annotations
 

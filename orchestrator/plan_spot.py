@@ -1,6 +1,6 @@
 """The plan's price of interruptions: spot against on-demand on each GPU type that fits, and which to take.
 
-For each GPU type and capacity, from the job's work (``plan.estimate_cost``'s hours) and the same policy
+For each GPU type and capacity, from the job's work (``plan_cost.estimate_cost``'s hours) and the same policy
 functions the runner uses:
 
 - preemptions per hour: on-demand none (``compute.preemptions_per_hour`` for a job that runs on-demand); spot

@@ -69,12 +69,12 @@ def _gradients_of_one_batch(trainer) -> None:
 @pytest.mark.e2e
 @pytest.mark.parametrize("peft", ["lora", "full"])
 def test_estimated_state_is_within_20_percent_of_allocated_tensors(peft, tmp_path, monkeypatch):
-    from orchestrator import plan
+    from orchestrator import plan, plan_memory
 
     cfg, trainer = _train_two_steps([f"recipe.peft={peft}"], tmp_path, monkeypatch)
     _gradients_of_one_batch(trainer)
     measured = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
-    comp = plan.estimate_memory(cfg).components
+    comp = plan_memory.estimate_memory(cfg).components
     estimated = {
         "params": comp.get("weights", 0) + comp.get("adapters", 0),
         "grads": comp["gradients"],

@@ -6,7 +6,7 @@ from orchestrator.attempt.measure import gradient_bytes, peak_memory_bytes
 
 def finish_trial(cfg, trainer, *, steps, money, tracking, step: int) -> None:
     """``steps``: the attempt's ``StepClock``; ``money``: its money watch; ``tracking``: its MLflow run."""
-    from orchestrator import plan
+    from orchestrator import plan, plan_cost, plan_memory
     from orchestrator.cost_report import estimated_tokens_per_step
 
     measured = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
@@ -19,8 +19,8 @@ def finish_trial(cfg, trainer, *, steps, money, tracking, step: int) -> None:
         # trainer's own count of real tokens when it logged one (SFT, packed or not), else the padded bound
         tokens = money.figures.measured_tokens_per_step or estimated_tokens_per_step(cfg)
         measured["tokens_per_second"] = tokens / measured["step_time_s"]
-    estimate = plan.estimate_memory(cfg)
-    cost = plan.estimate_cost(cfg, money.price)
+    estimate = plan_memory.estimate_memory(cfg)
+    cost = plan_cost.estimate_cost(cfg, money.price)
     print(plan.format_trial(estimate, measured, cost), flush=True)
     tracking.log_metrics({f"trial_{k}": float(v) for k, v in measured.items() if v is not None}, step)
     tracking.log_dict({"estimate": estimate.components, "measured": measured}, "trial.json")
