@@ -25,22 +25,16 @@ lost work = work thrown away by hard kills; deadline missed = finished after the
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Iterable, Optional, Sequence
 
-from orchestrator.cli_common import Parser, fail
 from orchestrator.durations import parse_duration
 from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity, reserve_seconds
 from orchestrator.policy.interval import (AUTO, MAX_EVERY, MIN_EVERY, Lifetime, checkpoint_interval,
                                           estimate_preemptions)
-from orchestrator.spot_traces import Trace, load_trace, load_traces  # noqa: F401  (load_trace: re-exported)
+from orchestrator.spot_traces import Trace
 
 POLICIES = ("deadline", "late-switch", "spot", "on-demand")
 DEADLINE_POLICIES = ("deadline", "late-switch")
@@ -357,142 +351,3 @@ def interval_sweep(job: Job, trace: Trace, windows: int = 40, minutes: Sequence[
     best = max(fixed, key=fixed.__getitem__)
     return {"trace": trace.name, "auto": goodput(AUTO), "fixed": fixed, "best_minutes": best,
             "best": fixed[best], "fixed_30m": fixed.get(30) if 30 in fixed else goodput(1800.0)}
-
-
-# ---------------------------------------------------------------- command line
-
-
-def _parser() -> Parser:
-    p = Parser(prog="orchestrator simulate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--traces", required=True, help="a trace file or a folder of them (data/spot-traces/...)")
-    p.add_argument("--job-hours", type=float, required=True, help="useful training the job needs, in hours")
-    p.add_argument("--deadline-hours", type=float, help="deadline from the job's start (deadline, late-switch need it)")
-    p.add_argument("--restart-minutes", type=float, default=6.0, help="one restart: start to first step (default 6)")
-    p.add_argument("--checkpoint-cost-seconds", type=float, default=30.0, help="training time one checkpoint costs")
-    p.add_argument("--checkpoint-every", default=AUTO, help="auto (Young/Daly, re-derived per attempt) or a duration")
-    p.add_argument("--min-every", default=MIN_EVERY, help=f"auto's lower bound (default {MIN_EVERY})")
-    p.add_argument("--max-every", default=MAX_EVERY, help=f"auto's upper bound (default {MAX_EVERY})")
-    p.add_argument("--policy", choices=POLICIES + ("all",), default="all",
-                   help="capacity policy (all: every policy the options allow)")
-    p.add_argument("--notice-share", type=float, default=0.0, help="share of preemptions with an honoured notice")
-    p.add_argument("--preemptions-per-hour", type=float, help="auto's prior rate (default: the catalog's prior)")
-    p.add_argument("--max-preemptions", type=int, help="requeue.max_preemptions (default: the config's)")
-    p.add_argument("--spot-price", type=float, default=SPOT_USD, help="USD per hour on spot")
-    p.add_argument("--on-demand-price", type=float, default=ON_DEMAND_USD, help="USD per hour on demand")
-    p.add_argument("--windows", type=int, default=40, help="start windows per trace")
-    p.add_argument("--per-trace", action="store_true", help="also print each trace's figures")
-    p.add_argument("--sweep-intervals", action="store_true",
-                   help="per trace: goodput of auto beside fixed intervals (best in hindsight, 30m)")
-    p.add_argument("--json", action="store_true", help="print JSON (one object for one policy, else a list)")
-    return p
-
-
-# each number option's range: (low, low included, high, high included)
-OPTION_RANGES = {"job_hours": (0.0, False, None, False), "deadline_hours": (0.0, False, None, False),
-                 "restart_minutes": (0.0, True, None, False), "checkpoint_cost_seconds": (0.0, True, None, False),
-                 "notice_share": (0.0, True, 1.0, True), "preemptions_per_hour": (0.0, True, None, False),
-                 "max_preemptions": (0, True, None, False), "spot_price": (0.0, True, None, False),
-                 "on_demand_price": (0.0, False, None, False), "windows": (1, True, None, False)}
-
-
-def _job_from_args(a: argparse.Namespace) -> Job:
-    from orchestrator.config import RequeueConfig
-    from orchestrator.config_numbers import check_options
-    from orchestrator.cost import preemption_prior_per_hour
-
-    check_options(a, OPTION_RANGES)  # NaN, infinity and negative prices or times (--job-hours > 0)
-    if a.deadline_hours is not None and a.deadline_hours < a.job_hours:
-        raise ValueError(f"--deadline-hours {a.deadline_hours:g} is shorter than --job-hours {a.job_hours:g}: "
-                         "no capacity can meet it; give a later deadline.")
-    every: str | float = AUTO if str(a.checkpoint_every).strip().lower() == AUTO else \
-        parse_duration(a.checkpoint_every, key="--checkpoint-every")
-    if every != AUTO and every <= 0:
-        raise ValueError("--checkpoint-every must be auto or a positive duration (15m, 900s)")
-    low, high = parse_duration(a.min_every, key="--min-every"), parse_duration(a.max_every, key="--max-every")
-    if low <= 0 or high < low:
-        raise ValueError(f"--min-every {a.min_every} and --max-every {a.max_every}: auto's bounds need "
-                         "0 < --min-every <= --max-every (e.g. --min-every 1m --max-every 1h).")
-    compute = SimpleNamespace(spot=True, gpu_type="v100", cloud="aws", preemptions_per_hour=a.preemptions_per_hour)
-    prior, _ = preemption_prior_per_hour(compute, _catalog())
-    requeue = RequeueConfig()
-    return Job(work_seconds=a.job_hours * 3600, restart_seconds=a.restart_minutes * 60,
-               checkpoint_cost_seconds=a.checkpoint_cost_seconds, every=every,
-               deadline_seconds=a.deadline_hours * 3600 if a.deadline_hours is not None else None,
-               notice_share=a.notice_share, prior_per_hour=prior,
-               min_every_seconds=low, max_every_seconds=high,
-               spot_usd=a.spot_price, on_demand_usd=a.on_demand_price,
-               max_preemptions=a.max_preemptions if a.max_preemptions is not None else requeue.max_preemptions,
-               max_failures=requeue.max_failures)
-
-
-def _catalog() -> dict:
-    from orchestrator.cost import load_catalog
-
-    try:
-        return load_catalog()
-    except (OSError, ValueError):
-        return {}
-
-
-def _row(s: Summary) -> str:
-    return (f"  {s.policy:<12}{s.windows:>8}{s.deadline_misses:>8}{s.unfinished:>8}{s.cost_vs_on_demand:>10.3f}"
-            f"{s.goodput:>9.3f}{s.lost_work_hours:>10.2f}{s.preemptions:>8.1f}")
-
-
-# misses: deadline missed or never finished; unfinished: stopped by the requeue caps (or never finished)
-HEADER = (f"  {'policy':<12}{'windows':>8}{'misses':>8}{'unfin.':>8}{'cost/OD':>10}{'goodput':>9}{'lost h':>10}"
-          f"{'preempt':>8}")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        job = _job_from_args(args)
-        traces = load_traces(args.traces)
-        policies = [args.policy] if args.policy != "all" else \
-            [p for p in POLICIES if job.deadline_seconds is not None or p not in DEADLINE_POLICIES]
-        if job.deadline_seconds is None and set(policies) & set(DEADLINE_POLICIES):
-            raise ValueError(f"--policy {args.policy} needs --deadline-hours")
-    except ValueError as err:
-        return fail(err)
-    results = [simulate(job, traces, p, args.windows) for p in policies]
-    per_trace = {tr.name: [simulate(job, [tr], p, args.windows) for p in policies] for tr in traces} \
-        if args.per_trace else {}
-    sweeps = [interval_sweep(job, tr, args.windows) for tr in traces] if args.sweep_intervals else []
-    if args.json:
-        doc = [r.as_json() for r in results]
-        out: object = doc[0] if len(doc) == 1 else doc
-        if per_trace or sweeps:
-            out = {"results": doc, "per_trace": {k: [r.as_json() for r in v] for k, v in per_trace.items()},
-                   "sweeps": sweeps}
-        print(json.dumps(out, indent=1))
-        return 0
-    print(_describe(job, traces, args.windows))
-    print(HEADER)
-    for r in results:
-        print(_row(r))
-    for name, rows in per_trace.items():
-        print(f"{Path(name).name}:")
-        for r in rows:
-            print(_row(r))
-    if sweeps:
-        print("checkpoint interval, spot policy, goodput per trace: auto | best fixed in hindsight | fixed 30m")
-        for s in sweeps:
-            print(f"  {Path(s['trace']).name:<24} auto {s['auto']:.3f} | {s['best_minutes']:g}m {s['best']:.3f} "
-                  f"(auto {100 * (s['auto'] - s['best']):+.1f} pts) | 30m {s['fixed_30m']:.3f} "
-                  f"(auto {100 * (s['auto'] - s['fixed_30m']):+.1f} pts)")
-    return 0
-
-
-def _describe(job: Job, traces: Sequence[Trace], windows: int) -> str:
-    every = "auto (re-derived at every attempt from the lifetimes seen)" if job.every == AUTO else \
-        f"every {float(job.every):g}s"
-    deadline = f", deadline {job.deadline_seconds / 3600:g} h" if job.deadline_seconds else ""
-    return (f"simulate: {len(traces)} trace(s) x {windows} windows; job {job.work_seconds / 3600:g} h{deadline}, "
-            f"restart {job.restart_seconds:g}s, checkpoint {job.checkpoint_cost_seconds:g}s {every}, "
-            f"{job.notice_share:.0%} noticed, prior {job.prior_per_hour:g}/h; spot ${job.spot_usd:g}/h, "
-            f"on-demand ${job.on_demand_usd:g}/h")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,14 +16,13 @@ import json
 import logging
 import math
 import os
-import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from orchestrator.redaction import (  # noqa: F401  (re-exported: callers import redaction from here)
     _URL_USERINFO, REDACTED, is_env_reference, is_secret_key, is_webhook_key, redact, scrub_text, secrets_in)
+from orchestrator.tracking_delivery import MetricsDelivery, is_permanent
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +35,8 @@ EXPERIMENT_KIND_TRAINING = "custom_model_development"
 # ...but MLflow 3.17's UI takes the view from a global switch (the page's ``workflowType`` query, then the
 # browser's last choice, GenAI by default), so the links the job prints ask for the training view
 UI_TRAINING_VIEW_QUERY = "workflowType=machine_learning"
-MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 MAX_PARAMS_TAGS_PER_BATCH = 100  # MLflow's log_batch limit
 MAX_PARAM_VALUE_CHARS = 6000
-MAX_BUFFERED_POINTS = 1_000_000  # ~100 MB; beyond this new points are dropped with a warning
-SEND_INTERVAL_SECONDS = 5.0
-RETRY_INITIAL_SECONDS = 1.0
-RETRY_MAX_SECONDS = 30.0
 # MLflow's own HTTP client retries 7 times with a 120 s timeout by default, which can
 # hold a call for minutes while the server is down. Our thread retries forever with
 # its own backoff, so each HTTP call only needs to fail fast. setdefault: a user's
@@ -91,16 +85,6 @@ def resolve_tracking_uri(tracking_cfg: Any) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def _is_permanent(err: Exception) -> bool:
-    """A 4xx from the server (bad value, deleted run) will fail the same way forever."""
-    from mlflow.exceptions import MlflowException
-
-    if isinstance(err, MlflowException):
-        status = err.get_http_status_code()
-        return 400 <= status < 500 and status != 429
-    return False
-
-
 def _experiment_id(client, name: str, uri: str) -> str:
     """The experiment ``name`` (created when missing; artifacts beside a local SQLite store)."""
     experiment = client.get_experiment_by_name(name)
@@ -136,7 +120,7 @@ def _find_or_create_run(client, experiment_id: str, job_name: str, run_id: Optio
                 return run, True
             log.warning("MLflow run %s from the ledger was deleted; looking for the job's run by tag", run_id)
         except MlflowException as err:
-            if not _is_permanent(err):
+            if not is_permanent(err):
                 raise
             log.warning("MLflow run %s from the ledger is not in %s; looking for the job's run by tag", run_id, scrub_text(uri))
     quoted = job_name.replace("\\", "\\\\").replace("'", "\\'")
@@ -225,7 +209,7 @@ class JobTracker:
                 self._last_step = _last_steps(self.client, run)
             self._log_params_and_tags(run if resumed else None)
         except Exception as err:
-            if _is_permanent(err):
+            if is_permanent(err):
                 raise
             raise TrackingUnavailable(
                 f"MLflow at {scrub_text(self.uri)} could not be reached ({type(err).__name__}: "
@@ -363,114 +347,3 @@ class JobTracker:
             self.client.log_dict(self.run_id, op[1], op[2])
         elif op[0] == "inputs":
             self.client.log_inputs(self.run_id, datasets=op[1])
-
-
-class MetricsDelivery:
-    """The background thread that sends a run's metric points and operations to MLflow, in order.
-
-    Never blocks the caller and never raises: while the server is down, points
-    wait in memory (up to MAX_BUFFERED_POINTS) and are retried with backoff; one
-    request per SEND_INTERVAL_SECONDS carries everything queued meanwhile.
-
-    Args:
-        send: ``send(batch, op)`` delivers a list of metric points, or one operation when the batch
-            is empty; raises on failure (permanent errors, see ``_is_permanent``, drop the item).
-    """
-
-    def __init__(self, send):
-        self._send = send
-        self._metrics: deque = deque()
-        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file) | ("inputs", [DatasetInput])
-        self._cond = threading.Condition()
-        self._wake = threading.Event()
-        self._in_flight = False
-        self._stop = False
-        self._flushing = 0  # callers waiting in flush(): send what is queued back to back, no coalescing wait
-        self._dropped_overflow = 0
-        self._thread = threading.Thread(target=self._deliver_forever, name="mlflow-delivery", daemon=True)
-        self._thread.start()
-
-    def add_points(self, points: list) -> None:
-        with self._cond:
-            for point in points:
-                if len(self._metrics) >= MAX_BUFFERED_POINTS:
-                    self._dropped_overflow += 1
-                    if self._dropped_overflow == 1:
-                        log.warning("MLflow buffer full (%d points, server down?); new points are being dropped",
-                                    MAX_BUFFERED_POINTS)
-                    continue
-                self._metrics.append(point)
-            self._cond.notify_all()
-
-    def add_op(self, op: tuple) -> None:
-        with self._cond:
-            self._ops.append(op)
-            self._cond.notify_all()
-
-    def flush(self, timeout_s: float) -> bool:
-        """Retry now and wait up to ``timeout_s`` until everything queued is delivered."""
-        with self._cond:
-            self._flushing += 1
-        self._wake.set()
-        try:
-            with self._cond:
-                return self._cond.wait_for(lambda: not self._metrics and not self._ops and not self._in_flight,
-                                           timeout_s)
-        finally:
-            with self._cond:
-                self._flushing -= 1
-
-    def stop(self) -> int:
-        """End the thread; returns how many points and operations were left undelivered."""
-        with self._cond:
-            self._stop = True
-            left = len(self._metrics) + len(self._ops)
-            self._cond.notify_all()
-        self._wake.set()
-        self._thread.join(timeout=5.0)
-        return left
-
-    def _deliver_forever(self) -> None:
-        delay = RETRY_INITIAL_SECONDS
-        failures = 0
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._metrics or self._ops)
-                if self._stop:
-                    return
-                batch = [self._metrics[i] for i in range(min(len(self._metrics), MAX_METRICS_PER_BATCH))]
-                op = None if batch else self._ops[0]
-                self._in_flight = True
-            try:
-                self._send(batch, op)
-                outcome = "sent"
-            except Exception as err:
-                outcome = "dropped" if _is_permanent(err) else "retry"
-                failures += 1
-                if outcome == "dropped":
-                    log.error("MLflow refused %s and it was dropped: %s", "metrics" if batch else op[0], err)
-                elif failures == 1 or failures % 20 == 0:
-                    log.warning("MLflow unreachable (%d tries, %d queued); retrying in the background: %s",
-                                failures, len(self._metrics) + len(self._ops), str(err)[:200])
-            with self._cond:
-                self._in_flight = False
-                if outcome != "retry":
-                    for _ in batch:
-                        self._metrics.popleft()  # only this thread removes, so the front is still the batch
-                    if op is not None:
-                        self._ops.popleft()
-                self._cond.notify_all()
-            if outcome == "retry":
-                self._wake.wait(delay)  # flush() cuts the wait short
-                self._wake.clear()
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
-            elif outcome == "sent":
-                if failures:
-                    log.info("MLflow reachable again after %d failed tries; delivering the buffer", failures)
-                delay, failures = RETRY_INITIAL_SECONDS, 0
-                # coalesce: one request per interval carries everything logged meanwhile, so a
-                # fast job costs the server (often on the same machine) a few requests a minute; not
-                # while a flush() waits (close() does): each queued operation would wait an interval
-                if not self._flushing:
-                    self._wake.wait(SEND_INTERVAL_SECONDS)
-                self._wake.clear()

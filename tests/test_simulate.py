@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator import simulate as sim
 from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity
+from orchestrator.spot_traces import load_trace, load_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 V100 = ROOT / "data" / "spot-traces" / "availability" / "1-node" / "aws-02-15-2023"
@@ -95,12 +96,12 @@ def test_uniform_progress_keeps_held_spot_and_leaves_on_demand_only_for_spot_tha
 def test_trace_reading_and_cyclic_availability(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"metadata": {"gap_seconds": 10}, "data": [0, 0, 1, 0, 1, 1]}))
-    tr = sim.load_trace(path)
+    tr = load_trace(path)
     assert (tr.starts, tr.ends, tr.period) == ((0.0, 30.0), (20.0, 40.0), 60.0)
     assert tr.spot_at(5) == (True, 20.0) and tr.spot_at(45) == (False, 60.0) and tr.spot_at(65) == (True, 80.0)
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a spot trace"):
-        sim.load_traces(tmp_path)
+        load_traces(tmp_path)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -124,7 +125,7 @@ def test_on_a_real_v100_trace_auto_matches_hindsight_and_the_deadline_policy_hol
     """us-east-2a (24% spot, the 9-zone set): auto within a point of the best fixed interval in hindsight and
     3+ points above a fixed 30 minutes; Uniform Progress misses no deadline and, at a tight deadline, costs
     less than spot-until-late."""
-    trace = sim.load_trace(V100 / "us-east-2a_v100_1.json")
+    trace = load_trace(V100 / "us-east-2a_v100_1.json")
     job = sim.Job(work_seconds=8 * 3600)
     sweep = sim.interval_sweep(job, trace, windows=20, minutes=(5, 7, 10, 12, 15, 20, 30))
     assert sweep["auto"] >= sweep["best"] - 0.01, sweep
