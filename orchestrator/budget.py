@@ -290,7 +290,7 @@ def default_sinks(budget_cfg: Any, *, set_tag: Optional[Callable[[str, str], Any
 def webhook_url(budget_cfg: Any) -> Optional[str]:
     """The alert webhook: ``$<budget.webhook_url_env>`` when that names a variable, else ``budget.webhook_url``.
 
-    A variable named but unset gives no webhook (launch refuses that case; see compose.validate).
+    A variable named but unset gives no webhook (launch refuses that case; see launch_checks.validate).
     """
     name = getattr(budget_cfg, "webhook_url_env", None)
     if name:

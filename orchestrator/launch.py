@@ -15,9 +15,10 @@ import time
 
 from omegaconf import DictConfig
 
-from orchestrator.compose import absolutize, compose_config, validate, with_default_storage
+from orchestrator.compose import absolutize, compose_config, with_default_storage
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.hub_pins import pin_revisions, resolve_commit
+from orchestrator.launch_checks import validate
 from orchestrator.logsetup import setup_logging
 
 log = logging.getLogger("orchestrator.launch")  # __name__ is "__main__" under python -m

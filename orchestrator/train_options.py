@@ -1,7 +1,7 @@
 """Training options a user brings from ``trl sft`` or Axolotl: what each needs, and the launch checks.
 
 Pure tables and checks, no heavy imports (``importlib.util.find_spec`` only):
-the planner reads the optimizer's state size from here, ``compose`` calls the
+the planner reads the optimizer's state size from here, ``launch_checks`` runs the
 checks at launch, ``recipes.common`` asks which jobs need bitsandbytes. Names are
 the Trainer's (``TrainingArguments.optim``), accelerate's (``mixed_precision``)
 and transformers' (``attn_implementation``), so a user's habits carry over.

@@ -3,7 +3,7 @@
 The requeue policy, the preemption handler and the store check their settings when they are built
 (the supervisor builds the first and the last in the launcher, the worker all three in every attempt).
 A bad value found there was a traceback in the launcher, or an attempt crash that an engine requeues;
-``orchestrator.compose.validate`` finds each one before anything runs. So does a GPU count that does
+``orchestrator.launch_checks.validate`` finds each one before anything runs. So does a GPU count that does
 not match the training processes (GPUs billed and never used).
 """
 from __future__ import annotations

@@ -157,7 +157,7 @@ def enabled(cfg: Any) -> bool:
 
 
 def check(cfg: Any) -> None:
-    """The launch check of the ``eval`` group (``orchestrator.compose.CHECKS``)."""
+    """The launch check of the ``eval`` group (``orchestrator.launch_checks.CHECKS``)."""
     ev = cfg.eval
     for key, low in (("every", 0), ("batch_size", 1), ("limit", 1), ("num_fewshot", 0)):
         value = ev[key]
