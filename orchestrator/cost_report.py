@@ -192,7 +192,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     def num(value, fmt="{:.4f}") -> str:
         return "-" if value is None else fmt.format(value)
 
-    price, totals, lost, spot = report["price"], report["totals"], report["lost_work"], report["spot"]
+    price, totals, lost = report["price"], report["totals"], report["lost_work"]
     lines = [
         f"cost report of job {report['job']!r} ({report['status']})",
         f"price: ${price['usd_per_hour']:.4f}/h {'spot' if price['spot'] else 'on demand'} "

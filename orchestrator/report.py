@@ -23,7 +23,8 @@ from typing import Optional
 
 from orchestrator.cli_common import Parser, fail
 from orchestrator.evaluation.stats import report_cell
-from orchestrator.tracking import JOB_TAG, KIND_TAG, scrub_text
+from orchestrator.tracking import JOB_TAG, KIND_TAG
+from orchestrator.redaction import scrub_text
 
 REPORT_RUN_NAME = "report"
 REPORT_KIND = "report"

@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from orchestrator.redaction import (  # noqa: F401  (re-exported: callers import redaction from here)
-    _URL_USERINFO, REDACTED, is_env_reference, is_secret_key, is_webhook_key, redact, scrub_text, secrets_in)
+from orchestrator.redaction import _URL_USERINFO, redact, scrub_text
 from orchestrator.tracking_delivery import MetricsDelivery, is_permanent
 
 log = logging.getLogger(__name__)

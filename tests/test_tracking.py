@@ -14,7 +14,8 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator.config import TrackingConfig
-from orchestrator.tracking import JobTracker, redact, scrub_text
+from orchestrator.tracking import JobTracker
+from orchestrator.redaction import redact, scrub_text
 from tests.helpers.net import free_port
 
 FAKE_AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

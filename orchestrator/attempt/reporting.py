@@ -175,7 +175,8 @@ def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int
         return None
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
-    from orchestrator.tracking import JOB_TAG, scrub_text
+    from orchestrator.tracking import JOB_TAG
+    from orchestrator.redaction import scrub_text
 
     client, model_id = tracker.client, None
     try:
@@ -218,7 +219,7 @@ def dataset_input(train_dataset: Any, fingerprint: str, data_cfg: Any):
     from mlflow.data.huggingface_dataset import from_huggingface
     from mlflow.entities import DatasetInput, InputTag
 
-    from orchestrator.tracking import scrub_text
+    from orchestrator.redaction import scrub_text
 
     source, path = str(data_cfg.source), scrub_text(str(data_cfg.path or ""))
     name = {"synthetic": "synthetic-arithmetic", "jsonl": path.rsplit("/", 1)[-1]}.get(source, path)

@@ -301,6 +301,6 @@ class Heartbeat:
 
 
 def redacted_config(cfg) -> dict:
-    from orchestrator.tracking import redact
+    from orchestrator.redaction import redact
 
     return redact(OmegaConf.to_container(cfg, resolve=True))

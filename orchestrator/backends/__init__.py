@@ -125,7 +125,7 @@ class WorkerInvocation:
     """What a remote attempt runs, with its secrets passed by the name of an environment variable.
 
     overrides: the worker's overrides (no ``backend.*``); an override whose value
-        is a secret (whatever ``tracking.redact`` would replace: a webhook URL, a
+        is a secret (whatever ``redaction.redact`` would replace: a webhook URL, a
         ``?token=`` URL, a value under a key named like a token...) reads
         ``${oc.env:ORCH_SECRET_<KEY>}`` instead of the value.
     secret_values: ORCH_SECRET_<KEY> -> the value taken out of the overrides; the
@@ -158,12 +158,7 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
     from omegaconf import OmegaConf
 
     from orchestrator.backends.paths import placed_overrides
-    from orchestrator.tracking import (
-        is_env_reference,
-        is_secret_key,
-        is_webhook_key,
-        secrets_in,
-    )
+    from orchestrator.redaction import is_env_reference, is_secret_key, is_webhook_key, secrets_in
 
     safe: list[str] = []
     values: dict[str, str] = {}
@@ -211,7 +206,8 @@ def refuse_secrets_in_text(cfg: Any, text: str, what: str) -> str:
     """
     from omegaconf import OmegaConf
 
-    from orchestrator.tracking import flatten, secrets_in
+    from orchestrator.tracking import flatten
+    from orchestrator.redaction import secrets_in
 
     for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
         if any(secret in text for secret in secrets_in({key.rsplit(".", 1)[-1]: value})):

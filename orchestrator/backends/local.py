@@ -11,7 +11,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     """The command each attempt runs, under the supervisor's requeue policy."""
     from omegaconf import OmegaConf
 
-    from orchestrator.tracking import scrub_text, secrets_in
+    from orchestrator.redaction import scrub_text, secrets_in
 
     cmd = shlex.join(worker_argv(overrides))
     # printed only: the supervisor passes the real values to its child, which never writes them down

@@ -27,7 +27,7 @@ _NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps", "dat
 
 def _stored_form(key: str, value):
     """``value``, or its SHA-256 when it holds a secret: manifests live in the bucket, and a change still shows."""
-    from orchestrator.tracking import redact
+    from orchestrator.redaction import redact
 
     if redact({key: value}) == {key: value}:
         return value
