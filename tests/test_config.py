@@ -78,11 +78,11 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
     [
         (["train.no_such_key=1"], ["train.no_such_key", "its keys are", "max_steps"]),
         (["train.max_steps=many"], ["train.max_steps=many", "could not be converted"]),
-        (["recipe=ppo"], ["recipe=ppo", "choose one of: dpo, qlora, sft"]),
+        (["recipe=ppo"], ["recipe=ppo", "choose one of: dpo, grpo, qlora, sft"]),
         (["data=jsonl", "data.path=/no/such/file.jsonl"], ["/no/such/file.jsonl", "no such file"]),
         (["model.name_or_path=/no/such/model"], ["/no/such/model", "does not exist"]),
         (["checkpoint.every=sometimes"], ["checkpoint.every", "90s, 15m, 1h"]),
-        (["recipe=dpo", "recipe.peft=full"], ["recipe.peft=full works with recipe=sft only"]),
+        (["recipe=dpo", "recipe.peft=full"], ["recipe.peft=full works with recipe=sft or grpo"]),
         (["recipe.quantization=nf4", "recipe.peft=full"], ["recipe.quantization=nf4 needs recipe.peft=lora"]),
         (["tracking.enabled=false", "tracking.log_final_weights=true"], ["tracking.log_final_weights=true", "tracking.enabled=true"]),
         # a quoted Hydra value can hold a newline, which would become a line of the sbatch script

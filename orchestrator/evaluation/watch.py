@@ -71,9 +71,9 @@ class BenchWatch(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
-        if self.ev.every <= 0 or control.should_training_stop:
-            # training stops after this save: an emergency save is not evaluated (the next attempt goes on), and
-            # the last regular one is the final weights, which are
+        if self.ev.every <= 0 or (control.should_training_stop and state.global_step < state.max_steps):
+            # training stops early after this save: an emergency save is not evaluated (the next attempt goes
+            # on), nor an early stop's (the final weights are)
             return control
         since = (self.history[-1][1] if self.history else 0) + 1
         self._note(state.global_step, since)

@@ -59,6 +59,8 @@ def job_env(tmp_path: Path, extra: dict | None = None) -> dict:
     # one thread per job: the tiny model gains nothing from two, and two xdist workers share two cores
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    # a job's user code may live in the tests (reward functions named by import path): the repository on the path
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
     return env
 
