@@ -11,14 +11,7 @@ FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_fa
 
 def _refused(args: list[str], tmp_path, needles: list[str]) -> str:
     done = jobs.run_job(FAST + [f"storage.uri={tmp_path / 'runs'}", "run.name=refused", *args], tmp_path, timeout=300)
-    assert done.returncode == 4, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
-    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    assert not (tmp_path / "runs").exists(), "nothing may be written for a refused job"
-    return lines[0]
+    return jobs.assert_refused_at_launch(done, needles, tmp_path / "runs")
 
 
 @pytest.mark.e2e

@@ -164,6 +164,19 @@ def with_overrides(base: list[str], *extra: str) -> list[str]:
     return [item for item in base if item.partition("=")[0] not in keys] + list(extra)
 
 
+def assert_refused_at_launch(done: subprocess.CompletedProcess, needles: list[str], runs: Path) -> str:
+    """A launch refused as a config error: exit 4, no traceback, one ``error:`` line naming each of ``needles``,
+    and nothing written under ``runs``. Returns that line."""
+    assert done.returncode == 4, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert not runs.exists(), "nothing may be written for a refused job"
+    return lines[0]
+
+
 def kill_group(proc: subprocess.Popen) -> int:
     """SIGKILL the job's whole process group (launcher, supervisor, worker): the machine vanished."""
     try:
