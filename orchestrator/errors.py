@@ -181,9 +181,9 @@ def out_of_memory_fix(cfg: Any = None) -> str:
 def _bigger_gpus(cfg: Any, limit: int = 3) -> list[str]:
     """Catalog GPU types with more memory per device than ``cfg``'s, smallest first (best effort)."""
     try:
-        from orchestrator.cost import load_catalog
-        from orchestrator.gpus import CPU_TYPES as CPU_GPU_TYPES
-        from orchestrator.gpus import gpu_memory_gb
+        from orchestrator.money.cost import load_catalog
+        from orchestrator.planning.gpus import CPU_TYPES as CPU_GPU_TYPES
+        from orchestrator.planning.gpus import gpu_memory_gb
 
         catalog = load_catalog()
         current = str(cfg.compute.gpu_type).lower()

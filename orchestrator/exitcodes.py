@@ -46,7 +46,7 @@ class ExitClass(str, enum.Enum):
 
 
 class RequeueClass(str, enum.Enum):
-    """What an outcome means to the requeue policy (``orchestrator.requeue``)."""
+    """What an outcome means to the requeue policy (``orchestrator.policy.requeue``)."""
 
     FINAL = "final"  # never requeued
     PREEMPTION = "preemption"  # requeued at once; charged to requeue.max_preemptions; never trips the crash-loop breaker

@@ -15,10 +15,10 @@ import time
 
 from omegaconf import DictConfig
 
-from orchestrator.compose import absolutize, compose_config, with_default_storage
+from orchestrator.config.compose import absolutize, compose_config, with_default_storage
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.hub_pins import pin_revisions, resolve_commit
-from orchestrator.launch_checks import validate
+from orchestrator.config.checks import validate
 from orchestrator.logsetup import setup_logging
 
 log = logging.getLogger("orchestrator.launch")  # __name__ is "__main__" under python -m
@@ -27,8 +27,7 @@ log = logging.getLogger("orchestrator.launch")  # __name__ is "__main__" under p
 def print_plan(cfg: DictConfig) -> None:
     """The pre-flight estimate; a planner failure never stops a launch."""
     try:
-        from orchestrator import plan
-
+        from orchestrator.planning import plan
         print(plan.plan_text(cfg), flush=True)
     except Exception as err:  # noqa: BLE001 - the plan is advice, not a gate
         log.warning("pre-flight plan unavailable: %s", err)
@@ -40,7 +39,7 @@ def check_deadline_ahead(cfg: DictConfig, now: float | None = None) -> None:
     A relaunch of a job that has run (its ledger has attempts) whose deadline passed meanwhile is not
     refused: it is told so and runs on-demand, as the capacity watch decides (``attempt/capacity.py``).
     """
-    from orchestrator.durations import parse_deadline
+    from orchestrator.config.durations import parse_deadline
 
     if cfg.run.deadline is None:
         return

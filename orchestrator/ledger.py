@@ -44,7 +44,7 @@ import random
 import time
 from typing import Any, Callable, Optional
 
-from orchestrator.cost import attempts_cost_usd
+from orchestrator.money.cost import attempts_cost_usd
 from orchestrator.errors import CapsReached, Fenced, UserError
 from orchestrator.exitcodes import (
     FINAL_RUN_STATUSES,

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from orchestrator.durations import parse_duration
+from orchestrator.config.durations import parse_duration
 from orchestrator.exitcodes import PREEMPTION_SIGNALS
 
 log = logging.getLogger(__name__)

@@ -163,7 +163,7 @@ def attach_progress(trainer: Any, tracking_cfg: Any, *, main: bool,
                     dollars: Callable[[int, int], tuple[float, Optional[float]]]) -> Optional[TrainingProgress]:
     """Add the display to ``trainer`` on the main rank (``tracking_cfg``: ``cfg.tracking``; ``dollars(step, total)``:
     spent so far and the projected total, the money watch's). Returns the callback, or None."""
-    from orchestrator.durations import parse_duration
+    from orchestrator.config.durations import parse_duration
 
     bar = wants_bar(tracking_cfg.progress)
     if bar is None or not main:

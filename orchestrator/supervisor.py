@@ -36,7 +36,7 @@ from orchestrator.distributed import worker_argv
 from orchestrator.errors import out_of_memory_fix
 from orchestrator.exitcodes import ExitClass, classify_exit
 from orchestrator.ledger import LAUNCHED_BY_ENV
-from orchestrator.requeue import attempt_class
+from orchestrator.policy.requeue import attempt_class
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def refine_exit_class(exit_class: ExitClass, oom_before: Optional[int], oom_afte
 class Supervisor:
     def __init__(self, cfg, overrides: Sequence[str], *, python: str = sys.executable):
         from orchestrator.ledger import Ledger
-        from orchestrator.requeue import RequeuePolicy
+        from orchestrator.policy.requeue import RequeuePolicy
         from orchestrator.storage import store_from_config
 
         self.cfg = cfg

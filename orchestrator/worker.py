@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orchestrator.tracking import quiet_telemetry
+from orchestrator.tracking.run import quiet_telemetry
 
 quiet_telemetry()  # before transformers/TRL/MLflow are imported (by the attempt's parts)
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None = None) -> int:
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
     from orchestrator.logsetup import setup_logging
 
     setup_logging()

@@ -20,7 +20,7 @@ LOAD_SECONDS = {"total": 0.0}
 def quantisation_stack_needed(cfg) -> bool:
     """Whether the job needs bitsandbytes: a quantised base (``recipe.quantization`` other than none)
     or one of its optimizers (``train.optim=paged_adamw_8bit``, ...)."""
-    from orchestrator.train_options import uses_bitsandbytes
+    from orchestrator.planning.train_options import uses_bitsandbytes
 
     return str(cfg.recipe.quantization) != "none" or uses_bitsandbytes(cfg)
 

@@ -111,7 +111,7 @@ def _check_columns(rows_columns: set[str], recipe_name: str, where: str) -> None
 def check_jsonl(path: str, recipe_name: str) -> None:
     """Validate a JSONL file up front: it exists, parses, and has the recipe's columns. Raises DataError.
 
-    An ``s3://`` path is read by the worker, not here (``orchestrator.launch_checks`` checks that it is listed)."""
+    An ``s3://`` path is read by the worker, not here (``orchestrator.config.checks`` checks that it is listed)."""
     from orchestrator.inputs import is_remote
 
     if is_remote(path):
@@ -262,7 +262,7 @@ def chat_template_text(value) -> str | None:
 def check_chat_template(value) -> None:
     """Launch check: the named template exists, or the file does and is a valid Jinja template that renders a
     sample conversation in transformers' sandbox (the one ``apply_chat_template`` renders in) without tripping it.
-    An ``s3://`` template is checked by the worker, which reads it (``orchestrator.launch_checks`` checks it is listed)."""
+    An ``s3://`` template is checked by the worker, which reads it (``orchestrator.config.checks`` checks it is listed)."""
     if str(value).startswith("s3://"):
         return
     text = chat_template_text(value)

@@ -13,7 +13,7 @@ life, spawn to exit, less the last one's final save and close (an uninterrupted 
 seconds per step are measured in the same run, between consecutive checkpoints of one attempt (so a machine
 slower today slows both sides alike).
 
-Predicted goodput = ``orchestrator.simulate`` on the same lifetimes, the same interval and notice share, each
+Predicted goodput = ``orchestrator.planning.simulate`` on the same lifetimes, the same interval and notice share, each
 attempt's measured restart (spawn to first step; an attempt killed before its first step gets one longer than
 its lifetime) and the mean measured checkpoint stall. The two differ by what the simulator leaves out: where
 in a checkpoint cycle each kill lands, commits finishing after the stall, the emergency save's own time.
@@ -41,8 +41,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.simulate import Job, simulate_window  # noqa: E402
-from orchestrator.spot_traces import Trace, load_trace  # noqa: E402
+from orchestrator.planning.simulate import Job, simulate_window  # noqa: E402
+from orchestrator.planning.spot_traces import Trace, load_trace  # noqa: E402
 
 PY = sys.executable
 FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*metered start-up")

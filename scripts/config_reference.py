@@ -2,7 +2,7 @@
 
     python scripts/config_reference.py > /tmp/ref.md     # the "Config reference" of docs/configuration.md
 
-Read from ``orchestrator/config.py``: the dataclass fields and their trailing comments.
+Read from ``orchestrator/config/schema.py``: the dataclass fields and their trailing comments.
 """
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import re
 
 from omegaconf import MISSING
 
-from orchestrator import config as c
-
+from orchestrator.config import schema as c
 GROUP_OPTIONS_NOTE = "options: the files in `conf/<group>/`"
 
 

@@ -20,9 +20,9 @@ from orchestrator.attempt.checkpoints import CheckpointController
 from orchestrator.attempt.money import MoneyWatch
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.compose import compose_config
-from orchestrator.config import ComputeConfig, RequeueConfig
-from orchestrator.cost import Price
+from orchestrator.config.compose import compose_config
+from orchestrator.config.schema import ComputeConfig, RequeueConfig
+from orchestrator.money.cost import Price
 from orchestrator.errors import (
     BudgetExhausted,
     CapsReached,
@@ -31,7 +31,7 @@ from orchestrator.errors import (
 )
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
-from orchestrator.requeue import RequeuePolicy
+from orchestrator.policy.requeue import RequeuePolicy
 from orchestrator.storage import LocalStore
 from tests.helpers import jobs
 
@@ -169,8 +169,8 @@ def test_a_fenced_attempt_commits_no_checkpoint(store, tmp_path):
 
 # ---- the money watch ------------------------------------------------------------------
 def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store):
-    from orchestrator.budget import BudgetGuard
-    from orchestrator.config import BudgetConfig
+    from orchestrator.money.budget import BudgetGuard
+    from orchestrator.config.schema import BudgetConfig
 
     record = _record(store)
     record.begin(0)

@@ -35,7 +35,7 @@ from orchestrator.backends import (
     worker_invocation,
     worker_overrides,
 )
-from orchestrator.compose import compose_config
+from orchestrator.config.compose import compose_config
 from orchestrator.errors import ConfigError
 
 USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "distributed=ddp", "distributed.processes_per_node=8", "run.name=exp1", "storage.uri=s3://bucket/runs",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.compose import compose_config
+from orchestrator.config.compose import compose_config
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation import spec
 from tests.helpers import jobs

@@ -19,7 +19,7 @@ EVAL = ["eval.tasks=[tiny_arith_mc]", "eval.limit=40"]
 
 
 def _eval_cmd(uri: str, tracking: list[str]) -> list[str]:
-    return [jobs.PYTHON, "-m", "orchestrator.cli", "eval", f"{uri}/trained", *EVAL, *tracking]
+    return [jobs.PYTHON, "-m", "orchestrator.cli.main", "eval", f"{uri}/trained", *EVAL, *tracking]
 
 
 def _results(root) -> dict:

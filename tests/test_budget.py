@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from orchestrator.budget import BudgetGuard, LogSink, MlflowTagSink, WebhookSink, projected_total_usd
-from orchestrator.config import BudgetConfig
+from orchestrator.money.budget import BudgetGuard, LogSink, MlflowTagSink, WebhookSink, projected_total_usd
+from orchestrator.config.schema import BudgetConfig
 from tests.helpers import jobs
 from tests.helpers.webhooks import WebhookReceiver
 from tests.helpers.net import free_port
@@ -155,7 +155,7 @@ def test_webhook_returning_500_is_retried_then_logged_never_raised(caplog):
     try:
         sink = WebhookSink(receiver.url, attempts=3, backoff_initial_s=0.05)
         guard = _guard(BudgetConfig(max_usd=10.0, projection_alert=False), LedgerAlerts(), [sink])
-        with caplog.at_level(logging.ERROR, logger="orchestrator.budget"):
+        with caplog.at_level(logging.ERROR, logger="orchestrator.money.budget"):
             alerts = guard.check(5.0, steps_done=1, max_steps=10)
             assert sink.wait(10)
         assert [a.name for a in alerts] == ["budget_50"]
@@ -170,7 +170,7 @@ def test_webhook_refusing_connections_never_raises(caplog):
     port = free_port()  # a port nobody listens on
     sink = WebhookSink(f"http://127.0.0.1:{port}/hook", attempts=2, backoff_initial_s=0.05, timeout_s=1)
     guard = _guard(BudgetConfig(max_usd=10.0, projection_alert=False), LedgerAlerts(), [LogSink(), sink])
-    with caplog.at_level(logging.WARNING, logger="orchestrator.budget"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.money.budget"):
         alerts = guard.check(8.0, steps_done=1, max_steps=10)
         assert sink.wait(10)
     assert [a.name for a in alerts] == ["budget_50", "budget_80"]
@@ -241,7 +241,7 @@ def test_a_real_overrun_gets_exactly_one_projection_alert_near_the_truth(tmp_pat
 
 def test_webhook_named_by_an_environment_variable_gets_the_alert(receiver, monkeypatch):
     """budget.webhook_url_env: the config names a variable, the URL (a credential) stays out of the config."""
-    from orchestrator.budget import default_sinks
+    from orchestrator.money.budget import default_sinks
 
     monkeypatch.setenv("TEST_SLACK_WEBHOOK", receiver.url)
     cfg = BudgetConfig(max_usd=10.0, webhook_url_env="TEST_SLACK_WEBHOOK", projection_alert=False)

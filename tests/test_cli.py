@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.cli_common import format_bytes
+from orchestrator.cli import main as cli
+from orchestrator.cli.common import format_bytes
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.storage import LocalStore

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.compose import compose_config, conf_dir
+from orchestrator.config.compose import compose_config, conf_dir
 
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "experiment")
 
@@ -159,7 +159,7 @@ def test_a_key_of_another_recipe_is_refused_naming_the_recipe_it_belongs_to():
 
 
 def test_relative_paths_are_pinned_to_the_launch_directory(tmp_path, monkeypatch):
-    from orchestrator.compose import absolutize, with_default_storage
+    from orchestrator.config.compose import absolutize, with_default_storage
 
     monkeypatch.chdir(tmp_path)
     pinned = absolutize(["storage.uri=runs", "data.path=d.jsonl", "run.work_dir=work", "model.name_or_path=./m",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import ComputeConfig
-from orchestrator.cost import CostMeter, attempts_cost_usd, load_catalog, lost_work, price_for, spot_savings_usd, usd_per_million_tokens, usd_per_step
+from orchestrator.config.schema import ComputeConfig
+from orchestrator.money.cost import CostMeter, attempts_cost_usd, load_catalog, lost_work, price_for, spot_savings_usd, usd_per_million_tokens, usd_per_step
 
 CATALOG = {
     "a100-80gb": {

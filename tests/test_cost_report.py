@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.cost import Price
-from orchestrator.cost_report import (
+from orchestrator.money.cost import Price
+from orchestrator.money.report import (
     JobFigures,
     build_report,
     format_report,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.compose import compose_config
+from orchestrator.config.compose import compose_config
 from orchestrator.errors import UserError, classify_exception
 from orchestrator.exitcodes import ExitClass
 from tests.helpers import jobs

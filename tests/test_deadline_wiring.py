@@ -25,13 +25,13 @@ from orchestrator.attempt.record import AttemptRecord
 from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule
 from orchestrator.policy.history import spot_lifetimes as lifetimes
 from orchestrator.backends.capacity import MOVE, RESUBMIT, attempt_capacity, attempt_compute
-from orchestrator.compose import compose_config
-from orchestrator.config import ComputeConfig, RequeueConfig
-from orchestrator.durations import parse_deadline
+from orchestrator.config.compose import compose_config
+from orchestrator.config.schema import ComputeConfig, RequeueConfig
+from orchestrator.config.durations import parse_deadline
 from orchestrator.errors import ConfigError
 from orchestrator.ledger import Ledger
 from orchestrator.policy.deadline import ON_DEMAND, SPOT
-from orchestrator.status import format_ledger
+from orchestrator.cli.status import format_ledger
 from orchestrator.storage.local import LocalStore
 
 HOUR = 3600.0
@@ -103,7 +103,7 @@ def measured_steps(step_time_s: float, steps: int = 3) -> StepClock:
 
 
 def _policy():
-    from orchestrator.requeue import RequeuePolicy
+    from orchestrator.policy.requeue import RequeuePolicy
 
     return RequeuePolicy(OmegaConf.structured(RequeueConfig()))
 
@@ -221,8 +221,8 @@ def test_an_explicit_preemption_rate_is_used_on_on_demand_capacity_too(tmp_path)
 def test_the_plan_prices_a_checkpoint_as_the_attempt_estimates_it_before_measuring(tmp_path):
     import torch
 
-    from orchestrator.cost import load_catalog
-    from orchestrator.plan_spot import price_option
+    from orchestrator.money.cost import load_catalog
+    from orchestrator.planning.spot import price_option
 
     model = torch.nn.Linear(1000, 1000)  # 1M trainable fp32 parameters: 4 MB saved, 8 MB of Adam's moments
     ports, compute = make_ports(tmp_path)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import COMMANDS
+from orchestrator.cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -65,7 +65,7 @@ def problems(command: str) -> list[str]:
 
 
 def _override_problems(overrides: list[str]) -> list[str]:
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
     from orchestrator.errors import ConfigError
 
     try:

@@ -64,7 +64,7 @@ def test_backends_key_on_the_tables_codes():
     assert sorted(kubernetes.STOP_EXIT_CODES) == [c for c in exitcodes.final_codes() if c != exitcodes.COMPLETED]
     preemption_codes = [o.exit_code for o in OUTCOMES.values() if o.preemption and o.exit_code is not None]
     assert preemption_codes == [exitcodes.PREEMPTED]
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
 
     cfg = compose_config(["backend=skypilot", "storage.uri=s3://bucket/runs"])
     assert skypilot.task_config(cfg, [])["resources"]["job_recovery"]["recover_on_exit_codes"] == preemption_codes
@@ -142,7 +142,7 @@ def test_our_own_value_errors_stay_crashes():
 def test_out_of_memory_names_the_fix_for_this_config():
     import torch
 
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
 
     cfg = compose_config(["compute=l4-spot", "train.per_device_batch_size=8", "train.gradient_accumulation_steps=2"])
     err = _raised(lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from orchestrator.compose import compose_config
+from orchestrator.config.compose import compose_config
 from orchestrator.errors import ConfigError
 
 BAD = [
@@ -179,7 +179,7 @@ def test_trl_metrics_in_a_checkpoint_must_be_numbers():
 
 
 def test_the_planner_counts_grpos_rows_reference_model_and_generation_cache():
-    from orchestrator.plan_memory import estimate_memory
+    from orchestrator.planning.memory import estimate_memory
 
     sft = estimate_memory(compose_config(["recipe=sft", "recipe.peft=full"]))
     grpo = estimate_memory(compose_config(["recipe=grpo", "recipe.peft=full", "recipe.beta=0.04",

@@ -79,7 +79,7 @@ def test_the_cycle_check_finds_a_planted_cycle():
 @pytest.mark.e2e
 def test_storage_preemption_and_the_backends_import_without_hydra():
     code = ("import sys\n"
-            "import orchestrator.durations, orchestrator.storage, orchestrator.preemption, orchestrator.backends\n"
+            "import orchestrator.config.durations, orchestrator.storage, orchestrator.preemption, orchestrator.backends\n"
             "import orchestrator.ledger, orchestrator.checkpoint.store\n"
             "print(sorted(m for m in ('hydra', 'torch', 'transformers') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -99,7 +99,7 @@ def _importers_of(package: str) -> list[str]:
 
 
 def test_only_compose_and_the_schemas_import_hydra():
-    assert _importers_of("hydra") == ["orchestrator.compose", "orchestrator.config"]
+    assert _importers_of("hydra") == ["orchestrator.config.compose", "orchestrator.config.schema"]
 
 
 @pytest.mark.e2e

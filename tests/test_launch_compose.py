@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator import launch
-from orchestrator.compose import compose_config
+from orchestrator.config.compose import compose_config
 from orchestrator.errors import ConfigError
 
 SHAS = {"model": "a" * 40, "dataset": "b" * 40}

@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator import model_config, plan, plan_cost, plan_memory
-from orchestrator.config import Config
-from orchestrator.cost import Price
+from orchestrator.planning import model_shape as model_config
+
+from orchestrator.planning import plan
+
+from orchestrator.planning import cost as plan_cost
+
+from orchestrator.planning import memory as plan_memory
+from orchestrator.config.schema import Config
+from orchestrator.money.cost import Price
 from orchestrator.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

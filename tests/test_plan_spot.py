@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan_spot import CapacityOption, recommend
+from orchestrator.planning.spot import CapacityOption, recommend
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ["model=llama-3.1-8b", "recipe=qlora", "compute=l40s-spot"]
@@ -84,8 +84,8 @@ def test_recommendation_when_spot_never_finishes():
 def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatch):
     """A job with attempts in its ledger: the plan's restart is their measured median, and its spot rate moves
     from the prior toward what the job saw (four preemptions in two hours of training)."""
-    from orchestrator import plan
-    from orchestrator.compose import compose_config
+    from orchestrator.planning import plan
+    from orchestrator.config.compose import compose_config
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     attempts = [{"started_at": 1000.0 * i, "ended_at": 1000.0 * i + 1800 + 300, "exit_class": cls, "spot": True,

@@ -44,7 +44,7 @@ def test_trial_prints_estimate_beside_measurement(tmp_path):
 
 
 def _train_two_steps(overrides: list[str], tmp_path: Path, monkeypatch):
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
     from recipes import sft
     from recipes.data import load_datasets
 
@@ -69,8 +69,8 @@ def _gradients_of_one_batch(trainer) -> None:
 @pytest.mark.e2e
 @pytest.mark.parametrize("peft", ["lora", "full"])
 def test_estimated_state_is_within_20_percent_of_allocated_tensors(peft, tmp_path, monkeypatch):
-    from orchestrator import plan, plan_memory
-
+    from orchestrator.planning import plan
+    from orchestrator.planning import memory as plan_memory
     cfg, trainer = _train_two_steps([f"recipe.peft={peft}"], tmp_path, monkeypatch)
     _gradients_of_one_batch(trainer)
     measured = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)

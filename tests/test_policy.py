@@ -79,7 +79,7 @@ def test_restart_seconds_override_then_measured_median_then_estimate():
 def test_preemption_prior_override_catalog_default_and_on_demand():
     from types import SimpleNamespace
 
-    from orchestrator.cost import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, load_catalog, preemption_prior_per_hour
+    from orchestrator.money.cost import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, load_catalog, preemption_prior_per_hour
 
     catalog = load_catalog()
     spot = SimpleNamespace(spot=True, gpu_type="a100-80gb", cloud="aws", preemptions_per_hour=None)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from orchestrator.config import PreemptionConfig
+from orchestrator.config.schema import PreemptionConfig
 from orchestrator.preemption import GCP_NOTICE_SECONDS, PreemptionHandler
 from tests.helpers.fake_metadata import FakeMetadata
 

@@ -101,7 +101,7 @@ def test_datasets_bars_are_quiet_unless_asked_for(show, environ, quieted):
 
 
 def test_an_unknown_progress_mode_is_refused_at_launch_naming_the_choices():
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
     from orchestrator.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"tracking.progress='fancy' is not a valid choice; choose one of: "

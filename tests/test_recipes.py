@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from orchestrator.compose import compose_config
+from orchestrator.config.compose import compose_config
 from recipes import data, dpo, qlora, sft
 from tests.helpers import jobs
 
@@ -134,7 +134,7 @@ def _modules_after_recipe_imports(overrides: list[str]) -> dict:
 
     code = (
         "import json, sys\n"
-        "from orchestrator.compose import compose_config\n"
+        "from orchestrator.config.compose import compose_config\n"
         "from orchestrator.worker import skip_unused_quantisation_stack\n"
         f"cfg = compose_config({overrides!r})\n"
         "skip_unused_quantisation_stack(cfg)\n"

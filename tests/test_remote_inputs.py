@@ -316,7 +316,7 @@ def test_a_changed_data_object_is_a_changed_trajectory(s3_server, s3_bucket, tmp
 
 def test_skypilot_file_mounts_and_mix_sources_are_given_as_the_vm_sees_them(project, tmp_path, monkeypatch, capsys):
     from orchestrator import launch
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
 
     datasets = tmp_path / "datasets"
     datasets.mkdir()
@@ -340,7 +340,7 @@ def test_skypilot_file_mounts_and_mix_sources_are_given_as_the_vm_sees_them(proj
 
 def test_mix_sources_in_s3_are_read_through_the_jobs_storage_settings(s3_server, s3_bucket, tmp_path, monkeypatch):
     from orchestrator import inputs
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
     from recipes.data import load_datasets
 
     bucket = s3_bucket.split("/")[2]

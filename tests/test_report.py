@@ -6,9 +6,9 @@ import uuid
 
 from mlflow import MlflowClient
 
-from orchestrator import report
-from orchestrator.config import TrackingConfig
-from orchestrator.tracking import JobTracker
+from orchestrator.cli import report
+from orchestrator.config.schema import TrackingConfig
+from orchestrator.tracking.run import JobTracker
 
 
 def _job(uri, experiment, name, recipe, quality_metric, quality, cost, preemptions, usd_per_point=None):

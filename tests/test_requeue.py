@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from orchestrator.config import RequeueConfig
-from orchestrator.requeue import RequeuePolicy
+from orchestrator.config.schema import RequeueConfig
+from orchestrator.policy.requeue import RequeuePolicy
 
 
 def attempt(exit_class: str, start: int = 0, end: int | None = None, epoch: int = 0) -> dict:
@@ -236,7 +236,7 @@ def _ledger(status: str, attempts: list[dict]) -> dict:
 
 def test_start_refusal_of_a_completed_job_is_a_success_naming_the_final_weights():
     from orchestrator.errors import AlreadyCompleted
-    from orchestrator.requeue import start_refusal
+    from orchestrator.policy.requeue import start_refusal
 
     # even a job that completed after spending its failure cap is complete, not "caps reached"
     history = [attempt("crashed", i, i + 1) for i in range(3)] + [attempt("completed", 3, 40)]
@@ -248,7 +248,7 @@ def test_start_refusal_of_a_completed_job_is_a_success_naming_the_final_weights(
 
 def test_start_refusal_types_caps_and_budget():
     from orchestrator.errors import BudgetExhausted, CapsReached
-    from orchestrator.requeue import start_refusal
+    from orchestrator.policy.requeue import start_refusal
 
     policy = RequeuePolicy(RequeueConfig(max_failures=1))
     crashed = [dict(attempt("crashed", 0, 5), cost_usd=2.0)]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import simulate as sim
+from orchestrator.planning import simulate as sim
 from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity
-from orchestrator.spot_traces import load_trace, load_traces
+from orchestrator.planning.spot_traces import load_trace, load_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 V100 = ROOT / "data" / "spot-traces" / "availability" / "1-node" / "aws-02-15-2023"

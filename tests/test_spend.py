@@ -11,9 +11,9 @@ import threading
 import pytest
 
 from orchestrator.attempt.money import SpendWatch
-from orchestrator.budget import BudgetGuard
+from orchestrator.money.budget import BudgetGuard
 from orchestrator.errors import BudgetExhausted
-from orchestrator.spend import Caps, SpendIndex, experiment_total_usd, month_total_usd
+from orchestrator.money.spend import Caps, SpendIndex, experiment_total_usd, month_total_usd
 from orchestrator.storage import LocalStore
 
 DEC = calendar.timegm((2026, 12, 31, 23, 59, 0))
@@ -143,7 +143,7 @@ def test_budget_guard_names_and_texts_for_a_cap():
     (["budget.reserve_ahead=soon"], "budget.reserve_ahead='soon' is not a duration"),
 ])
 def test_bad_spend_caps_are_refused_at_launch(bad, needle):
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
     from orchestrator.errors import ConfigError
 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
@@ -151,8 +151,7 @@ def test_bad_spend_caps_are_refused_at_launch(bad, needle):
 
 
 def test_status_spend_prints_the_month_and_each_experiment_by_job(s3_server, s3_store, capsys):
-    from orchestrator import status
-
+    from orchestrator.cli import status
     _index(s3_store, run="a", experiment="x", clock=lambda: DEC).reserve(1, 0.0, 2.0)
     _index(s3_store, run="a", experiment="x", clock=lambda: DEC).settle(1, 1.25)
     _index(s3_store, run="b", experiment="y", clock=lambda: DEC).reserve(1, 0.5, 3.0)  # still running: $3 held

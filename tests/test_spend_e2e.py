@@ -11,7 +11,7 @@ import pytest
 import json
 import time
 
-from orchestrator.spend import INDEX_KEY, month_of, month_total_usd
+from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
 from tests.helpers import jobs
 
 CAP_USD = 10.0

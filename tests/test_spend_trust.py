@@ -16,7 +16,7 @@ import pytest
 from orchestrator.attempt.money import SpendWatch
 from orchestrator.errors import BudgetExhausted
 from orchestrator.ledger import Ledger
-from orchestrator.spend import INDEX_KEY, Caps, SpendIndex, SpendIndexCorrupt, month_total_usd, parse_index
+from orchestrator.money.spend import INDEX_KEY, Caps, SpendIndex, SpendIndexCorrupt, month_total_usd, parse_index
 
 DEC = calendar.timegm((2026, 12, 15, 12, 0, 0))
 GOOD = {"jobs": {"a": {"experiment": "x", "months": {"2026-12": 1.0}, "open": {}}}, "alerts": {}}
@@ -82,8 +82,7 @@ def test_a_corrupt_index_found_mid_run_stops_a_capped_job(s3_store):
 
 
 def test_status_spend_on_a_corrupt_index_prints_a_message_not_a_traceback(s3_server, s3_store, capsys):
-    from orchestrator import status
-
+    from orchestrator.cli import status
     s3_store.put_bytes(INDEX_KEY, CORRUPT["truncated"])
     for extra in ([], ["--json"]):
         assert status.main(["--spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url, *extra]) == 2  # a user error (docs/cli.md)
@@ -116,7 +115,7 @@ def test_repair_spend_rebuilds_the_index_from_the_ledgers(s3_server, s3_store, c
     index = parse_index(s3_store.get_bytes(INDEX_KEY), "w", "s")
     import time
 
-    from orchestrator.spend import month_of
+    from orchestrator.money.spend import month_of
 
     month = month_of(time.time())
     assert month_total_usd(index, month) == pytest.approx(1.25)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from orchestrator.spend import INDEX_KEY, month_of, month_total_usd
+from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
 from tests.helpers import jobs
 from tests.test_spend_trust import CORRUPT
 

@@ -83,7 +83,7 @@ def test_an_outage_longer_than_the_window_ends_as_a_preemption_not_a_crash(tmp_p
 
 
 def test_a_job_store_retries_for_storage_retry_for(tmp_path):
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
     from orchestrator.errors import ConfigError
 
     cfg = compose_config(["recipe=sft", f"storage.uri={tmp_path}", "storage.retry_for=45s"])

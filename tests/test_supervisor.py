@@ -85,7 +85,7 @@ def test_a_child_killed_after_it_recorded_completion_ends_the_job_completed(tmp_
     preemption): the job did complete, so the launcher must exit 0, not 128+9."""
     import sys
 
-    from orchestrator.compose import compose_config
+    from orchestrator.config.compose import compose_config
     from orchestrator.ledger import Ledger
     from orchestrator.storage import LocalStore
     from orchestrator.supervisor import Supervisor

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator.config import TrackingConfig
-from orchestrator.tracking import JobTracker
+from orchestrator.config.schema import TrackingConfig
+from orchestrator.tracking.run import JobTracker
 from orchestrator.redaction import redact, scrub_text
 from tests.helpers.net import free_port
 
@@ -217,7 +217,7 @@ def test_disabled_tracking_is_a_no_op():
 
 def test_unreachable_server_at_start_fails_fast_with_the_fix(monkeypatch):
     
-    from orchestrator.tracking import TrackingUnavailable
+    from orchestrator.tracking.run import TrackingUnavailable
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     port = free_port()  # a port nobody listens on
@@ -252,8 +252,8 @@ def test_a_tracked_job_sends_no_usage_telemetry_unless_the_user_opts_in(mlflow_s
     """MLflow 3 phones home from a background thread unless told not to; a job does not, unless the user set
     MLFLOW_DISABLE_TELEMETRY=false. MLflow decides at its first import, so this runs in a fresh process."""
     code = f"""
-from orchestrator.config import TrackingConfig
-from orchestrator.tracking import JobTracker
+from orchestrator.config.schema import TrackingConfig
+from orchestrator.tracking.run import JobTracker
 tracker = JobTracker(TrackingConfig(uri={mlflow_server.uri!r}, experiment="telemetry"), job_name="t")
 tracker.start()
 from mlflow.telemetry.client import get_telemetry_client
@@ -286,7 +286,7 @@ def test_a_worker_turns_off_the_hub_telemetry_trl_sends_unless_the_user_set_it(t
 
 
 def test_an_explicit_tracking_uri_wins_over_mlflow_tracking_uri_in_the_environment(monkeypatch, tmp_path):
-    from orchestrator.tracking import resolve_tracking_uri
+    from orchestrator.tracking.run import resolve_tracking_uri
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://left-in-the-shell:5000")
     assert resolve_tracking_uri(TrackingConfig(uri="http://the-configured-server:5000")) == "http://the-configured-server:5000"

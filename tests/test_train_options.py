@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator import train_options
-from orchestrator.compose import compose_config
+from orchestrator.planning import train_options
+from orchestrator.config.compose import compose_config
 from orchestrator.errors import ConfigError, DataError, UserError
 from recipes import common, data, qlora, sft
 
@@ -140,8 +140,8 @@ def test_packing_fills_rows_with_real_tokens_and_counts_only_those(tmp_path):
     logged = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
     # TRL's count (what the cost report reads) is every token the model was fed, and no row was padded
     assert logged[-1] == sum(seen) < 3 * cfg.train.per_device_batch_size * cfg.data.max_length
-    from orchestrator.cost import Price
-    from orchestrator.cost_report import JobFigures, estimated_tokens_per_step
+    from orchestrator.money.cost import Price
+    from orchestrator.money.report import JobFigures, estimated_tokens_per_step
 
     figures = JobFigures(Price(1.0, 1.0, 2.0, source="test"), [], step_at_start=0,
                          fallback_tokens_per_step=estimated_tokens_per_step(cfg))

@@ -60,8 +60,8 @@ def test_the_start_up_before_the_first_step_is_billed_from_the_process_start(tmp
 
 
 def test_an_on_demand_price_override_is_the_on_demand_baseline_and_a_spot_one_is_not():
-    from orchestrator.config import ComputeConfig
-    from orchestrator.cost import load_catalog, price_for
+    from orchestrator.config.schema import ComputeConfig
+    from orchestrator.money.cost import load_catalog, price_for
 
     catalog = load_catalog()
     on_demand = price_for(ComputeConfig(gpu_type="a100-80gb", gpus_per_node=2, spot=False, price_per_hour=2.0), catalog)

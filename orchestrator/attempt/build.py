@@ -22,7 +22,7 @@ from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
-from orchestrator.durations import parse_duration
+from orchestrator.config.durations import parse_duration
 from orchestrator.errors import ConfigError
 from orchestrator.policy.interval import interval_bounds, is_auto
 
@@ -37,12 +37,12 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
 
     clock = RestartClock()  # the start-up timeline: its parts are made from here
     clock.mark("parts")
-    from orchestrator.budget import BudgetGuard, default_sinks
+    from orchestrator.money.budget import BudgetGuard, default_sinks
     from orchestrator.checkpoint.fingerprint import trajectory_config
     from orchestrator.checkpoint.store import CheckpointStore
     from orchestrator.ledger import Ledger
     from orchestrator.preemption import PreemptionHandler
-    from orchestrator.requeue import RequeuePolicy
+    from orchestrator.policy.requeue import RequeuePolicy
     from orchestrator.storage import store_from_config
 
     from orchestrator.progress import quiet_data_progress
@@ -92,7 +92,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
 
 def attempt_price(cfg: Any, environ) -> tuple:
     """(capacity, compute, catalog, price) of this attempt: a backend may run a spot job on-demand (run.deadline)."""
-    from orchestrator.cost import load_catalog, price_for
+    from orchestrator.money.cost import load_catalog, price_for
 
     capacity = attempt_capacity(cfg.compute, environ)
     compute = attempt_compute(cfg.compute, capacity)
@@ -124,7 +124,7 @@ def steering(cfg: Any, parts: dict, *, store: Any, run_name: str, checkpoints: C
     runner."""
     from orchestrator.attempt.capacity import CapacityWatch
     from orchestrator.attempt.schedule import CheckpointSchedule
-    from orchestrator.budget import WebhookSink, webhook_url
+    from orchestrator.money.budget import WebhookSink, webhook_url
 
     from orchestrator.evaluation.watch import bench_watch
 
@@ -170,7 +170,7 @@ def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: Checkpoin
 
 def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch) -> SpendWatch:
     """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
-    from orchestrator.spend import Caps, SpendIndex
+    from orchestrator.money.spend import Caps, SpendIndex
 
     caps = Caps(run_name, str(cfg.tracking.experiment), monthly_max_usd=cfg.budget.get("monthly_max_usd"),
                 experiment_max_usd=cfg.budget.get("experiment_max_usd"))

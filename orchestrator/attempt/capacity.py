@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 from transformers import TrainerCallback
 
 from orchestrator.backends.capacity import MOVE, RESUBMIT, label, latest_decision
-from orchestrator.durations import parse_deadline
+from orchestrator.config.durations import parse_deadline
 from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity, reserve_seconds
 from orchestrator.policy.history import (AttemptHistory, first_start, measured_cost_seconds, read_attempts,
                                          restart_seconds_measured, steady_seconds_per_step)
@@ -193,7 +193,7 @@ class CapacityWatch(TrainerCallback):
     def send(self, name: str, message: str) -> None:
         if self.webhook is None:
             return
-        from orchestrator.budget import Alert
+        from orchestrator.money.budget import Alert
 
         self.webhook.send(Alert(name, message, total_cost_usd=self.total_cost_usd(),
                                 max_usd=float(self.budget_max_usd or 0.0)))

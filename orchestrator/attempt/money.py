@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from orchestrator.cost import CostMeter, Price
-from orchestrator.cost_report import JobFigures, estimated_tokens_per_step
+from orchestrator.money.cost import CostMeter, Price
+from orchestrator.money.report import JobFigures, estimated_tokens_per_step
 from orchestrator.errors import BudgetExhausted
 from orchestrator.exitcodes import INTERRUPTED_CLASSES
 
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 class MoneyWatch:
     """Args:
-        price: this attempt's price (``orchestrator.cost.price_for``).
+        price: this attempt's price (``orchestrator.money.cost.price_for``).
         max_steps: ``train.max_steps`` (for the projected total).
         budget_max_usd: the hard stop, or None.
         fallback_tokens_per_step: tokens per optimizer step until the Trainer logs its own count.
@@ -89,7 +89,7 @@ class MoneyWatch:
                             first_step_seconds: Optional[float], restarts: int) -> Optional[float]:
         """The job's projected total at ``step`` (``budget.projected_total_usd``, the figure the projection
         alert uses), for the progress display; None while there is too little to project from."""
-        from orchestrator.budget import projected_total_usd
+        from orchestrator.money.budget import projected_total_usd
 
         return projected_total_usd(spent_usd=self.total_cost_usd(), step=step, max_steps=max_steps,
                                    attempt_usd=self.meter.attempt_cost_usd(),
@@ -118,7 +118,7 @@ class MoneyWatch:
 
 
 class SpendWatch:
-    """The attempt's hold on the store's spend index (``orchestrator.spend``): main rank only.
+    """The attempt's hold on the store's spend index (``orchestrator.money.spend``): main rank only.
 
     ``begin`` reserves the start-up still to come (the job's last measured start to first step) and
     one window (``budget.reserve_ahead``) at this attempt's price, or raises BudgetExhausted when a cap
@@ -127,7 +127,7 @@ class SpendWatch:
     reaches its reservation and the caps grant no more; ``settle`` at the end.
 
     Args:
-        index: ``orchestrator.spend.SpendIndex`` for this job.
+        index: ``orchestrator.money.spend.SpendIndex`` for this job.
         usd_per_second: this attempt's price.
         window_s: ``budget.reserve_ahead`` in seconds.
         spent: the attempt's spend so far (its cost meter).
@@ -155,7 +155,7 @@ class SpendWatch:
     def _unless_corrupt(self, call: Callable[[], Any]) -> Any:
         """``call()``; a corrupt index (SpendIndexCorrupt) is raised for a job with a cap, and for one with
         none said once, after which this watch leaves the index alone (None)."""
-        from orchestrator.spend import SpendIndexCorrupt
+        from orchestrator.money.spend import SpendIndexCorrupt
 
         if self.unreadable is not None:
             return None
@@ -171,7 +171,7 @@ class SpendWatch:
     def start_refusal(self) -> Optional[Exception]:
         """Before the attempt takes an epoch: why a cap forbids it to start (BudgetExhausted, with the numbers;
         SpendIndexCorrupt when a capped job's index is unreadable), or None."""
-        from orchestrator.spend import SpendIndexCorrupt
+        from orchestrator.money.spend import SpendIndexCorrupt
 
         try:
             reason = self._unless_corrupt(self.index.refusal)
@@ -200,7 +200,7 @@ class SpendWatch:
             return None  # the cheap path: most steps end here
         if self.unreadable is not None:
             return None
-        from orchestrator.spend import SpendIndexCorrupt
+        from orchestrator.money.spend import SpendIndexCorrupt
 
         try:
             self._unless_corrupt(lambda: self._take(self.index.reserve(self.epoch, spent, spent + self.window_usd),
@@ -216,8 +216,8 @@ class SpendWatch:
         """Add the 50/80/100% alerts (``budget.alert_thresholds``) of each cap set, once each for every job under it."""
         from types import SimpleNamespace
 
-        from orchestrator.budget import BudgetGuard
-        from orchestrator.spend import month_of
+        from orchestrator.money.budget import BudgetGuard
+        from orchestrator.money.spend import month_of
 
         caps = self.index.caps
         for kind, max_usd, key in (("monthly", caps.monthly_max_usd, "budget.monthly_max_usd"),

@@ -11,12 +11,12 @@ import os
 import socket
 from typing import Any, Optional
 
-from orchestrator.cost import attempts_cost_usd
+from orchestrator.money.cost import attempts_cost_usd
 from orchestrator.errors import Fenced
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.policy.history import last_restart_seconds
-from orchestrator.requeue import RequeuePolicy, start_refusal
+from orchestrator.policy.requeue import RequeuePolicy, start_refusal
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class AttemptRecord:
 
     def begin(self, newest_checkpoint_step: int, *, final_uri: str = "") -> dict:
         """Take the next epoch (fencing older attempts) or raise why not: AlreadyCompleted (exit 0),
-        CapsReached, BudgetExhausted (``orchestrator.requeue.start_refusal``; a spent monthly or experiment cap,
+        CapsReached, BudgetExhausted (``orchestrator.policy.requeue.start_refusal``; a spent monthly or experiment cap,
         from the spend index, then its first reservation). Returns the new attempt."""
         compute = self.compute
 

@@ -26,7 +26,7 @@ DATASET_CONTEXT_TAG = "mlflow.data.context"
 
 class AttemptTracking:
     """Args:
-        tracker: the job's ``orchestrator.tracking.JobTracker``, or None (tracking off, or not the main rank).
+        tracker: the job's ``orchestrator.tracking.run.JobTracker``, or None (tracking off, or not the main rank).
         job_metrics_every_s: the orchestrator's own metrics go at most this often (0: at every log).
     """
 
@@ -45,7 +45,7 @@ class AttemptTracking:
         """``ledger``: the job's ledger before this attempt begins (its MLflow run id, its attempts so far)."""
         from omegaconf import OmegaConf
 
-        from orchestrator.tracking import JobTracker
+        from orchestrator.tracking.run import JobTracker
 
         if not (main and cfg.tracking.enabled):
             return cls(None, job_metrics_every_s=job_metrics_every_s)
@@ -61,7 +61,7 @@ class AttemptTracking:
         """Open (or resume) the job's run; None when MLflow is unreachable (metrics are buffered)."""
         if self.tracker is None:
             return None
-        from orchestrator.tracking import TrackingUnavailable
+        from orchestrator.tracking.run import TrackingUnavailable
 
         try:
             return self.tracker.start()
@@ -134,7 +134,7 @@ class AttemptTracking:
         since (fraction-valued metrics only: a loss has no percentage points)."""
         if self.tracker is None:
             return
-        from orchestrator.cost_report import (
+        from orchestrator.money.report import (
             build_report,
             format_report,
             quality_gain_points,
@@ -175,7 +175,7 @@ def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int
         return None
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
-    from orchestrator.tracking import JOB_TAG
+    from orchestrator.tracking.run import JOB_TAG
     from orchestrator.redaction import scrub_text
 
     client, model_id = tracker.client, None

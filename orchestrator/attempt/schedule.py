@@ -77,7 +77,7 @@ class CheckpointSchedule(TrainerCallback):
 
     def __init__(self, *, interval: Any, steps: Any, record: Any, tracking: Any, full_model: bool,
                  uploading: Callable[[], bool], compute: Any, catalog: dict, min_seconds: float, max_seconds: float):
-        from orchestrator.cost import preemption_prior_per_hour
+        from orchestrator.money.cost import preemption_prior_per_hour
 
         self.interval, self.steps, self.record, self.tracking = interval, steps, record, tracking
         self.full_model, self.uploading = full_model, uploading

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
 from orchestrator.distributed import worker_argv
-from orchestrator.durations import parse_duration
+from orchestrator.config.durations import parse_duration
 from orchestrator.errors import ConfigError
 
 BACKEND_NAMES = ("local", "slurm", "skypilot", "kubernetes")
@@ -206,7 +206,7 @@ def refuse_secrets_in_text(cfg: Any, text: str, what: str) -> str:
     """
     from omegaconf import OmegaConf
 
-    from orchestrator.tracking import flatten
+    from orchestrator.tracking.run import flatten
     from orchestrator.redaction import secrets_in
 
     for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():

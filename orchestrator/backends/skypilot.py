@@ -42,7 +42,7 @@ from orchestrator.backends import (
 from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
 from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError
-from orchestrator.gpus import skypilot_name
+from orchestrator.planning.gpus import skypilot_name
 from orchestrator.policy.deadline import SPOT
 
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"

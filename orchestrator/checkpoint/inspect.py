@@ -21,7 +21,7 @@ from pathlib import Path
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint import safe_load
 from orchestrator.checkpoint.store import CheckpointStore, CommittedCheckpoint
-from orchestrator.cli_common import FAILED, Parser, fail, format_bytes
+from orchestrator.cli.common import FAILED, Parser, fail, format_bytes
 
 
 def load_files(folder: Path, manifest: dict) -> int:

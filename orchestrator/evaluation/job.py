@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from orchestrator.cli_common import Parser
+    from orchestrator.cli.common import Parser
 
     parser = Parser(prog="orchestrator eval", description=__doc__.splitlines()[0])
     parser.add_argument("run_uri", help="<storage.uri>/<run.name>, e.g. s3://bucket/runs/job1 or .cache/runs/job1")
@@ -119,7 +119,7 @@ def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> 
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
-    from orchestrator.tracking import quiet_telemetry, resolve_tracking_uri
+    from orchestrator.tracking.run import quiet_telemetry, resolve_tracking_uri
 
     quiet_telemetry()
     client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking))
@@ -136,8 +136,8 @@ def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from orchestrator.cli_common import USAGE_ERROR, fail
-    from orchestrator.compose import compose_config
+    from orchestrator.cli.common import USAGE_ERROR, fail
+    from orchestrator.config.compose import compose_config
     from orchestrator.errors import ConfigError, DataError, UserError
     from orchestrator.storage import open_store, split_run_uri
 

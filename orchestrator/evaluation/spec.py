@@ -157,7 +157,7 @@ def enabled(cfg: Any) -> bool:
 
 
 def check(cfg: Any) -> None:
-    """The launch check of the ``eval`` group (``orchestrator.launch_checks.CHECKS``)."""
+    """The launch check of the ``eval`` group (``orchestrator.config.checks.CHECKS``)."""
     ev = cfg.eval
     for key, low in (("every", 0), ("batch_size", 1), ("limit", 1), ("num_fewshot", 0)):
         value = ev[key]
@@ -179,7 +179,7 @@ def check(cfg: Any) -> None:
 
 
 def _checkpoints_on(cfg: Any) -> bool:
-    from orchestrator.durations import parse_duration
+    from orchestrator.config.durations import parse_duration
     from orchestrator.policy.interval import is_auto
 
     every = cfg.checkpoint.every

@@ -35,7 +35,7 @@ def is_auto(every) -> bool:
 
 def interval_bounds(checkpoint_cfg) -> tuple[float, float]:
     """(``checkpoint.min_every``, ``checkpoint.max_every``) in seconds. Raises ValueError naming the keys."""
-    from orchestrator.durations import parse_duration
+    from orchestrator.config.durations import parse_duration
 
     low = parse_duration(checkpoint_cfg.min_every, key="checkpoint.min_every")
     high = parse_duration(checkpoint_cfg.max_every, key="checkpoint.max_every")

@@ -74,7 +74,7 @@ def open_store(uri: str, **s3_options: Any) -> ObjectStore:
 def store_from_config(storage_cfg: Any) -> ObjectStore:
     """Open the store a ``StorageConfig`` (or any object with its attributes) describes, every call
     retried through a short outage (``storage.retry_for``: ``orchestrator.storage.retry``)."""
-    from orchestrator.durations import parse_duration
+    from orchestrator.config.durations import parse_duration
     from orchestrator.storage.retry import DEFAULT_RETRY_SECONDS, RetryingStore
 
     inner = open_store(

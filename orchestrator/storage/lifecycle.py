@@ -1,5 +1,5 @@
 """``orchestrator storage init <s3-uri>``: bucket lifecycle rules for a job store;
-``orchestrator storage repair-spend <storage.uri>``: the spend index rebuilt (``orchestrator.spend_repair``).
+``orchestrator storage repair-spend <storage.uri>``: the spend index rebuilt (``orchestrator.money.spend_repair``).
 
 A worker killed mid-upload (the normal end of a spot instance) leaves the
 parts of its multipart upload in the bucket, billed but invisible to a plain
@@ -18,7 +18,7 @@ import sys
 
 import botocore.exceptions
 
-from orchestrator.cli_common import Parser, fail
+from orchestrator.cli.common import Parser, fail
 from orchestrator.errors import UserError
 from orchestrator.storage.base import PreconditionFailed, TransientStorageError
 from orchestrator.storage.s3 import S3Store
@@ -102,7 +102,7 @@ def apply_lifecycle(
 def repair_spend_main(uri: str, *, endpoint_url: str | None) -> int:
     import time
 
-    from orchestrator.spend_repair import repair_spend_index, summary
+    from orchestrator.money.spend_repair import repair_spend_index, summary
     from orchestrator.storage import open_store
 
     try:

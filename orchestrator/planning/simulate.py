@@ -30,11 +30,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from orchestrator.durations import parse_duration
+from orchestrator.config.durations import parse_duration
 from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity, reserve_seconds
 from orchestrator.policy.interval import (AUTO, MAX_EVERY, MIN_EVERY, Lifetime, checkpoint_interval,
                                           estimate_preemptions)
-from orchestrator.spot_traces import Trace
+from orchestrator.planning.spot_traces import Trace
 
 POLICIES = ("deadline", "late-switch", "spot", "on-demand")
 DEADLINE_POLICIES = ("deadline", "late-switch")
@@ -94,8 +94,8 @@ class Outcome:
 
 
 def _requeue_policy(job: Job):
-    from orchestrator.config import RequeueConfig
-    from orchestrator.requeue import RequeuePolicy
+    from orchestrator.config.schema import RequeueConfig
+    from orchestrator.policy.requeue import RequeuePolicy
 
     return RequeuePolicy(RequeueConfig(max_preemptions=job.max_preemptions, max_failures=job.max_failures))
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import train_options
-from orchestrator.config_numbers import check_finite, check_ranges
+from orchestrator.planning import train_options
+from orchestrator.config.numbers import check_finite, check_ranges
 from orchestrator.distributed import configured_world_size
-from orchestrator.durations import parse_deadline, parse_duration
+from orchestrator.config.durations import parse_deadline, parse_duration
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.evaluation import spec as bench_spec
@@ -262,7 +262,7 @@ def _check_gpus_match_processes(cfg: DictConfig) -> None:
     One training process drives one GPU. CPU presets (no GPUs) are exempt;
     ``compute.allow_idle_gpus=true`` lets a job bill more GPUs than it uses, deliberately.
     """
-    from orchestrator.gpus import CPU_TYPES
+    from orchestrator.planning.gpus import CPU_TYPES
 
     per_node, nodes = int(cfg.compute.gpus_per_node), int(cfg.compute.nodes)
     if per_node <= 0 or str(cfg.compute.gpu_type or "none").lower() in CPU_TYPES:
@@ -297,10 +297,10 @@ def _check_attempt_settings(cfg: DictConfig) -> None:
     Their constructors raise ValueError for these; found here, at launch, they exit 4 instead of
     a traceback in the launcher or a crash that an engine requeues.
     """
-    from orchestrator.cost import load_catalog, price_for
+    from orchestrator.money.cost import load_catalog, price_for
     from orchestrator.storage import check_uri
 
-    try:  # the worker prices its attempt first thing (orchestrator.cost.CostMeter)
+    try:  # the worker prices its attempt first thing (orchestrator.money.cost.CostMeter)
         price_for(cfg.compute, load_catalog())
     except (ValueError, FileNotFoundError) as err:
         raise ConfigError(str(err)) from None

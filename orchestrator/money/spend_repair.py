@@ -1,6 +1,6 @@
 """``orchestrator storage repair-spend <storage.uri>``: rebuild the spend index from the jobs' ledgers.
 
-The index (``orchestrator.spend``) is a summary: every attempt's cost is also in its job's
+The index (``orchestrator.money.spend``) is a summary: every attempt's cost is also in its job's
 ledger (``<run>/ledger.json``, at the attempt's end or its last heartbeat). When the index is
 unreadable (truncated, wrong types, an amount that is not a finite non-negative number) a capped
 job refuses to start (exit 3) and this command writes a new one:
@@ -23,7 +23,7 @@ from typing import Optional
 
 from orchestrator.exitcodes import RUNNING
 from orchestrator.ledger import LEDGER_FILENAME
-from orchestrator.spend import INDEX_KEY, month_of, month_total_usd
+from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
 from orchestrator.storage.base import ObjectStore, PreconditionFailed
 
 DEFAULT_EXPERIMENT = "spot-orchestrator"  # TrackingConfig.experiment's default

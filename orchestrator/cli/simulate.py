@@ -1,5 +1,5 @@
 """``orchestrator simulate``'s command line: its options, their checks, the job they describe, and the tables and
-JSON it prints. The model it drives (``Job``, ``simulate``, ``interval_sweep``) is ``orchestrator.simulate``.
+JSON it prints. The model it drives (``Job``, ``simulate``, ``interval_sweep``) is ``orchestrator.planning.simulate``.
 """
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional, Sequence
 
-from orchestrator import simulate as model
-from orchestrator.cli_common import Parser, fail
-from orchestrator.durations import parse_duration
+from orchestrator.planning import simulate as model
+from orchestrator.cli.common import Parser, fail
+from orchestrator.config.durations import parse_duration
 from orchestrator.policy.interval import AUTO, MAX_EVERY, MIN_EVERY
-from orchestrator.simulate import (DEADLINE_POLICIES, ON_DEMAND_USD, POLICIES, SPOT_USD, Job, Summary,
+from orchestrator.planning.simulate import (DEADLINE_POLICIES, ON_DEMAND_USD, POLICIES, SPOT_USD, Job, Summary,
                                    interval_sweep, simulate)
-from orchestrator.spot_traces import Trace, load_traces
+from orchestrator.planning.spot_traces import Trace, load_traces
 
 
 def _parser() -> Parser:
@@ -53,9 +53,9 @@ OPTION_RANGES = {"job_hours": (0.0, False, None, False), "deadline_hours": (0.0,
 
 
 def _job_from_args(a: argparse.Namespace) -> Job:
-    from orchestrator.config import RequeueConfig
-    from orchestrator.config_numbers import check_options
-    from orchestrator.cost import preemption_prior_per_hour
+    from orchestrator.config.schema import RequeueConfig
+    from orchestrator.config.numbers import check_options
+    from orchestrator.money.cost import preemption_prior_per_hour
 
     check_options(a, OPTION_RANGES)  # NaN, infinity and negative prices or times (--job-hours > 0)
     if a.deadline_hours is not None and a.deadline_hours < a.job_hours:
@@ -83,7 +83,7 @@ def _job_from_args(a: argparse.Namespace) -> Job:
 
 
 def _catalog() -> dict:
-    from orchestrator.cost import load_catalog
+    from orchestrator.money.cost import load_catalog
 
     try:
         return load_catalog()

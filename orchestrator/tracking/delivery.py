@@ -1,7 +1,7 @@
 """The buffered background delivery of one MLflow run's metric points and operations (``MetricsDelivery``).
 
 A thread sends batches in order, coalesced to one request per interval; while the server is down they wait in
-memory and are retried with backoff, so training never waits on MLflow. ``orchestrator.tracking`` (the job's
+memory and are retried with backoff, so training never waits on MLflow. ``orchestrator.tracking.run`` (the job's
 run) feeds it.
 """
 from __future__ import annotations

@@ -14,10 +14,10 @@ step: each token the model has learned from counts once, so steps redone after
 an interruption do not count again -- but their cost does, which is what makes
 USD per million tokens show the price of lost work.
 
-Lost work is :func:`orchestrator.cost.lost_work` over the ledger's attempts at
+Lost work is :func:`orchestrator.money.cost.lost_work` over the ledger's attempts at
 this attempt's mean step time. Spot savings compare the job's spend with one
 uninterrupted on-demand run of the same steps
-(:func:`orchestrator.cost.uninterrupted_on_demand_usd`), so restarts and lost
+(:func:`orchestrator.money.cost.uninterrupted_on_demand_usd`), so restarts and lost
 work count against spot. A SIGKILLed attempt's progress is known only up to
 its last heartbeat or checkpoint, so lost work is a lower bound.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional
 
-from orchestrator import cost as costs
+from orchestrator.money import cost as costs
 from orchestrator.distributed import configured_world_size
 from orchestrator.exitcodes import INTERRUPTED_CLASSES
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from orchestrator.redaction import _URL_USERINFO, redact, scrub_text
-from orchestrator.tracking_delivery import MetricsDelivery, is_permanent
+from orchestrator.tracking.delivery import MetricsDelivery, is_permanent
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class JobTracker:
     """The MLflow run of one job, shared by all its attempts.
 
     Args:
-        tracking_cfg: ``orchestrator.config.TrackingConfig``; ``enabled=False`` makes every method a no-op.
+        tracking_cfg: ``orchestrator.config.schema.TrackingConfig``; ``enabled=False`` makes every method a no-op.
         job_name: ``run.name``; tagged ``job=<job_name>`` and used as the run name.
         tags, params: set on the run, redacted (params: the resolved config, nested or flat, flattened).
         run_id: the run recorded in the ledger, if any.
@@ -252,7 +252,7 @@ class JobTracker:
                 SystemMetricsMonitor,
             )
 
-            from orchestrator.durations import parse_duration
+            from orchestrator.config.durations import parse_duration
 
             # each sample is a log_batch plus a get_run (MLflow checks whether the run ended) on the
             # server: MLflow's own 10 s default costs a busy server more than the sampling is worth

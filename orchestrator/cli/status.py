@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from orchestrator.cli_common import Parser, fail, format_bytes
+from orchestrator.cli.common import Parser, fail, format_bytes
 from orchestrator.errors import UserError
 from orchestrator.exitcodes import RUNNING, ExitClass
 from orchestrator.ledger import LEDGER_FILENAME, Ledger
@@ -141,7 +141,7 @@ def _capacity(value) -> str:
 def format_spend(index: dict, where: str, *, now: float | None = None) -> str:
     """The spend index as ``orchestrator status --spend`` prints it: the month's spend (UTC) and each
     experiment's (all time), by job; reservations not yet settled are included and counted apart."""
-    from orchestrator.spend import by_job, experiment_total_usd, job_month_usd, job_total_usd, month_of, month_total_usd
+    from orchestrator.money.spend import by_job, experiment_total_usd, job_month_usd, job_total_usd, month_of, month_total_usd
 
     month = month_of(time.time() if now is None else now)
     jobs = index.get("jobs") or {}
@@ -161,7 +161,7 @@ def format_spend(index: dict, where: str, *, now: float | None = None) -> str:
 
 
 def spend_main(uri: str, *, endpoint_url: str | None, as_json: bool) -> int:
-    from orchestrator.spend import INDEX_KEY, parse_index
+    from orchestrator.money.spend import INDEX_KEY, parse_index
 
     try:
         store = open_store(uri, endpoint_url=endpoint_url or None)

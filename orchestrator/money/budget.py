@@ -47,7 +47,7 @@ class BudgetGuard:
     """Fires budget alerts once per job.
 
     Args:
-        budget_cfg: ``orchestrator.config.BudgetConfig`` (max_usd None: no budget, no alerts).
+        budget_cfg: ``orchestrator.config.schema.BudgetConfig`` (max_usd None: no budget, no alerts).
         record_alert: ``name -> bool``, True only the first time ``name`` is
             recorded for the whole job (all attempts).
         sinks: objects with ``send(alert)``; each is called in turn and its

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from orchestrator.cost import attempts_cost_usd
+from orchestrator.money.cost import attempts_cost_usd
 from orchestrator.errors import (
     AlreadyCompleted,
     BudgetExhausted,

@@ -1,7 +1,7 @@
 """Per-GPU memory estimate of a job: bytes by component, sharding, activations, and whether it fits.
 
 Computed from the model's ``config.json`` alone (never weights) and the composed job config. Units: bytes;
-"GB" means 1e9 bytes everywhere. ``orchestrator.plan`` prints it; ``orchestrator.plan_cost`` prices it.
+"GB" means 1e9 bytes everywhere. ``orchestrator.planning.plan`` prints it; ``orchestrator.planning.cost`` prices it.
 
 Assumptions, stated once
 ------------------------
@@ -23,7 +23,7 @@ with blocksize 64 and double quantisation: one 8-bit absmax per 64 weights
 (8/64 bit) plus one fp32 absmax per 256 of those blocks (32/(64*256) bit)
 = 0.126953125 bit/param (``NF4_CONSTANT_BITS_PER_PARAM``).
 
-Optimizer states (``train.optim``, table in ``orchestrator.train_options``):
+Optimizer states (``train.optim``, table in ``orchestrator.planning.train_options``):
 Adam's two fp32 moments are 8 bytes per trainable parameter; bitsandbytes'
 and torchao's 8-bit variants keep them in 1 byte each (2 bytes: a quarter),
 Lion one moment, AdEMAMix three, SGD none. bitsandbytes keeps 32-bit states
@@ -73,10 +73,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from orchestrator import plan_grpo, train_options
+from orchestrator.planning import grpo as plan_grpo
+
+from orchestrator.planning import train_options
 from orchestrator.errors import ConfigError
-from orchestrator.gpus import CPU_TYPES
-from orchestrator.model_config import _dims, count_parameters, load_model_config, lora_parameters
+from orchestrator.planning.gpus import CPU_TYPES
+from orchestrator.planning.model_shape import _dims, count_parameters, load_model_config, lora_parameters
 
 GB = 1e9
 NF4_BITS_PER_PARAM = 4

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from orchestrator.model_config import _dims
+from orchestrator.planning.model_shape import _dims
 
 
 def is_grpo(cfg: Any) -> bool:

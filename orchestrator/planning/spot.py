@@ -73,7 +73,7 @@ def checkpoint_bytes(memory_plan: Any) -> float:
 
 
 def _interval(cfg: Any, cost_s: float, estimate, lifetimes: list[Lifetime]) -> float:
-    from orchestrator.durations import parse_duration
+    from orchestrator.config.durations import parse_duration
 
     if not is_auto(cfg.checkpoint.every):
         seconds = parse_duration(cfg.checkpoint.every, key="checkpoint.every")
@@ -89,7 +89,7 @@ def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catal
                  work_hours: Callable[[Any, Any], Optional[float]]) -> Optional[CapacityOption]:
     """One GPU type on one capacity; None when it has no price or no throughput estimate. ``variant(cfg, gpu)``
     and ``work_hours(cfg, price)`` are the planner's (passed in: the planner imports this module)."""
-    from orchestrator.cost import preemption_prior_per_hour, price_for
+    from orchestrator.money.cost import preemption_prior_per_hour, price_for
 
     on_gpu = variant(cfg, gpu_type)
     compute = _with_spot(on_gpu.compute, capacity == SPOT)

@@ -20,10 +20,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from orchestrator import train_options
-from orchestrator.gpus import GPUS, gpu_memory_gb
-from orchestrator.model_config import _dims, count_parameters, load_model_config
-from orchestrator.plan_memory import CPU_GPU_TYPES, MemoryPlan, compute_width, fits, world_size
+from orchestrator.planning import train_options
+from orchestrator.planning.gpus import GPUS, gpu_memory_gb
+from orchestrator.planning.model_shape import _dims, count_parameters, load_model_config
+from orchestrator.planning.memory import CPU_GPU_TYPES, MemoryPlan, compute_width, fits, world_size
 
 MFU = 0.35
 QLORA_MFU = 0.25
@@ -62,14 +62,14 @@ def flops_per_token(cfg: Any, model_config: Mapping[str, Any]) -> float:
 
 def estimate_cost(cfg: Any, price: Any, tokens_per_second: Optional[float] = None,
                   model_config: Optional[Mapping[str, Any]] = None) -> CostEstimate:
-    """Tokens, hours and USD for ``cfg``'s run at ``price`` (an ``orchestrator.cost.Price``).
+    """Tokens, hours and USD for ``cfg``'s run at ``price`` (an ``orchestrator.money.cost.Price``).
 
     ``tokens_per_second`` (all GPUs together, e.g. measured in a trial) replaces
     the rule-of-thumb throughput. ``price`` may be None: hours only.
     """
     if model_config is None:
         model_config = load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
-    from orchestrator.cost_report import estimated_tokens_per_step
+    from orchestrator.money.report import estimated_tokens_per_step
 
     W = world_size(cfg)
     tokens = int(cfg.train.max_steps) * estimated_tokens_per_step(cfg)
@@ -125,7 +125,7 @@ def gpu_types_that_fit(plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], m
     """Catalog GPU types whose memory holds ``plan``, cheapest run first to the cent, as the plan prints it (then
     cheapest hour: runs that round alike, a tiny job's all $0.00, are not ordered by a difference nobody sees;
     unpriced last), each priced at cfg's GPU count, spot mode and cloud."""
-    from orchestrator.cost import price_for
+    from orchestrator.money.cost import price_for
 
     options = []
     for gpu_type in sorted(catalog):

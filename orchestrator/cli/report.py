@@ -21,9 +21,9 @@ import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
-from orchestrator.cli_common import Parser, fail
+from orchestrator.cli.common import Parser, fail
 from orchestrator.evaluation.stats import report_cell
-from orchestrator.tracking import JOB_TAG, KIND_TAG
+from orchestrator.tracking.run import JOB_TAG, KIND_TAG
 from orchestrator.redaction import scrub_text
 
 REPORT_RUN_NAME = "report"
@@ -46,7 +46,7 @@ class JobRow:
     quality_metric: str
     quality: Optional[float]
     # USD per percentage point gained over the "before training" value, as the job logged it
-    # (``orchestrator.cost_report.usd_per_quality_point``); None when it had no gain or no "before"
+    # (``orchestrator.money.report.usd_per_quality_point``); None when it had no gain or no "before"
     usd_per_point: Optional[float] = None
     benchmarks: str = "-"  # bench/<task>/<metric> with its 95% interval and the gain over the base (docs/quality.md)
 
@@ -145,7 +145,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from mlflow import MlflowClient
 
-    from orchestrator.tracking import resolve_tracking_uri
+    from orchestrator.tracking.run import resolve_tracking_uri
 
     class _Cfg:
         uri = args.tracking_uri

@@ -6,7 +6,7 @@ Everything is computed from the model's ``config.json`` alone (never weights)
 and the composed job config. Units: bytes; "GB" means 1e9 bytes everywhere.
 
 The estimates live beside this module, each with its assumptions stated once in its docstring:
-``orchestrator.plan_memory`` (bytes per GPU by component) and ``orchestrator.plan_cost`` (throughput, hours,
+``orchestrator.planning.memory`` (bytes per GPU by component) and ``orchestrator.planning.cost`` (throughput, hours,
 USD, the GPU types that fit). This module turns them into text: the plan (``format_plan``, ``plan_text``,
 ``main``) and, after a trial, the estimate beside what was measured
 (``count_allocated_state_bytes``, ``format_trial``).
@@ -18,10 +18,10 @@ import sys
 from typing import Any, Mapping, Optional
 
 from orchestrator.errors import ConfigError, UserError
-from orchestrator.gpus import GPUS, gpu_memory_gb
-from orchestrator.model_config import load_model_config
-from orchestrator.plan_cost import CostEstimate, GpuOption, estimate_cost, gpu_types_that_fit, with_gpu
-from orchestrator.plan_memory import COMPONENT_LABELS, CPU_GPU_TYPES, GB, MemoryPlan, estimate_memory, fits
+from orchestrator.planning.gpus import GPUS, gpu_memory_gb
+from orchestrator.planning.model_shape import load_model_config
+from orchestrator.planning.cost import CostEstimate, GpuOption, estimate_cost, gpu_types_that_fit, with_gpu
+from orchestrator.planning.memory import COMPONENT_LABELS, CPU_GPU_TYPES, GB, MemoryPlan, estimate_memory, fits
 
 NO_BF16_GPUS = frozenset(name for name, gpu in GPUS.items() if not gpu.bf16)
 
@@ -93,7 +93,7 @@ def _cost_line(cost: CostEstimate) -> str:
 def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
     """The whole pre-flight plan for a composed config (what ``orchestrator plan`` and launch print); ``as_json``:
     only the capacity plan (spot against on-demand), as JSON."""
-    from orchestrator.cost import load_catalog, price_for
+    from orchestrator.money.cost import load_catalog, price_for
 
     model_config = load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
     plan = estimate_memory(cfg, model_config)
@@ -106,7 +106,7 @@ def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
     memory = float(cfg.compute.memory_gb) if cfg.compute.memory_gb else gpu_memory_gb(gpu_type, catalog)
     options = gpu_types_that_fit(plan, cfg, catalog, model_config, headroom)
     cost = estimate_cost(cfg, price, model_config=model_config)
-    from orchestrator import plan_spot  # spot against on-demand, interruptions priced
+    from orchestrator.planning import spot as plan_spot  # spot against on-demand, interruptions priced
 
     spot = plan_spot.capacity_plan(cfg, plan, catalog, [o.gpu_type for o in options], variant=with_gpu,
                                    work_hours=lambda c, p: estimate_cost(c, p, model_config=model_config).hours)
@@ -118,8 +118,8 @@ def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``orchestrator plan [hydra overrides]``: print the plan. Exit 0, or the error's code (4: bad config)."""
-    from orchestrator.cli_common import Parser, fail
-    from orchestrator.compose import compose_config
+    from orchestrator.cli.common import Parser, fail
+    from orchestrator.config.compose import compose_config
 
     parser = Parser(prog="orchestrator plan", description="Estimate memory per GPU and cost for a job before "
                     "running it, from the same Hydra overrides as the launch.")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from orchestrator.errors import ConfigError
-from orchestrator.gpus import GPUS, is_cpu
+from orchestrator.planning.gpus import GPUS, is_cpu
 
 
 @dataclass(frozen=True)

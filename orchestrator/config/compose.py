@@ -14,15 +14,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config import RECIPE_SCHEMAS, register_configs
+from orchestrator.config.schema import RECIPE_SCHEMAS, register_configs
 from orchestrator.errors import ConfigError
-from orchestrator.launch_checks import check_choices, check_resolvable, validate
+from orchestrator.config.checks import check_choices, check_resolvable, validate
 
 
 def conf_dir() -> Path:
     """The config tree: ``$ORCH_CONF_DIR`` or the repository's ``conf/``."""
     env = os.environ.get("ORCH_CONF_DIR")
-    return Path(env).resolve() if env else Path(__file__).resolve().parents[1] / "conf"
+    return Path(env).resolve() if env else Path(__file__).resolve().parents[2] / "conf"
 
 
 def compose_config(overrides: list[str], *, launch_checks: bool = True) -> DictConfig:
@@ -82,7 +82,7 @@ def _explain(err: Exception) -> str:
 
 
 def _schema_keys(path: str) -> list[str] | None:
-    from orchestrator.config import Config
+    from orchestrator.config.schema import Config
 
     node = OmegaConf.structured(Config)
     sub = OmegaConf.select(node, path) if path else node

@@ -1,5 +1,5 @@
 """A model's shape from its ``config.json`` alone: reading the config (local folder, hub, shipped preset) and
-counting parameters by part, LoRA adapters included. The planner's assumptions are in ``orchestrator.plan_memory``'s
+counting parameters by part, LoRA adapters included. The planner's assumptions are in ``orchestrator.planning.memory``'s
 docstring (a Llama-style decoder)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from orchestrator.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 HUB_TIMEOUT_SECONDS = 5.0
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -44,7 +44,7 @@ def load_model_config(name_or_path: str, preset: str = "custom", *, model_cfg: A
     """
     if name_or_path.startswith("builtin:"):
         if model_cfg is None:
-            from orchestrator.config import ModelConfig
+            from orchestrator.config.schema import ModelConfig
 
             model_cfg = ModelConfig(name_or_path=name_or_path)
         return tiny_llama_config(model_cfg)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import yaml
 
-from orchestrator.gpus import (
+from orchestrator.planning.gpus import (
     CPU_TYPES,  # gpu_type values that mean "no GPU": priced per node from ``cpu``
 )
 
@@ -83,7 +83,7 @@ def _cheapest_cloud(clouds: Mapping[str, Any], mode: str) -> str:
 
 
 def price_for(compute_cfg: Any, catalog: Mapping[str, Any]) -> Price:
-    """Price a ``compute`` config (see ``orchestrator.config.ComputeConfig``).
+    """Price a ``compute`` config (see ``orchestrator.config.schema.ComputeConfig``).
 
     total = per-unit price x gpus_per_node x nodes (CPU jobs: per-node price x nodes).
     ``compute.price_per_hour`` replaces the per-unit price and may name a GPU type
