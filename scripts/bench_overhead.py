@@ -87,13 +87,13 @@ def start_mlflow(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 def bare_child(overrides: list[str], go_file: str | None = None) -> None:
     """In a fresh process: the recipe's trainer, no orchestrator callback, no saves."""
-    import importlib
+    from recipes import recipe_for
 
     from orchestrator.config.compose import compose_config
     from recipes.data import load_datasets
 
     cfg = compose_config(overrides)
-    recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
+    recipe = recipe_for(cfg.recipe.name)
     train_ds, eval_ds = load_datasets(cfg.data, cfg.recipe.name)
     with tempfile.TemporaryDirectory() as out:
         trainer = recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds, output_dir=out, callbacks=[])

@@ -170,3 +170,23 @@ def test_evaluating_a_4bit_model_leaves_its_weights_in_the_training_layout(tmp_p
     for m, (data_before, absmax_before) in zip(layers, before):
         assert not getattr(m.weight.quant_state, "packing_format_for_cpu", False)
         assert torch.equal(m.weight.data, data_before) and torch.equal(m.weight.quant_state.absmax, absmax_before)
+
+
+def test_every_recipe_of_the_config_is_registered_and_provides_the_recipe_interface():
+    """recipe.name's choices (conf/recipe/*.yaml) and the registry agree, and each module is a Recipe."""
+    from pathlib import Path
+
+    import recipes
+
+    conf = {p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "recipe").glob("*.yaml")}
+    assert conf == set(recipes.REGISTRY)
+    for name in sorted(conf):
+        assert isinstance(recipes.recipe_for(name), recipes.Recipe)
+
+
+def test_an_unregistered_recipe_is_a_config_error_naming_the_choices():
+    import recipes
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="choose one of dpo, grpo, qlora, sft"):
+        recipes.recipe_for("ppo")

@@ -6,7 +6,6 @@ object with those capabilities left out, never a mutated config.
 """
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -66,9 +65,10 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
         full_model=cfg.recipe.peft == "full", trajectory=trajectory_config(cfg),
         attempt_cost_usd=money.attempt_cost_usd, clock=clock)
 
+    from recipes import recipe_for
     from recipes.evaluation import quality_metric
 
-    recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
+    recipe = recipe_for(cfg.recipe.name)
     tracking = AttemptTracking.from_config(
         cfg, main=main, run_name=run_name, ledger=ledger.load() if main and cfg.tracking.enabled else {},
         quality_metric=quality_metric(cfg).name,
