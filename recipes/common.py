@@ -4,17 +4,43 @@ Kept as plain functions (no base class), so each recipe reads top to bottom.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
 from recipes.tiny import TINY_NAME, ensure_tiny_model
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-# Seconds this process spent in load_tokenizer and load_model: the orchestrator's restart split
-# (orchestrator.attempt.restart) reads it around a recipe's build to tell the model load from the rest.
-LOAD_SECONDS = {"total": 0.0}
+# The open load timers (``timed_loads``): load_tokenizer and load_model add their seconds to each
+_LOAD_TIMERS: contextvars.ContextVar[tuple] = contextvars.ContextVar("load_timers", default=())
+
+
+@dataclass
+class LoadTimer:
+    """Seconds spent in ``load_tokenizer`` and ``load_model`` while it was open."""
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def timed_loads():
+    """``with timed_loads() as loads: build_trainer(...)``: ``loads.seconds`` is the model and tokenizer load
+    time inside (the restart split tells the model load from the rest of a recipe's build with it)."""
+    timer = LoadTimer()
+    token = _LOAD_TIMERS.set((*_LOAD_TIMERS.get(), timer))
+    try:
+        yield timer
+    finally:
+        _LOAD_TIMERS.reset(token)
+
+
+def _count_load(started: float) -> None:
+    elapsed = time.monotonic() - started
+    for timer in _LOAD_TIMERS.get():
+        timer.seconds += elapsed
 
 
 def quantisation_stack_needed(cfg) -> bool:
@@ -76,7 +102,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, *, revision: str 
     template = chat_template_text(chat_template)
     if template is not None:
         tok.chat_template = template
-    LOAD_SECONDS["total"] += time.monotonic() - started
+    _count_load(started)
     return tok
 
 
@@ -139,7 +165,7 @@ def load_model(path: str, model_cfg, *, quantization: str = "none", mixed_precis
         ) from None
     if quantization == "nf4":
         keep_4bit_training_layout(model)
-    LOAD_SECONDS["total"] += time.monotonic() - started
+    _count_load(started)
     return model
 
 

@@ -190,3 +190,16 @@ def test_an_unregistered_recipe_is_a_config_error_naming_the_choices():
 
     with pytest.raises(ConfigError, match="choose one of dpo, grpo, qlora, sft"):
         recipes.recipe_for("ppo")
+
+
+def test_timed_loads_counts_only_the_loads_inside_it(monkeypatch):
+    """The restart split's model-load figure: the loads inside a ``timed_loads`` block, nested blocks each."""
+    from recipes import common
+
+    ticks = iter([10.0, 12.5, 20.0, 21.0])  # outside: 10 -> 12.5; inside: 20 -> 21
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(ticks))
+    common._count_load(common.time.monotonic())  # outside any block: counted nowhere
+    with common.timed_loads() as outer:
+        with common.timed_loads() as inner:
+            common._count_load(common.time.monotonic())
+    assert (outer.seconds, inner.seconds) == (1.0, 1.0)

@@ -152,11 +152,12 @@ class MeasuredRecipe:
             prepared = self.cache.load(cfg, data_fp, splits=("train",) if eval_dataset is None else ("train", "eval"))
         if prepared is not None:
             extra["prepared"] = prepared
-        loads_before = common.LOAD_SECONDS["total"]
-        trainer = self._recipe.build_trainer(cfg, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                                             output_dir=output_dir,
-                                             callbacks=[RestartCallback(self.clock, self.report), *callbacks], **extra)
-        self.clock.add("model_load_s", common.LOAD_SECONDS["total"] - loads_before)
+        with common.timed_loads() as loads:
+            trainer = self._recipe.build_trainer(cfg, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                                                 output_dir=output_dir,
+                                                 callbacks=[RestartCallback(self.clock, self.report), *callbacks],
+                                                 **extra)
+        self.clock.add("model_load_s", loads.seconds)
         self.clock.mark("built")
         if prepared is None and self.cache is not None:
             self.cache.save_later(cfg, data_fp, trainer)
