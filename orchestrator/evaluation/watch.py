@@ -127,7 +127,7 @@ class BenchWatch(TrainerCallback):
                 from recipes.common import resolve_model_path
 
                 result = harness.run(self.task_set, self.ev, model_args={
-                    "pretrained": resolve_model_path(self.cfg.model), "dtype": self.cfg.model.dtype,
+                    "pretrained": resolve_model_path(self.cfg.model), "dtype": str(self.cfg.model.dtype),
                     "revision": self.cfg.model.get("revision") or "main"})
             self.seconds += result.seconds
             cached = self.base_results.save("base", step=0, manifest_sha256=identity, evaluation=result)
