@@ -198,14 +198,14 @@ def _check_counts(cfg: DictConfig) -> None:
 def _check_spend_caps(cfg: DictConfig) -> None:
     """The monthly and experiment caps are positive, and need a reservation window to hold against other jobs."""
     for key in ("monthly_max_usd", "experiment_max_usd"):
-        value = cfg.budget.get(key)
+        value = cfg.budget[key]
         if value is not None and value <= 0:
             raise ConfigError(f"budget.{key}={value} must be positive (or null for no cap).")
     try:
         window = parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead")
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    capped = cfg.budget.get("monthly_max_usd") is not None or cfg.budget.get("experiment_max_usd") is not None
+    capped = cfg.budget.monthly_max_usd is not None or cfg.budget.experiment_max_usd is not None
     if capped and window <= 0:
         raise ConfigError(
             f"budget.reserve_ahead={cfg.budget.reserve_ahead!r}: a spend cap (budget.monthly_max_usd or "
@@ -336,7 +336,7 @@ def _check_strings(node, path: str = "") -> None:
 
 def _check_webhook(cfg: DictConfig) -> None:
     """budget.webhook_url_env names a variable that is set (where the launcher can see it); not both keys."""
-    name = cfg.budget.get("webhook_url_env")
+    name = cfg.budget.webhook_url_env
     if not name:
         return
     if cfg.budget.webhook_url:

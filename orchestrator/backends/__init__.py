@@ -187,7 +187,7 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
                 safe.append(f"{raw_key}='${{oc.decode:${{oc.env:{name}}}}}'")
             names.append(name)
             moved_keys.append(key)
-    if cfg.budget.get("webhook_url_env"):
+    if cfg.budget.webhook_url_env:
         names.append(str(cfg.budget.webhook_url_env))
     env = {}
     if cfg.backend.image:

@@ -60,7 +60,7 @@ def model_args(cfg: Any, folder: Path) -> dict:
     if (folder / "adapter_config.json").exists():
         base = resolve_model_path(cfg.model)
         return dict(args, pretrained=base, peft=str(folder), tokenizer=base,
-                    revision=cfg.model.get("revision") or "main")
+                    revision=cfg.model.revision or "main")
     return dict(args, pretrained=str(folder))
 
 
