@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from orchestrator.choices import (Backend, DataSource, Distributed, Dtype, EvalMetric, FinalWeights, MixedPrecision,
@@ -117,7 +116,7 @@ class TrainConfig:
     num_epochs: float = 1.0  # used when max_steps <= 0
     per_device_batch_size: int = 8  # micro-batch per process
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
-    learning_rate: float = 5e-3  # peak learning rate
+    learning_rate: float = 5e-3  # peak learning rate (high for the built-in tiny model; ~1e-4 to 2e-4 for real models with LoRA)
     lr_scheduler: str = "linear"  # a transformers scheduler name: linear, cosine, constant, ...
     warmup_steps: int = 0  # linear warm-up steps
     weight_decay: float = 0.0  # AdamW weight decay
@@ -294,6 +293,8 @@ RECIPE_SCHEMAS = {"dpo": DpoRecipeConfig, "grpo": GrpoRecipeConfig}
 
 
 def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, schema in GROUP_SCHEMAS.items():

@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
+from orchestrator.choices import Backend, choices
 from orchestrator.distributed import worker_argv
 from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError
 
-BACKEND_NAMES = ("local", "slurm", "skypilot", "kubernetes")
+BACKEND_NAMES = choices(Backend)
 WORKER_PYTHON = "python"  # inside an image or a provisioned VM, the environment's own python
 
 
