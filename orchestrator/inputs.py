@@ -109,9 +109,8 @@ class InputFiles:
             from orchestrator.storage.s3 import S3Store
 
             s = self.storage_cfg
-            self._stores[bucket] = S3Store(f"{SCHEME}{bucket}", endpoint_url=getattr(s, "endpoint_url", None),
-                                           region=getattr(s, "region", None), profile=getattr(s, "profile", None),
-                                           checksum_compat=bool(getattr(s, "checksum_compat", False)))
+            self._stores[bucket] = S3Store(f"{SCHEME}{bucket}", endpoint_url=s.endpoint_url, region=s.region,
+                                           profile=s.profile, checksum_compat=bool(s.checksum_compat))
         return self._stores[bucket]
 
     def listing(self, uri: str) -> list[tuple[str, str, int, str]]:

@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+from orchestrator.config.choices import MixSource, choices
 from orchestrator.errors import DataError
 
 COLUMNS = {
@@ -170,7 +171,7 @@ def _load_source(src, recipe_name: str, where: str = "data"):
     raise DataError(f"{where}.source={src.source!r} is unknown; choose synthetic, jsonl or hub.")
 
 
-MIX_SOURCES = ("synthetic", "jsonl", "hub")
+MIX_SOURCES = choices(MixSource)
 
 
 def check_mix(data_cfg, recipe_name: str, readable=lambda path: True) -> None:

@@ -32,7 +32,7 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     # TRL's disable_dropout (default true) zeroes every dropout, LoRA's too, after PEFT wraps the
     # model: keep it only when no adapter dropout was asked for. With recipe.lora_dropout > 0 the
     # model's own dropout (its config's, often 0) trains on too, as under SFT.
-    precompute = bool(cfg.recipe.get("precompute_ref_log_probs", False))
+    precompute = bool(cfg.recipe.precompute_ref_log_probs)
     args = DPOConfig(**common.training_kwargs(cfg, output_dir), beta=cfg.recipe.dpo_beta,
                      disable_dropout=not cfg.recipe.lora_dropout > 0, precompute_ref_log_probs=precompute)
     trainer_class = stored_ref_logps_trainer(DPOTrainer, ref_log_probs) if precompute and ref_log_probs else DPOTrainer

@@ -43,7 +43,7 @@ class QualityMetric:
 def generation_matcher(cfg) -> str:
     """The generation metric ``recipe.eval_metric`` asks for, with ``auto`` resolved: first_number | exact_match |
     contains | none."""
-    chosen = str(cfg.recipe.get("eval_metric", "auto"))
+    chosen = str(cfg.recipe.eval_metric)
     if chosen == "auto":
         return "first_number" if cfg.data.source == "synthetic" else "exact_match"
     return chosen

@@ -27,7 +27,7 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     peft_config = common.lora_config(cfg.recipe) if cfg.recipe.peft == "lora" else None
     t = cfg.train
     args = SFTConfig(**common.training_kwargs(cfg, output_dir), packing=t.packing,
-                     packing_strategy=t.packing_strategy, padding_free=t.padding_free,
+                     packing_strategy=str(t.packing_strategy), padding_free=t.padding_free,
                      dataset_kwargs={"skip_prepare_dataset": True} if prepared is not None else None)
     return SFTTrainer(
         model=model,

@@ -7,11 +7,13 @@ Read from ``orchestrator/config/schema.py``: the dataclass fields and their trai
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 import re
 
 from omegaconf import MISSING
 
+from orchestrator.config import choices
 from orchestrator.config import schema as c
 GROUP_OPTIONS_NOTE = "options: the files in `conf/<group>/`"
 
@@ -25,8 +27,17 @@ def field_comments(cls) -> dict[str, str]:
     return comments
 
 
+def type_of(f) -> str:
+    """The field's type as the reference writes it: a choice (an ``Enum`` of ``orchestrator.config.choices``) as ``choice``."""
+    typ = str(f.type)
+    typ = (typ[len("Optional["):-1] + " or null") if typ.startswith("Optional[") else typ
+    return "choice" if isinstance(getattr(choices, typ, None), enum.EnumMeta) else typ
+
+
 def default_of(f) -> str:
     if f.default is not dataclasses.MISSING:
+        if isinstance(f.default, enum.Enum):
+            return repr(f.default.value)
         return "required" if f.default == MISSING else repr(f.default)
     if f.default_factory is not dataclasses.MISSING:
         return repr(f.default_factory())
@@ -39,23 +50,19 @@ def main() -> None:
         cls = group_field.default_factory
         comments = field_comments(cls)
         for f in dataclasses.fields(cls):
-            typ = str(f.type)
-            typ = (typ[len("Optional["):-1] + " or null") if typ.startswith("Optional[") else typ
-            row = f"| `{group_field.name}.{f.name}` | {typ} | `{default_of(f)}` | {comments.get(f.name, '')} |"
+            row = f"| `{group_field.name}.{f.name}` | {type_of(f)} | `{default_of(f)}` | {comments.get(f.name, '')} |"
             print(row)
             if f.type == "list[MixSourceConfig]":  # the keys of each entry
                 entry = field_comments(c.MixSourceConfig)
                 for g in dataclasses.fields(c.MixSourceConfig):
-                    gtyp = str(g.type)
-                    gtyp = (gtyp[len("Optional["):-1] + " or null") if gtyp.startswith("Optional[") else gtyp
-                    print(f"| `{group_field.name}.{f.name}[].{g.name}` | {gtyp} | `{default_of(g)}` | "
+                    print(f"| `{group_field.name}.{f.name}[].{g.name}` | {type_of(g)} | `{default_of(g)}` | "
                           f"{entry.get(g.name, '')} |")
         if group_field.name == "recipe":  # keys only one recipe has
             for name, schema in c.RECIPE_SCHEMAS.items():
                 comments = field_comments(schema)
                 own = [f for f in dataclasses.fields(schema) if f.name not in {g.name for g in dataclasses.fields(cls)}]
                 for f in own:
-                    print(f"| `recipe.{f.name}` (recipe={name} only) | {f.type} | `{default_of(f)}` | "
+                    print(f"| `recipe.{f.name}` (recipe={name} only) | {type_of(f)} | `{default_of(f)}` | "
                           f"{comments.get(f.name, '')} |")
 
 

@@ -77,18 +77,17 @@ def test_restart_seconds_override_then_measured_median_then_estimate():
 
 
 def test_preemption_prior_override_catalog_default_and_on_demand():
-    from types import SimpleNamespace
-
+    from orchestrator.config.schema import ComputeConfig
     from orchestrator.money.cost import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, load_catalog, preemption_prior_per_hour
 
     catalog = load_catalog()
-    spot = SimpleNamespace(spot=True, gpu_type="a100-80gb", cloud="aws", preemptions_per_hour=None)
+    spot = ComputeConfig(spot=True, gpu_type="a100-80gb", cloud="aws")
     assert preemption_prior_per_hour(spot, catalog)[0] == DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
     catalog["a100-80gb"]["clouds"]["aws"]["spot"]["preemptions_per_hour"] = 2.5
     assert preemption_prior_per_hour(spot, catalog) == (2.5, "price catalog")
     spot.preemptions_per_hour = 0.1
     assert preemption_prior_per_hour(spot, catalog) == (0.1, "compute.preemptions_per_hour")
-    assert preemption_prior_per_hour(SimpleNamespace(spot=False), catalog) == (0.0, "on-demand")
+    assert preemption_prior_per_hour(ComputeConfig(spot=False), catalog) == (0.0, "on-demand")
 
 
 def test_least_waste_interval_over_lifetimes_that_end_young_is_longer_than_young_daly():

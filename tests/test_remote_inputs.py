@@ -186,9 +186,9 @@ def _upload_folder(s3_server, folder: Path, uri: str) -> None:
 
 
 def _storage_cfg(s3_server):
-    from types import SimpleNamespace
+    from orchestrator.config.schema import StorageConfig
 
-    return SimpleNamespace(endpoint_url=s3_server.endpoint_url, region=s3_server.region)
+    return StorageConfig(endpoint_url=s3_server.endpoint_url, region=s3_server.region)
 
 
 def test_an_object_a_folder_and_a_glob_download_once_and_verified(s3_server, s3_bucket, tmp_path):

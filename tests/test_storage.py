@@ -153,15 +153,11 @@ def test_open_store_picks_backend(tmp_path, s3_server):
     with pytest.raises(ValueError, match="s3://bucket/prefix"):
         open_store("gs://bucket/runs")
 
-    class Cfg:
-        uri = "s3://bucket-name/p"
-        endpoint_url = s3_server.endpoint_url
-        region = None
-        profile = None
-        checksum_compat = True
-        multipart_threshold_mb = 8
+    from orchestrator.config.schema import StorageConfig
 
-    cfg_store = store_from_config(Cfg)
+    cfg = StorageConfig(uri="s3://bucket-name/p", endpoint_url=s3_server.endpoint_url, checksum_compat=True,
+                        multipart_threshold_mb=8)
+    cfg_store = store_from_config(cfg)
     assert cfg_store.transfer_config.multipart_threshold == 8 * MIB
 
 

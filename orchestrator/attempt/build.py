@@ -137,7 +137,7 @@ def steering(cfg: Any, parts: dict, *, store: Any, run_name: str, checkpoints: C
         low, high = interval_bounds(cfg.checkpoint)
         callbacks.append(CheckpointSchedule(**parts, full_model=checkpoints.full_model, uploading=checkpoints.uploading,
                                             compute=compute, catalog=catalog, min_seconds=low, max_seconds=high))
-    if cfg.run.get("deadline"):
+    if cfg.run.deadline:
         url = webhook_url(cfg.budget)
         callbacks.append(CapacityWatch(
             **parts, job=run_name, request_stop=preemption.request, total_cost_usd=money.total_cost_usd,
@@ -172,8 +172,8 @@ def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch) -> Spend
     """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
     from orchestrator.money.spend import Caps, SpendIndex
 
-    caps = Caps(run_name, str(cfg.tracking.experiment), monthly_max_usd=cfg.budget.get("monthly_max_usd"),
-                experiment_max_usd=cfg.budget.get("experiment_max_usd"))
+    caps = Caps(run_name, str(cfg.tracking.experiment), monthly_max_usd=cfg.budget.monthly_max_usd,
+                experiment_max_usd=cfg.budget.experiment_max_usd)
     return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_hour_total / 3600.0,
                       window_s=parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead"),
                       spent=money.attempt_cost_usd)

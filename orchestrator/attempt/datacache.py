@@ -45,7 +45,7 @@ CACHED_RECIPES = ("sft", "qlora")
 
 
 def cache_wanted(cfg: Any) -> bool:
-    return bool(cfg.data.get("prepared_cache", True)) and cfg.recipe.name in CACHED_RECIPES and \
+    return bool(cfg.data.prepared_cache) and cfg.recipe.name in CACHED_RECIPES and \
         cfg.distributed.name == "none"
 
 

@@ -214,9 +214,8 @@ class SpendWatch:
 
     def with_alerts(self, budget_cfg: Any, sinks: list) -> "SpendWatch":
         """Add the 50/80/100% alerts (``budget.alert_thresholds``) of each cap set, once each for every job under it."""
-        from types import SimpleNamespace
-
         from orchestrator.money.budget import BudgetGuard
+        from orchestrator.config.schema import BudgetConfig
         from orchestrator.money.spend import month_of
 
         caps = self.index.caps
@@ -227,7 +226,7 @@ class SpendWatch:
             scope = month_of(self.index.clock()) if kind == "monthly" else caps.experiment
             subject = (f"every job under {self.index.where} in {scope} (UTC)" if kind == "monthly"
                        else f"experiment {scope!r} under {self.index.where}")
-            limits = SimpleNamespace(max_usd=max_usd, alert_thresholds=budget_cfg.alert_thresholds, projection_alert=False)
+            limits = BudgetConfig(max_usd=max_usd, alert_thresholds=list(budget_cfg.alert_thresholds), projection_alert=False)
             self.guards.append((kind, BudgetGuard(
                 limits, record_alert=lambda name, scope=scope: self.index.record_alert(scope, name), sinks=sinks,
                 job_name=caps.run_name, prefix=f"{kind}_cap", subject=subject, budget_key=key)))

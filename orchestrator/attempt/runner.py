@@ -269,7 +269,7 @@ class Runner:
 
 def recipe_extras(cfg: Any, checkpoints: Any) -> dict:
     """What a recipe keeps in storage beside the checkpoints: DPO's stored reference log-probs, GRPO's rewards."""
-    extra = {"ref_log_probs": checkpoints.ref_log_probs()} if cfg.recipe.get("precompute_ref_log_probs") else {}
+    extra = {"ref_log_probs": checkpoints.ref_log_probs()} if cfg.recipe.name == "dpo" and cfg.recipe.precompute_ref_log_probs else {}
     if cfg.recipe.name == "grpo":
         extra["reward_cache"] = checkpoints.reward_cache()
     return extra

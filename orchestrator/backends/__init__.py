@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Optional, Sequence
 
+from orchestrator.config.choices import Backend, choices
 from orchestrator.distributed import worker_argv
 from orchestrator.config.durations import parse_duration
 from orchestrator.errors import ConfigError
 
-BACKEND_NAMES = ("local", "slurm", "skypilot", "kubernetes")
+BACKEND_NAMES = choices(Backend)
 WORKER_PYTHON = "python"  # inside an image or a provisioned VM, the environment's own python
 
 
@@ -187,7 +188,7 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
                 safe.append(f"{raw_key}='${{oc.decode:${{oc.env:{name}}}}}'")
             names.append(name)
             moved_keys.append(key)
-    if cfg.budget.get("webhook_url_env"):
+    if cfg.budget.webhook_url_env:
         names.append(str(cfg.budget.webhook_url_env))
     env = {}
     if cfg.backend.image:

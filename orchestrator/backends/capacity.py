@@ -72,7 +72,7 @@ def planned_capacity(cfg: Any) -> tuple[str, Optional[dict]]:
     A spot job with a ``run.deadline`` follows its ledger's newest decision; any other job takes ``compute.spot``.
     """
     configured = SPOT if cfg.compute.spot else ON_DEMAND
-    if not (cfg.run.get("deadline") and cfg.compute.spot):
+    if not (cfg.run.deadline and cfg.compute.spot):
         return configured, None
     from orchestrator.ledger import Ledger
     from orchestrator.storage import store_from_config
@@ -89,7 +89,7 @@ def planned_capacity(cfg: Any) -> tuple[str, Optional[dict]]:
 
 def capacity_env(cfg: Any, capacity: str, action: str) -> dict[str, str]:
     """The attempt's environment for ``run.deadline`` (empty for a job without one)."""
-    if not cfg.run.get("deadline"):
+    if not cfg.run.deadline:
         return {}
     return {CAPACITY_ENV: capacity, ACTION_ENV: action}
 

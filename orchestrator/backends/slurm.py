@@ -136,7 +136,7 @@ fi
 
 def _capacity_parts(cfg: Any) -> tuple[str, str]:
     """The script's lines that move a job between ``backend.partition`` and ``backend.on_demand_partition``."""
-    on_demand = cfg.backend.get("on_demand_partition")
+    on_demand = cfg.backend.on_demand_partition
     if not on_demand:
         return "", ""
     names = dict(on_demand=shlex.quote(str(on_demand)), spot=shlex.quote(str(cfg.backend.partition)))
@@ -147,7 +147,7 @@ def _capacity_parts(cfg: Any) -> tuple[str, str]:
 
 def partition(cfg: Any) -> tuple[Optional[str], str]:
     """The partition to submit to, and why: the on-demand one when the job's ledger says so (run.deadline)."""
-    on_demand = cfg.backend.get("on_demand_partition")
+    on_demand = cfg.backend.on_demand_partition
     if not on_demand:
         return cfg.backend.partition, ""
     from orchestrator.backends.capacity import planned_capacity, stored_text

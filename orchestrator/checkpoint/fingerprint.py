@@ -35,13 +35,14 @@ def _stored_form(key: str, value):
 
 
 def trajectory_config(cfg) -> dict:
-    """The config fields that shape the training trajectory, flattened (secret values as their SHA-256)."""
+    """The config fields that shape the training trajectory, flattened (secret values as their SHA-256); a choice
+    as its string, as before the choices were ``Enum`` fields (checkpoints of then still resume)."""
     out = {}
     for group in ("recipe", "model", "data", "train"):
-        for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
+        for key, value in OmegaConf.to_container(cfg[group], resolve=True, enum_to_str=True).items():
             if key not in _NON_TRAJECTORY.get(group, set()) and not (group == "model" and key == "preset"):
                 out[f"{group}.{key}"] = _stored_form(key, value)
-    out["distributed.name"] = cfg.distributed.name
+    out["distributed.name"] = str(cfg.distributed.name)
     out["distributed.world_size"] = configured_world_size(cfg)
     return out
 

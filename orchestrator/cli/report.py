@@ -145,13 +145,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from mlflow import MlflowClient
 
+    from orchestrator.config.schema import TrackingConfig
     from orchestrator.tracking.run import resolve_tracking_uri
 
-    class _Cfg:
-        uri = args.tracking_uri
-
     # An explicit --tracking-uri beats the environment; otherwise the same rule as jobs use.
-    uri = args.tracking_uri or resolve_tracking_uri(_Cfg)
+    uri = args.tracking_uri or resolve_tracking_uri(TrackingConfig())
     try:
         client = MlflowClient(tracking_uri=uri)
         experiment = client.get_experiment_by_name(args.experiment)

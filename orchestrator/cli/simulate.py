@@ -7,7 +7,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Optional, Sequence
 
 from orchestrator.planning import simulate as model
@@ -53,7 +52,7 @@ OPTION_RANGES = {"job_hours": (0.0, False, None, False), "deadline_hours": (0.0,
 
 
 def _job_from_args(a: argparse.Namespace) -> Job:
-    from orchestrator.config.schema import RequeueConfig
+    from orchestrator.config.schema import ComputeConfig, RequeueConfig
     from orchestrator.config.numbers import check_options
     from orchestrator.money.cost import preemption_prior_per_hour
 
@@ -69,7 +68,7 @@ def _job_from_args(a: argparse.Namespace) -> Job:
     if low <= 0 or high < low:
         raise ValueError(f"--min-every {a.min_every} and --max-every {a.max_every}: auto's bounds need "
                          "0 < --min-every <= --max-every (e.g. --min-every 1m --max-every 1h).")
-    compute = SimpleNamespace(spot=True, gpu_type="v100", cloud="aws", preemptions_per_hour=a.preemptions_per_hour)
+    compute = ComputeConfig(spot=True, gpu_type="v100", cloud="aws", preemptions_per_hour=a.preemptions_per_hour)
     prior, _ = preemption_prior_per_hour(compute, _catalog())
     requeue = RequeueConfig()
     return Job(work_seconds=a.job_hours * 3600, restart_seconds=a.restart_minutes * 60,

@@ -1,9 +1,9 @@
 """The catalogue of launch checks: every cross-field check of a composed job config, and ``validate``.
 
-``compose`` composes the config and calls ``validate`` (at launch) or ``check_resolvable`` and
-``check_choices`` (on the worker); this module imports neither ``compose`` nor Hydra. Each check raises
-``ConfigError`` (exit 4, never requeued) with the key and the fix in the message; ``validate`` runs
-them all (``CHECKS``) and reports every problem at once.
+``compose`` composes the config and calls ``validate`` (at launch) or ``check_resolvable`` (on the worker);
+this module imports neither ``compose`` nor Hydra. Each check raises ``ConfigError`` (exit 4, never
+requeued) with the key and the fix in the message; ``validate`` runs them all (``CHECKS``) and reports every
+problem at once.
 """
 from __future__ import annotations
 
@@ -20,23 +20,6 @@ from orchestrator.config.durations import parse_deadline, parse_duration
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.evaluation import spec as bench_spec
-
-CHOICES = {
-    "recipe.name": ("sft", "dpo", "qlora", "grpo"),
-    "recipe.peft": ("lora", "full"),
-    "recipe.quantization": ("none", "nf4"),
-    "data.source": ("synthetic", "jsonl", "hub", "mix"),
-    "train.mixed_precision": ("no", "bf16", "fp16"),
-    "train.packing_strategy": ("bfd", "bfd_split", "wrapped"),
-    "recipe.eval_metric": ("auto", "exact_match", "contains", "none"),
-    "checkpoint.final": ("last", "best"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "preemption.provider": ("auto", "aws", "gcp", "azure", "none"),
-    "backend.name": ("local", "slurm", "skypilot", "kubernetes"),
-    "distributed.name": ("none", "ddp", "zero2", "zero3", "fsdp"),
-    "tracking.progress": ("auto", "bar", "lines", "off"),
-}
-
 
 # letters, digits, '.', '_', '-', starting and ending with a letter or digit, at most 63 characters:
 # a valid Kubernetes label value, Slurm job name and storage prefix (Kubernetes object names derive from it)
@@ -55,7 +38,6 @@ def validate(cfg: DictConfig) -> None:
     torchtune's ``config.validate`` does, so a user fixes a config in one round.
     """
     check_resolvable(cfg)
-    check_choices(cfg)
     check_finite(cfg)
     problems = []
     for check in CHECKS:
@@ -71,10 +53,13 @@ def validate(cfg: DictConfig) -> None:
 
 
 def check_resolvable(cfg: DictConfig) -> None:
-    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+    """Every value is set and resolves (environment variables), and an interpolated choice is one of the choices."""
+    from omegaconf.errors import InterpolationResolutionError, InterpolationValidationError, MissingMandatoryValue
 
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except InterpolationValidationError as err:
+        raise ConfigError(choice_message(err) or str(err)) from None
     except MissingMandatoryValue as err:
         raise ConfigError(f"{err.full_key} is required but not set. Set it on the command line: {err.full_key}=VALUE.") from None
     except InterpolationResolutionError as err:
@@ -87,11 +72,13 @@ def check_resolvable(cfg: DictConfig) -> None:
         ) from None
 
 
-def check_choices(cfg: DictConfig) -> None:
-    wrong = [f"{key}={OmegaConf.select(cfg, key)!r} is not a valid choice; choose one of: {', '.join(allowed)}."
-             for key, allowed in CHOICES.items() if OmegaConf.select(cfg, key) not in allowed]
-    if wrong:
-        raise ConfigError(" ".join(wrong))
+def choice_message(err: Exception) -> str | None:
+    """The message for an invalid choice of an ``Enum`` field (OmegaConf's ``ValidationError``), else None."""
+    m = re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", str(err))
+    key = getattr(err, "full_key", None)
+    if not m or not key:
+        return None
+    return f"{key}={m.group(1)!r} is not a valid choice; choose one of: {m.group(2)}."
 
 
 def _check_recipe(cfg: DictConfig) -> None:
@@ -211,14 +198,14 @@ def _check_counts(cfg: DictConfig) -> None:
 def _check_spend_caps(cfg: DictConfig) -> None:
     """The monthly and experiment caps are positive, and need a reservation window to hold against other jobs."""
     for key in ("monthly_max_usd", "experiment_max_usd"):
-        value = cfg.budget.get(key)
+        value = cfg.budget[key]
         if value is not None and value <= 0:
             raise ConfigError(f"budget.{key}={value} must be positive (or null for no cap).")
     try:
         window = parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead")
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    capped = cfg.budget.get("monthly_max_usd") is not None or cfg.budget.get("experiment_max_usd") is not None
+    capped = cfg.budget.monthly_max_usd is not None or cfg.budget.experiment_max_usd is not None
     if capped and window <= 0:
         raise ConfigError(
             f"budget.reserve_ahead={cfg.budget.reserve_ahead!r}: a spend cap (budget.monthly_max_usd or "
@@ -349,7 +336,7 @@ def _check_strings(node, path: str = "") -> None:
 
 def _check_webhook(cfg: DictConfig) -> None:
     """budget.webhook_url_env names a variable that is set (where the launcher can see it); not both keys."""
-    name = cfg.budget.get("webhook_url_env")
+    name = cfg.budget.webhook_url_env
     if not name:
         return
     if cfg.budget.webhook_url:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.schema import RECIPE_SCHEMAS, register_configs
 from orchestrator.errors import ConfigError
-from orchestrator.config.checks import check_choices, check_resolvable, validate
+from orchestrator.config.checks import check_resolvable, choice_message, validate
 
 
 def conf_dir() -> Path:
@@ -30,7 +30,7 @@ def compose_config(overrides: list[str], *, launch_checks: bool = True) -> DictC
 
     ``launch_checks=False`` (the worker, which runs the overrides the launcher already validated):
     only what can differ on the attempt's machine is checked again, that every value resolves
-    (environment variables) and the choices; the rest of the validation happens once, at launch.
+    (environment variables, a choice's too); the rest of the validation happens once, at launch.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -50,7 +50,6 @@ def compose_config(overrides: list[str], *, launch_checks: bool = True) -> DictC
         validate(cfg)
     else:
         check_resolvable(cfg)
-        check_choices(cfg)
     return cfg
 
 
@@ -75,6 +74,10 @@ def _explain(err: Exception) -> str:
             return (f"{key} is a key of recipe={' or recipe='.join(owners)} only; this job's recipe has none. "
                     f"Drop {key}, or choose recipe={owners[0]}.")
         return f"{key}: {parent!r} has no key {leaf!r}; its keys are: {', '.join(valid)}."
+    choice = choice_message(err.__cause__) if err.__cause__ else None
+    if choice:  # an Enum field (orchestrator.config.choices): the value and the valid ones
+        m = re.search(r"Error merging override ([^=\s]+)", text)
+        return f"{m.group(1)}: {choice}" if m and not choice.startswith(m.group(1)) else choice
     m = re.search(r"Error merging override (\S+)", text)
     if m:
         return f"{m.group(1)}: {cause or text}. Give a value of the field's type (see the config reference in README.md)."

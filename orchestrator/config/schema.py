@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from orchestrator.config.choices import (Backend, DataSource, Distributed, Dtype, EvalMetric, FinalWeights, MixedPrecision,
+                                  MixSource, PackingStrategy, Peft, Progress, Provider, Quantization, Recipe, VllmMode)
 from orchestrator.policy.interval import MAX_EVERY, MIN_EVERY
 
 
@@ -24,16 +25,16 @@ class RunConfig:
 
 @dataclass
 class RecipeConfig:
-    name: str = MISSING  # sft | dpo | qlora | grpo
-    peft: str = "lora"  # lora | full (full fine-tune; sft and grpo)
+    name: Recipe = MISSING  # sft | dpo | qlora | grpo
+    peft: Peft = Peft.lora  # lora | full (full fine-tune; sft and grpo)
     lora_r: int = 8  # LoRA rank: adapter size and capacity
     lora_alpha: int = 16  # usually 2 x lora_r
     lora_dropout: float = 0.0  # dropout on the adapters' input (resume stays exact: RNG is checkpointed)
     lora_target_modules: list[str] = field(  # modules that get adapters: every linear layer of Llama/Qwen blocks
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    quantization: str = "none"  # none | nf4: a 4-bit NF4 base under LoRA (qlora sets it; sft and dpo honour it)
+    quantization: Quantization = Quantization.none  # none | nf4: a 4-bit NF4 base under LoRA (qlora sets it; sft and dpo honour it)
     eval_generate_max_new_tokens: int = 8  # tokens generated per held-out prompt for the generation metric
-    eval_metric: str = "auto"  # auto (first number on data=synthetic, else exact_match) | exact_match | contains | none
+    eval_metric: EvalMetric = EvalMetric.auto  # auto (first number on data=synthetic, else exact_match) | exact_match | contains | none
 
 
 @dataclass
@@ -59,7 +60,7 @@ class GrpoRecipeConfig(RecipeConfig):
     max_completion_length: int = 8  # tokens sampled per completion
     temperature: float = 1.0  # sampling temperature of the rollouts
     use_vllm: bool = False  # generate with vLLM (CUDA only)
-    vllm_mode: str = "colocate"  # colocate | server
+    vllm_mode: VllmMode = VllmMode.colocate  # colocate | server
     reward_cache: bool = True  # rewards kept by (prompt id, completion hash) beside the checkpoints
 
 
@@ -67,7 +68,7 @@ class GrpoRecipeConfig(RecipeConfig):
 class ModelConfig:
     name_or_path: str = MISSING  # a hub id or a local folder; "builtin:tiny-llama" builds one locally
     preset: str = "custom"  # name of the preset, for tags and the planner
-    dtype: str = "float32"  # float32 | bfloat16 | float16: how the weights are stored (compute: train.mixed_precision)
+    dtype: Dtype = Dtype.float32  # float32 | bfloat16 | float16: how the weights are stored (compute: train.mixed_precision)
     revision: Optional[str] = None  # hub model: a branch, tag or commit; the launcher pins it to the commit it names
     attn_implementation: Optional[str] = None  # eager | sdpa | flash_attention_2 | flash_attention_3 | flex_attention (None: the model's default)
     trust_remote_code: bool = False  # let from_pretrained run the model repository's own code
@@ -82,7 +83,7 @@ class ModelConfig:
 class MixSourceConfig:
     """One source of ``data.mix``: drawn with probability weight / sum of weights, deterministically."""
 
-    source: str = "jsonl"  # jsonl | hub | synthetic
+    source: MixSource = MixSource.jsonl  # jsonl | hub | synthetic
     path: Optional[str] = None  # jsonl: the file; hub: the dataset id
     split: str = "train"  # hub: the split
     revision: Optional[str] = None  # hub: a branch, tag or commit (used as given: give a commit to pin it)
@@ -93,7 +94,7 @@ class MixSourceConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "synthetic"  # synthetic | jsonl | hub | mix (data.mix)
+    source: DataSource = DataSource.synthetic  # synthetic | jsonl | hub | mix (data.mix)
     path: Optional[str] = None  # jsonl: the file; hub: the dataset id
     split: str = "train"  # hub: the training split
     eval_split: Optional[str] = None  # hub: an eval split; else a slice of train is held out
@@ -115,7 +116,7 @@ class TrainConfig:
     num_epochs: float = 1.0  # used when max_steps <= 0
     per_device_batch_size: int = 8  # micro-batch per process
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
-    learning_rate: float = 5e-3  # peak learning rate
+    learning_rate: float = 5e-3  # peak learning rate (high for the built-in tiny model; ~1e-4 to 2e-4 for real models with LoRA)
     lr_scheduler: str = "linear"  # a transformers scheduler name: linear, cosine, constant, ...
     warmup_steps: int = 0  # linear warm-up steps
     weight_decay: float = 0.0  # AdamW weight decay
@@ -128,9 +129,9 @@ class TrainConfig:
     trial_steps: int = 0  # >0: run this many steps, print plan vs measurement, stop
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     packing: bool = False  # TRL's packing (sft, qlora): several examples per row of data.max_length tokens, no padding
-    packing_strategy: str = "bfd"  # TRL's: bfd (best fit, padding-free, cuts overflow) | bfd_split (splits it) | wrapped
+    packing_strategy: PackingStrategy = PackingStrategy.bfd  # TRL's: bfd (best fit, padding-free, cuts overflow) | bfd_split (splits it) | wrapped
     padding_free: bool = False  # TRL's: one flattened sequence per batch, no pad tokens (on with bfd packing; sft only)
-    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate's): autocast compute; fp16 adds loss scaling (CUDA only)
+    mixed_precision: MixedPrecision = MixedPrecision.no  # no | bf16 | fp16 (accelerate's): autocast compute; fp16 adds loss scaling (CUDA only)
     tf32: Optional[bool] = None  # CUDA Ampere+: TF32 matmuls for float32 compute (None: torch's default, off)
     optim: str = "adamw_torch_fused"  # the Trainer's optimizer name (its default here): adamw_torch, paged_adamw_8bit, ...
     max_grad_norm: float = 1.0  # gradient clipping by global norm (0: off)
@@ -173,13 +174,13 @@ class CheckpointConfig:
     allow_config_change: bool = False  # resume although a trajectory-shaping field changed
     allow_data_change: bool = False  # resume although the dataset fingerprint changed
     save_final_weights: bool = True  # write the trained weights to <storage.uri>/<run.name>/final/ (false: the job keeps none)
-    final: str = "last"  # what <run>/final/ holds: last (where training ended) | best (the best evaluation's weights)
+    final: FinalWeights = FinalWeights.last  # what <run>/final/ holds: last (where training ended) | best (the best evaluation's weights)
     snapshot_dir: str = "auto"  # where the Trainer writes the local snapshot: auto (/dev/shm if it fits) | work | a path
 
 
 @dataclass
 class PreemptionConfig:
-    provider: str = "auto"  # auto | aws | gcp | azure | none
+    provider: Provider = Provider.auto  # auto | aws | gcp | azure | none
     grace: str = "30s"  # deadline from a signal to the emergency checkpoint's commit
     metadata_url: Optional[str] = None  # override the provider's metadata base URL
     poll_seconds: float = 5.0  # how often the spot-notice watcher polls the metadata service
@@ -216,13 +217,13 @@ class TrackingConfig:
     system_metrics_every: str = "30s"  # MLflow's sampling interval; 0: MLflow's 10 s (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL wins)
     job_metrics_every: str = "30s"  # the orchestrator's own metrics (cost, lost work, throughput) at most this often; 0: every log
     log_final_weights: bool = False  # also upload the final weights (adapter) to MLflow as the run's logged model
-    progress: str = "auto"  # auto: a bar on a terminal, else a line every job_metrics_every | bar | lines | off
+    progress: Progress = Progress.auto  # auto: a bar on a terminal, else a line every job_metrics_every | bar | lines | off
     data_progress_bars: bool = False  # show the datasets library's per-map progress bars while preparing data
 
 
 @dataclass
 class BackendConfig:
-    name: str = "local"  # local | slurm | skypilot | kubernetes
+    name: Backend = Backend.local  # local | slurm | skypilot | kubernetes
     dry_run: bool = False  # print what would be submitted, submit nothing
     image: Optional[str] = None  # container image (kubernetes; skypilot optional); recorded in each attempt's repro record
     partition: Optional[str] = None  # slurm partition (the spot one when on_demand_partition is set)
@@ -232,7 +233,7 @@ class BackendConfig:
 
 @dataclass
 class DistributedConfig:
-    name: str = "none"  # none | ddp | zero2 | zero3 | fsdp
+    name: Distributed = Distributed.none  # none | ddp | zero2 | zero3 | fsdp
     processes_per_node: int = 1  # training processes per machine (one per GPU)
     nodes: int = 1  # machines (multi-node runs need a backend that starts one worker per node)
     cpu_offload: bool = False  # ZeRO/FSDP: keep optimizer state (zero3/fsdp: also params) in CPU memory
@@ -292,6 +293,8 @@ RECIPE_SCHEMAS = {"dpo": DpoRecipeConfig, "grpo": GrpoRecipeConfig}
 
 
 def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     for group, schema in GROUP_SCHEMAS.items():

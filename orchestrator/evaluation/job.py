@@ -50,7 +50,7 @@ def model_args(cfg: Any, folder: Path) -> dict:
     """The harness's ``hf`` arguments for a checkpoint folder: base + adapter (LoRA) or the folder's full weights."""
     from recipes.common import resolve_model_path
 
-    args = {"dtype": cfg.model.dtype, "device": "cpu"}
+    args = {"dtype": str(cfg.model.dtype), "device": "cpu"}
     try:
         import torch
 
@@ -60,7 +60,7 @@ def model_args(cfg: Any, folder: Path) -> dict:
     if (folder / "adapter_config.json").exists():
         base = resolve_model_path(cfg.model)
         return dict(args, pretrained=base, peft=str(folder), tokenizer=base,
-                    revision=cfg.model.get("revision") or "main")
+                    revision=cfg.model.revision or "main")
     return dict(args, pretrained=str(folder))
 
 

@@ -152,8 +152,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def enabled(cfg: Any) -> bool:
-    ev = cfg.get("eval")
-    return bool(ev is not None and len(ev.tasks) > 0)
+    return len(cfg.eval.tasks) > 0
 
 
 def check(cfg: Any) -> None:

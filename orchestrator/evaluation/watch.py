@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def base_key(cfg: Any, task_set: Any) -> str:
     """The base model's cache key: model, revision, shape and dtype, the task set (with few-shot and limit), seed."""
     m = cfg.model
-    shape = {"model": m.name_or_path, "revision": m.get("revision"), "dtype": m.dtype,
+    shape = {"model": m.name_or_path, "revision": m.revision, "dtype": m.dtype,
              "quantization": cfg.recipe.quantization, "tiny": [m.hidden_size, m.num_layers, m.num_heads, m.vocab_size],
              "tasks": task_set.config_hash, "seed": int(cfg.eval.seed)}
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:24]
@@ -127,8 +127,8 @@ class BenchWatch(TrainerCallback):
                 from recipes.common import resolve_model_path
 
                 result = harness.run(self.task_set, self.ev, model_args={
-                    "pretrained": resolve_model_path(self.cfg.model), "dtype": self.cfg.model.dtype,
-                    "revision": self.cfg.model.get("revision") or "main"})
+                    "pretrained": resolve_model_path(self.cfg.model), "dtype": str(self.cfg.model.dtype),
+                    "revision": self.cfg.model.revision or "main"})
             self.seconds += result.seconds
             cached = self.base_results.save("base", step=0, manifest_sha256=identity, evaluation=result)
         self._log(cached, 0, cost=False)

@@ -61,7 +61,7 @@ class BudgetGuard:
                  prefix: str = "budget", subject: Optional[str] = None, budget_key: str = "budget.max_usd"):
         self.max_usd: Optional[float] = None if budget_cfg.max_usd is None else float(budget_cfg.max_usd)
         self.thresholds = sorted(float(t) for t in (budget_cfg.alert_thresholds or []))
-        self.projection_alert = bool(getattr(budget_cfg, "projection_alert", True))
+        self.projection_alert = bool(budget_cfg.projection_alert)
         self.job_name = job_name
         self.prefix = prefix
         self.subject = subject or f"job {job_name!r}"
@@ -292,7 +292,7 @@ def webhook_url(budget_cfg: Any) -> Optional[str]:
 
     A variable named but unset gives no webhook (launch refuses that case; see launch_checks.validate).
     """
-    name = getattr(budget_cfg, "webhook_url_env", None)
+    name = budget_cfg.webhook_url_env
     if name:
         return os.environ.get(name) or None
-    return getattr(budget_cfg, "webhook_url", None) or None
+    return budget_cfg.webhook_url or None

@@ -95,12 +95,12 @@ def price_for(compute_cfg: Any, catalog: Mapping[str, Any]) -> Price:
     Raises ValueError for an unknown gpu_type (listing the known ones) or a cloud
     that does not offer it (listing the ones that do).
     """
-    gpu_type = str(getattr(compute_cfg, "gpu_type", "none") or "none").lower()
-    nodes = int(getattr(compute_cfg, "nodes", 1) or 1)
-    gpus_per_node = int(getattr(compute_cfg, "gpus_per_node", 0) or 0)
-    spot = bool(getattr(compute_cfg, "spot", False))
-    cloud = str(getattr(compute_cfg, "cloud", ANY_CLOUD) or ANY_CLOUD).lower()
-    override = getattr(compute_cfg, "price_per_hour", None)
+    gpu_type = str(compute_cfg.gpu_type).lower()
+    nodes = int(compute_cfg.nodes)
+    gpus_per_node = int(compute_cfg.gpus_per_node)
+    spot = bool(compute_cfg.spot)
+    cloud = str(compute_cfg.cloud).lower()
+    override = compute_cfg.price_per_hour
 
     is_cpu = gpu_type in CPU_TYPES or gpus_per_node == 0
     key = "cpu" if is_cpu else gpu_type
@@ -155,14 +155,14 @@ def preemption_prior_per_hour(compute_cfg: Any, catalog: Mapping[str, Any]) -> t
     ``compute.preemptions_per_hour`` wins; on-demand capacity is taken as never preempted; else the catalog's
     spot entry for the GPU type and cloud (``spot: {usd: ..., preemptions_per_hour: ...}``), else the traces' median.
     """
-    override = getattr(compute_cfg, "preemptions_per_hour", None)
+    override = compute_cfg.preemptions_per_hour
     if override is not None:
         return float(override), "compute.preemptions_per_hour"
-    if not bool(getattr(compute_cfg, "spot", False)):
+    if not bool(compute_cfg.spot):
         return 0.0, "on-demand"
-    gpu_type = str(getattr(compute_cfg, "gpu_type", "none") or "none").lower()
+    gpu_type = str(compute_cfg.gpu_type).lower()
     clouds = (catalog.get("cpu" if gpu_type in CPU_TYPES else gpu_type) or {}).get("clouds", {})
-    cloud = str(getattr(compute_cfg, "cloud", ANY_CLOUD) or ANY_CLOUD).lower()
+    cloud = str(compute_cfg.cloud).lower()
     entries = [clouds[cloud]] if cloud in clouds else list(clouds.values())
     rates = [float(e["spot"]["preemptions_per_hour"]) for e in entries if "preemptions_per_hour" in e.get("spot", {})]
     if rates:

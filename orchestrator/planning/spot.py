@@ -108,7 +108,7 @@ def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catal
                                     override_per_hour=None if capacity == SPOT else (explicit or 0.0))
     ckpt_bytes = checkpoint_bytes(memory_plan)
     cost_s = estimated_checkpoint_seconds(ckpt_bytes)
-    restart, source = restart_seconds(override=getattr(cfg.compute, "restart_seconds", None), measured=measured,
+    restart, source = restart_seconds(override=cfg.compute.restart_seconds, measured=measured,
                                       model_bytes=float(memory_plan.components.get("weights", 0)),
                                       checkpoint_bytes=ckpt_bytes)
     every = _interval(cfg, cost_s, estimate, lifetimes if capacity == SPOT else [])

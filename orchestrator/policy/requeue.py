@@ -98,7 +98,7 @@ class RequeuePolicy:
     def __init__(self, requeue_cfg: Any):
         self.max_preemptions = int(requeue_cfg.max_preemptions)
         self.max_failures = int(requeue_cfg.max_failures)
-        self.max_oom_retries = int(getattr(requeue_cfg, "max_oom_retries", 0))
+        self.max_oom_retries = int(requeue_cfg.max_oom_retries)
         self.backoff_base_seconds = float(requeue_cfg.backoff_base_seconds)
         self.backoff_max_seconds = float(requeue_cfg.backoff_max_seconds)
         self.crash_loop_threshold = int(requeue_cfg.crash_loop_threshold)

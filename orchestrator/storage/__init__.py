@@ -75,19 +75,17 @@ def store_from_config(storage_cfg: Any) -> ObjectStore:
     """Open the store a ``StorageConfig`` (or any object with its attributes) describes, every call
     retried through a short outage (``storage.retry_for``: ``orchestrator.storage.retry``)."""
     from orchestrator.config.durations import parse_duration
-    from orchestrator.storage.retry import DEFAULT_RETRY_SECONDS, RetryingStore
+    from orchestrator.storage.retry import RetryingStore
 
     inner = open_store(
         storage_cfg.uri,
-        endpoint_url=getattr(storage_cfg, "endpoint_url", None),
-        region=getattr(storage_cfg, "region", None),
-        profile=getattr(storage_cfg, "profile", None),
-        checksum_compat=bool(getattr(storage_cfg, "checksum_compat", False)),
-        multipart_threshold_mb=int(getattr(storage_cfg, "multipart_threshold_mb", 64)),
+        endpoint_url=storage_cfg.endpoint_url,
+        region=storage_cfg.region,
+        profile=storage_cfg.profile,
+        checksum_compat=bool(storage_cfg.checksum_compat),
+        multipart_threshold_mb=int(storage_cfg.multipart_threshold_mb),
     )
-    window = getattr(storage_cfg, "retry_for", None)
-    return RetryingStore(inner, retry_seconds=DEFAULT_RETRY_SECONDS if window is None
-                         else parse_duration(window, key="storage.retry_for"))
+    return RetryingStore(inner, retry_seconds=parse_duration(storage_cfg.retry_for, key="storage.retry_for"))
 
 
 def split_run_uri(uri: str) -> tuple[str, str]:

@@ -76,7 +76,7 @@ def resolve_tracking_uri(tracking_cfg: Any) -> str:
     An explicit key wins over the environment: a variable left set in a shell
     must not send a job's run to another server than the one its config names.
     """
-    uri = getattr(tracking_cfg, "uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = tracking_cfg.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
     folder = Path.cwd() / ".cache" / "mlflow"
@@ -168,7 +168,7 @@ class JobTracker:
 
     def __init__(self, tracking_cfg: Any, *, job_name: str, tags: Optional[dict] = None, params: Optional[dict] = None, run_id: Optional[str] = None):
         self.cfg = tracking_cfg
-        self.enabled = bool(getattr(tracking_cfg, "enabled", True))
+        self.enabled = bool(tracking_cfg.enabled)
         self.job_name = job_name
         self.run_id = run_id
         self._secrets: set[str] = set()
@@ -199,7 +199,7 @@ class JobTracker:
         self.uri = resolve_tracking_uri(self.cfg)
         self.client = MlflowClient(tracking_uri=self.uri)
         try:
-            experiment_id = _experiment_id(self.client, getattr(self.cfg, "experiment", "spot-orchestrator"), self.uri)
+            experiment_id = _experiment_id(self.client, self.cfg.experiment, self.uri)
             self.experiment_id = experiment_id
             run, resumed = _find_or_create_run(self.client, experiment_id, self.job_name, self.run_id, self.uri)
             self.run_id = run.info.run_id
@@ -219,7 +219,7 @@ class JobTracker:
         if self.run_url():
             log.info("MLflow run page: %s", self.run_url())
         self._delivery = MetricsDelivery(self._send)
-        if getattr(self.cfg, "log_system_metrics", False):
+        if self.cfg.log_system_metrics:
             self._start_system_metrics(resumed)
         return self.run_id
 
@@ -256,7 +256,7 @@ class JobTracker:
 
             # each sample is a log_batch plus a get_run (MLflow checks whether the run ended) on the
             # server: MLflow's own 10 s default costs a busy server more than the sampling is worth
-            every = parse_duration(getattr(self.cfg, "system_metrics_every", "30s"), key="tracking.system_metrics_every")
+            every = parse_duration(self.cfg.system_metrics_every, key="tracking.system_metrics_every")
             self._system_monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed, tracking_uri=self.uri,
                                                         sampling_interval=every if every > 0 else 10)
             self._system_monitor.start()
