@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,46 @@ def test_a_fenced_attempt_commits_no_checkpoint(store, tmp_path):
     ctl.commit(_trainer_folder(tmp_path, 10), 10, wait=True)
     assert [c.step for c in ctl.checkpoints.committed()] == [5], "the manifest goes last, only while holding the job"
     assert not ctl.checkpoints.results[-1].ok and "Fenced" in ctl.checkpoints.results[-1].error
+
+
+class _SlowShards:
+    """A store whose reward-cache uploads take ``delay`` seconds; it records the order manifests land in."""
+
+    def __init__(self, inner, delay: float):
+        self.inner, self.delay, self.manifests = inner, delay, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def upload_file(self, local_path, key: str) -> None:
+        if "/reward_cache/" in key:
+            time.sleep(self.delay)
+        self.inner.upload_file(local_path, key)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.inner.put_bytes(key, data)
+        if key.endswith("/manifest.json"):
+            self.manifests.append(key.split("/")[1])
+
+
+def test_grpo_rewards_are_stored_beside_training_and_a_checkpoint_waits_for_them(tmp_path):
+    from orchestrator.checkpoint.reward_cache import RewardCache
+
+    store = _SlowShards(LocalStore(tmp_path / "store"), delay=0.6)
+    record = _record(store)
+    record.begin(0)
+    ctl = _controller(store, tmp_path, record)
+    cache, key = ctl.reward_cache(), ("a" * 32, "b" * 32)
+    started = time.monotonic()
+    cache.put("judge", {key: 0.75})
+    assert time.monotonic() - started < 0.3, "training waited for the reward shard's upload"
+    assert cache.get("judge", key) == 0.75
+    ctl.commit(_trainer_folder(tmp_path, 5), 5, wait=True)
+    # the checkpoint's manifest lands after the shard's: resuming from it finds every reward computed before it
+    assert store.manifests == ["reward_cache", "checkpoints"], store.manifests
+    resumed = RewardCache(CheckpointStore(store, "job", staging_dir=tmp_path / "s2"), work=tmp_path / "w2", main=True)
+    assert resumed.get("judge", key) == 0.75
+    ctl.close()
 
 
 # ---- the money watch ------------------------------------------------------------------

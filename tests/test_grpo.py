@@ -74,6 +74,7 @@ def test_reward_cache_scores_each_pair_once_across_a_resume(tmp_path):
     prompts, completions, answers = ["p1", "p1", "p2", "p2"], ["1", "1", "2", "3"], ["1", "1", "2", "2"]
     assert fn(prompts, completions, answer=answers, trainer_state=None) == [1.0, 1.0, 1.0, 0.0]
     assert calls == [("p1", "1"), ("p2", "2"), ("p2", "3")]  # the repeated pair scored once
+    cache.flush()  # what the attempt does before each checkpoint's manifest
     resumed, _ = _cache(tmp_path)  # a new attempt: the cache comes from storage
     again = CachedReward(reward, "tests:reward", resumed)
     assert again(prompts + ["p3"], completions + ["4"], answer=answers + ["4"]) == [1.0, 1.0, 1.0, 0.0, 1.0]
@@ -87,6 +88,7 @@ def test_a_tampered_reward_cache_shard_is_refused_and_its_rewards_computed_again
     cache, store = _cache(tmp_path)
     cache.put("f", {("a" * 32, "b" * 32): 1.0})
     cache.put("f", {("c" * 32, "d" * 32): 0.5})
+    cache.flush()
     shard = sorted(k for k in store.list("g/reward_cache/") if k.endswith("rewards.json"))[0]
     body = json.loads(store.get_bytes(shard))
     if tamper == "value":
