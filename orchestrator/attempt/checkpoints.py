@@ -98,7 +98,6 @@ class CheckpointController:
         self.snapshot_root = work  # moved to memory by use_snapshot_root() when there is room
         self.clock = clock
         self._prefetch: Optional[BackgroundRestore] = None  # the checkpoint's download, behind the model's load
-        self._reward_caches: list = []  # written beside training; each checkpoint's manifest waits for them
         if main:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -196,7 +195,7 @@ class CheckpointController:
                                           cost_usd=self.attempt_cost_usd())
 
         self.checkpoints.commit_async(folder, step=step, epoch=self.record.epoch, meta=meta,
-                                      may_commit=self._may_commit, on_committed=on_committed)
+                                      may_commit=self.record.check_epoch, on_committed=on_committed)
         if wait:
             self.checkpoints.wait()
             took = time.monotonic() - started
@@ -247,16 +246,7 @@ class CheckpointController:
         """Where GRPO's rewards are kept across attempts (``recipe.reward_cache``)."""
         from orchestrator.checkpoint.reward_cache import RewardCache
 
-        cache = RewardCache(self.checkpoints, work=self.work, main=self.main, epoch=lambda: self.record.epoch)
-        self._reward_caches.append(cache)
-        return cache
-
-    def _may_commit(self) -> None:
-        """Just before a checkpoint's manifest (on the uploader's thread): every reward computed before it is
-        stored first, so resuming from it scores none of them again; then the epoch check (Fenced)."""
-        for cache in self._reward_caches:
-            cache.flush()
-        self.record.check_epoch()
+        return RewardCache(self.checkpoints, work=self.work, main=self.main, epoch=lambda: self.record.epoch)
 
     def final_uri(self) -> str:
         return self.store.get_uri(f"{self.run_name}/final/")
@@ -269,14 +259,10 @@ class CheckpointController:
         return self.checkpoints.in_flight > 0
 
     def wait(self) -> None:
-        for cache in self._reward_caches:
-            cache.flush()
         self.checkpoints.wait()
 
     def close(self) -> None:
-        """Stop the uploaders; the main rank removes the attempt's local folders."""
-        for cache in self._reward_caches:
-            cache.close()
+        """Stop the uploader; the main rank removes the attempt's local folders."""
         self.checkpoints.close()
         if self.main:
             shutil.rmtree(self.work, ignore_errors=True)

@@ -6,7 +6,7 @@ the checkpoint), and without a cache would score them again. Here each batch of 
 committed as one shard under ``<run>/reward_cache/<shard>/`` with the checkpoints' protocol (the
 file, then the manifest last), by a writer thread beside training, and every attempt loads all
 shards first. A checkpoint's manifest is written only after every shard queued before it
-(``flush``, called by the attempt before each commit): resuming from a checkpoint finds every
+(``flush``, a barrier of the checkpoint store's uploader): resuming from a checkpoint finds every
 reward computed before it. A machine that vanishes while a shard is still being written loses that
 shard: its batch is regenerated on resume (it comes after the newest checkpoint) and scored again.
 
@@ -52,6 +52,8 @@ class RewardCache:
         self.written = 0
         self.loaded = False
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="reward-cache", initializer=_lower_thread_priority)
+        if main:  # each checkpoint's manifest waits for the shards queued before it
+            checkpoints.barriers.append(self.flush)
 
     def get(self, func: str, key: tuple[str, str]) -> Optional[float]:
         if not self.loaded:
