@@ -236,3 +236,29 @@ def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store
     assert "budget exhausted" in money.stop_reason(30, 0, first_step_seconds=1.0, restarts=0) and money.budget_stopped
     money.stop_reason(31, 0, first_step_seconds=1.0, restarts=0)
     assert sent == ["budget_50", "budget_80", "budget_100"]
+
+
+def test_a_restore_resends_the_checkpoints_logged_steps_mlflow_lost(tmp_path):
+    from orchestrator.attempt.reporting import AttemptTracking
+
+    class Tracker:  # the JobTracker's contract: log_metrics drops steps at or below a key's last logged step
+        def __init__(self, last):
+            self.last, self.points = last, []
+
+        def log_metrics(self, metrics, step):
+            kept = {k: v for k, v in metrics.items() if step > self.last.get(k, -1)}
+            self.points.append((step, kept))
+            self.last.update({k: step for k in kept})
+
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    history = [{"loss": 1.0, "reward": 0.5, "step": 5}, {"loss": 0.9, "reward": float("nan"), "step": 10},
+               {"loss": 0.8, "reward": 0.75, "flag": True, "step": 15}]
+    (folder / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    tracker = Tracker({"loss": 5, "reward": 5})  # the SIGKILLed attempt's points after step 5 never reached MLflow
+    AttemptTracking(tracker).replay_history(folder)
+    assert tracker.points == [(5, {}), (10, {"loss": 0.9}), (15, {"loss": 0.8, "reward": 0.75})]
+    AttemptTracking(tracker).replay_history(None)  # a fresh start: nothing to resend
+    (folder / "trainer_state.json").write_text("not json")
+    AttemptTracking(tracker).replay_history(folder)
+    assert len(tracker.points) == 3
