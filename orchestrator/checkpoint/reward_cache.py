@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.checkpoint import manifest as mf
-from orchestrator.checkpoint.store import _lower_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,9 @@ class RewardCache:
         self.values: dict[tuple[str, str, str], float] = {}
         self.written = 0
         self.loaded = False
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="reward-cache", initializer=_lower_thread_priority)
+        # normal priority, unlike the checkpoint uploader: a shard is milliseconds of work, and until it is
+        # stored a vanished machine loses those rewards (the resume scores them again)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="reward-cache")
         if main:  # each checkpoint's manifest waits for the shards queued before it
             checkpoints.barriers.append(self.flush)
 
