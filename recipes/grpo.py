@@ -72,6 +72,13 @@ def exact_resume_trainer():
     from trl import GRPOTrainer
 
     class ExactResumeGRPOTrainer(GRPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.use_vllm:  # the rollouts after a resume come from the restored policy (recipes/grpo_vllm.py)
+                from recipes.grpo_vllm import WeightVersion
+
+                self.weight_version = WeightVersion(self)
+
         def _save_checkpoint(self, model, trial):
             super()._save_checkpoint(model, trial)
             folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -81,6 +88,9 @@ def exact_resume_trainer():
             super()._load_optimizer_and_scheduler(checkpoint)
             if checkpoint is not None:
                 load_generation_state(self, Path(checkpoint))
+                if getattr(self, "weight_version", None) is not None:
+                    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+                    self.weight_version.resumed(int(state["global_step"]))
 
     return ExactResumeGRPOTrainer
 

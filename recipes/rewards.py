@@ -6,7 +6,8 @@ the dataset's other columns (``answer`` for the built-in task), ``completion_ids
 arrive as keyword arguments. The checks run at launch (exit 4, never requeued).
 
 ``CachedReward`` wraps each function so a (prompt, completion) pair it has scored is never scored again,
-not in the same run and not after a resume (``orchestrator.checkpoint.reward_cache``).
+not in the same run and not after a resume (``orchestrator.checkpoint.reward_cache``); a function
+decorated with ``uncached`` is called every time.
 """
 from __future__ import annotations
 
@@ -180,10 +181,17 @@ class CachedReward:
         return [self.cache.get(self.path, key) for key in keys]
 
 
+def uncached(fn):
+    """Keep ``fn``'s rewards out of the reward cache: for a reward that reads ``trainer_state`` (shaping by step),
+    is meant to be drawn again (a sampled judge), or must see every generation batch."""
+    fn.reward_cache = False
+    return fn
+
+
 def reward_functions(cfg, cache=None) -> list:
-    """The configured reward functions, each behind the reward cache when there is one."""
+    """The configured reward functions, each behind the reward cache when there is one (unless ``uncached``)."""
     out = []
     for path in cfg.recipe.reward_funcs:
         fn = resolve(path)
-        out.append(CachedReward(fn, path, cache) if cache is not None else fn)
+        out.append(CachedReward(fn, path, cache) if cache is not None and getattr(fn, "reward_cache", True) else fn)
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,46 @@ def test_a_fenced_attempt_commits_no_checkpoint(store, tmp_path):
     assert not ctl.checkpoints.results[-1].ok and "Fenced" in ctl.checkpoints.results[-1].error
 
 
+class _SlowShards:
+    """A store whose reward-cache uploads take ``delay`` seconds; it records the order manifests land in."""
+
+    def __init__(self, inner, delay: float):
+        self.inner, self.delay, self.manifests = inner, delay, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def upload_file(self, local_path, key: str) -> None:
+        if "/reward_cache/" in key:
+            time.sleep(self.delay)
+        self.inner.upload_file(local_path, key)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.inner.put_bytes(key, data)
+        if key.endswith("/manifest.json"):
+            self.manifests.append(key.split("/")[1])
+
+
+def test_grpo_rewards_are_stored_beside_training_and_a_checkpoint_waits_for_them(tmp_path):
+    from orchestrator.checkpoint.reward_cache import RewardCache
+
+    store = _SlowShards(LocalStore(tmp_path / "store"), delay=0.6)
+    record = _record(store)
+    record.begin(0)
+    ctl = _controller(store, tmp_path, record)
+    cache, key = ctl.reward_cache(), ("a" * 32, "b" * 32)
+    started = time.monotonic()
+    cache.put("judge", {key: 0.75})
+    assert time.monotonic() - started < 0.3, "training waited for the reward shard's upload"
+    assert cache.get("judge", key) == 0.75
+    ctl.commit(_trainer_folder(tmp_path, 5), 5, wait=True)
+    # the checkpoint's manifest lands after the shard's: resuming from it finds every reward computed before it
+    assert store.manifests == ["reward_cache", "checkpoints"], store.manifests
+    resumed = RewardCache(CheckpointStore(store, "job", staging_dir=tmp_path / "s2"), work=tmp_path / "w2", main=True)
+    assert resumed.get("judge", key) == 0.75
+    ctl.close()
+
+
 # ---- the money watch ------------------------------------------------------------------
 def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store):
     from orchestrator.money.budget import BudgetGuard
@@ -195,3 +236,29 @@ def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store
     assert "budget exhausted" in money.stop_reason(30, 0, first_step_seconds=1.0, restarts=0) and money.budget_stopped
     money.stop_reason(31, 0, first_step_seconds=1.0, restarts=0)
     assert sent == ["budget_50", "budget_80", "budget_100"]
+
+
+def test_a_restore_resends_the_checkpoints_logged_steps_mlflow_lost(tmp_path):
+    from orchestrator.attempt.reporting import AttemptTracking
+
+    class Tracker:  # the JobTracker's contract: log_metrics drops steps at or below a key's last logged step
+        def __init__(self, last):
+            self.last, self.points = last, []
+
+        def log_metrics(self, metrics, step):
+            kept = {k: v for k, v in metrics.items() if step > self.last.get(k, -1)}
+            self.points.append((step, kept))
+            self.last.update({k: step for k in kept})
+
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    history = [{"loss": 1.0, "reward": 0.5, "step": 5}, {"loss": 0.9, "reward": float("nan"), "step": 10},
+               {"loss": 0.8, "reward": 0.75, "flag": True, "step": 15}]
+    (folder / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    tracker = Tracker({"loss": 5, "reward": 5})  # the SIGKILLed attempt's points after step 5 never reached MLflow
+    AttemptTracking(tracker).replay_history(folder)
+    assert tracker.points == [(5, {}), (10, {"loss": 0.9}), (15, {"loss": 0.8, "reward": 0.75})]
+    AttemptTracking(tracker).replay_history(None)  # a fresh start: nothing to resend
+    (folder / "trainer_state.json").write_text("not json")
+    AttemptTracking(tracker).replay_history(folder)
+    assert len(tracker.points) == 3

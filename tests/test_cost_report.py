@@ -109,3 +109,23 @@ def test_report_lists_each_attempt_and_the_totals():
     text = format_report(report)
     assert "lost work: 10 step(s) redone" in text and "spot savings" in text and "eval_accuracy=0.5000" in text
     assert "(before training: 0.3000;" in text
+
+
+def test_grpo_logs_usd_per_1k_rollouts_counting_each_generation_batch_once():
+    from orchestrator.config.compose import compose_config
+    from orchestrator.money.report import rollouts_per_step
+
+    cfg = compose_config(["recipe=grpo", "train.per_device_batch_size=8", "train.gradient_accumulation_steps=2",
+                          "recipe.num_iterations=2", "recipe.steps_per_generation=2"])
+    assert rollouts_per_step(cfg) == 8.0  # 16 rows a step, each generation batch trained on twice
+    assert rollouts_per_step(compose_config(["recipe=sft"])) == 0.0
+    out = JobFigures(SPOT, [], step_at_start=0, fallback_tokens_per_step=1000, rollouts_per_step=8.0).figures(
+        step=250, attempt_cost_usd=4.0, attempt_gpu_hours=1.0)
+    assert out["rollouts"] == 2000 and out["usd_per_1k_rollouts"] == pytest.approx(2.0)
+    sft = JobFigures(SPOT, [], step_at_start=0, fallback_tokens_per_step=1000).figures(
+        step=250, attempt_cost_usd=4.0, attempt_gpu_hours=1.0)
+    assert "usd_per_1k_rollouts" not in sft
+    report = build_report(job="g", status="completed", ledger={"attempts": [], "step": 250}, price=SPOT, figures=out,
+                          quality_metric="eval_accuracy", quality=None, tokens_per_step=1000, tokens_measured=True)
+    assert "per 1k rollouts: $2.0000 (2000 rollouts" in format_report(report)
+    assert "per 1k rollouts" not in format_report(dict(report, totals=dict(report["totals"], usd_per_1k_rollouts=None)))

@@ -74,6 +74,7 @@ def test_reward_cache_scores_each_pair_once_across_a_resume(tmp_path):
     prompts, completions, answers = ["p1", "p1", "p2", "p2"], ["1", "1", "2", "3"], ["1", "1", "2", "2"]
     assert fn(prompts, completions, answer=answers, trainer_state=None) == [1.0, 1.0, 1.0, 0.0]
     assert calls == [("p1", "1"), ("p2", "2"), ("p2", "3")]  # the repeated pair scored once
+    cache.flush()  # what the attempt does before each checkpoint's manifest
     resumed, _ = _cache(tmp_path)  # a new attempt: the cache comes from storage
     again = CachedReward(reward, "tests:reward", resumed)
     assert again(prompts + ["p3"], completions + ["4"], answer=answers + ["4"]) == [1.0, 1.0, 1.0, 0.0, 1.0]
@@ -82,11 +83,23 @@ def test_reward_cache_scores_each_pair_once_across_a_resume(tmp_path):
     assert again(["p1"], ["1"], answer=["2"]) == [0.0] and calls[-1] == ("p1", "1")
 
 
+def test_a_reward_marked_uncached_is_called_on_every_batch_the_others_through_the_cache(tmp_path):
+    from recipes.rewards import CachedReward, reward_functions
+
+    cache, _ = _cache(tmp_path)
+    cfg = compose_config(["recipe=grpo", "recipe.reward_funcs=[recipes.rewards:exact_answer,"
+                          "tests.helpers.grpo_rewards:logged_prompts]"])
+    cached, probe = reward_functions(cfg, cache)
+    assert isinstance(cached, CachedReward) and not isinstance(probe, CachedReward)
+    assert probe([""], ["1"], answer=["1"]) == [0.0]
+
+
 @pytest.mark.parametrize("tamper", ["value", "nan", "manifest_owner"])
 def test_a_tampered_reward_cache_shard_is_refused_and_its_rewards_computed_again(tmp_path, tamper, caplog):
     cache, store = _cache(tmp_path)
     cache.put("f", {("a" * 32, "b" * 32): 1.0})
     cache.put("f", {("c" * 32, "d" * 32): 0.5})
+    cache.flush()
     shard = sorted(k for k in store.list("g/reward_cache/") if k.endswith("rewards.json"))[0]
     body = json.loads(store.get_bytes(shard))
     if tamper == "value":
@@ -203,3 +216,46 @@ def test_launch_exits_4_with_the_fix_for_a_reward_function_it_cannot_import(tmp_
     text = done.stdout + done.stderr
     assert "mypkg_missing" in text and "PYTHONPATH" in text
     assert not (tmp_path / "runs" / "bad-reward" / "ledger.json").exists()  # refused before any attempt
+
+
+class _FakeVllm:
+    """What TRL's VLLMGeneration offers the trainer: ``sync_weights`` (a push) and ``generate``."""
+
+    def __init__(self, fail_push=False):
+        self.fail_push, self.generated = fail_push, 0
+
+    def sync_weights(self):
+        if self.fail_push:
+            raise ConnectionError("weight update group broke")
+
+    def generate(self, **kwargs):
+        self.generated += 1
+        return "completions"
+
+
+def test_vllm_rollouts_after_a_resume_need_a_push_of_the_restored_step_first():
+    from types import SimpleNamespace
+
+    from recipes.grpo_vllm import StaleGenerationWeights, WeightVersion
+
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), vllm_generation=_FakeVllm())
+    version, gen = WeightVersion(trainer), trainer.vllm_generation
+    with pytest.raises(StaleGenerationWeights, match="no weights were pushed"):
+        gen.generate(prompts=[])
+    gen.sync_weights()
+    assert gen.generate(prompts=[]) == "completions"
+    trainer.state.global_step = 4  # trained on: a rollout without a new push would sample the old policy
+    with pytest.raises(StaleGenerationWeights, match="weights of step 0, the rollout is for step 4"):
+        gen.generate(prompts=[])
+    version.resumed(12)  # a new attempt restored step 12: nothing pushed yet
+    trainer.state.global_step = 12
+    with pytest.raises(StaleGenerationWeights, match="no weights were pushed"):
+        gen.generate(prompts=[])
+    gen.sync_weights()
+    assert gen.generate(prompts=[]) == "completions" and gen.generated == 2
+    trainer.vllm_generation.fail_push = True
+    trainer.state.global_step = 16
+    with pytest.raises(ConnectionError):
+        gen.sync_weights()
+    with pytest.raises(StaleGenerationWeights):  # a push that failed leaves no version behind
+        gen.generate(prompts=[])

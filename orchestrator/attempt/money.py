@@ -11,7 +11,7 @@ import logging
 from typing import Any, Callable, Optional
 
 from orchestrator.money.cost import CostMeter, Price
-from orchestrator.money.report import JobFigures, estimated_tokens_per_step
+from orchestrator.money.report import JobFigures, estimated_tokens_per_step, rollouts_per_step
 from orchestrator.errors import BudgetExhausted
 from orchestrator.exitcodes import INTERRUPTED_CLASSES
 
@@ -25,15 +25,17 @@ class MoneyWatch:
         budget_max_usd: the hard stop, or None.
         fallback_tokens_per_step: tokens per optimizer step until the Trainer logs its own count.
         started_at: when the meter starts (unix time): the process's start, so its imports are billed too.
+        rollouts_per_step: GRPO's completions sampled per optimizer step (``usd_per_1k_rollouts``); 0 otherwise.
     """
 
     def __init__(self, price: Price, *, max_steps: int, budget_max_usd: Optional[float], fallback_tokens_per_step: int,
-                 started_at: Optional[float] = None):
+                 started_at: Optional[float] = None, rollouts_per_step: float = 0.0):
         self.price = price
         self.meter = CostMeter(price, started_at=started_at)
         self.max_steps = int(max_steps)
         self.budget_max_usd = budget_max_usd
         self.fallback_tokens_per_step = fallback_tokens_per_step
+        self.rollouts_per_step = rollouts_per_step
         self.guard = None  # the budget guard, main rank only: set by watch_budget()
         self.spend = None  # the hold on the spend index (monthly/experiment caps), main rank only: watch_budget()
         self.prior_cost_usd = 0.0
@@ -43,7 +45,8 @@ class MoneyWatch:
     @classmethod
     def from_config(cls, cfg: Any, price: Price, *, started_at: Optional[float] = None) -> "MoneyWatch":
         return cls(price, max_steps=cfg.train.max_steps, budget_max_usd=cfg.budget.max_usd,
-                   fallback_tokens_per_step=estimated_tokens_per_step(cfg), started_at=started_at)
+                   fallback_tokens_per_step=estimated_tokens_per_step(cfg), started_at=started_at,
+                   rollouts_per_step=rollouts_per_step(cfg))
 
     def watch_budget(self, guard, spend: "SpendWatch | None" = None) -> None:
         self.guard = guard
@@ -53,7 +56,8 @@ class MoneyWatch:
         """After the ledger's begin and the restore: the job's earlier attempts and where this one starts."""
         self.prior_cost_usd = prior_cost_usd
         self.figures = JobFigures(self.price, prior_attempts, step_at_start=step_at_start,
-                                  fallback_tokens_per_step=self.fallback_tokens_per_step)
+                                  fallback_tokens_per_step=self.fallback_tokens_per_step,
+                                  rollouts_per_step=self.rollouts_per_step)
 
     def attempt_cost_usd(self) -> float:
         return self.meter.attempt_cost_usd()

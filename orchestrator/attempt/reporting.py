@@ -8,9 +8,11 @@ off, there is no MLflow client behind it and every call does nothing.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,11 @@ SOURCE_NAME_TAG = "mlflow.source.name"
 SOURCE_TYPE_TAG = "mlflow.source.type"
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 DATASET_CONTEXT_TAG = "mlflow.data.context"
+
+
+def _finite(value: Any) -> bool:
+    """A number MLflow can take from a stored Trainer state: finite, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class AttemptTracking:
@@ -80,6 +87,21 @@ class AttemptTracking:
     def log_metrics(self, metrics: dict, step: int) -> None:
         if self.tracker is not None:
             self.tracker.log_metrics(metrics, step)
+
+    def replay_history(self, checkpoint: Optional[Path]) -> None:
+        """After a restore: the Trainer's logs up to the checkpoint (its ``trainer_state.json``, verified with
+        it) that MLflow lacks. A SIGKILL loses the points still queued for MLflow, and the next attempt resumes
+        past their steps; re-sent in order, points MLflow has are dropped like any replayed step."""
+        if self.tracker is None or checkpoint is None:
+            return
+        try:
+            history = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("log_history")
+        except (OSError, ValueError, AttributeError):
+            return
+        for entry in history if isinstance(history, list) else []:
+            step = entry.get("step") if isinstance(entry, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.tracker.log_metrics({k: v for k, v in entry.items() if k != "step" and _finite(v)}, step)
 
     def log_dict(self, obj: dict, artifact_file: str) -> None:
         if self.tracker is not None:

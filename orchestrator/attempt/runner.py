@@ -130,11 +130,11 @@ class Runner:
     def restore(self):
         """4. The newest usable checkpoint of this trajectory, verified (None: start fresh)."""
         from orchestrator.checkpoint.fingerprint import check_resumable
-
         restored, manifest = self.checkpoints.restore(
             check=lambda m: check_resumable(m, self.checkpoints.trajectory, self.checkpoints.dataset_fp, self.cfg))
         self.step = self.step_at_start = manifest["step"] if manifest else 0
         self.money.start(self.record.prior_attempts, self.record.prior_cost_usd, self.step_at_start)
+        self.tracking.replay_history(restored)  # the Trainer's logs a SIGKILL kept from MLflow
         return restored, manifest
 
     def build(self, train_ds, eval_ds):

@@ -3,8 +3,12 @@
 Rewards may be expensive or side-effecting (a sandbox, a judge). A resumed attempt regenerates the
 completions of the generation batch it was killed in (the same completions: the RNG comes back with
 the checkpoint), and without a cache would score them again. Here each batch of new rewards is
-committed at once, before training on them, under ``<run>/reward_cache/<shard>/`` with the
-checkpoints' protocol (the file, then the manifest last), and every attempt loads all shards first.
+committed as one shard under ``<run>/reward_cache/<shard>/`` with the checkpoints' protocol (the
+file, then the manifest last), by a writer thread beside training, and every attempt loads all
+shards first. A checkpoint's manifest is written only after every shard queued before it
+(``flush``, a barrier of the checkpoint store's uploader): resuming from a checkpoint finds every
+reward computed before it. A machine that vanishes while a shard is still being written loses that
+shard: its batch is regenerated on resume (it comes after the newest checkpoint) and scored again.
 
 Storage is untrusted: a shard's manifest must be this job's and name this shard, its one file must
 match the manifest's size and SHA-256 before it is parsed (JSON, never a pickle), and every entry
@@ -18,6 +22,8 @@ import logging
 import math
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,6 +50,11 @@ class RewardCache:
         self.values: dict[tuple[str, str, str], float] = {}
         self.written = 0
         self.loaded = False
+        # normal priority, unlike the checkpoint uploader: a shard is milliseconds of work, and until it is
+        # stored a vanished machine loses those rewards (the resume scores them again)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="reward-cache")
+        if main:  # each checkpoint's manifest waits for the shards queued before it
+            checkpoints.barriers.append(self.flush)
 
     def get(self, func: str, key: tuple[str, str]) -> Optional[float]:
         if not self.loaded:
@@ -51,22 +62,38 @@ class RewardCache:
         return self.values.get((func, *key))
 
     def put(self, func: str, values: dict) -> None:
-        """Keep ``values`` ({(prompt id, completion hash): reward}) and commit them as one shard now."""
+        """Keep ``values`` ({(prompt id, completion hash): reward}) and queue them as one shard (``flush`` waits)."""
         fresh = {(func, *key): float(v) for key, v in values.items()
                  if v is not None and math.isfinite(float(v))}  # None/NaN: not a result to keep
         self.values.update(fresh)
         if fresh and self.main:
-            self._commit(fresh)
+            epoch = int(self.epoch())
+            name = f"{epoch:05d}-{self.written:06d}"
+            self.written += 1
+            self._writer.submit(self._commit, name, epoch, fresh)
 
-    def _commit(self, fresh: dict) -> None:
-        name = f"{int(self.epoch()):05d}-{self.written:06d}"
-        self.written += 1
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every shard queued so far is committed (or failed and reported); False on timeout.
+
+        The writer is one thread taking shards in order, so a marker queued now runs after all of them."""
+        try:
+            self._writer.submit(lambda: None).result(timeout)
+        except FuturesTimeout:
+            return False
+        except RuntimeError:  # closed: nothing is pending
+            pass
+        return True
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+
+    def _commit(self, name: str, epoch: int, fresh: dict) -> None:
         folder = self.work / "reward_cache_out" / name
         shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
         try:
+            folder.mkdir(parents=True)
             (folder / FILE).write_text(json.dumps({"entries": [[*k, v] for k, v in fresh.items()]}))
-            self.checkpoints.commit_folder(folder, f"{self.prefix}{name}/", step=0, epoch=int(self.epoch()),
+            self.checkpoints.commit_folder(folder, f"{self.prefix}{name}/", step=0, epoch=epoch,
                                            meta={"kind": "grpo_reward_cache", "shard": name})
         except Exception as err:  # noqa: BLE001 - training goes on; a resumed attempt scores these again
             log.warning("could not store %d rewards (%s: %s); a resumed attempt will compute them again",

@@ -88,6 +88,16 @@ def retry_transient(fn, attempts: int = 4, first_delay_s: float = 0.5):
             time.sleep(first_delay_s * 2**i)
 
 
+def gated(barriers: list, may_commit: Callable[[], None]) -> Callable[[], None]:
+    """``may_commit`` after every barrier returned, on the uploader's thread just before a checkpoint's manifest:
+    GRPO's reward cache (``orchestrator.checkpoint.reward_cache``) stores the rewards computed before it."""
+    def gate() -> None:
+        for barrier in barriers:
+            barrier()
+        may_commit()
+    return gate
+
+
 class CheckpointStore:
     """One job's checkpoints under ``<run_name>/checkpoints/`` in ``store``."""
 
@@ -103,6 +113,7 @@ class CheckpointStore:
         self._pending = 0
         self._pending_lock = threading.Condition()
         self.results: list[CommitResult] = []
+        self.barriers: list[Callable[[], object]] = []  # before each checkpoint's manifest (``gated``)
 
     # ---- listing -------------------------------------------------------------
     def committed(self) -> list[CommittedCheckpoint]:
@@ -188,7 +199,8 @@ class CheckpointStore:
         started = time.monotonic()
         key_prefix = f"{self.prefix}{name}/"
         try:
-            manifest = self._upload(staged, key_prefix, step=step, epoch=epoch, meta=meta, may_commit=may_commit)
+            manifest = self._upload(staged, key_prefix, step=step, epoch=epoch, meta=meta,
+                                    may_commit=gated(self.barriers, may_commit))
             result = CommitResult(name, step, True, time.monotonic() - started, manifest["total_bytes"])
             log.info("checkpoint %s committed (step %d, %.1f MB, %.2fs)", name, step,
                      manifest["total_bytes"] / 1e6, result.seconds)

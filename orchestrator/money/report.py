@@ -40,6 +40,15 @@ def estimated_tokens_per_step(cfg: Any) -> int:
             * int(cfg.data.max_length) * sequences)
 
 
+def rollouts_per_step(cfg: Any) -> float:
+    """GRPO's rollouts (completions sampled and scored) per optimizer step: the step's rows over
+    ``recipe.num_iterations`` (each generation batch is trained on that many times); 0 for other recipes."""
+    if cfg.recipe.name != "grpo":
+        return 0.0
+    rows = int(cfg.train.per_device_batch_size) * int(cfg.train.gradient_accumulation_steps) * configured_world_size(cfg)
+    return rows / max(1, int(cfg.recipe.num_iterations))
+
+
 def attempt_seconds(attempt: Mapping[str, Any]) -> float:
     """Wall seconds of one ledger attempt (to its end, else its last heartbeat)."""
     started = float(attempt.get("started_at") or 0.0)
@@ -72,11 +81,13 @@ class JobFigures:
         prior_attempts: the ledger's attempts before this one, in the order they ran.
         step_at_start: the step this attempt restored (0 for a fresh job).
         fallback_tokens_per_step: used until the trainer logs ``num_tokens``.
+        rollouts_per_step: GRPO's (``rollouts_per_step``), for ``usd_per_1k_rollouts``; 0 for other recipes.
     """
 
     def __init__(self, price: costs.Price, prior_attempts: Iterable[Mapping[str, Any]], *, step_at_start: int,
-                 fallback_tokens_per_step: int):
+                 fallback_tokens_per_step: int, rollouts_per_step: float = 0.0):
         self.price = price
+        self.rollouts_per_step = float(rollouts_per_step)
         self.prior_attempts = [dict(a) for a in prior_attempts]
         self.step_at_start = int(step_at_start)
         self.fallback_tokens_per_step = int(fallback_tokens_per_step)
@@ -140,6 +151,9 @@ class JobFigures:
         per_mtok = costs.usd_per_million_tokens(total, int(tokens))
         if per_mtok is not None:
             out["usd_per_million_tokens"] = per_mtok
+        if self.rollouts_per_step > 0 and step > 0:  # like tokens: a batch regenerated after a kill counts once
+            out.update(rollouts=step * self.rollouts_per_step,
+                       usd_per_1k_rollouts=total / (step * self.rollouts_per_step) * 1000.0)
         if window_step_seconds:
             out["tokens_per_second"] = self.tokens_per_step / window_step_seconds
         if mean_step_seconds:
@@ -175,7 +189,8 @@ def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: cos
                    "preemptions": get("preemptions"), "steps": ledger.get("step"),
                    "tokens_trained": get("tokens_trained"), "tokens_per_step": tokens_per_step,
                    "tokens_counted": "trainer num_tokens" if tokens_measured else "batch x grad-accum x world x max_length",
-                   "usd_per_step": get("usd_per_step"), "usd_per_million_tokens": get("usd_per_million_tokens")},
+                   "usd_per_step": get("usd_per_step"), "usd_per_million_tokens": get("usd_per_million_tokens"),
+                   "rollouts": get("rollouts"), "usd_per_1k_rollouts": get("usd_per_1k_rollouts")},
         "lost_work": {"steps": get("lost_work_steps"), "seconds": get("lost_work_seconds"), "usd": get("lost_work_usd")},
         "spot": {"on_demand_cost_usd": get("on_demand_cost_usd"), "savings_usd": get("spot_savings_usd"),
                  "ran_on_spot": price.spot or any(bool(a.get("spot")) for a in ledger.get("attempts", []))},
@@ -210,6 +225,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"preemption(s), {num(totals['gpu_hours'])} GPU-hours",
         f"per step: ${num(totals['usd_per_step'], '{:.6f}')}; per million tokens: ${num(totals['usd_per_million_tokens'])} "
         f"({num(totals['tokens_trained'], '{:.0f}')} tokens, counted from {totals['tokens_counted']})",
+        *([f"per 1k rollouts: ${num(totals['usd_per_1k_rollouts'])} ({num(totals['rollouts'], '{:.0f}')} rollouts "
+           "trained on, a batch regenerated after a kill counted once)"] if totals.get("usd_per_1k_rollouts") else []),
         f"lost work: {num(lost['steps'], '{}')} step(s) redone, {num(lost['seconds'], '{:.1f}')}s, ${num(lost['usd'])}",
         _savings_line(report, num),
         f"checkpointing (this attempt): {num(report['checkpointing_this_attempt']['stall_s'], '{:.2f}')}s training "
