@@ -37,9 +37,15 @@ def _refusal(overrides: list[str]) -> str:
     return str(err.value)
 
 
-def test_bad_eval_settings_name_the_problem_and_the_fix(tmp_path):
+@pytest.mark.e2e
+def test_a_mistyped_task_name_is_refused_naming_the_close_ones():
+    """Heavy for the inner loop: an unknown name is looked up in the harness's whole task index (about 17 s of
+    CPU to build here), so it runs with the e2e tier."""
     text = _refusal(["eval.tasks=[tiny_arith_mcq]"])
     assert "'tiny_arith_mcq' is not a task lm-evaluation-harness knows" in text and "tiny_arith_mc" in text
+
+
+def test_bad_eval_settings_name_the_problem_and_the_fix(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("task: x\ndoc_to_text: [unclosed\n")
     assert f"{broken} does not parse as a task YAML" in _refusal([f"eval.tasks=[{broken}]"])

@@ -135,14 +135,19 @@ def _modules_after_recipe_imports(overrides: list[str]) -> dict:
     code = (
         "import json, sys\n"
         "from orchestrator.config.compose import compose_config\n"
-        "from orchestrator.worker import skip_unused_quantisation_stack\n"
+        "from orchestrator.worker import skip_unused_deepspeed, skip_unused_quantisation_stack\n"
         f"cfg = compose_config({overrides!r})\n"
         "skip_unused_quantisation_stack(cfg)\n"
-        "import peft, trl, transformers\n"
+        "skip_unused_deepspeed(cfg)\n"
+        "import peft, torch, trl, transformers\n"
+        "from accelerate.utils import extract_model_from_parallel\n"
         "from recipes import common\n"
+        "extract_model_from_parallel(torch.nn.Linear(1, 1))  # what TRL's trainer asks at construction\n"
         "print(json.dumps({'bitsandbytes': sys.modules.get('bitsandbytes') is not None,"
         " 'peft_sees_bnb': peft.import_utils.is_bnb_available(),"
-        " 'transformers_sees_bnb': transformers.utils.is_bitsandbytes_available()}))\n"
+        " 'transformers_sees_bnb': transformers.utils.is_bitsandbytes_available(),"
+        " 'deepspeed': sys.modules.get('deepspeed') is not None,"
+        " 'transformers_sees_deepspeed': bool(transformers.integrations.is_deepspeed_available())}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -150,11 +155,14 @@ def _modules_after_recipe_imports(overrides: list[str]) -> dict:
 
 
 @pytest.mark.e2e
-def test_an_unquantised_job_never_loads_bitsandbytes_and_a_4bit_one_does():
+def test_a_job_loads_bitsandbytes_and_deepspeed_only_when_it_uses_them():
+    """Each costs seconds of every attempt's start-up (DeepSpeed imports MLflow too) when merely installed."""
     plain = _modules_after_recipe_imports(["recipe=sft"])
-    assert plain == {"bitsandbytes": False, "peft_sees_bnb": False, "transformers_sees_bnb": False}, plain
-    four_bit = _modules_after_recipe_imports(["recipe=qlora"])
-    assert four_bit["peft_sees_bnb"] and four_bit["transformers_sees_bnb"], four_bit
+    assert plain == {"bitsandbytes": False, "peft_sees_bnb": False, "transformers_sees_bnb": False,
+                     "deepspeed": False, "transformers_sees_deepspeed": False}, plain
+    four_bit_zero2 = _modules_after_recipe_imports(["recipe=qlora", "distributed=zero2"])
+    assert four_bit_zero2["peft_sees_bnb"] and four_bit_zero2["transformers_sees_bnb"], four_bit_zero2
+    assert four_bit_zero2["transformers_sees_deepspeed"], four_bit_zero2
 
 
 @pytest.mark.e2e

@@ -155,7 +155,7 @@ def no_code_from_storage() -> Iterator[None]:
     before = os.environ.get(FORCE_WEIGHTS_ONLY_VARIABLE)
     os.environ[FORCE_WEIGHTS_ONLY_VARIABLE] = "1"
     try:
-        with torch.serialization.safe_globals(allowed_globals(deepspeed="deepspeed" in sys.modules)):
+        with torch.serialization.safe_globals(allowed_globals(deepspeed=sys.modules.get("deepspeed") is not None)):
             yield
     finally:
         if before is None:
