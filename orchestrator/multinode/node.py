@@ -32,7 +32,9 @@ CLEAN = frozenset({exitcodes.COMPLETED, exitcodes.PREEMPTED, *exitcodes.final_co
 
 def torchrun_argv(cfg, node: NodeEnv, overrides: list[str], join_timeout_s: float) -> list[str]:
     conf = f"is_host=false,join_timeout={int(join_timeout_s)}"
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={node.nnodes}", f"--node_rank={node.rank}",
+    # no --node_rank: c10d ranks the agents by their address (ORCH_NODE_ADDR), so node 0 holds rank 0 where the
+    # addresses sort as the nodes do (the local world's 127.0.0.<node+1>)
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={node.nnodes}",
             f"--nproc_per_node={int(cfg.distributed.processes_per_node)}", "--rdzv_backend=c10d",
             f"--rdzv_endpoint={node.endpoint}", f"--rdzv_id={node.rdzv_id}", f"--rdzv_conf={conf}",
             "--max-restarts=0"]

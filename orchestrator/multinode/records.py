@@ -28,17 +28,3 @@ def record_nodes(ledger, launched_by: str, nodes: list[dict]) -> bool:
         return False
     return bool(found)
 
-
-def node_lines(attempt: dict) -> list[str]:
-    """``orchestrator status``'s lines for an attempt's nodes (none for a one-node attempt)."""
-    import time
-
-    def when(value):
-        return time.strftime("%H:%M:%S", time.gmtime(value)) if isinstance(value, (int, float)) else "-"
-
-    lines = []
-    for node in attempt.get("nodes") or []:
-        if isinstance(node, dict):
-            lines.append(f"    node {node.get('node')}: {node.get('host')} {when(node.get('started_at'))}-"
-                         f"{when(node.get('ended_at'))} exit {node.get('exit')}")
-    return lines

@@ -25,6 +25,7 @@ from orchestrator.multinode import NodeEnv
 log = logging.getLogger(__name__)
 
 STOP_MARGIN_S = 30.0
+BROKEN_GRACE_S = 5.0  # a node lost (killed, or it found the world broken): the rest have nothing to save
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -98,12 +99,14 @@ class LocalWorld:
             running = [n for n in self.nodes if n.ended_at is None]
             if not running:
                 break
-            if first_end is None and len(running) < len(self.nodes):
+            ended = [n.proc.returncode for n in self.nodes if n.ended_at is not None]
+            if first_end is None and ended:
                 first_end = time.monotonic()
-            if first_end is not None and time.monotonic() - first_end > self.stop_after_s:
+            broken = world_code(ended) == 128 + signal.SIGKILL if ended else False
+            limit = BROKEN_GRACE_S if broken else self.stop_after_s
+            if first_end is not None and time.monotonic() - first_end > limit:
                 for node in running:
-                    log.error("node %d did not stop %.0fs after another node ended: killing it", node.rank,
-                              self.stop_after_s)
+                    log.error("node %d did not stop %.0fs after another node ended: killing it", node.rank, limit)
                     _kill_group(node.proc)
             time.sleep(0.2)
         _stop(self.store)
