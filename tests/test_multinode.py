@@ -164,3 +164,20 @@ def test_status_shows_each_node_of_an_attempt():
                                                          "ended_at": None, "exit": -9}]}]}
     text = format_ledger(ledger, now=200.0)
     assert "nodes" in text and "10.0.0.1" in text and "10.0.0.2" in text and "137" in text and "-9" in text
+
+
+def test_a_collective_error_from_a_lost_node_is_vanished_not_a_crash(monkeypatch):
+    """A rank whose peer died sees gloo's transport error: in a multi-node world that is the node's loss
+    (requeued, not counted as a crash, nothing recorded by this rank); on one node it stays a crash."""
+    import torch.distributed  # noqa: F401 - the error family the classifier looks for
+
+    from orchestrator.errors import classify_exception
+    from orchestrator.exitcodes import ExitClass
+
+    err = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                       "[127.0.0.1]:61118: Connection reset by peer.")
+    monkeypatch.setenv("ORCH_NNODES", "2")
+    lost = classify_exception(err)
+    assert (lost.exit_class, lost.exit_code, lost.record) == (ExitClass.VANISHED, 137, False)
+    monkeypatch.setenv("ORCH_NNODES", "1")
+    assert classify_exception(err).exit_class == ExitClass.CRASHED

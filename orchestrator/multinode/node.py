@@ -25,7 +25,7 @@ from orchestrator.multinode.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
-LOST = 128 + signal.SIGKILL  # classified as vanished by every engine and the supervisor
+LOST = exitcodes.LOST_NODE  # classified as vanished by every engine and the supervisor
 # codes a rank leaves after closing its attempt itself: a peer that ends so is no loss
 CLEAN = frozenset({exitcodes.COMPLETED, exitcodes.PREEMPTED, *exitcodes.final_codes()})
 
