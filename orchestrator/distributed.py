@@ -121,16 +121,10 @@ def _free_port() -> int:
 
 
 def launch_ranks(cfg, overrides: list[str], work_root: Path) -> int:
-    """Run the ranks under torchrun; return rank 0's exit code (a node of a multi-node world: its own)."""
+    """Run the ranks under torchrun; return rank 0's exit code (one node: ``orchestrator.multinode.node``
+    launches a node of a multi-node world)."""
     import psutil
 
-    from orchestrator.multinode import node_env
-
-    node = node_env(cfg)
-    if node is not None:
-        from orchestrator.multinode.node import run_node
-
-        return run_node(cfg, overrides, work_root, node)
     token = uuid.uuid4().hex[:12]
     exit_file = work_root / f"exit-{token}"
     work_root.mkdir(parents=True, exist_ok=True)
