@@ -7,14 +7,15 @@ model, CPU, gloo, a local storage folder): one node with one process at ``--batc
 two nodes (the local world: a store process and one worker per node, each on its own loopback address) with
 one process each at ``--batch`` rows, so both train on the same global batch. Start to first step is the
 ledger's measured restart split (``extra.restart.total_s``, rank 0's: its first step waits for every node);
-steps per second are the steady steps after the first, over the attempt's time after its first
-step. Prints a table, and ``--json`` the figures.
+steps per second are the Trainer's own ``train_steps_per_second`` (its training loop, the same measure on
+both sides). Prints a table, and ``--json`` the figures.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,9 +40,8 @@ def run(name: str, overrides: list[str], root: Path, steps: int) -> dict:
         raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     attempt = json.loads((storage / name / "ledger.json").read_text())["attempts"][-1]
     first = float(attempt["extra"]["restart"]["total_s"])
-    training = float(attempt["ended_at"]) - float(attempt["started_at"]) - first
-    return {"job": name, "start_to_first_step_s": round(first, 2),
-            "steps_per_s": round((int(attempt["step_end"]) - 1) / training, 2) if training > 0 else None,
+    rates = re.findall(r"'train_steps_per_second': '([0-9.]+)'", done.stdout + done.stderr)  # the Trainer's own
+    return {"job": name, "start_to_first_step_s": round(first, 2), "steps_per_s": float(rates[0]) if rates else None,
             "wall_s": round(wall, 1), "nodes": len(attempt.get("nodes") or [None])}
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"global batch {2 * args.batch} rows, {args.steps} steps, tiny model, CPU (gloo)")
     print(f"{'job':<10} {'nodes':>5} {'start to first step':>20} {'steps/s':>8} {'wall':>7}")
     for r in rows:
-        print(f"{r['job']:<10} {r['nodes']:>5} {r['start_to_first_step_s']:>19.1f}s {r['steps_per_s']:>8} "
+        print(f"{r['job']:<10} {r['nodes']:>5} {r['start_to_first_step_s']:>19.1f}s {r['steps_per_s'] or '-':>8} "
               f"{r['wall_s']:>6.0f}s")
     return 0
 
