@@ -70,12 +70,15 @@ def after_commit(proc, storage, run) -> int:
 
 
 @pytest.mark.e2e
-def test_losing_either_node_restarts_the_world_bit_identical(tmp_path, references):
+@pytest.mark.parametrize("mode", ["ddp", "zero2"])
+def test_losing_either_node_restarts_the_world_bit_identical(mode, tmp_path, references):
     """Node 1's agent and worker SIGKILLed mid-run, then (next attempt) the node of rank 0: the job completes
-    with the uninterrupted two-node run's weights, and every node of each attempt is in the ledger."""
+    with the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2), and every node
+    of each attempt is in the ledger."""
     storage = jobs.Storage(str(tmp_path / "runs"))
-    run = "two-nodes-kill"
-    proc = jobs.start_job(TWO_NODES + storage.overrides() + [f"run.name={run}"], tmp_path)
+    run = f"two-nodes-kill-{mode}"
+    common = TWO_NODES if mode == "ddp" else jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full")
+    proc = jobs.start_job(common + storage.overrides() + [f"run.name={run}"], tmp_path)
     try:
         for victim in (lambda: 1, lambda: node_holding_rank0(proc)):
             after_commit(proc, storage, run)
@@ -94,7 +97,7 @@ def test_losing_either_node_restarts_the_world_bit_identical(tmp_path, reference
     for attempt in ledger["attempts"]:
         assert [n["host"] for n in attempt["nodes"]] == ["127.0.0.1", "127.0.0.2"]
         assert all(n["started_at"] <= n["ended_at"] for n in attempt["nodes"])
-    assert jobs.final_digest(storage, run) == references.digest(TWO_NODES)
+    assert jobs.final_digest(storage, run) == references.digest(common)
 
 
 @pytest.mark.e2e
