@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from orchestrator.distributed import die_with_parent
 from orchestrator.multinode import NodeEnv
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,15 @@ class LocalWorld:
         port = free_port(host)
         self.rdzv_id = f"attempt-{uuid.uuid4().hex[:12]}"
         self.store = subprocess.Popen([sys.executable, "-m", "orchestrator.multinode.store", "--host", host,
-                                       "--port", str(port)], env=env, start_new_session=True)
+                                       "--port", str(port)], env=env, start_new_session=True,
+                                      preexec_fn=die_with_parent)  # a supervisor killed takes its world along
         wait_listening(host, port, self.store)
         self.nodes: list[NodeProcess] = []
         for rank in range(nnodes):
             node = NodeEnv(rank=rank, nnodes=nnodes, host=host, port=port, rdzv_id=self.rdzv_id,
                            addr=f"127.0.0.{rank + 1}")
-            proc = subprocess.Popen(list(command), env=dict(env, **node.as_env()), start_new_session=True)
+            proc = subprocess.Popen(list(command), env=dict(env, **node.as_env()), start_new_session=True,
+                                    preexec_fn=die_with_parent)
             self.nodes.append(NodeProcess(rank, node.addr, proc))
         self.pid = self.nodes[0].proc.pid
         self.returncode: Optional[int] = None
