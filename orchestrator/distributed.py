@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 from orchestrator.exitcodes import PREEMPTION_SIGNALS
@@ -72,11 +73,16 @@ def init_process_group() -> None:
     if world_size() <= 1 or dist.is_initialized():
         return
     die_with_parent()  # torchrun killed with its launcher takes the ranks along
+    from orchestrator.multinode import COLLECTIVE_TIMEOUT_ENV
+
+    # a multi-node world's launcher sets the collective timeout (never NCCL's 600 s or gloo's 30 min)
+    limit = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
+    timeout = {"timeout": timedelta(seconds=float(limit))} if limit else {}
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend="nccl")
+        dist.init_process_group(backend="nccl", **timeout)
     else:
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", **timeout)
 
 
 def broadcast(obj):
@@ -115,7 +121,8 @@ def _free_port() -> int:
 
 
 def launch_ranks(cfg, overrides: list[str], work_root: Path) -> int:
-    """Run the ranks under torchrun; return rank 0's exit code."""
+    """Run the ranks under torchrun; return rank 0's exit code (one node: ``orchestrator.multinode.node``
+    launches a node of a multi-node world)."""
     import psutil
 
     token = uuid.uuid4().hex[:12]
@@ -123,11 +130,8 @@ def launch_ranks(cfg, overrides: list[str], work_root: Path) -> int:
     work_root.mkdir(parents=True, exist_ok=True)
     nproc = cfg.distributed.processes_per_node
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--nnodes={cfg.distributed.nodes}", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
            *worker_argv(overrides, module_only=True)]
-    if cfg.distributed.nodes > 1:
-        cmd[3:6] = [f"--nnodes={cfg.distributed.nodes}", "--rdzv_backend=c10d",
-                    f"--rdzv_endpoint={os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"]
     env = dict(os.environ, ORCH_ATTEMPT_TOKEN=token, ORCH_EXIT_FILE=str(exit_file))
     # torchrun in its own session: a signal to our process group must reach the ranks
     # (which save and exit 75), not torchrun (which would kill them after its own timeout)
@@ -153,7 +157,7 @@ def launch_ranks(cfg, overrides: list[str], work_root: Path) -> int:
 
 
 def report_exit(code: int) -> None:
-    """Rank 0 leaves its exit code for the launcher."""
+    """Each node's first rank (rank 0 on one node) leaves its exit code for the node's launcher."""
     path = os.environ.get("ORCH_EXIT_FILE")
-    if path and is_main():
+    if path and int(os.environ.get("LOCAL_RANK", rank())) == 0:
         Path(path).write_text(str(code))

@@ -9,6 +9,7 @@ exception: it also recognises the config errors only the trainer sees
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -72,11 +73,27 @@ class Classified:
 
     @property
     def exit_code(self) -> int:
-        return exitcodes.outcome(self.exit_class).exit_code
+        code = exitcodes.outcome(self.exit_class).exit_code
+        return code if code is not None else exitcodes.LOST_NODE  # vanished: what a killed process exits with
 
     @property
     def record(self) -> bool:
-        return exitcodes.outcome(self.exit_class).ledger_status is not None
+        # a rank that lost its world leaves the attempt to whoever restarts the world (it is vanished, not ended)
+        return self.exit_class != ExitClass.VANISHED and exitcodes.outcome(self.exit_class).ledger_status is not None
+
+
+def lost_peer(err: BaseException) -> Optional[BaseException]:
+    """The collective library's error in ``err``'s chain when another node of a multi-node world is gone
+    (torch's ``DistError`` family, or gloo's transport error), else None; always None on one node."""
+    if int(os.environ.get("ORCH_NNODES", "1") or 1) <= 1:
+        return None
+    dist = sys.modules.get("torch.distributed")
+    dist_error = getattr(dist, "DistError", None)
+    for e in _chain(err):
+        if (dist_error is not None and isinstance(e, dist_error)) or (
+                isinstance(e, RuntimeError) and "gloo/transport" in str(e)):
+            return e
+    return None
 
 
 # Config errors that only the trainer sees, recognised by the library that raises them:
@@ -227,6 +244,10 @@ def classify_exception(err: BaseException, cfg: Any = None) -> Classified:
             key, fix = found
             return Classified(ExitClass.CONFIG_ERROR, f"{key}: the trainer refused it ({type(e).__name__}: {e}). "
                                                       f"Fix: {fix}. A retry would fail the same way.")
+    lost = lost_peer(err)
+    if lost is not None:  # restart-the-world: requeued as the node's loss, never counted as this code's crash
+        return Classified(ExitClass.VANISHED, f"another node of the world is gone ({type(lost).__name__}: "
+                                              f"{str(lost)[:200]}); this rank stops and the world restarts")
     if is_out_of_memory(err):
         kind = "host memory (RAM)" if any(isinstance(e, MemoryError) for e in _chain(err)) else "accelerator memory"
         return Classified(ExitClass.OUT_OF_MEMORY,

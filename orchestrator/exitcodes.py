@@ -22,6 +22,7 @@ CAPS_REACHED = 5  # the ledger's requeue caps are spent: never retried
 FENCED = 6  # another attempt holds a newer epoch: this one stepped aside
 OUT_OF_MEMORY = 7
 PREEMPTED = 75  # EX_TEMPFAIL: an emergency checkpoint was committed; requeue
+LOST_NODE = 128 + signal.SIGKILL  # a multi-node world broke: what a killed process exits with (vanished)
 
 
 class ExitClass(str, enum.Enum):

@@ -153,8 +153,9 @@ class Supervisor:
         for number in itertools.count(1):
             token = f"{socket.gethostname()}:{os.getpid()}:{number}"
             oom_before = oom_kill_count()
-            self.child = subprocess.Popen(self.command, env=dict(os.environ, **{LAUNCHED_BY_ENV: token}))
+            self.child = self._start(token)
             returncode = self._wait(self.child)
+            self._record_nodes(token)
             exit_class = refine_exit_class(classify_exit(returncode), oom_before, oom_kill_count())
             attempts, exit_class = self._attempts_with(exit_class, token)
             log.info("attempt exited with code %s (%s)", returncode, exit_class.value)
@@ -177,6 +178,25 @@ class Supervisor:
             if self.signalled is not None:
                 return exitcodes.PREEMPTED
         raise AssertionError("unreachable")
+
+    def _start(self, token: str):
+        """The attempt's child: the worker, or a multi-node world (the store and one worker per node)."""
+        env = dict(os.environ, **{LAUNCHED_BY_ENV: token})
+        nodes = int(self.cfg.distributed.nodes) if self.cfg.distributed.name != "none" else 1
+        if nodes <= 1:
+            return subprocess.Popen(self.command, env=env)
+        from orchestrator.multinode.timeouts import heartbeat_timeout_s
+        from orchestrator.multinode.world import STOP_MARGIN_S, LocalWorld
+
+        timeout = heartbeat_timeout_s(self.cfg.distributed.heartbeat_timeout, self._ledger_attempts())
+        return LocalWorld(self.command, env, nodes, stop_after_s=timeout + STOP_MARGIN_S)
+
+    def _record_nodes(self, token: str) -> None:
+        records = getattr(self.child, "node_records", None)
+        if records is not None:
+            from orchestrator.multinode.records import record_nodes
+
+            record_nodes(self.ledger, token, records())
 
     def _wait(self, child: subprocess.Popen) -> int:
         while True:

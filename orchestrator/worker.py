@@ -71,7 +71,14 @@ def _run(argv: list[str] | None = None) -> int:
         skip_unused_quantisation_stack(cfg)
         skip_unused_deepspeed(cfg)
         if dist.needs_launcher(cfg):
-            return dist.launch_ranks(cfg, overrides, Path(cfg.run.work_dir).expanduser().resolve() / cfg.run.name)
+            from orchestrator.multinode import node_env
+
+            node, work_root = node_env(cfg), Path(cfg.run.work_dir).expanduser().resolve() / cfg.run.name
+            if node is not None:  # one node of a multi-node world: its ranks, watched on the attempt's store
+                from orchestrator.multinode.node import run_node
+
+                return run_node(cfg, overrides, work_root, node)
+            return dist.launch_ranks(cfg, overrides, work_root)
         dist.init_process_group()
         from orchestrator.attempt.build import build_attempt
 

@@ -44,7 +44,18 @@ def trajectory_config(cfg) -> dict:
                 out[f"{group}.{key}"] = _stored_form(key, value)
     out["distributed.name"] = str(cfg.distributed.name)
     out["distributed.world_size"] = configured_world_size(cfg)
+    out.update(topology(cfg))
     return out
+
+
+def topology(cfg) -> dict:
+    """Nodes and processes per node: the same world size spread otherwise ranks its processes otherwise."""
+    one = cfg.distributed.name == "none"
+    return {"distributed.nodes": 1 if one else int(cfg.distributed.nodes),
+            "distributed.processes_per_node": 1 if one else int(cfg.distributed.processes_per_node)}
+
+
+_TOPOLOGY_DEFAULTS = {"distributed.nodes": 1}  # manifests written before the topology was recorded
 
 
 def check_resumable(manifest: dict, trajectory: dict, dataset_fp: str, cfg) -> None:
@@ -52,9 +63,20 @@ def check_resumable(manifest: dict, trajectory: dict, dataset_fp: str, cfg) -> N
     meta = manifest.get("meta", {})
     name = f"{manifest['step']:09d}-{manifest['epoch']:04d}"
     old = meta.get("trajectory", {})
+    if "distributed.world_size" in old and "distributed.nodes" not in old:  # written before topology was kept
+        old = dict(old, **_TOPOLOGY_DEFAULTS,
+                   **{"distributed.processes_per_node": trajectory.get("distributed.processes_per_node")})
     changed = [f"{k}: {old.get(k)!r} -> {trajectory.get(k)!r}" for k in sorted(set(old) | set(trajectory))
                if old.get(k) != trajectory.get(k)]
     old_world, new_world = old.get("distributed.world_size"), trajectory.get("distributed.world_size")
+    old_shape = (old.get("distributed.nodes"), old.get("distributed.processes_per_node"))
+    new_shape = (trajectory.get("distributed.nodes"), trajectory.get("distributed.processes_per_node"))
+    if old_world == new_world and old_shape != new_shape and not cfg.checkpoint.allow_config_change:
+        raise ConfigError(
+            f"checkpoint {name} of job {cfg.run.name!r} was written by {old_shape[0]} node(s) x {old_shape[1]} "
+            f"process(es); this attempt has {new_shape[0]} x {new_shape[1]}. Resume with distributed.nodes="
+            f"{old_shape[0]} distributed.processes_per_node={old_shape[1]} (and compute.nodes={old_shape[0]}), or set "
+            "checkpoint.allow_config_change=true to continue from the saved state (no longer bit-exact).")
     if old_world is not None and old_world != new_world and not cfg.checkpoint.allow_config_change:
         raise ConfigError(
             f"checkpoint {name} of job {cfg.run.name!r} was written by {old_world} training processes; this "

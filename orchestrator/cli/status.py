@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import math
 import time
 
 from orchestrator.cli.common import Parser, fail, format_bytes
@@ -96,6 +97,7 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
         ])
     out += ["", f"attempts ({len(attempts)})"]
     out.append(_table(["epoch", "host", "started", "duration", "exit class", "steps", "cost", "machine"], rows) if rows else "  none")
+    out += _node_table(attempts)
     out += explain_decisions(ledger)
     checkpoints = ledger.get("checkpoints", [])
     committed = int(ledger.get("checkpoints_committed", len(checkpoints)))
@@ -113,6 +115,17 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
 
 
 SHOWN_DECISIONS = 10
+
+
+def _node_table(attempts: list) -> list[str]:
+    """Each node of the multi-node attempts: its host, start, end and exit (the ledger's ``nodes``)."""
+    def when(value):  # the ledger is read from storage: a time that is no finite number shows as "-"
+        return _when(value) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+    rows = [[str(a.get("epoch")), str(n.get("node")), str(n.get("host")), when(n.get("started_at")),
+             when(n.get("ended_at")), str(n.get("exit"))]
+            for a in attempts if isinstance(a.get("nodes"), list) for n in a["nodes"] if isinstance(n, dict)]
+    return ["", "nodes", _table(["epoch", "node", "host", "started", "ended", "exit"], rows)] if rows else []
 
 
 def explain_decisions(ledger: dict) -> list[str]:

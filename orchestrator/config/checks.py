@@ -20,6 +20,7 @@ from orchestrator.config.durations import parse_deadline, parse_duration
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.evaluation import spec as bench_spec
+from orchestrator.multinode import checks as multinode_checks
 
 # letters, digits, '.', '_', '-', starting and ending with a letter or digit, at most 63 characters:
 # a valid Kubernetes label value, Slurm job name and storage prefix (Kubernetes object names derive from it)
@@ -406,4 +407,5 @@ def check_lr_scheduler(cfg: DictConfig) -> None:
 CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _check_data, _check_durations, _check_schedule, _check_counts,
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
-          _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS)
+          _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS,
+          *multinode_checks.CHECKS)

@@ -235,7 +235,8 @@ class BackendConfig:
 class DistributedConfig:
     name: Distributed = Distributed.none  # none | ddp | zero2 | zero3 | fsdp
     processes_per_node: int = 1  # training processes per machine (one per GPU)
-    nodes: int = 1  # machines (multi-node runs need a backend that starts one worker per node)
+    nodes: int = 1  # machines (one worker per node, restarted together: docs/scale-out.md); equals compute.nodes
+    heartbeat_timeout: str = "auto"  # multi-node: a node silent this long ends the attempt as vanished (auto: from measured step and save times)
     cpu_offload: bool = False  # ZeRO/FSDP: keep optimizer state (zero3/fsdp: also params) in CPU memory
 
 

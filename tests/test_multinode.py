@@ -1,0 +1,183 @@
+"""Units of the multi-node runtime: the node environment, the watchdog on a real TCPStore, the world's one
+outcome, the launch checks, the topology in the trajectory fingerprint, the ledger's nodes in status."""
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from orchestrator.config.compose import compose_config
+from orchestrator.errors import ConfigError
+from orchestrator.multinode import NodeEnv, node_env
+from orchestrator.multinode.watchdog import Watchdog
+from orchestrator.multinode.world import free_port, world_code
+
+TWO = ["distributed=ddp", "distributed.processes_per_node=1", "distributed.nodes=2", "compute.nodes=2"]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def store_port():
+    from orchestrator.multinode.store import serve
+
+    port, ready, stop = free_port(), threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    yield port
+    stop.set()
+    thread.join(10)
+
+
+def watchdogs(port, clock, timeout=5.0):
+    from orchestrator.multinode.store import connect
+
+    return [Watchdog(connect("127.0.0.1", port, 5), rank, 2, "rdzv-1", timeout, clock=clock) for rank in (0, 1)]
+
+
+def test_a_silent_peer_is_lost_after_the_timeout_and_not_before(store_port):
+    clock = Clock()
+    zero, one = watchdogs(store_port, clock)
+    for t in (1.0, 2.0, 3.0):
+        clock.now = t
+        assert one.tick().lost is None and zero.tick().lost is None
+    for t in (6.0, 8.0):  # node 1 frozen from t=3: node 0 keeps beating
+        clock.now = t
+        assert zero.tick().lost is None
+    clock.now = 8.5
+    lost = zero.tick().lost
+    assert lost is not None and "node 1 sent no heartbeat for 5.5s" in lost
+
+
+def test_a_notice_reaches_every_other_node_once_and_a_done_peer_is_no_loss(store_port):
+    clock = Clock()
+    zero, one = watchdogs(store_port, clock)
+    one.announce_notice(signal.SIGTERM)
+    assert zero.tick().notice == signal.SIGTERM
+    assert zero.tick().notice is None
+    one.done(0)
+    clock.now = 60.0
+    verdict = zero.tick()
+    assert verdict.lost is None and verdict.peers_done == {1: 0}
+
+
+def test_an_abort_stops_every_node(store_port):
+    zero, one = watchdogs(store_port, Clock())
+    one.abort("its ranks exited with 1 without an outcome")
+    assert "node 1: its ranks exited with 1" in zero.tick().lost
+
+
+def test_an_unreachable_store_is_a_lost_world_after_the_timeout():
+    clock = Clock()
+
+    class Gone:
+        def add(self, *_):
+            raise RuntimeError("connection reset")
+
+    dog = Watchdog(Gone(), 0, 2, "r", 5.0, clock=clock)
+    clock.now = 1.0
+    assert dog.tick().lost is None
+    clock.now = 6.0
+    assert "store has not answered" in dog.tick().lost
+
+
+def test_the_world_has_one_outcome():
+    assert world_code([0, 0]) == 0
+    assert world_code([75, 75]) == 75
+    assert world_code([137, -9]) == 137  # a node lost: vanished, requeued
+    assert world_code([0, -signal.SIGKILL]) == 137
+    assert world_code([4, 4]) == 4
+
+
+def test_the_node_environment_is_read_and_checked():
+    cfg = compose_config(TWO + ["run.name=mn"], launch_checks=False)
+    env = NodeEnv(rank=1, nnodes=2, host="10.0.0.5", port=29400, rdzv_id="a1").as_env()
+    assert node_env(cfg, env) == NodeEnv(rank=1, nnodes=2, host="10.0.0.5", port=29400, rdzv_id="a1")
+    with pytest.raises(ConfigError, match="ORCH_NODE_RANK, ORCH_NNODES, ORCH_STORE, ORCH_RDZV_ID"):
+        node_env(cfg, {})
+    with pytest.raises(ConfigError, match="do not fit distributed.nodes=2"):
+        node_env(cfg, dict(env, ORCH_NODE_RANK="2"))
+    assert node_env(compose_config(["run.name=one"], launch_checks=False), env) is None
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["distributed.nodes=2", "distributed=ddp"], "compute.nodes=2"),
+    (["distributed.nodes=2", "compute.nodes=2"], "distributed=none trains on one process"),
+    (TWO + ["distributed.heartbeat_timeout=0s"], "distributed.heartbeat_timeout='0s' must be positive"),
+    (TWO + ["distributed.heartbeat_timeout=soon"], "is not a duration"),
+])
+def test_a_bad_multi_node_config_is_refused_at_launch(extra, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        compose_config(extra + ["run.name=mn"])
+
+
+def test_auto_heartbeat_timeout_follows_the_measured_steps_and_saves():
+    from orchestrator.multinode.timeouts import DEFAULT_S, FLOOR_S, collective_timeout_s, heartbeat_timeout_s
+
+    assert heartbeat_timeout_s("auto") == DEFAULT_S
+    assert heartbeat_timeout_s("45s") == 45.0
+    slow = [{"epoch": 1, "exit_class": "vanished", "started_at": 0.0, "ended_at": 110.0, "step_start": 0,
+             "step_end": 11, "extra": {"restart": {"total_s": 10.0},
+                                       "checkpoint_interval": {"cost_source": "measured", "checkpoint_cost_s": 6.0}}}]
+    assert heartbeat_timeout_s("auto", slow) == pytest.approx(3 * 10.0 + 6.0)
+    fast = [dict(slow[0], ended_at=11.0, extra={"restart": {"total_s": 1.0}})]
+    assert heartbeat_timeout_s("auto", fast) == FLOOR_S
+    assert collective_timeout_s(30.0) == 120.0 and collective_timeout_s(60.0) == 240.0
+
+
+def test_another_topology_of_the_same_world_size_is_refused_with_the_fix():
+    from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
+
+    two_by_one = compose_config(TWO + ["run.name=mn"], launch_checks=False)
+    one_by_two = compose_config(["distributed=ddp", "distributed.processes_per_node=2", "run.name=mn"],
+                                launch_checks=False)
+    manifest = {"step": 10, "epoch": 1, "meta": {"trajectory": trajectory_config(two_by_one)}}
+    check_resumable(manifest, trajectory_config(two_by_one), "", two_by_one)
+    with pytest.raises(ConfigError, match=r"written by 2 node\(s\) x 1 process\(es\); this attempt has 1 x 2"):
+        check_resumable(manifest, trajectory_config(one_by_two), "", one_by_two)
+
+
+def test_a_manifest_from_before_the_topology_was_kept_still_resumes_on_one_node():
+    from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
+
+    cfg = compose_config(["distributed=ddp", "distributed.processes_per_node=2", "run.name=mn"], launch_checks=False)
+    old = {k: v for k, v in trajectory_config(cfg).items() if k not in ("distributed.nodes",
+                                                                         "distributed.processes_per_node")}
+    check_resumable({"step": 1, "epoch": 1, "meta": {"trajectory": old}}, trajectory_config(cfg), "", cfg)
+
+
+def test_status_shows_each_node_of_an_attempt():
+    from orchestrator.cli.status import format_ledger
+
+    ledger = {"run_name": "mn", "attempts": [{"epoch": 1, "host": "h", "exit_class": "vanished", "started_at": 100.0,
+                                              "nodes": [{"node": 0, "host": "10.0.0.1", "started_at": 100.0,
+                                                         "ended_at": 160.0, "exit": 137},
+                                                        {"node": 1, "host": "10.0.0.2", "started_at": "x",
+                                                         "ended_at": None, "exit": -9}]}]}
+    text = format_ledger(ledger, now=200.0)
+    assert "nodes" in text and "10.0.0.1" in text and "10.0.0.2" in text and "137" in text and "-9" in text
+
+
+def test_a_collective_error_from_a_lost_node_is_vanished_not_a_crash(monkeypatch):
+    """A rank whose peer died sees gloo's transport error: in a multi-node world that is the node's loss
+    (requeued, not counted as a crash, nothing recorded by this rank); on one node it stays a crash."""
+    import torch.distributed  # noqa: F401 - the error family the classifier looks for
+
+    from orchestrator.errors import classify_exception
+    from orchestrator.exitcodes import ExitClass
+
+    err = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                       "[127.0.0.1]:61118: Connection reset by peer.")
+    monkeypatch.setenv("ORCH_NNODES", "2")
+    lost = classify_exception(err)
+    assert (lost.exit_class, lost.exit_code, lost.record) == (ExitClass.VANISHED, 137, False)
+    monkeypatch.setenv("ORCH_NNODES", "1")
+    assert classify_exception(err).exit_class == ExitClass.CRASHED

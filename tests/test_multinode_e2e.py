@@ -1,0 +1,150 @@
+"""Two nodes on this host (the local backend's world: a store process and one worker per node, each in its
+own process group with its own loopback address), CPU, gloo, the tiny model: restart-the-world.
+
+Every interrupted job is compared with one uninterrupted two-node run of the same trajectory (shared through
+``references``): its final weights must be byte-identical.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.helpers import jobs
+
+HEARTBEAT_S = 5
+TWO_NODES = [o for o in jobs.FAST if not o.startswith("train.max_steps")] + [
+    "train.max_steps=30", "distributed=ddp", "distributed.processes_per_node=1", "distributed.nodes=2",
+    "compute.nodes=2", f"distributed.heartbeat_timeout={HEARTBEAT_S}s"]
+
+
+def nodes_of(proc) -> dict[int, psutil.Process]:
+    """The current attempt's node launchers (the supervisor's worker children), by ORCH_NODE_RANK."""
+    out = {}
+    try:
+        kids = psutil.Process(proc.pid).children()
+    except psutil.NoSuchProcess:
+        return out
+    for kid in kids:
+        try:
+            env = kid.environ()
+            if "orchestrator.worker" in " ".join(kid.cmdline()) and "ORCH_NODE_RANK" in env:
+                out[int(env["ORCH_NODE_RANK"])] = kid
+        except psutil.Error:
+            continue
+    return out
+
+
+def node_holding_rank0(proc) -> int:
+    def find():
+        for number, node in nodes_of(proc).items():
+            for p in node.children(recursive=True):
+                try:
+                    if p.environ().get("RANK") == "0" and "orchestrator.worker" in " ".join(p.cmdline()):
+                        return str(number)
+                except psutil.Error:
+                    continue
+        return None
+
+    return int(jobs.wait_for(find, 300, "the node holding rank 0"))
+
+
+def whole_node(node: psutil.Process) -> list[psutil.Process]:
+    """A node's launcher, its torchrun agent and its workers: what a machine's loss takes."""
+    return [node, *node.children(recursive=True)]
+
+
+def signal_node(node: psutil.Process, how) -> None:
+    for p in whole_node(node):
+        try:
+            how(p)
+        except psutil.Error:
+            pass
+
+
+def after_commit(proc, storage, run) -> int:
+    seen = jobs.committed_steps(storage, run)
+    return jobs.wait_for_new_checkpoint(storage, run, proc, seen[-1] if seen else 0)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["ddp", "zero2"])
+def test_losing_either_node_restarts_the_world_bit_identical(mode, tmp_path, references):
+    """Node 1's agent and worker SIGKILLed mid-run, then (next attempt) the node of rank 0: the job completes
+    with the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2), and every node
+    of each attempt is in the ledger."""
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    run = f"two-nodes-kill-{mode}"
+    common = TWO_NODES if mode == "ddp" else jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full")
+    proc = jobs.start_job(common + storage.overrides() + [f"run.name={run}"], tmp_path)
+    try:
+        for victim in (lambda: 1, lambda: node_holding_rank0(proc)):
+            after_commit(proc, storage, run)
+            number = victim()
+            node = nodes_of(proc)[number]
+            signal_node(node, lambda p: p.kill())
+            jobs.wait_for(lambda: node.pid not in {n.pid for n in nodes_of(proc).values()}, 120, "a new attempt")
+        rc = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            jobs.kill_group(proc)
+    log = jobs.log_text(tmp_path)
+    assert rc == 0, log[-4000:]
+    ledger = jobs.ledger(storage, run)
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "vanished", "completed"], log[-3000:]
+    for attempt in ledger["attempts"]:
+        assert [n["host"] for n in attempt["nodes"]] == ["127.0.0.1", "127.0.0.2"]
+        assert all(n["started_at"] <= n["ended_at"] for n in attempt["nodes"])
+    assert jobs.final_digest(storage, run) == references.digest(common)
+
+
+@pytest.mark.e2e
+def test_a_frozen_node_ends_the_attempt_vanished_within_the_heartbeat_timeout(tmp_path, references):
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    run = "two-nodes-stop"
+    proc = jobs.start_job(TWO_NODES + storage.overrides() + [f"run.name={run}"], tmp_path)
+    try:
+        after_commit(proc, storage, run)
+        node = nodes_of(proc)[1]
+        signal_node(node, lambda p: p.suspend())  # SIGSTOP: the node is there and silent
+        stopped = time.monotonic()
+        jobs.wait_for(lambda: not node.is_running() or node.status() == psutil.STATUS_ZOMBIE, 120,
+                      "the frozen node's attempt to end")
+        took = time.monotonic() - stopped
+        rc = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            jobs.kill_group(proc)
+    log = jobs.log_text(tmp_path)
+    assert rc == 0, log[-4000:]
+    assert jobs.attempt_classes(storage, run) == ["vanished", "completed"]
+    assert "node 1 sent no heartbeat for" in log
+    # noticed at the timeout (plus a tick), the ranks killed, the frozen node killed after a short grace
+    assert took < HEARTBEAT_S + 15, took
+    assert jobs.final_digest(storage, run) == references.digest(TWO_NODES)
+
+
+@pytest.mark.e2e
+def test_a_notice_to_one_node_commits_one_emergency_checkpoint_of_both(tmp_path, references):
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    run = "two-nodes-notice"
+    proc = jobs.start_job(TWO_NODES + storage.overrides() + [f"run.name={run}"], tmp_path)
+    try:
+        after_commit(proc, storage, run)
+        nodes_of(proc)[1].send_signal(signal.SIGTERM)  # node 1's launcher only: its spot notice
+        jobs.wait_for(lambda: len(jobs.attempt_classes(storage, run)) == 2, 300, "the second attempt")
+        rc = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            jobs.kill_group(proc)
+    log = jobs.log_text(tmp_path)
+    assert rc == 0, log[-4000:]
+    ledger = jobs.ledger(storage, run)
+    first, second = ledger["attempts"]
+    assert [first["exit_class"], second["exit_class"]] == ["preempted", "completed"]
+    assert [n["exit"] for n in first["nodes"]] == [75, 75]  # both nodes saved and stopped
+    assert first["checkpoint_step_end"] == first["step_end"] == second["step_start"]  # one emergency checkpoint
+    assert "another node got SIGTERM" in log
+    assert jobs.final_digest(storage, run) == references.digest(TWO_NODES)
