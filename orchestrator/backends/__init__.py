@@ -256,13 +256,3 @@ def grace_seconds(cfg: Any) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
-
-def single_node(cfg: Any, backend: str) -> None:
-    """Refuse multi-node jobs: each job starts one worker process, which trains on one node."""
-    if int(cfg.compute.nodes) != 1:
-        raise ConfigError(
-            f"compute.nodes={cfg.compute.nodes}: the {backend} backend runs one node per job. "
-            "Use compute.nodes=1 (more GPUs per node: compute.gpus_per_node)."
-        )
-
-
