@@ -58,13 +58,14 @@ echo "slurm job $SLURM_JOB_ID: store at ${store_env} (pid $store_pid), {nodes} n
 _NODE_TASK = r"""export {rank}="$SLURM_NODEID"
 {command} &
 pid=$!
-for s in USR1 TERM INT; do trap "kill -s $s $pid 2>/dev/null" "$s"; done
+for s in USR1 TERM INT; do trap "signalled=1; kill -s $s $pid 2>/dev/null" "$s"; done
 rc=""
 while :; do
+  signalled=0
   wait "$pid"; status=$?
   if [ "$status" -eq 127 ] && [ -n "$rc" ]; then break; fi
   rc=$status
-  kill -0 "$pid" 2>/dev/null || break
+  [ "$signalled" = 1 ] || break
 done
 if [ "$SLURM_NODEID" = 0 ]; then echo "$rc" > "${exit_env}"; fi
 exit "$rc"
