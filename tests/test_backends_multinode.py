@@ -134,11 +134,14 @@ def test_skypilot_task_for_two_nodes_loads_with_skypilots_own_parser(tmp_path):
     path = tmp_path / "task.yaml"
     path.write_text(get_backend("skypilot").render(cfg, overrides))
     check = ("import json, sys, yaml, sky; t = sky.Task.from_yaml_config(yaml.safe_load(open(sys.argv[1])));"
-             "print(json.dumps({'num_nodes': t.num_nodes, 'run': t.run}))")
+             "(r,) = list(t.resources);"
+             "print(json.dumps({'num_nodes': t.num_nodes, 'run': t.run, 'recovery': r.job_recovery}))")
     done = subprocess.run([SKYPILOT_PYTHON, "-c", check, str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     task = json.loads(done.stdout.strip().splitlines()[-1])
     assert task["num_nodes"] == 2
+    # a node whose peer was lost exits 137 (vanished): recovered like a preemption, not counted as an error
+    assert task["recovery"]["recover_on_exit_codes"] == [75, 137]
     run = task["run"]
     assert 'head="$(echo "$SKYPILOT_NODE_IPS" | head -n 1)"' in run
     assert 'ORCH_NODE_RANK="$SKYPILOT_NODE_RANK"' in run and 'ORCH_STORE="$head:29400"' in run

@@ -77,7 +77,12 @@ def output_text(path: Path) -> str:
 @pytest.mark.e2e
 @pytest.mark.slurm
 def test_two_node_slurm_job_requeued_after_a_node_is_killed_completes_byte_identical(tmp_path, references):
+    from recipes.tiny import ensure_tiny_model
+
     env = {**jobs.job_env(tmp_path), **ensure_slurm_two_nodes()}  # sbatch exports it to the job
+    # built here first: a first build inside the job would race between the nodes' ranks (seen here: the
+    # model folder committed with the tokenizer only when node 1's rank built it)
+    ensure_tiny_model()
     storage = jobs.Storage(str(tmp_path / "runs"))
     common = jobs.with_overrides(jobs.FAST, f"train.max_steps={MAX_STEPS}", "train.logging_steps=20") + TWO_NODES
     common += storage.overrides()

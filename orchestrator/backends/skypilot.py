@@ -60,6 +60,7 @@ from orchestrator.policy.deadline import SPOT
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
 LAUNCH_TIMEOUT_SECONDS = 1800  # sky jobs launch waits for the controller, which may need provisioning
 DEFAULT_SETUP = "pip install -e ."
+LOST_PEER = 128 + 9  # SIGKILL: how a node ends whose peer was lost (restart-the-world)
 
 def accelerator(cfg: Any) -> str | None:
     """"<GPU>:<count>" for SkyPilot, or None for a CPU-only job."""
@@ -134,7 +135,9 @@ def _resources(cfg: Any, capacity: str, settings: Any) -> dict:
         "job_recovery": {
             "strategy": RECOVERY_STRATEGY,
             "max_restarts_on_errors": int(cfg.requeue.max_failures),
-            "recover_on_exit_codes": [exitcodes.PREEMPTED],
+            # several nodes: a node whose peer was lost stops its ranks and exits 128+SIGKILL (vanished, like
+            # the peer's preemption it follows), recovered like 75; the ledger's max_preemptions still bounds it
+            "recover_on_exit_codes": [exitcodes.PREEMPTED] + ([LOST_PEER] if int(cfg.compute.nodes) > 1 else []),
         },
     }
     if accelerator(cfg):
