@@ -14,6 +14,8 @@
 # with `scontrol show node` (the sbatch script does: orchestrator/backends/slurm_nodes.py).
 # Env: SLURM_UP_TIMEOUT_SECONDS (default 90).
 set -euo pipefail
+# shellcheck source=.ci/slurm-lib.sh
+. "$(dirname "$0")/slurm-lib.sh"
 
 TIMEOUT_SECONDS="${SLURM_UP_TIMEOUT_SECONDS:-90}"
 PARTITION=multi
@@ -40,39 +42,20 @@ if [ -f "$SLURM_CONF" ] && cluster_works; then
   exit 0
 fi
 
-if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
-  say "installing slurm-wlm and munge"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null; } \
-    || die "apt-get install slurm-wlm munge did not succeed"
-fi
+slurm_install
 
 HOST="$(hostname -s)"
 mkdir -p "$CONF_DIR" "$STATE_DIR" "$LOG_DIR" "$RUN_DIR" /run/munge
 for node in $NODES; do mkdir -p "$STATE_DIR/$node"; done
-cat > "$SLURM_CONF.new" <<CONF
+{
+cat <<CONF
 # written by .ci/slurm-two-nodes-up.sh: two nodes on one host (multiple slurmd), for multi-node tests
 ClusterName=twonodes
 SlurmctldHost=${HOST}(127.0.0.1)
 SlurmctldPort=${CTLD_PORT}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-JobRequeue=1
-ReturnToService=2
-MpiDefault=none
-SchedulerType=sched/backfill
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-KillWait=30
-SlurmctldTimeout=30
-SlurmdTimeout=30
+CONF
+slurm_common_conf
+cat <<CONF
 StateSaveLocation=${STATE_DIR}
 SlurmdSpoolDir=${STATE_DIR}/%n
 SlurmctldPidFile=${RUN_DIR}/slurmctld.pid
@@ -83,25 +66,14 @@ NodeName=n1 NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=6921 CPUs=1 RealMemory=
 NodeName=n2 NodeHostname=${HOST} NodeAddr=127.0.0.1 Port=6922 CPUs=1 RealMemory=4000 State=UNKNOWN
 PartitionName=${PARTITION} Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
 CONF
+} > "$SLURM_CONF.new"
 config_changed=1
 if [ -f "$SLURM_CONF" ] && cmp -s "$SLURM_CONF" "$SLURM_CONF.new"; then config_changed=0; fi
 mv "$SLURM_CONF.new" "$SLURM_CONF"
 
 # munge: shared with the one-node cluster (the same key; started once)
-if [ ! -s /etc/munge/munge.key ]; then
-  mkdir -p /etc/munge
-  if command -v mungekey >/dev/null; then mungekey --create --force >/dev/null; else dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 2>/dev/null; fi
-fi
-chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
-chmod 0700 /etc/munge && chmod 0400 /etc/munge/munge.key
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  say "starting munged"
-  runuser -u munge -- /usr/sbin/munged || die "munged did not start (see /var/log/munge/munged.log)"
-  sleep 1
-  munge -n | unmunge >/dev/null 2>&1 || die "munge cannot encode and decode a credential"
-fi
+munge_up
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 if [ "$config_changed" = 1 ]; then
   for pidfile in "$RUN_DIR"/slurmd-*.pid "$RUN_DIR"/slurmctld.pid; do
     if pid_alive "$pidfile"; then kill "$(cat "$pidfile")"; sleep 1; fi

@@ -48,7 +48,7 @@ from orchestrator.backends import (
     worker_command,
     worker_invocation,
 )
-from orchestrator.backends.slurm_nodes import node_options, nodes_parts
+from orchestrator.backends.slurm_nodes import node_options, nodes_parts, wait_loop
 from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError
 
@@ -82,16 +82,7 @@ trap 'forward INT' INT
 {capacity_env}{nodes_start}echo "slurm job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): starting the worker" >&2
 {command} &
 worker_pid=$!
-rc=""
-while :; do
-  signalled=0
-  wait "$worker_pid"; status=$?
-  # 127: the status was already collected by an earlier wait
-  if [ "$status" -eq 127 ] && [ -n "$rc" ]; then break; fi
-  rc=$status
-  [ "$signalled" = 1 ] || break
-done
-{nodes_exit}
+{wait_loop}{nodes_exit}
 case "$rc" in
   {final_codes})
     echo "slurm job $SLURM_JOB_ID: worker exited $rc (final); not requeued" >&2
@@ -231,6 +222,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     body = _BODY.format(
         nodes_start=nodes_start,
         nodes_exit=nodes_exit,
+        wait_loop=wait_loop("worker_pid"),
         exports=exports,
         capacity_env=capacity_env,
         capacity_move=capacity_move,

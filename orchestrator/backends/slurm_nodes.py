@@ -59,15 +59,7 @@ _NODE_TASK = r"""export {rank}="$SLURM_NODEID"
 {command} &
 pid=$!
 for s in USR1 TERM INT; do trap "signalled=1; kill -s $s $pid 2>/dev/null" "$s"; done
-rc=""
-while :; do
-  signalled=0
-  wait "$pid"; status=$?
-  if [ "$status" -eq 127 ] && [ -n "$rc" ]; then break; fi
-  rc=$status
-  [ "$signalled" = 1 ] || break
-done
-if [ "$SLURM_NODEID" = 0 ]; then echo "$rc" > "${exit_env}"; fi
+{wait_loop}if [ "$SLURM_NODEID" = 0 ]; then echo "$rc" > "${exit_env}"; fi
 exit "$rc"
 """
 
@@ -77,6 +69,15 @@ _NODES_EXIT = r"""if [ -s "${exit_env}" ]; then
 fi
 rm -f "${exit_env}"
 """
+
+
+def wait_loop(pid_var: str) -> str:
+    """Bash that waits for ``$<pid_var>``'s real exit status into ``$rc``: a signal interrupts ``wait`` (its trap,
+    which sets ``signalled=1``, forwards it), so the loop waits again until the process itself has ended."""
+    return ('rc=""\nwhile :; do\n  signalled=0\n  wait "$' + pid_var + '"; status=$?\n'
+            "  # 127: the status was already collected by an earlier wait\n"
+            '  if [ "$status" -eq 127 ] && [ -n "$rc" ]; then break; fi\n  rc=$status\n'
+            '  [ "$signalled" = 1 ] || break\ndone\n')
 
 
 def node_options(cfg: Any) -> list[str]:
@@ -95,7 +96,7 @@ def nodes_parts(cfg: Any, command: str, python: str) -> tuple[str, str, str]:
                  rank=NODE_RANK_ENV)
     start = _NODES_START.format(nodes=nodes, python=shlex.quote(python), ready=STORE_READY_SECONDS,
                                 store=store_command(python, '"$head_addr"', '"$store_port"'), **names)
-    task = _NODE_TASK.format(command=command, **names)
+    task = _NODE_TASK.format(command=command, wait_loop=wait_loop("pid"), **names)
     srun = shlex.join(["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
                        f"--wait={grace_seconds(cfg) + NODE_EXIT_MARGIN_SECONDS}", "bash", "-c", task])
     return start, srun, _NODES_EXIT.format(**names)
