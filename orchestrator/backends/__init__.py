@@ -3,8 +3,9 @@
 Each backend is a module with the same two functions:
 
 - ``render(cfg, overrides) -> str``: the exact text that would be submitted
-  (an sbatch script, a SkyPilot task YAML, a Kubernetes Job manifest). Pure:
-  no files, no processes. ``backend.dry_run=true`` prints it.
+  (an sbatch script, a SkyPilot task YAML, a Kubernetes Job manifest, or a
+  JobSet for several nodes: ``multinode.py``). Pure: no files, no processes.
+  ``backend.dry_run=true`` prints it.
 - ``submit(cfg, overrides) -> str``: submit it and return the engine's job id.
 
 ``cfg`` is the composed job config and ``overrides`` the user's Hydra
