@@ -5,7 +5,7 @@ The cluster is .ci/slurm-two-nodes-up.sh's: two slurmd daemons on this host (nod
 "multi"), a cluster of its own beside the one-node one. The job is launched as a user launches it
 (``python -m orchestrator.launch backend=slurm distributed.nodes=2 compute.nodes=2 ...``); its sbatch script
 starts the rendezvous store on the first host and one ``srun`` of the worker on both nodes. Once the job has
-committed a checkpoint, every process of node 1's task (the task's shell, the node's worker, its torchrun
+committed a checkpoint at step 30 or later, every process of node 1's task (the task's shell, the node's worker, its torchrun
 agent and rank) is SIGKILLed, as when a machine is lost: node 0 stops (restart-the-world), the batch script
 requeues the job with node 0's exit code, and the next attempt starts both nodes from the last committed
 checkpoint. Slurm holds a requeued job for about two minutes; the test releases it with ``StartTime=now``.
@@ -27,7 +27,8 @@ from tests.helpers.slurm_cluster import ensure_slurm_two_nodes
 
 pytestmark = pytest.mark.xdist_group("slurm-two-nodes")  # two nodes: their tests run one at a time
 
-MAX_STEPS = 120  # long enough that the job still trains when node 1 is killed after its first checkpoint
+MAX_STEPS = 120  # long enough that the job still trains when node 1 is killed
+KILL_AFTER_STEP = 30  # a checkpoint at this step or later is committed before the kill: the resume is mid-run
 TWO_NODES = ["distributed=ddp", "distributed.processes_per_node=1", "distributed.nodes=2", "compute.nodes=2"]
 SCONTROL_TIMEOUT_SECONDS = 30
 JOB_START_TIMEOUT_SECONDS = 600
@@ -101,9 +102,11 @@ def test_two_node_slurm_job_requeued_after_a_node_is_killed_completes_byte_ident
             state = job_state(env, job_id)
             if state in FINAL_JOB_STATES | {"GONE"}:
                 raise AssertionError(f"job {job_id} ended ({state}) before a checkpoint:\n{output_text(out_file)}")
-            return state == "RUNNING" and jobs.committed_steps(storage, run) and node_processes(job_id, 1)
+            steps = jobs.committed_steps(storage, run)
+            return state == "RUNNING" and steps and steps[-1] >= KILL_AFTER_STEP and node_processes(job_id, 1)
 
-        jobs.wait_for(trained_a_while, JOB_START_TIMEOUT_SECONDS, f"two-node job {job_id} to commit a checkpoint", 0.2)
+        jobs.wait_for(trained_a_while, JOB_START_TIMEOUT_SECONDS, f"two-node job {job_id} to commit step {KILL_AFTER_STEP}",
+                      0.2)
         assert jobs.ledger(storage, run)["status"] == "running", "the job completed before the kill: raise MAX_STEPS"
         killed_after = jobs.committed_steps(storage, run)[-1]
 
