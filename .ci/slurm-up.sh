@@ -12,6 +12,8 @@
 # Besides the default partition, two more on the same node, "spot" and "ondemand", so a job can be moved from
 # one to the other (run.deadline with backend.partition=spot backend.on_demand_partition=ondemand).
 set -euo pipefail
+# shellcheck source=.ci/slurm-lib.sh
+. "$(dirname "$0")/slurm-lib.sh"
 
 TIMEOUT_SECONDS="${SLURM_UP_TIMEOUT_SECONDS:-90}"
 PARTITION="${SLURM_PARTITION:-debug}"
@@ -37,40 +39,21 @@ if cluster_works; then
 fi
 
 # 1. packages
-if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
-  say "installing slurm-wlm and munge"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null && apt-get install -y -q slurm-wlm munge >/dev/null; } \
-    || die "apt-get install slurm-wlm munge did not succeed"
-fi
+slurm_install
 
 # 2. config: this host, as slurmd itself measures it
 HOST="$(hostname -s)"
 NODE_LINE="$(slurmd -C | grep '^NodeName=' | sed 's/ UpTime=.*//')" || die "slurmd -C could not describe this host"
 [ -n "$NODE_LINE" ] || die "slurmd -C printed no NodeName line"
 mkdir -p "$CONF_DIR" "$LOG_DIR" /var/spool/slurmctld /var/spool/slurmd /run/munge
-cat > "$CONF_DIR/slurm.conf.new" <<CONF
+{
+cat <<CONF
 # written by .ci/slurm-up.sh: a one-node cluster for tests
 ClusterName=ci
 SlurmctldHost=${HOST}(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-JobRequeue=1
-ReturnToService=2
-MpiDefault=none
-SchedulerType=sched/backfill
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-KillWait=30
-SlurmctldTimeout=30
-SlurmdTimeout=30
+CONF
+slurm_common_conf
+cat <<CONF
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
@@ -80,6 +63,7 @@ SlurmdLogFile=${LOG_DIR}/slurmd.log
 ${NODE_LINE} NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=${PARTITION} Nodes=${HOST} Default=YES MaxTime=INFINITE State=UP
 CONF
+} > "$CONF_DIR/slurm.conf.new"
 for p in $EXTRA_PARTITIONS; do
   echo "PartitionName=${p} Nodes=${HOST} Default=NO MaxTime=INFINITE State=UP" >> "$CONF_DIR/slurm.conf.new"
 done
@@ -88,21 +72,8 @@ if [ -f "$CONF_DIR/slurm.conf" ] && cmp -s "$CONF_DIR/slurm.conf" "$CONF_DIR/slu
 mv "$CONF_DIR/slurm.conf.new" "$CONF_DIR/slurm.conf"
 
 # 3. daemons
-if [ ! -s /etc/munge/munge.key ]; then
-  say "creating a munge key"
-  mkdir -p /etc/munge
-  if command -v mungekey >/dev/null; then mungekey --create --force >/dev/null; else dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 2>/dev/null; fi
-fi
-chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
-chmod 0700 /etc/munge && chmod 0400 /etc/munge/munge.key
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  say "starting munged"
-  runuser -u munge -- /usr/sbin/munged || die "munged did not start (see /var/log/munge/munged.log)"
-  sleep 1
-  munge -n | unmunge >/dev/null 2>&1 || die "munge cannot encode and decode a credential"
-fi
+munge_up
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 if [ "$config_changed" = 1 ]; then
   # a stale daemon would keep the old node description
   for pidfile in /run/slurmd.pid /run/slurmctld.pid; do

@@ -97,9 +97,9 @@ def test_dry_run_prints_what_would_be_submitted(backend, capsys):
 
 
 @pytest.mark.parametrize("backend", ["slurm", "skypilot", "kubernetes"])
-def test_multi_node_is_refused_with_the_fix(backend):
+def test_nodes_billed_but_not_started_are_refused_with_the_fix(backend):
     cfg, overrides = compose(backend, "compute.nodes=2", "backend.image=x")
-    with pytest.raises(ConfigError, match="compute.nodes=1"):
+    with pytest.raises(ConfigError, match="compute.nodes=2 but distributed.nodes=1.*compute.nodes=2 distributed.nodes=2"):
         get_backend(backend).render(cfg, overrides)
 
 

@@ -3,8 +3,9 @@
 Each backend is a module with the same two functions:
 
 - ``render(cfg, overrides) -> str``: the exact text that would be submitted
-  (an sbatch script, a SkyPilot task YAML, a Kubernetes Job manifest). Pure:
-  no files, no processes. ``backend.dry_run=true`` prints it.
+  (an sbatch script, a SkyPilot task YAML, a Kubernetes Job manifest, or a
+  JobSet for several nodes: ``multinode.py``). Pure: no files, no processes.
+  ``backend.dry_run=true`` prints it.
 - ``submit(cfg, overrides) -> str``: submit it and return the engine's job id.
 
 ``cfg`` is the composed job config and ``overrides`` the user's Hydra
@@ -256,14 +257,4 @@ def grace_seconds(cfg: Any) -> int:
         return int(math.ceil(parse_duration(cfg.preemption.grace, key="preemption.grace")))
     except ValueError as err:
         raise ConfigError(str(err)) from None
-
-
-def single_node(cfg: Any, backend: str) -> None:
-    """Refuse multi-node jobs: each job starts one worker process, which trains on one node."""
-    if int(cfg.compute.nodes) != 1:
-        raise ConfigError(
-            f"compute.nodes={cfg.compute.nodes}: the {backend} backend runs one node per job. "
-            "Use compute.nodes=1 (more GPUs per node: compute.gpus_per_node)."
-        )
-
 

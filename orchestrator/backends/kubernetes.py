@@ -1,5 +1,8 @@
 """Kubernetes: a batch/v1 Job whose pod runs one attempt, retried by the Job controller.
 
+With ``distributed.nodes`` > 1: a JobSet of the store and an indexed Job of the nodes, restarted whole
+(``orchestrator.backends.kubernetes_jobset``).
+
 The ``podFailurePolicy`` makes the Job controller speak our exit codes: 75
 (preempted, checkpoint committed) and a pod disrupted by the cluster (spot node
 reclaimed: the ``DisruptionTarget`` condition) are retried without counting
@@ -34,10 +37,10 @@ from orchestrator.backends import (
     grace_seconds,
     render_yaml,
     run_tool,
-    single_node,
     worker_invocation,
 )
 from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
+from orchestrator.backends.multinode import node_count
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
 from orchestrator.distributed import worker_argv
 from orchestrator.errors import ConfigError
@@ -132,37 +135,24 @@ def manifest(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = None)
     """The Job manifest as a dict (batch/v1); ``capacity`` (spot | on_demand) defaults to ``planned_capacity``:
     a spot job with ``run.deadline`` whose ledger says on-demand gets no spot node selector.
 
+    With several nodes (``distributed.nodes`` > 1) it is a JobSet instead (``kubernetes_jobset``).
+
     Raises:
-        ConfigError: no ``backend.image``, or a multi-node job.
+        ConfigError: no ``backend.image``, or compute.nodes and distributed.nodes that differ.
     """
-    single_node(cfg, "kubernetes")
+    nodes = node_count(cfg)
     if not cfg.backend.image:
         raise ConfigError(
             "backend=kubernetes needs backend.image: a container image with the project installed "
             "(see containers/README.md), e.g. backend.image=ghcr.io/you/spot-orchestrator:0.1."
         )
     capacity = capacity or planned_capacity(cfg)[0]
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": grace_seconds(cfg) + TERMINATION_MARGIN_SECONDS,
-        "containers": [_container(cfg, overrides, capacity)],
-        "volumes": [{"name": SHM_VOLUME, "emptyDir": _shm_volume(cfg)}],
-    }
-    service_account = backend_settings(cfg).service_account
-    if service_account:
-        pod_spec["serviceAccountName"] = service_account
-    cloud = str(cfg.compute.cloud).lower()
-    if capacity == SPOT and cloud in SPOT_NODE_LABELS:
-        key, value = SPOT_NODE_LABELS[cloud]
-        pod_spec["nodeSelector"] = {key: value}
-        if SPOT_TOLERATIONS[cloud]:
-            pod_spec["tolerations"] = SPOT_TOLERATIONS[cloud]
-    if int(cfg.compute.gpus_per_node) > 0:
-        # GPU node pools are commonly tainted so that only GPU pods land there
-        pod_spec.setdefault("tolerations", []).append(
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-        )
+    pod_spec = _pod_spec(cfg, overrides, capacity)
     labels = {"app.kubernetes.io/name": "spot-orchestrator", "spot-orchestrator/run": job_name(str(cfg.run.name))}
+    if nodes > 1:
+        from orchestrator.backends.kubernetes_jobset import jobset
+
+        return jobset(cfg, pod_spec, labels, nodes)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -183,6 +173,31 @@ def manifest(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = None)
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def _pod_spec(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
+    """The worker's pod: its container, grace, /dev/shm, service account, spot node selector and GPU toleration."""
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": grace_seconds(cfg) + TERMINATION_MARGIN_SECONDS,
+        "containers": [_container(cfg, overrides, capacity)],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": _shm_volume(cfg)}],
+    }
+    service_account = backend_settings(cfg).service_account
+    if service_account:
+        pod_spec["serviceAccountName"] = service_account
+    cloud = str(cfg.compute.cloud).lower()
+    if capacity == SPOT and cloud in SPOT_NODE_LABELS:
+        key, value = SPOT_NODE_LABELS[cloud]
+        pod_spec["nodeSelector"] = {key: value}
+        if SPOT_TOLERATIONS[cloud]:
+            pod_spec["tolerations"] = SPOT_TOLERATIONS[cloud]
+    if int(cfg.compute.gpus_per_node) > 0:
+        # GPU node pools are commonly tainted so that only GPU pods land there
+        pod_spec.setdefault("tolerations", []).append(
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        )
+    return pod_spec
 
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
@@ -208,5 +223,5 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
                             "(kubectl config current-context).")
     if done.returncode != 0:
         raise ConfigError(f"kubectl apply -f {f.name} failed: {done.stderr.strip() or done.stdout.strip()}")
-    meta = manifest(cfg, overrides)["metadata"]
+    meta = manifest(cfg, overrides)["metadata"]  # a Job, or a JobSet for several nodes
     return f"{meta['namespace']}/{meta['name']}"

@@ -23,10 +23,14 @@ launcher's environment. The image (``ORCH_CONTAINER_IMAGE``) or, without one,
 the launch directory's git commit (``ORCH_GIT_COMMIT``) travels in ``envs``
 for the reproducibility record. No cloud credentials: the VM's own role or
 service account reaches the bucket.
+
+With ``distributed.nodes`` > 1: ``num_nodes``, and the run script gives every node the multi-node contract
+(``orchestrator.backends.multinode``) with the store on the head, the first of ``SKYPILOT_NODE_IPS``.
 """
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -35,11 +39,19 @@ from orchestrator import exitcodes
 from orchestrator.backends import (
     render_yaml,
     run_tool,
-    single_node,
     worker_command,
     worker_invocation,
 )
 from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
+from orchestrator.backends.multinode import (
+    NNODES_ENV,
+    NODE_RANK_ENV,
+    RDZV_ID_ENV,
+    STORE_ENV,
+    STORE_PORT,
+    node_count,
+    store_argv,
+)
 from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError
 from orchestrator.planning.gpus import skypilot_name
@@ -48,6 +60,7 @@ from orchestrator.policy.deadline import SPOT
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
 LAUNCH_TIMEOUT_SECONDS = 1800  # sky jobs launch waits for the controller, which may need provisioning
 DEFAULT_SETUP = "pip install -e ."
+LOST_PEER = 128 + 9  # SIGKILL: how a node ends whose peer was lost (restart-the-world)
 
 def accelerator(cfg: Any) -> str | None:
     """"<GPU>:<count>" for SkyPilot, or None for a CPU-only job."""
@@ -63,9 +76,9 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
     defaults to ``planned_capacity``: a spot job with ``run.deadline`` whose ledger says on-demand runs on-demand.
 
     Raises:
-        ConfigError: a multi-node job.
+        ConfigError: compute.nodes and distributed.nodes that differ (``node_count``).
     """
-    single_node(cfg, "skypilot")
+    nodes = node_count(cfg)
     capacity = capacity or planned_capacity(cfg)[0]
     settings = backend_settings(cfg)
     invocation = worker_invocation(cfg, overrides)
@@ -73,9 +86,9 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
     task: dict[str, Any] = {
         "name": str(cfg.run.name),
         "resources": _resources(cfg, capacity, settings),
-        "num_nodes": 1,
+        "num_nodes": nodes,
         "envs": envs,
-        "run": worker_command(invocation.overrides),
+        "run": _run_script(worker_command(invocation.overrides), nodes),
     }
     if invocation.secret_names:
         # null: the value is given at launch (``sky jobs launch --secret NAME`` reads it from the launcher's
@@ -92,6 +105,29 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
     return task
 
 
+_NODES_RUN = """\
+# {nodes} nodes: the store runs on the head (the first of SKYPILOT_NODE_IPS) as a process of its own, beside
+# (not inside) the head's torchrun agent; SkyPilot relaunches every node when any is lost (restart-the-world)
+head="$(echo "$SKYPILOT_NODE_IPS" | head -n 1)"
+export {rank}="$SKYPILOT_NODE_RANK" {nnodes}="$SKYPILOT_NUM_NODES"
+export {store_env}="$head:{port}" {rdzv}="$SKYPILOT_TASK_ID"
+if [ "$SKYPILOT_NODE_RANK" = 0 ]; then
+  {store} &
+  trap "kill $! 2>/dev/null" EXIT
+fi
+{command}
+"""
+
+
+def _run_script(command: str, nodes: int) -> str:
+    """The task's ``run``: the worker; on several nodes, first the contract's variables and the head's store."""
+    if nodes == 1:
+        return command
+    return _NODES_RUN.format(nodes=nodes, rank=NODE_RANK_ENV, nnodes=NNODES_ENV, store_env=STORE_ENV,
+                             rdzv=RDZV_ID_ENV, port=STORE_PORT, command=command,
+                             store=shlex.join(store_argv("python", STORE_PORT)))
+
+
 def _resources(cfg: Any, capacity: str, settings: Any) -> dict:
     """The task's ``resources``: spot or not, the recovery on preemption exits, accelerator, cloud, region, disk, image."""
     resources: dict[str, Any] = {
@@ -99,7 +135,9 @@ def _resources(cfg: Any, capacity: str, settings: Any) -> dict:
         "job_recovery": {
             "strategy": RECOVERY_STRATEGY,
             "max_restarts_on_errors": int(cfg.requeue.max_failures),
-            "recover_on_exit_codes": [exitcodes.PREEMPTED],
+            # several nodes: a node whose peer was lost stops its ranks and exits 128+SIGKILL (vanished, like
+            # the peer's preemption it follows), recovered like 75; the ledger's max_preemptions still bounds it
+            "recover_on_exit_codes": [exitcodes.PREEMPTED] + ([LOST_PEER] if int(cfg.compute.nodes) > 1 else []),
         },
     }
     if accelerator(cfg):

@@ -8,6 +8,8 @@ checks the ledger's caps when it starts, and exits 5 when they are spent, so
 the requeues end there. Final codes (0, 3, 4, 5, 6) end the job. As a bound of
 its own (a worker that dies before reaching the ledger is never counted there)
 the script stops requeueing after max_preemptions + max_failures restarts.
+With ``distributed.nodes`` > 1 the worker runs on every node under one ``srun``,
+with the rendezvous store on the first host (``orchestrator.backends.slurm_nodes``).
 
 Secrets never enter the script: an override holding one reads
 ``${oc.env:ORCH_SECRET_<KEY>}`` instead, and ``submit`` puts the value in the
@@ -43,10 +45,10 @@ from orchestrator.backends import (
     grace_seconds,
     refuse_secrets_in_text,
     run_tool,
-    single_node,
     worker_command,
     worker_invocation,
 )
+from orchestrator.backends.slurm_nodes import node_options, nodes_parts, wait_loop
 from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError
 
@@ -77,19 +79,10 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
-{capacity_env}echo "slurm job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): starting the worker" >&2
+{capacity_env}{nodes_start}echo "slurm job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): starting the worker" >&2
 {command} &
 worker_pid=$!
-rc=""
-while :; do
-  signalled=0
-  wait "$worker_pid"; status=$?
-  # 127: the status was already collected by an earlier wait
-  if [ "$status" -eq 127 ] && [ -n "$rc" ]; then break; fi
-  rc=$status
-  [ "$signalled" = 1 ] || break
-done
-
+{wait_loop}{nodes_exit}
 case "$rc" in
   {final_codes})
     echo "slurm job $SLURM_JOB_ID: worker exited $rc (final); not requeued" >&2
@@ -187,10 +180,8 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     honours quotes there); secrets are referenced by variable name only.
 
     Raises:
-        ConfigError: a multi-node job, a bad grace, a malformed sbatch_args, or
-        a secret that would be written into the script.
+        ConfigError: node counts that differ, a bad grace, a malformed sbatch_args, or a secret in the script.
     """
-    single_node(cfg, "slurm")
     invocation = worker_invocation(cfg, overrides)
     grace = grace_seconds(cfg)
     options = [
@@ -199,8 +190,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         f"--signal=B:USR1@{grace}",
         "--open-mode=append",
         f"--output={_output_path(cfg)}",
-        "--nodes=1",
-        "--ntasks=1",
+        *node_options(cfg),
     ]
     chosen, why = partition(cfg)
     if chosen:
@@ -227,13 +217,18 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         header.append(f"# capacity: {why}".replace("\n", " "))
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in invocation.env.items())
     capacity_env, capacity_move = _capacity_parts(cfg)
+    python = backend_settings(cfg).python
+    nodes_start, command, nodes_exit = nodes_parts(cfg, worker_command(invocation.overrides, python=python), python)
     body = _BODY.format(
+        nodes_start=nodes_start,
+        nodes_exit=nodes_exit,
+        wait_loop=wait_loop("worker_pid"),
         exports=exports,
         capacity_env=capacity_env,
         capacity_move=capacity_move,
         secret_check=_secret_check(invocation.secret_names),
         workdir=shlex.quote(os.getcwd()),
-        command=worker_command(invocation.overrides, python=backend_settings(cfg).python),
+        command=command,
         final_codes="|".join(str(c) for c in FINAL_CODES),
         preempted=exitcodes.PREEMPTED,
         max_restarts=int(cfg.requeue.max_preemptions) + int(cfg.requeue.max_failures),

@@ -149,7 +149,7 @@ class ComputeConfig:
     price_per_hour: Optional[float] = None  # overrides the catalog; USD per GPU-hour (per node-hour for cpu)
     memory_gb: Optional[float] = None  # GPU memory per device, from the catalog when unset
     allow_idle_gpus: bool = False  # let a job bill more GPUs than it starts training processes for (refused otherwise)
-    preemptions_per_hour: Optional[float] = None  # expected preemptions per hour on this capacity (on-demand too: a partition that requeues); unset: spot, the catalog's prior blended with the job's history; on-demand, none
+    preemptions_per_hour: Optional[float] = None  # expected preemptions per hour of the whole job on this capacity (on-demand too: a partition that requeues); unset: spot, the catalog's per-machine prior x nodes, blended with the job's history; on-demand, none
     restart_seconds: Optional[float] = None  # one restart (start to first step after a restore); unset: measured, else estimated
 
 

@@ -152,8 +152,9 @@ DEFAULT_SPOT_PREEMPTIONS_PER_HOUR = 0.64
 def preemption_prior_per_hour(compute_cfg: Any, catalog: Mapping[str, Any]) -> tuple[float, str]:
     """The prior rate of preemptions for a ``compute`` config, and where it came from.
 
-    ``compute.preemptions_per_hour`` wins; on-demand capacity is taken as never preempted; else the catalog's
-    spot entry for the GPU type and cloud (``spot: {usd: ..., preemptions_per_hour: ...}``), else the traces' median.
+    ``compute.preemptions_per_hour`` wins (the whole job's rate, like its ledger's attempts); on-demand capacity
+    is taken as never preempted; else the catalog's spot entry for the GPU type and cloud (``spot: {usd: ...,
+    preemptions_per_hour: ...}``), else the traces' median: one machine's rate, times ``compute.nodes``.
     """
     override = compute_cfg.preemptions_per_hour
     if override is not None:
@@ -166,8 +167,14 @@ def preemption_prior_per_hour(compute_cfg: Any, catalog: Mapping[str, Any]) -> t
     entries = [clouds[cloud]] if cloud in clouds else list(clouds.values())
     rates = [float(e["spot"]["preemptions_per_hour"]) for e in entries if "preemptions_per_hour" in e.get("spot", {})]
     if rates:
-        return min(rates) if cloud not in clouds else rates[0], "price catalog"
-    return DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, "median of the public V100 spot traces"
+        rate, source = min(rates) if cloud not in clouds else rates[0], "price catalog"
+    else:
+        rate, source = DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, "median of the public V100 spot traces"
+    nodes = max(1, int(getattr(compute_cfg, "nodes", 1) or 1))
+    if nodes == 1:
+        return rate, source
+    # a node's rate: the preemption of any one of the job's nodes ends the attempt of all of them
+    return rate * nodes, f"{source}, x {nodes} nodes (any one's preemption ends the attempt)"
 
 
 class CostMeter:

@@ -155,6 +155,7 @@ class MemoryPlan:
     optim: str = ""
     describe: str = ""
     notes: list[str] = field(default_factory=list)
+    nodes: int = 1  # machines the world size spans (sharded states are divided over all of their ranks)
 
     @property
     def total_bytes(self) -> int:
@@ -204,6 +205,7 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
         dtype=dtype, checkpointing=ckpt, activations_alternative=int(alternative), cpu_offload_bytes=int(offload),
         tokens_per_step=sequences * plan_grpo.sequence_length(cfg) * int(train.gradient_accumulation_steps) * W,
         optim=str(train.optim), describe=_describe(cfg, params, trainable), notes=notes,
+        nodes=1 if sharding == "none" else max(1, int(cfg.distributed.nodes)),
     )
 
 

@@ -34,8 +34,9 @@ def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], 
                 cost: Optional[CostEstimate], headroom: float = 0.1) -> str:
     """The plan as text: breakdown table, fit verdict (a WARNING line when it will not
     fit), GPU types that fit, and the run's estimated cost, spot vs on-demand."""
+    spread = f" = {plan.nodes} nodes x {plan.world_size // plan.nodes}" if plan.nodes > 1 else ""
     lines = [f"plan: {plan.describe}",
-             f"  world size {plan.world_size} (distributed={plan.sharding}), {plan.tokens_per_step:,} tokens per "
+             f"  world size {plan.world_size}{spread} (distributed={plan.sharding}), {plan.tokens_per_step:,} tokens per "
              f"optimizer step, gradient checkpointing {'on' if plan.checkpointing else 'off'}", "",
              f"  {'component':<30}{'per GPU':>14}"]
     for key, value in plan.components.items():

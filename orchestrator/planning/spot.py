@@ -13,6 +13,9 @@ functions the runner uses:
 - the waste share f (``policy.interval.expected_waste_fraction``: checkpoints, half an interval lost per hard
   kill, a restart per preemption); paid hours = (work + the first start) / (1 - f).
 
+On N nodes the prior is N times a machine's (any one's preemption ends the attempt) and the price is the
+whole allocation's; ``plan_nodes`` finds from how many nodes spot stops paying.
+
 Expected cost = paid hours x the hourly price; cost per useful step = that / train.max_steps. Waits for spot
 capacity are not counted (they cost nothing but wall time). The recommendation is the cheapest expected cost.
 """
@@ -49,6 +52,7 @@ class CapacityOption:
     checkpoint_overhead_hours: Optional[float]
     expected_cost_usd: Optional[float]
     cost_per_useful_step_usd: Optional[float]
+    nodes: int = 1  # machines; on spot any one's preemption ends the attempt (preemptions_per_hour counts them all)
 
 
 def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
@@ -114,7 +118,7 @@ def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catal
     every = _interval(cfg, cost_s, estimate, lifetimes if capacity == SPOT else [])
     waste = expected_waste_fraction(every, cost_s, estimate, restart_seconds=restart)
     option = CapacityOption(gpu_type, capacity, price.usd_per_hour_total, work, None, None, estimate.per_hour, None,
-                            restart, source, None, every, cost_s, None, None, None)
+                            restart, source, None, every, cost_s, None, None, None, nodes=int(compute.nodes or 1))
     if waste >= 1.0:
         return option  # restarts and lost work eat every hour: the job never finishes on this capacity
     paid = (work + restart / 3600.0) / (1.0 - waste)
@@ -145,7 +149,34 @@ def capacity_plan(cfg: Any, memory_plan: Any, catalog: Mapping[str, Any], gpu_ty
     options = [o for g in gpu_types for cap in (SPOT, ON_DEMAND)
                if (o := price_option(cfg, g, cap, memory_plan, catalog, history, variant=variant,
                                      work_hours=work_hours)) is not None]
-    return {"options": [asdict(o) for o in options], "recommendation": recommend(options)}
+    doc = {"options": [asdict(o) for o in options], "recommendation": recommend(options)}
+    if doc["recommendation"] and str(cfg.distributed.name) != "none":
+        from orchestrator.plan_nodes import spot_break_even
+
+        def price(nodes: int, gpu: str, capacity: str) -> Optional[CapacityOption]:
+            # the job's ledger measured its own node count: another count starts from the prior alone
+            seen = history if nodes == int(cfg.distributed.nodes) else ([], history[1])
+            return price_option(cfg, gpu, capacity, memory_plan, catalog, seen,
+                                variant=lambda c, g: with_nodes(variant(c, g), nodes), work_hours=work_hours)
+
+        doc["nodes"] = spot_break_even(price, doc["recommendation"]["gpu_type"], int(cfg.distributed.nodes))
+    return doc
+
+
+def with_nodes(cfg: Any, nodes: int) -> Any:
+    """A copy of ``cfg`` on ``nodes`` machines (compute.nodes and distributed.nodes); a job's own
+    ``compute.preemptions_per_hour`` scales with them (any node's preemption ends the attempt)."""
+    import dataclasses
+
+    rate = cfg.compute.preemptions_per_hour
+    compute = {"nodes": nodes, "preemptions_per_hour": None if rate is None
+               else float(rate) * nodes / max(1, int(cfg.compute.nodes or 1))}
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, **compute),
+                                   distributed=dataclasses.replace(cfg.distributed, nodes=nodes))
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(cfg, {"compute": compute, "distributed": {"nodes": nodes}})
 
 
 def recommend(options: list[CapacityOption]) -> Optional[dict]:
@@ -157,19 +188,27 @@ def recommend(options: list[CapacityOption]) -> Optional[dict]:
     spot, od = same.get(SPOT), same.get(ON_DEMAND)
     if best.capacity == ON_DEMAND:
         if spot is None or spot.expected_cost_usd is None:
-            why = (f"on spot, {spot.preemptions_per_hour:.2f} preemptions/h with a {spot.restart_seconds:.0f}s restart "
+            why = (f"on spot, {_rate(spot)} with a {spot.restart_seconds:.0f}s restart "
                    "leave no time to train" if spot else "no spot price")
         else:
-            why = (f"spot expects {spot.expected_preemptions:.1f} preemptions ({spot.preemptions_per_hour:.2f}/h), "
+            why = (f"spot expects {spot.expected_preemptions:.1f} preemptions ({_rate(spot)}), "
                    f"each a {spot.restart_seconds:.0f}s restart plus lost work: ~${spot.expected_cost_usd:,.2f} "
                    f"against ~${best.expected_cost_usd:,.2f}")
         reason = f"on-demand is cheaper for this job on {best.gpu_type}: {why}"
     else:
         against = f" against ~${od.expected_cost_usd:,.2f} on-demand" if od and od.expected_cost_usd else ""
         reason = (f"spot on {best.gpu_type}: ~${best.expected_cost_usd:,.2f} expected{against}, counting "
-                  f"{best.expected_preemptions:.1f} preemptions ({best.preemptions_per_hour:.2f}/h, "
+                  f"{best.expected_preemptions:.1f} preemptions ({_rate(best)}, "
                   f"{best.restart_seconds:.0f}s restart, {best.expected_lost_work_hours:.2f} h lost work)")
     return {"capacity": best.capacity, "gpu_type": best.gpu_type, "reason": reason}
+
+
+def _rate(option: CapacityOption) -> str:
+    """The preemption rate as the reasons give it: per node too when there are several."""
+    if option.nodes <= 1:
+        return f"{option.preemptions_per_hour:.2f}/h"
+    return (f"{option.preemptions_per_hour:.2f}/h: {option.nodes} spot nodes x "
+            f"{option.preemptions_per_hour / option.nodes:.2f}/h, any one ends the attempt")
 
 
 def _h(x: Optional[float], fmt: str = "{:.2f}") -> str:
@@ -192,5 +231,7 @@ def format_capacity_plan(doc: dict) -> str:
                      f"{o['checkpoint_cost_seconds']:.1f}s each")
     rec = doc["recommendation"]
     lines.append(f"recommendation: {rec['reason']}" if rec else "recommendation: none (no priced GPU type fits)")
+    if doc.get("nodes"):
+        lines.append(f"nodes: {doc['nodes']['text']}")
     return "\n".join(lines)
 
