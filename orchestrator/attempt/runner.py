@@ -54,6 +54,10 @@ class TestHooks:
                    step_delay_seconds=float(environ.get("ORCH_STEP_DELAY_SECONDS", "0")))
 
 
+# the held-out numbers each evaluation leaves in the ledger (``quality.evals``)
+EVAL_RECORDED = ("eval_loss", "eval_perplexity", "eval_accuracy", "eval_reward_accuracy", "eval_reward_margin")
+
+
 class StopReason(str):
     """Why training stops early (the text users read), with the outcome it leads to."""
 
@@ -165,7 +169,13 @@ class Runner:
                                             restarts=len(self.record.prior_attempts))
         except TransientStorageError as err:  # the spend index stayed unreachable for storage.retry_for
             return StopReason(f"preempted (storage outage: {err})", ExitClass.PREEMPTED)
-        return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else None
+        if budget:
+            return StopReason(budget, ExitClass.BUDGET_EXHAUSTED)
+        pause = self.cfg.train.pause_at_step
+        if 0 < pause <= self.step and self.step < self.cfg.train.max_steps:
+            return StopReason(f"paused at step {self.step} (train.pause_at_step={pause}: a sweep's rung; relaunch with "
+                              "a larger train.pause_at_step to go on from this checkpoint)", ExitClass.BUDGET_EXHAUSTED)
+        return None
 
     def dollars(self, step: int, total: int) -> tuple[float, Optional[float]]:
         """Spent so far and the projected total at ``step`` (what the progress display shows)."""
@@ -190,6 +200,9 @@ class Runner:
     def on_metrics(self, metrics: dict, step: int) -> None:
         """The Trainer's logs plus the job's cost and throughput figures, keyed by optimizer step."""
         self.quality.observe(metrics, step)
+        evals = {k: float(v) for k, v in metrics.items() if k in EVAL_RECORDED and isinstance(v, (int, float))}
+        if evals and self.record.writes:  # each evaluation's numbers by step: what a sweep's rungs decide by
+            self.record.record_eval(step, evals)
         if not self.tracking.active:
             return
         self.money.figures.observe_logs(metrics, step)
