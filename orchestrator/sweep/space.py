@@ -1,7 +1,7 @@
 """The search space: Hydra-style sweep overrides (what the Optuna sweeper reads) as Optuna distributions.
 
 ``a=1,2`` and ``choice(...)``: a categorical; ``range(lo, hi[, step])``: its values as a categorical (ints)
-or a stepped float; ``interval(lo, hi)``: a uniform float (or int when both ends are ints);
+or a stepped float; ``interval(lo, hi)``: a uniform float (``int(interval(lo, hi))``: an int, as Hydra casts it);
 ``tag(log, interval(...))``: log-uniform. The parsing itself is Hydra's (``compose.split_sweep_overrides``).
 """
 from __future__ import annotations
