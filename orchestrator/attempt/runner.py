@@ -54,10 +54,6 @@ class TestHooks:
                    step_delay_seconds=float(environ.get("ORCH_STEP_DELAY_SECONDS", "0")))
 
 
-# the held-out numbers each evaluation leaves in the ledger (``quality.evals``)
-EVAL_RECORDED = ("eval_loss", "eval_perplexity", "eval_accuracy", "eval_reward_accuracy", "eval_reward_margin")
-
-
 class StopReason(str):
     """Why training stops early (the text users read), with the outcome it leads to."""
 
@@ -68,6 +64,15 @@ class StopReason(str):
 
     def __reduce__(self):  # broadcast to the other ranks by pickling
         return StopReason, (str(self), self.exit_class)
+
+
+def pause_reason(cfg: Any, step: int) -> Optional[StopReason]:
+    """``train.pause_at_step``: stop with a checkpoint at that step (a sweep's rung), exit 3."""
+    pause = cfg.train.pause_at_step
+    if 0 < pause <= step < cfg.train.max_steps:
+        return StopReason(f"paused at step {step} (train.pause_at_step={pause}: a sweep's rung; relaunch with a "
+                          "larger train.pause_at_step to go on from this checkpoint)", ExitClass.BUDGET_EXHAUSTED)
+    return None
 
 
 class Runner:
@@ -169,13 +174,7 @@ class Runner:
                                             restarts=len(self.record.prior_attempts))
         except TransientStorageError as err:  # the spend index stayed unreachable for storage.retry_for
             return StopReason(f"preempted (storage outage: {err})", ExitClass.PREEMPTED)
-        if budget:
-            return StopReason(budget, ExitClass.BUDGET_EXHAUSTED)
-        pause = self.cfg.train.pause_at_step
-        if 0 < pause <= self.step and self.step < self.cfg.train.max_steps:
-            return StopReason(f"paused at step {self.step} (train.pause_at_step={pause}: a sweep's rung; relaunch with "
-                              "a larger train.pause_at_step to go on from this checkpoint)", ExitClass.BUDGET_EXHAUSTED)
-        return None
+        return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else pause_reason(self.cfg, self.step)
 
     def dollars(self, step: int, total: int) -> tuple[float, Optional[float]]:
         """Spent so far and the projected total at ``step`` (what the progress display shows)."""
@@ -199,10 +198,7 @@ class Runner:
 
     def on_metrics(self, metrics: dict, step: int) -> None:
         """The Trainer's logs plus the job's cost and throughput figures, keyed by optimizer step."""
-        self.quality.observe(metrics, step)
-        evals = {k: float(v) for k, v in metrics.items() if k in EVAL_RECORDED and isinstance(v, (int, float))}
-        if evals and self.record.writes:  # each evaluation's numbers by step: what a sweep's rungs decide by
-            self.record.record_eval(step, evals)
+        self.quality.observe(metrics, step)  # and each evaluation's numbers into the ledger
         if not self.tracking.active:
             return
         self.money.figures.observe_logs(metrics, step)

@@ -10,7 +10,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.sweep.space import SearchSpace
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
-# what each recipe's evaluations log (orchestrator.attempt.runner.EVAL_RECORDED), and the default metric
+# what each recipe's evaluations log (orchestrator.attempt.quality.EVAL_RECORDED), and the default metric
 _LOGGED = {"dpo": ("eval_reward_accuracy", "eval_reward_margin", "eval_loss", "eval_perplexity")}
 _DEFAULT_LOGGED = ("eval_accuracy", "eval_loss", "eval_perplexity")
 _MINIMIZED = ("eval_loss", "eval_perplexity")
