@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         store = open_store(store_uri, endpoint_url=args.endpoint_url or None)
         from orchestrator.sweep.cli import status_text
 
-        sweep = None if args.json else status_text(store, run_name)
+        sweep = status_text(store, run_name, as_json=args.json)
         if sweep is not None:
             print(sweep)
             return 0

@@ -68,3 +68,19 @@ def test_a_corrupt_record_is_one_clear_error_naming_the_object(store, raw, needl
     assert needle in str(err.value) and state.uri in str(err.value) and "new sweep.name" in str(err.value)
     with pytest.raises(SweepStateCorrupt):
         state.new_trial({})
+
+
+def test_orchestrator_status_of_a_sweep_prints_its_trials_and_json(tmp_path, capsys):
+    from orchestrator.status import main
+    from orchestrator.storage.local import LocalStore
+
+    state = SweepState(LocalStore(tmp_path / "runs"), "sw")
+    state.open(space=SPACE, fixed=[], allow_changes=False, settings=dict(
+        SETTINGS, metric="eval_loss", direction="minimize", min_fraction=0.5, reduction_factor=2, max_steps=8))
+    state.new_trial({"train.learning_rate": 1e-4})
+    state.update(lambda d: d["trials"][0].update(status="paused", values={"0": 0.75}))
+    assert main([str(tmp_path / "runs" / "sw")]) == 0
+    out = capsys.readouterr().out
+    assert "t0   paused" in out and "r0=0.7500" in out and "leader: t0 (sw-t0) eval_loss=0.7500" in out
+    assert main([str(tmp_path / "runs" / "sw"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trials"][0]["values"] == {"0": 0.75}

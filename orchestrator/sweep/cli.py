@@ -61,14 +61,16 @@ def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def status_text(store, name: str) -> str | None:
-    """``orchestrator status`` of a sweep: None when ``name`` has no sweep record (then it is a job)."""
+def status_text(store, name: str, *, as_json: bool = False) -> str | None:
+    """``orchestrator status`` of a sweep (``--json``: its record): None when ``name`` has no sweep record."""
+    import json
+
     from orchestrator.spend import job_total_usd
     from orchestrator.sweep.plan import spend_index
     from orchestrator.sweep.state import SweepState
 
     doc = SweepState(store, name).load()
-    if doc is None:
-        return None
+    if doc is None or as_json:
+        return None if doc is None else json.dumps(doc, indent=2)
     jobs = spend_index(store).get("jobs", {})
     return format_sweep(doc, spent={n: job_total_usd(j) for n, j in jobs.items()})
