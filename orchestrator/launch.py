@@ -80,7 +80,14 @@ def compose_for_launch(overrides: list[str], resolve=resolve_commit) -> tuple[Di
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
-    overrides = absolutize(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from orchestrator.sweep.plan import wants_sweep
+
+    if wants_sweep(argv):  # -m, sweep=..., sweep.*: many jobs (docs/sweeps.md)
+        from orchestrator.sweep.cli import run_sweep
+
+        return run_sweep(argv, compose_for_launch)
+    overrides = absolutize(argv)
     try:
         cfg, overrides = compose_for_launch(overrides)
         check_deadline_ahead(cfg)

@@ -65,11 +65,13 @@ def problems(command: str) -> list[str]:
 
 
 def _override_problems(overrides: list[str]) -> list[str]:
-    from orchestrator.config.compose import compose_config
+    from orchestrator.config.compose import compose_config, split_sweep_overrides
     from orchestrator.errors import ConfigError
+    from orchestrator.sweep.space import SearchSpace
 
-    try:
-        compose_config(overrides, launch_checks=False)
+    try:  # a sweep's search space (docs/sweeps.md) composes as its first point
+        fixed, space = split_sweep_overrides(overrides)
+        compose_config(fixed + SearchSpace.from_specs(space).representative(), launch_checks=False)
     except ConfigError as err:
         return [str(err)]
     return []
@@ -93,3 +95,5 @@ def test_a_wrong_key_a_missing_script_and_an_unknown_command_are_caught():
     assert problems("python scripts/no_such_script.py")
     assert problems(".venv/bin/orchestrator no-such-command x")
     assert problems("bash scripts/run.sh recipe=dpo train.max_steps=5") == []
+    assert problems("python -m orchestrator.launch -m train.learning_rat=1e-4,2e-4")
+    assert problems("python -m orchestrator.launch sweep=asha 'train.learning_rate=interval(1e-5,1e-3)'") == []

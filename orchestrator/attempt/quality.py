@@ -20,6 +20,9 @@ from typing import Any, Optional
 
 log = logging.getLogger(__name__)
 
+# the held-out numbers each evaluation leaves in the ledger (``quality.evals``)
+EVAL_RECORDED = ("eval_loss", "eval_perplexity", "eval_accuracy", "eval_reward_accuracy", "eval_reward_margin")
+
 
 class QualityWatch:
     """Args:
@@ -59,7 +62,11 @@ class QualityWatch:
         trainer.args.eval_on_start = self._expect_before
 
     def observe(self, metrics: dict, step: int) -> None:
-        """Every Trainer log: the step-0 evaluation's value is the job's "before"."""
+        """Every Trainer log: each evaluation's numbers by step into the ledger (``quality.evals``: what a sweep's
+        rungs decide by); the step-0 evaluation's value is the job's "before"."""
+        evals = {k: float(v) for k, v in metrics.items() if k in EVAL_RECORDED and isinstance(v, (int, float))}
+        if evals and self.record.writes:
+            self.record.record_eval(step, evals)
         if not (self._expect_before and step == 0 and self.metric.name in metrics):
             return
         self._expect_before = False

@@ -119,6 +119,11 @@ class AttemptRecord:
     def update_quality(self, metrics: dict) -> None:
         self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update(metrics))
 
+    def record_eval(self, step: int, metrics: dict) -> None:
+        """One evaluation's held-out numbers, under ``quality.evals[<step>]`` (a sweep's rung reads them)."""
+        self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).setdefault("evals", {}).update(
+            {str(step): metrics}))
+
     def record_repro(self, record: dict) -> dict:
         """Store this attempt's reproducibility record (and the job's, on the first attempt); returns the first's."""
         first: dict = {}
@@ -200,6 +205,9 @@ class FollowerRecord:
         return None
 
     def update_quality(self, metrics: dict) -> None:
+        return None
+
+    def record_eval(self, step: int, metrics: dict) -> None:
         return None
 
     def record_repro(self, record: dict) -> dict:

@@ -66,6 +66,15 @@ class StopReason(str):
         return StopReason, (str(self), self.exit_class)
 
 
+def pause_reason(cfg: Any, step: int) -> Optional[StopReason]:
+    """``train.pause_at_step``: stop with a checkpoint at that step (a sweep's rung), exit 3."""
+    pause = cfg.train.pause_at_step
+    if 0 < pause <= step < cfg.train.max_steps:
+        return StopReason(f"paused at step {step} (train.pause_at_step={pause}: a sweep's rung; relaunch with a "
+                          "larger train.pause_at_step to go on from this checkpoint)", ExitClass.BUDGET_EXHAUSTED)
+    return None
+
+
 class Runner:
     """Sequences the parts ``build_attempt`` made (record, checkpoints, money, tracking, preemption, recipe);
     ``run_name`` is the job's name in storage, ``main`` whether this rank prints the results; ``interval`` and
@@ -165,7 +174,7 @@ class Runner:
                                             restarts=len(self.record.prior_attempts))
         except TransientStorageError as err:  # the spend index stayed unreachable for storage.retry_for
             return StopReason(f"preempted (storage outage: {err})", ExitClass.PREEMPTED)
-        return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else None
+        return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else pause_reason(self.cfg, self.step)
 
     def dollars(self, step: int, total: int) -> tuple[float, Optional[float]]:
         """Spent so far and the projected total at ``step`` (what the progress display shows)."""
@@ -189,7 +198,7 @@ class Runner:
 
     def on_metrics(self, metrics: dict, step: int) -> None:
         """The Trainer's logs plus the job's cost and throughput figures, keyed by optimizer step."""
-        self.quality.observe(metrics, step)
+        self.quality.observe(metrics, step)  # and each evaluation's numbers into the ledger
         if not self.tracking.active:
             return
         self.money.figures.observe_logs(metrics, step)

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 # Fields that do not shape the training trajectory; every other one is fingerprinted.
 # Worker and process counts only change how fast batches are made, not which (the sampler stays in the main
 # process), so a job may resume with other values.
-_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps", "dataloader_num_workers"},
+_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps", "pause_at_step",
+                             "dataloader_num_workers"},
                    "data": {"max_eval_examples", "num_proc", "prepared_cache"},
                    "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
 

@@ -211,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         store_uri, run_name = split_run_uri(args.target)
         # endpoint_url None lets boto3 read AWS_ENDPOINT_URL itself.
         store = open_store(store_uri, endpoint_url=args.endpoint_url or None)
+        from orchestrator.sweep.cli import status_text
+
+        sweep = status_text(store, run_name, as_json=args.json)
+        if sweep is not None:
+            print(sweep)
+            return 0
         ledger = Ledger(store, run_name).load()
     except (ValueError, UserError, TransientStorageError) as err:
         return fail(err)

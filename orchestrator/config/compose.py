@@ -126,3 +126,34 @@ def with_default_storage(cfg: DictConfig, overrides: list[str]) -> list[str]:
         if not any(o.startswith(f"{key}=") for o in overrides) and "://" not in value and not value.startswith("/"):
             overrides = overrides + [f"{key}={Path(value).expanduser().resolve()}"]
     return overrides
+
+
+def split_sweep_overrides(overrides: list[str]) -> tuple[list[str], dict[str, tuple]]:
+    """The overrides that set one value, and the search space the others give, as plain tuples by key:
+    ``("choice", [values])`` (``a=1,2``, ``choice(...)``), ``("range", start, stop, step)``,
+    ``("interval", low, high, log)`` (``interval(...)``, ``tag(log, interval(...))``), parsed by Hydra's own
+    override grammar. Raises ConfigError naming an override that does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    fixed, space = [], {}
+    for item in overrides:
+        try:
+            override = parser.parse_override(item)
+        except HydraException as err:
+            raise ConfigError(f"{item}: the override does not parse ({str(err).splitlines()[0]}). Write a search space "
+                              "as Hydra's sweeps do: a=1,2 | 'a=choice(1,2)' | 'a=range(1,5)' | 'a=interval(1e-5,1e-3)' | "
+                              "'a=tag(log, interval(1e-5,1e-3))' (docs/sweeps.md).") from None
+        if not override.is_sweep_override():
+            fixed.append(item)
+            continue
+        value = override.value()
+        key = override.key_or_group
+        if override.is_choice_sweep():
+            space[key] = ("choice", list(value.list))
+        elif override.is_range_sweep():
+            space[key] = ("range", value.start, value.stop, value.step)
+        else:
+            space[key] = ("interval", value.start, value.end, "log" in value.tags)
+    return fixed, space

@@ -127,6 +127,7 @@ class TrainConfig:
     early_stopping_patience: int = 0  # stop (completed) after N evaluations without a better quality metric (0: off)
     early_stopping_threshold: float = 0.0  # how much the quality metric must beat its best by to count as better
     trial_steps: int = 0  # >0: run this many steps, print plan vs measurement, stop
+    pause_at_step: int = 0  # >0: stop with a checkpoint at this optimizer step, exit 3 (a sweep's rung; relaunch with a larger one to go on)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     packing: bool = False  # TRL's packing (sft, qlora): several examples per row of data.max_length tokens, no padding
     packing_strategy: PackingStrategy = PackingStrategy.bfd  # TRL's: bfd (best fit, padding-free, cuts overflow) | bfd_split (splits it) | wrapped
@@ -254,6 +255,25 @@ class EvalConfig:
 
 
 @dataclass
+class SweepConfig:
+    """A sweep of jobs (docs/sweeps.md): ``-m`` with grid overrides, or ``sweep=asha`` with a search space."""
+
+    name: Optional[str] = None  # names the sweep (state in <storage.uri>/<name>/, trials <name>-t<k>); None: run.name
+    budget_usd: Optional[float] = None  # the sweep's dollar cap (an experiment cap in the spend index); required
+    max_parallel: int = 1  # trials running at once
+    n_trials: int = 0  # trials to sample (0: the grid's size; required with interval(...) parameters)
+    sampler: str = "random"  # random | tpe | grid (Optuna's samplers; grid: every combination)
+    seed: int = 0  # the sampler's seed (trial k samples with seed + k)
+    pruner: str = "none"  # none (every trial runs to train.max_steps) | asha (Optuna's SuccessiveHalvingPruner)
+    metric: str = "auto"  # the held-out metric a rung decides by (auto: the job's quality metric)
+    direction: str = "auto"  # maximize | minimize | auto (loss and perplexity: minimize; others: maximize)
+    min_fraction: float = 0.25  # rung 0 ends at this fraction of train.max_steps (of the trial's planned cost)
+    reduction_factor: int = 3  # rung r ends at min_fraction x reduction_factor^r; 1 in reduction_factor is promoted
+    allow_changes: bool = False  # resume a sweep although its search space or fixed overrides changed
+    params: dict[str, str] = field(default_factory=dict)  # the search space: key -> interval(1e-5,1e-3) | choice(8,16) | 1,2
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
@@ -270,6 +290,7 @@ class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 GROUP_SCHEMAS = {
@@ -287,6 +308,7 @@ GROUP_SCHEMAS = {
     "distributed": DistributedConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
+    "sweep": SweepConfig,
 }
 
 

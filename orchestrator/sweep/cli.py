@@ -1,0 +1,76 @@
+"""``python -m orchestrator.launch -m ...`` / ``sweep=asha``: plan, drive, print the result; and the sweep's
+part of ``orchestrator status <storage.uri>/<sweep.name>``."""
+from __future__ import annotations
+
+import logging
+import sys
+
+from orchestrator.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def run_sweep(argv: list[str], compose_for_launch) -> int:
+    from orchestrator.sweep.driver import Driver
+    from orchestrator.sweep.plan import plan_sweep
+
+    try:
+        plan = plan_sweep(argv, compose_for_launch)
+        print(f"sweep {plan.state.name}: {plan.n_trials} trials, {plan.max_parallel} at once, budget "
+              f"${plan.budget_usd:g}; state in {plan.state.uri}; trial logs in {plan.log_dir}", flush=True)
+        code = Driver(plan).run()
+        doc = plan.state.load()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    print(format_sweep(doc, spent=_spent(plan)), flush=True)
+    return code
+
+
+def _spent(plan) -> dict[str, float]:
+    """Each trial's spend, from the spend index (settled and held)."""
+    from orchestrator.money.spend import job_total_usd
+
+    jobs = plan.spend_index().get("jobs", {})
+    return {name: job_total_usd(job) for name, job in jobs.items()}
+
+
+def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
+    """Trials (parameters, rungs reached, metric per rung, status, spend), the leader, spend on pruned trials."""
+    from orchestrator.sweep.decide import leader, rung_steps
+
+    settings = doc["settings"]
+    steps = rung_steps(settings)
+    lines = [f"sweep {doc['name']}: {len(doc['trials'])} trials; rungs at steps {', '.join(map(str, steps))}; "
+             f"{settings['metric']} ({settings['direction']})"]
+    for t in doc["trials"]:
+        values = " ".join(f"r{r}={v:.4f}" for r, v in sorted(t["values"].items(), key=lambda kv: int(kv[0])))
+        params = " ".join(f"{k}={v}" for k, v in sorted(t["params"].items()))
+        lines.append(f"  t{t['number']:<3} {t['status']:<9} rung {t['rung']}  ${spent.get(t['run_name'], 0.0):.4f}  "
+                     f"{values or '-'}  {params}")
+    best = leader(doc["trials"], settings)
+    total = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"])
+    pruned = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"] if t["status"] == "pruned")
+    usage = doc["usage"]
+    idle = usage["idle_seconds"] / usage["slot_seconds"] if usage["slot_seconds"] else 0.0
+    lines.append(f"spent ${total:.4f} (on pruned trials ${pruned:.4f}); workers idle {idle:.1%} of slot time")
+    if best is not None:
+        top = max(int(r) for r in best["values"])
+        lines.append(f"leader: t{best['number']} ({best['run_name']}) {settings['metric']}="
+                     f"{best['values'][str(top)]:.4f} at rung {top}")
+    return "\n".join(lines)
+
+
+def status_text(store, name: str, *, as_json: bool = False) -> str | None:
+    """``orchestrator status`` of a sweep (``--json``: its record): None when ``name`` has no sweep record."""
+    import json
+
+    from orchestrator.money.spend import job_total_usd
+    from orchestrator.sweep.plan import spend_index
+    from orchestrator.sweep.state import SweepState
+
+    doc = SweepState(store, name).load()
+    if doc is None or as_json:
+        return None if doc is None else json.dumps(doc, indent=2)
+    jobs = spend_index(store).get("jobs", {})
+    return format_sweep(doc, spent={n: job_total_usd(j) for n, j in jobs.items()})

@@ -1,0 +1,200 @@
+"""The sweep driver: trials as ordinary jobs, ``sweep.max_parallel`` at once, promotion without a barrier.
+
+A trial is ``python -m orchestrator.launch <fixed overrides> <its parameters> run.name=<sweep>-t<k>
+train.pause_at_step=<rung's step>``: its own ledger, spend reservation, exit codes and requeue policy (a
+SIGKILLed attempt is requeued by the trial's own supervisor; the sweep sees it running). A trial paused at its
+rung (exit 3, the ledger's ``quality.evals`` holding the rung's metric) waits, holding no worker, for its
+decision (``decide.ready``); promoted, it is launched again with the same run name and the next rung's step,
+and resumes from its checkpoint. A free worker takes the lowest-numbered promoted trial first, else samples a
+new trial while ``sweep.n_trials`` and the budget allow. The money cap is the spend index's experiment cap
+(``budget.experiment_max_usd=sweep.budget_usd`` on every trial): no reservation passes it.
+
+API for what builds on it (MLflow parent runs, reports, other backends)::
+
+    driver = Driver(plan, events=callback)   # plan: SweepPlan (orchestrator.sweep.plan)
+    driver.run() -> int                     # 0 when every trial is decided; the state is in plan.state
+    callback(kind, trial, doc)              # kind: "launched" | "reported" | "decided" | "ended"
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from orchestrator import exitcodes
+from orchestrator.ledger import Ledger
+from orchestrator.sweep import decide
+from orchestrator.sweep.space import override
+
+log = logging.getLogger(__name__)
+
+Events = Callable[[str, dict, dict], None]
+
+
+class Driver:
+    def __init__(self, plan, *, events: Optional[Events] = None, poll_seconds: float = 0.5,
+                 python: str = sys.executable):
+        self.plan, self.state, self.settings = plan, plan.state, plan.settings
+        self.events = events or (lambda kind, trial, doc: None)
+        self.poll_seconds, self.python = poll_seconds, python
+        self.steps = decide.rung_steps(self.settings)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.logs = Path(plan.log_dir)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._pending = [0.0, 0.0]  # slot-seconds and idle slot-seconds not yet in the record
+
+    # ---- the loop -------------------------------------------------------------------
+    def run(self) -> int:
+        doc = self.state.load()
+        last = time.monotonic()
+        while True:
+            doc = self._reap(doc)
+            doc = self._decide(doc)
+            doc = self._fill(doc)
+            if not self.procs and not self._launchable(doc):
+                break
+            time.sleep(self.poll_seconds)
+            now = time.monotonic()
+            self._usage(now - last)
+            last = now
+            if self._pending[0] >= 10 * self.plan.max_parallel:  # usage reaches the record every ~10 s
+                self._flush_usage()
+        self._flush_usage()
+        return 0
+
+    def _usage(self, dt: float) -> None:
+        n = self.plan.max_parallel
+        self._pending[0] += dt * n
+        self._pending[1] += dt * (n - len(self.procs))
+
+    def _flush_usage(self) -> None:
+        slot, idle = self._pending
+        self._pending = [0.0, 0.0]
+        if slot:
+            self.state.update(lambda d: d["usage"].update(slot_seconds=d["usage"]["slot_seconds"] + slot,
+                                                          idle_seconds=d["usage"]["idle_seconds"] + idle))
+
+    # ---- what a free worker takes -------------------------------------------------------
+    def _launchable(self, doc: dict) -> list[dict]:
+        """Trials that should be training and have no process: promoted, or left running by a driver that died."""
+        return [t for t in doc["trials"] if t["status"] in ("running", "paused") and t["number"] not in self.procs
+                and str(t["rung"]) not in t["values"]]
+
+    def _fill(self, doc: dict) -> dict:
+        while len(self.procs) < self.plan.max_parallel:
+            waiting = self._launchable(doc)
+            if waiting:
+                trial = waiting[0]
+            elif len(doc["trials"]) < self.plan.n_trials and not self._budget_spent():
+                params = decide.sample(self.plan.space, self.settings, doc["trials"], len(doc["trials"]))
+                trial = self.state.new_trial(params)
+                log.info("sweep %s: trial %d samples %s", self.state.name, trial["number"], params)
+            else:
+                break
+            if self._budget_spent():
+                break
+            code = self._already_at_rung(trial)
+            doc = self._launch(trial) if code is None else self._ended(trial, code)
+        return self.state.load()
+
+    def _already_at_rung(self, trial: dict) -> Optional[int]:
+        """A trial that reached its rung while no driver watched (the driver died after it paused): its exit code
+        as the ledger tells it, so it is not launched again (it would train a step past its rung)."""
+        ledger = Ledger(self.plan.store, trial["run_name"]).load()
+        evals = (ledger.get("quality") or {}).get("evals") or {}
+        if str(self.steps[trial["rung"]]) not in evals or ledger.get("status") not in ("budget_exhausted", "completed"):
+            return None
+        return exitcodes.COMPLETED if ledger["status"] == "completed" else exitcodes.BUDGET_EXHAUSTED
+
+    def _budget_spent(self) -> bool:
+        from orchestrator.money.spend import experiment_total_usd
+
+        spent = experiment_total_usd(self.plan.spend_index(), self.plan.experiment)
+        return spent >= self.plan.budget_usd - 1e-9
+
+    def _launch(self, trial: dict) -> dict:
+        number, rung = trial["number"], trial["rung"]
+        command = [self.python, "-m", "orchestrator.launch", *self.plan.fixed,
+                   *(override(k, v) for k, v in sorted(trial["params"].items())),
+                   f"run.name={trial['run_name']}", f"train.pause_at_step={self.steps[rung]}",
+                   f"train.eval_steps={decide.eval_every(self.settings)}",
+                   *self.plan.trial_overrides]
+        out = open(self.logs / f"t{number}.log", "ab")
+        self.procs[number] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+        out.close()
+
+        def fn(d: dict) -> None:
+            t = d["trials"][number]
+            t.update(status="running", launches=t["launches"] + 1)
+
+        doc = self.state.update(fn)
+        log.info("sweep %s: trial %d runs to rung %d (step %d)", self.state.name, number, rung, self.steps[rung])
+        self.events("launched", doc["trials"][number], doc)
+        return doc
+
+    # ---- a trial's process ended ----------------------------------------------------------
+    def _reap(self, doc: dict) -> dict:
+        for number, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self.procs[number]
+            doc = self._ended(doc["trials"][number], code)
+        return doc
+
+    def _ended(self, trial: dict, code: int) -> dict:
+        number, rung = trial["number"], trial["rung"]
+        ledger = Ledger(self.plan.store, trial["run_name"]).load()
+        evals = (ledger.get("quality") or {}).get("evals") or {}
+        value = (evals.get(str(self.steps[rung])) or {}).get(self.settings["metric"])
+        if code in (exitcodes.COMPLETED, exitcodes.BUDGET_EXHAUSTED) and value is not None:
+            status, kind = "paused", "reported"
+        elif code == exitcodes.BUDGET_EXHAUSTED:
+            status, kind = "stopped", "ended"  # the sweep's budget (or another cap) stopped it before its rung
+        else:
+            status, kind = "failed", "ended"
+        log.info("sweep %s: trial %d exited %d at rung %d: %s%s", self.state.name, number, code, rung, status,
+                 f" ({self.settings['metric']}={value:.4f})" if value is not None else "")
+
+        def fn(d: dict) -> None:
+            t = d["trials"][number]
+            t["status"] = status
+            if value is not None:
+                t["values"][str(rung)] = float(value)
+
+        doc = self.state.update(fn)
+        self.events(kind, doc["trials"][number], doc)
+        return doc
+
+    # ---- decisions, in trial order per rung -------------------------------------------------
+    def _decide(self, doc: dict) -> dict:
+        for trial in doc["trials"]:
+            rung = trial["rung"]
+            if trial["status"] != "paused" or str(rung) not in trial["values"]:
+                continue
+            if not decide.ready(doc["trials"], trial["number"], rung):
+                continue
+            verdict = decide.decision(self.settings, self.plan.space, doc["trials"], trial["number"], rung)
+            doc = self._record(trial["number"], rung, verdict)
+        return doc
+
+    def _record(self, number: int, rung: int, verdict: str) -> dict:
+        def fn(d: dict) -> None:
+            t = d["trials"][number]
+            if t["status"] != "paused" or t["rung"] != rung:
+                return  # another driver decided it already
+            d["decisions"].append({"trial": number, "rung": rung, "value": t["values"][str(rung)], "decision": verdict,
+                                   "at": time.time()})
+            if verdict == "promote":
+                t["rung"] = rung + 1
+            else:
+                t["status"] = "completed" if verdict == "complete" else "pruned"
+
+        doc = self.state.update(fn)
+        log.info("sweep %s: trial %d at rung %d: %s", self.state.name, number, rung, verdict)
+        self.events("decided", doc["trials"][number], doc)
+        return doc

@@ -1,0 +1,124 @@
+"""A sweep end to end: real trials (``python -m orchestrator.launch`` subprocesses), real SIGKILLs.
+
+One ASHA sweep runs uninterrupted; a second with the same seed has every trial's worker SIGKILLed at least
+once and its driver SIGKILLed and rerun mid-sweep. Both must decide the same (the same promotions, the same
+metric per rung, the same leader), no trial may start again from scratch, and the spend stays within the
+budget. Kept small (4 trials, 2 at once, rungs at 8 and 24 steps of the tiny model).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import jobs
+
+pytestmark = pytest.mark.e2e
+
+SWEEP = [
+    "sweep=asha", "sweep.n_trials=4", "sweep.max_parallel=2", "sweep.seed=3", "sweep.budget_usd=2",
+    "sweep.min_fraction=0.34", "sweep.reduction_factor=3", "sweep.metric=eval_loss",
+    "train.learning_rate=tag(log, interval(1e-3,3e-2))",
+    "train.max_steps=24", "train.logging_steps=4", "data.num_examples=200", "checkpoint.every=off",
+    "checkpoint.every_steps=2", "preemption.provider=none", "tracking.enabled=false",
+    "requeue.backoff_base_seconds=0.2", "train.eval_at_end=false",
+]
+
+
+def sweep_cmd(tmp_path: Path, name: str) -> list[str]:
+    return jobs.launch_cmd(SWEEP + [f"sweep.name={name}", f"storage.uri={tmp_path / 'runs'}",
+                                    f"run.work_dir={tmp_path / 'work'}"])
+
+
+def state(tmp_path: Path, name: str) -> dict:
+    return json.loads((tmp_path / "runs" / name / "sweep.json").read_text())
+
+
+def trial_ledger(tmp_path: Path, run: str) -> dict:
+    path = tmp_path / "runs" / run / "ledger.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def workers_of(run: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "orchestrator.worker" in cmd and f"run.name={run}" in cmd:
+            out.append(p)
+    return out
+
+
+def kill_each_trial_once(tmp_path: Path, name: str, driver: subprocess.Popen, killed: set[str]) -> None:
+    """SIGKILL a trial's worker once it committed a checkpoint in its running attempt (then it must resume)."""
+    for k in range(4):
+        run = f"{name}-t{k}"
+        if run in killed:
+            continue
+        attempts = trial_ledger(tmp_path, run).get("attempts") or [{}]
+        last = attempts[-1]
+        if last.get("exit_class") == "running" and last.get("checkpoint_step_end", 0) > last.get("step_start", 0):
+            for p in workers_of(run):
+                p.kill()
+                killed.add(run)
+
+
+def decisions(doc: dict) -> list[tuple]:
+    return sorted((d["trial"], d["rung"], d["decision"]) for d in doc["decisions"])
+
+
+def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_path):
+    env = jobs.job_env(tmp_path, {"ORCH_STEP_DELAY_SECONDS": "0.4"})
+    started = time.monotonic()
+    calm = subprocess.run(sweep_cmd(tmp_path, "calm"), cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=1500)
+    calm_seconds = time.monotonic() - started
+    assert calm.returncode == 0, calm.stdout[-3000:] + calm.stderr[-3000:]
+
+    killed: set[str] = set()
+    log = open(tmp_path / "driver.log", "ab")
+    driver = subprocess.Popen(sweep_cmd(tmp_path, "chaos"), cwd=tmp_path, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    driver_killed = False
+    deadline = time.monotonic() + 1500
+    while driver.poll() is None and time.monotonic() < deadline:
+        kill_each_trial_once(tmp_path, "chaos", driver, killed)
+        path = tmp_path / "runs" / "chaos" / "sweep.json"
+        if not driver_killed and path.exists() and len(state(tmp_path, "chaos")["decisions"]) >= 1:
+            driver.send_signal(signal.SIGKILL)  # the driver vanishes mid-sweep; rerun the same command
+            driver.wait(30)
+            driver_killed = True
+            driver = subprocess.Popen(sweep_cmd(tmp_path, "chaos"), cwd=tmp_path, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT)
+        time.sleep(0.2)
+    assert driver.wait(30) == 0, (tmp_path / "driver.log").read_text()[-4000:]
+    print(f"uninterrupted sweep: {calm_seconds:.0f} s")
+
+    a, b = state(tmp_path, "calm"), state(tmp_path, "chaos")
+    assert driver_killed and killed == {f"chaos-t{k}" for k in range(4)}
+    # numbering continued: four trials, each once, with the uninterrupted sweep's parameters
+    assert [t["number"] for t in b["trials"]] == [0, 1, 2, 3]
+    assert [t["params"] for t in b["trials"]] == [t["params"] for t in a["trials"]]
+    assert decisions(b) == decisions(a) and any(d[2] == "prune" for d in decisions(a))
+    for ta, tb in zip(a["trials"], b["trials"]):
+        assert tb["values"] == pytest.approx(ta["values"], abs=1e-6), (ta, tb)
+        assert tb["status"] == ta["status"]
+    for t in b["trials"]:
+        attempts = trial_ledger(tmp_path, t["run_name"])["attempts"]
+        for i, attempt in enumerate(attempts[1:], 1):  # every later attempt starts at the newest commit
+            committed = max(x["checkpoint_step_end"] for x in attempts[:i])
+            assert attempt["step_start"] == committed, (t["run_name"], attempts)
+        # the SIGKILL landed after a commit: the attempt after it went on from there, not from step 0
+        assert any(a["step_start"] > 0 for a in attempts[1:]), (t["run_name"], attempts)
+    status = subprocess.run([jobs.PYTHON, "-m", "orchestrator", "status", str(tmp_path / "runs" / "chaos")],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "leader: t" in status.stdout, status.stdout + status.stderr
+    leader_a = [line for line in calm.stdout.splitlines() if line.startswith("leader:")]
+    assert leader_a and leader_a[0].replace("calm-t", "chaos-t") in status.stdout  # the same trial leads
+    spent = float(status.stdout.split("spent $")[1].split()[0])
+    assert 0 < spent <= 2.0
