@@ -173,6 +173,23 @@ def _secret_check(names: Sequence[str]) -> str:
     )
 
 
+def _sbatch_args(cfg: Any, secret_names) -> list[str]:
+    """``backend.extra.sbatch_args``, checked: long options only, and no ``--export`` that drops the secrets."""
+    sbatch_args = list(backend_settings(cfg).sbatch_args)
+    if isinstance(sbatch_args, str) or not all(str(a).startswith("--") for a in sbatch_args):
+        raise ConfigError(
+            f"backend.extra.sbatch_args={sbatch_args!r} must be a list of long sbatch options, "
+            "e.g. ['--time=04:00:00', '--mem=64G']."
+        )
+    if secret_names and any(str(a).startswith("--export") and "ALL" not in str(a) for a in sbatch_args):
+        raise ConfigError(
+            f"backend.extra.sbatch_args={list(sbatch_args)!r}: --export without ALL would keep "
+            f"{', '.join(secret_names)} (the secrets the worker reads) from the job. Drop --export "
+            "or include ALL."
+        )
+    return [str(a) for a in sbatch_args]
+
+
 def render(cfg: Any, overrides: Sequence[str]) -> str:
     """The sbatch script for this job (text; nothing is written or run).
 
@@ -197,19 +214,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         options.append(f"--partition={chosen}")
     if int(cfg.compute.gpus_per_node) > 0:
         options.append(f"--gpus-per-node={int(cfg.compute.gpus_per_node)}")
-    sbatch_args = list(backend_settings(cfg).sbatch_args)
-    if isinstance(sbatch_args, str) or not all(str(a).startswith("--") for a in sbatch_args):
-        raise ConfigError(
-            f"backend.extra.sbatch_args={sbatch_args!r} must be a list of long sbatch options, "
-            "e.g. ['--time=04:00:00', '--mem=64G']."
-        )
-    if invocation.secret_names and any(str(a).startswith("--export") and "ALL" not in str(a) for a in sbatch_args):
-        raise ConfigError(
-            f"backend.extra.sbatch_args={list(sbatch_args)!r}: --export without ALL would keep "
-            f"{', '.join(invocation.secret_names)} (the secrets the worker reads) from the job. Drop --export "
-            "or include ALL."
-        )
-    options.extend(str(a) for a in sbatch_args)
+    options.extend(_sbatch_args(cfg, invocation.secret_names))
 
     header = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(opt)}" for opt in options)]
     header.append(f"# submitted by: python -m orchestrator.launch backend=slurm run.name={shlex.quote(str(cfg.run.name))}")
