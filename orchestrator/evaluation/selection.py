@@ -82,6 +82,14 @@ def decide(records: Iterable[dict], name: str, *, patience: int, threshold: floa
     return state
 
 
+def of_checkpoints(records: Iterable[dict], name: str, train_cfg) -> Selection:
+    """``decide`` over a job's checkpoint results (not the base's, at step 0, nor the final weights'), with the
+    job's ``train.early_stopping_patience`` and ``_threshold``."""
+    candidates = [r for r in records if int(r["step"]) > 0 and r.get("checkpoint") != "final"]
+    return decide(candidates, name, patience=int(train_cfg.early_stopping_patience),
+                  threshold=float(train_cfg.early_stopping_threshold), max_steps=int(train_cfg.max_steps))
+
+
 def describe(state: Selection, name: str) -> str:
     """One line for the log after an evaluation: the best so far and why training goes on."""
     if state.best_step is None:

@@ -72,7 +72,7 @@ class BenchWatch(TrainerCallback):
         if restored is not None and (not self.history or self.history[-1][0] < state.global_step):
             self._note(state.global_step, (self.history[-1][1] if self.history else 0) + 1)  # killed before noting
         if restored is not None and self.ev.every > 0 and self.history[-1][1] >= self.ev.every:
-            self._evaluate_checkpoint(model, processing_class, restored, state.global_step)  # killed before or during it
+            self._evaluate_checkpoint(model, processing_class, restored, state, control)  # killed before or during it
         self._decide(state, control)
         return control
 
@@ -92,26 +92,28 @@ class BenchWatch(TrainerCallback):
             self.checkpoints.wait()
             done = self.checkpoints.checkpoints.results
             if done and done[-1].ok and done[-1].step == state.global_step:
-                self._evaluate_checkpoint(model, processing_class, done[-1].name, state.global_step)
-                self._decide(state, control, announce=True)
+                self._evaluate_checkpoint(model, processing_class, done[-1].name, state, control, announce=True)
             self.steps.resume()  # the evaluation is not the data loader's wait
         return control
 
     # ---- evaluations ----------------------------------------------------------------
-    def _evaluate_checkpoint(self, model, tokenizer, name: str, step: int) -> None:
+    def _evaluate_checkpoint(self, model, tokenizer, name: str, state, control, *, announce: bool = False) -> None:
+        """Score, decide (an early stop), log: ``cost_usd`` only if training goes on (else the closing total)."""
+        step = state.global_step
         digest = manifest_hash(self.store, f"{self.run_name}/checkpoints/{name}/manifest.json")
         if digest is None:
             return
-        record = self._score(name, step, digest, model, tokenizer)
+        self.records[step] = record = self._score(name, step, digest, model, tokenizer)
         self._note(step, 0)
-        self._log(record, step)
+        self._decide(state, control, announce=announce)
+        self._log(record, step, cost=not (self.early_stop_reason or step >= state.max_steps > 0))
 
     def after_final(self, trainer: Any, step: int) -> Optional[dict]:
         """The final weights (committed under ``<run>/final/``), then the job's benchmark summary."""
         digest = manifest_hash(self.store, f"{self.run_name}/final/manifest.json") or f"unsaved-step-{step}"
         record = self._score("final", step, digest, trainer.model, trainer.processing_class,
                              keep_samples=bool(self.ev.log_samples))
-        self._log(record, step)
+        self._log(record, step, cost=False)  # the closing report logs the final total at the last step
         return self.summary(record)
 
     def _score(self, name: str, step: int, digest: str, model, tokenizer, keep_samples: bool = False) -> dict:
@@ -151,10 +153,7 @@ class BenchWatch(TrainerCallback):
         ``best_global_step`` (``checkpoint.final=best``, retention) and whether a plateau ends training."""
         if self.select is None:
             return
-        t = self.cfg.train
-        candidates = [r for step, r in self.records.items() if step > 0 and r.get("checkpoint") != "final"]
-        chosen = selection.decide(candidates, self.select, patience=int(t.early_stopping_patience),
-                                  threshold=float(t.early_stopping_threshold), max_steps=int(t.max_steps))
+        chosen = selection.of_checkpoints(self.records.values(), self.select, self.cfg.train)
         if chosen.best_step is not None:
             state.best_global_step, state.best_metric = chosen.best_step, chosen.best_value
         if announce:
@@ -183,7 +182,7 @@ class BenchWatch(TrainerCallback):
         point so far (replayed ones included) under one artifact name: a restart replaces it, never adds one."""
         if cost and record.get("cost_usd") is None:
             record = dict(record, cost_usd=self.money.total_cost_usd())
-        self.records[int(step)] = dict(record, step=int(step))
+        self.records.setdefault(int(step), dict(record, step=int(step)))  # final=best: the best's own point stays
         metrics = {}
         for task, scores in record["scores"].items():
             for metric, score in scores.items():
