@@ -39,6 +39,7 @@ share); ``capacity`` lists the job's capacity decisions, newest last (the newest
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time
@@ -94,7 +95,25 @@ def new_ledger(run_name: str) -> dict:
 
 
 def _total_cost(ledger: dict) -> float:
-    return attempts_cost_usd(ledger["attempts"])
+    """The attempts' cost and that of the job's ``orchestrator eval`` runs (``evaluations``)."""
+    return attempts_cost_usd(ledger["attempts"]) + attempts_cost_usd(evaluations(ledger))
+
+
+def evaluations(ledger: dict) -> list:
+    """The ``orchestrator eval`` runs billed to the job (``orchestrator.evaluation.billing``); none when the
+    stored list is not one of dicts with a finite, non-negative cost (storage is untrusted)."""
+    entries = ledger.get("evaluations")
+    ok = isinstance(entries, list) and all(
+        isinstance(e, dict) and isinstance(e.get("cost_usd"), (int, float)) and not isinstance(e.get("cost_usd"), bool)
+        and math.isfinite(e["cost_usd"]) and e["cost_usd"] >= 0 for e in entries)
+    return entries if ok else []
+
+
+def add_evaluation(ledger: dict, entry: dict) -> None:
+    """Add (or update, by ``id``) one ``orchestrator eval`` run's bill; the ledger's ``cost_usd`` counts it."""
+    kept = [e for e in evaluations(ledger) if e.get("id") != entry["id"]]
+    ledger["evaluations"] = kept + [entry]
+    ledger["cost_usd"] = _total_cost(ledger)
 
 
 class Ledger:

@@ -124,6 +124,12 @@ def generation_accuracy(model, tokenizer, prompts: list[str], answers: list[str]
     return correct / max(1, len(prompts))
 
 
+def on_benchmark(cfg) -> bool:
+    """Whether early stopping and ``checkpoint.final=best`` select on a benchmark metric
+    (``train.early_stopping_metric=bench/<task>/<metric>``) instead of the held-out quality metric."""
+    return str(cfg.train.get("early_stopping_metric") or "").startswith("bench/")
+
+
 def quality_args(cfg) -> dict:
     """TrainingArguments for evaluation during training (``train.eval_steps``) and early stopping.
 
@@ -135,10 +141,11 @@ def quality_args(cfg) -> dict:
     t = cfg.train
     kw: dict = {"prediction_loss_only": True}
     if int(t.eval_steps) > 0:
-        metric = quality_metric(cfg)
-        kw.update(eval_strategy="steps", eval_steps=int(t.eval_steps), metric_for_best_model=metric.name,
-                  greater_is_better=metric.greater_is_better)
-    if int(t.early_stopping_patience) > 0:
+        kw.update(eval_strategy="steps", eval_steps=int(t.eval_steps))
+        if not on_benchmark(cfg):  # else the benchmark watch selects (orchestrator.evaluation.selection)
+            metric = quality_metric(cfg)
+            kw.update(metric_for_best_model=metric.name, greater_is_better=metric.greater_is_better)
+    if int(t.early_stopping_patience) > 0 and not on_benchmark(cfg):
         kw["restore_callback_states_from_checkpoint"] = True
     return kw
 
@@ -149,7 +156,7 @@ def with_quality_callbacks(cfg, callbacks: list, tokenizer, eval_dataset) -> lis
     from transformers import EarlyStoppingCallback
 
     out = [QualityCallback(cfg, tokenizer, eval_dataset), *callbacks]
-    if int(cfg.train.early_stopping_patience) > 0:
+    if int(cfg.train.early_stopping_patience) > 0 and not on_benchmark(cfg):
         out.append(EarlyStoppingCallback(early_stopping_patience=int(cfg.train.early_stopping_patience),
                                          early_stopping_threshold=float(cfg.train.early_stopping_threshold)))
     return out

@@ -72,6 +72,11 @@ def test_bench_points_at_the_evaluated_steps_once_each_across_sigkills(s3_server
     gains = client.get_metric_history(mlrun.info.run_id, "bench_gain/tiny_arith_mc/acc_interval")
     assert [m.step for m in gains] == [results["final"]["step"]] and gains[0].value > 0, gains
     assert "benchmark tiny_arith_mc/acc: " in log
+    # the chart of score against dollars, redrawn at each new point under one name across the restarts
+    charts = [a.path for a in client.list_artifacts(mlrun.info.run_id, "bench") if a.path.endswith(".png")]
+    assert charts == ["bench/score_vs_usd.png"], charts
+    png = client.download_artifacts(mlrun.info.run_id, "bench/score_vs_usd.png", str(tmp_path / "chart"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     text = client.download_artifacts(mlrun.info.run_id, "cost_report.txt", str(tmp_path / "a"))
     assert "benchmark evaluation (this attempt, not training):" in open(text).read()
 

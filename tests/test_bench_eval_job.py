@@ -72,3 +72,36 @@ def test_eval_job_scores_each_checkpoint_once_and_a_sigkill_loses_only_the_one_i
     values = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "bench/tiny_arith_mc/acc")}
     assert values == {r["step"]: r["scores"]["tiny_arith_mc"]["acc"]["value"] for r in results.values()}
 
+
+
+@pytest.mark.e2e
+def test_eval_job_is_billed_to_the_jobs_ledger_and_spend_index_and_a_spent_cap_refuses_it(tmp_path):
+    runs = tmp_path / "runs"
+    fast = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps"))]
+    common = ["tracking.experiment=capped"]
+    done = jobs.run_job(fast + TRAIN + common + [f"storage.uri={runs}", "run.name=trained"], tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trained_cost = json.loads((runs / "trained" / "ledger.json").read_text())["cost_usd"]
+
+    cmd = [jobs.PYTHON, "-m", "orchestrator.cli.main", "eval", f"{runs}/trained", "eval.tasks=[tiny_arith_mc]",
+           "eval.limit=20", *common]
+    first = subprocess.run(cmd, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "trained: 3 evaluated, 0 already done, 0 unusable; $" in first.stdout, first.stdout[-2000:]
+    ledger = json.loads((runs / "trained" / "ledger.json").read_text())
+    (bill,) = ledger["evaluations"]
+    assert bill["status"] == "completed" and bill["evaluated"] == 3 and bill["cost_usd"] > 0, bill
+    assert ledger["cost_usd"] == pytest.approx(trained_cost + bill["cost_usd"])  # the job's cost counts it
+    assert [a["exit_class"] for a in ledger["attempts"]] == ["completed"]  # no training attempt was taken over
+    index = json.loads((runs / "_spend" / "index.json").read_text())
+    charged = index["jobs"]["trained:eval"]
+    assert charged["experiment"] == "capped" and charged["open"] == {}, charged
+    assert sum(charged["months"].values()) == pytest.approx(bill["cost_usd"])
+
+    # the experiment's cap is already spent (training and evaluation together): another task set is refused
+    capped = [o for o in cmd if not o.startswith("eval.limit")] + ["eval.limit=10", "budget.experiment_max_usd=0.000001"]
+    refused = subprocess.run(capped, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True,
+                             timeout=600)
+    assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "orchestrator eval of 'trained' not started:" in refused.stderr and "capped" in refused.stderr, refused.stderr
+    assert len(list(runs.glob("trained/bench/*/"))) == 1  # nothing evaluated for the new task set

@@ -54,7 +54,9 @@ def finished_job(s3_server, mlflow_server, tmp_path_factory) -> FinishedJob:
     overrides = jobs.with_overrides(
         jobs.FAST + storage.overrides(), "train.max_steps=10", f"run.name={run}", "tracking.enabled=true",
         f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={experiment}",
-        "checkpoint.save_final_weights=false", "tracking.log_final_weights=true")
+        "checkpoint.save_final_weights=false", "tracking.log_final_weights=true",
+        # the base and the final weights scored on 20 items: the run page's benchmark metric and chart
+        "eval.tasks=[tiny_arith_mc]", "eval.limit=20")
     env = jobs.job_env(tmp)
     env.pop("MLFLOW_TRACKING_URI", None)
     done = jobs.run_job(overrides, tmp, env=env, timeout=600)
@@ -129,3 +131,8 @@ def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(fi
     assert "completed at step 10 after 1 attempt(s)" in text and f"cost ${metrics['cost_usd']:,.4f}" in text
     assert f"orchestrator.worker {head[:7]}" in text, text[:3000]  # the source and its commit
     assert "final-adapter Ready" in text, text[:3000]  # the logged model
+    # the benchmark score with its error on the run page, and the chart of score against dollars among its artifacts
+    for key in ("bench/tiny_arith_mc/acc", "bench/tiny_arith_mc/acc_stderr"):
+        assert re.search(rf"{re.escape(key)} [0-9.e-]+", text), f"metric {key} not shown with a value: {text[:3000]}"
+    charts = [a.path for a in job.client.list_artifacts(mlrun.info.run_id, "bench") if a.path.endswith(".png")]
+    assert charts == ["bench/score_vs_usd.png"], charts

@@ -61,3 +61,54 @@ def test_report_lists_jobs_and_logs_the_chart(mlflow_server, tmp_path, capsys, m
 def test_unknown_experiment_says_how_to_fix_it(mlflow_server, capsys):
     assert report.main(["--tracking-uri", mlflow_server.uri, "--experiment", "no-such-experiment"]) == 2
     assert "--experiment" in capsys.readouterr().err
+
+
+def _bench_job(uri, experiment, name, scores, cost_per_eval=0.01, stderr=0.03):
+    """A job's run as the in-job evaluation logs it: the base at step 0, each checkpoint's score with its
+    stderr and ``cost_usd`` at the same step; ``cost_usd`` also at other steps (the training's own logs)."""
+    tracker = JobTracker(TrackingConfig(uri=uri, experiment=experiment), job_name=name,
+                         tags={"recipe": "sft", "model": "tiny", "quality_metric": "eval_accuracy"})
+    tracker.start()
+    for i, acc in enumerate(scores):
+        metrics = {"bench/tiny_arith_mc/acc": acc, "bench/tiny_arith_mc/acc_stderr": stderr}
+        if i:
+            tracker.log_metrics({"cost_usd": cost_per_eval * i - 0.005}, step=10 * i - 5)
+            metrics["cost_usd"] = cost_per_eval * i
+        tracker.log_metrics(metrics, step=10 * i)
+    assert tracker.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.mlflow
+def test_report_gives_each_job_a_verdict_with_its_numbers_and_charts_score_against_dollars(
+        mlflow_server, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    experiment = f"verdict-{uuid.uuid4().hex[:8]}"
+    _bench_job(mlflow_server.uri, experiment, "gaining", [0.30, 0.45, 0.60, 0.75])
+    _bench_job(mlflow_server.uri, experiment, "flat", [0.30, 0.50, 0.52, 0.51, 0.53])
+    _bench_job(mlflow_server.uri, experiment, "hurting", [0.60, 0.50, 0.40])
+    bench = tmp_path / "bench.png"
+    argv = ["--tracking-uri", mlflow_server.uri, "--experiment", experiment, "--out", str(tmp_path / "c.png"),
+            "--bench-out", str(bench)]
+
+    assert report.main(argv) == 0
+    out = capsys.readouterr().out
+    verdicts = {line.split()[1].rstrip(":"): line for line in out.splitlines() if line.startswith("verdict ")}
+    assert verdicts == {
+        "gaining": "verdict gaining: continue (tiny_arith_mc/acc: +45.0+-8.3 points over the last 3 evaluation(s) "
+                   "(steps 0-30) for $0.0300: $0.0007/pt, still gaining beyond noise)",
+        "flat": "verdict flat: stop (tiny_arith_mc/acc: +3.0+-8.3 points over the last 3 evaluation(s) "
+                "(steps 10-40) for $0.0300: flat within noise)",
+        "hurting": "verdict hurting: change (tiny_arith_mc/acc: -20.0+-8.3 points against the base after $0.0200: "
+                   "worse beyond noise)",
+    }
+    assert "benchmark chart of 12 evaluation(s)" in out and bench.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name(experiment)
+    (report_run,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == report.REPORT_RUN_NAME]
+    assert sorted(a.path for a in client.list_artifacts(report_run.info.run_id)) == [
+        "bench_vs_usd.png", "cost_vs_quality.png"]
+
+    # a threshold on dollars per point stops the job still gaining
+    assert report.main(argv + ["--max-usd-per-point", "0.0005"]) == 0
+    assert "verdict gaining: stop (" in capsys.readouterr().out

@@ -40,6 +40,8 @@ class QualityWatch:
         self.checkpoints = checkpoints
         self.tracking = tracking
         self.metric = quality_metric(cfg)
+        # what early stopping and checkpoint.final=best select on (a benchmark metric: the benchmark watch's)
+        self.select_name = str(cfg.train.get("early_stopping_metric") or "") or self.metric.name
         self.before_key = f"{self.metric.name}_before"
         self.stop_reason: Optional[str] = None
         self._expect_before = False
@@ -79,7 +81,7 @@ class QualityWatch:
     def after_training(self, trainer, step: int) -> int:
         """Before the final weights are written: the early stop's reason; ``checkpoint.final=best``'s weights.
         Returns the step whose weights the model now holds (``step``, the last, unless the best was loaded)."""
-        self.stop_reason = early_stop_reason(trainer, self.cfg, self.metric.name)
+        self.stop_reason = early_stop_reason(trainer, self.cfg, self.select_name)
         if self.stop_reason and self.record.writes:
             print(f"stopped early: {self.stop_reason}; the job ends completed", flush=True)
             self.record.update_quality({"stopped_early": self.stop_reason})
@@ -101,7 +103,7 @@ class QualityWatch:
         if step == state.global_step:
             if self.record.writes:
                 print(f"final weights: the last step {step} is the best evaluation "
-                      f"({self.metric.name}={state.best_metric:.4f})", flush=True)
+                      f"({self.select_name}={state.best_metric:.4f})", flush=True)
             return False
         local = self.checkpoints.fetch_step(step)
         if local is None:
@@ -112,7 +114,7 @@ class QualityWatch:
         trainer._load_best_model()
         restore_build_dtypes(trainer)
         if self.record.writes:
-            print(f"final weights: the best checkpoint (step {step}, {self.metric.name}={state.best_metric:.4f}), "
+            print(f"final weights: the best checkpoint (step {step}, {self.select_name}={state.best_metric:.4f}), "
                   f"not the last (step {state.global_step})", flush=True)
         return True
 
@@ -134,9 +136,14 @@ class QualityWatch:
 
 
 def early_stop_reason(trainer, cfg, metric: str) -> Optional[str]:
-    """Why ``EarlyStoppingCallback`` ended training (None: it did not)."""
+    """Why ``EarlyStoppingCallback`` (or the benchmark watch, on a benchmark metric) ended training (None: it did
+    not)."""
     from transformers import EarlyStoppingCallback
 
+    bench = next((c.early_stop_reason for c in trainer.callback_handler.callbacks
+                  if getattr(c, "early_stop_reason", None)), None)
+    if bench:
+        return bench
     patience = int(cfg.train.early_stopping_patience)
     stopper = next((c for c in trainer.callback_handler.callbacks if isinstance(c, EarlyStoppingCallback)), None)
     if stopper is None or patience <= 0 or stopper.early_stopping_patience_counter < patience:

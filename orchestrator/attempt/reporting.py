@@ -119,6 +119,10 @@ class AttemptTracking:
             log.warning("the training data could not be described as an MLflow dataset input: %s", err)
         self.set_tags({"dataset_fingerprint": fingerprint})
 
+    def log_file(self, data: bytes, artifact_file: str) -> None:
+        if self.tracker is not None:
+            self.tracker.log_file_artifact(data, artifact_file)
+
     def log_text(self, text: str, artifact_file: str) -> None:
         if self.tracker is not None:
             self.tracker.log_text_artifact(text, artifact_file)

@@ -18,10 +18,11 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.cli.common import Parser, fail
+from orchestrator.evaluation import curve
 from orchestrator.evaluation.stats import report_cell
 from orchestrator.tracking.run import JOB_TAG, KIND_TAG
 from orchestrator.redaction import scrub_text
@@ -29,6 +30,7 @@ from orchestrator.redaction import scrub_text
 REPORT_RUN_NAME = "report"
 REPORT_KIND = "report"
 CHART_ARTIFACT = "cost_vs_quality.png"
+BENCH_CHART_ARTIFACT = "bench_vs_usd.png"
 DEFAULT_EXPERIMENT = "spot-orchestrator"
 COLUMNS = ("job", "recipe", "model", "status", "attempts", "preemptions", "cost_usd", "quality", "usd_per_point",
            "benchmarks")
@@ -49,6 +51,8 @@ class JobRow:
     # (``orchestrator.money.report.usd_per_quality_point``); None when it had no gain or no "before"
     usd_per_point: Optional[float] = None
     benchmarks: str = "-"  # bench/<task>/<metric> with its 95% interval and the gain over the base (docs/quality.md)
+    # per task/metric, every evaluation's (step, cost so far, score, stderr), the base's at $0 (curve.from_history)
+    bench: dict = field(default_factory=dict)
 
 
 def _number(run, key: str) -> Optional[float]:
@@ -84,9 +88,40 @@ def collect_jobs(client, experiment_id: str) -> list[JobRow]:
                 quality=_number(run, quality_metric) if quality_metric else None,
                 usd_per_point=_number(run, "usd_per_quality_point"),
                 benchmarks=report_cell(run.data.metrics),
+                bench=_bench_points(client, run),
             )
         )
     return sorted(rows, key=lambda r: r.job)
+
+
+def _bench_points(client, run) -> dict:
+    keys = [k for k in run.data.metrics if k.startswith("bench/")]
+    if not keys:
+        return {}
+    history = {k: client.get_metric_history(run.info.run_id, k) for k in [*keys, "cost_usd"]}
+    return curve.from_history(history)
+
+
+def verdict_lines(rows: list[JobRow], *, window: int, max_usd_per_point: Optional[float]) -> list[str]:
+    """``verdict <job>: continue|stop|change (<each metric's numbers>)`` for every job with benchmark points."""
+    lines = []
+    for r in rows:
+        found = curve.job_verdict(r.bench, window=window, max_usd_per_point=max_usd_per_point)
+        if found is not None:
+            lines.append(f"verdict {r.job}: {found[0]} ({found[1]})")
+    return lines
+
+
+def bench_section(rows: list[JobRow], args, log_chart) -> None:
+    """The verdicts and the chart of every job's benchmark score against its dollars (only with points)."""
+    series = {f"{r.job} {key}": points for r in rows for key, points in r.bench.items() if points}
+    if not series:
+        return
+    print("\n" + "\n".join(verdict_lines(rows, window=args.plateau_evaluations,
+                                        max_usd_per_point=args.max_usd_per_point)))
+    drawn = curve.plot(series, args.bench_out)
+    log_chart(args.bench_out, BENCH_CHART_ARTIFACT)
+    print(f"benchmark chart of {drawn} evaluation(s): {args.bench_out}")
 
 
 def format_table(rows: list[JobRow]) -> str:
@@ -141,6 +176,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tracking-uri", help="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./.cache/mlflow SQLite)")
     parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})")
     parser.add_argument("--out", default="cost_vs_quality.png", help="where to write the chart")
+    parser.add_argument("--bench-out", default="bench_vs_usd.png",
+                        help="where to write the chart of benchmark score against dollars")
+    parser.add_argument("--plateau-evaluations", type=_positive_int, default=curve.DEFAULT_WINDOW, metavar="K",
+                        help="verdict stop when the last K evaluations gain nothing beyond noise (default: 3)")
+    parser.add_argument("--max-usd-per-point", type=float, default=None, metavar="USD",
+                        help="verdict stop when the last K evaluations cost more than this per point gained")
     args = parser.parse_args(argv)
 
     from mlflow import MlflowClient
@@ -166,13 +207,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(format_table(rows))
     plotted = plot_cost_vs_quality(rows, args.out)
     run_id = _report_run_id(client, experiment.experiment_id)
-    with tempfile.TemporaryDirectory() as tmp:
-        # Logged under a fixed name whatever --out says, so the report run holds one current chart.
-        staged = os.path.join(tmp, CHART_ARTIFACT)
-        shutil.copyfile(args.out, staged)
-        client.log_artifact(run_id, staged)
+
+    def log_chart(path: str, name: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            # Logged under a fixed name whatever --out says, so the report run holds one current chart.
+            staged = os.path.join(tmp, name)
+            shutil.copyfile(path, staged)
+            client.log_artifact(run_id, staged)
+
+    log_chart(args.out, CHART_ARTIFACT)
     print(f"\nchart of {plotted} job(s): {args.out} (also logged to MLflow run {run_id!r}, named {REPORT_RUN_NAME!r})")
+    bench_section(rows, args, log_chart)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of evaluations of at least 1 (e.g. 3)")
+    return int(text)
 
 
 if __name__ == "__main__":

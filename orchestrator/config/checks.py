@@ -105,12 +105,13 @@ def _check_evaluation(cfg: DictConfig) -> None:
     if t.early_stopping_threshold < 0:
         raise ConfigError(f"train.early_stopping_threshold={t.early_stopping_threshold} must be at least 0 (how much "
                           "the quality metric must improve to count); set e.g. train.early_stopping_threshold=0.")
-    if t.early_stopping_patience > 0 and t.eval_steps <= 0:
+    bench = _check_selection_metric(cfg)
+    if t.early_stopping_patience > 0 and t.eval_steps <= 0 and not bench:
         raise ConfigError(f"train.early_stopping_patience={t.early_stopping_patience} counts evaluations, but "
                           "train.eval_steps=0 evaluates only at the end. Set train.eval_steps=N (e.g. 50), or "
                           "train.early_stopping_patience=0.")
     if cfg.checkpoint.final == "best":
-        if t.eval_steps <= 0:
+        if t.eval_steps <= 0 and not bench:
             raise ConfigError("checkpoint.final=best keeps the best evaluation's weights, but train.eval_steps=0 "
                               "evaluates only at the end. Set train.eval_steps=N (e.g. 50), or checkpoint.final=last.")
         if not cfg.checkpoint.save_final_weights:
@@ -120,6 +121,26 @@ def _check_evaluation(cfg: DictConfig) -> None:
             raise ConfigError(f"checkpoint.final=best loads the best checkpoint's weights back at the end, which is "
                               f"supported with distributed=none or ddp, not {cfg.distributed.name}. Use "
                               "checkpoint.final=last (and pick the best checkpoint from storage), or distributed=ddp.")
+
+
+def _check_selection_metric(cfg: DictConfig) -> bool:
+    """``train.early_stopping_metric``: empty (the held-out metric) or a benchmark metric a task produces, scored
+    at checkpoints (``eval.every``). Returns whether it names a benchmark metric."""
+    name = str(cfg.train.get("early_stopping_metric") or "")
+    if not name:
+        return False
+    from orchestrator.evaluation import selection, spec
+
+    task, metric = selection.split(name) if selection.is_bench_metric(name) else ("", "")
+    if not (task and metric):
+        raise ConfigError(f"train.early_stopping_metric={name!r}: give bench/<task>/<metric> (e.g. "
+                          "bench/tiny_arith_mc/acc, scored by eval.tasks), or null for the held-out quality metric.")
+    if not spec.enabled(cfg) or cfg.eval.every <= 0:
+        raise ConfigError(f"train.early_stopping_metric={name} selects on benchmark scores of checkpoints, but "
+                          f"{'eval.tasks is empty' if not spec.enabled(cfg) else 'eval.every=0 scores only the final weights'}."
+                          f" Set 'eval.tasks=[{task}]' and eval.every=N (e.g. 1), or train.early_stopping_metric=null.")
+    spec.check_metric(cfg.eval, task, metric, key=f"train.early_stopping_metric={name}")
+    return True
 
 
 def _check_tracking(cfg: DictConfig) -> None:

@@ -126,6 +126,7 @@ class TrainConfig:
     eval_steps: int = 0  # also evaluate loss and the quality metric (MLflow curves) every N optimizer steps (0: only at the end)
     early_stopping_patience: int = 0  # stop (completed) after N evaluations without a better quality metric (0: off)
     early_stopping_threshold: float = 0.0  # how much the quality metric must beat its best by to count as better
+    early_stopping_metric: Optional[str] = None  # what early stopping and checkpoint.final=best select on: null (the quality metric) or bench/<task>/<metric> (beyond noise)
     trial_steps: int = 0  # >0: run this many steps, print plan vs measurement, stop
     pause_at_step: int = 0  # >0: stop with a checkpoint at this optimizer step, exit 3 (a sweep's rung; relaunch with a larger one to go on)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower

@@ -64,8 +64,9 @@ def model_args(cfg: Any, folder: Path) -> dict:
     return dict(args, pretrained=str(folder))
 
 
-def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path) -> dict:
-    """Evaluate what has no result yet; returns counts (evaluated, skipped, unusable)."""
+def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = None) -> dict:
+    """Evaluate what has no result yet; returns counts (evaluated, skipped, unusable). ``bill``: the run's
+    ``billing.EvalBill``, charged after each evaluation (it raises BudgetExhausted once a cap is reached)."""
     from orchestrator.checkpoint.store import CheckpointStore
     from orchestrator.evaluation import harness, spec
     from orchestrator.evaluation.results import ResultStore, manifest_hash
@@ -105,6 +106,8 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path) -> dict:
             f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
             for metric, score in metrics.items()), flush=True)
         shutil.rmtree(folder, ignore_errors=True)
+        if bill is not None:
+            bill.charge(counts["evaluated"])
     return counts
 
 
@@ -138,7 +141,9 @@ def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> 
 def main(argv: Optional[list[str]] = None) -> int:
     from orchestrator.cli.common import USAGE_ERROR, fail
     from orchestrator.config.compose import compose_config
-    from orchestrator.errors import ConfigError, DataError, UserError
+    from orchestrator.errors import BudgetExhausted, ConfigError, DataError, UserError
+    from orchestrator.evaluation.billing import EvalBill
+    from orchestrator.exitcodes import outcome
     from orchestrator.storage import open_store, split_run_uri
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -150,12 +155,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not cfg.eval.tasks:
             raise ConfigError("eval.tasks is empty; give the tasks, e.g. 'eval.tasks=[tiny_arith_mc]'.")
         store = open_store(storage_uri, endpoint_url=args.endpoint_url)
+        bill = EvalBill(cfg, store, run_name)
+        bill.open()
         with tempfile.TemporaryDirectory(prefix="orch-eval-") as work:
-            counts = evaluate_run(cfg, store, run_name, Path(work))
+            counts = evaluate_run(cfg, store, run_name, Path(work), bill)
+        spent = bill.close(counts["evaluated"])
+    except BudgetExhausted as err:  # a cap of budget.* spent: the budget's code, as a job's
+        return fail(err, outcome(err.exit_class).exit_code)
     except (ConfigError, DataError) as err:  # the job's config: the code a launch gives (docs/cli.md)
         return fail(err, err.exit_code)
     except (ValueError, UserError) as err:  # the URI, the store
         return fail(err, USAGE_ERROR)
     print(f"{run_name}: {counts['evaluated']} evaluated, {counts['skipped']} already done, "
-          f"{counts['unusable']} unusable", flush=True)
+          f"{counts['unusable']} unusable; ${spent:.6f} at {cfg.compute.gpu_type} prices, billed to the job's ledger "
+          "and the spend index", flush=True)
     return 0

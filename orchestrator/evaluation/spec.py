@@ -174,7 +174,51 @@ def check(cfg: Any) -> None:
     if cfg.distributed.name != "none":
         raise ConfigError(f"eval.tasks: the in-job evaluation runs in the training process, supported with "
                           f"distributed=none, not {cfg.distributed.name}. Use distributed=none, or eval.tasks=[].")
-    resolve(ev)
+    _resolved(ev)
+
+
+_RESOLVED: dict = {}
+
+
+def _resolved(eval_cfg: Any) -> TaskSet:
+    """``resolve``, once per task list in this process (the launch checks ask twice)."""
+    key = json.dumps([list(map(str, eval_cfg.tasks)), eval_cfg.num_fewshot, eval_cfg.limit], default=str)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = resolve(eval_cfg)
+    return _RESOLVED[key]
+
+
+# the metrics an output type reports when a task YAML lists none (lm-evaluation-harness's defaults)
+DEFAULT_METRICS = {"multiple_choice": ["acc", "acc_norm"], "generate_until": ["exact_match"],
+                   "loglikelihood": ["perplexity", "acc"], "loglikelihood_rolling": ["word_perplexity"]}
+
+
+def produced_metrics(task_set: TaskSet, task: str) -> Any:
+    """The metric names (as logged: ``<metric>`` or ``<metric>_<filter>``) a local task reports; None where
+    the task is the harness's own (not known without building it)."""
+    found = [s for s in task_set.specs if isinstance(s, dict) and s.get("task") == task]
+    if not found:
+        return None
+    cfg = found[0]
+    metrics = [m.get("metric") for m in cfg.get("metric_list") or [] if isinstance(m, dict)] or DEFAULT_METRICS.get(
+        str(cfg.get("output_type")))
+    if metrics is None:
+        return None
+    filters = [f.get("name") for f in cfg.get("filter_list") or [] if isinstance(f, dict)] or ["none"]
+    return {m if f == "none" else f"{m}_{f}" for m in metrics for f in filters}
+
+
+def check_metric(eval_cfg: Any, task: str, metric: str, *, key: str) -> None:
+    """A benchmark metric named in another key (``train.early_stopping_metric``) is one a task of
+    ``eval.tasks`` reports. Raises ConfigError naming the fix."""
+    task_set = _resolved(eval_cfg)
+    if task not in task_set.names:
+        raise ConfigError(f"{key}: {task!r} is not one of eval.tasks ({', '.join(task_set.names)}). Name a task "
+                          f"eval.tasks evaluates, e.g. bench/{task_set.names[0]}/<metric>, or add it to eval.tasks.")
+    known = produced_metrics(task_set, task)
+    if known is not None and metric not in known:
+        raise ConfigError(f"{key}: task {task} reports {', '.join(sorted(known))}, not {metric!r}. Use e.g. "
+                          f"bench/{task}/{sorted(known)[0]}.")
 
 
 def _checkpoints_on(cfg: Any) -> bool:

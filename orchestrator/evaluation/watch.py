@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from orchestrator.evaluation import harness, spec, stats
+from orchestrator.evaluation import curve, harness, selection, spec, stats
 from orchestrator.evaluation.results import ResultStore, manifest_hash
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,10 @@ class BenchWatch(TrainerCallback):
         self.seconds = 0.0  # evaluation time this attempt
         self.evaluated: list[int] = []  # steps evaluated this attempt
         self.history: list[list[int]] = []  # [step, regular commits since the last evaluated one] per noted save
+        self.records: dict[int, dict] = {}  # step -> the result logged at it (the base's at 0): the chart's points
+        name = cfg.train.get("early_stopping_metric")
+        # early stopping / checkpoint.final=best on a benchmark metric; the reason training ended early on it
+        self.select, self.early_stop_reason = (name if selection.is_bench_metric(name) else None), None
 
     # ---- the Trainer's hooks --------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
@@ -63,11 +67,18 @@ class BenchWatch(TrainerCallback):
         self._replay(state.global_step)
         restored = self._committed_at(state.global_step)
         # saves noted after the restored checkpoint never committed: they do not count
-        self.history = [e for e in self._progress() if restored is not None and e[0] <= state.global_step]
+        self.history = [e for e in read_progress(self.store, f"{self.results.prefix}progress.json")
+                        if restored is not None and e[0] <= state.global_step]
         if restored is not None and (not self.history or self.history[-1][0] < state.global_step):
             self._note(state.global_step, (self.history[-1][1] if self.history else 0) + 1)  # killed before noting
         if restored is not None and self.ev.every > 0 and self.history[-1][1] >= self.ev.every:
-            self._evaluate_checkpoint(model, processing_class, restored, state.global_step)  # killed before or during it
+            self._evaluate_checkpoint(model, processing_class, restored, state, control)  # killed before or during it
+        self._decide(state, control)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.early_stop_reason:  # decided at a save (or replayed at the start): training ends now
+            control.should_training_stop = True
         return control
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
@@ -81,25 +92,28 @@ class BenchWatch(TrainerCallback):
             self.checkpoints.wait()
             done = self.checkpoints.checkpoints.results
             if done and done[-1].ok and done[-1].step == state.global_step:
-                self._evaluate_checkpoint(model, processing_class, done[-1].name, state.global_step)
+                self._evaluate_checkpoint(model, processing_class, done[-1].name, state, control, announce=True)
             self.steps.resume()  # the evaluation is not the data loader's wait
         return control
 
     # ---- evaluations ----------------------------------------------------------------
-    def _evaluate_checkpoint(self, model, tokenizer, name: str, step: int) -> None:
+    def _evaluate_checkpoint(self, model, tokenizer, name: str, state, control, *, announce: bool = False) -> None:
+        """Score, decide (an early stop), log: ``cost_usd`` only if training goes on (else the closing total)."""
+        step = state.global_step
         digest = manifest_hash(self.store, f"{self.run_name}/checkpoints/{name}/manifest.json")
         if digest is None:
             return
-        record = self._score(name, step, digest, model, tokenizer)
+        self.records[step] = record = self._score(name, step, digest, model, tokenizer)
         self._note(step, 0)
-        self._log(record, step)
+        self._decide(state, control, announce=announce)
+        self._log(record, step, cost=not (self.early_stop_reason or step >= state.max_steps > 0))
 
     def after_final(self, trainer: Any, step: int) -> Optional[dict]:
         """The final weights (committed under ``<run>/final/``), then the job's benchmark summary."""
         digest = manifest_hash(self.store, f"{self.run_name}/final/manifest.json") or f"unsaved-step-{step}"
         record = self._score("final", step, digest, trainer.model, trainer.processing_class,
                              keep_samples=bool(self.ev.log_samples))
-        self._log(record, step)
+        self._log(record, step, cost=False)  # the closing report logs the final total at the last step
         return self.summary(record)
 
     def _score(self, name: str, step: int, digest: str, model, tokenizer, keep_samples: bool = False) -> dict:
@@ -134,6 +148,20 @@ class BenchWatch(TrainerCallback):
         self._log(cached, 0, cost=False)
         return cached
 
+    def _decide(self, state, control, *, announce: bool = False) -> None:
+        """``train.early_stopping_metric=bench/...``: the best checkpoint beyond noise as the Trainer state's
+        ``best_global_step`` (``checkpoint.final=best``, retention) and whether a plateau ends training."""
+        if self.select is None:
+            return
+        chosen = selection.of_checkpoints(self.records.values(), self.select, self.cfg.train)
+        if chosen.best_step is not None:
+            state.best_global_step, state.best_metric = chosen.best_step, chosen.best_value
+        if announce:
+            print(f"benchmark selection {selection.describe(chosen, self.select)}", flush=True)
+        if chosen.stop_reason:
+            self.early_stop_reason = chosen.stop_reason
+            control.should_training_stop = True
+
     # ---- what it reports ----------------------------------------------------------------
     def _replay(self, restored_step: int) -> None:
         """Points of stored results an earlier attempt was killed before delivering (the tracker drops those the
@@ -147,9 +175,14 @@ class BenchWatch(TrainerCallback):
             if record is not None and record["step"] <= restored_step:
                 records.append(record)
         for record in sorted(records, key=lambda r: r["step"]):
-            self._log(record, record["step"], cost=record.get("cost_usd") is not None)
+            self._log(record, record["step"], cost=record.get("cost_usd") is not None, chart=False)
 
-    def _log(self, record: dict, step: int, *, cost: bool = True) -> None:
+    def _log(self, record: dict, step: int, *, cost: bool = True, chart: bool = True) -> None:
+        """The record's points at ``step``, then (``chart``) the score-against-dollars chart redrawn from every
+        point so far (replayed ones included) under one artifact name: a restart replaces it, never adds one."""
+        if cost and record.get("cost_usd") is None:
+            record = dict(record, cost_usd=self.money.total_cost_usd())
+        self.records.setdefault(int(step), dict(record, step=int(step)))  # final=best: the best's own point stays
         metrics = {}
         for task, scores in record["scores"].items():
             for metric, score in scores.items():
@@ -157,8 +190,11 @@ class BenchWatch(TrainerCallback):
                 if score.get("stderr") is not None:
                     metrics[f"bench/{task}/{metric}_stderr"] = score["stderr"]
         if cost:
-            metrics["cost_usd"] = record.get("cost_usd") or self.money.total_cost_usd()
+            metrics["cost_usd"] = record["cost_usd"]
         self.tracking.log_metrics(metrics, step)
+        if chart and getattr(self.tracking, "active", True):
+            self.tracking.log_file(curve.render(self.records.values(), title=f"{self.run_name}: benchmark score "
+                                                "against dollars"), curve.CHART_ARTIFACT)
         tracker = getattr(self.tracking, "tracker", None)
         if tracker is not None:  # delivered now: a SIGKILL after this loses no point
             tracker.flush(timeout_s=10.0)
@@ -191,17 +227,6 @@ class BenchWatch(TrainerCallback):
         return {"attempt_evaluation_s": self.seconds,
                 "attempt_evaluation_usd": self.seconds * self.money.price.usd_per_hour_total / 3600.0}
 
-    # ---- the eval.every counter -------------------------------------------------------
-    def _progress(self) -> list[list[int]]:
-        try:
-            data = json.loads(self.store.get_bytes(f"{self.results.prefix}progress.json"))
-        except (FileNotFoundError, KeyError, ValueError):
-            return []
-        entries = data.get("saves") if isinstance(data, dict) else None
-        ok = isinstance(entries, list) and all(
-            isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v >= 0 for v in e) for e in entries)
-        return entries if ok else []
-
     def _note(self, step: int, since: int) -> None:
         """The save at ``step`` is the ``since``-th regular commit since the last evaluated one (0: evaluated)."""
         self.history = [e for e in self.history if e[0] < step][-8:] + [[int(step), int(since)]]
@@ -210,6 +235,18 @@ class BenchWatch(TrainerCallback):
     def _committed_at(self, step: int) -> Optional[str]:
         found = [c.name for c in self.checkpoints.checkpoints.committed() if c.step == step]
         return found[-1] if found and step > 0 else None
+
+
+def read_progress(store: Any, key: str) -> list[list[int]]:
+    """The noted saves (``[[step, since], ...]``) in ``progress.json``; none when missing or not sound."""
+    try:
+        data = json.loads(store.get_bytes(key))
+    except (FileNotFoundError, KeyError, ValueError):
+        return []
+    entries = data.get("saves") if isinstance(data, dict) else None
+    ok = isinstance(entries, list) and all(
+        isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v >= 0 for v in e) for e in entries)
+    return entries if ok else []
 
 
 def bench_watch(cfg: Any, **ports: Any) -> Optional[BenchWatch]:

@@ -309,6 +309,11 @@ class JobTracker:
         if self.enabled and self._delivery is not None:
             self._delivery.add_op(("dict", redact(obj, self._secrets), artifact_file))
 
+    def log_file_artifact(self, data: bytes, artifact_file: str) -> None:
+        """Queue ``data`` (a chart's PNG) as the artifact ``artifact_file``, replacing one of that name."""
+        if self.enabled and self._delivery is not None:
+            self._delivery.add_op(("file", bytes(data), artifact_file))
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""
         if not self.enabled or self._delivery is None:
@@ -344,5 +349,17 @@ class JobTracker:
             self.client.log_text(self.run_id, op[1], op[2])
         elif op[0] == "dict":
             self.client.log_dict(self.run_id, op[1], op[2])
+        elif op[0] == "file":
+            _log_file(self.client, self.run_id, op[1], op[2])
         elif op[0] == "inputs":
             self.client.log_inputs(self.run_id, datasets=op[1])
+
+
+def _log_file(client, run_id: str, data: bytes, artifact_file: str) -> None:
+    import tempfile
+
+    folder, name = os.path.split(artifact_file)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_bytes(data)
+        client.log_artifact(run_id, str(path), folder or None)

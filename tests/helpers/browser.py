@@ -33,12 +33,17 @@ def chromium() -> str:
 def render(url: str, screenshot: Path) -> str:
     """The page's DOM after its scripts ran, as text (tags, scripts and styles removed, spaces collapsed);
     a screenshot of the same render goes to ``screenshot``."""
+    return page_text(render_dom(url, screenshot))
+
+
+def render_dom(url: str, screenshot: Path) -> str:
+    """The page's DOM after its scripts ran, as HTML (what ``render`` reads its text from)."""
     done = subprocess.run(
         [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={WINDOW}",
          f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}", f"--screenshot={screenshot}", "--dump-dom", url],
         capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
     assert done.returncode == 0, f"chromium failed ({done.returncode}): {done.stderr[-3000:]}"
-    return page_text(done.stdout)
+    return done.stdout
 
 
 def page_text(dom: str) -> str:

@@ -1,0 +1,80 @@
+"""What ``orchestrator eval`` costs, billed like an attempt of its job: metered at the price of ``compute`` (the
+machine it runs on) from its start, recorded in the job's ledger (``evaluations``, counted in its ``cost_usd``)
+and in the store's spend index under ``<run>:eval``, so the monthly and experiment caps count it.
+
+It is no attempt of the training job (it takes no epoch and fences nothing: it may run while the job trains), so
+it has its own entry in the spend index: a training attempt's reservation never settles it. The index is written
+after every evaluation, so a SIGKILL leaves its charge up to the last one (the next ``orchestrator eval`` of the job
+settles it). A cap already spent refuses it before anything is evaluated; one reached meanwhile stops it after the
+evaluation in flight (exit 3, the budget's code), with the numbers.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any, Callable
+
+from orchestrator.errors import BudgetExhausted
+
+log = logging.getLogger(__name__)
+
+EVAL_SUFFIX = ":eval"
+
+
+class EvalBill:
+    def __init__(self, cfg: Any, store: Any, run_name: str, *, clock: Callable[[], float] = time.time):
+        from orchestrator.money.cost import load_catalog, price_for
+        from orchestrator.money.spend import Caps, SpendIndex
+
+        self.store, self.run_name, self.clock = store, run_name, clock
+        self.usd_per_second = price_for(cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
+        self.started = clock()
+        self.epoch = int(self.started * 1000)  # this evaluation's entry in the spend index
+        self.id = f"eval-{self.epoch}"
+        caps = Caps(f"{run_name}{EVAL_SUFFIX}", str(cfg.tracking.experiment),
+                    monthly_max_usd=cfg.budget.get("monthly_max_usd"),
+                    experiment_max_usd=cfg.budget.get("experiment_max_usd"))
+        self.index = SpendIndex(store, caps)
+
+    def spent(self) -> float:
+        return max(0.0, self.clock() - self.started) * self.usd_per_second
+
+    def open(self) -> None:
+        """Refuses (BudgetExhausted) when a cap is already spent; else opens the entries."""
+        refusal = self.index.refusal()
+        if refusal:
+            raise BudgetExhausted(f"orchestrator eval of {self.run_name!r} not started: {refusal}")
+        self.charge(0, status="running")
+
+    def charge(self, evaluated: int, *, status: str = "running") -> None:
+        """What it has spent so far, into the spend index and the ledger; BudgetExhausted once a cap is reached."""
+        spent = self.spent()
+        grant = self.index.reserve(self.epoch, spent, spent)
+        self._record(spent, evaluated, status)
+        if grant.refusal and status == "running":
+            self.close(evaluated, status="budget_exhausted")
+            raise BudgetExhausted(f"orchestrator eval of {self.run_name!r} stopped after {evaluated} evaluation(s) "
+                                  f"(${spent:.6f}): {grant.refusal}")
+
+    def close(self, evaluated: int, *, status: str = "completed") -> float:
+        spent = self.spent()
+        self.index.settle(self.epoch, spent)
+        self._record(spent, evaluated, status)
+        return spent
+
+    def _record(self, spent: float, evaluated: int, status: str) -> None:
+        from orchestrator.ledger import LEDGER_FILENAME, add_evaluation, transact
+
+        entry = {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": self.started,
+                 "seconds": round(max(0.0, self.clock() - self.started), 3), "cost_usd": spent,
+                 "evaluated": int(evaluated), "status": status}
+
+        def mutate(ledger):
+            if ledger is None:  # no such job: nothing to bill it to (the caller found no checkpoints either)
+                return None
+            add_evaluation(ledger, entry)
+            return ledger
+
+        transact(self.store, f"{self.run_name}/{LEDGER_FILENAME}", mutate)

@@ -1,0 +1,153 @@
+"""Benchmark score against cumulative dollars: the points, the chart (PNG) and the verdict a user decides on.
+
+A point is one evaluation: the training step, the job's cost when it was evaluated (the base model at $0), the
+score and its standard error. The same points come from stored results (the job's own chart, ``from_records``)
+or from a run's MLflow history (``orchestrator report``, ``from_history``).
+
+The verdict per metric, over the points in step order (``window`` = K evaluations, ``max_usd_per_point`` a
+threshold or None):
+
+- ``change``: the last score is worse than the base beyond noise (the method is hurting);
+- ``continue``: the last K evaluations still gain beyond noise, at no more than the threshold per point;
+- ``stop``: flat within noise over the last K evaluations, or past the point where a point costs more than the
+  threshold;
+- ``continue`` too while there are fewer than K evaluations after the base and no gain beyond noise yet (too
+  few to call a plateau), said so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from orchestrator.evaluation.stats import Z95, gain
+
+CHART_ARTIFACT = "bench/score_vs_usd.png"
+DEFAULT_WINDOW = 3
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    usd: float
+    value: float
+    stderr: Optional[float]
+
+    @property
+    def score(self) -> dict:
+        return {"value": self.value, "stderr": self.stderr}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: str  # continue | stop | change
+    reason: str
+
+
+def from_records(records: Iterable[dict]) -> dict[str, list[Point]]:
+    """Per ``task/metric``, the points of stored results (``results.ResultStore`` records), one per step."""
+    by_step: dict[str, dict[int, Point]] = {}
+    for record in records:
+        step = int(record["step"])
+        usd = 0.0 if step == 0 else record.get("cost_usd")
+        if usd is None:
+            continue
+        for task, scores in (record.get("scores") or {}).items():
+            for metric, score in scores.items():
+                if score.get("value") is not None:
+                    by_step.setdefault(f"{task}/{metric}", {})[step] = Point(step, float(usd), float(score["value"]),
+                                                                             score.get("stderr"))
+    return {key: [steps[s] for s in sorted(steps)] for key, steps in sorted(by_step.items())}
+
+
+def from_history(history: dict[str, list]) -> dict[str, list[Point]]:
+    """Per ``task/metric``, the points of a run's MLflow history (``{key: [mlflow Metric]}``): each
+    ``bench/<task>/<metric>`` point with its ``_stderr`` and the ``cost_usd`` logged with it (same step, the
+    nearest in time), the base's (step 0) at $0."""
+    costs: dict[int, list] = {}
+    for m in history.get("cost_usd", []):
+        costs.setdefault(m.step, []).append(m)
+    out = {}
+    for key in sorted(k for k in history if k.startswith("bench/") and not k.endswith("_stderr")):
+        stderr = {m.step: m.value for m in history.get(f"{key}_stderr", [])}
+        points = []
+        for m in sorted(history[key], key=lambda m: m.step):
+            near = min(costs.get(m.step, []), key=lambda c: abs(c.timestamp - m.timestamp), default=None)
+            if m.step == 0 or near is not None:
+                points.append(Point(m.step, 0.0 if m.step == 0 else near.value, m.value, stderr.get(m.step)))
+        out[key[len("bench/"):]] = points
+    return out
+
+
+def judge(points: list[Point], *, window: int = DEFAULT_WINDOW,
+          max_usd_per_point: Optional[float] = None) -> Optional[Verdict]:
+    """The verdict on one metric's points (the base first); None with no evaluation after the base."""
+    if len(points) < 2 or points[0].step != 0:
+        return None
+    base, last = points[0], points[-1]
+    overall = gain(last.score, base.score)
+    if overall.points < 0 and overall.beyond_noise:
+        return Verdict("change", f"{overall.points:+.1f}+-{overall.half_width:.1f} points against the base after "
+                                 f"${last.usd:.4f}: worse beyond noise")
+    ref = points[max(0, len(points) - 1 - window)]
+    recent, usd = gain(last.score, ref.score), last.usd - ref.usd
+    span = f"over the last {len(points) - 1 - points.index(ref)} evaluation(s) (steps {ref.step}-{last.step})"
+    moved = f"{recent.points:+.1f}+-{recent.half_width:.1f} points {span} for ${usd:.4f}"
+    if recent.beyond_noise and recent.points > 0:
+        per_point = usd / recent.points
+        if max_usd_per_point is not None and per_point > max_usd_per_point:
+            return Verdict("stop", f"{moved}: ${per_point:.4f}/pt, past ${max_usd_per_point:.4f}/pt")
+        return Verdict("continue", f"{moved}: ${per_point:.4f}/pt, still gaining beyond noise")
+    if len(points) - 1 < window:
+        return Verdict("continue", f"{moved}: within noise, but only {len(points) - 1} evaluation(s) after the "
+                                   f"base (a plateau needs {window})")
+    return Verdict("stop", f"{moved}: flat within noise")
+
+
+def job_verdict(series: dict[str, list[Point]], **kwargs) -> Optional[tuple[str, str]]:
+    """One decision per job: ``change`` if any metric says so, else ``continue`` if any does, else ``stop``;
+    with every metric's numbers."""
+    verdicts = {key: v for key, v in ((k, judge(p, **kwargs)) for k, p in series.items()) if v is not None}
+    if not verdicts:
+        return None
+    decisions = {v.decision for v in verdicts.values()}
+    decision = next(d for d in ("change", "continue", "stop") if d in decisions)
+    return decision, "; ".join(f"{key}: {v.reason}" for key, v in sorted(verdicts.items()))
+
+
+def plot(series: dict[str, list[Point]], out_path: str, *, title: str = "benchmark score against dollars") -> int:
+    """Write the chart: one line per label, each point with its 95% error bar; returns the points drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a training box or in CI
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    drawn = 0
+    for label, points in sorted(series.items()):
+        if not points:
+            continue
+        errors = [0.0 if p.stderr is None else Z95 * p.stderr for p in points]
+        ax.errorbar([p.usd for p in points], [p.value for p in points], yerr=errors, marker="o", capsize=3,
+                    label=label)
+        drawn += len(points)
+    ax.set_xlabel("cumulative cost (USD; the base model at $0)")
+    ax.set_ylabel("benchmark score (95% error bars)")
+    ax.set_title(title if drawn else f"{title} (no evaluation yet)")
+    ax.grid(True, alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return drawn
+
+
+def render(records: Iterable[dict], *, title: str) -> bytes:
+    """The PNG of ``plot`` over stored results' points (a job's own chart)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/chart.png"
+        plot(from_records(records), path, title=title)
+        with open(path, "rb") as fh:
+            return fh.read()

@@ -1,0 +1,62 @@
+"""The verdict on a job's benchmark points (continue / stop / change), each with its numbers, and the chart's
+points as stored results give them (the base at $0)."""
+from __future__ import annotations
+
+from orchestrator.evaluation import curve
+from orchestrator.evaluation.curve import Point
+
+
+def _points(*scores, stderr=0.03, usd_per_eval=0.01):
+    return [Point(step=10 * i, usd=usd_per_eval * i, value=v, stderr=stderr) for i, v in enumerate(scores)]
+
+
+def test_still_gaining_beyond_noise_continues_with_its_dollars_per_point():
+    v = curve.judge(_points(0.30, 0.45, 0.60, 0.75))
+    assert v.decision == "continue"
+    # 0.30 -> 0.75 over the last 3 evaluations, +-8.3 points (two stderrs of 0.03), $0.03 for 45 points
+    assert v.reason == ("+45.0+-8.3 points over the last 3 evaluation(s) (steps 0-30) for $0.0300: "
+                        "$0.0007/pt, still gaining beyond noise")
+
+
+def test_flat_within_noise_over_the_last_k_evaluations_stops():
+    v = curve.judge(_points(0.30, 0.50, 0.52, 0.51, 0.53))  # +3 points over the last 3, +-8.3: noise
+    assert v.decision == "stop" and v.reason.endswith("flat within noise")
+    assert "+3.0+-8.3 points over the last 3 evaluation(s) (steps 10-40) for $0.0300" in v.reason
+
+
+def test_a_change_within_stderr_is_not_a_gain_even_if_it_rises_every_time():
+    v = curve.judge(_points(0.30, 0.31, 0.32, 0.33, 0.34, stderr=0.05), window=4)
+    assert v.decision == "stop" and "+4.0+-13.9 points" in v.reason
+
+
+def test_too_few_evaluations_for_a_plateau_continue_and_say_so():
+    v = curve.judge(_points(0.30, 0.31))
+    assert v.decision == "continue" and "only 1 evaluation(s) after the base (a plateau needs 3)" in v.reason
+
+
+def test_past_the_dollars_per_point_threshold_stops():
+    v = curve.judge(_points(0.30, 0.45, 0.60, 0.75), max_usd_per_point=0.0005)
+    assert v.decision == "stop" and "$0.0007/pt, past $0.0005/pt" in v.reason
+
+
+def test_worse_than_the_base_beyond_noise_says_change_the_method():
+    v = curve.judge(_points(0.60, 0.50, 0.40))
+    assert v.decision == "change"
+    assert v.reason == "-20.0+-8.3 points against the base after $0.0200: worse beyond noise"
+
+
+def test_the_job_verdict_is_change_before_continue_before_stop_with_every_metric():
+    decision, reason = curve.job_verdict({"a/acc": _points(0.30, 0.50, 0.52, 0.51, 0.53),
+                                          "b/acc": _points(0.30, 0.45, 0.60, 0.75)})
+    assert decision == "continue" and reason.startswith("a/acc: ") and "; b/acc: " in reason
+    assert curve.job_verdict({"a/acc": _points(0.30)}) is None  # nothing evaluated after the base
+
+
+def test_stored_results_become_points_the_base_at_zero_dollars(tmp_path):
+    def record(step, acc, cost):
+        return {"step": step, "cost_usd": cost, "scores": {"t": {"acc": {"value": acc, "stderr": 0.02}}}}
+
+    series = curve.from_records([record(20, 0.5, 0.02), record(0, 0.3, None), record(10, 0.4, 0.01)])
+    assert series == {"t/acc": [Point(0, 0.0, 0.3, 0.02), Point(10, 0.01, 0.4, 0.02), Point(20, 0.02, 0.5, 0.02)]}
+    out = tmp_path / "c.png"
+    assert curve.plot(series, str(out)) == 3 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
