@@ -100,3 +100,19 @@ def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatc
     assert spot["restart_source"] == "measured" and spot["restart_seconds"] == 300
     # Gamma-Poisson: (0.64/h x 4 h + 4 preemptions) / (4 h + 2 h of training) = 1.09/h
     assert spot["preemptions_per_hour"] == pytest.approx((0.64 * 4 + 4) / 6, rel=1e-3)
+
+
+def test_the_plan_reads_the_jobs_history_without_waiting_out_a_storage_outage(monkeypatch):
+    """The plan is advice: its read of the ledger is not retried for storage.retry_for (a dry run with an
+    unreachable bucket used to wait two minutes before printing)."""
+    from orchestrator import storage
+    from orchestrator.config.compose import compose_config
+    from orchestrator.planning import spot
+    from orchestrator.storage.retry import RetryingStore
+
+    opened = []
+    real = storage.store_from_config
+    monkeypatch.setattr(storage, "store_from_config", lambda c, **kw: opened.append(real(c, **kw)) or opened[-1])
+    cfg = compose_config(["storage.uri=/nonexistent/runs"])
+    assert spot.job_history(cfg) == ([], [])
+    assert opened and not isinstance(opened[-1], RetryingStore)

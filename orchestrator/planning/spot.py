@@ -57,13 +57,13 @@ class CapacityOption:
 
 def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
     """The job's spot lifetimes and measured restarts from its ledger; none when it has no ledger (or none can be
-    read: the plan is advice and never stops a launch). A restart is an attempt's start to first step
+    read: the plan is advice and never stops a launch, nor waits out a storage outage). A restart is an attempt's start to first step
     (``policy.history``)."""
     try:
         from orchestrator.ledger import Ledger
         from orchestrator.storage import store_from_config
 
-        attempts = Ledger(store_from_config(cfg.storage), str(cfg.run.name)).load().get("attempts") or []
+        attempts = Ledger(store_from_config(cfg.storage, retry=False), str(cfg.run.name)).load().get("attempts") or []
     except Exception:  # noqa: BLE001 - no history is a valid answer
         return [], []
     return list(spot_lifetimes(attempts)), restart_seconds_measured(attempts)

@@ -71,9 +71,10 @@ def open_store(uri: str, **s3_options: Any) -> ObjectStore:
     return LocalStore(uri)
 
 
-def store_from_config(storage_cfg: Any) -> ObjectStore:
+def store_from_config(storage_cfg: Any, *, retry: bool = True) -> ObjectStore:
     """Open the store a ``StorageConfig`` (or any object with its attributes) describes, every call
-    retried through a short outage (``storage.retry_for``: ``orchestrator.storage.retry``)."""
+    retried through a short outage (``storage.retry_for``: ``orchestrator.storage.retry``); ``retry=False``
+    for a reader whose answer is advice (the launch plan), which must not wait out an outage."""
     from orchestrator.config.durations import parse_duration
     from orchestrator.storage.retry import RetryingStore
 
@@ -85,6 +86,8 @@ def store_from_config(storage_cfg: Any) -> ObjectStore:
         checksum_compat=bool(storage_cfg.checksum_compat),
         multipart_threshold_mb=int(storage_cfg.multipart_threshold_mb),
     )
+    if not retry:
+        return inner
     return RetryingStore(inner, retry_seconds=parse_duration(storage_cfg.retry_for, key="storage.retry_for"))
 
 
