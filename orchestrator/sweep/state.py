@@ -14,7 +14,7 @@ Shape::
                  "status": "running" | "paused" | "pruned" | "completed" | "failed" | "stopped",
                  "values": {"<rung>": float}, "launches": n}],
      "decisions": [{"trial": k, "rung": r, "value": float, "decision": "promote" | "prune" | "complete"}],
-     "usage": {"slot_seconds": float, "idle_seconds": float}}
+     "usage": {"slot_seconds": float, "idle_seconds": float}, "mlflow_run_id": str (once MLflow has the parent run)}
 """
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ def state_problem(doc: Any) -> Optional[str]:
         if not (isinstance(d, dict) and d.get("decision") in DECISIONS and isinstance(d.get("trial"), int)
                 and isinstance(d.get("rung"), int) and _number(d.get("value"))):
             return f"decisions[{i}] is {d!r}, not a decision"
+    if not isinstance(doc.get("mlflow_run_id", ""), str):
+        return f"mlflow_run_id is {doc['mlflow_run_id']!r}, not a run id"
     if not all(_number(v) and v >= 0 for v in doc["usage"].values()):
         return f"usage holds {doc['usage']!r}, not finite non-negative numbers"
     return None
