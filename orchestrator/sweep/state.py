@@ -12,7 +12,8 @@ Shape::
     {"version": 1, "name": str, "space": {key: [kind, ...]}, "fixed": [override, ...], "settings": {...},
      "trials": [{"number": k, "run_name": "<name>-t<k>", "params": {key: value}, "rung": r,
                  "status": "running" | "paused" | "pruned" | "completed" | "failed" | "stopped",
-                 "values": {"<rung>": float}, "launches": n}],
+                 "values": {"<rung>": float}, "launches": n, "submitted": attempts at submission (a scheduler's
+                 backend; None: local)}],
      "decisions": [{"trial": k, "rung": r, "value": float, "decision": "promote" | "prune" | "complete"}],
      "usage": {"slot_seconds": float, "idle_seconds": float}, "mlflow_run_id": str (once MLflow has the parent run)}
 """
@@ -98,6 +99,8 @@ def _trial_problem(trial: Any, i: int) -> Optional[str]:
         return "rung or launches is not a non-negative integer"
     if not isinstance(trial.get("params"), dict) or not isinstance(trial.get("run_name"), str):
         return "params or run_name is missing"
+    if not isinstance(trial.get("submitted"), (int, type(None))) or isinstance(trial.get("submitted"), bool):
+        return f"submitted is {trial.get('submitted')!r}, not a count of attempts"
     values = trial.get("values")
     if not isinstance(values, dict) or not all(k.isdigit() and _number(v) for k, v in values.items()):
         return f"values is {values!r}, not rung -> finite number"
