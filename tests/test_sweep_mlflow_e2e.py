@@ -1,6 +1,7 @@
 """A sweep in a real MLflow server: one parent run, a nested child run per trial (each trial's own job run),
 best-so-far against cumulative dollars on the parent, the trial table and the decisions as its artifacts; a
-rerun of the same command resumes the parent, makes no second one. Kept small: a 2 x 2 grid of 8-step trials,
+rerun of the same command resumes the parent, makes no second one; `orchestrator report` charts the sweep's score
+against dollars. Kept small: a 2 x 2 grid of 8-step trials,
 two at once."""
 from __future__ import annotations
 
@@ -59,3 +60,14 @@ def test_a_sweep_is_one_parent_run_with_a_child_run_per_trial(mlflow_server, tmp
     assert all(t["status"] == "completed" and t["spent_usd"] > 0 for t in table["trials"])
     decisions = json.loads(open(f"{folder}/decisions.json").read())["decisions"]
     assert sorted(d["trial"] for d in decisions) == [0, 1, 2, 3]
+
+    # orchestrator report: the sweep's score-against-dollars chart, beside the jobs' table (the parent is no job)
+    out = tmp_path / "report.png"
+    report = subprocess.run([jobs.PYTHON, "-m", "orchestrator", "report", "--tracking-uri", mlflow_server.uri,
+                             "--experiment", name, "--out", str(out)], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert report.returncode == 0, report.stdout + report.stderr
+    line = next(x for x in report.stdout.splitlines() if x.startswith(f"sweep {name}: best eval_loss="))
+    assert f"{min(trial_losses):.4f}" in line and f"${dollars[-1]:.4f}" in line
+    assert (tmp_path / f"report_sweep_{name}.png").stat().st_size > 1000
+    assert not any(x.startswith(name + " ") for x in report.stdout.splitlines())  # the table: trials only
