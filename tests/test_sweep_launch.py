@@ -30,3 +30,18 @@ def test_bad_sweep_input_exits_4_before_any_trial(args, needles, tmp_path, capsy
     for needle in needles:
         assert needle in err[0], (needle, err[0])
     assert not runs.exists() and not (tmp_path / "work").exists()
+
+
+def test_the_sweeps_record_keeps_no_secret_of_the_overrides(tmp_path):
+    """The record lives in the bucket: a webhook URL given on the command line is stored redacted."""
+    import json
+
+    from orchestrator.sweep.plan import plan_sweep
+
+    hook = "https://hooks.slack.com/services/T0000/B0000/abcdefSECRET123"
+    plan = plan_sweep(GRID + ["sweep.budget_usd=1", f"budget.webhook_url={hook}", f"storage.uri={tmp_path / 'runs'}",
+                              f"run.work_dir={tmp_path / 'work'}", "tracking.enabled=false"], launch.compose_for_launch)
+    stored = (tmp_path / "runs" / "default" / "sweep.json").read_text()
+    assert "abcdefSECRET123" not in stored and "budget.webhook_url=https://hooks.slack.com/" in stored
+    assert f"budget.webhook_url={hook}" in plan.fixed  # the trials still get it (their own redaction applies)
+    assert json.loads(stored)["trials"] == []

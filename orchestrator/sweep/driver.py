@@ -100,7 +100,8 @@ class Driver:
                 break
             if self._budget_spent():
                 break
-            doc = self._launch(trial)
+            code = self._already_at_rung(trial)
+            doc = self._launch(trial) if code is None else self._ended(trial, code)
         return self.state.load()
 
     def _adopt(self, trial: dict) -> bool:
@@ -112,6 +113,15 @@ class Driver:
         log.info("sweep %s: trial %d was submitted by an earlier driver; waiting on its ledger", self.state.name,
                  trial["number"])
         return True
+
+    def _already_at_rung(self, trial: dict) -> Optional[int]:
+        """A trial that reached its rung while no driver watched (the driver died after it paused): its exit code
+        as the ledger tells it, so it is not launched again (it would train a step past its rung)."""
+        ledger = Ledger(self.plan.store, trial["run_name"]).load()
+        evals = (ledger.get("quality") or {}).get("evals") or {}
+        if str(self.steps[trial["rung"]]) not in evals or ledger.get("status") not in ("budget_exhausted", "completed"):
+            return None
+        return exitcodes.COMPLETED if ledger["status"] == "completed" else exitcodes.BUDGET_EXHAUSTED
 
     def _budget_spent(self) -> bool:
         from orchestrator.spend import experiment_total_usd

@@ -126,8 +126,18 @@ def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:
         trial_overrides.append(f"tracking.experiment={name}")
     store = store_from_config(cfg.storage)
     state = SweepState(store, name)
-    state.open(space=space.to_json(), fixed=fixed, settings=settings, allow_changes=bool(cfg.sweep.allow_changes))
+    state.open(space=space.to_json(), fixed=[_redacted(o) for o in fixed], settings=settings,
+               allow_changes=bool(cfg.sweep.allow_changes))
     return SweepPlan(cfg=cfg, space=space, fixed=fixed, trial_overrides=trial_overrides, settings=settings,
                      state=state, store=store, experiment=experiment, budget_usd=float(cfg.sweep.budget_usd),
                      max_parallel=int(cfg.sweep.max_parallel), n_trials=n_trials,
                      log_dir=str(Path(cfg.run.work_dir) / "sweeps" / name))
+
+
+def _redacted(item: str) -> str:
+    """An override as the sweep's record stores it: a secret's value (a webhook URL, a token) replaced."""
+    from orchestrator.redaction import redact
+
+    key, _, value = item.partition("=")
+    leaf = key.rsplit(".", 1)[-1]
+    return f"{key}={redact({leaf: value})[leaf]}"
