@@ -73,6 +73,7 @@ class SweepTracking:
         try:
             experiment_id = _experiment_id(client, plan.experiment, uri)
             run_id = _find_or_create(client, experiment_id, plan.state.name, doc.get("mlflow_run_id"), params)
+            client.update_run(run_id, status="RUNNING")  # a relaunch: running again until finish()
         except Exception as err:
             log.warning("MLflow at %s unavailable for the sweep's parent run (%s: %s); trials log as plain jobs",
                         scrub_text(uri), type(err).__name__, scrub_text(str(err))[:200])
