@@ -60,6 +60,8 @@ class AttemptTracking:
                 "gpu_type": cfg.compute.gpu_type, "spot": str(bool(cfg.compute.spot)), "status": "running",
                 "attempts": str(len(ledger.get("attempts", [])) + 1), "quality_metric": quality_metric,
                 **source_tags()}
+        if cfg.tracking.parent_run_id:  # a sweep's trial: MLflow's nested runs
+            tags["mlflow.parentRunId"] = str(cfg.tracking.parent_run_id)
         tracker = JobTracker(cfg.tracking, job_name=run_name, tags=tags,
                              params=OmegaConf.to_container(cfg, resolve=True), run_id=ledger.get("mlflow_run_id"))
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)

@@ -11,6 +11,10 @@ The chart (cost against quality, one labelled point per job) is written to
 (tagged ``orchestrator.kind=report``) in the same experiment, reused by each
 invocation, so the latest chart sits beside the jobs it describes and no job's
 run is touched after it ended. That run is left out of the table.
+
+A sweep's parent run (``orchestrator.kind=sweep``) is not a job: it gets a line and its own chart, best-so-far
+score against cumulative dollars, ``<out stem>_sweep_<name>.png`` (``orchestrator.sweep.report``), logged
+to the report run too.
 """
 from __future__ import annotations
 
@@ -70,7 +74,7 @@ def collect_jobs(client, experiment_id: str) -> list[JobRow]:
     rows = []
     for run in runs:
         tags = run.data.tags
-        if tags.get(KIND_TAG) == REPORT_KIND:
+        if tags.get(KIND_TAG) in (REPORT_KIND, "sweep"):  # a sweep's parent run: its own chart (orchestrator.sweep.report)
             continue
         quality_metric = tags.get("quality_metric", "")
         attempts = _number(run, "attempts")
@@ -200,7 +204,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if experiment is None:
         return fail(f"no experiment {args.experiment!r} at {scrub_text(uri)}. "
                     "Pass --experiment with the name your jobs used (tracking.experiment).")
+    from orchestrator.sweep.report import report_sweeps
+
     rows = collect_jobs(client, experiment.experiment_id)
+    sweep_lines, sweep_charts = report_sweeps(client, experiment.experiment_id, args.out)
     if not rows:
         print(f"no jobs in experiment {args.experiment!r} yet")
         return 0
@@ -216,6 +223,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             client.log_artifact(run_id, staged)
 
     log_chart(args.out, CHART_ARTIFACT)
+    for chart in sweep_charts:
+        client.log_artifact(run_id, chart)
+    if sweep_lines:
+        print("\n" + "\n".join(sweep_lines))
     print(f"\nchart of {plotted} job(s): {args.out} (also logged to MLflow run {run_id!r}, named {REPORT_RUN_NAME!r})")
     bench_section(rows, args, log_chart)
     return 0

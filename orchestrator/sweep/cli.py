@@ -13,13 +13,17 @@ log = logging.getLogger(__name__)
 def run_sweep(argv: list[str], compose_for_launch) -> int:
     from orchestrator.sweep.driver import Driver
     from orchestrator.sweep.plan import plan_sweep
+    from orchestrator.sweep.tracking import SweepTracking
 
     try:
         plan = plan_sweep(argv, compose_for_launch)
         print(f"sweep {plan.state.name}: {plan.n_trials} trials, {plan.max_parallel} at once, budget "
               f"${plan.budget_usd:g}; state in {plan.state.uri}; trial logs in {plan.log_dir}", flush=True)
-        code = Driver(plan).run()
+        tracking = SweepTracking.open(plan)
+        code = Driver(plan, events=tracking.event if tracking else None).run()
         doc = plan.state.load()
+        if tracking:
+            tracking.finish(doc, _spent(plan), code=code)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

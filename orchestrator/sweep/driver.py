@@ -27,7 +27,7 @@ from typing import Callable, Optional
 
 from orchestrator import exitcodes
 from orchestrator.ledger import Ledger
-from orchestrator.sweep import decide
+from orchestrator.sweep import backends, decide
 from orchestrator.sweep.space import override
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class Driver:
         self.logs = Path(plan.log_dir)
         self.logs.mkdir(parents=True, exist_ok=True)
         self._pending = [0.0, 0.0]  # slot-seconds and idle slot-seconds not yet in the record
+        self.submits = backends.submits(plan.cfg)  # slurm, skypilot, kubernetes: wait on the trial's ledger
 
     # ---- the loop -------------------------------------------------------------------
     def run(self) -> int:
@@ -87,6 +88,8 @@ class Driver:
     def _fill(self, doc: dict) -> dict:
         while len(self.procs) < self.plan.max_parallel:
             waiting = self._launchable(doc)
+            if waiting and self._adopt(waiting[0]):
+                continue
             if waiting:
                 trial = waiting[0]
             elif len(doc["trials"]) < self.plan.n_trials and not self._budget_spent():
@@ -100,6 +103,16 @@ class Driver:
             code = self._already_at_rung(trial)
             doc = self._launch(trial) if code is None else self._ended(trial, code)
         return self.state.load()
+
+    def _adopt(self, trial: dict) -> bool:
+        """A trial a dead driver submitted to a scheduler: wait on its ledger, do not submit it twice."""
+        if not (self.submits and trial["status"] == "running" and isinstance(trial.get("submitted"), int)):
+            return False
+        self.procs[trial["number"]] = backends.SubmittedTrial(None, self.plan.store, trial["run_name"],
+                                                              trial["submitted"])
+        log.info("sweep %s: trial %d was submitted by an earlier driver; waiting on its ledger", self.state.name,
+                 trial["number"])
+        return True
 
     def _already_at_rung(self, trial: dict) -> Optional[int]:
         """A trial that reached its rung while no driver watched (the driver died after it paused): its exit code
@@ -123,13 +136,16 @@ class Driver:
                    f"run.name={trial['run_name']}", f"train.pause_at_step={self.steps[rung]}",
                    f"train.eval_steps={decide.eval_every(self.settings)}",
                    *self.plan.trial_overrides]
+        before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
         out = open(self.logs / f"t{number}.log", "ab")
-        self.procs[number] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
         out.close()
+        self.procs[number] = proc if before is None else backends.SubmittedTrial(proc, self.plan.store,
+                                                                                 trial["run_name"], before)
 
         def fn(d: dict) -> None:
             t = d["trials"][number]
-            t.update(status="running", launches=t["launches"] + 1)
+            t.update(status="running", launches=t["launches"] + 1, submitted=before)
 
         doc = self.state.update(fn)
         log.info("sweep %s: trial %d runs to rung %d (step %d)", self.state.name, number, rung, self.steps[rung])

@@ -12,9 +12,10 @@ Shape::
     {"version": 1, "name": str, "space": {key: [kind, ...]}, "fixed": [override, ...], "settings": {...},
      "trials": [{"number": k, "run_name": "<name>-t<k>", "params": {key: value}, "rung": r,
                  "status": "running" | "paused" | "pruned" | "completed" | "failed" | "stopped",
-                 "values": {"<rung>": float}, "launches": n}],
+                 "values": {"<rung>": float}, "launches": n, "submitted": attempts at submission (a scheduler's
+                 backend; None: local)}],
      "decisions": [{"trial": k, "rung": r, "value": float, "decision": "promote" | "prune" | "complete"}],
-     "usage": {"slot_seconds": float, "idle_seconds": float}}
+     "usage": {"slot_seconds": float, "idle_seconds": float}, "mlflow_run_id": str (once MLflow has the parent run)}
 """
 from __future__ import annotations
 
@@ -80,6 +81,8 @@ def state_problem(doc: Any) -> Optional[str]:
         if not (isinstance(d, dict) and d.get("decision") in DECISIONS and isinstance(d.get("trial"), int)
                 and isinstance(d.get("rung"), int) and _number(d.get("value"))):
             return f"decisions[{i}] is {d!r}, not a decision"
+    if not isinstance(doc.get("mlflow_run_id", ""), str):
+        return f"mlflow_run_id is {doc['mlflow_run_id']!r}, not a run id"
     if not all(_number(v) and v >= 0 for v in doc["usage"].values()):
         return f"usage holds {doc['usage']!r}, not finite non-negative numbers"
     return None
@@ -96,6 +99,8 @@ def _trial_problem(trial: Any, i: int) -> Optional[str]:
         return "rung or launches is not a non-negative integer"
     if not isinstance(trial.get("params"), dict) or not isinstance(trial.get("run_name"), str):
         return "params or run_name is missing"
+    if not isinstance(trial.get("submitted"), (int, type(None))) or isinstance(trial.get("submitted"), bool):
+        return f"submitted is {trial.get('submitted')!r}, not a count of attempts"
     values = trial.get("values")
     if not isinstance(values, dict) or not all(k.isdigit() and _number(v) for k, v in values.items()):
         return f"values is {values!r}, not rung -> finite number"
