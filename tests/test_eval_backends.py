@@ -30,7 +30,7 @@ def _dry_run(capsys, backend: str, *extra: str) -> tuple[int, str, str]:
 
 
 def _slurm_eval_argv(script: str) -> list[str]:
-    line = next(line for line in script.splitlines() if " -m orchestrator eval " in line)
+    line = next(line for line in script.splitlines() if " -m orchestrator eval " in line and not line.startswith("#"))
     argv = shlex.split(line)
     assert argv[-1] == "&", line
     return argv[:-1]
@@ -47,6 +47,24 @@ def test_slurm_renders_the_eval_command_with_the_run_uri_and_requeue(capsys):
     assert "#SBATCH --job-name=exp1-eval" in header and "#SBATCH --requeue" in header
     assert "#SBATCH --partition=spot" in header
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script and "  75)" in script
+    assert f"# submitted by: python -m orchestrator eval {RUN_URI} backend=slurm" in script
+
+
+def test_slurm_submit_hands_the_eval_jobs_secrets_to_sbatch_in_its_environment(capsys, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = f'#!/bin/bash\nenv > {tmp_path}/sbatch.env\ncp "$2" {tmp_path}/job.sbatch\necho 77\n'
+    (bin_dir / "sbatch").write_text(fake)
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    code = job.main([RUN_URI, *OVERRIDES, "backend=slurm", f"run.work_dir={tmp_path / 'work'}", WEBHOOK])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "submitted 'exp1-eval' to slurm: job 77" in out.out
+    script = (tmp_path / "job.sbatch").read_text()
+    assert WEBHOOK_SECRET not in script and _slurm_eval_argv(script)[1:5] == EVAL_ARGV
+    env = dict(line.split("=", 1) for line in (tmp_path / "sbatch.env").read_text().splitlines() if "=" in line)
+    assert env["ORCH_SECRET_BUDGET_WEBHOOK_URL"].endswith(WEBHOOK_SECRET)
 
 
 def test_kubernetes_eval_job_validates_against_the_official_model(capsys):

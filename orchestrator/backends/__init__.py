@@ -131,6 +131,14 @@ def job_argv(overrides: Sequence[str], python: str = WORKER_PYTHON) -> list[str]
     return worker_argv(list(overrides), python=python) if entry is None else [python, *entry, *overrides]
 
 
+def submitted_by(backend: str, run_name: str) -> str:
+    """The command that submits this job, for a comment in the generated text."""
+    entry = _ENTRY.get()
+    if entry is None:
+        return f"python -m orchestrator.launch backend={backend} run.name={shlex.quote(run_name)}"
+    return shlex.join([WORKER_PYTHON, *entry, f"backend={backend}"])
+
+
 def worker_command(overrides: Sequence[str], python: str = WORKER_PYTHON) -> str:
     """The shell-quoted command that runs one attempt: ``python -m orchestrator.worker ...`` (see ``job_argv``).
 
