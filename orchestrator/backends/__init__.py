@@ -24,9 +24,11 @@ import json
 import math
 import re
 import shlex
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from orchestrator.config.choices import Backend, choices
 from orchestrator.distributed import worker_argv
@@ -107,13 +109,43 @@ def worker_overrides(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if not (_override_key(o) == "backend" or _override_key(o).startswith("backend."))]
 
 
+# the module argv a remote job runs instead of the worker's (``orchestrator eval``: see ``job_entry``)
+_ENTRY: ContextVar[Optional[tuple[str, ...]]] = ContextVar("orchestrator_job_entry", default=None)
+
+
+@contextmanager
+def job_entry(module_argv: Sequence[str]) -> Iterator[None]:
+    """Within it, every backend renders and submits a job that runs ``python <module_argv> <overrides>`` instead
+    of ``python -m orchestrator.worker <overrides>``, with the same secrets handling, requeue and resources
+    (``orchestrator.evaluation.remote``: ``-m orchestrator eval <uri>/<run>``)."""
+    token = _ENTRY.set(tuple(module_argv))
+    try:
+        yield
+    finally:
+        _ENTRY.reset(token)
+
+
+def job_argv(overrides: Sequence[str], python: str = WORKER_PYTHON) -> list[str]:
+    """``python -m orchestrator.worker <overrides>``, or the ``job_entry`` in force with the same overrides."""
+    entry = _ENTRY.get()
+    return worker_argv(list(overrides), python=python) if entry is None else [python, *entry, *overrides]
+
+
+def submitted_by(backend: str, run_name: str) -> str:
+    """The command that submits this job, for a comment in the generated text."""
+    entry = _ENTRY.get()
+    if entry is None:
+        return f"python -m orchestrator.launch backend={backend} run.name={shlex.quote(run_name)}"
+    return shlex.join([WORKER_PYTHON, *entry, f"backend={backend}"])
+
+
 def worker_command(overrides: Sequence[str], python: str = WORKER_PYTHON) -> str:
-    """The shell-quoted command that runs one attempt: ``python -m orchestrator.worker ...``.
+    """The shell-quoted command that runs one attempt: ``python -m orchestrator.worker ...`` (see ``job_argv``).
 
     ``overrides`` go through :func:`worker_overrides`; pass ``WorkerInvocation.overrides``
     so that no secret is written into the command.
     """
-    return shlex.join(worker_argv(worker_overrides(overrides), python=python))
+    return shlex.join(job_argv(worker_overrides(overrides), python=python))
 
 
 # -- secrets and the attempt's environment -----------------------------------------

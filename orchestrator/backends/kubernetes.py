@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence
 from orchestrator import exitcodes
 from orchestrator.backends import (
     grace_seconds,
+    job_argv,
     render_yaml,
     run_tool,
     worker_invocation,
@@ -42,7 +43,6 @@ from orchestrator.backends import (
 from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
 from orchestrator.backends.multinode import node_count
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
-from orchestrator.distributed import worker_argv
 from orchestrator.errors import ConfigError
 from orchestrator.policy.deadline import SPOT
 
@@ -115,7 +115,7 @@ def _container(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
     container: dict[str, Any] = {
         "name": "worker",
         "image": str(cfg.backend.image),
-        "command": worker_argv([], python="python"),
+        "command": job_argv([], python="python"),
         "args": invocation.overrides,
         "env": env,
         # a memory-backed /dev/shm (a pod gets 64 MiB otherwise): the Trainer's checkpoint snapshot goes

@@ -45,6 +45,7 @@ from orchestrator.backends import (
     grace_seconds,
     refuse_secrets_in_text,
     run_tool,
+    submitted_by,
     worker_command,
     worker_invocation,
 )
@@ -217,7 +218,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     options.extend(_sbatch_args(cfg, invocation.secret_names))
 
     header = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(opt)}" for opt in options)]
-    header.append(f"# submitted by: python -m orchestrator.launch backend=slurm run.name={shlex.quote(str(cfg.run.name))}")
+    header.append(f"# submitted by: {submitted_by('slurm', str(cfg.run.name))}")
     if why:
         header.append(f"# capacity: {why}".replace("\n", " "))
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in invocation.env.items())

@@ -37,6 +37,7 @@ class EvalBill:
                     monthly_max_usd=cfg.budget.get("monthly_max_usd"),
                     experiment_max_usd=cfg.budget.get("experiment_max_usd"))
         self.index = SpendIndex(store, caps)
+        self.evaluated = 0  # evaluations charged so far (what a preempted run closes with)
 
     def spent(self) -> float:
         return max(0.0, self.clock() - self.started) * self.usd_per_second
@@ -50,6 +51,7 @@ class EvalBill:
 
     def charge(self, evaluated: int, *, status: str = "running") -> None:
         """What it has spent so far, into the spend index and the ledger; BudgetExhausted once a cap is reached."""
+        self.evaluated = int(evaluated)
         spent = self.spent()
         grant = self.index.reserve(self.epoch, spent, spent)
         self._record(spent, evaluated, status)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -138,12 +139,43 @@ def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> 
     return len(points)
 
 
+class EvalPreempted(BaseException):
+    """SIGTERM, SIGUSR1 or SIGINT (a spot reclaim, Slurm's time limit, a pod's deletion) during ``orchestrator
+    eval``: it exits 75, which every backend requeues (a BaseException, so no library's ``except Exception``
+    swallows it)."""
+
+
+def _raise_preempted(signum: int, _frame: Any) -> None:
+    raise EvalPreempted(f"preempted by {signal.Signals(signum).name}")
+
+
+def _billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float]:
+    """``evaluate_run`` billed to the job (``billing.EvalBill``); a preemption signal closes the bill and raises
+    EvalPreempted."""
+    from orchestrator.evaluation.billing import EvalBill
+    from orchestrator.exitcodes import PREEMPTION_SIGNALS
+
+    bill = EvalBill(cfg, store, run_name)
+    bill.open()
+    counts: dict = {"evaluated": 0}
+    previous = {sig: signal.signal(sig, _raise_preempted) for sig in PREEMPTION_SIGNALS}
+    try:
+        with tempfile.TemporaryDirectory(prefix="orch-eval-") as work:
+            counts = evaluate_run(cfg, store, run_name, Path(work), bill)
+    except EvalPreempted:
+        bill.close(bill.evaluated, status="preempted")
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return counts, bill.close(counts["evaluated"])
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     from orchestrator.cli.common import USAGE_ERROR, fail
     from orchestrator.config.compose import compose_config
     from orchestrator.errors import BudgetExhausted, ConfigError, DataError, UserError
-    from orchestrator.evaluation.billing import EvalBill
-    from orchestrator.exitcodes import outcome
+    from orchestrator.exitcodes import PREEMPTED, outcome
     from orchestrator.storage import open_store, split_run_uri
 
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -154,12 +186,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = compose_config([*args.overrides, f"storage.uri={storage_uri}", f"run.name={run_name}", *extra])
         if not cfg.eval.tasks:
             raise ConfigError("eval.tasks is empty; give the tasks, e.g. 'eval.tasks=[tiny_arith_mc]'.")
-        store = open_store(storage_uri, endpoint_url=args.endpoint_url)
-        bill = EvalBill(cfg, store, run_name)
-        bill.open()
-        with tempfile.TemporaryDirectory(prefix="orch-eval-") as work:
-            counts = evaluate_run(cfg, store, run_name, Path(work), bill)
-        spent = bill.close(counts["evaluated"])
+        if cfg.backend.name != "local":  # an eval job of its own on that backend's machine (evaluation/remote.py)
+            from orchestrator.evaluation.remote import submit_eval
+
+            return submit_eval(cfg, args.overrides, args.endpoint_url)
+        counts, spent = _billed_evaluation(cfg, open_store(storage_uri, endpoint_url=args.endpoint_url), run_name)
+    except EvalPreempted as err:  # requeued by the backend (75); the rerun skips every stored result
+        print(f"{run_name}: {err}; the evaluation in flight is lost, a rerun skips the stored results", flush=True)
+        return PREEMPTED
     except BudgetExhausted as err:  # a cap of budget.* spent: the budget's code, as a job's
         return fail(err, outcome(err.exit_class).exit_code)
     except (ConfigError, DataError) as err:  # the job's config: the code a launch gives (docs/cli.md)
