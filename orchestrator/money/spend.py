@@ -32,7 +32,6 @@ what it spent so far into the old month and opens a new entry).
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from typing import Callable, Iterator, Optional
 
 from orchestrator.errors import BudgetExhausted
 from orchestrator.ledger import record_once, transact
-from orchestrator.storage.base import ObjectStore
+from orchestrator.storage.base import ObjectStore, checked_json
 
 INDEX_KEY = "_spend/index.json"
 _ENTRY_AMOUNTS = ("base", "spent", "through", "updated_at")
@@ -63,11 +62,7 @@ def repair_hint(store_uri: str) -> str:
 
 def parse_index(raw: bytes, where: str, store_uri: str) -> dict:
     """The index stored at ``where``, checked: raises SpendIndexCorrupt naming the object, the problem and the fix."""
-    try:
-        index = json.loads(raw)
-        problem = index_problem(index)
-    except (ValueError, UnicodeDecodeError) as err:
-        problem = f"it is not JSON ({str(err)[:120]})"
+    index, problem = checked_json(raw, index_problem)
     if problem:
         raise SpendIndexCorrupt(f"the spend index {where} is unreadable: {problem}. Caps on it "
                                 f"(budget.monthly_max_usd, budget.experiment_max_usd) cannot be checked; "

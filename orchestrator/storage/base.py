@@ -77,3 +77,15 @@ class ObjectStore(abc.ABC):
 
     def get_uri(self, key: str) -> str:
         return f"{self.uri.rstrip('/')}/{key}"
+
+
+def checked_json(raw: bytes, problem_of) -> tuple[object, str | None]:
+    """A stored JSON document and what is wrong with it (``problem_of(doc)``, or that it is not JSON): every
+    object the project keeps in storage is untrusted input, read through this before anything uses it."""
+    import json
+
+    try:
+        doc = json.loads(raw)
+        return doc, problem_of(doc)
+    except (ValueError, UnicodeDecodeError) as err:
+        return None, f"it is not JSON ({str(err)[:120]})"

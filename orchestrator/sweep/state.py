@@ -19,14 +19,13 @@ Shape::
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Callable, Optional
 
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import transact
-from orchestrator.storage.base import ObjectStore
+from orchestrator.storage.base import ObjectStore, checked_json
 
 VERSION = 1
 STATUSES = ("running", "paused", "pruned", "completed", "failed", "stopped")
@@ -49,11 +48,7 @@ def trial_run_name(name: str, number: int) -> str:
 
 
 def parse_state(raw: bytes, where: str) -> dict:
-    try:
-        doc = json.loads(raw)
-        problem = state_problem(doc)
-    except (ValueError, UnicodeDecodeError) as err:
-        problem = f"it is not JSON ({str(err)[:120]})"
+    doc, problem = checked_json(raw, state_problem)
     if problem:
         raise SweepStateCorrupt(f"the sweep state {where} is unreadable: {problem}. Restore it from a copy, or start "
                                 "the sweep again under a new sweep.name (its trials' checkpoints are untouched).")
