@@ -23,14 +23,8 @@ import copy
 from typing import Any
 
 from orchestrator import exitcodes
-from orchestrator.backends.multinode import (
-    NNODES_ENV,
-    NODE_RANK_ENV,
-    RDZV_ID_ENV,
-    STORE_ENV,
-    STORE_PORT,
-    store_argv,
-)
+from orchestrator.backends.multinode import STORE_PORT, store_argv
+from orchestrator.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 from orchestrator.backends.settings import backend_settings
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"

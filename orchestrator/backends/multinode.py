@@ -1,6 +1,7 @@
 """What a backend gives every node of a multi-node job: the contract with the multi-node runtime.
 
-Each node runs the ordinary entry, ``python -m orchestrator.worker <overrides>``, with four variables:
+Each node runs the ordinary entry, ``python -m orchestrator.worker <overrides>``, with four variables (their
+names are ``orchestrator.multinode``'s):
 
 - ``ORCH_NODE_RANK``: this node's rank, 0..N-1 (Slurm's ``SLURM_NODEID``, SkyPilot's
   ``SKYPILOT_NODE_RANK``, the Kubernetes Job's completion index);
@@ -20,8 +21,6 @@ import shlex
 from typing import Any
 
 from orchestrator.errors import ConfigError
-
-from orchestrator.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV  # noqa: F401 - the contract
 
 STORE_MODULE = "orchestrator.multinode.store"
 STORE_PORT = 29400  # where a node has a host of its own (SkyPilot's VMs, Kubernetes pods): a fixed port
