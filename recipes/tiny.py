@@ -53,8 +53,20 @@ def _tokenizer_corpus() -> list[str]:
     return tokenizer_training_text()
 
 
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # what a complete build holds
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in MODEL_FILES)
+
+
 def ensure_tiny_model(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, vocab_size: int = 512) -> Path:
-    """Build the tiny model once into the cache (atomically, under a lock); return its folder."""
+    """Build the tiny model once into the cache (atomically, under a lock); return its folder.
+
+    The build runs in a child process of its own: a caller inside a distributed job (rank 1 of an
+    ``accelerate launch``) would otherwise get a folder without weights, because ``save_pretrained``
+    writes only on rank 0 once ``torch.distributed`` is initialised, and the caller's RNG is left alone.
+    """
     spec = tiny_llama_config(hidden_size, num_layers, num_heads, vocab_size)
     # only the default-sized model is taught the task's format: larger ones (benchmarks) stay random,
     # where a few hundred CPU steps would cost minutes and buy nothing
@@ -62,22 +74,43 @@ def ensure_tiny_model(hidden_size: int = 64, num_layers: int = 2, num_heads: int
     digest = hashlib.sha256(json.dumps([spec, pretrain_steps, BUILD_VERSION], sort_keys=True).encode()).hexdigest()[:12]
     root = cache_root() / "models"
     target = root / f"tiny-llama-{digest}"
-    if (target / "config.json").exists():
+    if _complete(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".tiny-llama-{digest}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent attempts must not build it twice
-        if (target / "config.json").exists():
+        if _complete(target):
             return target
-        for stale in root.glob(f".build-{digest}-*"):  # left by a killed build of this model; we hold its lock
+        # left by a killed build of this model (we hold its lock), or an incomplete folder from an older build
+        for stale in [*root.glob(f".build-{digest}-*"), target]:
             shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{digest}-"))
         try:
-            _build(spec, staging, pretrain_steps)
+            _build_in_child(spec, staging, pretrain_steps)
+            missing = [name for name in MODEL_FILES if not (staging / name).is_file()]
+            if missing:
+                raise RuntimeError(f"building the tiny model left no {', '.join(missing)} in {staging}")
             os.replace(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _build_in_child(spec: dict, out: Path, pretrain_steps: int) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                        "GROUP_RANK", "ROLE_RANK", "NODE_RANK"} and not k.startswith(("ACCELERATE_", "TORCHELASTIC_"))}
+    repo = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+    code = ("import json, sys; from pathlib import Path; from recipes.tiny import _build; "
+            "_build(json.loads(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(spec), str(out), str(pretrain_steps)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise RuntimeError(f"building the tiny model failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
 
 
 def _build(spec: dict, out: Path, pretrain_steps: int) -> None:
