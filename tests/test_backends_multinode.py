@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -184,7 +185,58 @@ def test_kubernetes_two_nodes_are_a_jobset_of_a_store_and_an_indexed_job():
     assert store_pod.node_selector is None and "nvidia.com/gpu" not in str(store_pod.containers[0].resources)
     assert spec["network"]["enableDNSHostnames"] is True
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["nodes"]}
-    assert spec["failurePolicy"]["maxRestarts"] == 23
-    assert spec["failurePolicy"]["rules"][0]["action"] == "FailJobSet"
-    assert sorted(nodes.pod_failure_policy.rules[0].on_exit_codes.values) == [3, 4, 5, 6]
-    assert nodes.backoff_limit == 0  # any other failure fails the Job, and the JobSet restarts every node
+    assert nodes.backoff_limit == 0  # any pod failure fails the Job, and the JobSet restarts every node
+
+
+def _jobset_verdict(spec: dict, nodes_job, *, exit_code: int, disrupted: bool = False) -> str:
+    """What the JobSet controller does when one pod of the nodes' Job fails so: the Job's first matching
+    podFailurePolicy rule fails it with reason PodFailurePolicy and a message ending "matching FailJob rule at index
+    <i>" (no rule matched: BackoffLimitExceeded, backoffLimit 0); the JobSet's first rule whose reasons hold the
+    reason and one of whose patterns (Go regexp.MatchString: a search) finds the message acts; none: RestartJobSet."""
+    import re
+
+    reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+    for index, rule in enumerate(nodes_job.pod_failure_policy.rules):
+        by_code = rule.on_exit_codes is not None and exit_code in rule.on_exit_codes.values
+        by_condition = disrupted and any(c.type == "DisruptionTarget" and c.status == "True"
+                                         for c in rule.on_pod_conditions or [])
+        if by_code or by_condition:
+            assert rule.action == "FailJob"
+            what = (f"Pod ns/exp1-nodes-0-1-x has condition DisruptionTarget" if by_condition else
+                    f"Container worker for pod ns/exp1-nodes-0-1-x failed with exit code {exit_code}")
+            reason, message = "PodFailurePolicy", f"{what} matching FailJob rule at index {index}"
+            break
+    for rule in spec["failurePolicy"]["rules"]:
+        if (reason in rule.get("onJobFailureReasons", [reason]) and "nodes" in rule.get("targetReplicatedJobs", ["nodes"])
+                and any(re.search(p, message) for p in rule.get("onJobFailureMessagePatterns", [""]))):
+            return rule["action"]
+    return "RestartJobSet"
+
+
+def test_kubernetes_preemptions_do_not_spend_the_jobsets_max_restarts():
+    """A spot node reclaimed (DisruptionTarget), a world that saved and stopped (75) or lost a peer (137) restarts
+    every node without counting against maxRestarts (the ledger's max_preemptions bounds those, exit 5); a final
+    code fails the JobSet; a crash restarts it and counts, up to requeue.max_failures. The failurePolicy is checked
+    against the JobSet CRD's schema, the Jobs' podFailurePolicy through the official client's model."""
+    import jsonschema
+    from kubernetes.client import ApiClient
+
+    cfg, overrides = compose("kubernetes", *TWO_NODES, "backend.image=registry.example/orch:1", "compute.cloud=gcp",
+                             "requeue.max_failures=3", "requeue.max_preemptions=20")
+    spec = yaml.safe_load(get_backend("kubernetes").render(cfg, overrides))["spec"]
+    schema = json.loads((Path(__file__).parent / "fixtures" / "jobset-failure-policy.schema.json").read_text())
+    jsonschema.validate(spec["failurePolicy"], schema)
+    template = next(r["template"] for r in spec["replicatedJobs"] if r["name"] == "nodes")
+    api = ApiClient()
+    nodes_job = api.deserialize(json.dumps(template), "V1JobTemplateSpec", None).spec
+    assert api.sanitize_for_serialization(nodes_job)["podFailurePolicy"] == template["spec"]["podFailurePolicy"]
+    assert spec["failurePolicy"]["maxRestarts"] == 3  # requeue.max_failures: the crashes' engine-side bound
+    uncounted = "RestartJobSetAndIgnoreMaxRestarts"
+    assert _jobset_verdict(spec, nodes_job, exit_code=137, disrupted=True) == uncounted  # spot node reclaimed
+    assert _jobset_verdict(spec, nodes_job, exit_code=75) == uncounted  # the world saved and stopped
+    assert _jobset_verdict(spec, nodes_job, exit_code=137) == uncounted  # a node found its peer lost
+    for final in (3, 4, 5, 6):
+        assert _jobset_verdict(spec, nodes_job, exit_code=final) == "FailJobSet"
+        assert _jobset_verdict(spec, nodes_job, exit_code=final, disrupted=True) == "FailJobSet"
+    assert _jobset_verdict(spec, nodes_job, exit_code=1) == "RestartJobSet"  # a crash: counted
+    assert _jobset_verdict(spec, nodes_job, exit_code=7) == "RestartJobSet"  # out of memory: counted
