@@ -46,14 +46,14 @@ FAKE_PYTHON = textwrap.dedent(
       "-m orchestrator.worker")
         python3 -c 'import os, socket, sys; h, p = os.environ["ORCH_STORE"].rsplit(":", 1);
     socket.create_connection((h, int(p)), timeout=5).close()'
-        env | grep -E '^(ORCH_NODE_RANK|ORCH_NNODES|ORCH_STORE|ORCH_RDZV_ID)=' | sort > "$FAKE_DIR/node$SLURM_NODEID"
+        env | grep -E '^(ORCH_NODE_RANK|ORCH_NODE_HOST|ORCH_NNODES|ORCH_STORE|ORCH_RDZV_ID)=' | sort > "$FAKE_DIR/node$SLURM_NODEID"
         echo "$*" >> "$FAKE_DIR/node$SLURM_NODEID"
         eval "exit \\$FAKE_EXIT_$SLURM_NODEID" ;;
       *) exec python3 "$@" ;;
     esac
     """
 )
-FAKE_SRUN = '#!/bin/bash\n# the last two arguments are "-c <task>"\nfor n in 0 1; do SLURM_NODEID=$n bash -c "${@: -1}" & done\nwait -n; a=$?; wait -n; b=$?; exit $(( a > b ? a : b ))\n'
+FAKE_SRUN = '#!/bin/bash\n# the last two arguments are "-c <task>"\nfor n in 0 1; do SLURM_NODEID=$n SLURMD_NODENAME=n$((n + 1)) bash -c "${@: -1}" & done\nwait -n; a=$?; wait -n; b=$?; exit $(( a > b ? a : b ))\n'
 FAKE_SCONTROL = textwrap.dedent(
     """\
     #!/bin/bash
@@ -104,13 +104,16 @@ def test_every_node_gets_its_rank_and_the_first_hosts_store(two_node_slurm):
     done = two_node_slurm(exitcodes.COMPLETED, exitcodes.COMPLETED, restart_count=3)
     assert done.returncode == 0, done.stderr
     nodes = [(two_node_slurm.dir / f"node{n}").read_text().splitlines() for n in (0, 1)]
+    envs = []
     for rank, lines in enumerate(nodes):
-        env = dict(line.split("=", 1) for line in lines[:4])
+        env = dict(line.split("=", 1) for line in lines[:5])
         assert env["ORCH_NODE_RANK"] == str(rank) and env["ORCH_NNODES"] == "2"
+        assert env["ORCH_NODE_HOST"] == f"n{rank + 1}"  # its Slurm node name: what the ledger records
         assert env["ORCH_RDZV_ID"] == "77-3"  # the job and its restart count: fresh for every requeue
         assert env["ORCH_STORE"].startswith("127.0.0.1:")  # the first host's NodeAddr, reached by both nodes
-        assert "orchestrator.worker" in lines[4] and "run.name=exp1" in lines[4] and "backend" not in lines[4]
-    assert nodes[0][2] == nodes[1][2]  # one store for the world
+        assert "orchestrator.worker" in lines[5] and "run.name=exp1" in lines[5] and "backend" not in lines[5]
+        envs.append(env)
+    assert envs[0]["ORCH_STORE"] == envs[1]["ORCH_STORE"]  # one store for the world
     assert "requeue" not in (two_node_slurm.dir / "scontrol").read_text()
 
 
@@ -178,6 +181,7 @@ def test_kubernetes_two_nodes_are_a_jobset_of_a_store_and_an_indexed_job():
         "metadata.annotations['batch.kubernetes.io/job-completion-index']")
     assert env["ORCH_STORE"].value == "exp1-store-0-0.exp1:29400" and env["ORCH_NNODES"].value == "2"
     assert env["ORCH_RDZV_ID"].value == "exp1-$(ORCH_JOBSET_RESTART)"  # the JobSet's restart attempt
+    assert env["ORCH_NODE_HOST"].value_from.field_ref.field_path == "spec.nodeName"  # the ledger's host: the node
     assert worker.resources.limits["nvidia.com/gpu"] == "8"
     assert nodes.template.spec.node_selector == {"cloud.google.com/gke-spot": "true"}
     store_pod = store.template.spec

@@ -181,3 +181,79 @@ def test_a_collective_error_from_a_lost_node_is_vanished_not_a_crash(monkeypatch
     assert (lost.exit_class, lost.exit_code, lost.record) == (ExitClass.VANISHED, 137, False)
     monkeypatch.setenv("ORCH_NNODES", "1")
     assert classify_exception(err).exit_class == ExitClass.CRASHED
+
+
+def _begin(ledger, rdzv_id, monkeypatch):
+    monkeypatch.setenv("ORCH_RDZV_ID", rdzv_id)  # rank 0 runs under its node's launcher, with the world's id
+    attempt = ledger.begin_attempt(host="h", pid=1, instance_type=None, gpu_type=None, gpus=2, spot=True,
+                                   checkpoint_step=0)
+    monkeypatch.delenv("ORCH_RDZV_ID")
+    return attempt
+
+
+def test_each_nodes_launcher_records_its_node_in_the_attempt_of_its_rendezvous(store, monkeypatch):
+    """What every backend's nodes run: each launcher writes its own host and start once rank 0 has begun the
+    attempt, then its end and exit; an older attempt with the same id (SkyPilot keeps its task id across
+    recoveries) begun before the node started is not taken for it, and status shows each node."""
+    import time
+
+    from orchestrator.cli.status import format_ledger
+    from orchestrator.ledger import Ledger
+    from orchestrator.multinode.records import CLOCK_SKEW_S, NodeRecorder
+
+    ledger = Ledger(store, "mn")
+    old = _begin(ledger, "task-7", monkeypatch)
+    node_time = time.time() + CLOCK_SKEW_S + 5  # the nodes of the recovery start later than the old attempt
+    monkeypatch.setattr(time, "time", lambda: node_time)
+    recorders = [NodeRecorder(ledger, NodeEnv(rank=r, nnodes=2, host="s", port=1, rdzv_id="task-7"),
+                              {"ORCH_NODE_HOST": f"n{r + 1}"}) for r in (1, 0)]
+    for recorder in recorders:
+        recorder.tick()
+        recorder._thread.join()
+    assert not any(r.started for r in recorders)  # the old attempt is not theirs; rank 0 has not begun yet
+    monkeypatch.setattr(time, "time", lambda: node_time + 1)
+    _begin(ledger, "task-7", monkeypatch)
+    for recorder in recorders:
+        recorder._next_try = 0.0
+        recorder.tick()
+        recorder._thread.join()
+    assert all(r.started for r in recorders)
+    running = ledger.load()["attempts"][-1]
+    assert [(n["node"], n["host"], n["ended_at"]) for n in running["nodes"]] == [(0, "n1", None), (1, "n2", None)]
+    monkeypatch.setattr(time, "time", lambda: node_time + 60)
+    assert recorders[0].end(137) and recorders[1].end(75)
+    first, second = ledger.load()["attempts"]
+    assert "nodes" not in first and first["epoch"] == old["epoch"]
+    assert [(n["node"], n["exit"], n["ended_at"]) for n in second["nodes"]] == [(0, 75, node_time + 60),
+                                                                                 (1, 137, node_time + 60)]
+    text = format_ledger(ledger.load(), now=node_time + 100)
+    assert "n1" in text and "n2" in text and "137" in text
+
+
+def test_a_node_that_never_recorded_its_end_is_ended_with_its_attempt(store, monkeypatch):
+    """A node killed outright (its launcher too) cannot write its end: the local supervisor fills it in from the
+    process it started without overwriting what a node wrote itself, and elsewhere the next attempt's begin ends
+    it at the attempt's last heartbeat, its exit unknown."""
+    from orchestrator.ledger import Ledger
+    from orchestrator.multinode.records import NodeRecorder, record_nodes
+
+    ledger = Ledger(store, "mn2")
+    attempt = _begin(ledger, "job-1-0", monkeypatch)
+    survivor, lost = (NodeRecorder(ledger, NodeEnv(rank=r, nnodes=2, host="s", port=1, rdzv_id="job-1-0"), {})
+                      for r in (0, 1))
+    lost._write_start()
+    assert lost.started and survivor.end(137)
+    seen = [{"node": r, "host": "127.0.0.9", "pid": 9, "started_at": attempt["started_at"], "ended_at": 999.0,
+             "exit": -9 if r else 137} for r in (0, 1)]
+    assert record_nodes(ledger, "job-1-0", seen, fill_only=True)
+    nodes = ledger.load()["attempts"][0]["nodes"]
+    assert [(n["exit"], n["ended_at"] == 999.0, n["host"] == "127.0.0.9") for n in nodes] == [
+        (137, False, False), (-9, True, False)]  # the nodes' own records kept; the lost one's end filled
+
+    other = Ledger(store, "mn3")
+    first = _begin(other, "job-2-0", monkeypatch)
+    NodeRecorder(other, NodeEnv(rank=1, nnodes=2, host="s", port=1, rdzv_id="job-2-0"), {})._write_start()
+    _begin(other, "job-2-1", monkeypatch)  # the requeued job's attempt: the first one vanished
+    vanished = other.load()["attempts"][0]
+    assert vanished["exit_class"] == "vanished" and vanished["nodes"][0]["ended_at"] == first["last_seen"]
+    assert vanished["nodes"][0]["exit"] is None

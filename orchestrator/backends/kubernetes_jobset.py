@@ -10,7 +10,8 @@ stable DNS name under a headless service, and can wait for one replicated job be
   selector, ready when it accepts connections. The ``nodes`` start once it is ready (``dependsOn``).
 - ``nodes``: one Indexed Job, ``completions = parallelism = N``; each pod's rank is its completion index
   (``ORCH_NODE_RANK`` from the ``batch.kubernetes.io/job-completion-index`` annotation), it reaches the store
-  at ``<jobset>-store-0-0.<jobset>:STORE_PORT``, and ``ORCH_RDZV_ID`` is the JobSet's name and restart attempt.
+  at ``<jobset>-store-0-0.<jobset>:STORE_PORT``, ``ORCH_RDZV_ID`` is the JobSet's name and restart attempt, and
+  ``ORCH_NODE_HOST`` the Kubernetes node the pod runs on (what the ledger records for the node).
 - failures: every pod failure fails the nodes' Job at once (``backoffLimit`` 0), and the JobSet's
   ``failurePolicy`` tells a preemption from a crash by which of the Job's ``podFailurePolicy`` rules failed
   it (``NODE_FAILURE_RULES``; Kubernetes ends the Job's failure message with "matching FailJob rule at index
@@ -30,7 +31,7 @@ from typing import Any
 
 from orchestrator import exitcodes
 from orchestrator.backends.multinode import STORE_PORT, store_argv
-from orchestrator.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
+from orchestrator.multinode import NNODES_ENV, NODE_HOST_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 from orchestrator.backends.settings import backend_settings
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -73,6 +74,7 @@ def _nodes_pod(pod_spec: dict, name: str, nodes: int) -> dict:
         *container["env"],
         {"name": NODE_RANK_ENV, **_field(f"metadata.annotations['{COMPLETION_INDEX}']")},
         {"name": NNODES_ENV, "value": str(nodes)},
+        {"name": NODE_HOST_ENV, **_field("spec.nodeName")},  # the Kubernetes node, in the ledger's nodes
         {"name": STORE_ENV, "value": f"{name}-{STORE_JOB}-0-0.{name}:{STORE_PORT}"},
         {"name": RESTART_ATTEMPT_ENV, **_field(f"metadata.labels['{RESTART_ATTEMPT}']")},
         # $(VAR): Kubernetes expands a variable defined above
