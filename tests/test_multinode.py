@@ -257,3 +257,43 @@ def test_a_node_that_never_recorded_its_end_is_ended_with_its_attempt(store, mon
     vanished = other.load()["attempts"][0]
     assert vanished["exit_class"] == "vanished" and vanished["nodes"][0]["ended_at"] == first["last_seen"]
     assert vanished["nodes"][0]["exit"] is None
+
+
+def _sees_rank0s_folder(rank: int, port: int, folders: list, out) -> None:
+    """One rank of a real two-process gloo world: does every rank see rank 0's folder (``folders[rank]`` is the
+    path as this rank's disk has it: the same folder on a shared disk, another one on a disk of its own)?"""
+    import os
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from orchestrator.attempt.checkpoints import every_rank_sees
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    try:
+        out.put((rank, every_rank_sees(Path(folders[rank]), main=rank == 0)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_every_rank_is_asked_whether_it_sees_rank_zeros_folder(shared, tmp_path):
+    """Every rank writes its checkpoint files into rank 0's folder and reads rank 0's restore: nodes with disks of
+    their own (rank 1 does not find rank 0's nonce) get False on every rank, so the attempt refuses with the fix
+    (ConfigError, exit 4) instead of committing checkpoints without the other nodes' files."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    folders = [str(tmp_path / "work"), str(tmp_path / ("work" if shared else "node1-disk"))]
+    port = free_port()
+    procs = [ctx.Process(target=_sees_rank0s_folder, args=(r, port, folders, out)) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    assert sorted(out.get(timeout=5) for _ in procs) == [(0, shared), (1, shared)]
