@@ -268,13 +268,16 @@ def _sees_rank0s_folder(rank: int, port: int, folders: list, out) -> None:
 
     import torch.distributed as dist
 
-    from orchestrator.attempt.checkpoints import every_rank_sees
+    from orchestrator.attempt.checkpoints import every_rank_sees, shared_snapshot_root
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     try:
-        out.put((rank, every_rank_sees(Path(folders[rank]), main=rank == 0)))
+        seen = every_rank_sees(Path(folders[rank]), main=rank == 0)
+        # the snapshot root in memory (rank 0's chosen path, on this rank's own disk), the work folder shared
+        root = shared_snapshot_root(Path(folders[rank]) / "shm", Path(folders[0]), main=rank == 0)
+        out.put((rank, seen, root == Path(folders[rank]) / "shm"))
     finally:
         dist.destroy_process_group()
 
@@ -283,7 +286,8 @@ def _sees_rank0s_folder(rank: int, port: int, folders: list, out) -> None:
 def test_every_rank_is_asked_whether_it_sees_rank_zeros_folder(shared, tmp_path):
     """Every rank writes its checkpoint files into rank 0's folder and reads rank 0's restore: nodes with disks of
     their own (rank 1 does not find rank 0's nonce) get False on every rank, so the attempt refuses with the fix
-    (ConfigError, exit 4) instead of committing checkpoints without the other nodes' files."""
+    (ConfigError, exit 4) instead of committing checkpoints without the other nodes' files, and a snapshot root in
+    one node's memory gives way to the shared work folder."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -296,4 +300,6 @@ def test_every_rank_is_asked_whether_it_sees_rank_zeros_folder(shared, tmp_path)
     for proc in procs:
         proc.join(120)
     assert [proc.exitcode for proc in procs] == [0, 0]
-    assert sorted(out.get(timeout=5) for _ in procs) == [(0, shared), (1, shared)]
+    # not shared: snapshots go to the work folder (which is), and rank 0's unused root in memory is removed
+    assert sorted(out.get(timeout=5) for _ in procs) == [(0, shared, shared), (1, shared, shared)]
+    assert (tmp_path / "work" / "shm").exists() is shared

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 SHARED_MARKER = ".every-rank-sees"
 NOT_SHARED = (
     "the attempt's ranks do not all see rank 0's folder {folder} (run.work_dir): its nodes have disks of their "
-    "own. Every rank writes its checkpoint files (RNG state, ZeRO/FSDP shards, data position) into rank 0's "
+    "own. Every rank writes its checkpoint files (RNG state, ZeRO/FSDP shards) into rank 0's "
     "folder, which rank 0 uploads and restores into; each node uploading and verifying its own files is not "
     "built yet (docs/scale-out.md). Fix: run.work_dir on a filesystem every node mounts (Slurm: the shared "
     "filesystem you launch from), or run on one node.")
@@ -48,6 +48,16 @@ def every_rank_sees(folder: Path, main: bool) -> bool:
     except OSError:
         seen = False
     return all(dist.gather(seen))
+
+
+def shared_snapshot_root(root: Path, work: Path, main: bool) -> Path:
+    """``root``, or the (shared) ``work`` folder where not every rank sees ``root`` (memory of rank 0's node only)."""
+    if root == work or every_rank_sees(root, main):
+        return root
+    log.warning("not every rank sees %s (nodes with memory of their own): snapshots in %s", root, work)
+    if main:
+        snapshot.release(root)
+    return work
 
 
 def best_step(folder: Path) -> Optional[int]:
@@ -159,12 +169,8 @@ class CheckpointController:
     # ---- restore ----------------------------------------------------------------
     def restore(self, check: Callable[[dict], None]) -> tuple[Optional[Path], Optional[dict]]:
         """Rank 0 joins the download ``set_dataset`` started (the newest usable checkpoint, verified) and asks
-        ``check(manifest)`` whether it may resume from it; every rank gets its local path.
-
-        Raises:
-            ConfigError: on every rank, when not every rank sees rank 0's work folder (nodes with disks of their
-                own), where rank 0 restores and every rank writes its checkpoint files.
-        """
+        ``check(manifest)`` whether it may resume from it; every rank gets its local path (ConfigError on every
+        rank when not every rank sees rank 0's work folder, where it restores and every rank saves)."""
         if not every_rank_sees(self.work, self.main):
             raise ConfigError(NOT_SHARED.format(folder=self.work))
         restored, manifest = self._restore(check)
@@ -210,12 +216,7 @@ class CheckpointController:
                 snapshot.claim(root)
             log.info("local checkpoint snapshots in %s (%s; about %.1f MB each)", root, why, estimate / 1e6)
             chosen = str(root)
-        root = Path(dist.broadcast(chosen))
-        if root != self.work and not every_rank_sees(root, self.main):  # memory of rank 0's node only
-            log.warning("not every rank sees %s (nodes with memory of their own): snapshots in %s", root, self.work)
-            if self.main:
-                snapshot.release(root)
-            root = self.work
+        root = shared_snapshot_root(Path(dist.broadcast(chosen)), self.work, self.main)
         self.snapshot_root = root
         trainer.args.output_dir = str(root / "trainer")
         self.checkpoints.staging_dir = root / "staging"
