@@ -96,6 +96,17 @@ def broadcast(obj):
     return box[0]
 
 
+def gather(obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` when not distributed)."""
+    import torch.distributed as dist
+
+    if world_size() <= 1 or not dist.is_initialized():
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier() -> None:
     import torch.distributed as dist
 

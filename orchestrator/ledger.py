@@ -22,7 +22,8 @@ way of ending sets). Each attempt is
 ``{"epoch", "host", "pid", "started_at", "ended_at", "last_seen", "exit_class",
 "step_start", "step_end", "checkpoint_step_at_start", "checkpoint_step_end", "cost_usd",
 "instance_type", "gpu_type", "gpus", "spot", "extra", "launched_by"}`` with ``exit_class``
-"running" while live, else an ExitClass value. Each checkpoint is
+"running" while live, else an ExitClass value (several nodes: also ``rdzv_id`` and ``nodes``, which each
+node's launcher writes: ``orchestrator.multinode.records``). Each checkpoint is
 ``{"step", "key", "size", "time", "epoch"}``; only the newest ``keep_checkpoints``
 (``checkpoint.keep_last``: the ones retention keeps in storage, which are all a
 restore can fall back to) are listed, and ``checkpoints_committed`` counts every
@@ -46,6 +47,7 @@ import time
 from typing import Any, Callable, Optional
 
 from orchestrator.money.cost import attempts_cost_usd
+from orchestrator.multinode import RDZV_ID_ENV
 from orchestrator.errors import CapsReached, Fenced, UserError
 from orchestrator.exitcodes import (
     FINAL_RUN_STATUSES,
@@ -73,7 +75,6 @@ RETRY_MAX_SECONDS = 1.0
 MAX_CAPACITY_DECISIONS = 50  # the ledger is rewritten at every heartbeat: keep it small
 
 
-
 def new_ledger(run_name: str) -> dict:
     """An empty ledger for ``run_name``, before any attempt."""
     return {
@@ -90,8 +91,6 @@ def new_ledger(run_name: str) -> dict:
         "created_at": time.time(),
         "repro": None,
     }
-
-
 
 
 def _total_cost(ledger: dict) -> float:
@@ -180,7 +179,8 @@ class Ledger:
         """
         refused: list[UserError] = []
         fields = dict(host=host, pid=pid, instance_type=instance_type, gpu_type=gpu_type, gpus=gpus, spot=spot,
-                      extra=dict(extra or {}), launched_by=os.environ.get(LAUNCHED_BY_ENV))
+                      extra=dict(extra or {}), launched_by=os.environ.get(LAUNCHED_BY_ENV),
+                      rdzv_id=os.environ.get(RDZV_ID_ENV))
 
         def mutate(ledger: dict | None) -> dict | None:
             created = ledger is None
@@ -317,6 +317,9 @@ def _mark_vanished(ledger: dict) -> bool:
         if attempt["exit_class"] == RUNNING:
             attempt["exit_class"] = ExitClass.VANISHED.value
             attempt["ended_at"] = attempt["last_seen"]
+            for node in attempt.get("nodes") or []:  # a node lost with it could not record its end
+                if isinstance(node, dict) and node.get("ended_at") is None:
+                    node["ended_at"] = attempt["last_seen"]
             marked = True
     return marked
 
@@ -342,6 +345,8 @@ def _append_attempt(ledger: dict, checkpoint_step: int, fields: dict) -> None:
         "gpu_type": fields["gpu_type"], "gpus": fields["gpus"], "spot": fields["spot"], "extra": fields["extra"],
         "launched_by": fields["launched_by"],
     })
+    if fields["rdzv_id"]:  # one node of several: its launchers record the nodes in it by this id
+        ledger["attempts"][-1]["rdzv_id"] = fields["rdzv_id"]
     ledger["status"] = RUNNING
     ledger["step"] = checkpoint_step
     ledger["cost_usd"] = _total_cost(ledger)
@@ -407,7 +412,6 @@ def transact(store: ObjectStore, key: str, mutate: Callable[[dict | None], dict 
     raise TransientStorageError(
         f"could not update {store.get_uri(key)}: {MAX_WRITE_ATTEMPTS} conditional writes in a row lost to other writers"
     )
-
 
 
 def record_once(run: Callable, opened: Callable[[Optional[dict]], dict], name: str, now: Callable[[], float]) -> bool:

@@ -155,7 +155,7 @@ class Supervisor:
             oom_before = oom_kill_count()
             self.child = self._start(token)
             returncode = self._wait(self.child)
-            self._record_nodes(token)
+            self._record_nodes()
             exit_class = refine_exit_class(classify_exit(returncode), oom_before, oom_kill_count())
             attempts, exit_class = self._attempts_with(exit_class, token)
             log.info("attempt exited with code %s (%s)", returncode, exit_class.value)
@@ -191,12 +191,14 @@ class Supervisor:
         timeout = heartbeat_timeout_s(self.cfg.distributed.heartbeat_timeout, self._ledger_attempts())
         return LocalWorld(self.command, env, nodes, stop_after_s=timeout + STOP_MARGIN_S)
 
-    def _record_nodes(self, token: str) -> None:
+    def _record_nodes(self) -> None:
+        """A multi-node world's nodes as this host saw them, where a node's own launcher could not record itself
+        (it was killed): its end and exit code."""
         records = getattr(self.child, "node_records", None)
         if records is not None:
             from orchestrator.multinode.records import record_nodes
 
-            record_nodes(self.ledger, token, records())
+            record_nodes(self.ledger, self.child.rdzv_id, records(), fill_only=True)
 
     def _wait(self, child: subprocess.Popen) -> int:
         while True:

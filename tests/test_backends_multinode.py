@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -45,14 +46,14 @@ FAKE_PYTHON = textwrap.dedent(
       "-m orchestrator.worker")
         python3 -c 'import os, socket, sys; h, p = os.environ["ORCH_STORE"].rsplit(":", 1);
     socket.create_connection((h, int(p)), timeout=5).close()'
-        env | grep -E '^(ORCH_NODE_RANK|ORCH_NNODES|ORCH_STORE|ORCH_RDZV_ID)=' | sort > "$FAKE_DIR/node$SLURM_NODEID"
+        env | grep -E '^(ORCH_NODE_RANK|ORCH_NODE_HOST|ORCH_NNODES|ORCH_STORE|ORCH_RDZV_ID)=' | sort > "$FAKE_DIR/node$SLURM_NODEID"
         echo "$*" >> "$FAKE_DIR/node$SLURM_NODEID"
         eval "exit \\$FAKE_EXIT_$SLURM_NODEID" ;;
       *) exec python3 "$@" ;;
     esac
     """
 )
-FAKE_SRUN = '#!/bin/bash\n# the last two arguments are "-c <task>"\nfor n in 0 1; do SLURM_NODEID=$n bash -c "${@: -1}" & done\nwait -n; a=$?; wait -n; b=$?; exit $(( a > b ? a : b ))\n'
+FAKE_SRUN = '#!/bin/bash\n# the last two arguments are "-c <task>"\nfor n in 0 1; do SLURM_NODEID=$n SLURMD_NODENAME=n$((n + 1)) bash -c "${@: -1}" & done\nwait -n; a=$?; wait -n; b=$?; exit $(( a > b ? a : b ))\n'
 FAKE_SCONTROL = textwrap.dedent(
     """\
     #!/bin/bash
@@ -103,13 +104,16 @@ def test_every_node_gets_its_rank_and_the_first_hosts_store(two_node_slurm):
     done = two_node_slurm(exitcodes.COMPLETED, exitcodes.COMPLETED, restart_count=3)
     assert done.returncode == 0, done.stderr
     nodes = [(two_node_slurm.dir / f"node{n}").read_text().splitlines() for n in (0, 1)]
+    envs = []
     for rank, lines in enumerate(nodes):
-        env = dict(line.split("=", 1) for line in lines[:4])
+        env = dict(line.split("=", 1) for line in lines[:5])
         assert env["ORCH_NODE_RANK"] == str(rank) and env["ORCH_NNODES"] == "2"
+        assert env["ORCH_NODE_HOST"] == f"n{rank + 1}"  # its Slurm node name: what the ledger records
         assert env["ORCH_RDZV_ID"] == "77-3"  # the job and its restart count: fresh for every requeue
         assert env["ORCH_STORE"].startswith("127.0.0.1:")  # the first host's NodeAddr, reached by both nodes
-        assert "orchestrator.worker" in lines[4] and "run.name=exp1" in lines[4] and "backend" not in lines[4]
-    assert nodes[0][2] == nodes[1][2]  # one store for the world
+        assert "orchestrator.worker" in lines[5] and "run.name=exp1" in lines[5] and "backend" not in lines[5]
+        envs.append(env)
+    assert envs[0]["ORCH_STORE"] == envs[1]["ORCH_STORE"]  # one store for the world
     assert "requeue" not in (two_node_slurm.dir / "scontrol").read_text()
 
 
@@ -177,6 +181,7 @@ def test_kubernetes_two_nodes_are_a_jobset_of_a_store_and_an_indexed_job():
         "metadata.annotations['batch.kubernetes.io/job-completion-index']")
     assert env["ORCH_STORE"].value == "exp1-store-0-0.exp1:29400" and env["ORCH_NNODES"].value == "2"
     assert env["ORCH_RDZV_ID"].value == "exp1-$(ORCH_JOBSET_RESTART)"  # the JobSet's restart attempt
+    assert env["ORCH_NODE_HOST"].value_from.field_ref.field_path == "spec.nodeName"  # the ledger's host: the node
     assert worker.resources.limits["nvidia.com/gpu"] == "8"
     assert nodes.template.spec.node_selector == {"cloud.google.com/gke-spot": "true"}
     store_pod = store.template.spec
@@ -184,7 +189,58 @@ def test_kubernetes_two_nodes_are_a_jobset_of_a_store_and_an_indexed_job():
     assert store_pod.node_selector is None and "nvidia.com/gpu" not in str(store_pod.containers[0].resources)
     assert spec["network"]["enableDNSHostnames"] is True
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["nodes"]}
-    assert spec["failurePolicy"]["maxRestarts"] == 23
-    assert spec["failurePolicy"]["rules"][0]["action"] == "FailJobSet"
-    assert sorted(nodes.pod_failure_policy.rules[0].on_exit_codes.values) == [3, 4, 5, 6]
-    assert nodes.backoff_limit == 0  # any other failure fails the Job, and the JobSet restarts every node
+    assert nodes.backoff_limit == 0  # any pod failure fails the Job, and the JobSet restarts every node
+
+
+def _jobset_verdict(spec: dict, nodes_job, *, exit_code: int, disrupted: bool = False) -> str:
+    """What the JobSet controller does when one pod of the nodes' Job fails so: the Job's first matching
+    podFailurePolicy rule fails it with reason PodFailurePolicy and a message ending "matching FailJob rule at index
+    <i>" (no rule matched: BackoffLimitExceeded, backoffLimit 0); the JobSet's first rule whose reasons hold the
+    reason and one of whose patterns (Go regexp.MatchString: a search) finds the message acts; none: RestartJobSet."""
+    import re
+
+    reason, message = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+    for index, rule in enumerate(nodes_job.pod_failure_policy.rules):
+        by_code = rule.on_exit_codes is not None and exit_code in rule.on_exit_codes.values
+        by_condition = disrupted and any(c.type == "DisruptionTarget" and c.status == "True"
+                                         for c in rule.on_pod_conditions or [])
+        if by_code or by_condition:
+            assert rule.action == "FailJob"
+            what = (f"Pod ns/exp1-nodes-0-1-x has condition DisruptionTarget" if by_condition else
+                    f"Container worker for pod ns/exp1-nodes-0-1-x failed with exit code {exit_code}")
+            reason, message = "PodFailurePolicy", f"{what} matching FailJob rule at index {index}"
+            break
+    for rule in spec["failurePolicy"]["rules"]:
+        if (reason in rule.get("onJobFailureReasons", [reason]) and "nodes" in rule.get("targetReplicatedJobs", ["nodes"])
+                and any(re.search(p, message) for p in rule.get("onJobFailureMessagePatterns", [""]))):
+            return rule["action"]
+    return "RestartJobSet"
+
+
+def test_kubernetes_preemptions_do_not_spend_the_jobsets_max_restarts():
+    """A spot node reclaimed (DisruptionTarget), a world that saved and stopped (75) or lost a peer (137) restarts
+    every node without counting against maxRestarts (the ledger's max_preemptions bounds those, exit 5); a final
+    code fails the JobSet; a crash restarts it and counts, up to requeue.max_failures. The failurePolicy is checked
+    against the JobSet CRD's schema, the Jobs' podFailurePolicy through the official client's model."""
+    import jsonschema
+    from kubernetes.client import ApiClient
+
+    cfg, overrides = compose("kubernetes", *TWO_NODES, "backend.image=registry.example/orch:1", "compute.cloud=gcp",
+                             "requeue.max_failures=3", "requeue.max_preemptions=20")
+    spec = yaml.safe_load(get_backend("kubernetes").render(cfg, overrides))["spec"]
+    schema = json.loads((Path(__file__).parent / "fixtures" / "jobset-failure-policy.schema.json").read_text())
+    jsonschema.validate(spec["failurePolicy"], schema)
+    template = next(r["template"] for r in spec["replicatedJobs"] if r["name"] == "nodes")
+    api = ApiClient()
+    nodes_job = api.deserialize(json.dumps(template), "V1JobTemplateSpec", None).spec
+    assert api.sanitize_for_serialization(nodes_job)["podFailurePolicy"] == template["spec"]["podFailurePolicy"]
+    assert spec["failurePolicy"]["maxRestarts"] == 3  # requeue.max_failures: the crashes' engine-side bound
+    uncounted = "RestartJobSetAndIgnoreMaxRestarts"
+    assert _jobset_verdict(spec, nodes_job, exit_code=137, disrupted=True) == uncounted  # spot node reclaimed
+    assert _jobset_verdict(spec, nodes_job, exit_code=75) == uncounted  # the world saved and stopped
+    assert _jobset_verdict(spec, nodes_job, exit_code=137) == uncounted  # a node found its peer lost
+    for final in (3, 4, 5, 6):
+        assert _jobset_verdict(spec, nodes_job, exit_code=final) == "FailJobSet"
+        assert _jobset_verdict(spec, nodes_job, exit_code=final, disrupted=True) == "FailJobSet"
+    assert _jobset_verdict(spec, nodes_job, exit_code=1) == "RestartJobSet"  # a crash: counted
+    assert _jobset_verdict(spec, nodes_job, exit_code=7) == "RestartJobSet"  # out of memory: counted

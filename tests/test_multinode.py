@@ -181,3 +181,125 @@ def test_a_collective_error_from_a_lost_node_is_vanished_not_a_crash(monkeypatch
     assert (lost.exit_class, lost.exit_code, lost.record) == (ExitClass.VANISHED, 137, False)
     monkeypatch.setenv("ORCH_NNODES", "1")
     assert classify_exception(err).exit_class == ExitClass.CRASHED
+
+
+def _begin(ledger, rdzv_id, monkeypatch):
+    monkeypatch.setenv("ORCH_RDZV_ID", rdzv_id)  # rank 0 runs under its node's launcher, with the world's id
+    attempt = ledger.begin_attempt(host="h", pid=1, instance_type=None, gpu_type=None, gpus=2, spot=True,
+                                   checkpoint_step=0)
+    monkeypatch.delenv("ORCH_RDZV_ID")
+    return attempt
+
+
+def test_each_nodes_launcher_records_its_node_in_the_attempt_of_its_rendezvous(store, monkeypatch):
+    """What every backend's nodes run: each launcher writes its own host and start once rank 0 has begun the
+    attempt, then its end and exit; an older attempt with the same id (SkyPilot keeps its task id across
+    recoveries) begun before the node started is not taken for it, and status shows each node."""
+    import time
+
+    from orchestrator.cli.status import format_ledger
+    from orchestrator.ledger import Ledger
+    from orchestrator.multinode.records import CLOCK_SKEW_S, NodeRecorder
+
+    ledger = Ledger(store, "mn")
+    old = _begin(ledger, "task-7", monkeypatch)
+    node_time = time.time() + CLOCK_SKEW_S + 5  # the nodes of the recovery start later than the old attempt
+    monkeypatch.setattr(time, "time", lambda: node_time)
+    recorders = [NodeRecorder(ledger, NodeEnv(rank=r, nnodes=2, host="s", port=1, rdzv_id="task-7"),
+                              {"ORCH_NODE_HOST": f"n{r + 1}"}) for r in (1, 0)]
+    for recorder in recorders:
+        recorder.tick()
+        recorder._thread.join()
+    assert not any(r.started for r in recorders)  # the old attempt is not theirs; rank 0 has not begun yet
+    monkeypatch.setattr(time, "time", lambda: node_time + 1)
+    _begin(ledger, "task-7", monkeypatch)
+    for recorder in recorders:
+        recorder._next_try = 0.0
+        recorder.tick()
+        recorder._thread.join()
+    assert all(r.started for r in recorders)
+    running = ledger.load()["attempts"][-1]
+    assert [(n["node"], n["host"], n["ended_at"]) for n in running["nodes"]] == [(0, "n1", None), (1, "n2", None)]
+    monkeypatch.setattr(time, "time", lambda: node_time + 60)
+    assert recorders[0].end(137) and recorders[1].end(75)
+    first, second = ledger.load()["attempts"]
+    assert "nodes" not in first and first["epoch"] == old["epoch"]
+    assert [(n["node"], n["exit"], n["ended_at"]) for n in second["nodes"]] == [(0, 75, node_time + 60),
+                                                                                 (1, 137, node_time + 60)]
+    text = format_ledger(ledger.load(), now=node_time + 100)
+    assert "n1" in text and "n2" in text and "137" in text
+
+
+def test_a_node_that_never_recorded_its_end_is_ended_with_its_attempt(store, monkeypatch):
+    """A node killed outright (its launcher too) cannot write its end: the local supervisor fills it in from the
+    process it started without overwriting what a node wrote itself, and elsewhere the next attempt's begin ends
+    it at the attempt's last heartbeat, its exit unknown."""
+    from orchestrator.ledger import Ledger
+    from orchestrator.multinode.records import NodeRecorder, record_nodes
+
+    ledger = Ledger(store, "mn2")
+    attempt = _begin(ledger, "job-1-0", monkeypatch)
+    survivor, lost = (NodeRecorder(ledger, NodeEnv(rank=r, nnodes=2, host="s", port=1, rdzv_id="job-1-0"), {})
+                      for r in (0, 1))
+    lost._write_start()
+    assert lost.started and survivor.end(137)
+    seen = [{"node": r, "host": "127.0.0.9", "pid": 9, "started_at": attempt["started_at"], "ended_at": 999.0,
+             "exit": -9 if r else 137} for r in (0, 1)]
+    assert record_nodes(ledger, "job-1-0", seen, fill_only=True)
+    nodes = ledger.load()["attempts"][0]["nodes"]
+    assert [(n["exit"], n["ended_at"] == 999.0, n["host"] == "127.0.0.9") for n in nodes] == [
+        (137, False, False), (-9, True, False)]  # the nodes' own records kept; the lost one's end filled
+
+    other = Ledger(store, "mn3")
+    first = _begin(other, "job-2-0", monkeypatch)
+    NodeRecorder(other, NodeEnv(rank=1, nnodes=2, host="s", port=1, rdzv_id="job-2-0"), {})._write_start()
+    _begin(other, "job-2-1", monkeypatch)  # the requeued job's attempt: the first one vanished
+    vanished = other.load()["attempts"][0]
+    assert vanished["exit_class"] == "vanished" and vanished["nodes"][0]["ended_at"] == first["last_seen"]
+    assert vanished["nodes"][0]["exit"] is None
+
+
+def _sees_rank0s_folder(rank: int, port: int, folders: list, out) -> None:
+    """One rank of a real two-process gloo world: does every rank see rank 0's folder (``folders[rank]`` is the
+    path as this rank's disk has it: the same folder on a shared disk, another one on a disk of its own)?"""
+    import os
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from orchestrator.attempt.checkpoints import every_rank_sees, shared_snapshot_root
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    try:
+        seen = every_rank_sees(Path(folders[rank]), main=rank == 0)
+        # the snapshot root in memory (rank 0's chosen path, on this rank's own disk), the work folder shared
+        root = shared_snapshot_root(Path(folders[rank]) / "shm", Path(folders[0]), main=rank == 0)
+        out.put((rank, seen, root == Path(folders[rank]) / "shm"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_every_rank_is_asked_whether_it_sees_rank_zeros_folder(shared, tmp_path):
+    """Every rank writes its checkpoint files into rank 0's folder and reads rank 0's restore: nodes with disks of
+    their own (rank 1 does not find rank 0's nonce) get False on every rank, so the attempt refuses with the fix
+    (ConfigError, exit 4) instead of committing checkpoints without the other nodes' files, and a snapshot root in
+    one node's memory gives way to the shared work folder."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    folders = [str(tmp_path / "work"), str(tmp_path / ("work" if shared else "node1-disk"))]
+    port = free_port()
+    procs = [ctx.Process(target=_sees_rank0s_folder, args=(r, port, folders, out)) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    # not shared: snapshots go to the work folder (which is), and rank 0's unused root in memory is removed
+    assert sorted(out.get(timeout=5) for _ in procs) == [(0, shared, shared), (1, shared, shared)]
+    assert (tmp_path / "work" / "shm").exists() is shared

@@ -64,6 +64,12 @@ def signal_node(node: psutil.Process, how) -> None:
             pass
 
 
+def running_hosts(storage, run) -> list:
+    attempts = jobs.ledger(storage, run).get("attempts") or [{}]
+    nodes = attempts[-1].get("nodes") if attempts[-1].get("exit_class") == "running" else None
+    return [n.get("host") for n in nodes or []]
+
+
 def after_commit(proc, storage, run) -> int:
     seen = jobs.committed_steps(storage, run)
     return jobs.wait_for_new_checkpoint(storage, run, proc, seen[-1] if seen else 0)
@@ -133,6 +139,9 @@ def test_a_notice_to_one_node_commits_one_emergency_checkpoint_of_both(tmp_path,
     proc = jobs.start_job(TWO_NODES + storage.overrides() + [f"run.name={run}"], tmp_path)
     try:
         after_commit(proc, storage, run)
+        # each node's launcher records itself in the running attempt (what Slurm's, SkyPilot's and the JobSet's
+        # nodes run too); the supervisor writes nothing before the world has ended
+        jobs.wait_for(lambda: running_hosts(storage, run) == ["127.0.0.1", "127.0.0.2"], 60, "both nodes recorded")
         nodes_of(proc)[1].send_signal(signal.SIGTERM)  # node 1's launcher only: its spot notice
         jobs.wait_for(lambda: len(jobs.attempt_classes(storage, run)) == 2, 300, "the second attempt")
         rc = proc.wait(timeout=900)
@@ -145,6 +154,7 @@ def test_a_notice_to_one_node_commits_one_emergency_checkpoint_of_both(tmp_path,
     first, second = ledger["attempts"]
     assert [first["exit_class"], second["exit_class"]] == ["preempted", "completed"]
     assert [n["exit"] for n in first["nodes"]] == [75, 75]  # both nodes saved and stopped
+    assert [n["exit"] for n in second["nodes"]] == [0, 0]
     assert first["checkpoint_step_end"] == first["step_end"] == second["step_start"]  # one emergency checkpoint
     assert "another node got SIGTERM" in log
     assert jobs.final_digest(storage, run) == references.digest(TWO_NODES)

@@ -138,6 +138,12 @@ def test_two_node_slurm_job_requeued_after_a_node_is_killed_completes_byte_ident
     classes = [a["exit_class"] for a in ledger["attempts"]]
     assert len(classes) >= 2 and classes[-1] == "completed" and ledger["status"] == "completed", classes
     assert ledger["attempts"][-1]["checkpoint_step_at_start"] >= killed_after, (ledger["attempts"], killed_after)
+    # each node's launcher recorded its Slurm node, start, end and exit in its attempt; node 1's, killed with its
+    # launcher, was ended by the next attempt's begin at the attempt's last heartbeat
+    killed_nodes, last_nodes = ledger["attempts"][0].get("nodes") or [], ledger["attempts"][-1].get("nodes") or []
+    assert [n["host"] for n in killed_nodes] == ["n1", "n2"], ledger["attempts"][0]
+    assert killed_nodes[0]["exit"] is not None and all(n["started_at"] <= n["ended_at"] for n in killed_nodes)
+    assert [(n["host"], n["exit"]) for n in last_nodes] == [("n1", 0), ("n2", 0)], ledger["attempts"][-1]
     assert jobs.final_digest(storage, run) == references.digest(common), (
         f"the two-node Slurm job's final weights differ from the uninterrupted two-node run (node 1 killed after "
         f"step {killed_after}; attempts {classes})")

@@ -12,6 +12,7 @@ import logging
 import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -21,6 +22,42 @@ from orchestrator.checkpoint.store import CheckpointStore, announce_restore
 from orchestrator.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
+
+SHARED_MARKER = ".every-rank-sees"
+NOT_SHARED = (
+    "the attempt's ranks do not all see rank 0's folder {folder} (run.work_dir): its nodes have disks of their "
+    "own. Every rank writes its checkpoint files (RNG state, ZeRO/FSDP shards) into rank 0's "
+    "folder, which rank 0 uploads and restores into; each node uploading and verifying its own files is not "
+    "built yet (docs/scale-out.md). Fix: run.work_dir on a filesystem every node mounts (Slurm: the shared "
+    "filesystem you launch from), or run on one node.")
+
+
+def every_rank_sees(folder: Path, main: bool) -> bool:
+    """Whether every rank sees rank 0's ``folder`` (asked with a fresh nonce rank 0 writes there); True on one
+    process. A collective: every rank calls it."""
+    if dist.world_size() <= 1:
+        return True
+    nonce = None
+    if main:
+        folder.mkdir(parents=True, exist_ok=True)
+        nonce = uuid.uuid4().hex
+        (folder / SHARED_MARKER).write_text(nonce)
+    nonce = dist.broadcast(nonce)
+    try:
+        seen = (folder / SHARED_MARKER).read_text() == nonce
+    except OSError:
+        seen = False
+    return all(dist.gather(seen))
+
+
+def shared_snapshot_root(root: Path, work: Path, main: bool) -> Path:
+    """``root``, or the (shared) ``work`` folder where not every rank sees ``root`` (memory of rank 0's node only)."""
+    if root == work or every_rank_sees(root, main):
+        return root
+    log.warning("not every rank sees %s (nodes with memory of their own): snapshots in %s", root, work)
+    if main:
+        snapshot.release(root)
+    return work
 
 
 def best_step(folder: Path) -> Optional[int]:
@@ -132,7 +169,10 @@ class CheckpointController:
     # ---- restore ----------------------------------------------------------------
     def restore(self, check: Callable[[dict], None]) -> tuple[Optional[Path], Optional[dict]]:
         """Rank 0 joins the download ``set_dataset`` started (the newest usable checkpoint, verified) and asks
-        ``check(manifest)`` whether it may resume from it; every rank gets its local path."""
+        ``check(manifest)`` whether it may resume from it; every rank gets its local path (ConfigError on every
+        rank when not every rank sees rank 0's work folder, where it restores and every rank saves)."""
+        if not every_rank_sees(self.work, self.main):
+            raise ConfigError(NOT_SHARED.format(folder=self.work))
         restored, manifest = self._restore(check)
         if self.clock is not None:
             self.clock.mark("restored")
@@ -176,7 +216,7 @@ class CheckpointController:
                 snapshot.claim(root)
             log.info("local checkpoint snapshots in %s (%s; about %.1f MB each)", root, why, estimate / 1e6)
             chosen = str(root)
-        root = Path(dist.broadcast(chosen))
+        root = shared_snapshot_root(Path(dist.broadcast(chosen)), self.work, self.main)
         self.snapshot_root = root
         trainer.args.output_dir = str(root / "trainer")
         self.checkpoints.staging_dir = root / "staging"

@@ -10,11 +10,18 @@ stable DNS name under a headless service, and can wait for one replicated job be
   selector, ready when it accepts connections. The ``nodes`` start once it is ready (``dependsOn``).
 - ``nodes``: one Indexed Job, ``completions = parallelism = N``; each pod's rank is its completion index
   (``ORCH_NODE_RANK`` from the ``batch.kubernetes.io/job-completion-index`` annotation), it reaches the store
-  at ``<jobset>-store-0-0.<jobset>:STORE_PORT``, and ``ORCH_RDZV_ID`` is the JobSet's name and restart attempt.
-- exit codes: 3, 4, 5 and 6 fail the nodes' Job through its ``podFailurePolicy`` (reason ``PodFailurePolicy``),
-  which fails the JobSet; any other failure (75, a crash, a reclaimed node) fails the Job (``backoffLimit``
-  0) and the JobSet restarts all of it, up to ``maxRestarts = max_failures + max_preemptions``; the worker's
-  ledger check (exit 5) has the last word on each cap, as for one node.
+  at ``<jobset>-store-0-0.<jobset>:STORE_PORT``, ``ORCH_RDZV_ID`` is the JobSet's name and restart attempt, and
+  ``ORCH_NODE_HOST`` the Kubernetes node the pod runs on (what the ledger records for the node).
+- failures: every pod failure fails the nodes' Job at once (``backoffLimit`` 0), and the JobSet's
+  ``failurePolicy`` tells a preemption from a crash by which of the Job's ``podFailurePolicy`` rules failed
+  it (``NODE_FAILURE_RULES``; Kubernetes ends the Job's failure message with "matching FailJob rule at index
+  <i>", which the JobSet rule's ``onJobFailureMessagePatterns`` matches, JobSet v0.10 or later): a final exit
+  code (3, 4, 5, 6) fails the JobSet; a pod disrupted (the ``DisruptionTarget`` condition: a spot node
+  reclaimed, drained or preempted by the scheduler) or a node that saved and stopped (75) or found its peer
+  lost (137) restarts every node without spending ``maxRestarts``; anything else (a crash) restarts them and
+  counts, up to ``maxRestarts = requeue.max_failures``. The worker's ledger check (exit 5, which fails the
+  JobSet) bounds the preemptions (``requeue.max_preemptions``) and has the last word on each cap, as for one
+  node.
 - done when the nodes' Job completes (``successPolicy``); the JobSet controller then deletes the store's Job.
 """
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 
 from orchestrator import exitcodes
 from orchestrator.backends.multinode import STORE_PORT, store_argv
-from orchestrator.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
+from orchestrator.multinode import NNODES_ENV, NODE_HOST_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 from orchestrator.backends.settings import backend_settings
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -33,6 +40,18 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 RESTART_ATTEMPT_ENV = "ORCH_JOBSET_RESTART"
 FINAL_EXIT_CODES = [exitcodes.BUDGET_EXHAUSTED, exitcodes.CONFIG_ERROR, exitcodes.CAPS_REACHED, exitcodes.FENCED]
+# a node that committed the world's emergency checkpoint (75), or stopped because its peer was lost (137)
+PREEMPTED_EXIT_CODES = [exitcodes.PREEMPTED, exitcodes.LOST_NODE]
+# (JobSet rule name, JobSet action, the nodes' Job's podFailurePolicy rule that tells it, FailJob): in order, as
+# Kubernetes evaluates them (the first match fails the Job and names its index in the Job's failure message)
+NODE_FAILURE_RULES = (
+    ("FinalExitCode", "FailJobSet",
+     {"onExitCodes": {"containerName": "worker", "operator": "In", "values": FINAL_EXIT_CODES}}),
+    ("NodeDisrupted", "RestartJobSetAndIgnoreMaxRestarts",
+     {"onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}),
+    ("PreemptedOrPeerLost", "RestartJobSetAndIgnoreMaxRestarts",
+     {"onExitCodes": {"containerName": "worker", "operator": "In", "values": PREEMPTED_EXIT_CODES}}),
+)
 # a pod's hostname is <jobset>-<replicated job>-<job index>-<pod index>, a DNS label of at most 63 characters
 MAX_NAME = 63 - len(f"-{NODES_JOB}-0-") - 4
 STORE_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
@@ -55,6 +74,7 @@ def _nodes_pod(pod_spec: dict, name: str, nodes: int) -> dict:
         *container["env"],
         {"name": NODE_RANK_ENV, **_field(f"metadata.annotations['{COMPLETION_INDEX}']")},
         {"name": NNODES_ENV, "value": str(nodes)},
+        {"name": NODE_HOST_ENV, **_field("spec.nodeName")},  # the Kubernetes node, in the ledger's nodes
         {"name": STORE_ENV, "value": f"{name}-{STORE_JOB}-0-0.{name}:{STORE_PORT}"},
         {"name": RESTART_ATTEMPT_ENV, **_field(f"metadata.labels['{RESTART_ATTEMPT}']")},
         # $(VAR): Kubernetes expands a variable defined above
@@ -81,13 +101,22 @@ def _store_pod(cfg: Any, pod_spec: dict) -> dict:
     return spec
 
 
-def _job(labels: dict, pod: dict, *, completions: int, final_codes: bool) -> dict:
+def _job(labels: dict, pod: dict, *, completions: int, node_rules: bool) -> dict:
     spec: dict[str, Any] = {"completions": completions, "parallelism": completions, "completionMode": "Indexed",
                             "backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": pod}}
-    if final_codes:
-        spec["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": {
-            "containerName": "worker", "operator": "In", "values": FINAL_EXIT_CODES}}]}
+    if node_rules:
+        spec["podFailurePolicy"] = {"rules": [{"action": "FailJob", **match} for _, _, match in NODE_FAILURE_RULES]}
     return {"spec": spec}
+
+
+def failure_policy(cfg: Any) -> dict:
+    """The JobSet's ``failurePolicy``: one rule per ``NODE_FAILURE_RULES`` entry, matched by the nodes' Job's failure
+    reason and message; a failure no rule matches (a crash) takes JobSet's default, a restart that counts."""
+    rules = [{"name": name, "action": action, "onJobFailureReasons": ["PodFailurePolicy"],
+              "onJobFailureMessagePatterns": [f"matching FailJob rule at index {index}$"],
+              "targetReplicatedJobs": [NODES_JOB]}
+             for index, (name, action, _) in enumerate(NODE_FAILURE_RULES)]
+    return {"maxRestarts": int(cfg.requeue.max_failures), "rules": rules}
 
 
 def jobset(cfg: Any, pod_spec: dict, labels: dict, nodes: int) -> dict:
@@ -100,16 +129,12 @@ def jobset(cfg: Any, pod_spec: dict, labels: dict, nodes: int) -> dict:
         "spec": {
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": [NODES_JOB]},
-            "failurePolicy": {
-                "maxRestarts": int(cfg.requeue.max_failures) + int(cfg.requeue.max_preemptions),
-                "rules": [{"name": "final-exit-codes", "action": "FailJobSet",
-                           "onJobFailureReasons": ["PodFailurePolicy"], "targetReplicatedJobs": [NODES_JOB]}],
-            },
+            "failurePolicy": failure_policy(cfg),
             "replicatedJobs": [
                 {"name": STORE_JOB, "replicas": 1,
-                 "template": _job(labels, _store_pod(cfg, pod_spec), completions=1, final_codes=False)},
+                 "template": _job(labels, _store_pod(cfg, pod_spec), completions=1, node_rules=False)},
                 {"name": NODES_JOB, "replicas": 1, "dependsOn": [{"name": STORE_JOB, "status": "Ready"}],
-                 "template": _job(labels, _nodes_pod(pod_spec, name, nodes), completions=nodes, final_codes=True)},
+                 "template": _job(labels, _nodes_pod(pod_spec, name, nodes), completions=nodes, node_rules=True)},
             ],
         },
     }

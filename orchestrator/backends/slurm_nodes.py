@@ -7,8 +7,9 @@ For ``distributed.nodes=N`` (N > 1) the sbatch script asks for ``--nodes=N --nta
 2. starts the rendezvous and heartbeat store there, in the background of the batch shell: a process of its
    own, outside every node's torchrun agent, so that losing any training node cannot take it;
 3. runs one ``srun --nodes=N --ntasks-per-node=1`` step of the worker, each task with
-   ``ORCH_NODE_RANK=$SLURM_NODEID`` (see ``orchestrator.backends.multinode``) and ``ORCH_RDZV_ID`` made of
-   the job id and its restart count (fresh for every requeue);
+   ``ORCH_NODE_RANK=$SLURM_NODEID`` (see ``orchestrator.backends.multinode``), ``ORCH_NODE_HOST`` its Slurm
+   node name (what the ledger records for the node) and ``ORCH_RDZV_ID`` made of the job id and its restart
+   count (fresh for every requeue);
 4. takes node 0's exit code as the attempt's outcome (node 0 runs on the batch host and leaves it in a
    file there), so a final code of rank 0 (3, 4, 5, 6) is never outvoted by another node's 75; the
    script then requeues or stops exactly as for one node.
@@ -24,7 +25,7 @@ from typing import Any
 
 from orchestrator.backends import grace_seconds
 from orchestrator.backends.multinode import NODE_EXIT_MARGIN_SECONDS, node_count, store_command
-from orchestrator.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
+from orchestrator.multinode import NNODES_ENV, NODE_HOST_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 
 NODE_EXIT_FILE_ENV = "ORCH_NODE0_EXIT_FILE"
 STORE_READY_SECONDS = 60
@@ -48,7 +49,7 @@ echo "slurm job $SLURM_JOB_ID: store at ${store_env} (pid $store_pid), {nodes} n
 
 # one task per node: the worker in the background so that a signal is forwarded at once (as the batch shell
 # does), then node 0 leaves its exit code for the batch shell, which runs on the same host
-_NODE_TASK = r"""export {rank}="$SLURM_NODEID"
+_NODE_TASK = r"""export {rank}="$SLURM_NODEID" {host}="$SLURMD_NODENAME"
 {command} &
 pid=$!
 for s in USR1 TERM INT; do trap "signalled=1; kill -s $s $pid 2>/dev/null" "$s"; done
@@ -86,7 +87,7 @@ def nodes_parts(cfg: Any, command: str, python: str) -> tuple[str, str, str]:
     if nodes == 1:
         return "", command, ""
     names = dict(nnodes=NNODES_ENV, store_env=STORE_ENV, rdzv=RDZV_ID_ENV, exit_env=NODE_EXIT_FILE_ENV,
-                 rank=NODE_RANK_ENV)
+                 rank=NODE_RANK_ENV, host=NODE_HOST_ENV)
     start = _NODES_START.format(nodes=nodes, python=shlex.quote(python), ready=STORE_READY_SECONDS,
                                 store=store_command(python, '"$head_addr"', '"$store_port"'), **names)
     task = _NODE_TASK.format(command=command, wait_loop=wait_loop("pid"), **names)

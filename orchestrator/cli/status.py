@@ -123,7 +123,7 @@ def _node_table(attempts: list) -> list[str]:
         return _when(value) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
 
     rows = [[str(a.get("epoch")), str(n.get("node")), str(n.get("host")), when(n.get("started_at")),
-             when(n.get("ended_at")), str(n.get("exit"))]
+             when(n.get("ended_at")), "-" if n.get("exit") is None else str(n.get("exit"))]
             for a in attempts if isinstance(a.get("nodes"), list) for n in a["nodes"] if isinstance(n, dict)]
     return ["", "nodes", _table(["epoch", "node", "host", "started", "ended", "exit"], rows)] if rows else []
 

@@ -7,7 +7,10 @@ The contract with every backend (local supervisor, Slurm, SkyPilot, Kubernetes):
   node cannot take it (never inside a node's torchrun agent);
 - each node runs the ordinary worker with ``ORCH_NODE_RANK`` (0..N-1), ``ORCH_NNODES``,
   ``ORCH_STORE=host:port`` and ``ORCH_RDZV_ID`` (fresh per attempt) in its environment,
-  and optionally ``ORCH_NODE_ADDR`` (the address the node's agent advertises);
+  and optionally ``ORCH_NODE_ADDR`` (the address the node's agent advertises) and ``ORCH_NODE_HOST`` (the
+  name the ledger records for the node: Slurm's node name, the Kubernetes node);
+- each node's launcher records its host, start, end and exit in the attempt's ``nodes``
+  (``orchestrator.multinode.records``);
 - any node lost ends the attempt for every node (restart-the-world, see docs/scale-out.md).
 """
 from __future__ import annotations
@@ -23,6 +26,8 @@ NNODES_ENV = "ORCH_NNODES"
 STORE_ENV = "ORCH_STORE"
 RDZV_ID_ENV = "ORCH_RDZV_ID"
 NODE_ADDR_ENV = "ORCH_NODE_ADDR"
+# optional: the name the ledger records for this node (default: ORCH_NODE_ADDR, else the hostname)
+NODE_HOST_ENV = "ORCH_NODE_HOST"
 # what the node launcher hands its ranks: the process group's collective timeout, in seconds
 COLLECTIVE_TIMEOUT_ENV = "ORCH_COLLECTIVE_TIMEOUT_S"
 

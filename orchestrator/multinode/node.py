@@ -6,7 +6,8 @@
 and no restarts of its own (``--max-restarts=0``: the world restarts as one, from the last checkpoint).
 Its watchdog beats and watches the peers; when the world breaks it kills its own ranks (torchrun and
 the workers, which would otherwise wait in a collective) and exits 137, which every engine reads as a
-vanished attempt and requeues.
+vanished attempt and requeues. It records its node's host, start, end and exit in the attempt
+(``orchestrator.multinode.records``), on every backend.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def interval_s(timeout_s: float) -> float:
 
 def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv) -> int:
     """Run this node's ranks until they end or the world breaks; returns the node's exit code."""
+    from orchestrator.multinode.records import NodeRecorder
     from orchestrator.multinode.store import connect
     from orchestrator.multinode.timeouts import collective_timeout_s, heartbeat_timeout_s, job_attempts
 
@@ -59,6 +61,7 @@ def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv) -> int:
     env = dict(os.environ, ORCH_ATTEMPT_TOKEN=node.rdzv_id, ORCH_EXIT_FILE=str(exit_file),
                **{COLLECTIVE_TIMEOUT_ENV: str(collective_timeout_s(timeout, attempts))})
     watchdog = Watchdog(connect(node.host, node.port, timeout), node.rank, node.nnodes, node.rdzv_id, timeout)
+    recorder = NodeRecorder.for_config(cfg, node)
     log.info("node %d of %d: rendezvous %s on %s; heartbeat timeout %.1fs", node.rank, node.nnodes, node.rdzv_id,
              node.endpoint, timeout)
     pending: list[int] = []
@@ -67,11 +70,12 @@ def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv) -> int:
     child = subprocess.Popen(torchrun_argv(cfg, node, overrides, join_timeout_s=max(60.0, 4 * timeout)), env=env,
                              start_new_session=True, preexec_fn=die_with_parent)
     try:
-        code = _watch(child, watchdog, pending, timeout)
+        code = _watch(child, watchdog, pending, timeout, recorder)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if code == LOST:
+        recorder.end(code)
         return code
     if exit_file.exists():
         code = int(exit_file.read_text().strip() or code)
@@ -81,13 +85,15 @@ def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv) -> int:
         watchdog.abort(f"its ranks exited with {code} without an outcome")
         code = code or exitcodes.CRASHED
     watchdog.done(code)
+    recorder.end(code)
     return code
 
 
-def _watch(child: subprocess.Popen, watchdog: Watchdog, pending: list[int], timeout: float) -> int:
+def _watch(child: subprocess.Popen, watchdog: Watchdog, pending: list[int], timeout: float, recorder) -> int:
     """torchrun's return code, or LOST once the world broke (the ranks killed)."""
     peer_failed_at = None
     while (rc := child.poll()) is None:
+        recorder.tick()
         while pending:
             signum = pending.pop(0)
             log.warning("node %d got %s: passing it to its ranks and to every node", watchdog.rank,
