@@ -94,7 +94,7 @@ def test_a_newer_attempt_fences_the_older_one(store):
     second.begin(0)
     assert isinstance(first.heartbeat(5, 0.01), Fenced)
     with pytest.raises(Fenced):
-        first.check_epoch()
+        first.check_fence()
     assert second.heartbeat(5, 0.01) is None
     ledger = second.load()
     assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "running"]

@@ -169,7 +169,7 @@ class PreparedDataCache:
                 return  # another job saved it meanwhile (a refused entry is replaced)
             shutil.rmtree(local, ignore_errors=True)
             dataset.save_to_disk(str(local))
-            self.checkpoints.commit_folder(local, prefix, step=0, epoch=0, meta={"prepared_dataset": key})
+            self.checkpoints.commit_folder(local, prefix, step=0, fence=0, meta={"prepared_dataset": key})
             log.info("prepared training set saved to %s", self.store.get_uri(prefix))
         except Exception as err:  # noqa: BLE001 - a cache that could not be written costs the next restart only
             log.warning("could not save the prepared training set to %s: %s", self.store.get_uri(prefix), err)

@@ -114,7 +114,7 @@ def list_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
 
 
-def build_manifest(folder: Path, *, run_name: str, step: int, epoch: int, meta: dict) -> dict:
+def build_manifest(folder: Path, *, run_name: str, step: int, fence: int, meta: dict) -> dict:
     files = [
         {"path": p.relative_to(folder).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in list_files(folder)
@@ -125,7 +125,7 @@ def build_manifest(folder: Path, *, run_name: str, step: int, epoch: int, meta: 
         "version": MANIFEST_VERSION,
         "run_name": run_name,
         "step": step,
-        "epoch": epoch,
+        "fence": fence,
         "created_at": time.time(),
         "files": files,
         "total_bytes": sum(f["size"] for f in files),
