@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional
 
 from orchestrator.money.cost import attempts_cost_usd
 from orchestrator.errors import CapsReached, Fenced, UserError
+from orchestrator.fencing import upgraded_ledger
 from orchestrator.exitcodes import (
     FINAL_RUN_STATUSES,
     RUN_STATUSES,
@@ -73,6 +74,10 @@ RETRY_MAX_SECONDS = 1.0
 MAX_CAPACITY_DECISIONS = 50  # the ledger is rewritten at every heartbeat: keep it small
 
 
+def decode_ledger(raw: bytes) -> dict:
+    """A ledger as stored, parsed; one written before the rename (``orchestrator.fencing``) reads as today's."""
+    return upgraded_ledger(json.loads(raw))
+
 
 def new_ledger(run_name: str) -> dict:
     """An empty ledger for ``run_name``, before any attempt."""
@@ -90,8 +95,6 @@ def new_ledger(run_name: str) -> dict:
         "created_at": time.time(),
         "repro": None,
     }
-
-
 
 
 def _total_cost(ledger: dict) -> float:
@@ -148,7 +151,7 @@ class Ledger:
     def load(self) -> dict:
         """The stored ledger, or {} when the job has never started."""
         try:
-            return json.loads(self.store.get_bytes(self.key))
+            return decode_ledger(self.store.get_bytes(self.key))
         except FileNotFoundError:
             return {}
 
@@ -196,7 +199,7 @@ class Ledger:
             _append_attempt(ledger, checkpoint_step, fields)
             return ledger
 
-        ledger = transact(self.store, self.key, mutate)
+        ledger = transact(self.store, self.key, mutate, decode=decode_ledger)
         if refused:
             raise refused[0]
         self.fence = ledger["fence"]
@@ -217,7 +220,7 @@ class Ledger:
             ledger["cost_usd"] = _total_cost(ledger)
             return ledger
 
-        return transact(self.store, self.key, mutate)
+        return transact(self.store, self.key, mutate, decode=decode_ledger)
 
     def check_fence(self) -> None:
         """Raise Fenced if another attempt has taken over; writes nothing."""
@@ -284,12 +287,12 @@ class Ledger:
             closed[:] = [_close_lost(ledger, self.fence, exit_value, status)]
             return ledger if closed[0] else None
 
-        transact(self.store, self.key, mutate)
+        transact(self.store, self.key, mutate, decode=decode_ledger)
         return closed == [True]
 
     def record_alert(self, name: str) -> bool:
         """Mark alert ``name`` as sent; True only the first time across the whole job (all attempts)."""
-        return record_once(lambda mutate: transact(self.store, self.key, mutate),
+        return record_once(lambda mutate: transact(self.store, self.key, mutate, decode=decode_ledger),
                            lambda ledger: require_fence(ledger, self.fence, self.uri), name, time.time)
 
     def set_attempt_extra(self, **fields: Any) -> dict:
@@ -407,7 +410,6 @@ def transact(store: ObjectStore, key: str, mutate: Callable[[dict | None], dict 
     raise TransientStorageError(
         f"could not update {store.get_uri(key)}: {MAX_WRITE_ATTEMPTS} conditional writes in a row lost to other writers"
     )
-
 
 
 def record_once(run: Callable, opened: Callable[[Optional[dict]], dict], name: str, now: Callable[[], float]) -> bool:

@@ -14,6 +14,8 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from orchestrator.fencing import upgraded
+
 MANIFEST_NAME = "manifest.json"
 # A secret shared by the machines that write and restore a job (never stored in the bucket or the config):
 # when set, manifests are signed with HMAC-SHA256 and an unsigned or badly signed one is corrupt.
@@ -201,6 +203,6 @@ def loads(data: bytes) -> dict:
         raise CorruptCheckpoint(f"the manifest is not valid JSON ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION or "files" not in manifest:
         raise CorruptCheckpoint("the manifest is not one this version writes")
-    check_signature(manifest)
+    check_signature(manifest)  # over the manifest as stored, legacy key and all
     check_entries(manifest)
-    return manifest
+    return upgraded(manifest)

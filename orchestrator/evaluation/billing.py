@@ -67,7 +67,7 @@ class EvalBill:
         return spent
 
     def _record(self, spent: float, evaluated: int, status: str) -> None:
-        from orchestrator.ledger import LEDGER_FILENAME, add_evaluation, transact
+        from orchestrator.ledger import LEDGER_FILENAME, add_evaluation, decode_ledger, transact
 
         entry = {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": self.started,
                  "seconds": round(max(0.0, self.clock() - self.started), 3), "cost_usd": spent,
@@ -79,4 +79,4 @@ class EvalBill:
             add_evaluation(ledger, entry)
             return ledger
 
-        transact(self.store, f"{self.run_name}/{LEDGER_FILENAME}", mutate)
+        transact(self.store, f"{self.run_name}/{LEDGER_FILENAME}", mutate, decode=decode_ledger)

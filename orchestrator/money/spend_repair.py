@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.exitcodes import RUNNING
-from orchestrator.ledger import LEDGER_FILENAME
+from orchestrator.ledger import LEDGER_FILENAME, decode_ledger
 from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
 from orchestrator.storage.base import ObjectStore, PreconditionFailed
 
@@ -98,7 +98,7 @@ def rebuild_index(store: ObjectStore, old_raw: Optional[bytes] = None) -> Repair
         if name != LEDGER_FILENAME or run.startswith("_"):
             continue
         try:
-            ledger = json.loads(store.get_bytes(key))
+            ledger = decode_ledger(store.get_bytes(key))
             if not isinstance(ledger, dict) or not isinstance(ledger.get("attempts", []), list):
                 raise ValueError("not a ledger")
         except (ValueError, UnicodeDecodeError) as err:
