@@ -55,16 +55,21 @@ def _cfg(tmp_path: Path, run: str, *extra: str):
                                         f"run.work_dir={tmp_path / 'work'}", *extra])
 
 
+def crash_after_step_12(tmp_path: Path, run: str) -> None:
+    """Attempt 1 of ``run`` crashes after step 12 (its newest checkpoint: step 10) and records it."""
+    crashing = build_attempt(_cfg(tmp_path, run), environ={"ORCH_FAULT_AFTER_STEPS": "12"})
+    with pytest.raises(RuntimeError, match="injected fault"):
+        crashing.run()
+    crashing.fail(ExitClass.CRASHED)
+
+
 # ---- the runner -----------------------------------------------------------------
 @pytest.mark.e2e
 def test_an_attempt_that_crashed_is_resumed_by_the_next_and_ends_bit_identical(tmp_path):
     store = LocalStore(tmp_path / "runs")
     assert build_attempt(_cfg(tmp_path, "clean")).run() == 0
 
-    crashing = build_attempt(_cfg(tmp_path, "crashy"), environ={"ORCH_FAULT_AFTER_STEPS": "12"})
-    with pytest.raises(RuntimeError, match="injected fault"):
-        crashing.run()
-    crashing.fail(ExitClass.CRASHED)
+    crash_after_step_12(tmp_path, "crashy")
     assert jobs.committed_steps(jobs.Storage(str(tmp_path / "runs")), "crashy")[-1] == 10
 
     resumed = build_attempt(_cfg(tmp_path, "crashy"))

@@ -13,11 +13,10 @@ import pytest
 
 from orchestrator.attempt.build import build_attempt
 from orchestrator.checkpoint import manifest as mf
-from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.money.spend_repair import rebuild_index
 from orchestrator.storage import LocalStore
-from tests.test_attempt import _cfg, _weights_digest
+from tests.test_attempt import _cfg, _weights_digest, crash_after_step_12
 
 
 def _legacy(record: dict) -> dict:
@@ -43,10 +42,7 @@ def _to_legacy_storage(store: LocalStore, run: str) -> int:
 def test_a_job_stored_before_the_rename_resumes_bit_identical(tmp_path):
     store = LocalStore(tmp_path / "runs")
     assert build_attempt(_cfg(tmp_path, "clean")).run() == 0
-    crashing = build_attempt(_cfg(tmp_path, "old"), environ={"ORCH_FAULT_AFTER_STEPS": "12"})
-    with pytest.raises(RuntimeError, match="injected fault"):
-        crashing.run()
-    crashing.fail(ExitClass.CRASHED)
+    crash_after_step_12(tmp_path, "old")
     assert _to_legacy_storage(store, "old") >= 2
     stored = json.loads(store.get_bytes("old/ledger.json"))
     assert "fence" not in json.dumps(stored) and stored["epoch"] == 1 and stored["checkpoints"][-1]["epoch"] == 1
