@@ -47,7 +47,7 @@ class BudgetExhausted(UserError):
 
 
 class Fenced(UserError):
-    """Another attempt of the same job took a newer epoch."""
+    """Another attempt of the same job took a newer fence."""
 
     exit_class = ExitClass.FENCED
 

@@ -1,30 +1,30 @@
-"""The run's record in storage: attempts, epochs (fencing), cost, alerts, MLflow run id.
+"""The run's record in storage: attempts, fences (fencing), cost, alerts, MLflow run id.
 
 The ledger lives at ``<run_name>/ledger.json`` and moves only by conditional
 write: read it with its version, change it, write it back only if nobody
 else wrote in between, else re-read and retry. That makes every change
 atomic across machines sharing the store.
 
-Fencing: each attempt takes a new ``epoch`` in ``begin_attempt``. Every later
-write through ``update`` first checks that the stored epoch is still this
+Fencing: each attempt takes a new ``fence`` in ``begin_attempt``. Every later
+write through ``update`` first checks that the stored fence is still this
 attempt's; if a newer attempt took over (the old machine was presumed dead but
 was only partitioned), the old one gets ``Fenced`` and must stop without
 writing.
 
 Shape (other modules and ``orchestrator status --json`` rely on these names)::
 
-    {"run_name", "status", "epoch", "attempts": [...], "checkpoints": [...],
+    {"run_name", "status", "fence", "attempts": [...], "checkpoints": [...],
      "alerts": {name: unix_time}, "mlflow_run_id", "cost_usd", "step",
      "created_at", "repro"}
 
 ``status`` is one of RUN_STATUSES (``exitcodes.OUTCOMES`` gives the status each
 way of ending sets). Each attempt is
-``{"epoch", "host", "pid", "started_at", "ended_at", "last_seen", "exit_class",
+``{"fence", "host", "pid", "started_at", "ended_at", "last_seen", "exit_class",
 "step_start", "step_end", "checkpoint_step_at_start", "checkpoint_step_end", "cost_usd",
 "instance_type", "gpu_type", "gpus", "spot", "extra", "launched_by"}`` with ``exit_class``
 "running" while live, else an ExitClass value (several nodes: also ``rdzv_id`` and ``nodes``, which each
 node's launcher writes: ``orchestrator.multinode.records``). Each checkpoint is
-``{"step", "key", "size", "time", "epoch"}``; only the newest ``keep_checkpoints``
+``{"step", "key", "size", "time", "fence"}``; only the newest ``keep_checkpoints``
 (``checkpoint.keep_last``: the ones retention keeps in storage, which are all a
 restore can fall back to) are listed, and ``checkpoints_committed`` counts every
 commit, so a week-long job's ledger, rewritten at every heartbeat, stays small.
@@ -35,7 +35,7 @@ first step, which ledgers before it held as ``start_to_first_step_s``: ``orchest
 ``checkpoint_interval`` (the newest interval it chose, with its inputs C, M and the notice
 share); ``capacity`` lists the job's capacity decisions, newest last (the newest
 ``MAX_CAPACITY_DECISIONS``), each ``{"capacity", "previous", "reason", "locked", "at_risk",
-"action", "time", "epoch", "step"}``; the next submission of a job reads the newest.
+"action", "time", "fence", "step"}``; the next submission of a job reads the newest.
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ from typing import Any, Callable, Optional
 from orchestrator.money.cost import attempts_cost_usd
 from orchestrator.multinode import RDZV_ID_ENV
 from orchestrator.errors import CapsReached, Fenced, UserError
+from orchestrator.fencing import upgraded_ledger
 from orchestrator.exitcodes import (
     FINAL_RUN_STATUSES,
     RUN_STATUSES,
@@ -75,12 +76,17 @@ RETRY_MAX_SECONDS = 1.0
 MAX_CAPACITY_DECISIONS = 50  # the ledger is rewritten at every heartbeat: keep it small
 
 
+def decode_ledger(raw: bytes) -> dict:
+    """A ledger as stored, parsed; one written before the rename (``orchestrator.fencing``) reads as today's."""
+    return upgraded_ledger(json.loads(raw))
+
+
 def new_ledger(run_name: str) -> dict:
     """An empty ledger for ``run_name``, before any attempt."""
     return {
         "run_name": run_name,
         "status": RUNNING,
-        "epoch": 0,
+        "fence": 0,
         "attempts": [],
         "checkpoints": [],
         "checkpoints_committed": 0,
@@ -121,13 +127,13 @@ class Ledger:
     Args:
         store: where the job lives (``storage.uri``).
         run_name: the job's name; the ledger is ``<run_name>/ledger.json``.
-        epoch: the attempt this instance acts for. Set by ``begin_attempt``;
+        fence: the attempt this instance acts for. Set by ``begin_attempt``;
             pass it explicitly only to act for an attempt started elsewhere
             (a supervisor closing its child's attempt).
         keep_checkpoints: how many checkpoint records to keep (``checkpoint.keep_last``).
     """
 
-    def __init__(self, store: ObjectStore, run_name: str, *, epoch: int | None = None,
+    def __init__(self, store: ObjectStore, run_name: str, *, fence: int | None = None,
                  keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS):
         if not run_name or "/" in run_name:
             raise ValueError(f"run name {run_name!r} must be non-empty and contain no '/'")
@@ -136,7 +142,7 @@ class Ledger:
         self.store = store
         self.run_name = run_name
         self.key = f"{run_name}/{LEDGER_FILENAME}"
-        self.epoch = epoch
+        self.fence = fence
         self.keep_checkpoints = int(keep_checkpoints)
 
     @property
@@ -147,23 +153,23 @@ class Ledger:
     def load(self) -> dict:
         """The stored ledger, or {} when the job has never started."""
         try:
-            return json.loads(self.store.get_bytes(self.key))
+            return decode_ledger(self.store.get_bytes(self.key))
         except FileNotFoundError:
             return {}
 
     def current_attempt(self, ledger: dict) -> dict:
         """This instance's attempt in ``ledger``. Raises KeyError if absent."""
         for attempt in reversed(ledger.get("attempts", [])):
-            if attempt["epoch"] == self.epoch:
+            if attempt["fence"] == self.fence:
                 return attempt
-        raise KeyError(f"no attempt with epoch {self.epoch} in {self.uri}")
+        raise KeyError(f"no attempt with fence {self.fence} in {self.uri}")
 
     # -- the one write path ------------------------------------------------
     # -- attempts ------------------------------------------------------------
     def begin_attempt(self, *, host: str, pid: int, instance_type: str | None, gpu_type: str | None, gpus: int,
                       spot: bool, checkpoint_step: int, refuse: Callable[[dict], UserError | str | None] | None = None,
                       extra: dict | None = None) -> dict:
-        """Start a new attempt and take the next epoch, in one conditional write.
+        """Start a new attempt and take the next fence, in one conditional write.
 
         Creates the ledger if absent; marks any attempt still "running" as
         "vanished" (ended at its last heartbeat); then asks ``refuse(ledger)``
@@ -172,8 +178,8 @@ class Ledger:
         error is raised; the vanished marks are still written and, unless the
         job already had a final status, the status becomes the error's
         (``exitcodes.OUTCOMES``: "caps_reached", "budget_exhausted"). Otherwise
-        bumps the epoch, appends the attempt, sets status "running", and
-        remembers the epoch on this instance.
+        bumps the fence, appends the attempt, sets status "running", and
+        remembers the fence on this instance.
 
         Returns the new attempt dict. Raises the refusal (a UserError).
         """
@@ -196,10 +202,10 @@ class Ledger:
             _append_attempt(ledger, checkpoint_step, fields)
             return ledger
 
-        ledger = transact(self.store, self.key, mutate)
+        ledger = transact(self.store, self.key, mutate, decode=decode_ledger)
         if refused:
             raise refused[0]
-        self.epoch = ledger["epoch"]
+        self.fence = ledger["fence"]
         return ledger["attempts"][-1]
 
     def update(self, fn: Callable[[dict], Any]) -> dict:
@@ -208,20 +214,20 @@ class Ledger:
         ``fn`` may run more than once (once per lost race), each time on a
         fresh copy, so it must only change the dict it is given. Returns the
         ledger as written. Raises Fenced, without writing, when another
-        attempt holds a newer epoch.
+        attempt holds a newer fence.
         """
 
         def mutate(ledger: dict | None) -> dict:
-            ledger = fence(ledger, self.epoch, self.uri)
+            ledger = require_fence(ledger, self.fence, self.uri)
             fn(ledger)
             ledger["cost_usd"] = _total_cost(ledger)
             return ledger
 
-        return transact(self.store, self.key, mutate)
+        return transact(self.store, self.key, mutate, decode=decode_ledger)
 
-    def check_epoch(self) -> None:
+    def check_fence(self) -> None:
         """Raise Fenced if another attempt has taken over; writes nothing."""
-        fence(self.load() or None, self.epoch, self.uri)
+        require_fence(self.load() or None, self.fence, self.uri)
 
     def heartbeat(self, step: int, cost_usd: float) -> dict:
         """Record that this attempt is alive at ``step`` having cost ``cost_usd`` so far."""
@@ -243,7 +249,7 @@ class Ledger:
         newest ``keep_checkpoints`` records stay (by step, as retention keeps them
         in storage); ``checkpoints_committed`` counts them all.
         """
-        record = {"step": step, "key": key, "size": int(size), "epoch": self.epoch}
+        record = {"step": step, "key": key, "size": int(size), "fence": self.fence}
         return self.update(lambda ledger: _add_checkpoint(ledger, self.current_attempt(ledger), record,
                                                           keep=self.keep_checkpoints, cost_usd=cost_usd))
 
@@ -270,7 +276,7 @@ class Ledger:
         """Record the end of this instance's attempt that could not record it itself.
 
         For a supervisor whose child was killed (a vanished machine's process
-        group, the kernel's OOM killer): the attempt with ``self.epoch`` is
+        group, the kernel's OOM killer): the attempt with ``self.fence`` is
         closed with ``exit_class`` at its last heartbeat, keeping its step and
         cost, and the job takes that class's status. Writes nothing (returns
         False) when the attempt is gone, already closed, or another attempt
@@ -281,16 +287,16 @@ class Ledger:
         closed: list[bool] = []
 
         def mutate(ledger: dict | None) -> dict | None:
-            closed[:] = [_close_lost(ledger, self.epoch, exit_value, status)]
+            closed[:] = [_close_lost(ledger, self.fence, exit_value, status)]
             return ledger if closed[0] else None
 
-        transact(self.store, self.key, mutate)
+        transact(self.store, self.key, mutate, decode=decode_ledger)
         return closed == [True]
 
     def record_alert(self, name: str) -> bool:
         """Mark alert ``name`` as sent; True only the first time across the whole job (all attempts)."""
-        return record_once(lambda mutate: transact(self.store, self.key, mutate),
-                           lambda ledger: fence(ledger, self.epoch, self.uri), name, time.time)
+        return record_once(lambda mutate: transact(self.store, self.key, mutate, decode=decode_ledger),
+                           lambda ledger: require_fence(ledger, self.fence, self.uri), name, time.time)
 
     def set_attempt_extra(self, **fields: Any) -> dict:
         """Merge ``fields`` into this attempt's ``extra`` (its measurements and decisions)."""
@@ -298,7 +304,7 @@ class Ledger:
 
     def record_capacity(self, decision: dict) -> dict:
         """Append a capacity decision (``run.deadline``) to the job's ``capacity`` list, stamped with this attempt."""
-        return self.update(lambda ledger: _append_capacity(ledger, dict(decision, time=time.time(), epoch=self.epoch)))
+        return self.update(lambda ledger: _append_capacity(ledger, dict(decision, time=time.time(), fence=self.fence)))
 
     def set_mlflow_run_id(self, run_id: str) -> dict:
         """Remember the job's MLflow run so every attempt logs into the same one."""
@@ -335,9 +341,9 @@ def _set_refused_status(ledger: dict, error: UserError) -> bool:
 
 def _append_attempt(ledger: dict, checkpoint_step: int, fields: dict) -> None:
     now = time.time()
-    ledger["epoch"] = int(ledger["epoch"]) + 1
+    ledger["fence"] = int(ledger["fence"]) + 1
     ledger["attempts"].append({
-        "epoch": ledger["epoch"], "host": fields["host"], "pid": fields["pid"], "started_at": now, "ended_at": None,
+        "fence": ledger["fence"], "host": fields["host"], "pid": fields["pid"], "started_at": now, "ended_at": None,
         "last_seen": now, "exit_class": RUNNING, "step_start": checkpoint_step, "step_end": checkpoint_step,
         "checkpoint_step_at_start": checkpoint_step,
         # the newest checkpoint this attempt committed: its durable progress (steps past it are lost)
@@ -358,7 +364,7 @@ def _add_checkpoint(ledger: dict, attempt: dict, record: dict, *, keep: int, cos
     records = ledger.get("checkpoints") or []
     committed = int(ledger.get("checkpoints_committed", len(records)))
     records.append(dict(record, time=now))
-    records.sort(key=lambda c: (int(c.get("step") or 0), int(c.get("epoch") or 0)))
+    records.sort(key=lambda c: (int(c.get("step") or 0), int(c.get("fence") or 0)))
     ledger["checkpoints"] = records[-keep:]
     ledger["checkpoints_committed"] = committed + 1
     step = record["step"]
@@ -370,11 +376,11 @@ def _add_checkpoint(ledger: dict, attempt: dict, record: dict, *, keep: int, cos
     ledger["step"] = max(int(ledger.get("step") or 0), step)
 
 
-def _close_lost(ledger: dict | None, epoch: int | None, exit_value: str, status: str | None) -> bool:
-    """Close attempt ``epoch`` at its last heartbeat, if it still holds the job and has not ended."""
-    if not ledger or int(ledger.get("epoch", 0)) != epoch:
+def _close_lost(ledger: dict | None, fence: int | None, exit_value: str, status: str | None) -> bool:
+    """Close attempt ``fence`` at its last heartbeat, if it still holds the job and has not ended."""
+    if not ledger or int(ledger.get("fence", 0)) != fence:
         return False
-    attempt = next((a for a in ledger["attempts"] if a["epoch"] == epoch), None)
+    attempt = next((a for a in ledger["attempts"] if a["fence"] == fence), None)
     if attempt is None or attempt["exit_class"] != RUNNING:
         return False
     attempt["exit_class"] = exit_value
@@ -431,17 +437,17 @@ def record_once(run: Callable, opened: Callable[[Optional[dict]], dict], name: s
     run(mutate)
     return bool(first)
 
-def fence(ledger: dict | None, epoch: int | None, uri: str) -> dict:
-    """``ledger`` when attempt ``epoch`` still holds the job; raises Fenced when another took it (or it is gone)."""
-    if epoch is None:
-        raise RuntimeError("Ledger.update called before begin_attempt (or without an epoch)")
+def require_fence(ledger: dict | None, fence: int | None, uri: str) -> dict:
+    """``ledger`` when attempt ``fence`` still holds the job; raises Fenced when another took it (or it is gone)."""
+    if fence is None:
+        raise RuntimeError("Ledger.update called before begin_attempt (or without a fence)")
     if ledger is None:
-        raise Fenced(f"the ledger {uri} was deleted; this attempt (epoch {epoch}) stops")
-    stored = int(ledger.get("epoch", 0))
-    if stored != epoch:
-        newer = next((a for a in ledger.get("attempts", []) if a["epoch"] == stored), {})
+        raise Fenced(f"the ledger {uri} was deleted; this attempt (fence {fence}) stops")
+    stored = int(ledger.get("fence", 0))
+    if stored != fence:
+        newer = next((a for a in ledger.get("attempts", []) if a["fence"] == stored), {})
         raise Fenced(
-            f"another attempt (epoch {stored}, host {newer.get('host', '?')}) took over this job; "
-            f"this attempt (epoch {epoch}) stops"
+            f"another attempt (fence {stored}, host {newer.get('host', '?')}) took over this job; "
+            f"this attempt (fence {fence}) stops"
         )
     return ledger

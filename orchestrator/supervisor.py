@@ -220,7 +220,7 @@ class Supervisor:
         The child's attempt is the one whose ``launched_by`` is ``token``. If
         it recorded its own end, that class is trusted (a child that exited
         FENCED is fenced, whatever the attempt that took over wrote of it). If it was killed and
-        could not, its end is recorded in the ledger now (fenced by its epoch:
+        could not, its end is recorded in the ledger now (fenced:
         nothing is written when another attempt took over). A worker that died
         before it opened the ledger left no attempt at all; those are kept here
         so the failure cap still counts them.
@@ -230,7 +230,7 @@ class Supervisor:
         if mine is not None:
             attempt = attempts[mine]
             if attempt.get("exit_class") == exitcodes.RUNNING:
-                self._close(attempt["epoch"], exit_class)
+                self._close(attempt["fence"], exit_class)
                 attempts[mine] = dict(attempt, exit_class=exit_class.value, ended_at=attempt.get("last_seen"))
             elif exit_class != ExitClass.FENCED:
                 # a fenced child stepped aside on its own; the newer attempt had already marked it
@@ -242,14 +242,14 @@ class Supervisor:
                                      "checkpoint_step_at_start": step})
         return attempts + self._unrecorded, exit_class
 
-    def _close(self, epoch: int, exit_class: ExitClass) -> None:
+    def _close(self, fence: int, exit_class: ExitClass) -> None:
         from orchestrator.ledger import Ledger
 
         try:
-            if Ledger(self.ledger.store, self.ledger.run_name, epoch=epoch).close_lost_attempt(exit_class):
-                log.info("recorded attempt %d as %s in the ledger", epoch, exit_class.value)
+            if Ledger(self.ledger.store, self.ledger.run_name, fence=fence).close_lost_attempt(exit_class):
+                log.info("recorded attempt %d as %s in the ledger", fence, exit_class.value)
         except Exception as err:  # noqa: BLE001 - storage down: the next attempt marks it vanished
-            log.warning("could not record attempt %d's end in the ledger (%s)", epoch, err)
+            log.warning("could not record attempt %d's end in the ledger (%s)", fence, err)
 
 
 def _code(exit_class: ExitClass, returncode: int) -> int:

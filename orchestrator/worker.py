@@ -4,7 +4,7 @@ Every backend runs this same command (the local supervisor as a child process,
 Slurm from an sbatch script, SkyPilot and Kubernetes in the container). It
 composes the config, builds the attempt's parts (``orchestrator.attempt.build``)
 and runs them (``orchestrator.attempt.runner``):
-1. open the run's ledger, take a new attempt epoch (fencing), refuse if caps or budget are spent;
+1. open the run's ledger, take a new fence (fencing), refuse if caps or budget are spent;
 2. find the newest committed checkpoint, download it, verify its hashes, check its fingerprints;
 3. build the recipe's TRL trainer with the orchestrator's callback;
 4. train; the callback saves on time, steps, a preemption notice or an exhausted budget;

@@ -55,16 +55,21 @@ def _cfg(tmp_path: Path, run: str, *extra: str):
                                         f"run.work_dir={tmp_path / 'work'}", *extra])
 
 
+def crash_after_step_12(tmp_path: Path, run: str) -> None:
+    """Attempt 1 of ``run`` crashes after step 12 (its newest checkpoint: step 10) and records it."""
+    crashing = build_attempt(_cfg(tmp_path, run), environ={"ORCH_FAULT_AFTER_STEPS": "12"})
+    with pytest.raises(RuntimeError, match="injected fault"):
+        crashing.run()
+    crashing.fail(ExitClass.CRASHED)
+
+
 # ---- the runner -----------------------------------------------------------------
 @pytest.mark.e2e
 def test_an_attempt_that_crashed_is_resumed_by_the_next_and_ends_bit_identical(tmp_path):
     store = LocalStore(tmp_path / "runs")
     assert build_attempt(_cfg(tmp_path, "clean")).run() == 0
 
-    crashing = build_attempt(_cfg(tmp_path, "crashy"), environ={"ORCH_FAULT_AFTER_STEPS": "12"})
-    with pytest.raises(RuntimeError, match="injected fault"):
-        crashing.run()
-    crashing.fail(ExitClass.CRASHED)
+    crash_after_step_12(tmp_path, "crashy")
     assert jobs.committed_steps(jobs.Storage(str(tmp_path / "runs")), "crashy")[-1] == 10
 
     resumed = build_attempt(_cfg(tmp_path, "crashy"))
@@ -94,7 +99,7 @@ def test_a_newer_attempt_fences_the_older_one(store):
     second.begin(0)
     assert isinstance(first.heartbeat(5, 0.01), Fenced)
     with pytest.raises(Fenced):
-        first.check_epoch()
+        first.check_fence()
     assert second.heartbeat(5, 0.01) is None
     ledger = second.load()
     assert [a["exit_class"] for a in ledger["attempts"]] == ["vanished", "running"]

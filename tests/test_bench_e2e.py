@@ -52,7 +52,7 @@ def test_bench_points_at_the_evaluated_steps_once_each_across_sigkills(s3_server
     assert rc == 0, log[-4000:]
     assert [a["exit_class"] for a in jobs.ledger(storage, "killed")["attempts"]] == ["vanished", "vanished", "completed"]
     results = _results(store, "killed")
-    # checkpoints 10, 20 and 30 (every 2nd of every 5 steps; names carry the attempt's epoch) and the final weights
+    # checkpoints 10, 20 and 30 (every 2nd of every 5 steps; names carry the attempt's fence) and the final weights
     assert sorted(r["step"] for name, r in results.items() if name != "final") == [10, 20, 30], sorted(results)
     final_manifest = json.loads(store.get_bytes("killed/final/manifest.json"))
     assert results["final"]["step"] == final_manifest["step"] == 30

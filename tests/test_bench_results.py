@@ -89,3 +89,21 @@ def test_the_report_column_shows_each_score_with_its_interval_and_the_gain_or_wi
     assert stats.report_cell(metrics) == ("tiny_arith_gen/exact_match_strip=0.800+-0.055 (+50.0+-8.4 pts, $0.0400/pt); "
                                           "tiny_arith_mc/acc=0.300+-0.063 (+3.0+-8.7 pts, within noise)")
     assert stats.report_cell({"loss": 1.0}) == "-"
+
+
+@pytest.mark.e2e
+def test_an_evaluation_outside_a_git_checkout_leaves_no_git_error_in_the_log(tmp_path, monkeypatch, capfd):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from orchestrator.config.compose import compose_config
+    from orchestrator.evaluation import harness, spec
+    from recipes.tiny import ensure_tiny_model
+
+    folder = ensure_tiny_model()
+    cfg = compose_config(["eval.tasks=[tiny_arith_mc]", "eval.limit=2", "eval.batch_size=2"])
+    tasks = spec.resolve(cfg.eval)
+    monkeypatch.chdir(tmp_path)  # a job's working directory: no checkout
+    result = harness.run(tasks, cfg.eval, model=AutoModelForCausalLM.from_pretrained(folder),
+                         tokenizer=AutoTokenizer.from_pretrained(folder))
+    assert "acc" in result.scores["tiny_arith_mc"]
+    assert "not a git repository" not in capfd.readouterr().err

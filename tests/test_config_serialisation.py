@@ -48,7 +48,7 @@ def _stored() -> dict:
 def test_a_checkpoint_written_before_the_typed_config_resumes(job):
     stored = _stored()[job]
     cfg = compose_config(JOBS[job] + ["storage.uri=/runs", "run.work_dir=/work"])
-    manifest = {"step": 20, "epoch": 1, "meta": {"trajectory": stored["trajectory"], "dataset_fingerprint": "d" * 64}}
+    manifest = {"step": 20, "fence": 1, "meta": {"trajectory": stored["trajectory"], "dataset_fingerprint": "d" * 64}}
     check_resumable(manifest, trajectory_config(cfg), "d" * 64, cfg)  # raises ConfigError naming a changed field
 
 

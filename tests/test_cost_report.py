@@ -15,9 +15,9 @@ from orchestrator.money.report import (
 SPOT = Price(usd_per_hour_total=3.6, usd_per_gpu_hour=3.6, on_demand_usd_per_hour_total=10.8, source="test", gpus=1,
              spot=True)
 PRIOR = [  # killed at step 30 after a checkpoint at 20, then preempted cleanly at 50
-    {"epoch": 1, "exit_class": "vanished", "started_at": 0.0, "last_seen": 100.0, "ended_at": 100.0,
+    {"fence": 1, "exit_class": "vanished", "started_at": 0.0, "last_seen": 100.0, "ended_at": 100.0,
      "checkpoint_step_at_start": 0, "step_end": 30, "cost_usd": 0.1, "gpus": 1},
-    {"epoch": 2, "exit_class": "preempted", "started_at": 200.0, "ended_at": 300.0,
+    {"fence": 2, "exit_class": "preempted", "started_at": 200.0, "ended_at": 300.0,
      "checkpoint_step_at_start": 20, "step_end": 50, "cost_usd": 0.1, "gpus": 1},
 ]
 
@@ -47,7 +47,7 @@ def test_running_totals_span_all_attempts():
 def test_spot_savings_go_negative_when_restarts_and_lost_work_outweigh_the_discount():
     # a short job on volatile capacity: 6 attempts of 100 s each at a third of the on-demand price,
     # each paying a 60 s start-up and redoing steps; 60 steps of 1 s reached in the end
-    attempts = [{"epoch": i + 1, "exit_class": "vanished", "started_at": 200.0 * i, "ended_at": 200.0 * i + 100,
+    attempts = [{"fence": i + 1, "exit_class": "vanished", "started_at": 200.0 * i, "ended_at": 200.0 * i + 100,
                  "checkpoint_step_at_start": 10 * i, "step_end": 10 * i + 25, "cost_usd": 0.1, "gpus": 1}
                 for i in range(5)]
     figures = JobFigures(SPOT, attempts, step_at_start=50, fallback_tokens_per_step=1000)
@@ -96,7 +96,7 @@ def test_usd_per_quality_point_is_the_cost_over_the_gain_since_before_training()
 
 
 def test_report_lists_each_attempt_and_the_totals():
-    ledger = {"attempts": PRIOR + [{"epoch": 3, "exit_class": "completed", "started_at": 400.0, "ended_at": 500.0,
+    ledger = {"attempts": PRIOR + [{"fence": 3, "exit_class": "completed", "started_at": 400.0, "ended_at": 500.0,
                                     "checkpoint_step_at_start": 50, "step_end": 60, "cost_usd": 0.1}], "step": 60}
     figures = _figures().figures(step=60, attempt_cost_usd=0.1, attempt_gpu_hours=0.0, mean_step_seconds=2.0,
                                  total_cost_usd=0.3, attempts=3, preemptions=2)

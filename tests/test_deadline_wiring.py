@@ -37,8 +37,8 @@ from orchestrator.storage.local import LocalStore
 HOUR = 3600.0
 
 
-def attempt(epoch, hours, exit_class, *, spot=True, step_end=100, checkpoint_step_end=100, extra=None, start=0.0):
-    return {"epoch": epoch, "started_at": start, "ended_at": start + hours * HOUR, "last_seen": start + hours * HOUR,
+def attempt(fence, hours, exit_class, *, spot=True, step_end=100, checkpoint_step_end=100, extra=None, start=0.0):
+    return {"fence": fence, "started_at": start, "ended_at": start + hours * HOUR, "last_seen": start + hours * HOUR,
             "exit_class": exit_class, "spot": spot, "step_start": 0, "step_end": step_end,
             "checkpoint_step_end": checkpoint_step_end, "extra": {"start_to_first_step_s": 36.0, **(extra or {})}}
 
@@ -78,7 +78,7 @@ def make_ports(tmp_path, *, history=(), spot=True, step_time_s=0.1):
 
         def seed(_):
             seeded = new_ledger("job")
-            seeded.update(attempts=[dict(a) for a in history], epoch=max(a["epoch"] for a in history))
+            seeded.update(attempts=[dict(a) for a in history], fence=max(a["fence"] for a in history))
             return seeded
 
         transact(ledger.store, ledger.key, seed)
@@ -295,7 +295,7 @@ def test_slurm_job_that_only_on_demand_can_finish_in_time_saves_and_asks_to_move
     assert reason.startswith("capacity [spot -> on-demand]: time left is less than the work left plus two restarts")
     ledger = ports.record.load()
     [decision] = ledger["capacity"]
-    assert (decision["previous"], decision["capacity"], decision["locked"], decision["epoch"]) == (SPOT, ON_DEMAND,
+    assert (decision["previous"], decision["capacity"], decision["locked"], decision["fence"]) == (SPOT, ON_DEMAND,
                                                                                                    True, 1)
     assert ledger["attempts"][-1]["extra"]["capacity_switch"] == ON_DEMAND
     assert ports.tracking.tags["capacity"] == ON_DEMAND and "two restarts" in ports.tracking.tags["capacity.reason"]
@@ -427,7 +427,7 @@ def test_the_next_submission_renders_on_demand_when_the_ledger_says_so(s3_server
 def test_status_explains_the_interval_and_the_capacity_decisions(tmp_path):
     decide_on_demand(LocalStore(tmp_path / "runs"))
     ledger = Ledger(LocalStore(tmp_path / "runs"), "job")
-    ledger.epoch = 1
+    ledger.fence = 1
     ledger.set_attempt_extra(checkpoint_interval={"explanation": "checkpoint every 53s: T = sqrt(2 x C x M) ..."})
     text = format_ledger(ledger.load())
     assert "checkpoint interval (attempt 1, checkpoint.every=auto)\n  checkpoint every 53s: T = sqrt(2 x C x M)" in text

@@ -157,7 +157,7 @@ def _commit_generation_checkpoint(store, tmp_path, step: int, advantages) -> str
     (folder / "grpo_state.json").write_text(json.dumps({"step": step, "generate_every": 4, "buffer": [{}, {}],
                                                         "metrics": {"reward": [0.5]}}))
     checkpoints = CheckpointStore(store, "job", staging_dir=tmp_path / "staging")
-    name = checkpoints.commit_async(folder, step=step, epoch=1, meta={}, may_commit=lambda: None,
+    name = checkpoints.commit_async(folder, step=step, fence=1, meta={}, may_commit=lambda: None,
                                     on_committed=lambda result, manifest: None)
     checkpoints.wait()
     checkpoints.close()

@@ -1,4 +1,4 @@
-"""The run ledger: fencing by epoch, the refuse hook, vanished attempts, once-only alerts.
+"""The run ledger: fencing, the refuse hook, vanished attempts, once-only alerts.
 
 Run against a local folder and a real S3 server (moto), whose conditional
 writes are what make the ledger safe between machines.
@@ -24,15 +24,15 @@ def test_first_attempt_creates_the_ledger(store):
     ledger = Ledger(store, "exp1")
     assert ledger.load() == {}
     attempt = _begin(ledger, checkpoint_step=0, extra={"note": "first"})
-    assert attempt["epoch"] == 1 and ledger.epoch == 1
+    assert attempt["fence"] == 1 and ledger.fence == 1
     record = ledger.load()
-    assert record["status"] == "running" and record["epoch"] == 1 and record["run_name"] == "exp1"
+    assert record["status"] == "running" and record["fence"] == 1 and record["run_name"] == "exp1"
     assert [a["exit_class"] for a in record["attempts"]] == ["running"]
     assert record["attempts"][0]["extra"] == {"note": "first"}
     assert store.list("exp1/") == ["exp1/ledger.json"]
 
 
-def test_racing_begins_get_distinct_epochs_and_the_older_is_fenced(store):
+def test_racing_begins_get_distinct_fences_and_the_older_is_fenced(store):
     ledgers = [Ledger(store, "race"), Ledger(store, "race")]
     barrier = threading.Barrier(len(ledgers))
     errors: list[BaseException] = []
@@ -50,21 +50,21 @@ def test_racing_begins_get_distinct_epochs_and_the_older_is_fenced(store):
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(led.epoch for led in ledgers) == [1, 2]
-    older, newer = sorted(ledgers, key=lambda led: led.epoch)
+    assert sorted(led.fence for led in ledgers) == [1, 2]
+    older, newer = sorted(ledgers, key=lambda led: led.fence)
     record = older.load()
-    assert record["epoch"] == 2 and len(record["attempts"]) == 2
+    assert record["fence"] == 2 and len(record["attempts"]) == 2
 
     before = store.get_bytes("race/ledger.json")
-    with pytest.raises(Fenced, match=r"another attempt \(epoch 2, host host-\d\) took over this job; this attempt \(epoch 1\) stops"):
+    with pytest.raises(Fenced, match=r"another attempt \(fence 2, host host-\d\) took over this job; this attempt \(fence 1\) stops"):
         older.update(lambda led: led.update(status="completed"))
     assert store.get_bytes("race/ledger.json") == before  # the fenced attempt wrote nothing
     with pytest.raises(Fenced):
         older.heartbeat(step=5, cost_usd=0.1)
     with pytest.raises(Fenced):
-        older.check_epoch()
+        older.check_fence()
     newer.heartbeat(step=7, cost_usd=0.2)
-    newer.check_epoch()
+    newer.check_fence()
     assert newer.load()["step"] == 7
 
 
@@ -81,9 +81,9 @@ def test_refuse_hook_raises_caps_reached_and_adds_no_attempt(store):
     with pytest.raises(CapsReached, match=r"1/1 preemptions"):
         _begin(second, refuse=refuse)
     record = second.load()
-    assert record["epoch"] == 1 and len(record["attempts"]) == 1
+    assert record["fence"] == 1 and len(record["attempts"]) == 1
     assert record["status"] == "caps_reached"
-    assert second.epoch is None
+    assert second.fence is None
 
 
 def test_refuse_on_a_new_job_writes_nothing(store):
@@ -103,7 +103,7 @@ def test_running_attempt_is_marked_vanished_by_the_next_begin(store):
     record = second.load()
     gone = record["attempts"][0]
     assert gone["exit_class"] == ExitClass.VANISHED.value and gone["ended_at"] == last_seen
-    assert attempt["epoch"] == 2 and attempt["checkpoint_step_at_start"] == 30 and attempt["step_start"] == 30
+    assert attempt["fence"] == 2 and attempt["checkpoint_step_at_start"] == 30 and attempt["step_start"] == 30
     assert record["cost_usd"] == pytest.approx(1.25)  # the vanished attempt's cost is still counted
     second.heartbeat(step=50, cost_usd=0.5)
     second.record_checkpoint(step=50, key="exp/checkpoints/50-2", size=1234)
@@ -111,7 +111,7 @@ def test_running_attempt_is_marked_vanished_by_the_next_begin(store):
     assert record["status"] == "completed" and record["step"] == 60
     assert record["cost_usd"] == pytest.approx(2.0)
     assert record["checkpoints"] == [
-        {"step": 50, "key": "exp/checkpoints/50-2", "size": 1234, "time": record["checkpoints"][0]["time"], "epoch": 2}
+        {"step": 50, "key": "exp/checkpoints/50-2", "size": 1234, "time": record["checkpoints"][0]["time"], "fence": 2}
     ]
     assert [a["exit_class"] for a in record["attempts"]] == ["vanished", "completed"]
 
@@ -186,7 +186,7 @@ def test_checkpoint_records_are_pruned_to_keep_last(store):
     second = Ledger(store, "long", keep_checkpoints=2)
     _begin(second, host="host-b", checkpoint_step=600)
     record = second.record_checkpoint(step=610, key="long/checkpoints/000000610-2", size=100)
-    assert [(c["step"], c["epoch"]) for c in record["checkpoints"]] == [(600, 1), (610, 2)]
+    assert [(c["step"], c["fence"]) for c in record["checkpoints"]] == [(600, 1), (610, 2)]
     assert record["checkpoints_committed"] == 61
 
 
@@ -209,18 +209,18 @@ def test_a_supervisor_records_its_killed_childs_attempt(store):
     child.heartbeat(step=12, cost_usd=0.4)
     last_seen = child.load()["attempts"][0]["last_seen"]
     # the child was SIGKILLed (by the kernel's OOM killer); its supervisor closes the attempt for it
-    assert Ledger(store, "killed", epoch=child.epoch).close_lost_attempt(ExitClass.OUT_OF_MEMORY)
+    assert Ledger(store, "killed", fence=child.fence).close_lost_attempt(ExitClass.OUT_OF_MEMORY)
     record = child.load()
     gone = record["attempts"][0]
     assert gone["exit_class"] == "out_of_memory" and gone["ended_at"] == last_seen
     assert gone["step_end"] == 12 and gone["cost_usd"] == pytest.approx(0.4)
     assert record["status"] == "failed"
     # nothing is written for an attempt already closed, or once another attempt took over
-    assert not Ledger(store, "killed", epoch=child.epoch).close_lost_attempt(ExitClass.VANISHED)
+    assert not Ledger(store, "killed", fence=child.fence).close_lost_attempt(ExitClass.VANISHED)
     newer = Ledger(store, "killed")
     _begin(newer, host="node-2")
     before = store.get_bytes("killed/ledger.json")
-    assert not Ledger(store, "killed", epoch=child.epoch).close_lost_attempt(ExitClass.VANISHED)
+    assert not Ledger(store, "killed", fence=child.fence).close_lost_attempt(ExitClass.VANISHED)
     assert store.get_bytes("killed/ledger.json") == before
 
 

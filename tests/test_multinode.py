@@ -124,7 +124,7 @@ def test_auto_heartbeat_timeout_follows_the_measured_steps_and_saves():
 
     assert heartbeat_timeout_s("auto") == DEFAULT_S
     assert heartbeat_timeout_s("45s") == 45.0
-    slow = [{"epoch": 1, "exit_class": "vanished", "started_at": 0.0, "ended_at": 110.0, "step_start": 0,
+    slow = [{"fence": 1, "exit_class": "vanished", "started_at": 0.0, "ended_at": 110.0, "step_start": 0,
              "step_end": 11, "extra": {"restart": {"total_s": 10.0},
                                        "checkpoint_interval": {"cost_source": "measured", "checkpoint_cost_s": 6.0}}}]
     assert heartbeat_timeout_s("auto", slow) == pytest.approx(3 * 10.0 + 6.0)
@@ -139,7 +139,7 @@ def test_another_topology_of_the_same_world_size_is_refused_with_the_fix():
     two_by_one = compose_config(TWO + ["run.name=mn"], launch_checks=False)
     one_by_two = compose_config(["distributed=ddp", "distributed.processes_per_node=2", "run.name=mn"],
                                 launch_checks=False)
-    manifest = {"step": 10, "epoch": 1, "meta": {"trajectory": trajectory_config(two_by_one)}}
+    manifest = {"step": 10, "fence": 1, "meta": {"trajectory": trajectory_config(two_by_one)}}
     check_resumable(manifest, trajectory_config(two_by_one), "", two_by_one)
     with pytest.raises(ConfigError, match=r"written by 2 node\(s\) x 1 process\(es\); this attempt has 1 x 2"):
         check_resumable(manifest, trajectory_config(one_by_two), "", one_by_two)
@@ -151,13 +151,13 @@ def test_a_manifest_from_before_the_topology_was_kept_still_resumes_on_one_node(
     cfg = compose_config(["distributed=ddp", "distributed.processes_per_node=2", "run.name=mn"], launch_checks=False)
     old = {k: v for k, v in trajectory_config(cfg).items() if k not in ("distributed.nodes",
                                                                          "distributed.processes_per_node")}
-    check_resumable({"step": 1, "epoch": 1, "meta": {"trajectory": old}}, trajectory_config(cfg), "", cfg)
+    check_resumable({"step": 1, "fence": 1, "meta": {"trajectory": old}}, trajectory_config(cfg), "", cfg)
 
 
 def test_status_shows_each_node_of_an_attempt():
     from orchestrator.cli.status import format_ledger
 
-    ledger = {"run_name": "mn", "attempts": [{"epoch": 1, "host": "h", "exit_class": "vanished", "started_at": 100.0,
+    ledger = {"run_name": "mn", "attempts": [{"fence": 1, "host": "h", "exit_class": "vanished", "started_at": 100.0,
                                               "nodes": [{"node": 0, "host": "10.0.0.1", "started_at": 100.0,
                                                          "ended_at": 160.0, "exit": 137},
                                                         {"node": 1, "host": "10.0.0.2", "started_at": "x",
@@ -223,7 +223,7 @@ def test_each_nodes_launcher_records_its_node_in_the_attempt_of_its_rendezvous(s
     monkeypatch.setattr(time, "time", lambda: node_time + 60)
     assert recorders[0].end(137) and recorders[1].end(75)
     first, second = ledger.load()["attempts"]
-    assert "nodes" not in first and first["epoch"] == old["epoch"]
+    assert "nodes" not in first and first["fence"] == old["fence"]
     assert [(n["node"], n["exit"], n["ended_at"]) for n in second["nodes"]] == [(0, 75, node_time + 60),
                                                                                  (1, 137, node_time + 60)]
     text = format_ledger(ledger.load(), now=node_time + 100)

@@ -47,18 +47,18 @@ def test_an_unknown_lr_scheduler_is_refused_at_launch(tmp_path):
 
 
 def _kill_each_attempt_while_loading(proc, storage: jobs.Storage, run: str, kills: int) -> None:
-    """SIGKILL the worker as soon as each new attempt has taken its epoch, before its first step."""
-    for epoch in range(1, kills + 1):
+    """SIGKILL the worker as soon as each new attempt has taken its fence, before its first step."""
+    for fence in range(1, kills + 1):
         def begun():
             if proc.poll() is not None:
-                raise RuntimeError(f"the job ended (rc={proc.returncode}) before attempt {epoch} began")
+                raise RuntimeError(f"the job ended (rc={proc.returncode}) before attempt {fence} began")
             try:
                 attempts = jobs.ledger(storage, run)["attempts"]
             except FileNotFoundError:
                 return None
-            return len(attempts) >= epoch and attempts[epoch - 1]["exit_class"] == "running"
+            return len(attempts) >= fence and attempts[fence - 1]["exit_class"] == "running"
 
-        jobs.wait_for(begun, 300, f"attempt {epoch} to begin")
+        jobs.wait_for(begun, 300, f"attempt {fence} to begin")
         worker = jobs.worker_of(proc)
         assert worker is not None
         worker.send_signal(signal.SIGKILL)

@@ -105,8 +105,8 @@ def test_a_resumed_job_records_reproducibility_in_mlflow_and_the_ledger(mlflow_s
     assert "restoring checkpoint" in log
 
     ledger = jobs.ledger(storage, "repro")
-    epochs = [a["epoch"] for a in ledger["attempts"]]
-    assert len(epochs) == 2, ledger["attempts"]
+    fences = [a["fence"] for a in ledger["attempts"]]
+    assert len(fences) == 2, ledger["attempts"]
     keys = ("git_commit", "packages", "python", "torch", "hostname")
     for key in keys:
         assert key in ledger["repro"], ledger["repro"]
@@ -118,10 +118,10 @@ def test_a_resumed_job_records_reproducibility_in_mlflow_and_the_ledger(mlflow_s
     client = MlflowClient(mlflow_server.uri)
     run_id = ledger["mlflow_run_id"]
     listed = {Path(a.path).name for a in client.list_artifacts(run_id, "repro")}
-    assert {f"attempt-{e}.json" for e in epochs} <= listed, listed
-    for epoch in epochs:
-        local = client.download_artifacts(run_id, f"repro/attempt-{epoch}.json", str(tmp_path / f"dl{epoch}"))
+    assert {f"attempt-{e}.json" for e in fences} <= listed, listed
+    for fence in fences:
+        local = client.download_artifacts(run_id, f"repro/attempt-{fence}.json", str(tmp_path / f"dl{fence}"))
         record = json.loads(Path(local).read_text())
         assert all(key in record for key in keys), record
-        in_ledger = next(a for a in ledger["attempts"] if a["epoch"] == epoch)["extra"]["repro"]
+        in_ledger = next(a for a in ledger["attempts"] if a["fence"] == fence)["extra"]["repro"]
         assert {k: record[k] for k in keys} == {k: in_ledger[k] for k in keys}

@@ -126,7 +126,7 @@ def _commit(checkpoints: CheckpointStore, tmp_path: Path, step: int, best_step) 
     folder = tmp_path / f"ckpt-{step}"
     folder.mkdir()
     (folder / "adapter_model.safetensors").write_bytes(b"w" * step)
-    checkpoints.commit_async(folder, step=step, epoch=1, meta={"best_step": best_step}, may_commit=lambda: None,
+    checkpoints.commit_async(folder, step=step, fence=1, meta={"best_step": best_step}, may_commit=lambda: None,
                              on_committed=lambda result, manifest: None)
     checkpoints.wait()
 

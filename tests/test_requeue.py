@@ -9,10 +9,10 @@ from orchestrator.config.schema import RequeueConfig
 from orchestrator.policy.requeue import RequeuePolicy
 
 
-def attempt(exit_class: str, start: int = 0, end: int | None = None, epoch: int = 0) -> dict:
+def attempt(exit_class: str, start: int = 0, end: int | None = None, fence: int = 0) -> dict:
     """A ledger attempt that started from the checkpoint at ``start`` and reached ``end``."""
     return {
-        "epoch": epoch, "host": "h", "pid": 1, "started_at": 0.0, "ended_at": 1.0, "last_seen": 1.0,
+        "fence": fence, "host": "h", "pid": 1, "started_at": 0.0, "ended_at": 1.0, "last_seen": 1.0,
         "exit_class": exit_class, "step_start": start, "step_end": start if end is None else end,
         "checkpoint_step_at_start": start, "cost_usd": 0.0,
     }

@@ -58,7 +58,7 @@ def test_status_json(run_uri):
     assert record["cost_usd"] == pytest.approx(0.75)
     assert record["mlflow_run_id"] == "run-abc"
     assert [a["exit_class"] for a in record["attempts"]] == ["preempted", "completed"]
-    assert [(a["epoch"], a["host"]) for a in record["attempts"]] == [(1, "spot-a"), (2, "spot-b")]
+    assert [(a["fence"], a["host"]) for a in record["attempts"]] == [(1, "spot-a"), (2, "spot-b")]
     assert [c["step"] for c in record["checkpoints"]] == [20]
 
 

@@ -13,7 +13,7 @@ from orchestrator.sweep.backends import SubmittedTrial, attempts_so_far
 
 
 def write(store, run: str, status: str, classes: list[str]) -> None:
-    attempts = [{"epoch": i + 1, "exit_class": c, "step_start": 0, "step_end": 4} for i, c in enumerate(classes)]
+    attempts = [{"fence": i + 1, "exit_class": c, "step_start": 0, "step_end": 4} for i, c in enumerate(classes)]
     store.put_bytes(f"{run}/ledger.json", json.dumps({"run_name": run, "status": status, "attempts": attempts}).encode())
 
 

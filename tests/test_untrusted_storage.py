@@ -57,7 +57,7 @@ def test_a_path_that_is_not_a_string_is_refused(path):
 
 
 def _manifest(files: list[dict]) -> bytes:
-    return json.dumps({"version": mf.MANIFEST_VERSION, "files": files, "step": 1, "epoch": 1}).encode()
+    return json.dumps({"version": mf.MANIFEST_VERSION, "files": files, "step": 1, "fence": 1}).encode()
 
 
 def _entry(path: str, data: bytes = b"x") -> dict:
@@ -212,7 +212,7 @@ def _folder_with(tmp_path: Path, files: dict[str, bytes]) -> tuple[Path, dict]:
     for rel, data in files.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(data)
-    return folder, mf.build_manifest(folder, run_name="job", step=1, epoch=1, meta={})
+    return folder, mf.build_manifest(folder, run_name="job", step=1, fence=1, meta={})
 
 
 @pytest.mark.parametrize("tag,why", [("../../elsewhere", "unsafe folder"), ("global_step9", "not a folder of this")])
@@ -228,7 +228,7 @@ def test_training_args_are_never_unpickled(tmp_path):
     folder, manifest = _folder_with(tmp_path, {"latest": b"global_step4", "global_step4/x.json": b"{}"})
     _save({"x": RunsCommand(f"touch {marker}")}, folder / "training_args.bin")
     _save({"t": 1}, folder / "scheduler.pt")
-    manifest = mf.build_manifest(folder, run_name="job", step=1, epoch=1, meta={})
+    manifest = mf.build_manifest(folder, run_name="job", step=1, fence=1, meta={})
     assert safe_load.check_restorable(folder, manifest) == 1
     assert not marker.exists()
 
@@ -256,7 +256,7 @@ def test_a_deepspeed_runs_background_restore_imports_nothing_in_its_thread(tmp_p
     (folder / "latest").write_text("global_step8")
     _save({"loss_scaler": LossScaler(scale=1.0)}, folder / "global_step8" / "optim_states.pt")
     checkpoints = CheckpointStore(LocalStore(tmp_path / "store"), "job", staging_dir=tmp_path / "staging")
-    checkpoints.commit_async(folder, step=8, epoch=1, meta={}, may_commit=lambda: None,
+    checkpoints.commit_async(folder, step=8, fence=1, meta={}, may_commit=lambda: None,
                              on_committed=lambda result, manifest: None)
     checkpoints.wait()
     checkpoints.close()
@@ -273,7 +273,7 @@ def _commit(store, tmp_path: Path, step: int, data: bytes) -> str:
     folder.mkdir()
     (folder / "state.json").write_bytes(data)
     checkpoints = CheckpointStore(store, "job", staging_dir=tmp_path / "staging")
-    name = checkpoints.commit_async(folder, step=step, epoch=1, meta={}, may_commit=lambda: None,
+    name = checkpoints.commit_async(folder, step=step, fence=1, meta={}, may_commit=lambda: None,
                                     on_committed=lambda result, manifest: None)
     checkpoints.wait()
     checkpoints.close()

@@ -86,7 +86,7 @@ class CapacityWatch(TrainerCallback):
 
         ledger = self.record.load()
         attempts = read_attempts(ledger.get("attempts") or [])
-        self._prior = [a for a in attempts if a.epoch != self.record.epoch]
+        self._prior = [a for a in attempts if a.fence != self.record.fence]
         self.first_start = first_start(attempts) or self.clock()
         self.deadline_s = deadline_seconds(self.deadline, self.first_start)
         self.latest = latest_decision(ledger)

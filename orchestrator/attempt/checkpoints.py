@@ -114,7 +114,7 @@ class BackgroundRestore:
 class CheckpointController:
     """Args:
         checkpoints: the job's checkpoint store (``<storage>/<run>/checkpoints/``).
-        record: the attempt's ledger record (epoch fencing, one ledger entry per commit).
+        record: the attempt's ledger record (fencing, one ledger entry per commit).
         main: whether this rank commits and restores.
         work: this attempt's local folder (removed at the end).
         token: the attempt's token, shared by its ranks (names its snapshot root).
@@ -145,7 +145,7 @@ class CheckpointController:
         return self.checkpoints.newest_step()
 
     def remove_uncommitted(self) -> None:
-        """Once this attempt holds the epoch, no live attempt is still uploading the manifest-less ones."""
+        """Once this attempt holds the fence, no live attempt is still uploading the manifest-less ones."""
         if self.main:
             self.checkpoints.remove_uncommitted()
 
@@ -227,15 +227,15 @@ class CheckpointController:
         dist.barrier()  # every rank's files (RNG, optimizer shards) are written before rank 0 commits
         if not self.main:
             return
-        meta = dict(self.meta, attempt_epoch=self.record.epoch, wall_time=time.time(), best_step=best_step(folder))
+        meta = dict(self.meta, attempt_fence=self.record.fence, wall_time=time.time(), best_step=best_step(folder))
         started = time.monotonic()
 
         def on_committed(result, manifest):
             self.record.record_checkpoint(step, f"{self.run_name}/checkpoints/{result.name}", result.bytes,
                                           cost_usd=self.attempt_cost_usd())
 
-        self.checkpoints.commit_async(folder, step=step, epoch=self.record.epoch, meta=meta,
-                                      may_commit=self.record.check_epoch, on_committed=on_committed)
+        self.checkpoints.commit_async(folder, step=step, fence=self.record.fence, meta=meta,
+                                      may_commit=self.record.check_fence, on_committed=on_committed)
         if wait:
             self.checkpoints.wait()
             took = time.monotonic() - started
@@ -257,9 +257,9 @@ class CheckpointController:
             return upload
         trainer.processing_class.save_pretrained(str(final))
         (final / "config.yaml").write_text(config_yaml)
-        self.record.check_epoch()
+        self.record.check_fence()
         if upload:
-            self.checkpoints.commit_folder(final, f"{self.run_name}/final/", step=step, epoch=self.record.epoch,
+            self.checkpoints.commit_folder(final, f"{self.run_name}/final/", step=step, fence=self.record.fence,
                                            meta=self.meta)
         if to_mlflow is not None:
             to_mlflow.log_final_model(final, adapter=not self.full_model, step=step)
@@ -280,13 +280,13 @@ class CheckpointController:
         from orchestrator.checkpoint.ref_logps import RefLogProbStore
 
         return RefLogProbStore(self.checkpoints, work=self.work, main=self.main, trajectory=self.trajectory,
-                               epoch=lambda: self.record.epoch)
+                               fence=lambda: self.record.fence)
 
     def reward_cache(self):
         """Where GRPO's rewards are kept across attempts (``recipe.reward_cache``)."""
         from orchestrator.checkpoint.reward_cache import RewardCache
 
-        return RewardCache(self.checkpoints, work=self.work, main=self.main, epoch=lambda: self.record.epoch)
+        return RewardCache(self.checkpoints, work=self.work, main=self.main, fence=lambda: self.record.fence)
 
     def final_uri(self) -> str:
         return self.store.get_uri(f"{self.run_name}/final/")

@@ -94,7 +94,6 @@ class PreparedDataCache:
         self.checkpoints = checkpoints
         self.store = checkpoints.store
         self.work = Path(work)
-        self._saving: Optional[threading.Thread] = None
         self._keys: dict[str, str] = {}
         self._vocab: dict[str, int] = {}  # the tokenizer's size, by data fingerprint: the token ids' bound
         self._refused: set[str] = set()  # keys whose stored entry was refused: the rebuilt set replaces it
@@ -157,9 +156,8 @@ class PreparedDataCache:
         if isinstance(trainer.eval_dataset, Dataset):
             splits["eval"] = trainer.eval_dataset
         key = self._key(cfg, data_fingerprint)
-        self._saving = threading.Thread(target=self._save, args=(key, DatasetDict(splits)), name="prepared-dataset",
-                                        daemon=True)
-        self._saving.start()
+        threading.Thread(target=self._save, args=(key, DatasetDict(splits)), name="prepared-dataset",
+                         daemon=True).start()
 
     def _save(self, key: str, dataset) -> None:
         prefix = f"{PREFIX}{key}/"
@@ -169,16 +167,12 @@ class PreparedDataCache:
                 return  # another job saved it meanwhile (a refused entry is replaced)
             shutil.rmtree(local, ignore_errors=True)
             dataset.save_to_disk(str(local))
-            self.checkpoints.commit_folder(local, prefix, step=0, epoch=0, meta={"prepared_dataset": key})
+            self.checkpoints.commit_folder(local, prefix, step=0, fence=0, meta={"prepared_dataset": key})
             log.info("prepared training set saved to %s", self.store.get_uri(prefix))
         except Exception as err:  # noqa: BLE001 - a cache that could not be written costs the next restart only
             log.warning("could not save the prepared training set to %s: %s", self.store.get_uri(prefix), err)
         finally:
             shutil.rmtree(local, ignore_errors=True)
-
-    def wait(self, timeout: float = 60.0) -> None:
-        if self._saving is not None:
-            self._saving.join(timeout)
 
 
 def check_layout(folder: Path, manifest: dict, splits: tuple) -> None:

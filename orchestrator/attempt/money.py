@@ -145,7 +145,7 @@ class SpendWatch:
         self.window_usd = self.usd_per_second * max(0.0, float(window_s))
         self.spent = spent
         self.guards = list(guards)
-        self.epoch: Optional[int] = None
+        self.fence: Optional[int] = None
         self.through = 0.0
         self.capped = False  # the last grant was cut short by a cap: ask again only when it is used up
         self.refusal: Optional[str] = None
@@ -173,7 +173,7 @@ class SpendWatch:
             return None
 
     def start_refusal(self) -> Optional[Exception]:
-        """Before the attempt takes an epoch: why a cap forbids it to start (BudgetExhausted, with the numbers;
+        """Before the attempt takes a fence: why a cap forbids it to start (BudgetExhausted, with the numbers;
         SpendIndexCorrupt when a capped job's index is unreadable), or None."""
         from orchestrator.money.spend import SpendIndexCorrupt
 
@@ -183,13 +183,13 @@ class SpendWatch:
             return err
         return BudgetExhausted(reason) if reason else None
 
-    def begin(self, epoch: int, *, startup_s: float = 0.0, vanished_usd: Optional[dict] = None) -> None:
-        """``vanished_usd``: the job's earlier attempts' costs in the ledger (epoch -> $), which settle
+    def begin(self, fence: int, *, startup_s: float = 0.0, vanished_usd: Optional[dict] = None) -> None:
+        """``vanished_usd``: the job's earlier attempts' costs in the ledger (fence -> $), which settle
         the open entries of attempts that vanished."""
-        self.epoch = epoch
+        self.fence = fence
         spent = self.spent()
         ahead = self.window_usd + self.usd_per_second * max(0.0, startup_s)
-        grant = self._unless_corrupt(lambda: self.index.reserve(epoch, spent, spent + ahead,
+        grant = self._unless_corrupt(lambda: self.index.reserve(fence, spent, spent + ahead,
                                                                 vanished_usd=vanished_usd))
         if grant is None:
             return
@@ -198,7 +198,7 @@ class SpendWatch:
             raise BudgetExhausted(grant.refusal or f"spend cap reached: {self.index.where} grants this job nothing")
 
     def stop_reason(self, spent: float) -> Optional[str]:
-        if self.epoch is None or self.window_usd <= 0:
+        if self.fence is None or self.window_usd <= 0:
             return None
         if spent < self.through and (self.capped or spent < self.through - self.window_usd / 2):
             return None  # the cheap path: most steps end here
@@ -207,7 +207,7 @@ class SpendWatch:
         from orchestrator.money.spend import SpendIndexCorrupt
 
         try:
-            self._unless_corrupt(lambda: self._take(self.index.reserve(self.epoch, spent, spent + self.window_usd),
+            self._unless_corrupt(lambda: self._take(self.index.reserve(self.fence, spent, spent + self.window_usd),
                                                     spent, self.window_usd))
         except SpendIndexCorrupt as err:  # a cap it cannot check: stop at the final checkpoint (exit 3)
             return str(err)
@@ -237,8 +237,8 @@ class SpendWatch:
         return self
 
     def settle(self, spent: float) -> None:
-        if self.epoch is not None and self.unreadable is None:
-            self.index.settle(self.epoch, spent)
+        if self.fence is not None and self.unreadable is None:
+            self.index.settle(self.fence, spent)
 
     def _take(self, grant, spent: float, asked: float) -> None:
         self.capped = grant.through < spent + asked - 1e-12

@@ -1,5 +1,5 @@
 """This attempt's record in the job's ledger: begin (with the caps and budget refusal), heartbeat,
-checkpoints, quality, repro, end; and the fence (an attempt that lost the job's epoch stops).
+checkpoints, quality, repro, end; and the fence (an attempt that lost the job's fence stops).
 
 Only the main rank writes the ledger. Other ranks get a ``FollowerRecord``: the
 same methods, none of which touch storage.
@@ -45,11 +45,11 @@ class AttemptRecord:
         self.prior_attempts: list[dict] = []
 
     @property
-    def epoch(self) -> Optional[int]:
-        return self.ledger.epoch
+    def fence(self) -> Optional[int]:
+        return self.ledger.fence
 
     def begin(self, newest_checkpoint_step: int, *, final_uri: str = "") -> dict:
-        """Take the next epoch (fencing older attempts) or raise why not: AlreadyCompleted (exit 0),
+        """Take the next fence (fencing older attempts) or raise why not: AlreadyCompleted (exit 0),
         CapsReached, BudgetExhausted (``orchestrator.policy.requeue.start_refusal``; a spent monthly or experiment cap,
         from the spend index, then its first reservation). Returns the new attempt."""
         compute = self.compute
@@ -66,12 +66,12 @@ class AttemptRecord:
             extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None)
         stored = self.ledger.load()
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
-            costs = {str(a.get("epoch")): a.get("cost_usd") for a in stored["attempts"] if a["epoch"] != attempt["epoch"]}
-            self.spend.begin(attempt["epoch"], startup_s=last_restart_seconds(stored.get("attempts") or []),
+            costs = {str(a.get("fence")): a.get("cost_usd") for a in stored["attempts"] if a["fence"] != attempt["fence"]}
+            self.spend.begin(attempt["fence"], startup_s=last_restart_seconds(stored.get("attempts") or []),
                              vanished_usd=costs)
-        self.prior_attempts = [a for a in stored["attempts"] if a["epoch"] != attempt["epoch"]]
+        self.prior_attempts = [a for a in stored["attempts"] if a["fence"] != attempt["fence"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
-        log.info("attempt epoch %d of job %r on %s (newest checkpoint: step %d)", attempt["epoch"],
+        log.info("attempt with fence %d of job %r on %s (newest checkpoint: step %d)", attempt["fence"],
                  self.ledger.run_name, attempt["host"], newest_checkpoint_step)
         return attempt
 
@@ -86,9 +86,9 @@ class AttemptRecord:
             return err
         return None
 
-    def check_epoch(self) -> None:
-        """Raise Fenced when another attempt holds the job's epoch."""
-        self.ledger.check_epoch()
+    def check_fence(self) -> None:
+        """Raise Fenced when another attempt holds the job's fence."""
+        self.ledger.check_fence()
 
     def record_checkpoint(self, step: int, key: str, size: int, *, cost_usd: float) -> None:
         self.ledger.record_checkpoint(step, key, size, cost_usd=cost_usd)
@@ -154,7 +154,7 @@ class AttemptRecord:
 
     def fail(self, exit_class: ExitClass, step: int, cost_usd: float) -> None:
         """Best effort: record a failed attempt; the ledger may be what failed."""
-        if not self.epoch:
+        if not self.fence:
             return
         try:
             self.ledger.end_attempt(exit_class, step, cost_usd)
@@ -167,7 +167,7 @@ class FollowerRecord:
     """What a non-main rank has of the record: nothing it may write."""
 
     writes = False
-    epoch = None
+    fence = None
     prior_cost_usd = 0.0
     prior_attempts: list = []
 
@@ -180,7 +180,7 @@ class FollowerRecord:
     def heartbeat(self, step: int, cost_usd: float) -> None:
         return None
 
-    def check_epoch(self) -> None:
+    def check_fence(self) -> None:
         return None
 
     def record_checkpoint(self, *args, **kwargs) -> None:
@@ -235,8 +235,8 @@ def record_repro(cfg: Any, record: Any, tracking: Any) -> list[str]:
     differences = diff_records(first, this) if first else []
     for line in differences:
         log.warning("this attempt differs from the first one: %s", line)
-    tracking.log_dict(this, f"repro/attempt-{record.epoch}.json")
+    tracking.log_dict(this, f"repro/attempt-{record.fence}.json")
     if differences:
         tracking.set_tags({"repro_differs": "true"})
-        tracking.log_text("\n".join(differences), f"repro/attempt-{record.epoch}-differences.txt")
+        tracking.log_text("\n".join(differences), f"repro/attempt-{record.fence}-differences.txt")
     return differences

@@ -121,7 +121,7 @@ class Runner:
             self.checkpoints.close()
 
     def begin(self) -> None:
-        """1. Take the job's next epoch in the ledger (or stop: caps, budget, completed); open MLflow."""
+        """1. Take the job's next fence in the ledger (or stop: caps, budget, completed); open MLflow."""
         self.record.begin(self.checkpoints.newest_step(), final_uri=self.checkpoints.final_uri())
         self.checkpoints.remove_uncommitted()
         self.record.set_mlflow_run_id(self.tracking.start())
@@ -267,8 +267,8 @@ class Runner:
             config_yaml=OmegaConf.to_yaml(redacted_config(self.cfg)))
 
     @property
-    def began(self) -> bool:  # it took an epoch in the ledger, so its end may be recorded
-        return bool(self.record.epoch)
+    def began(self) -> bool:  # it took a fence in the ledger, so its end may be recorded
+        return bool(self.record.fence)
 
     def fail(self, exit_class: ExitClass) -> None:
         """Best effort: record a failed attempt; the ledger may be what failed."""

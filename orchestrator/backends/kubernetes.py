@@ -41,7 +41,7 @@ from orchestrator.backends import (
     worker_invocation,
 )
 from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
-from orchestrator.backends.multinode import node_count
+from orchestrator.multinode.checks import node_count
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
 from orchestrator.errors import ConfigError
 from orchestrator.policy.deadline import SPOT

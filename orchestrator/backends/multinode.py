@@ -18,38 +18,13 @@ node, and the engine starts all of them again from the last committed checkpoint
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
-from orchestrator.errors import ConfigError
 
 STORE_MODULE = "orchestrator.multinode.store"
 STORE_PORT = 29400  # where a node has a host of its own (SkyPilot's VMs, Kubernetes pods): a fixed port
 # how long the other nodes may run on after the first one ended (Slurm's srun --wait): the emergency
 # checkpoint's commit (preemption.grace), then this margin to upload and exit
 NODE_EXIT_MARGIN_SECONDS = 60
-
-
-def node_count(cfg: Any) -> int:
-    """The nodes the job asks for (``compute.nodes``, which bills them, and ``distributed.nodes``, which
-    starts them, must agree).
-
-    Raises:
-        ConfigError: they differ, or a job on several nodes has no distributed strategy to span them.
-    """
-    billed, started = int(cfg.compute.nodes), int(cfg.distributed.nodes)
-    if billed != started:
-        raise ConfigError(
-            f"compute.nodes={billed} but distributed.nodes={started}: the backend asks the engine for "
-            f"compute.nodes machines and starts a worker on distributed.nodes of them. Set both to the same "
-            f"number, e.g. compute.nodes={max(billed, started)} distributed.nodes={max(billed, started)}."
-        )
-    if billed > 1 and str(cfg.distributed.name) == "none":
-        raise ConfigError(
-            f"compute.nodes={billed} with distributed=none: one training process cannot span {billed} machines. "
-            "Choose a strategy (distributed=ddp, zero2, zero3 or fsdp) with distributed.processes_per_node set "
-            "to the GPUs per node, or use compute.nodes=1 distributed.nodes=1."
-        )
-    return billed
 
 
 def store_command(python: str, host: str, port: str) -> str:

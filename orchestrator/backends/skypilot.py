@@ -43,7 +43,8 @@ from orchestrator.backends import (
     worker_invocation,
 )
 from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
-from orchestrator.backends.multinode import STORE_PORT, node_count, store_argv
+from orchestrator.backends.multinode import STORE_PORT, store_argv
+from orchestrator.multinode.checks import node_count
 from orchestrator.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 from orchestrator.backends.settings import backend_settings
 from orchestrator.errors import ConfigError

@@ -198,10 +198,6 @@ class OrchestratorCallback(TrainerCallback):
         self.steps.resume()  # the save's stall is not the data loader's
         return control
 
-    def exclude_pause(self) -> None:
-        """Work done between two steps that is not the data loader's (a benchmark evaluation): not timed as wait."""
-        self._last_step_end = self.clock()
-
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:
             self.hooks.on_metrics({k: v for k, v in logs.items() if isinstance(v, (int, float))}, state.global_step)

@@ -62,7 +62,7 @@ _TOPOLOGY_DEFAULTS = {"distributed.nodes": 1}  # manifests written before the to
 def check_resumable(manifest: dict, trajectory: dict, dataset_fp: str, cfg) -> None:
     """Refuse a checkpoint of another trajectory, naming what changed and how to go on anyway."""
     meta = manifest.get("meta", {})
-    name = f"{manifest['step']:09d}-{manifest['epoch']:04d}"
+    name = f"{manifest['step']:09d}-{manifest['fence']:04d}"
     old = meta.get("trajectory", {})
     if "distributed.world_size" in old and "distributed.nodes" not in old:  # written before topology was kept
         old = dict(old, **_TOPOLOGY_DEFAULTS,

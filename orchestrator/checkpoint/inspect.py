@@ -1,7 +1,7 @@
 """``orchestrator checkpoints <storage-uri>/<run-name> [--verify] [--endpoint-url URL] [--json]``.
 
 Lists a job's committed checkpoints (those with a manifest): step, when it was
-written, its size and the attempt epoch that wrote it. ``--verify`` downloads
+written, its size and the attempt's fence that wrote it. ``--verify`` downloads
 each into a clean temporary folder, checks every file's size and SHA-256
 against the manifest, and only then deserialises the weights and training
 state (safetensors files with ``safetensors.torch.load_file``; ``.pt``,
@@ -69,7 +69,7 @@ def verify_one(checkpoints: CheckpointStore, ckpt: CommittedCheckpoint, manifest
 
 def describe(ckpt: CommittedCheckpoint, manifest: dict | None, error: str | None) -> dict:
     """One checkpoint as a JSON-able row."""
-    row = {"name": ckpt.name, "step": ckpt.step, "epoch": ckpt.epoch, "created_at": None, "bytes": None,
+    row = {"name": ckpt.name, "step": ckpt.step, "fence": ckpt.fence, "created_at": None, "bytes": None,
            "files": None, "manifest_error": error}
     if manifest is not None:
         row.update(created_at=manifest.get("created_at"), bytes=manifest.get("total_bytes"),
@@ -133,9 +133,9 @@ def print_table(run_name: str, storage_uri: str, rows: list[dict], *, verify: bo
         print(f"no committed checkpoints for run {run_name!r} in {storage_uri}")
         return
     print(f"committed checkpoints of run {run_name!r} in {storage_uri}:")
-    print(f"  {'name':<16}{'step':>10}{'epoch':>7}  {'written':<24}{'size':>11}{'files':>7}" + ("  verify" if verify else ""))
+    print(f"  {'name':<16}{'step':>10}{'fence':>7}  {'written':<24}{'size':>11}{'files':>7}" + ("  verify" if verify else ""))
     for r in rows:
-        line = (f"  {r['name']:<16}{r['step']:>10}{r['epoch']:>7}  {_when(r['created_at']):<24}"
+        line = (f"  {r['name']:<16}{r['step']:>10}{r['fence']:>7}  {_when(r['created_at']):<24}"
                 f"{format_bytes(r['bytes']):>11}{r['files'] if r['files'] is not None else '-':>7}")
         if verify:
             line += "  OK" if r["ok"] else f"  FAILED: {r['reason']}"

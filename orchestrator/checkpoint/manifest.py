@@ -14,6 +14,8 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from orchestrator.fencing import upgraded
+
 MANIFEST_NAME = "manifest.json"
 # A secret shared by the machines that write and restore a job (never stored in the bucket or the config):
 # when set, manifests are signed with HMAC-SHA256 and an unsigned or badly signed one is corrupt.
@@ -114,7 +116,7 @@ def list_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
 
 
-def build_manifest(folder: Path, *, run_name: str, step: int, epoch: int, meta: dict) -> dict:
+def build_manifest(folder: Path, *, run_name: str, step: int, fence: int, meta: dict) -> dict:
     files = [
         {"path": p.relative_to(folder).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in list_files(folder)
@@ -125,7 +127,7 @@ def build_manifest(folder: Path, *, run_name: str, step: int, epoch: int, meta: 
         "version": MANIFEST_VERSION,
         "run_name": run_name,
         "step": step,
-        "epoch": epoch,
+        "fence": fence,
         "created_at": time.time(),
         "files": files,
         "total_bytes": sum(f["size"] for f in files),
@@ -201,6 +203,6 @@ def loads(data: bytes) -> dict:
         raise CorruptCheckpoint(f"the manifest is not valid JSON ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION or "files" not in manifest:
         raise CorruptCheckpoint("the manifest is not one this version writes")
-    check_signature(manifest)
+    check_signature(manifest)  # over the manifest as stored, legacy key and all
     check_entries(manifest)
-    return manifest
+    return upgraded(manifest)

@@ -45,13 +45,13 @@ class RefLogProbStore:
         checkpoints: the job's ``CheckpointStore`` (its commit protocol; ``.store`` to read).
         work: a local scratch folder of this attempt.
         main: whether this rank writes (the others only read).
-        epoch: the attempt's epoch, recorded in the manifest (a callable: it is known after the ledger's begin).
+        fence: the attempt's fence, recorded in the manifest (a callable: it is known after the ledger's begin).
     """
 
-    def __init__(self, checkpoints: Any, *, work: Path, main: bool, trajectory: dict, epoch=lambda: 0):
+    def __init__(self, checkpoints: Any, *, work: Path, main: bool, trajectory: dict, fence=lambda: 0):
         self.checkpoints, self.store = checkpoints, checkpoints.store
         self.prefix = f"{checkpoints.run_name}/ref_log_probs/"
-        self.work, self.main, self.trajectory, self.epoch = Path(work), main, trajectory, epoch
+        self.work, self.main, self.trajectory, self.fence = Path(work), main, trajectory, fence
 
     def key(self, *, split: str, data_fingerprint: str, model_fingerprint: str, batch_size: int) -> str:
         return ref_logps_key(split=split, data_fingerprint=data_fingerprint, model_fingerprint=model_fingerprint,
@@ -101,7 +101,7 @@ class RefLogProbStore:
         folder.mkdir(parents=True)
         try:
             save_file({k: arrays[k] for k in COLUMNS}, str(folder / FILE))
-            self.checkpoints.commit_folder(folder, f"{self.prefix}{key}/", step=0, epoch=self.epoch(),
+            self.checkpoints.commit_folder(folder, f"{self.prefix}{key}/", step=0, fence=self.fence(),
                                            meta={"kind": "dpo_reference_log_probs", "key": key})
             log.info("reference log-probs stored under %s%s/", self.prefix, key[:12])
         except Exception as err:  # noqa: BLE001 - training goes on; the next attempt computes them again

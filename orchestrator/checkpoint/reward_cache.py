@@ -40,13 +40,13 @@ class RewardCache:
         checkpoints: the job's ``CheckpointStore`` (its commit protocol; ``.store`` to read).
         work: a local scratch folder of this attempt.
         main: whether this rank writes shards (the others keep theirs in memory).
-        epoch: the attempt's epoch (a callable: known after the ledger's begin), in each shard's name.
+        fence: the attempt's fence (a callable: known after the ledger's begin), in each shard's name.
     """
 
-    def __init__(self, checkpoints: Any, *, work: Path, main: bool, epoch=lambda: 0):
+    def __init__(self, checkpoints: Any, *, work: Path, main: bool, fence=lambda: 0):
         self.checkpoints, self.store = checkpoints, checkpoints.store
         self.prefix = f"{checkpoints.run_name}/reward_cache/"
-        self.work, self.main, self.epoch = Path(work), main, epoch
+        self.work, self.main, self.fence = Path(work), main, fence
         self.values: dict[tuple[str, str, str], float] = {}
         self.written = 0
         self.loaded = False
@@ -67,10 +67,10 @@ class RewardCache:
                  if v is not None and math.isfinite(float(v))}  # None/NaN: not a result to keep
         self.values.update(fresh)
         if fresh and self.main:
-            epoch = int(self.epoch())
-            name = f"{epoch:05d}-{self.written:06d}"
+            fence = int(self.fence())
+            name = f"{fence:05d}-{self.written:06d}"
             self.written += 1
-            self._writer.submit(self._commit, name, epoch, fresh)
+            self._writer.submit(self._commit, name, fence, fresh)
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait until every shard queued so far is committed (or failed and reported); False on timeout.
@@ -87,13 +87,13 @@ class RewardCache:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
 
-    def _commit(self, name: str, epoch: int, fresh: dict) -> None:
+    def _commit(self, name: str, fence: int, fresh: dict) -> None:
         folder = self.work / "reward_cache_out" / name
         shutil.rmtree(folder, ignore_errors=True)
         try:
             folder.mkdir(parents=True)
             (folder / FILE).write_text(json.dumps({"entries": [[*k, v] for k, v in fresh.items()]}))
-            self.checkpoints.commit_folder(folder, f"{self.prefix}{name}/", step=0, epoch=epoch,
+            self.checkpoints.commit_folder(folder, f"{self.prefix}{name}/", step=0, fence=fence,
                                            meta={"kind": "grpo_reward_cache", "shard": name})
         except Exception as err:  # noqa: BLE001 - training goes on; a resumed attempt scores these again
             log.warning("could not store %d rewards (%s: %s); a resumed attempt will compute them again",
@@ -114,7 +114,7 @@ class RewardCache:
                 log.warning("reward cache shard %s is unusable (%s); its rewards will be computed again", name, err)
         if shards:
             log.info("reward cache: %d rewards from %d shards in storage", len(self.values) - before, len(shards))
-        self.written = max(self.written, sum(1 for s in shards if s.startswith(f"{int(self.epoch()):05d}-")))
+        self.written = max(self.written, sum(1 for s in shards if s.startswith(f"{int(self.fence()):05d}-")))
         return len(self.values) - before
 
     def _read(self, name: str) -> dict:

@@ -5,7 +5,7 @@ Commit protocol (after Composer's "pointer written last"):
 2. the folder is moved into a staging area the uploader owns;
 3. a background thread hashes and uploads every data file (boto3's transfer
    manager goes multipart for large ones);
-4. if this attempt still holds the job's epoch, the manifest is written last:
+4. if this attempt still holds the job's fence, the manifest is written last:
    only then does the checkpoint exist;
 5. retention deletes older checkpoints beyond ``keep_last``, manifest first, and
    never the newest committed one.
@@ -30,14 +30,14 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^(\d{9})-(\d{4})$")
 
 
-def checkpoint_name(step: int, epoch: int) -> str:
-    return f"{step:09d}-{epoch:04d}"
+def checkpoint_name(step: int, fence: int) -> str:
+    return f"{step:09d}-{fence:04d}"
 
 
 @dataclass(order=True)
 class CommittedCheckpoint:
     step: int
-    epoch: int
+    fence: int
     name: str = field(compare=False)
     manifest_key: str = field(compare=False)
 
@@ -136,7 +136,7 @@ class CheckpointStore:
         return next((c.step for c in reversed(self.committed())), 0)
 
     # ---- commit --------------------------------------------------------------
-    def commit_async(self, local_folder: Path, *, step: int, epoch: int, meta: dict,
+    def commit_async(self, local_folder: Path, *, step: int, fence: int, meta: dict,
                      may_commit: Callable[[], None], on_committed: Callable[[CommitResult, dict], None]) -> str:
         """Take ownership of ``local_folder`` and commit it in the background.
 
@@ -144,7 +144,7 @@ class CheckpointStore:
         (e.g. Fenced) when this attempt may no longer commit. ``on_committed``
         runs after the manifest is written. Returns the checkpoint's name.
         """
-        name = checkpoint_name(step, epoch)
+        name = checkpoint_name(step, fence)
         staged = self.staging_dir / name
         if staged.exists():
             shutil.rmtree(staged)
@@ -152,7 +152,7 @@ class CheckpointStore:
         with self._pending_lock:
             self._pending += 1
         self._ensure_thread()
-        self._queue.put((staged, name, step, epoch, meta, may_commit, on_committed))
+        self._queue.put((staged, name, step, fence, meta, may_commit, on_committed))
         return name
 
     @property
@@ -195,11 +195,11 @@ class CheckpointStore:
                     self._pending -= 1
                     self._pending_lock.notify_all()
 
-    def _commit(self, staged: Path, name: str, step: int, epoch: int, meta: dict, may_commit, on_committed) -> None:
+    def _commit(self, staged: Path, name: str, step: int, fence: int, meta: dict, may_commit, on_committed) -> None:
         started = time.monotonic()
         key_prefix = f"{self.prefix}{name}/"
         try:
-            manifest = self._upload(staged, key_prefix, step=step, epoch=epoch, meta=meta,
+            manifest = self._upload(staged, key_prefix, step=step, fence=fence, meta=meta,
                                     may_commit=gated(self.barriers, may_commit))
             result = CommitResult(name, step, True, time.monotonic() - started, manifest["total_bytes"])
             log.info("checkpoint %s committed (step %d, %.1f MB, %.2fs)", name, step,
@@ -214,22 +214,22 @@ class CheckpointStore:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
-    def _upload(self, folder: Path, key_prefix: str, *, step: int, epoch: int, meta: dict,
+    def _upload(self, folder: Path, key_prefix: str, *, step: int, fence: int, meta: dict,
                 may_commit: Callable[[], None] = lambda: None) -> dict:
         """Hash and upload every file of ``folder`` under ``key_prefix``, then (if ``may_commit()`` does not
         raise) the manifest, last: the one commit protocol. Returns the manifest."""
-        manifest = mf.build_manifest(folder, run_name=self.run_name, step=step, epoch=epoch, meta=meta)
+        manifest = mf.build_manifest(folder, run_name=self.run_name, step=step, fence=fence, meta=meta)
         for entry in manifest["files"]:
             retry_transient(lambda e=entry: self.store.upload_file(folder / e["path"], key_prefix + e["path"]))
         may_commit()
         retry_transient(lambda: self.store.put_bytes(key_prefix + mf.MANIFEST_NAME, mf.dumps(manifest)))
         return manifest
 
-    def commit_folder(self, folder: Path, key_prefix: str, *, step: int, epoch: int, meta: dict) -> dict:
+    def commit_folder(self, folder: Path, key_prefix: str, *, step: int, fence: int, meta: dict) -> dict:
         """Commit ``folder`` under ``key_prefix`` now (the final weights): an older manifest there is removed
         first, so a half-replaced folder never looks complete. Raises on failure."""
         self.store.delete(key_prefix + mf.MANIFEST_NAME)
-        return self._upload(folder, key_prefix, step=step, epoch=epoch, meta=meta)
+        return self._upload(folder, key_prefix, step=step, fence=fence, meta=meta)
 
     # ---- retention -----------------------------------------------------------
     def apply_retention(self, keep_step: Optional[int] = None) -> list[str]:
@@ -248,7 +248,7 @@ class CheckpointStore:
     def remove_uncommitted(self) -> list[str]:
         """Delete data of checkpoints whose manifest never landed (an attempt killed mid-upload).
 
-        Called at the start of an attempt, after it took the job's epoch, so no
+        Called at the start of an attempt, after it took the job's fence, so no
         live attempt is still uploading them.
         """
         names = self.uncommitted_names()

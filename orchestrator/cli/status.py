@@ -2,7 +2,7 @@
 ``orchestrator status --spend <storage-uri>``: the spend index, this month's and each experiment's spend by job.
 
 The table shows the job's status, step, cost and MLflow run, one row per
-attempt (epoch, host, start, duration, exit class, steps, cost), then the
+attempt (fence, host, start, duration, exit class, steps, cost), then the
 committed checkpoints, and why it checkpoints as often as it does (``checkpoint.every=auto``) and runs
 on the capacity it does (``run.deadline``'s decisions). An attempt still marked running while a later one has
 taken the job over is shown as vanished (lost): nothing will record its end.
@@ -51,10 +51,10 @@ def with_lost_attempts(ledger: dict) -> dict:
     otherwise (an older version, a hand edit, a writer that lost its race).
     """
     attempts = ledger.get("attempts") or []
-    newest = max((int(a.get("epoch") or 0) for a in attempts), default=0)
+    newest = max((int(a.get("fence") or 0) for a in attempts), default=0)
     fixed = []
     for a in attempts:
-        if a.get("exit_class") == RUNNING and int(a.get("epoch") or 0) < newest:
+        if a.get("exit_class") == RUNNING and int(a.get("fence") or 0) < newest:
             a = dict(a, exit_class=ExitClass.VANISHED.value, ended_at=a.get("ended_at") or a.get("last_seen"))
         fixed.append(a)
     return dict(ledger, attempts=fixed) if attempts else ledger
@@ -70,7 +70,7 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
         f"step      {ledger.get('step', 0)}",
         f"cost      ${float(ledger.get('cost_usd') or 0):.4f}",
         f"mlflow    {ledger.get('mlflow_run_id') or '-'}",
-        f"epoch     {ledger.get('epoch', 0)}",
+        f"fence     {ledger.get('fence', 0)}",
         f"created   {_when(ledger.get('created_at'))}",
     ]
     if ledger.get("alerts"):
@@ -86,7 +86,7 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
         if a.get("spot"):
             machine += " spot"
         rows.append([
-            str(a.get("epoch")),
+            str(a.get("fence")),
             str(a.get("host")),
             _when(started),
             _duration((end or started) - started),
@@ -96,7 +96,7 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
             machine,
         ])
     out += ["", f"attempts ({len(attempts)})"]
-    out.append(_table(["epoch", "host", "started", "duration", "exit class", "steps", "cost", "machine"], rows) if rows else "  none")
+    out.append(_table(["fence", "host", "started", "duration", "exit class", "steps", "cost", "machine"], rows) if rows else "  none")
     out += _node_table(attempts)
     out += explain_decisions(ledger)
     checkpoints = ledger.get("checkpoints", [])
@@ -105,8 +105,8 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
     out += ["", f"checkpoints ({kept})"]
     if checkpoints:
         out.append(_table(
-            ["step", "epoch", "size", "saved", "key"],
-            [[str(c.get("step")), str(c.get("epoch")), format_bytes(int(c.get("size") or 0)), _when(c.get("time")), str(c.get("key"))]
+            ["step", "fence", "size", "saved", "key"],
+            [[str(c.get("step")), str(c.get("fence")), format_bytes(int(c.get("size") or 0)), _when(c.get("time")), str(c.get("key"))]
              for c in checkpoints],
         ))
     else:
@@ -122,27 +122,27 @@ def _node_table(attempts: list) -> list[str]:
     def when(value):  # the ledger is read from storage: a time that is no finite number shows as "-"
         return _when(value) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
 
-    rows = [[str(a.get("epoch")), str(n.get("node")), str(n.get("host")), when(n.get("started_at")),
+    rows = [[str(a.get("fence")), str(n.get("node")), str(n.get("host")), when(n.get("started_at")),
              when(n.get("ended_at")), "-" if n.get("exit") is None else str(n.get("exit"))]
             for a in attempts if isinstance(a.get("nodes"), list) for n in a["nodes"] if isinstance(n, dict)]
-    return ["", "nodes", _table(["epoch", "node", "host", "started", "ended", "exit"], rows)] if rows else []
+    return ["", "nodes", _table(["fence", "node", "host", "started", "ended", "exit"], rows)] if rows else []
 
 
 def explain_decisions(ledger: dict) -> list[str]:
     """Why the job checkpoints as often as it does (checkpoint.every=auto) and runs where it runs (run.deadline)."""
     out = []
-    chosen = next(((a.get("epoch"), (a.get("extra") or {}).get("checkpoint_interval"))
+    chosen = next(((a.get("fence"), (a.get("extra") or {}).get("checkpoint_interval"))
                    for a in reversed(ledger.get("attempts") or []) if (a.get("extra") or {}).get("checkpoint_interval")),
                   None)
     if chosen:
-        epoch, interval = chosen
-        out += ["", f"checkpoint interval (attempt {epoch}, checkpoint.every=auto)", f"  {interval.get('explanation')}"]
+        fence, interval = chosen
+        out += ["", f"checkpoint interval (attempt {fence}, checkpoint.every=auto)", f"  {interval.get('explanation')}"]
     decisions = ledger.get("capacity") or []
     if decisions:
         out += ["", f"capacity (run.deadline; newest {min(len(decisions), SHOWN_DECISIONS)} of {len(decisions)} decisions)"]
         for d in decisions[-SHOWN_DECISIONS:]:
             change = f"{_capacity(d.get('previous'))} -> {_capacity(d.get('capacity'))}"
-            out.append(f"  {_when(d.get('time'))}  attempt {d.get('epoch')} step {d.get('step')}  [{change}] "
+            out.append(f"  {_when(d.get('time'))}  attempt {d.get('fence')} step {d.get('step')}  [{change}] "
                        f"{d.get('action')}: {d.get('reason')}")
     return out
 

@@ -2,7 +2,7 @@
 machine it runs on) from its start, recorded in the job's ledger (``evaluations``, counted in its ``cost_usd``)
 and in the store's spend index under ``<run>:eval``, so the monthly and experiment caps count it.
 
-It is no attempt of the training job (it takes no epoch and fences nothing: it may run while the job trains), so
+It is no attempt of the training job (it takes no fence and fences nothing: it may run while the job trains), so
 it has its own entry in the spend index: a training attempt's reservation never settles it. The index is written
 after every evaluation, so a SIGKILL leaves its charge up to the last one (the next ``orchestrator eval`` of the job
 settles it). A cap already spent refuses it before anything is evaluated; one reached meanwhile stops it after the
@@ -31,8 +31,8 @@ class EvalBill:
         self.store, self.run_name, self.clock = store, run_name, clock
         self.usd_per_second = price_for(cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
         self.started = clock()
-        self.epoch = int(self.started * 1000)  # this evaluation's entry in the spend index
-        self.id = f"eval-{self.epoch}"
+        self.index_entry = int(self.started * 1000)  # this evaluation's entry in the spend index
+        self.id = f"eval-{self.index_entry}"
         caps = Caps(f"{run_name}{EVAL_SUFFIX}", str(cfg.tracking.experiment),
                     monthly_max_usd=cfg.budget.get("monthly_max_usd"),
                     experiment_max_usd=cfg.budget.get("experiment_max_usd"))
@@ -53,7 +53,7 @@ class EvalBill:
         """What it has spent so far, into the spend index and the ledger; BudgetExhausted once a cap is reached."""
         self.evaluated = int(evaluated)
         spent = self.spent()
-        grant = self.index.reserve(self.epoch, spent, spent)
+        grant = self.index.reserve(self.index_entry, spent, spent)
         self._record(spent, evaluated, status)
         if grant.refusal and status == "running":
             self.close(evaluated, status="budget_exhausted")
@@ -62,12 +62,12 @@ class EvalBill:
 
     def close(self, evaluated: int, *, status: str = "completed") -> float:
         spent = self.spent()
-        self.index.settle(self.epoch, spent)
+        self.index.settle(self.index_entry, spent)
         self._record(spent, evaluated, status)
         return spent
 
     def _record(self, spent: float, evaluated: int, status: str) -> None:
-        from orchestrator.ledger import LEDGER_FILENAME, add_evaluation, transact
+        from orchestrator.ledger import LEDGER_FILENAME, add_evaluation, decode_ledger, transact
 
         entry = {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": self.started,
                  "seconds": round(max(0.0, self.clock() - self.started), 3), "cost_usd": spent,
@@ -79,4 +79,4 @@ class EvalBill:
             add_evaluation(ledger, entry)
             return ledger
 
-        transact(self.store, f"{self.run_name}/{LEDGER_FILENAME}", mutate)
+        transact(self.store, f"{self.run_name}/{LEDGER_FILENAME}", mutate, decode=decode_ledger)

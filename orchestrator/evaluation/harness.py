@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
 from contextlib import contextmanager
@@ -92,6 +93,23 @@ def parse_results(output: dict, names: list[str]) -> Evaluation:
     return Evaluation(scores=scores, samples=samples)
 
 
+@contextmanager
+def _git_hash_read_from_files():
+    """lm_eval records the working directory's git hash by running ``git describe`` with its stderr on
+    ours: outside a checkout (every job's working directory) that printed "fatal: not a git repository"
+    into the job's log. While the harness runs, its hash is read the way lm_eval itself falls back to
+    when git is missing (``.git``'s files, silently: None outside a checkout)."""
+    import lm_eval.evaluator as evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    probe = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = lambda: get_commit_from_path(os.getcwd())
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = probe
+
+
 def run(task_set: Any, eval_cfg: Any, *, model: Any = None, tokenizer: Any = None,
         model_args: Optional[dict] = None, keep_samples: bool = False) -> Evaluation:
     """Evaluate ``model`` (in memory, with ``tokenizer``) or the ``model_args`` of the harness's ``hf`` model."""
@@ -102,7 +120,7 @@ def run(task_set: Any, eval_cfg: Any, *, model: Any = None, tokenizer: Any = Non
     common = dict(tasks=list(task_set.specs), task_manager=task_set.manager, num_fewshot=eval_cfg.num_fewshot,
                   limit=eval_cfg.limit, batch_size=int(eval_cfg.batch_size), log_samples=True, random_seed=seed,
                   numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=1000)
-    with preserved_state(model):
+    with preserved_state(model), _git_hash_read_from_files():
         if model is not None:
             from lm_eval.models.huggingface import HFLM
 

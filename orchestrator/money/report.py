@@ -172,7 +172,7 @@ def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: cos
                  tokens_measured: bool, quality_before: Optional[float] = None) -> dict:
     """The cost report (JSON-ready): price, each attempt, totals, lost work, savings, checkpointing, quality."""
     attempts = [
-        {"epoch": a.get("epoch"), "exit_class": a.get("exit_class"), "host": a.get("host"),
+        {"fence": a.get("fence"), "exit_class": a.get("exit_class"), "host": a.get("host"),
          "duration_s": round(attempt_seconds(a), 3), "cost_usd": float(a.get("cost_usd") or 0.0),
          "checkpoint_step_at_start": a.get("checkpoint_step_at_start"), "step_end": a.get("step_end"),
          "spot": a.get("spot"), "instance_type": a.get("instance_type")}
@@ -217,7 +217,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     ]
     for a in report["attempts"]:
         steps = f"{a['checkpoint_step_at_start']}->{a['step_end']}"
-        lines.append(f"{a['epoch']!s:>7}  {a['exit_class']!s:<16}  {a['duration_s']:>10.1f}  {steps:>13}  "
+        lines.append(f"{a['fence']!s:>7}  {a['exit_class']!s:<16}  {a['duration_s']:>10.1f}  {steps:>13}  "
                      f"{a['cost_usd']:>10.4f}")
     lines += [
         "",

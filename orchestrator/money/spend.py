@@ -23,7 +23,7 @@ amount that is not a finite non-negative number, is SpendIndexCorrupt.
 Shape::
 
     {"jobs": {run_name: {"experiment": str, "months": {"YYYY-MM": settled_usd},
-                         "open": {"<epoch>": {"month", "base", "spent", "through", "updated_at"}}}},
+                         "open": {"<fence>": {"month", "base", "spent", "through", "updated_at"}}}},
      "alerts": {"<scope>/<alert name>": unix_time}}
 
 An open entry charges ``max(spent, through) - base`` to its month: ``base`` is the
@@ -97,12 +97,12 @@ def _job_problems(name: str, job) -> Iterator[Optional[str]]:
         yield _dict_problem(job.get(key, {}), f"{where}.{key}")
     for month, usd in job.get("months", {}).items():
         yield _amount_problem(usd, f"{where}.months.{month}")
-    for epoch, entry in job.get("open", {}).items():
-        yield _dict_problem(entry, f"{where}.open.{epoch}")
+    for fence, entry in job.get("open", {}).items():
+        yield _dict_problem(entry, f"{where}.open.{fence}")
         if not isinstance(entry.get("month"), str):
-            yield f"{where}.open.{epoch}.month is {entry.get('month')!r}, not a month"
+            yield f"{where}.open.{fence}.month is {entry.get('month')!r}, not a month"
         for key in _ENTRY_AMOUNTS:
-            yield _amount_problem(entry.get(key), f"{where}.open.{epoch}.{key}")
+            yield _amount_problem(entry.get(key), f"{where}.open.{fence}.{key}")
 
 
 def _index_problems(index) -> Iterator[Optional[str]]:
@@ -250,13 +250,13 @@ class SpendIndex:
         """Read only: why this job may not start (a cap already spent), with the numbers; None when it may."""
         return self.caps.refusal(self.load(), month_of(self.clock()), self.where)
 
-    def reserve(self, epoch: int, spent: float, want_through: float, *,
+    def reserve(self, fence: int, spent: float, want_through: float, *,
                 vanished_usd: Optional[dict] = None) -> Grant:
-        """Record that attempt ``epoch`` has spent ``spent`` and ask to spend up to ``want_through``.
+        """Record that attempt ``fence`` has spent ``spent`` and ask to spend up to ``want_through``.
 
         One conditional write. Grants what the caps leave room for, never more (at least ``spent``:
         what is spent is charged whatever the caps say). Settles this job's older open entries
-        (attempts that vanished) at their cost in ``vanished_usd`` (epoch -> the ledger's cost at the
+        (attempts that vanished) at their cost in ``vanished_usd`` (fence -> the ledger's cost at the
         attempt's last heartbeat), or at their reservation when the ledger has none.
         """
         now = self.clock()
@@ -266,8 +266,8 @@ class SpendIndex:
         def mutate(index: Optional[dict]) -> dict:
             index = _fresh(index)
             job = self._job(index)
-            _settle_vanished(job, keep=str(epoch), known=vanished_usd or {})
-            entry = _entry(job, str(epoch), month, spent, now)
+            _settle_vanished(job, keep=str(fence), known=vanished_usd or {})
+            entry = _entry(job, str(fence), month, spent, now)
             entry["spent"] = max(float(entry["spent"]), float(spent))
             room = self.caps.room_usd(index, month)
             # room counts this entry's own charge; what it may add is the room left beyond that
@@ -285,13 +285,13 @@ class SpendIndex:
         self._transact(mutate)
         return out[0]
 
-    def settle(self, epoch: int, spent: float) -> None:
-        """Attempt ``epoch`` ended having spent ``spent``: its reservation becomes what it spent."""
+    def settle(self, fence: int, spent: float) -> None:
+        """Attempt ``fence`` ended having spent ``spent``: its reservation becomes what it spent."""
 
         def mutate(index: Optional[dict]) -> Optional[dict]:
             index = _fresh(index)
             job = self._job(index)
-            entry = (job.get("open") or {}).pop(str(epoch), None)
+            entry = (job.get("open") or {}).pop(str(fence), None)
             if entry is None:
                 return None
             months = job.setdefault("months", {})
@@ -321,11 +321,11 @@ def _fresh(index: Optional[dict]) -> dict:
 
 def _settle_vanished(job: dict, *, keep: str, known: dict) -> None:
     """Open entries of other attempts of this job are attempts that ended without settling: charge what the
-    ledger says each spent by its last heartbeat (``known``, by epoch), else its whole reservation."""
+    ledger says each spent by its last heartbeat (``known``, by fence), else its whole reservation."""
     months = job["months"]
-    for epoch in [e for e in job["open"] if e != keep]:
-        entry = job["open"].pop(epoch)
-        cost = known.get(epoch)
+    for fence in [e for e in job["open"] if e != keep]:
+        entry = job["open"].pop(fence)
+        cost = known.get(fence)
         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost) and cost >= 0:
             charge = max(0.0, max(float(cost), float(entry["spent"])) - float(entry["base"]))
         else:
@@ -333,9 +333,9 @@ def _settle_vanished(job: dict, *, keep: str, known: dict) -> None:
         months[entry["month"]] = float(months.get(entry["month"], 0.0)) + charge
 
 
-def _entry(job: dict, epoch: str, month: str, spent: float, now: float) -> dict:
+def _entry(job: dict, fence: str, month: str, spent: float, now: float) -> dict:
     """This attempt's open entry for ``month``; an entry of an earlier month is closed into that month first."""
-    entry = job["open"].get(epoch)
+    entry = job["open"].get(fence)
     base = 0.0  # an attempt's first entry: all it spent is charged
     if entry is not None and entry["month"] != month:
         months = job["months"]
@@ -344,5 +344,5 @@ def _entry(job: dict, epoch: str, month: str, spent: float, now: float) -> dict:
         entry = None
     if entry is None:
         entry = {"month": month, "base": base, "spent": float(spent), "through": base, "updated_at": now}
-        job["open"][epoch] = entry
+        job["open"][fence] = entry
     return entry

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.exitcodes import RUNNING
-from orchestrator.ledger import LEDGER_FILENAME
+from orchestrator.ledger import LEDGER_FILENAME, decode_ledger
 from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
 from orchestrator.storage.base import ObjectStore, PreconditionFailed
 
@@ -67,7 +67,7 @@ def _experiment(ledger: dict, old_job) -> Optional[str]:
 def _job_entry(ledger: dict, experiment: str, problems: list[str]) -> dict:
     """One job's index entry from its ledger."""
     job = {"experiment": experiment, "months": {}, "open": {}}
-    newest = ledger.get("epoch")
+    newest = ledger.get("fence")
     for attempt in ledger.get("attempts") or []:
         if not isinstance(attempt, dict):
             problems.append(f"an attempt is {type(attempt).__name__}, not an object")
@@ -75,11 +75,11 @@ def _job_entry(ledger: dict, experiment: str, problems: list[str]) -> dict:
         cost = _cost(attempt.get("cost_usd"))
         seen = _cost(attempt.get("ended_at") or attempt.get("last_seen") or attempt.get("started_at"))
         if cost is None or seen is None:
-            problems.append(f"attempt {attempt.get('epoch')!r}: cost {attempt.get('cost_usd')!r} or time not a number")
+            problems.append(f"attempt {attempt.get('fence')!r}: cost {attempt.get('cost_usd')!r} or time not a number")
             continue
         month = month_of(seen)
-        if attempt.get("exit_class") == RUNNING and attempt.get("epoch") == newest:
-            job["open"][str(attempt["epoch"])] = {"month": month, "base": 0.0, "spent": cost, "through": cost,
+        if attempt.get("exit_class") == RUNNING and attempt.get("fence") == newest:
+            job["open"][str(attempt["fence"])] = {"month": month, "base": 0.0, "spent": cost, "through": cost,
                                                   "updated_at": seen}
         else:
             job["months"][month] = job["months"].get(month, 0.0) + cost
@@ -98,7 +98,7 @@ def rebuild_index(store: ObjectStore, old_raw: Optional[bytes] = None) -> Repair
         if name != LEDGER_FILENAME or run.startswith("_"):
             continue
         try:
-            ledger = json.loads(store.get_bytes(key))
+            ledger = decode_ledger(store.get_bytes(key))
             if not isinstance(ledger, dict) or not isinstance(ledger.get("attempts", []), list):
                 raise ValueError("not a ledger")
         except (ValueError, UnicodeDecodeError) as err:

@@ -35,10 +35,6 @@ class Trace:
                 begin = None
         return cls(name, float(gap_seconds), len(ticks) * float(gap_seconds), tuple(starts), tuple(ends))
 
-    @property
-    def available_share(self) -> float:
-        return sum(e - s for s, e in zip(self.starts, self.ends)) / self.period if self.period else 0.0
-
     def spot_at(self, t: float) -> tuple[bool, float]:
         """(spot available at ``t``, when that next changes); time runs on past the period, cyclically."""
         if not self.starts:

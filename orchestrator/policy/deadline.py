@@ -71,9 +71,6 @@ class CapacityDecision:
     locked: bool = False  # on-demand for good from here
     at_risk: bool = False  # even on-demand from now on misses the deadline
 
-    def changes(self, current: str) -> bool:
-        return self.capacity != current
-
 
 def _h(seconds: float) -> str:
     # a short job's figures in hours all read 0.00 h

@@ -43,7 +43,7 @@ def _count(value: Any) -> int:
 class AttemptHistory:
     """One attempt of the job as the policies read it from the ledger."""
 
-    epoch: int
+    fence: int
     exit_class: str  # ``RUNNING`` while it lives
     spot: bool
     started_at: Optional[float]  # unix time
@@ -64,7 +64,7 @@ class AttemptHistory:
             restart = _number(extra.get("start_to_first_step_s"))
         chosen = extra.get("checkpoint_interval") if isinstance(extra.get("checkpoint_interval"), Mapping) else {}
         cost = _number(chosen.get("checkpoint_cost_s")) if chosen.get("cost_source") == "measured" else None
-        return cls(epoch=_count(entry.get("epoch")), exit_class=str(entry.get("exit_class") or ""),
+        return cls(fence=_count(entry.get("fence")), exit_class=str(entry.get("exit_class") or ""),
                    spot=bool(entry.get("spot")), started_at=_number(entry.get("started_at")),
                    ended_at=_number(entry.get("ended_at")) or _number(entry.get("last_seen")),
                    step_start=_count(entry.get("step_start")), step_end=_count(entry.get("step_end")),

@@ -259,7 +259,7 @@ _FINAL_REASONS = {
     ExitClass.BUDGET_EXHAUSTED: "budget exhausted (raise budget.max_usd to go on)",
     ExitClass.CONFIG_ERROR: "config or data error; a retry would fail the same way",
     ExitClass.CAPS_REACHED: "requeue caps already reached",
-    ExitClass.FENCED: "fenced: another attempt of this job holds a newer epoch",
+    ExitClass.FENCED: "fenced: another attempt of this job holds a newer fence",
 }
 
 

@@ -2,7 +2,7 @@
 
 A job's store (``store_from_config``) is wrapped in ``RetryingStore``: a connection refused, a
 timeout or a 5xx (``TransientStorageError``, which the backends raise for them) is retried with
-jittered exponential backoff for up to ``storage.retry_for`` (default 2 minutes) per call, so a
+jittered exponential backoff for up to ``storage.retry_for`` per call, so a
 short outage during a heartbeat, a reservation extension or a checkpoint upload only pauses the
 attempt. When one call has failed for the whole window the store is taken to be down: that call
 raises ``StorageUnavailable``, and every later call is tried once (no waiting) until one succeeds,
@@ -26,7 +26,6 @@ from orchestrator.storage.base import ObjectStore, TransientStorageError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_RETRY_SECONDS = 120.0
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 10.0
 
@@ -40,11 +39,11 @@ class RetryingStore(ObjectStore):
 
     Args:
         inner: the backend store.
-        retry_seconds: how long one call may keep retrying (0: try once).
+        retry_seconds: how long one call may keep retrying (0: try once): ``storage.retry_for``.
         sleep, clock: for tests.
     """
 
-    def __init__(self, inner: ObjectStore, *, retry_seconds: float = DEFAULT_RETRY_SECONDS,
+    def __init__(self, inner: ObjectStore, *, retry_seconds: float,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
         self.inner = inner
         self.uri = inner.uri

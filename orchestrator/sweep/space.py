@@ -6,7 +6,6 @@ or a stepped float; ``interval(lo, hi)``: a uniform float (``int(interval(lo, hi
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -122,10 +121,3 @@ def _show(spec) -> str:
         inner = f"interval({args[0]},{args[1]})"
         return f"tag(log, {inner})" if args[2] else inner
     return f"range({args[0]},{args[1]},{args[2]})"
-
-
-def grid_points(space: SearchSpace) -> list[dict[str, Any]]:
-    """Every combination of a grid, keys in sorted order (the order ``-m`` runs them)."""
-    grid = space.grid()
-    keys = list(grid)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
