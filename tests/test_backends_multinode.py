@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -24,13 +25,29 @@ from orchestrator.errors import ConfigError
 from tests.test_backends import SKYPILOT_PYTHON, USER_OVERRIDES, _composed, compose
 
 TWO_NODES = ("compute.nodes=2", "distributed.nodes=2")
+SHARED = "run.work_dir=/mnt/shared/work"  # nodes of their own share rank 0's folder through a volume
 
 
 @pytest.mark.parametrize("backend", ["slurm", "skypilot", "kubernetes"])
 def test_several_nodes_without_a_distributed_strategy_are_refused(backend):
-    cfg, overrides = compose(backend, *TWO_NODES, "distributed.name=none", "backend.image=x")
+    cfg, overrides = compose(backend, *TWO_NODES, SHARED, "distributed.name=none", "backend.image=x")
     with pytest.raises(ConfigError, match="distributed=none.*distributed=ddp, zero2, zero3 or fsdp"):
         get_backend(backend).render(cfg, overrides)
+
+
+@pytest.mark.parametrize("backend", ["skypilot", "kubernetes"])
+def test_nodes_of_their_own_without_a_shared_work_dir_are_refused_at_launch(backend, tmp_path):
+    """The default run.work_dir is inside each node's copy of the files: rank 0 could not restore the others'."""
+    launch = [sys.executable, "-m", "orchestrator.launch", *USER_OVERRIDES, f"backend={backend}", *TWO_NODES,
+              "backend.image=x", "compute.cloud=aws", "backend.dry_run=true"]
+    done = subprocess.run(launch, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert "needs run.work_dir on a filesystem every node mounts" in done.stderr
+    assert "Fix: run.work_dir=/" in done.stderr
+    shared = subprocess.run(launch + [SHARED], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert shared.returncode == 0, shared.stderr[-3000:]
 
 
 # -- slurm ----------------------------------------------------------------------------------------
@@ -134,7 +151,7 @@ def test_node_zeros_exit_code_decides_the_requeue(two_node_slurm, node0, node1, 
 
 @pytest.mark.e2e
 def test_skypilot_task_for_two_nodes_loads_with_skypilots_own_parser(tmp_path):
-    cfg, overrides = compose("skypilot", *TWO_NODES, "compute.cloud=aws")
+    cfg, overrides = compose("skypilot", *TWO_NODES, SHARED, "compute.cloud=aws")
     path = tmp_path / "task.yaml"
     path.write_text(get_backend("skypilot").render(cfg, overrides))
     check = ("import json, sys, yaml, sky; t = sky.Task.from_yaml_config(yaml.safe_load(open(sys.argv[1])));"
@@ -160,7 +177,7 @@ def test_skypilot_task_for_two_nodes_loads_with_skypilots_own_parser(tmp_path):
 def test_kubernetes_two_nodes_are_a_jobset_of_a_store_and_an_indexed_job():
     from kubernetes.client import ApiClient
 
-    cfg, overrides = compose("kubernetes", *TWO_NODES, "backend.image=registry.example/orch:1", "compute.cloud=gcp",
+    cfg, overrides = compose("kubernetes", *TWO_NODES, SHARED, "backend.image=registry.example/orch:1", "compute.cloud=gcp",
                              "requeue.max_failures=3", "requeue.max_preemptions=20")
     jobset = yaml.safe_load(get_backend("kubernetes").render(cfg, overrides))
     assert (jobset["apiVersion"], jobset["kind"], jobset["metadata"]["name"]) == ("jobset.x-k8s.io/v1alpha2",
@@ -225,7 +242,7 @@ def test_kubernetes_preemptions_do_not_spend_the_jobsets_max_restarts():
     import jsonschema
     from kubernetes.client import ApiClient
 
-    cfg, overrides = compose("kubernetes", *TWO_NODES, "backend.image=registry.example/orch:1", "compute.cloud=gcp",
+    cfg, overrides = compose("kubernetes", *TWO_NODES, SHARED, "backend.image=registry.example/orch:1", "compute.cloud=gcp",
                              "requeue.max_failures=3", "requeue.max_preemptions=20")
     spec = yaml.safe_load(get_backend("kubernetes").render(cfg, overrides))["spec"]
     schema = json.loads((Path(__file__).parent / "fixtures" / "jobset-failure-policy.schema.json").read_text())
