@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.sweep.decide import PRUNERS
 from orchestrator.sweep.space import SearchSpace
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -89,9 +90,9 @@ def _settings(cfg, space: SearchSpace) -> tuple[dict, int]:
                         f"{', '.join(logged)}")
     if s.direction not in ("auto", "maximize", "minimize"):
         problems.append(f"sweep.direction={s.direction}: choose maximize, minimize or auto")
-    if s.sampler not in ("random", "tpe", "grid") or s.pruner not in ("none", "asha"):
+    if s.sampler not in ("random", "tpe", "grid") or s.pruner not in PRUNERS:
         problems.append(f"sweep.sampler={s.sampler}, sweep.pruner={s.pruner}: samplers are random|tpe|grid, "
-                        "pruners none|asha")
+                        "pruners none|successive_halving|hyperband")
     if not (0 < s.min_fraction <= 1) or s.reduction_factor < 2:
         problems.append(f"sweep.min_fraction={s.min_fraction}, sweep.reduction_factor={s.reduction_factor}: "
                         "the first rung is a fraction in (0, 1] of train.max_steps, the factor at least 2")
