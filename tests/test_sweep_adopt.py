@@ -16,7 +16,8 @@ from orchestrator.sweep import backends
 
 def ledger(store, run: str, status: str, classes: list[str]) -> None:
     attempts = [{"epoch": i + 1, "exit_class": c, "step_start": 0, "step_end": 4} for i, c in enumerate(classes)]
-    store.put_bytes(f"{run}/ledger.json", json.dumps({"run_name": run, "status": status, "attempts": attempts}).encode())
+    doc = {"run_name": run, "status": status, "attempts": attempts}
+    store.put_bytes(f"{run}/ledger.json", json.dumps(doc).encode())
 
 
 def sleeper(run: str) -> subprocess.Popen:

@@ -8,10 +8,10 @@ trial's planned cost and the boundary does not move with the machine's load: run
 
 Decisions are taken in trial-number order per rung (``ready``): trial k's result at rung r is told to
 Optuna's pruner (``sweep.pruner``: ``SuccessiveHalvingPruner`` or ``HyperbandPruner``) once every trial j < k
-has reported rung r or can no longer reach it, with exactly those trials as its competitors. Which trials are promoted is then a function of the trials'
-metrics, not of which process finished first, so a sweep interrupted anywhere promotes the same trials as
-an uninterrupted one with the same seed. A trial waiting for its decision holds no worker: it is paused
-with its checkpoint, and the free worker takes other work.
+has reported rung r or can no longer reach it, with exactly those trials as its competitors. Which trials are
+promoted is then a function of the trials' metrics, not of which process finished first, so a sweep
+interrupted anywhere promotes the same trials as an uninterrupted one with the same seed. A trial waiting for
+its decision holds no worker: it is paused with its checkpoint, and the free worker takes other work.
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from orchestrator import exitcodes
 from orchestrator.ledger import Ledger
 from orchestrator.sweep import backends, decide
 from orchestrator.sweep.space import override
+from orchestrator.sweep.state import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,10 @@ class Driver:
         ledger = Ledger(self.plan.store, trial["run_name"]).load()
         evals = (ledger.get("quality") or {}).get("evals") or {}
         value = (evals.get(str(self.steps[rung])) or {}).get(self.settings["metric"])
+        if value is not None and not finite_number(value):  # read from storage: untrusted
+            log.warning("sweep %s: trial %d's %s at step %d is %r, not a finite number; no result at this rung",
+                        self.state.name, number, self.settings["metric"], self.steps[rung], value)
+            value = None
         if code in (exitcodes.COMPLETED, exitcodes.BUDGET_EXHAUSTED) and value is not None:
             status, kind = "paused", "reported"
         elif code == exitcodes.BUDGET_EXHAUSTED:

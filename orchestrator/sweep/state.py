@@ -57,8 +57,11 @@ def parse_state(raw: bytes, where: str) -> dict:
     return doc
 
 
-def _number(value) -> bool:
+def finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_number = finite_number
 
 
 def state_problem(doc: Any) -> Optional[str]:
