@@ -91,3 +91,22 @@ def test_a_relaunched_driver_launches_a_never_submitted_trial_again_under_its_nu
     assert launcher.wait(300) == 0
     text = (tmp_path / "work" / "sweeps" / "default" / "t0.log").read_text()
     assert "#SBATCH" in text and "run.name=default-t0" in text  # the same trial number, the same folder
+
+
+def test_a_launcher_started_before_the_driver_recorded_it_is_found_by_its_command_line(tmp_path):
+    """The driver wrote the launch, started the launcher and died before recording its pid."""
+    store = LocalStore(tmp_path)
+    launched_at = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "orchestrator.launch",
+                             "run.name=s-t0"])
+    try:
+        time.sleep(0.3)
+        trial = running_trial("s-t0", submitted=None, launched_at=launched_at, log_offset=0, launcher=None)
+        watch = backends.adoptable(trial, store, submits=False, log_path=tmp_path / "t0.log")
+        assert isinstance(watch, backends.AdoptedLauncher) and watch.process.pid == proc.pid
+        # a launcher of the same trial started before this launch is an older one: not adopted
+        assert backends.adoptable(dict(trial, launched_at=launched_at + 30), store, submits=False,
+                                  log_path=tmp_path / "t0.log") is None
+    finally:
+        proc.kill()
+        proc.wait()

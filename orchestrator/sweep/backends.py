@@ -11,7 +11,8 @@ driver waits on a trial it submitted instead of submitting it twice.
 
 The record says a trial was launched before its launcher starts (``launched_at``, and where its log then ended,
 ``log_offset``), and then who the launcher is (``launcher``: host, pid, start time). A relaunched driver
-(``adoptable``) waits on a launcher of the dead driver that still runs on this host (local: it owns the trial,
+(``adoptable``) waits on a launcher of the dead driver that still runs on this host (found by its command line
+when the driver died before recording it; local: it owns the trial,
 ``AdoptedLauncher``; a scheduler's: it is still submitting) instead of starting a second one. A submission of
 which nothing is known ``SUBMIT_GRACE_SECONDS`` after ``launched_at`` (no attempt in the ledger, no launcher
 alive, no "submitted ... job" line in the trial's log since the launch: the driver died between writing the
@@ -57,8 +58,11 @@ def launcher_identity(pid: int) -> dict:
 
 
 def alive_launcher(trial: dict) -> Optional[psutil.Process]:
-    """The trial's launcher from the record, if it still runs on this host (same pid, start time and run name)."""
+    """The trial's launcher from the record, if it still runs on this host (same pid, start time and run name);
+    with none recorded (the driver died between its start and the record), one found by its command line."""
     who = trial.get("launcher")
+    if who is None and trial.get("launched_at"):
+        return _launcher_started_since(trial["run_name"], float(trial["launched_at"]))
     if not isinstance(who, dict) or who.get("host") != socket.gethostname():
         return None
     try:
@@ -68,6 +72,16 @@ def alive_launcher(trial: dict) -> Optional[psutil.Process]:
         return proc if f"run.name={trial['run_name']}" in proc.cmdline() else None
     except (psutil.Error, KeyError, TypeError, ValueError):
         return None
+
+
+def _launcher_started_since(run_name: str, since: float) -> Optional[psutil.Process]:
+    """A ``python -m orchestrator.launch ... run.name=<run_name>`` on this host started at or after ``since``."""
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        cmd = proc.info["cmdline"] or []
+        if ("orchestrator.launch" in cmd and f"run.name={run_name}" in cmd and (proc.info["create_time"] or 0)
+                >= since - 1.0 and _running(proc)):
+            return proc
+    return None
 
 
 def _running(proc: psutil.Process) -> bool:
