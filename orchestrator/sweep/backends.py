@@ -12,8 +12,8 @@ driver waits on a trial it submitted instead of submitting it twice.
 The record says a trial was launched before its launcher starts (``launched_at``, and where its log then ended,
 ``log_offset``), and then who the launcher is (``launcher``: host, pid, start time). A relaunched driver
 (``adoptable``) waits on a launcher of the dead driver that still runs on this host (found by its command line
-when the driver died before recording it; local: it owns the trial,
-``AdoptedLauncher``; a scheduler's: it is still submitting) instead of starting a second one. A submission of
+when the driver died before recording it; local: it owns the trial, ``AdoptedLauncher``; a scheduler's: it is
+still submitting) instead of starting a second one. A submission of
 which nothing is known ``SUBMIT_GRACE_SECONDS`` after ``launched_at`` (no attempt in the ledger, no launcher
 alive, no "submitted ... job" line in the trial's log since the launch: the driver died between writing the
 record and the sbatch) is ``GONE``: the driver launches that trial again under the same number.
