@@ -85,3 +85,42 @@ def test_the_order_in_which_trials_report_does_not_change_the_decisions():
     shuffled = list(range(9))
     rng.shuffle(shuffled)
     assert run(shuffled) == forward and sorted(forward) == list(range(9))
+
+
+def test_hyperband_decides_as_optunas_hyperband_pruner_driven_trial_by_trial():
+    """sweep.pruner=hyperband: each trial's verdicts at rungs 0 and 1 are those Optuna's HyperbandPruner gives in
+    an ordinary sequential study (ask, report, should_prune per rung); its brackets make them differ from plain
+    successive halving (a trial in a later bracket is not judged at the first rung)."""
+    import optuna
+
+    sp = space("train.learning_rate=interval(1e-5,1e-3)")
+    settings = dict(SETTINGS, pruner="hyperband")
+    rng = random.Random(5)
+    values = [[rng.random(), rng.random()] for _ in range(12)]
+    pruner = optuna.pruners.HyperbandPruner(min_resource=4, max_resource=36, reduction_factor=3)
+    study = optuna.create_study(study_name=decide.STUDY_NAME, direction="maximize", pruner=pruner)
+    expected, trials = {}, []
+    for k, (v0, v1) in enumerate(values):
+        live = study.ask()
+        live.report(v0, 4)
+        expected[(k, 0)] = "prune" if live.should_prune() else "promote"
+        trials.append(trial(k, {}, {"0": v0}))
+        if expected[(k, 0)] == "promote":
+            live.report(v1, 12)
+            expected[(k, 1)] = "prune" if live.should_prune() else "promote"
+            trials[k]["values"]["1"] = v1
+    got = {(k, r): decide.decision(settings, sp, trials, k, r) for (k, r) in expected}
+    assert got == expected
+    halving = [decide.decision(SETTINGS, sp, trials, k, 0) for k in range(12)]
+    assert [got[(k, 0)] for k in range(12)] != halving and halving.count("prune") > [
+        got[(k, 0)] for k in range(12)].count("prune")
+
+
+def test_a_pruner_outside_optunas_is_refused_at_launch(tmp_path, capsys):
+    from orchestrator import launch
+
+    code = launch.main(["sweep=asha", "sweep.pruner=median", "sweep.n_trials=2", "sweep.budget_usd=1",
+                        "train.learning_rate=interval(1e-5,1e-3)", f"storage.uri={tmp_path / 'runs'}",
+                        f"run.work_dir={tmp_path / 'work'}", "tracking.enabled=false"])
+    err = capsys.readouterr().err
+    assert code == 4 and "sweep.pruner=median" in err and "successive_halving|hyperband" in err

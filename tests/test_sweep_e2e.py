@@ -121,4 +121,8 @@ def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_pa
     leader_a = [line for line in calm.stdout.splitlines() if line.startswith("leader:")]
     assert leader_a and leader_a[0].replace("calm-t", "chaos-t") in status.stdout  # the same trial leads
     spent = float(status.stdout.split("spent $")[1].split()[0])
-    assert 0 < spent <= 2.0
+    assert 0 < spent <= 2.0  # the budget does not bind here: test_sweep_budget_e2e.py holds a sweep to one that does
+    # the workers' idle share of paid slot time, measured (printed with -s; the issue's bar is 5% for 16 trials)
+    for name, doc in (("uninterrupted", a), ("killed", b)):
+        usage = doc["usage"]
+        print(f"{name} sweep: workers idle {usage['idle_seconds'] / usage['slot_seconds']:.1%} of slot time")

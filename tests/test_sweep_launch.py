@@ -20,6 +20,12 @@ GRID = ["-m", "train.learning_rate=1e-4,2e-4"]
     (["sweep=asha", "train.learning_rate=interval(1e-5,1e-3)", "sweep.budget_usd=1"],
      ["sweep.n_trials=0", "needs the number of trials"]),
     (["-m", "sweep.budget_usd=1"], ["no search space"]),
+    (GRID + ["sweep.budget_usd=1", "sweep.metric=bench/tiny_arith_mc/acc"],
+     ["sweep.metric=bench/tiny_arith_mc/acc", "eval.tasks is empty", "eval.tasks=[tiny_arith_mc]"]),
+    (GRID + ["sweep.budget_usd=1", "sweep.metric=bench/tiny_arith_gen/acc", "eval.tasks=[tiny_arith_mc]"],
+     ["sweep.metric=bench/tiny_arith_gen/acc", "is not one of eval.tasks (tiny_arith_mc)"]),
+    (GRID + ["sweep.budget_usd=1", "sweep.metric=bench/tiny_arith_mc/bleu", "eval.tasks=[tiny_arith_mc]"],
+     ["sweep.metric=bench/tiny_arith_mc/bleu", "reports acc"]),
 ])
 def test_bad_sweep_input_exits_4_before_any_trial(args, needles, tmp_path, capsys):
     runs = tmp_path / "runs"
@@ -45,3 +51,12 @@ def test_the_sweeps_record_keeps_no_secret_of_the_overrides(tmp_path):
     assert "abcdefSECRET123" not in stored and "budget.webhook_url=https://hooks.slack.com/" in stored
     assert f"budget.webhook_url={hook}" in plan.fixed  # the trials still get it (their own redaction applies)
     assert json.loads(stored)["trials"] == []
+
+
+def test_a_benchmark_metric_of_an_eval_task_decides_the_rungs_and_is_maximized(tmp_path):
+    from orchestrator.sweep.plan import plan_sweep
+
+    plan = plan_sweep(GRID + ["sweep.budget_usd=1", "sweep.metric=bench/tiny_arith_mc/acc",
+                              "eval.tasks=[tiny_arith_mc]", f"storage.uri={tmp_path / 'runs'}", f"run.work_dir={tmp_path / 'work'}",
+                              "tracking.enabled=false"], launch.compose_for_launch)
+    assert plan.settings["metric"] == "bench/tiny_arith_mc/acc" and plan.settings["direction"] == "maximize"

@@ -130,7 +130,7 @@ def steering(cfg: Any, parts: dict, *, store: Any, run_name: str, checkpoints: C
 
     callbacks: list = []
     bench = bench_watch(cfg, store=store, run_name=run_name, tracking=parts["tracking"], checkpoints=checkpoints,
-                        money=money, steps=parts["steps"])
+                        money=money, steps=parts["steps"], record=parts["record"])
     if bench is not None:
         callbacks.append(bench)
     if parts["interval"].auto:

@@ -120,9 +120,10 @@ class AttemptRecord:
         self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).update(metrics))
 
     def record_eval(self, step: int, metrics: dict) -> None:
-        """One evaluation's held-out numbers, under ``quality.evals[<step>]`` (a sweep's rung reads them)."""
-        self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).setdefault("evals", {}).update(
-            {str(step): metrics}))
+        """One evaluation's numbers (held-out, or ``bench/<task>/<metric>``), under ``quality.evals[<step>]``
+        (a sweep's rung reads them)."""
+        self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).setdefault("evals", {}).setdefault(
+            str(step), {}).update(metrics))  # merged: the held-out numbers and the benchmark scores of one step
 
     def record_repro(self, record: dict) -> dict:
         """Store this attempt's reproducibility record (and the job's, on the first attempt); returns the first's."""

@@ -266,8 +266,8 @@ class SweepConfig:
     n_trials: int = 0  # trials to sample (0: the grid's size; required with interval(...) parameters)
     sampler: str = "random"  # random | tpe | grid (Optuna's samplers; grid: every combination)
     seed: int = 0  # the sampler's seed (trial k samples with seed + k)
-    pruner: str = "none"  # none (every trial runs to train.max_steps) | asha (Optuna's SuccessiveHalvingPruner)
-    metric: str = "auto"  # the held-out metric a rung decides by (auto: the job's quality metric)
+    pruner: str = "none"  # none (every trial runs to train.max_steps) | successive_halving (asha) | hyperband: Optuna's pruner of that name
+    metric: str = "auto"  # what a rung decides by: a held-out metric (auto: the job's quality metric) or bench/<task>/<metric> of eval.tasks
     direction: str = "auto"  # maximize | minimize | auto (loss and perplexity: minimize; others: maximize)
     min_fraction: float = 0.25  # rung 0 ends at this fraction of train.max_steps (of the trial's planned cost)
     reduction_factor: int = 3  # rung r ends at min_fraction x reduction_factor^r; 1 in reduction_factor is promoted

@@ -39,12 +39,12 @@ def base_key(cfg: Any, task_set: Any) -> str:
 
 class BenchWatch(TrainerCallback):
     """Args: ``store`` the job's object store; the attempt's ``tracking``, ``checkpoints`` (the controller),
-    ``money`` (the meter, for the dollars beside each score) and ``steps`` (the step clock: an evaluation between
-    two steps is not timed as one). A main-rank part."""
+    ``money`` (the meter, for the dollars beside each score), ``steps`` (the step clock) and ``record`` (the
+    ledger's: ``record_scores``). A main-rank part."""
 
     def __init__(self, cfg: Any, *, store: Any, run_name: str, tracking: Any, checkpoints: Any, money: Any,
-                 steps: Any):
-        self.cfg, self.ev, self.store, self.run_name = cfg, cfg.eval, store, run_name
+                 steps: Any, record: Any = None):
+        self.cfg, self.ev, self.store, self.run_name, self.record = cfg, cfg.eval, store, run_name, record
         self.tracking, self.checkpoints, self.money, self.steps = tracking, checkpoints, money, steps
         self.task_set = spec.resolve(cfg.eval)
         self.results = ResultStore.for_run(store, run_name, self.task_set, cfg.eval.seed)
@@ -82,13 +82,13 @@ class BenchWatch(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, model=None, processing_class=None, **kwargs):
-        if self.ev.every <= 0 or (control.should_training_stop and state.global_step < state.max_steps):
-            # training stops early after this save: an emergency save is not evaluated (the next attempt goes
-            # on), nor an early stop's (the final weights are)
+        rung = 0 < self.cfg.train.pause_at_step <= state.global_step < state.max_steps  # a sweep's: always scored
+        if not rung and (self.ev.every <= 0 or (control.should_training_stop and state.global_step < state.max_steps)):
+            # training stops after this save: an emergency save (the next attempt goes on) or an early stop's
             return control
         since = (self.history[-1][1] if self.history else 0) + 1
         self._note(state.global_step, since)
-        if since >= self.ev.every:
+        if rung or since >= self.ev.every:
             self.checkpoints.wait()
             done = self.checkpoints.checkpoints.results
             if done and done[-1].ok and done[-1].step == state.global_step:
@@ -189,6 +189,7 @@ class BenchWatch(TrainerCallback):
                 metrics[f"bench/{task}/{metric}"] = score.get("value")
                 if score.get("stderr") is not None:
                     metrics[f"bench/{task}/{metric}_stderr"] = score["stderr"]
+        record_scores(self.record, int(step), metrics)
         if cost:
             metrics["cost_usd"] = record["cost_usd"]
         self.tracking.log_metrics(metrics, step)
@@ -235,6 +236,14 @@ class BenchWatch(TrainerCallback):
     def _committed_at(self, step: int) -> Optional[str]:
         found = [c.name for c in self.checkpoints.checkpoints.committed() if c.step == step]
         return found[-1] if found and step > 0 else None
+
+
+def record_scores(record: Any, step: int, metrics: dict) -> None:
+    """A checkpoint's (or the final weights') scores also in the ledger's ``quality.evals[<step>]``: what a
+    sweep's rung decides by with ``sweep.metric=bench/<task>/<metric>`` (its checkpoint at ``train.pause_at_step``
+    is scored whatever ``eval.every``). Not the base model's (step 0)."""
+    if record is not None and record.writes and step > 0:
+        record.record_eval(step, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
 
 
 def read_progress(store: Any, key: str) -> list[list[int]]:

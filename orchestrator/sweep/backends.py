@@ -8,17 +8,32 @@ the job in a final status (completed, budget_exhausted (a paused rung), config_e
 ``failed`` with no new attempt for ``FAILED_SETTLE_SECONDS`` (the engine's requeue of a crash starts one
 sooner). The number of attempts at submission is kept in the trial's record (``submitted``), so a relaunched
 driver waits on a trial it submitted instead of submitting it twice.
+
+The record says a trial was launched before its launcher starts (``launched_at``, and where its log then ended,
+``log_offset``), and then who the launcher is (``launcher``: host, pid, start time). A relaunched driver
+(``adoptable``) waits on a launcher of the dead driver that still runs on this host (found by its command line
+when the driver died before recording it; local: it owns the trial, ``AdoptedLauncher``; a scheduler's: it is
+still submitting) instead of starting a second one. A submission of
+which nothing is known ``SUBMIT_GRACE_SECONDS`` after ``launched_at`` (no attempt in the ledger, no launcher
+alive, no "submitted ... job" line in the trial's log since the launch: the driver died between writing the
+record and the sbatch) is ``GONE``: the driver launches that trial again under the same number.
 """
 from __future__ import annotations
 
+import socket
 import time
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Union
+
+import psutil
 
 from orchestrator import exitcodes
 from orchestrator.ledger import Ledger
 
 SUBMITTING = ("slurm", "skypilot", "kubernetes")
 FAILED_SETTLE_SECONDS = 300.0
+SUBMIT_GRACE_SECONDS = 600.0  # a launcher's start-up and sbatch (SBATCH_TIMEOUT_SECONDS) take less
+GONE = "gone"  # poll(): the trial has no process and no submission: launch it again
 _CODES = {o.ledger_status: o.exit_code for o in exitcodes.OUTCOMES.values()
           if o.final and o.ledger_status and o.exit_code is not None}
 
@@ -33,19 +48,110 @@ def attempts_so_far(store, run_name: str) -> int:
     return len(attempts) if isinstance(attempts, list) else 0
 
 
+def launcher_identity(pid: int) -> dict:
+    """What the record keeps of a launcher: enough to find it again and not mistake a reused pid for it."""
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = 0.0
+    return {"host": socket.gethostname(), "pid": int(pid), "started": float(started)}
+
+
+def alive_launcher(trial: dict) -> Optional[psutil.Process]:
+    """The trial's launcher from the record, if it still runs on this host (same pid, start time and run name);
+    with none recorded (the driver died between its start and the record), one found by its command line."""
+    who = trial.get("launcher")
+    if who is None and trial.get("launched_at"):
+        return _launcher_started_since(trial["run_name"], float(trial["launched_at"]))
+    if not isinstance(who, dict) or who.get("host") != socket.gethostname():
+        return None
+    try:
+        proc = psutil.Process(int(who["pid"]))
+        if abs(proc.create_time() - float(who["started"])) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc if f"run.name={trial['run_name']}" in proc.cmdline() else None
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return None
+
+
+def _launcher_started_since(run_name: str, since: float) -> Optional[psutil.Process]:
+    """A ``python -m orchestrator.launch ... run.name=<run_name>`` on this host started at or after ``since``."""
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        cmd = proc.info["cmdline"] or []
+        if ("orchestrator.launch" in cmd and f"run.name={run_name}" in cmd and (proc.info["create_time"] or 0)
+                >= since - 1.0 and _running(proc)):
+            return proc
+    return None
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class AdoptedLauncher:
+    """A local trial's launcher a dead driver started, still running its supervisor: ``poll()`` is None while it
+    lives, then the exit code the trial's ledger implies (not its child: its own code is lost), or ``GONE`` when
+    the ledger holds no final status (the launcher was killed too: launch the trial again)."""
+
+    def __init__(self, process: psutil.Process, store, run_name: str):
+        self.process, self.store, self.run_name = process, store, run_name
+
+    def poll(self) -> Union[int, str, None]:
+        if _running(self.process):
+            return None
+        ledger = Ledger(self.store, self.run_name).load()
+        return _CODES.get(ledger.get("status") if isinstance(ledger, dict) else None, GONE)
+
+
+class _Submitting:
+    """A dead driver's launcher still submitting (``Popen.poll`` shape): None while it lives, then 0."""
+
+    def __init__(self, process: psutil.Process):
+        self.process = process
+
+    def poll(self) -> Optional[int]:
+        return None if _running(self.process) else exitcodes.COMPLETED
+
+
+def submission_logged(log_path: Path, offset: int, run_name: str) -> bool:
+    """Whether the trial's log holds, since ``offset``, the launcher's "submitted '<run>' to <engine>" line."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, offset))
+            return f"submitted '{run_name}' to ".encode() in f.read()
+    except OSError:
+        return False
+
+
+def adoptable(trial: dict, store, *, submits: bool, log_path: Path, grace: float = SUBMIT_GRACE_SECONDS):
+    """What a relaunched driver waits on for a trial the record says runs: the dead driver's launcher (local),
+    its submission (a scheduler's), or None (nothing runs it: launch it)."""
+    alive = alive_launcher(trial)
+    if submits and isinstance(trial.get("submitted"), int):
+        known = alive is not None or submission_logged(log_path, int(trial.get("log_offset") or 0), trial["run_name"])
+        expires = None if known else float(trial.get("launched_at") or 0.0) + grace
+        return SubmittedTrial(_Submitting(alive) if alive else None, store, trial["run_name"], trial["submitted"],
+                              expires_at=expires)
+    return AdoptedLauncher(alive, store, trial["run_name"]) if alive is not None and not submits else None
+
+
 class SubmittedTrial:
     """``poll()`` as ``subprocess.Popen.poll``: None while the trial lives, else the exit code its ledger implies.
 
     ``launcher``: the submitting ``python -m orchestrator.launch`` process (None for a trial adopted from a
-    driver that died after submitting it); ``before``: the trial's attempts at submission."""
+    driver that died after submitting it); ``before``: the trial's attempts at submission; ``expires_at``: the
+    wall time after which a submission with no attempt yet is taken as never made (``GONE``; None: it was made)."""
 
     def __init__(self, launcher, store, run_name: str, before: int, *, settle: float = FAILED_SETTLE_SECONDS,
-                 clock=time.monotonic):
+                 clock=time.monotonic, expires_at: Optional[float] = None):
         self.launcher, self.store, self.run_name, self.before = launcher, store, run_name, before
-        self.settle, self.clock = settle, clock
+        self.settle, self.clock, self.expires_at = settle, clock, expires_at
         self._failed_since: Optional[tuple[float, int]] = None
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> Union[int, str, None]:
         if self.launcher is not None:
             code = self.launcher.poll()
             if code is None or code != exitcodes.COMPLETED:
@@ -53,10 +159,12 @@ class SubmittedTrial:
             self.launcher = None
         return self._from_ledger()
 
-    def _from_ledger(self) -> Optional[int]:
+    def _from_ledger(self) -> Union[int, str, None]:
         ledger = Ledger(self.store, self.run_name).load()
         attempts = ledger.get("attempts") if isinstance(ledger, dict) else None
         if not isinstance(attempts, list) or len(attempts) <= self.before:
+            if self.expires_at is not None and time.time() >= self.expires_at:
+                return GONE  # the dead driver never submitted it
             return None  # queued: no attempt of this submission yet
         if any(not isinstance(a, dict) or a.get("exit_class") == exitcodes.RUNNING for a in attempts[self.before:]):
             self._failed_since = None

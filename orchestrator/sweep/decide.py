@@ -7,11 +7,11 @@ trial's planned cost and the boundary does not move with the machine's load: run
 ``round(max_steps x min_fraction) x reduction_factor^r`` steps, the last at ``max_steps``.
 
 Decisions are taken in trial-number order per rung (``ready``): trial k's result at rung r is told to
-Optuna's ``SuccessiveHalvingPruner`` once every trial j < k has reported rung r or can no longer reach it,
-with exactly those trials as its competitors. Which trials are promoted is then a function of the trials'
-metrics, not of which process finished first, so a sweep interrupted anywhere promotes the same trials as
-an uninterrupted one with the same seed. A trial waiting for its decision holds no worker: it is paused
-with its checkpoint, and the free worker takes other work.
+Optuna's pruner (``sweep.pruner``: ``SuccessiveHalvingPruner`` or ``HyperbandPruner``) once every trial j < k
+has reported rung r or can no longer reach it, with exactly those trials as its competitors. Which trials are
+promoted is then a function of the trials' metrics, not of which process finished first, so a sweep
+interrupted anywhere promotes the same trials as an uninterrupted one with the same seed. A trial waiting for
+its decision holds no worker: it is paused with its checkpoint, and the free worker takes other work.
 """
 from __future__ import annotations
 
@@ -112,27 +112,53 @@ def ready(trials: list[dict], number: int, rung: int) -> bool:
     return all(str(rung) in t["values"] or (t["status"] in FINISHED) for t in trials[:number])
 
 
+PRUNERS = ("none", "successive_halving", "hyperband", "asha")  # asha: successive_halving's earlier name
+STUDY_NAME = "orchestrator-sweep"  # HyperbandPruner's brackets hash the study's name with the trial's number
+
+
+def _pruner(settings: dict):
+    """Optuna's pruner for ``sweep.pruner``: rung r of ``rung_steps`` is its rung at ``min_resource x eta^r``."""
+    import optuna
+
+    steps, eta = rung_steps(settings), int(settings["reduction_factor"])
+    if settings["pruner"] == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=steps[0], max_resource=int(settings["max_steps"]),
+                                              reduction_factor=eta, bootstrap_count=0)
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=steps[0], reduction_factor=eta,
+                                                  min_early_stopping_rate=0, bootstrap_count=0)
+
+
+def _replay(study, trial: dict, steps: list[int], rung: int) -> bool:
+    """``trial``'s results up to ``rung`` reported to ``study``'s pruner, one rung at a time as the driver
+    decided them (the pruner keeps its own rung marks); whether the pruner's last verdict was to prune."""
+    live, pruned = study.ask(), False
+    for r in range(rung + 1):
+        if str(r) not in trial["values"]:
+            break
+        live.report(trial["values"][str(r)], steps[r])
+        pruned = live.should_prune()
+        if pruned:
+            break
+    return pruned
+
+
 def decision(settings: dict, space: SearchSpace, trials: list[dict], number: int, rung: int) -> str:
-    """``complete`` at the last rung; else Optuna's SuccessiveHalvingPruner's verdict with trials < number
-    (those that reached ``rung``) as the competitors: ``promote`` or ``prune``."""
+    """``complete`` at the last rung; else the verdict of Optuna's pruner (``sweep.pruner``: its
+    SuccessiveHalvingPruner, or its HyperbandPruner, whose brackets are each a SuccessiveHalvingPruner over the
+    trials its hash puts there) with trials < ``number`` as the competitors: ``promote`` or ``prune``.
+
+    The earlier trials' results up to ``rung`` are replayed to a fresh study in trial-number order, rung by
+    rung, so the pruner holds what it held when each was decided, and nothing of later trials."""
     import optuna
 
     steps = rung_steps(settings)
     if rung >= len(steps) - 1:
         return "complete"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=steps[0], reduction_factor=int(
-        settings["reduction_factor"]), min_early_stopping_rate=0, bootstrap_count=0)
-    study = optuna.create_study(direction=_direction(settings), pruner=pruner)
+    study = optuna.create_study(study_name=STUDY_NAME, direction=_direction(settings), pruner=_pruner(settings))
     for other in trials[:number]:
-        shown = dict(other, values={r: v for r, v in other["values"].items() if int(r) <= rung})
-        study.add_trial(_frozen(shown, space, steps, False))
-    me = trials[number]
-    live = study.ask()
-    for r in range(rung):
-        study._storage.set_trial_system_attr(live._trial_id, f"completed_rung_{r}", me["values"][str(r)])
-    live.report(me["values"][str(rung)], steps[rung])
-    return "prune" if live.should_prune() else "promote"
+        _replay(study, other, steps, rung)
+    return "prune" if _replay(study, trials[number], steps, rung) else "promote"
 
 
 def leader(trials: list[dict], settings: dict) -> Optional[dict]:

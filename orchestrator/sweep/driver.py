@@ -29,6 +29,7 @@ from orchestrator import exitcodes
 from orchestrator.ledger import Ledger
 from orchestrator.sweep import backends, decide
 from orchestrator.sweep.space import override
+from orchestrator.sweep.state import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +38,14 @@ Events = Callable[[str, dict, dict], None]
 
 class Driver:
     def __init__(self, plan, *, events: Optional[Events] = None, poll_seconds: float = 0.5,
-                 python: str = sys.executable):
+                 python: str = sys.executable, submit_grace: float = backends.SUBMIT_GRACE_SECONDS):
         self.plan, self.state, self.settings = plan, plan.state, plan.settings
         self.events = events or (lambda kind, trial, doc: None)
         self.poll_seconds, self.python = poll_seconds, python
         self.steps = decide.rung_steps(self.settings)
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, subprocess.Popen] = {}  # or what backends.py waits on, with the same poll()
+        self.relaunch: set[int] = set()  # trials whose earlier launch is gone: launch, do not adopt
+        self.submit_grace = submit_grace
         self.logs = Path(plan.log_dir)
         self.logs.mkdir(parents=True, exist_ok=True)
         self._pending = [0.0, 0.0]  # slot-seconds and idle slot-seconds not yet in the record
@@ -105,13 +108,17 @@ class Driver:
         return self.state.load()
 
     def _adopt(self, trial: dict) -> bool:
-        """A trial a dead driver submitted to a scheduler: wait on its ledger, do not submit it twice."""
-        if not (self.submits and trial["status"] == "running" and isinstance(trial.get("submitted"), int)):
+        """A trial a dead driver launched that still runs (its launcher alive on this host, or its submission to
+        a scheduler): wait on it instead of starting it twice (``backends.adoptable``)."""
+        if trial["status"] != "running" or trial["number"] in self.relaunch:
             return False
-        self.procs[trial["number"]] = backends.SubmittedTrial(None, self.plan.store, trial["run_name"],
-                                                              trial["submitted"])
-        log.info("sweep %s: trial %d was submitted by an earlier driver; waiting on its ledger", self.state.name,
-                 trial["number"])
+        watch = backends.adoptable(trial, self.plan.store, submits=self.submits,
+                                   log_path=self.logs / f"t{trial['number']}.log", grace=self.submit_grace)
+        if watch is None:
+            return False
+        self.procs[trial["number"]] = watch
+        log.info("sweep %s: trial %d was launched by an earlier driver and still runs; waiting on it",
+                 self.state.name, trial["number"])
         return True
 
     def _already_at_rung(self, trial: dict) -> Optional[int]:
@@ -137,17 +144,21 @@ class Driver:
                    f"train.eval_steps={decide.eval_every(self.settings)}",
                    *self.plan.trial_overrides]
         before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
-        out = open(self.logs / f"t{number}.log", "ab")
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
-        out.close()
+        path = self.logs / f"t{number}.log"
+        offset = path.stat().st_size if path.exists() else 0
+
+        def intent(d: dict) -> None:  # recorded before the launch: a driver killed in between is seen on relaunch
+            t = d["trials"][number]
+            t.update(status="running", launches=t["launches"] + 1, submitted=before, launched_at=time.time(),
+                     log_offset=offset, launcher=None)
+
+        self.state.update(intent)
+        self.relaunch.discard(number)
+        with open(path, "ab") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
         self.procs[number] = proc if before is None else backends.SubmittedTrial(proc, self.plan.store,
                                                                                  trial["run_name"], before)
-
-        def fn(d: dict) -> None:
-            t = d["trials"][number]
-            t.update(status="running", launches=t["launches"] + 1, submitted=before)
-
-        doc = self.state.update(fn)
+        doc = self.state.update(lambda d: d["trials"][number].update(launcher=backends.launcher_identity(proc.pid)))
         log.info("sweep %s: trial %d runs to rung %d (step %d)", self.state.name, number, rung, self.steps[rung])
         self.events("launched", doc["trials"][number], doc)
         return doc
@@ -159,6 +170,11 @@ class Driver:
             if code is None:
                 continue
             del self.procs[number]
+            if code == backends.GONE:  # nothing runs it any more (killed with its launcher, or never submitted)
+                log.warning("sweep %s: trial %d has no process or submission left; launching it again",
+                            self.state.name, number)
+                self.relaunch.add(number)
+                continue
             doc = self._ended(doc["trials"][number], code)
         return doc
 
@@ -167,6 +183,10 @@ class Driver:
         ledger = Ledger(self.plan.store, trial["run_name"]).load()
         evals = (ledger.get("quality") or {}).get("evals") or {}
         value = (evals.get(str(self.steps[rung])) or {}).get(self.settings["metric"])
+        if value is not None and not finite_number(value):  # read from storage: untrusted
+            log.warning("sweep %s: trial %d's %s at step %d is %r, not a finite number; no result at this rung",
+                        self.state.name, number, self.settings["metric"], self.steps[rung], value)
+            value = None
         if code in (exitcodes.COMPLETED, exitcodes.BUDGET_EXHAUSTED) and value is not None:
             status, kind = "paused", "reported"
         elif code == exitcodes.BUDGET_EXHAUSTED:

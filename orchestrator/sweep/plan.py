@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.sweep.decide import PRUNERS
 from orchestrator.sweep.space import SearchSpace
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -84,14 +85,16 @@ def _settings(cfg, space: SearchSpace) -> tuple[dict, int]:
                         "(sweep.budget_usd=5): it is the cap on every trial's spend together")
     if s.max_parallel < 1:
         problems.append(f"sweep.max_parallel={s.max_parallel}: at least 1 trial must run at once")
-    if metric not in logged:
+    if metric.startswith("bench/"):
+        problems += _bench_metric_problems(cfg, metric)
+    elif metric not in logged:
         problems.append(f"sweep.metric={metric}: no trial of recipe={cfg.recipe.name} logs it; its evaluations log "
-                        f"{', '.join(logged)}")
+                        f"{', '.join(logged)}, or bench/<task>/<metric> of an eval.tasks task")
     if s.direction not in ("auto", "maximize", "minimize"):
         problems.append(f"sweep.direction={s.direction}: choose maximize, minimize or auto")
-    if s.sampler not in ("random", "tpe", "grid") or s.pruner not in ("none", "asha"):
+    if s.sampler not in ("random", "tpe", "grid") or s.pruner not in PRUNERS:
         problems.append(f"sweep.sampler={s.sampler}, sweep.pruner={s.pruner}: samplers are random|tpe|grid, "
-                        "pruners none|asha")
+                        "pruners none|successive_halving|hyperband")
     if not (0 < s.min_fraction <= 1) or s.reduction_factor < 2:
         problems.append(f"sweep.min_fraction={s.min_fraction}, sweep.reduction_factor={s.reduction_factor}: "
                         "the first rung is a fraction in (0, 1] of train.max_steps, the factor at least 2")
@@ -110,6 +113,24 @@ def _settings(cfg, space: SearchSpace) -> tuple[dict, int]:
                     min_fraction=float(s.min_fraction), reduction_factor=int(s.reduction_factor),
                     max_steps=int(cfg.train.max_steps))
     return settings, n_trials
+
+
+def _bench_metric_problems(cfg, metric: str) -> list[str]:
+    """``sweep.metric=bench/<task>/<metric>``: the benchmark score of each rung's checkpoint (``eval.tasks``,
+    scored at every ``train.pause_at_step`` and on the final weights), so a task of eval.tasks must report it."""
+    from orchestrator.evaluation import selection, spec
+
+    task, name = selection.split(metric)
+    if not (task and name):
+        return [f"sweep.metric={metric}: give bench/<task>/<metric> (e.g. bench/tiny_arith_mc/acc)"]
+    if not spec.enabled(cfg):
+        return [f"sweep.metric={metric} decides rungs by a benchmark score, but eval.tasks is empty: no trial would "
+                f"log it; set 'eval.tasks=[{task}]', or a held-out sweep.metric (eval_loss)"]
+    try:
+        spec.check_metric(cfg.eval, task, name, key=f"sweep.metric={metric}")
+    except ConfigError as err:
+        return [str(err).rstrip(".")]
+    return []
 
 
 def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:

@@ -13,7 +13,9 @@ Shape::
      "trials": [{"number": k, "run_name": "<name>-t<k>", "params": {key: value}, "rung": r,
                  "status": "running" | "paused" | "pruned" | "completed" | "failed" | "stopped",
                  "values": {"<rung>": float}, "launches": n, "submitted": attempts at submission (a scheduler's
-                 backend; None: local)}],
+                 backend; None: local), "launched_at": wall time of the last launch (written before it),
+                 "log_offset": the trial log's size then, "launcher": {"host": str, "pid": int, "started": float}
+                 or None (sweep/backends.py: how a relaunched driver adopts it)}],
      "decisions": [{"trial": k, "rung": r, "value": float, "decision": "promote" | "prune" | "complete"}],
      "usage": {"slot_seconds": float, "idle_seconds": float}, "mlflow_run_id": str (once MLflow has the parent run)}
 """
@@ -55,8 +57,11 @@ def parse_state(raw: bytes, where: str) -> dict:
     return doc
 
 
-def _number(value) -> bool:
+def finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_number = finite_number
 
 
 def state_problem(doc: Any) -> Optional[str]:
@@ -96,6 +101,13 @@ def _trial_problem(trial: Any, i: int) -> Optional[str]:
         return "params or run_name is missing"
     if not isinstance(trial.get("submitted"), (int, type(None))) or isinstance(trial.get("submitted"), bool):
         return f"submitted is {trial.get('submitted')!r}, not a count of attempts"
+    if not all(_number(trial.get(k, 0)) and trial.get(k, 0) >= 0 for k in ("launched_at", "log_offset")):
+        return f"launched_at or log_offset is not a non-negative number: {trial.get('launched_at')!r}, " \
+               f"{trial.get('log_offset')!r}"
+    who = trial.get("launcher")
+    if who is not None and not (isinstance(who, dict) and isinstance(who.get("host"), str)
+                                and isinstance(who.get("pid"), int) and _number(who.get("started"))):
+        return f"launcher is {who!r}, not a host, pid and start time"
     values = trial.get("values")
     if not isinstance(values, dict) or not all(k.isdigit() and _number(v) for k, v in values.items()):
         return f"values is {values!r}, not rung -> finite number"

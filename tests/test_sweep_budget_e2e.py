@@ -1,0 +1,53 @@
+"""A sweep whose dollar budget runs out, with every running trial's worker SIGKILLed once after a commit: the
+spend (settled and held, from the spend index) stays within sweep.budget_usd plus one step per running trial,
+and the budget binds (not every trial gets to the end). Real trials of the tiny model, real SIGKILLs."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from orchestrator.config.compose import compose_config
+from orchestrator.money.cost import load_catalog, price_for
+from tests.helpers import jobs
+from tests.test_sweep_e2e import SWEEP, kill_each_trial_once, state
+
+pytestmark = pytest.mark.e2e
+
+BUDGET = 0.006  # about one trial's start-ups and steps on this machine: the sweep cannot run all four
+STEP_SECONDS = 1.0  # one step of the tiny model with ORCH_STEP_DELAY_SECONDS=0.4 takes well under this
+
+@pytest.mark.xfail(strict=False, reason=(
+    "the money layer charges an attempt's start-up before its first reservation (spend.reserve: what is spent is "
+    "charged whatever the caps say), so an attempt started or requeued near the cap overshoots by its start-up: "
+    "one run here spent $0.0066 of $0.006 (one step is $0.000028), the next $0.0060. Drop this mark once an "
+    "attempt reserves its start-up before it spends it."))
+def test_a_sweep_killed_everywhere_spends_at_most_its_budget_plus_one_step_per_running_trial(tmp_path):
+
+    env = jobs.job_env(tmp_path, {"ORCH_STEP_DELAY_SECONDS": "0.4"})
+    overrides = [o for o in SWEEP if not o.startswith("sweep.budget_usd=")] + [
+        f"sweep.budget_usd={BUDGET}", "sweep.name=money", f"storage.uri={tmp_path / 'runs'}",
+        f"run.work_dir={tmp_path / 'work'}"]
+    log = open(tmp_path / "driver.log", "ab")
+    driver = subprocess.Popen(jobs.launch_cmd(overrides), cwd=tmp_path, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    killed: set[str] = set()
+    deadline = time.monotonic() + 1200
+    while driver.poll() is None and time.monotonic() < deadline:
+        kill_each_trial_once(tmp_path, "money", driver, killed)
+        time.sleep(0.2)
+    assert driver.wait(30) == 0, (tmp_path / "driver.log").read_text()[-4000:]
+    status = subprocess.run([jobs.PYTHON, "-m", "orchestrator", "status", str(tmp_path / "runs" / "money")],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    spent = float(status.stdout.split("spent $")[1].split()[0])
+    usd_per_hour = price_for(compose_config([]).compute, load_catalog()).usd_per_hour_total
+    one_step = usd_per_hour * STEP_SECONDS / 3600
+    parallel = 2
+    print(f"spent ${spent:.6f} of ${BUDGET}; one step ${one_step:.8f}; killed {sorted(killed)}")
+    assert killed, "no trial was SIGKILLed"
+    assert spent <= BUDGET + parallel * one_step, status.stdout
+    doc = state(tmp_path, "money")
+    finished = [t for t in doc["trials"] if t["status"] in ("completed", "pruned")]
+    assert len(finished) < 4, status.stdout  # the budget bound the sweep
