@@ -42,9 +42,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from orchestrator.money.cost import attempts_cost_usd
 from orchestrator.multinode import RDZV_ID_ENV
@@ -57,22 +56,14 @@ from orchestrator.exitcodes import (
     ExitClass,
     outcome,
 )
-from orchestrator.storage.base import (
-    ObjectStore,
-    PreconditionFailed,
-    TransientStorageError,
-)
+from orchestrator.storage.base import ObjectStore
+from orchestrator.storage.transact import record_once, transact
 
 LEDGER_FILENAME = "ledger.json"
 DEFAULT_KEEP_CHECKPOINTS = 3  # CheckpointConfig.keep_last's default
 # Set by the local supervisor for each child; begin_attempt stores it as the attempt's "launched_by",
 # so the supervisor finds its child's attempt (and records its end when the child was killed).
 LAUNCHED_BY_ENV = "ORCH_SUPERVISOR_TOKEN"
-# Conditional writes that lose a race are retried; contention between the few
-# writers of one job clears in well under this many rounds.
-MAX_WRITE_ATTEMPTS = 50
-RETRY_BASE_SECONDS = 0.02
-RETRY_MAX_SECONDS = 1.0
 MAX_CAPACITY_DECISIONS = 50  # the ledger is rewritten at every heartbeat: keep it small
 
 
@@ -389,53 +380,6 @@ def _close_lost(ledger: dict | None, fence: int | None, exit_value: str, status:
         ledger["status"] = status
     return True
 
-
-def transact(store: ObjectStore, key: str, mutate: Callable[[dict | None], dict | None], *,
-             decode: Callable[[bytes], dict] = json.loads) -> dict:
-    """Read the JSON at ``key``, apply ``mutate``, conditionally write; retry when another writer won.
-
-    ``mutate`` gets a fresh copy (None when absent) each round and returns
-    the ledger to write, or None to write nothing. Exceptions it raises
-    (and ``decode``'s, which parses and checks what was read) propagate with nothing written.
-    """
-    for round_ in range(MAX_WRITE_ATTEMPTS):
-        try:
-            raw, version = store.get_versioned(key)
-            ledger: dict | None = decode(raw)
-        except FileNotFoundError:
-            ledger, version = None, None
-        result = mutate(ledger)
-        if result is None:
-            return ledger or {}
-        data = json.dumps(result, indent=2, sort_keys=False).encode()
-        try:
-            store.put_if(key, data, if_version=version)
-            return result
-        except PreconditionFailed:
-            # Jittered backoff so racing writers do not collide again in lockstep.
-            delay = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2**round_)
-            time.sleep(random.uniform(0, delay))
-    raise TransientStorageError(
-        f"could not update {store.get_uri(key)}: {MAX_WRITE_ATTEMPTS} conditional writes in a row lost to other writers"
-    )
-
-
-def record_once(run: Callable, opened: Callable[[Optional[dict]], dict], name: str, now: Callable[[], float]) -> bool:
-    """Mark ``name`` in the stored document's ``alerts`` (``run(mutate)``: one conditional write loop; ``opened``:
-    the document as read, checked or created). True only for the caller whose write marked it first."""
-    first: list[bool] = []
-
-    def mutate(doc: Optional[dict]) -> Optional[dict]:
-        doc = opened(doc)
-        first.clear()
-        if name in doc["alerts"]:
-            return None
-        doc["alerts"][name] = now()
-        first.append(True)
-        return doc
-
-    run(mutate)
-    return bool(first)
 
 def require_fence(ledger: dict | None, fence: int | None, uri: str) -> dict:
     """``ledger`` when attempt ``fence`` still holds the job; raises Fenced when another took it (or it is gone)."""

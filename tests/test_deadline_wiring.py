@@ -74,7 +74,8 @@ def make_ports(tmp_path, *, history=(), spot=True, step_time_s=0.1):
     stops they request, and a stand-in for MLflow."""
     ledger = Ledger(LocalStore(tmp_path / "runs"), "job")
     if history:
-        from orchestrator.ledger import new_ledger, transact
+        from orchestrator.ledger import new_ledger
+        from orchestrator.storage.transact import transact
 
         def seed(_):
             seeded = new_ledger("job")

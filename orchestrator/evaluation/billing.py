@@ -67,7 +67,8 @@ class EvalBill:
         return spent
 
     def _record(self, spent: float, evaluated: int, status: str) -> None:
-        from orchestrator.ledger import LEDGER_FILENAME, add_evaluation, decode_ledger, transact
+        from orchestrator.ledger import LEDGER_FILENAME, add_evaluation, decode_ledger
+        from orchestrator.storage.transact import transact
 
         entry = {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": self.started,
                  "seconds": round(max(0.0, self.clock() - self.started), 3), "cost_usd": spent,

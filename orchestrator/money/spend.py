@@ -4,7 +4,7 @@ It backs ``budget.monthly_max_usd`` (all jobs under the store, one UTC month) an
 ``budget.experiment_max_usd`` (all jobs of one ``tracking.experiment`` under the
 store, all time). It lives at ``_spend/index.json`` beside the jobs' folders (a run
 name starts with a letter or digit, so no job is called ``_spend``) and moves only
-by the ledger's conditional write (``orchestrator.ledger.transact``).
+by the ledger's conditional write (``orchestrator.storage.transact``).
 
 Money is charged to the index *before* it is spent: an attempt holds a
 reservation, the spend it may reach (``through``), and extends it
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from orchestrator.errors import BudgetExhausted
-from orchestrator.ledger import record_once, transact
+from orchestrator.storage.transact import record_once, transact
 from orchestrator.storage.base import ObjectStore, checked_json
 
 INDEX_KEY = "_spend/index.json"

@@ -62,7 +62,8 @@ def _merge(attempt: dict, record: dict, fill_only: bool) -> None:
 def record_nodes(ledger, rdzv_id: str, records: list[dict], *, fill_only: bool = False) -> bool:
     """Write ``records`` (one per node) into the attempt of ``rdzv_id``; with ``fill_only`` only what is missing
     there (a node's own record wins). False when no such attempt exists (yet) or storage is down."""
-    from orchestrator.ledger import transact
+    from orchestrator.ledger import decode_ledger
+    from orchestrator.storage.transact import transact
 
     found: list[bool] = []
     not_before = min(r["started_at"] for r in records) - CLOCK_SKEW_S
@@ -78,7 +79,7 @@ def record_nodes(ledger, rdzv_id: str, records: list[dict], *, fill_only: bool =
         return doc
 
     try:
-        transact(ledger.store, ledger.key, mutate)
+        transact(ledger.store, ledger.key, mutate, decode=decode_ledger)
     except Exception as err:  # noqa: BLE001 - storage down: training goes on, the record is best effort
         log.warning("could not record the attempt's nodes in the ledger (%s)", err)
         return False

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.exitcodes import ExitClass
-from orchestrator.ledger import transact
+from orchestrator.storage.transact import transact
 from orchestrator.storage.base import ObjectStore, checked_json
 
 VERSION = 1
