@@ -5,13 +5,15 @@ One job serves both tests (a module fixture; the tests share an xdist group, so 
 - ``checkpoint.save_final_weights=false`` keeps the weights out of ``<storage>/<run>/final/``;
   ``tracking.log_final_weights=true`` makes them the MLflow run's logged model.
 - The run page the job links to opens in MLflow's model-training view and shows the run's cost and quality
-  metrics, its description (the cost summary), its training data with the dataset fingerprint, and its commit.
+  metrics, its description (the cost summary), its training data with the dataset fingerprint, and its commit;
+  its Artifacts tab shows the benchmark chart (``bench/score_vs_usd.png``) as an image the browser decoded.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import struct
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -136,3 +138,16 @@ def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(fi
         assert re.search(rf"{re.escape(key)} [0-9.e-]+", text), f"metric {key} not shown with a value: {text[:3000]}"
     charts = [a.path for a in job.client.list_artifacts(mlrun.info.run_id, "bench") if a.path.endswith(".png")]
     assert charts == ["bench/score_vs_usd.png"], charts
+    png = Path(job.client.download_artifacts(mlrun.info.run_id, charts[0], str(job.tmp / "chart"))).read_bytes()
+    size = list(struct.unpack(">II", png[16:24]))  # the PNG's IHDR: width, height
+
+    # the chart itself on the run page (its Artifacts tab, the chart selected), drawn by the browser: MLflow's
+    # image view fetches the artifact and shows it as an <img alt="<path>">; polled, so a slow server only waits
+    chart_url = url.replace("?", f"/artifacts/{charts[0]}?", 1)
+    with browser.Page(chart_url) as page:
+        shown = page.wait_for(
+            "(() => { const i = [...document.images].find(i => i.alt === 'bench/score_vs_usd.png' && i.complete"
+            " && i.naturalWidth > 0); return i ? [i.naturalWidth, i.naturalHeight] : null })()",
+            what="the benchmark chart on the run page")
+        page.screenshot(job.tmp / "mlflow-chart.png")
+    assert shown == size, (shown, size)  # the whole chart the job drew, decoded by the browser
