@@ -28,6 +28,23 @@ from tests.helpers import browser, jobs
 pytestmark = pytest.mark.xdist_group("final-weights-job")
 # where the run page's screenshot is copied, when set (for a person to look at)
 SCREENSHOT_ENV = "ORCH_UI_SCREENSHOT"
+# in the page: the chart's <img> once decoded, its natural size, and the share of its pixels painted (opaque)
+# and inked (darker than the white ground), read back through a canvas
+CHART_PIXELS = """(() => {
+  const i = [...document.images].find(i => i.alt === 'bench/score_vs_usd.png' && i.complete && i.naturalWidth > 0);
+  if (!i) return null;
+  const c = document.createElement('canvas');
+  c.width = i.naturalWidth; c.height = i.naturalHeight;
+  const g = c.getContext('2d'); g.drawImage(i, 0, 0);
+  const d = g.getImageData(0, 0, c.width, c.height).data;
+  let painted = 0, ink = 0;
+  for (let k = 0; k < d.length; k += 4) {
+    if (d[k + 3] === 255) painted++;
+    if (d[k + 3] > 0 && d[k] + d[k + 1] + d[k + 2] < 600) ink++;
+  }
+  const n = d.length / 4;
+  return {size: [c.width, c.height], painted: painted / n, ink: ink / n};
+})()"""
 
 
 @dataclass
@@ -145,9 +162,8 @@ def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(fi
     # image view fetches the artifact and shows it as an <img alt="<path>">; polled, so a slow server only waits
     chart_url = url.replace("?", f"/artifacts/{charts[0]}?", 1)
     with browser.Page(chart_url) as page:
-        shown = page.wait_for(
-            "(() => { const i = [...document.images].find(i => i.alt === 'bench/score_vs_usd.png' && i.complete"
-            " && i.naturalWidth > 0); return i ? [i.naturalWidth, i.naturalHeight] : null })()",
-            what="the benchmark chart on the run page")
+        shown = page.wait_for(CHART_PIXELS, what="the benchmark chart on the run page")
         page.screenshot(job.tmp / "mlflow-chart.png")
-    assert shown == size, (shown, size)  # the whole chart the job drew, decoded by the browser
+    # the whole chart the job drew, decoded by the browser: every pixel painted (a truncated PNG leaves rows
+    # blank), lines and text on a white ground
+    assert shown["size"] == size and shown["painted"] == 1.0 and 0.01 < shown["ink"] < 0.5, (shown, size)
