@@ -30,11 +30,13 @@ def _results(root) -> dict:
 def test_eval_job_scores_each_checkpoint_once_and_a_sigkill_loses_only_the_one_in_flight(mlflow_server, tmp_path):
     runs, experiment = tmp_path / "runs", f"bench-job-{uuid.uuid4().hex[:8]}"
     tracking = ["tracking.enabled=true", f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={experiment}"]
-    fast = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps", "tracking."))]
+    fast = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps", "tracking.",
+                                                      "train.logging_steps"))]
     env = jobs.job_env(tmp_path)
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = jobs.run_job(fast + TRAIN + tracking + [f"storage.uri={runs}", "run.name=trained"], tmp_path, env=env,
-                        timeout=600)
+    # logging steps 3, 6, 9: the training logs no cost_usd at checkpoint 5's step (the closing total at 10)
+    done = jobs.run_job(fast + TRAIN + tracking + [f"storage.uri={runs}", "run.name=trained", "train.logging_steps=3"],
+                        tmp_path, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
     # killed once its first result is stored (during the second): that one stays, the rerun does the other two
@@ -71,6 +73,18 @@ def test_eval_job_scores_each_checkpoint_once_and_a_sigkill_loses_only_the_one_i
         assert steps == {5: 1, 10: 1}, (key, steps)
     values = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "bench/tiny_arith_mc/acc")}
     assert values == {r["step"]: r["scores"]["tiny_arith_mc"]["acc"]["value"] for r in results.values()}
+    # cost_usd beside each point, once per step: the training's cost up to that checkpoint's commit (the
+    # closing total at 10 is the training's own)
+    costs = client.get_metric_history(run.info.run_id, "cost_usd")
+    steps = collections.Counter(m.step for m in costs)
+    assert steps[5] == 1 and steps[10] == 1, steps
+    at = {m.step: m.value for m in costs}
+    ledger = json.loads((runs / "trained" / "ledger.json").read_text())
+    assert 0 < at[5] < at[10] == pytest.approx(ledger["attempts"][0]["cost_usd"]), (at, ledger["attempts"])
+    from orchestrator.cli.report import _bench_points
+
+    chart = _bench_points(client, client.get_run(run.info.run_id))["tiny_arith_mc/acc"]
+    assert [(p.step, p.usd) for p in chart] == [(5, at[5]), (10, at[10])], chart  # the report's dollars for each
 
 
 

@@ -89,3 +89,16 @@ def test_the_report_column_shows_each_score_with_its_interval_and_the_gain_or_wi
     assert stats.report_cell(metrics) == ("tiny_arith_gen/exact_match_strip=0.800+-0.055 (+50.0+-8.4 pts, $0.0400/pt); "
                                           "tiny_arith_mc/acc=0.300+-0.063 (+3.0+-8.7 pts, within noise)")
     assert stats.report_cell({"loss": 1.0}) == "-"
+
+
+def test_a_checkpoints_dollars_are_the_training_paid_until_its_commit_not_the_evaluations():
+    from orchestrator.evaluation.billing import training_cost_until
+
+    ledger = {"attempts": [{"started_at": 100.0, "ended_at": 200.0, "cost_usd": 1.0},  # preempted
+                           {"started_at": 300.0, "last_seen": 400.0, "cost_usd": 2.0},  # running
+                           {"started_at": float("nan"), "ended_at": 500.0, "cost_usd": 9.0}],  # unsound: ignored
+              "evaluations": [{"started_at": 150.0, "seconds": 10.0, "cost_usd": 5.0}]}
+    assert training_cost_until(ledger, 150.0) == pytest.approx(0.5)  # half of the first attempt
+    assert training_cost_until(ledger, 250.0) == pytest.approx(1.0)  # between attempts: the first in full
+    assert training_cost_until(ledger, 375.0) == pytest.approx(2.5)  # the second pro rata of its time
+    assert training_cost_until(ledger, 50.0) is None and training_cost_until(ledger, None) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import shutil
 import signal
 import sys
@@ -45,6 +46,23 @@ def _fetch_final(store: Any, run_name: str, dest: Path) -> Optional[Path]:
         log.warning("%sfinal/ is unusable (%s); not evaluated", prefix, err)
         return None
     return dest
+
+
+def _manifest(store: Any, key: str) -> dict:
+    """The checkpoint's manifest ({} when it is not one this version writes: the fetch then refuses it)."""
+    from orchestrator.checkpoint import manifest as mf
+
+    try:
+        return mf.loads(store.get_bytes(key))
+    except (FileNotFoundError, mf.CorruptCheckpoint, ValueError):
+        return {}
+
+
+def _finite(value: Any) -> Optional[float]:
+    """A number read from storage, or None when it is not a finite one (untrusted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def model_args(cfg: Any, folder: Path) -> dict:
@@ -89,11 +107,10 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
             continue
         local = work / name
         shutil.rmtree(local, ignore_errors=True)
+        manifest = _manifest(store, key)
         if step is None:
             folder = _fetch_final(store, run_name, local)
-            from orchestrator.checkpoint import manifest as mf
-
-            step = int(mf.loads(store.get_bytes(key)).get("step", 0)) if folder else 0
+            step = int(manifest.get("step", 0)) if folder else 0
         else:
             folder, _ = checkpoints.restore_latest(work, step=step)
         if folder is None:
@@ -101,7 +118,7 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
             continue
         result = harness.run(task_set, cfg.eval, model_args=model_args(cfg, Path(folder)))
         results.save(name, step=step, manifest_sha256=digest, evaluation=result)
-        log_to_run(cfg, store, run_name, result.scores, step)
+        log_to_run(cfg, store, run_name, result.scores, step, _finite(manifest.get("created_at")))
         counts["evaluated"] += 1
         print(f"{name} (step {step}): " + ", ".join(
             f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
@@ -112,12 +129,17 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     return counts
 
 
-def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> int:
-    """``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the ledger's), each
-    (metric, step) the run does not have yet: a rerun logs nothing twice. Returns the points logged."""
+def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int, committed_at: Optional[float]) -> int:
+    """``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the ledger's), with
+    ``cost_usd`` beside them: the training's cost up to the checkpoint's commit (``billing.training_cost_until``);
+    each (metric, step) only if the run does not have it yet, so a rerun logs nothing twice and a step the training
+    logged its own cost at keeps that one. Returns the points logged."""
+    from orchestrator.evaluation.billing import training_cost_until
     from orchestrator.ledger import Ledger
 
-    run_id = Ledger(store, run_name).load().get("mlflow_run_id")
+    ledger = Ledger(store, run_name).load()
+    run_id = ledger.get("mlflow_run_id")
+    cost_usd = training_cost_until(ledger, committed_at)
     if not (cfg.tracking.enabled and run_id):
         return 0
     from mlflow import MlflowClient
@@ -134,6 +156,8 @@ def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> 
                                (f"bench/{task}/{metric}_stderr", score.get("stderr"))):
                 if value is not None and step not in {m.step for m in client.get_metric_history(run_id, key)}:
                     points.append(Metric(key, float(value), now_ms, int(step)))
+    if cost_usd is not None and step not in {m.step for m in client.get_metric_history(run_id, "cost_usd")}:
+        points.append(Metric("cost_usd", float(cost_usd), now_ms, int(step)))
     if points:
         client.log_batch(run_id, metrics=points)
     return len(points)
