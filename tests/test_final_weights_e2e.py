@@ -105,6 +105,16 @@ def test_final_weights_go_to_mlflow_as_the_runs_logged_model_and_not_to_storage(
     tensors = load_file(local)
     assert tensors and all("lora_" in name for name in tensors), sorted(tensors)[:5]
 
+    # each evaluation's per-item values (the base at 0, the final weights at 10), which the report pairs over
+    from orchestrator.cli.report import _bench_points
+    from orchestrator.evaluation import curve
+
+    items = sorted(a.path for a in job.client.list_artifacts(mlrun.info.run_id, curve.ITEMS_FOLDER))
+    assert items == [curve.items_artifact(0), curve.items_artifact(10)], items
+    base, final = _bench_points(job.client, mlrun)["tiny_arith_mc/acc"]
+    assert len(base.items) == len(final.items) == 20 and sum(final.items) / 20 == pytest.approx(final.value)
+    assert "paired over 20 items" in curve.judge([base, final]).reason
+
 
 @pytest.mark.browser
 @pytest.mark.e2e

@@ -118,7 +118,7 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
             continue
         result = harness.run(task_set, cfg.eval, model_args=model_args(cfg, Path(folder)))
         results.save(name, step=step, manifest_sha256=digest, evaluation=result)
-        log_to_run(cfg, store, run_name, result.scores, step, _finite(manifest.get("created_at")))
+        log_to_run(cfg, store, run_name, result, step, _finite(manifest.get("created_at")))
         counts["evaluated"] += 1
         print(f"{name} (step {step}): " + ", ".join(
             f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
@@ -129,11 +129,12 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     return counts
 
 
-def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int, committed_at: Optional[float]) -> int:
-    """``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the ledger's), with
-    ``cost_usd`` beside them: the training's cost up to the checkpoint's commit (``billing.training_cost_until``);
-    each (metric, step) only if the run does not have it yet, so a rerun logs nothing twice and a step the training
-    logged its own cost at keeps that one. Returns the points logged."""
+def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, committed_at: Optional[float]) -> int:
+    """``result``'s ``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the
+    ledger's), with ``cost_usd`` beside them: the training's cost up to the checkpoint's commit
+    (``billing.training_cost_until``); each (metric, step) only if the run does not have it yet, so a rerun logs
+    nothing twice and a step the training logged its own cost at keeps that one. Its per-item values go to
+    ``bench/items/`` (the report's paired verdict). Returns the points logged."""
     from orchestrator.evaluation.billing import training_cost_until
     from orchestrator.ledger import Ledger
 
@@ -150,7 +151,7 @@ def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int, com
     quiet_telemetry()
     client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking))
     now_ms, points = int(time.time() * 1000), []
-    for task, metrics in scores.items():
+    for task, metrics in result.scores.items():
         for metric, score in metrics.items():
             for key, value in ((f"bench/{task}/{metric}", score.get("value")),
                                (f"bench/{task}/{metric}_stderr", score.get("stderr"))):
@@ -160,6 +161,10 @@ def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int, com
         points.append(Metric("cost_usd", float(cost_usd), now_ms, int(step)))
     if points:
         client.log_batch(run_id, metrics=points)
+    if result.samples:
+        from orchestrator.evaluation import curve
+
+        client.log_dict(run_id, curve.items_payload(step, result.samples), curve.items_artifact(step))
     return len(points)
 
 

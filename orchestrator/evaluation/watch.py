@@ -192,6 +192,7 @@ class BenchWatch(TrainerCallback):
         if cost:
             metrics["cost_usd"] = record["cost_usd"]
         self.tracking.log_metrics(metrics, step)
+        log_items(self.tracking, step, record)
         if chart and getattr(self.tracking, "active", True):
             self.tracking.log_file(curve.render(self.records.values(), title=f"{self.run_name}: benchmark score "
                                                 "against dollars"), curve.CHART_ARTIFACT)
@@ -235,6 +236,13 @@ class BenchWatch(TrainerCallback):
     def _committed_at(self, step: int) -> Optional[str]:
         found = [c.name for c in self.checkpoints.checkpoints.committed() if c.step == step]
         return found[-1] if found and step > 0 else None
+
+
+def log_items(tracking: Any, step: int, record: dict) -> None:
+    """The record's per-item values as the run's ``bench/items/`` artifact of its step: what makes the report's
+    verdict paired over the same items (MLflow's metrics hold only the score and its standard error)."""
+    if record.get("samples"):
+        tracking.log_dict(curve.items_payload(step, record["samples"]), curve.items_artifact(step))
 
 
 def read_progress(store: Any, key: str) -> list[list[int]]:
