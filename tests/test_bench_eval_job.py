@@ -112,6 +112,17 @@ def test_eval_job_is_billed_to_the_jobs_ledger_and_spend_index_and_a_spent_cap_r
     assert charged["experiment"] == "capped" and charged["open"] == {}, charged
     assert sum(charged["months"].values()) == pytest.approx(bill["cost_usd"])
 
+    # run.deadline passed: another task set evaluates nothing, says what is left, and exits 0 (nothing to requeue)
+    late = [o for o in cmd if not o.startswith("eval.limit")] + ["eval.limit=7", "run.deadline=2020-01-01T00:00:00"]
+    stopped = subprocess.run(late, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True,
+                             timeout=600)
+    assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    assert ("trained: 0 evaluated, 0 already done, 0 unusable, 3 left: run.deadline=2020-01-01T00:00:00 reached"
+            in stopped.stdout), stopped.stdout[-2000:]
+    assert len(list(runs.glob("trained/bench/*/"))) == 1  # nothing stored for the late task set
+    bills = json.loads((runs / "trained" / "ledger.json").read_text())["evaluations"]
+    assert [b["status"] for b in bills] == ["completed", "deadline"], bills
+
     # the experiment's cap is already spent (training and evaluation together): another task set is refused
     capped = [o for o in cmd if not o.startswith("eval.limit")] + ["eval.limit=10", "budget.experiment_max_usd=0.000001"]
     refused = subprocess.run(capped, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True,

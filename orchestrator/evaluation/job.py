@@ -88,7 +88,9 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     ``billing.EvalBill``, charged after each evaluation (it raises BudgetExhausted once a cap is reached)."""
     from orchestrator.checkpoint.store import CheckpointStore
     from orchestrator.evaluation import harness, spec
+    from orchestrator.evaluation.deadline import EvalDeadline
     from orchestrator.evaluation.results import ResultStore, manifest_hash
+    from orchestrator.ledger import Ledger
 
     task_set = spec.resolve(cfg.eval)
     results = ResultStore.for_run(store, run_name, task_set, cfg.eval.seed)
@@ -97,7 +99,8 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     final_key = f"{run_name}/final/manifest.json"
     if store.exists(final_key):
         todo.append(("final", None, final_key))
-    counts = {"evaluated": 0, "skipped": 0, "unusable": 0}
+    counts = {"evaluated": 0, "skipped": 0, "unusable": 0, "left": 0}
+    deadline = EvalDeadline.of(cfg, Ledger(store, run_name).load())
     for name, step, key in todo:
         digest = manifest_hash(store, key)
         if digest is None:
@@ -105,6 +108,10 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
         if results.load(name, manifest_sha256=digest) is not None:
             counts["skipped"] += 1
             continue
+        if not deadline.allows_another():  # run.deadline: stop before it, the done ones stored
+            counts["left"] += 1
+            continue
+        started = time.monotonic()
         local = work / name
         shutil.rmtree(local, ignore_errors=True)
         manifest = _manifest(store, key)
@@ -124,6 +131,7 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
             f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
             for metric, score in metrics.items()), flush=True)
         shutil.rmtree(folder, ignore_errors=True)
+        deadline.took(time.monotonic() - started)
         if bill is not None:
             bill.charge(counts["evaluated"])
     return counts
@@ -197,7 +205,7 @@ def _billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return counts, bill.close(counts["evaluated"])
+    return counts, bill.close(counts["evaluated"], status="deadline" if counts["left"] else "completed")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -229,7 +237,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return fail(err, err.exit_code)
     except (ValueError, UserError) as err:  # the URI, the store
         return fail(err, USAGE_ERROR)
+    left = (f", {counts['left']} left: run.deadline={cfg.run.deadline} reached (a rerun with a later one goes on)"
+            if counts["left"] else "")
     print(f"{run_name}: {counts['evaluated']} evaluated, {counts['skipped']} already done, "
-          f"{counts['unusable']} unusable; ${spent:.6f} at {cfg.compute.gpu_type} prices, billed to the job's ledger "
-          "and the spend index", flush=True)
+          f"{counts['unusable']} unusable{left}; ${spent:.6f} at {cfg.compute.gpu_type} prices, billed to the job's "
+          "ledger and the spend index", flush=True)
     return 0
