@@ -85,6 +85,8 @@ def test_eval_job_scores_each_checkpoint_once_and_a_sigkill_loses_only_the_one_i
 
     chart = _bench_points(client, client.get_run(run.info.run_id))["tiny_arith_mc/acc"]
     assert [(p.step, p.usd) for p in chart] == [(5, at[5]), (10, at[10])], chart  # the report's dollars for each
+    # and each checkpoint's per-item values, which the report's verdict pairs over
+    assert [len(p.items) for p in chart] == [40, 40] and sum(chart[0].items) / 40 == pytest.approx(chart[0].value)
 
 
 
