@@ -30,11 +30,13 @@ def _results(root) -> dict:
 def test_eval_job_scores_each_checkpoint_once_and_a_sigkill_loses_only_the_one_in_flight(mlflow_server, tmp_path):
     runs, experiment = tmp_path / "runs", f"bench-job-{uuid.uuid4().hex[:8]}"
     tracking = ["tracking.enabled=true", f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={experiment}"]
-    fast = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps", "tracking."))]
+    fast = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps", "tracking.",
+                                                      "train.logging_steps"))]
     env = jobs.job_env(tmp_path)
     env.pop("MLFLOW_TRACKING_URI", None)
-    done = jobs.run_job(fast + TRAIN + tracking + [f"storage.uri={runs}", "run.name=trained"], tmp_path, env=env,
-                        timeout=600)
+    # logging steps 3, 6, 9: the training logs no cost_usd at checkpoint 5's step (the closing total at 10)
+    done = jobs.run_job(fast + TRAIN + tracking + [f"storage.uri={runs}", "run.name=trained", "train.logging_steps=3"],
+                        tmp_path, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
     # killed once its first result is stored (during the second): that one stays, the rerun does the other two
@@ -71,6 +73,20 @@ def test_eval_job_scores_each_checkpoint_once_and_a_sigkill_loses_only_the_one_i
         assert steps == {5: 1, 10: 1}, (key, steps)
     values = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "bench/tiny_arith_mc/acc")}
     assert values == {r["step"]: r["scores"]["tiny_arith_mc"]["acc"]["value"] for r in results.values()}
+    # cost_usd beside each point, once per step: the training's cost up to that checkpoint's commit (the
+    # closing total at 10 is the training's own)
+    costs = client.get_metric_history(run.info.run_id, "cost_usd")
+    steps = collections.Counter(m.step for m in costs)
+    assert steps[5] == 1 and steps[10] == 1, steps
+    at = {m.step: m.value for m in costs}
+    ledger = json.loads((runs / "trained" / "ledger.json").read_text())
+    assert 0 < at[5] < at[10] == pytest.approx(ledger["attempts"][0]["cost_usd"]), (at, ledger["attempts"])
+    from orchestrator.cli.report import _bench_points
+
+    chart = _bench_points(client, client.get_run(run.info.run_id))["tiny_arith_mc/acc"]
+    assert [(p.step, p.usd) for p in chart] == [(5, at[5]), (10, at[10])], chart  # the report's dollars for each
+    # and each checkpoint's per-item values, which the report's verdict pairs over
+    assert [len(p.items) for p in chart] == [40, 40] and sum(chart[0].items) / 40 == pytest.approx(chart[0].value)
 
 
 
@@ -97,6 +113,17 @@ def test_eval_job_is_billed_to_the_jobs_ledger_and_spend_index_and_a_spent_cap_r
     charged = index["jobs"]["trained:eval"]
     assert charged["experiment"] == "capped" and charged["open"] == {}, charged
     assert sum(charged["months"].values()) == pytest.approx(bill["cost_usd"])
+
+    # run.deadline passed: another task set evaluates nothing, says what is left, and exits 0 (nothing to requeue)
+    late = [o for o in cmd if not o.startswith("eval.limit")] + ["eval.limit=7", "run.deadline=2020-01-01T00:00:00"]
+    stopped = subprocess.run(late, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True,
+                             timeout=600)
+    assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    assert ("trained: 0 evaluated, 0 already done, 0 unusable, 3 left: run.deadline=2020-01-01T00:00:00 reached"
+            in stopped.stdout), stopped.stdout[-2000:]
+    assert len(list(runs.glob("trained/bench/*/"))) == 1  # nothing stored for the late task set
+    bills = json.loads((runs / "trained" / "ledger.json").read_text())["evaluations"]
+    assert [b["status"] for b in bills] == ["completed", "deadline"], bills
 
     # the experiment's cap is already spent (training and evaluation together): another task set is refused
     capped = [o for o in cmd if not o.startswith("eval.limit")] + ["eval.limit=10", "budget.experiment_max_usd=0.000001"]

@@ -107,3 +107,35 @@ def test_an_evaluation_outside_a_git_checkout_leaves_no_git_error_in_the_log(tmp
                          tokenizer=AutoTokenizer.from_pretrained(folder))
     assert "acc" in result.scores["tiny_arith_mc"]
     assert "not a git repository" not in capfd.readouterr().err
+
+
+def test_a_checkpoints_dollars_are_the_training_paid_until_its_commit_not_the_evaluations():
+    from orchestrator.evaluation.billing import training_cost_until
+
+    ledger = {"attempts": [{"started_at": 100.0, "ended_at": 200.0, "cost_usd": 1.0},  # preempted
+                           {"started_at": 300.0, "last_seen": 400.0, "cost_usd": 2.0},  # running
+                           {"started_at": float("nan"), "ended_at": 500.0, "cost_usd": 9.0}],  # unsound: ignored
+              "evaluations": [{"started_at": 150.0, "seconds": 10.0, "cost_usd": 5.0}]}
+    assert training_cost_until(ledger, 150.0) == pytest.approx(0.5)  # half of the first attempt
+    assert training_cost_until(ledger, 250.0) == pytest.approx(1.0)  # between attempts: the first in full
+    assert training_cost_until(ledger, 375.0) == pytest.approx(2.5)  # the second pro rata of its time
+    assert training_cost_until(ledger, 50.0) is None and training_cost_until(ledger, None) is None
+
+
+def test_the_eval_deadline_starts_an_evaluation_only_if_the_longest_so_far_ends_by_it():
+    from orchestrator.evaluation.deadline import EvalDeadline, deadline_at
+
+    ledger = {"attempts": [{"started_at": 1000.0}, {"started_at": 5000.0}]}
+    assert deadline_at("2h", ledger, now=9999.0) == 1000.0 + 7200  # from the job's first attempt
+    assert deadline_at("2h", {}, now=9999.0) == 9999.0 + 7200  # no attempt: from now
+    assert deadline_at("1970-01-01T01:00:00+00:00", ledger, now=0.0) == 3600.0
+    assert deadline_at(None, ledger, now=0.0) is None
+    now = [100.0]
+    deadline = EvalDeadline(130.0, clock=lambda: now[0])
+    assert deadline.allows_another()  # nothing measured yet, the deadline not passed
+    deadline.took(20.0)
+    now[0] = 110.0
+    assert deadline.allows_another()  # 110 + 20 ends at 130
+    now[0] = 111.0
+    assert not deadline.allows_another()  # would end past it
+    assert EvalDeadline(None, clock=lambda: 1e12).allows_another()

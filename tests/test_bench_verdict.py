@@ -14,14 +14,15 @@ def test_still_gaining_beyond_noise_continues_with_its_dollars_per_point():
     v = curve.judge(_points(0.30, 0.45, 0.60, 0.75))
     assert v.decision == "continue"
     # 0.30 -> 0.75 over the last 3 evaluations, +-8.3 points (two stderrs of 0.03), $0.03 for 45 points
-    assert v.reason == ("+45.0+-8.3 points over the last 3 evaluation(s) (steps 0-30) for $0.0300: "
-                        "$0.0007/pt, still gaining beyond noise")
+    assert v.reason == ("+45.0+-8.3 points over the last 3 evaluation(s) (steps 0-30: 0.300 -> 0.750, from the two "
+                        "standard errors) for $0.0300: $0.0007/pt, still gaining beyond noise")
 
 
 def test_flat_within_noise_over_the_last_k_evaluations_stops():
     v = curve.judge(_points(0.30, 0.50, 0.52, 0.51, 0.53))  # +3 points over the last 3, +-8.3: noise
     assert v.decision == "stop" and v.reason.endswith("flat within noise")
-    assert "+3.0+-8.3 points over the last 3 evaluation(s) (steps 10-40) for $0.0300" in v.reason
+    assert ("+3.0+-8.3 points over the last 3 evaluation(s) (steps 10-40: 0.500 -> 0.530, from the two standard "
+            "errors) for $0.0300") in v.reason
 
 
 def test_a_change_within_stderr_is_not_a_gain_even_if_it_rises_every_time():
@@ -42,7 +43,8 @@ def test_past_the_dollars_per_point_threshold_stops():
 def test_worse_than_the_base_beyond_noise_says_change_the_method():
     v = curve.judge(_points(0.60, 0.50, 0.40))
     assert v.decision == "change"
-    assert v.reason == "-20.0+-8.3 points against the base after $0.0200: worse beyond noise"
+    assert v.reason == ("-20.0+-8.3 points against the base (0.600 -> 0.400, from the two standard errors) after "
+                        "$0.0200: worse beyond noise")
 
 
 def test_the_job_verdict_is_change_before_continue_before_stop_with_every_metric():
@@ -50,6 +52,40 @@ def test_the_job_verdict_is_change_before_continue_before_stop_with_every_metric
                                           "b/acc": _points(0.30, 0.45, 0.60, 0.75)})
     assert decision == "continue" and reason.startswith("a/acc: ") and "; b/acc: " in reason
     assert curve.job_verdict({"a/acc": _points(0.30)}) is None  # nothing evaluated after the base
+
+
+def _paired(base_right: int, gained: int, n: int = 100):
+    """The base right on ``base_right`` of ``n`` items; the checkpoint right on those and ``gained`` more."""
+    base = [1.0] * base_right + [0.0] * (n - base_right)
+    after = [1.0] * (base_right + gained) + [0.0] * (n - base_right - gained)
+    se = lambda xs: (sum((x - sum(xs) / n) ** 2 for x in xs) / (n - 1) / n) ** 0.5  # noqa: E731
+    return (Point(0, 0.0, sum(base) / n, se(base), tuple(base)),
+            Point(10, 0.01, sum(after) / n, se(after), tuple(after)))
+
+
+def test_the_verdict_is_paired_over_the_same_items_where_the_points_have_them():
+    base, after = _paired(30, 10)
+    # +10 points: within the two standard errors' +-13.2, beyond the per-item differences' +-5.9
+    unpaired = curve.judge([Point(0, 0.0, base.value, base.stderr), Point(10, 0.01, after.value, after.stderr)],
+                           window=1)
+    paired = curve.judge([base, after], window=1)
+    assert unpaired.decision == "stop" and "+10.0+-13.2 points" in unpaired.reason, unpaired
+    assert "(steps 0-10: 0.300 -> 0.400, from the two standard errors)" in unpaired.reason
+    assert paired.decision == "continue" and paired.reason == (
+        "+10.0+-5.9 points over the last 1 evaluation(s) (steps 0-10: 0.300 -> 0.400, paired over 100 items) for "
+        "$0.0100: $0.0010/pt, still gaining beyond noise"), paired
+    # a worse checkpoint: change only once paired (the items it lost)
+    worse = Point(10, 0.01, 0.2, after.stderr, tuple([1.0] * 20 + [0.0] * 80))
+    assert curve.judge([base, worse], window=1).decision == "change"
+    assert curve.judge([Point(0, 0.0, base.value, base.stderr), worse.__class__(10, 0.01, 0.2, after.stderr)],
+                       window=1).decision != "change"
+
+
+def test_per_item_values_read_back_from_mlflow_are_checked():
+    assert curve.read_items(curve.items_payload(5, {"t": {"acc": [1, 0.0]}})) == (5, {"t/acc": (1.0, 0.0)})
+    for bad in ({"step": 5, "samples": {"t": {"acc": [1, float("nan")]}}}, {"step": -1, "samples": {}},
+                {"step": 5, "samples": {"t": {"acc": "10"}}}, {"step": True, "samples": {}}, [1]):
+        assert curve.read_items(bad) is None, bad
 
 
 def test_stored_results_become_points_the_base_at_zero_dollars(tmp_path):

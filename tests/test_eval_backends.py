@@ -50,6 +50,37 @@ def test_slurm_renders_the_eval_command_with_the_run_uri_and_requeue(capsys):
     assert f"# submitted by: python -m orchestrator eval {RUN_URI} backend=slurm" in script
 
 
+@pytest.mark.parametrize("rc, requeued", [(2, False), (4, False), (3, False), (0, False), (75, True), (1, True)])
+def test_the_slurm_eval_script_requeues_a_preemption_or_crash_but_never_a_user_error(capsys, tmp_path, rc, requeued):
+    """The rendered script itself, run by bash: its eval command (a stand-in interpreter exiting ``rc``) ends
+    with a user error (2: the URI or store, 4: the config, 3: a cap), and the job ends; 75 or a crash requeues."""
+    fake_python, calls = tmp_path / "python", tmp_path / "scontrol.calls"
+    fake_python.write_text(f"#!/bin/bash\necho \"$@\" > {tmp_path}/argv\nexit {rc}\n")
+    (tmp_path / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
+    for tool in (fake_python, tmp_path / "scontrol"):
+        tool.chmod(0o755)
+    code, script, err = _dry_run(capsys, "slurm", f"+backend.extra.python={fake_python}")
+    assert code == 0, err
+    (tmp_path / "eval.sbatch").write_text(script)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": "0"}
+    done = subprocess.run(["bash", str(tmp_path / "eval.sbatch")], env=env, capture_output=True, text=True, timeout=60)
+    assert (tmp_path / "argv").read_text().split()[:4] == EVAL_ARGV  # the eval command ran
+    assert done.returncode == rc, done.stderr
+    assert calls.exists() == requeued, done.stderr
+    if requeued:
+        assert calls.read_text() == "requeue 41\n"
+    else:
+        assert f"exited {rc} (final); not requeued" in done.stderr, done.stderr
+
+
+def test_kubernetes_eval_job_fails_at_once_on_a_user_error(capsys):
+    code, text, err = _dry_run(capsys, "kubernetes", "backend.image=registry.example/orch:1")
+    assert code == 0, err
+    rules = yaml.safe_load(text)["spec"]["podFailurePolicy"]["rules"]
+    (fail_job,) = [r for r in rules if r["action"] == "FailJob"]
+    assert {2, 3, 4} <= set(fail_job["onExitCodes"]["values"]) and 75 not in fail_job["onExitCodes"]["values"]
+
+
 def test_slurm_submit_hands_the_eval_jobs_secrets_to_sbatch_in_its_environment(capsys, tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -5,13 +5,15 @@ One job serves both tests (a module fixture; the tests share an xdist group, so 
 - ``checkpoint.save_final_weights=false`` keeps the weights out of ``<storage>/<run>/final/``;
   ``tracking.log_final_weights=true`` makes them the MLflow run's logged model.
 - The run page the job links to opens in MLflow's model-training view and shows the run's cost and quality
-  metrics, its description (the cost summary), its training data with the dataset fingerprint, and its commit.
+  metrics, its description (the cost summary), its training data with the dataset fingerprint, and its commit;
+  its Artifacts tab shows the benchmark chart (``bench/score_vs_usd.png``) as an image the browser decoded.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import struct
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -26,6 +28,23 @@ from tests.helpers import browser, jobs
 pytestmark = pytest.mark.xdist_group("final-weights-job")
 # where the run page's screenshot is copied, when set (for a person to look at)
 SCREENSHOT_ENV = "ORCH_UI_SCREENSHOT"
+# in the page: the chart's <img> once decoded, its natural size, and the share of its pixels painted (opaque)
+# and inked (darker than the white ground), read back through a canvas
+CHART_PIXELS = """(() => {
+  const i = [...document.images].find(i => i.alt === 'bench/score_vs_usd.png' && i.complete && i.naturalWidth > 0);
+  if (!i) return null;
+  const c = document.createElement('canvas');
+  c.width = i.naturalWidth; c.height = i.naturalHeight;
+  const g = c.getContext('2d'); g.drawImage(i, 0, 0);
+  const d = g.getImageData(0, 0, c.width, c.height).data;
+  let painted = 0, ink = 0;
+  for (let k = 0; k < d.length; k += 4) {
+    if (d[k + 3] === 255) painted++;
+    if (d[k + 3] > 0 && d[k] + d[k + 1] + d[k + 2] < 600) ink++;
+  }
+  const n = d.length / 4;
+  return {size: [c.width, c.height], painted: painted / n, ink: ink / n};
+})()"""
 
 
 @dataclass
@@ -86,6 +105,16 @@ def test_final_weights_go_to_mlflow_as_the_runs_logged_model_and_not_to_storage(
     tensors = load_file(local)
     assert tensors and all("lora_" in name for name in tensors), sorted(tensors)[:5]
 
+    # each evaluation's per-item values (the base at 0, the final weights at 10), which the report pairs over
+    from orchestrator.cli.report import _bench_points
+    from orchestrator.evaluation import curve
+
+    items = sorted(a.path for a in job.client.list_artifacts(mlrun.info.run_id, curve.ITEMS_FOLDER))
+    assert items == [curve.items_artifact(0), curve.items_artifact(10)], items
+    base, final = _bench_points(job.client, mlrun)["tiny_arith_mc/acc"]
+    assert len(base.items) == len(final.items) == 20 and sum(final.items) / 20 == pytest.approx(final.value)
+    assert "paired over 20 items" in curve.judge([base, final]).reason
+
 
 @pytest.mark.browser
 @pytest.mark.e2e
@@ -136,3 +165,15 @@ def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(fi
         assert re.search(rf"{re.escape(key)} [0-9.e-]+", text), f"metric {key} not shown with a value: {text[:3000]}"
     charts = [a.path for a in job.client.list_artifacts(mlrun.info.run_id, "bench") if a.path.endswith(".png")]
     assert charts == ["bench/score_vs_usd.png"], charts
+    png = Path(job.client.download_artifacts(mlrun.info.run_id, charts[0], str(job.tmp / "chart"))).read_bytes()
+    size = list(struct.unpack(">II", png[16:24]))  # the PNG's IHDR: width, height
+
+    # the chart itself on the run page (its Artifacts tab, the chart selected), drawn by the browser: MLflow's
+    # image view fetches the artifact and shows it as an <img alt="<path>">; polled, so a slow server only waits
+    chart_url = url.replace("?", f"/artifacts/{charts[0]}?", 1)
+    with browser.Page(chart_url) as page:
+        shown = page.wait_for(CHART_PIXELS, what="the benchmark chart on the run page")
+        page.screenshot(job.tmp / "mlflow-chart.png")
+    # the whole chart the job drew, decoded by the browser: every pixel painted (a truncated PNG leaves rows
+    # blank), lines and text on a white ground
+    assert shown["size"] == size and shown["painted"] == 1.0 and 0.01 < shown["ink"] < 0.5, (shown, size)

@@ -96,11 +96,12 @@ def test_report_gives_each_job_a_verdict_with_its_numbers_and_charts_score_again
     verdicts = {line.split()[1].rstrip(":"): line for line in out.splitlines() if line.startswith("verdict ")}
     assert verdicts == {
         "gaining": "verdict gaining: continue (tiny_arith_mc/acc: +45.0+-8.3 points over the last 3 evaluation(s) "
-                   "(steps 0-30) for $0.0300: $0.0007/pt, still gaining beyond noise)",
+                   "(steps 0-30: 0.300 -> 0.750, from the two standard errors) for $0.0300: $0.0007/pt, still "
+                   "gaining beyond noise)",
         "flat": "verdict flat: stop (tiny_arith_mc/acc: +3.0+-8.3 points over the last 3 evaluation(s) "
-                "(steps 10-40) for $0.0300: flat within noise)",
-        "hurting": "verdict hurting: change (tiny_arith_mc/acc: -20.0+-8.3 points against the base after $0.0200: "
-                   "worse beyond noise)",
+                "(steps 10-40: 0.500 -> 0.530, from the two standard errors) for $0.0300: flat within noise)",
+        "hurting": "verdict hurting: change (tiny_arith_mc/acc: -20.0+-8.3 points against the base (0.600 -> 0.400, "
+                   "from the two standard errors) after $0.0200: worse beyond noise)",
     }
     assert "benchmark chart of 12 evaluation(s)" in out and bench.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     client = MlflowClient(mlflow_server.uri)
@@ -112,3 +113,61 @@ def test_report_gives_each_job_a_verdict_with_its_numbers_and_charts_score_again
     # a threshold on dollars per point stops the job still gaining
     assert report.main(argv + ["--max-usd-per-point", "0.0005"]) == 0
     assert "verdict gaining: stop (" in capsys.readouterr().out
+
+
+def _items_job(uri, experiment, name, runs, *, items: bool):
+    """A job's run with the base (step 0) and one checkpoint (step 10), each with its per-item values (the
+    ``bench/items/`` artifacts an in-job evaluation and ``orchestrator eval`` log) when ``items``."""
+    from orchestrator.evaluation import curve
+
+    tracker = JobTracker(TrackingConfig(uri=uri, experiment=experiment), job_name=name,
+                         tags={"recipe": "sft", "model": "tiny", "quality_metric": "eval_accuracy"})
+    tracker.start()
+    for step, values in runs:
+        n, mean = len(values), sum(values) / len(values)
+        stderr = (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
+        tracker.log_metrics({"bench/tiny_arith_mc/acc": mean, "bench/tiny_arith_mc/acc_stderr": stderr,
+                             **({"cost_usd": 0.01} if step else {})}, step=step)
+        if items:
+            tracker.log_dict_artifact(curve.items_payload(step, {"tiny_arith_mc": {"acc": values}}),
+                                      curve.items_artifact(step))
+    assert tracker.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.mlflow
+def test_the_verdict_is_paired_over_the_same_items_where_the_run_holds_them(mlflow_server, tmp_path, capsys,
+                                                                             monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    experiment = f"paired-{uuid.uuid4().hex[:8]}"
+    # the checkpoint is right on the base's 30 items and 10 more: +10 points, +-13.2 unpaired, +-5.9 paired
+    runs = [(0, [1.0] * 30 + [0.0] * 70), (10, [1.0] * 40 + [0.0] * 60)]
+    _items_job(mlflow_server.uri, experiment, "with-items", runs, items=True)
+    _items_job(mlflow_server.uri, experiment, "scores-only", runs, items=False)
+    argv = ["--tracking-uri", mlflow_server.uri, "--experiment", experiment, "--out", str(tmp_path / "c.png"),
+            "--bench-out", str(tmp_path / "b.png"), "--plateau-evaluations", "1"]
+
+    assert report.main(argv) == 0
+    verdicts = {line.split()[1].rstrip(":"): line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("verdict ")}
+    assert verdicts == {
+        "with-items": "verdict with-items: continue (tiny_arith_mc/acc: +10.0+-5.9 points over the last 1 "
+                      "evaluation(s) (steps 0-10: 0.300 -> 0.400, paired over 100 items) for $0.0100: $0.0010/pt, "
+                      "still gaining beyond noise)",
+        "scores-only": "verdict scores-only: stop (tiny_arith_mc/acc: +10.0+-13.2 points over the last 1 "
+                       "evaluation(s) (steps 0-10: 0.300 -> 0.400, from the two standard errors) for $0.0100: flat "
+                       "within noise)",
+    }
+
+    # per-item values edited into something unsound are left out: that verdict falls back to the standard errors
+    from orchestrator.evaluation import curve
+
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name(experiment)
+    (run,) = client.search_runs([exp.experiment_id], filter_string="tags.job = 'with-items'")
+    bad = tmp_path / "step_000000010.json"
+    bad.write_text('{"step": 10, "samples": {"tiny_arith_mc": {"acc": ["1"]}}}')
+    client.log_artifact(run.info.run_id, str(bad), curve.ITEMS_FOLDER)
+    assert report.main(argv) == 0
+    out = capsys.readouterr()
+    assert "verdict with-items: stop (tiny_arith_mc/acc: +10.0+-13.2 points" in out.out, out.out

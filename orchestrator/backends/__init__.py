@@ -111,18 +111,28 @@ def worker_overrides(overrides: Sequence[str]) -> list[str]:
 
 # the module argv a remote job runs instead of the worker's (``orchestrator eval``: see ``job_entry``)
 _ENTRY: ContextVar[Optional[tuple[str, ...]]] = ContextVar("orchestrator_job_entry", default=None)
+# the exit codes that command ends a user error with, beyond the worker's final ones: never requeued
+_ENTRY_FINAL: ContextVar[tuple[int, ...]] = ContextVar("orchestrator_job_entry_final", default=())
 
 
 @contextmanager
-def job_entry(module_argv: Sequence[str]) -> Iterator[None]:
+def job_entry(module_argv: Sequence[str], final_codes: Sequence[int] = ()) -> Iterator[None]:
     """Within it, every backend renders and submits a job that runs ``python <module_argv> <overrides>`` instead
     of ``python -m orchestrator.worker <overrides>``, with the same secrets handling, requeue and resources
-    (``orchestrator.evaluation.remote``: ``-m orchestrator eval <uri>/<run>``)."""
-    token = _ENTRY.set(tuple(module_argv))
+    (``orchestrator.evaluation.remote``: ``-m orchestrator eval <uri>/<run>``); ``final_codes``: the codes it
+    exits with beyond the worker's that are final too (the eval command's 2, a bad URI), so the Slurm script ends
+    the job on them and a Kubernetes Job fails at once, as on the worker's final codes."""
+    token, final = _ENTRY.set(tuple(module_argv)), _ENTRY_FINAL.set(tuple(int(c) for c in final_codes))
     try:
         yield
     finally:
+        _ENTRY_FINAL.reset(final)
         _ENTRY.reset(token)
+
+
+def entry_final_codes() -> tuple[int, ...]:
+    """The final exit codes of the ``job_entry`` in force beyond the worker's (none for the worker)."""
+    return _ENTRY_FINAL.get()
 
 
 def job_argv(overrides: Sequence[str], python: str = WORKER_PYTHON) -> list[str]:

@@ -34,6 +34,7 @@ from typing import Any, Optional, Sequence
 
 from orchestrator import exitcodes
 from orchestrator.backends import (
+    entry_final_codes,
     grace_seconds,
     job_argv,
     render_yaml,
@@ -166,7 +167,7 @@ def manifest(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = None)
             "podFailurePolicy": {
                 "rules": [
                     {"action": "Ignore", "onExitCodes": _exit_codes([exitcodes.PREEMPTED])},
-                    {"action": "FailJob", "onExitCodes": _exit_codes(STOP_EXIT_CODES)},
+                    {"action": "FailJob", "onExitCodes": _exit_codes([*STOP_EXIT_CODES, *entry_final_codes()])},
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 ]
             },

@@ -42,6 +42,7 @@ from typing import Any, Optional, Sequence
 
 from orchestrator import exitcodes
 from orchestrator.backends import (
+    entry_final_codes,
     grace_seconds,
     refuse_secrets_in_text,
     run_tool,
@@ -235,7 +236,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         secret_check=_secret_check(invocation.secret_names),
         workdir=shlex.quote(os.getcwd()),
         command=command,
-        final_codes="|".join(str(c) for c in FINAL_CODES),
+        final_codes="|".join(str(c) for c in (*FINAL_CODES, *entry_final_codes())),  # the eval job's 2 too
         preempted=exitcodes.PREEMPTED,
         max_restarts=int(cfg.requeue.max_preemptions) + int(cfg.requeue.max_failures),
     )

@@ -18,6 +18,7 @@ to the report run too.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -30,6 +31,8 @@ from orchestrator.evaluation import curve
 from orchestrator.evaluation.stats import report_cell
 from orchestrator.tracking.run import JOB_TAG, KIND_TAG
 from orchestrator.redaction import scrub_text
+
+log = logging.getLogger(__name__)
 
 REPORT_RUN_NAME = "report"
 REPORT_KIND = "report"
@@ -103,7 +106,34 @@ def _bench_points(client, run) -> dict:
     if not keys:
         return {}
     history = {k: client.get_metric_history(run.info.run_id, k) for k in [*keys, "cost_usd"]}
-    return curve.from_history(history)
+    return curve.from_history(history, _bench_items(client, run.info.run_id))
+
+
+def _bench_items(client, run_id: str) -> dict[int, dict]:
+    """Per evaluated step, the per-item values the run holds (``bench/items/``): the verdict's gains are paired
+    where both points have them. One that does not read back sound is left out (that gain is unpaired)."""
+    import json
+
+    out = {}
+    try:
+        files = [a.path for a in client.list_artifacts(run_id, curve.ITEMS_FOLDER) if a.path.endswith(".json")]
+    except Exception as err:  # noqa: BLE001 - no items: the verdict falls back to the two standard errors
+        log.warning("cannot list %s of run %s (%s); its verdict uses unpaired intervals", curve.ITEMS_FOLDER,
+                    run_id, type(err).__name__)
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in files:
+            try:
+                with open(client.download_artifacts(run_id, path, tmp)) as fh:
+                    found = curve.read_items(json.load(fh))
+            except (OSError, ValueError) as err:
+                found = None
+                log.warning("%s of run %s unreadable (%s)", path, run_id, err)
+            if found is None or curve.items_artifact(found[0]) != path:
+                log.warning("%s of run %s is not a sound record of per-item values; left out", path, run_id)
+                continue
+            out[found[0]] = found[1]
+    return out
 
 
 def verdict_lines(rows: list[JobRow], *, window: int, max_usd_per_point: Optional[float]) -> list[str]:

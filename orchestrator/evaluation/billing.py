@@ -11,16 +11,36 @@ evaluation in flight (exit 3, the budget's code), with the numbers.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from orchestrator.errors import BudgetExhausted
 
 log = logging.getLogger(__name__)
 
 EVAL_SUFFIX = ":eval"
+
+
+def training_cost_until(ledger: dict, when: Optional[float]) -> Optional[float]:
+    """The job's training cost up to ``when`` (a checkpoint's commit, fence seconds): every ledger attempt that
+    ended before it in full, the one running then pro rata of its time (its price is constant), none started
+    after; the evaluations' own bills (``evaluations``) not. None without a time or an attempt running by then."""
+    from orchestrator.money.report import attempt_seconds
+
+    if when is None:
+        return None
+    total, seen = 0.0, False
+    for attempt in ledger.get("attempts") or []:
+        started, cost = attempt.get("started_at"), attempt.get("cost_usd")
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (started, cost)) or started > when:
+            continue
+        seconds = attempt_seconds(attempt)
+        share = 1.0 if seconds <= 0 or started + seconds <= when else (when - started) / seconds
+        total, seen = total + max(0.0, float(cost)) * share, True
+    return total if seen else None
 
 
 class EvalBill:

@@ -16,13 +16,44 @@ threshold or None):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from orchestrator.evaluation.stats import Z95, gain
 
 CHART_ARTIFACT = "bench/score_vs_usd.png"
+ITEMS_FOLDER = "bench/items"  # per evaluated step, its per-item values: what makes the report's gains paired
 DEFAULT_WINDOW = 3
+
+
+def items_artifact(step: int) -> str:
+    return f"{ITEMS_FOLDER}/step_{int(step):09d}.json"
+
+
+def items_payload(step: int, samples: dict) -> dict:
+    """The artifact ``items_artifact(step)`` holds: ``samples[task][metric]`` = per-item values in item order."""
+    return {"step": int(step), "samples": samples}
+
+
+def read_items(payload: Any) -> Optional[tuple[int, dict[str, tuple]]]:
+    """``(step, {"task/metric": values})`` of an items artifact read back from MLflow (untrusted: None unless
+    a whole step and lists of finite numbers)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("samples"), dict):
+        return None
+    step = payload.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None
+    out = {}
+    for task, metrics in payload["samples"].items():
+        if not isinstance(metrics, dict):
+            return None
+        for metric, values in metrics.items():
+            if not isinstance(values, list) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+                return None
+            out[f"{task}/{metric}"] = tuple(float(v) for v in values)
+    return step, out
 
 
 @dataclass(frozen=True)
@@ -31,6 +62,7 @@ class Point:
     usd: float
     value: float
     stderr: Optional[float]
+    items: Optional[tuple] = None  # the per-item values (the harness's samples), for a paired gain
 
     @property
     def score(self) -> dict:
@@ -53,16 +85,18 @@ def from_records(records: Iterable[dict]) -> dict[str, list[Point]]:
             continue
         for task, scores in (record.get("scores") or {}).items():
             for metric, score in scores.items():
+                items = ((record.get("samples") or {}).get(task) or {}).get(metric)
                 if score.get("value") is not None:
-                    by_step.setdefault(f"{task}/{metric}", {})[step] = Point(step, float(usd), float(score["value"]),
-                                                                             score.get("stderr"))
+                    by_step.setdefault(f"{task}/{metric}", {})[step] = Point(
+                        step, float(usd), float(score["value"]), score.get("stderr"), tuple(items) if items else None)
     return {key: [steps[s] for s in sorted(steps)] for key, steps in sorted(by_step.items())}
 
 
-def from_history(history: dict[str, list]) -> dict[str, list[Point]]:
+def from_history(history: dict[str, list], items: Optional[dict[int, dict]] = None) -> dict[str, list[Point]]:
     """Per ``task/metric``, the points of a run's MLflow history (``{key: [mlflow Metric]}``): each
     ``bench/<task>/<metric>`` point with its ``_stderr`` and the ``cost_usd`` logged with it (same step, the
-    nearest in time), the base's (step 0) at $0."""
+    nearest in time), the base's (step 0) at $0; ``items``: per step, the per-item values (``read_items``)."""
+    items = items or {}
     costs: dict[int, list] = {}
     for m in history.get("cost_usd", []):
         costs.setdefault(m.step, []).append(m)
@@ -73,7 +107,8 @@ def from_history(history: dict[str, list]) -> dict[str, list[Point]]:
         for m in sorted(history[key], key=lambda m: m.step):
             near = min(costs.get(m.step, []), key=lambda c: abs(c.timestamp - m.timestamp), default=None)
             if m.step == 0 or near is not None:
-                points.append(Point(m.step, 0.0 if m.step == 0 else near.value, m.value, stderr.get(m.step)))
+                points.append(Point(m.step, 0.0 if m.step == 0 else near.value, m.value, stderr.get(m.step),
+                                    items.get(m.step, {}).get(key[len("bench/"):])))
         out[key[len("bench/"):]] = points
     return out
 
@@ -84,13 +119,14 @@ def judge(points: list[Point], *, window: int = DEFAULT_WINDOW,
     if len(points) < 2 or points[0].step != 0:
         return None
     base, last = points[0], points[-1]
-    overall = gain(last.score, base.score)
+    overall = _gain(last, base)
     if overall.points < 0 and overall.beyond_noise:
-        return Verdict("change", f"{overall.points:+.1f}+-{overall.half_width:.1f} points against the base after "
-                                 f"${last.usd:.4f}: worse beyond noise")
+        return Verdict("change", f"{overall.points:+.1f}+-{overall.half_width:.1f} points against the base "
+                                 f"({_inputs(base, last, overall)}) after ${last.usd:.4f}: worse beyond noise")
     ref = points[max(0, len(points) - 1 - window)]
-    recent, usd = gain(last.score, ref.score), last.usd - ref.usd
-    span = f"over the last {len(points) - 1 - points.index(ref)} evaluation(s) (steps {ref.step}-{last.step})"
+    recent, usd = _gain(last, ref), last.usd - ref.usd
+    span = (f"over the last {len(points) - 1 - points.index(ref)} evaluation(s) (steps {ref.step}-{last.step}: "
+            f"{_inputs(ref, last, recent)})")
     moved = f"{recent.points:+.1f}+-{recent.half_width:.1f} points {span} for ${usd:.4f}"
     if recent.beyond_noise and recent.points > 0:
         per_point = usd / recent.points
@@ -101,6 +137,16 @@ def judge(points: list[Point], *, window: int = DEFAULT_WINDOW,
         return Verdict("continue", f"{moved}: within noise, but only {len(points) - 1} evaluation(s) after the "
                                    f"base (a plateau needs {window})")
     return Verdict("stop", f"{moved}: flat within noise")
+
+
+def _gain(after: Point, before: Point):
+    """Paired over the same items where both points have per-item values (as the final gain), else from the two
+    standard errors."""
+    return gain(after.score, before.score, list(after.items or ()), list(before.items or ()))
+
+
+def _inputs(before: Point, after: Point, g) -> str:
+    return f"{before.value:.3f} -> {after.value:.3f}, {g.basis}"
 
 
 def job_verdict(series: dict[str, list[Point]], **kwargs) -> Optional[tuple[str, str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import shutil
 import signal
 import sys
@@ -47,6 +48,23 @@ def _fetch_final(store: Any, run_name: str, dest: Path) -> Optional[Path]:
     return dest
 
 
+def _manifest(store: Any, key: str) -> dict:
+    """The checkpoint's manifest ({} when it is not one this version writes: the fetch then refuses it)."""
+    from orchestrator.checkpoint import manifest as mf
+
+    try:
+        return mf.loads(store.get_bytes(key))
+    except (FileNotFoundError, mf.CorruptCheckpoint, ValueError):
+        return {}
+
+
+def _finite(value: Any) -> Optional[float]:
+    """A number read from storage, or None when it is not a finite one (untrusted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def model_args(cfg: Any, folder: Path) -> dict:
     """The harness's ``hf`` arguments for a checkpoint folder: base + adapter (LoRA) or the folder's full weights."""
     from recipes.common import resolve_model_path
@@ -70,7 +88,9 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     ``billing.EvalBill``, charged after each evaluation (it raises BudgetExhausted once a cap is reached)."""
     from orchestrator.checkpoint.store import CheckpointStore
     from orchestrator.evaluation import harness, spec
+    from orchestrator.evaluation.deadline import EvalDeadline
     from orchestrator.evaluation.results import ResultStore, manifest_hash
+    from orchestrator.ledger import Ledger
 
     task_set = spec.resolve(cfg.eval)
     results = ResultStore.for_run(store, run_name, task_set, cfg.eval.seed)
@@ -79,7 +99,8 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     final_key = f"{run_name}/final/manifest.json"
     if store.exists(final_key):
         todo.append(("final", None, final_key))
-    counts = {"evaluated": 0, "skipped": 0, "unusable": 0}
+    counts = {"evaluated": 0, "skipped": 0, "unusable": 0, "left": 0}
+    deadline = EvalDeadline.of(cfg, Ledger(store, run_name).load())
     for name, step, key in todo:
         digest = manifest_hash(store, key)
         if digest is None:
@@ -87,13 +108,16 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
         if results.load(name, manifest_sha256=digest) is not None:
             counts["skipped"] += 1
             continue
+        if not deadline.allows_another():  # run.deadline: stop before it, the done ones stored
+            counts["left"] += 1
+            continue
+        started = time.monotonic()
         local = work / name
         shutil.rmtree(local, ignore_errors=True)
+        manifest = _manifest(store, key)
         if step is None:
             folder = _fetch_final(store, run_name, local)
-            from orchestrator.checkpoint import manifest as mf
-
-            step = int(mf.loads(store.get_bytes(key)).get("step", 0)) if folder else 0
+            step = int(manifest.get("step", 0)) if folder else 0
         else:
             folder, _ = checkpoints.restore_latest(work, step=step)
         if folder is None:
@@ -101,23 +125,30 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
             continue
         result = harness.run(task_set, cfg.eval, model_args=model_args(cfg, Path(folder)))
         results.save(name, step=step, manifest_sha256=digest, evaluation=result)
-        log_to_run(cfg, store, run_name, result.scores, step)
+        log_to_run(cfg, store, run_name, result, step, _finite(manifest.get("created_at")))
         counts["evaluated"] += 1
         print(f"{name} (step {step}): " + ", ".join(
             f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
             for metric, score in metrics.items()), flush=True)
         shutil.rmtree(folder, ignore_errors=True)
+        deadline.took(time.monotonic() - started)
         if bill is not None:
             bill.charge(counts["evaluated"])
     return counts
 
 
-def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> int:
-    """``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the ledger's), each
-    (metric, step) the run does not have yet: a rerun logs nothing twice. Returns the points logged."""
+def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, committed_at: Optional[float]) -> int:
+    """``result``'s ``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the
+    ledger's), with ``cost_usd`` beside them: the training's cost up to the checkpoint's commit
+    (``billing.training_cost_until``); each (metric, step) only if the run does not have it yet, so a rerun logs
+    nothing twice and a step the training logged its own cost at keeps that one. Its per-item values go to
+    ``bench/items/`` (the report's paired verdict). Returns the points logged."""
+    from orchestrator.evaluation.billing import training_cost_until
     from orchestrator.ledger import Ledger
 
-    run_id = Ledger(store, run_name).load().get("mlflow_run_id")
+    ledger = Ledger(store, run_name).load()
+    run_id = ledger.get("mlflow_run_id")
+    cost_usd = training_cost_until(ledger, committed_at)
     if not (cfg.tracking.enabled and run_id):
         return 0
     from mlflow import MlflowClient
@@ -128,14 +159,20 @@ def log_to_run(cfg: Any, store: Any, run_name: str, scores: dict, step: int) -> 
     quiet_telemetry()
     client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking))
     now_ms, points = int(time.time() * 1000), []
-    for task, metrics in scores.items():
+    for task, metrics in result.scores.items():
         for metric, score in metrics.items():
             for key, value in ((f"bench/{task}/{metric}", score.get("value")),
                                (f"bench/{task}/{metric}_stderr", score.get("stderr"))):
                 if value is not None and step not in {m.step for m in client.get_metric_history(run_id, key)}:
                     points.append(Metric(key, float(value), now_ms, int(step)))
+    if cost_usd is not None and step not in {m.step for m in client.get_metric_history(run_id, "cost_usd")}:
+        points.append(Metric("cost_usd", float(cost_usd), now_ms, int(step)))
     if points:
         client.log_batch(run_id, metrics=points)
+    if result.samples:
+        from orchestrator.evaluation import curve
+
+        client.log_dict(run_id, curve.items_payload(step, result.samples), curve.items_artifact(step))
     return len(points)
 
 
@@ -168,7 +205,7 @@ def _billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return counts, bill.close(counts["evaluated"])
+    return counts, bill.close(counts["evaluated"], status="deadline" if counts["left"] else "completed")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -200,7 +237,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return fail(err, err.exit_code)
     except (ValueError, UserError) as err:  # the URI, the store
         return fail(err, USAGE_ERROR)
+    left = (f", {counts['left']} left: run.deadline={cfg.run.deadline} reached (a rerun with a later one goes on)"
+            if counts["left"] else "")
     print(f"{run_name}: {counts['evaluated']} evaluated, {counts['skipped']} already done, "
-          f"{counts['unusable']} unusable; ${spent:.6f} at {cfg.compute.gpu_type} prices, billed to the job's ledger "
-          "and the spend index", flush=True)
+          f"{counts['unusable']} unusable{left}; ${spent:.6f} at {cfg.compute.gpu_type} prices, billed to the job's "
+          "ledger and the spend index", flush=True)
     return 0

@@ -4,7 +4,8 @@ The job is rendered and submitted by the backend's own code (``orchestrator.back
 ``job_entry``: the sbatch script, SkyPilot task or Kubernetes Job runs ``python -m orchestrator eval
 <storage.uri>/<run.name> <overrides without backend.*>`` instead of the worker, with the same secrets handling
 (names only, ``refuse_secrets_in_text``), the same requeue on preemption (the eval command exits 75 on SIGTERM,
-SIGUSR1 or SIGINT, and is idempotent: a rerun skips every stored result), and the machine of ``compute=``, whose
+SIGUSR1 or SIGINT, and is idempotent: a rerun skips every stored result) and none on a user error (its exit 2,
+3 or 4 ends the job, as the worker's final codes do), and the machine of ``compute=``, whose
 price the eval command bills on that machine. Its engine job is ``<run.name>-eval``, so it never collides with the
 training job's (a Kubernetes Job of the same name, a SkyPilot managed job of the same name).
 """
@@ -39,8 +40,10 @@ def submit_eval(cfg: Any, overrides: Sequence[str], endpoint_url: Optional[str] 
         ConfigError: a bad backend setting, a secret that would be written.
     """
     from orchestrator.backends import job_entry, run_backend
+    from orchestrator.cli.common import USAGE_ERROR
 
     run_uri = f"{str(cfg.storage.uri).rstrip('/')}/{cfg.run.name}"
     job = eval_job_config(cfg)
-    with job_entry(eval_argv(run_uri, endpoint_url)):
+    # its user errors are final as a job's config errors are: 2 (the URI, the store) beside 3, 4 (and 5, 6)
+    with job_entry(eval_argv(run_uri, endpoint_url), final_codes=(USAGE_ERROR,)):
         return run_backend(job, list(overrides))

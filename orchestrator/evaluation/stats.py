@@ -18,6 +18,12 @@ class Gain:
     points: float  # after - before, x 100
     half_width: float  # the 95% interval is points +- half_width
     paired: bool
+    items: int = 0  # the items paired over (0: unpaired)
+
+    @property
+    def basis(self) -> str:
+        """What the interval rests on, for a line a person reads."""
+        return f"paired over {self.items} items" if self.paired else "from the two standard errors"
 
     @property
     def beyond_noise(self) -> bool:
@@ -43,7 +49,7 @@ def gain(after: dict, before: dict, after_items: Optional[list] = None, before_i
         n = len(diffs)
         mean = sum(diffs) / n
         var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-        return Gain(points=100 * mean, half_width=100 * Z95 * math.sqrt(var / n), paired=True)
+        return Gain(points=100 * mean, half_width=100 * Z95 * math.sqrt(var / n), paired=True, items=n)
     se = math.sqrt(float(after.get("stderr") or 0.0) ** 2 + float(before.get("stderr") or 0.0) ** 2)
     return Gain(points=100 * (after["value"] - before["value"]), half_width=100 * Z95 * se, paired=False)
 

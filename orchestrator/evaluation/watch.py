@@ -183,16 +183,12 @@ class BenchWatch(TrainerCallback):
         if cost and record.get("cost_usd") is None:
             record = dict(record, cost_usd=self.money.total_cost_usd())
         self.records.setdefault(int(step), dict(record, step=int(step)))  # final=best: the best's own point stays
-        metrics = {}
-        for task, scores in record["scores"].items():
-            for metric, score in scores.items():
-                metrics[f"bench/{task}/{metric}"] = score.get("value")
-                if score.get("stderr") is not None:
-                    metrics[f"bench/{task}/{metric}_stderr"] = score["stderr"]
+        metrics = bench_points(record)
         record_scores(self.record, int(step), metrics)
         if cost:
             metrics["cost_usd"] = record["cost_usd"]
         self.tracking.log_metrics(metrics, step)
+        log_items(self.tracking, step, record)
         if chart and getattr(self.tracking, "active", True):
             self.tracking.log_file(curve.render(self.records.values(), title=f"{self.run_name}: benchmark score "
                                                 "against dollars"), curve.CHART_ARTIFACT)
@@ -238,12 +234,30 @@ class BenchWatch(TrainerCallback):
         return found[-1] if found and step > 0 else None
 
 
+def bench_points(record: dict) -> dict:
+    """A stored result's MLflow points: ``bench/<task>/<metric>`` and its ``_stderr`` where the harness gives one."""
+    metrics = {}
+    for task, scores in record["scores"].items():
+        for metric, score in scores.items():
+            metrics[f"bench/{task}/{metric}"] = score.get("value")
+            if score.get("stderr") is not None:
+                metrics[f"bench/{task}/{metric}_stderr"] = score["stderr"]
+    return metrics
+
+
 def record_scores(record: Any, step: int, metrics: dict) -> None:
     """A checkpoint's (or the final weights') scores also in the ledger's ``quality.evals[<step>]``: what a
     sweep's rung decides by with ``sweep.metric=bench/<task>/<metric>`` (its checkpoint at ``train.pause_at_step``
     is scored whatever ``eval.every``). Not the base model's (step 0)."""
     if record is not None and record.writes and step > 0:
         record.record_eval(step, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+
+
+def log_items(tracking: Any, step: int, record: dict) -> None:
+    """The record's per-item values as the run's ``bench/items/`` artifact of its step: what makes the report's
+    verdict paired over the same items (MLflow's metrics hold only the score and its standard error)."""
+    if record.get("samples"):
+        tracking.log_dict(curve.items_payload(step, record["samples"]), curve.items_artifact(step))
 
 
 def read_progress(store: Any, key: str) -> list[list[int]]:
