@@ -8,7 +8,7 @@ batch shell and the worker; SIGKILL follows after the cluster's KillWait), so
 the worker saves an emergency checkpoint and exits 75 when it can, and is
 killed otherwise. Slurm holds a requeued job for about two minutes (its
 BeginTime); the test releases it at once with ``scontrol update
-StartTime=now``. The second run restores the newest checkpoint and completes;
+StartTime=now+3``. The second run restores the newest checkpoint and completes;
 its final weights must be byte-identical to those of an uninterrupted local run
 of the same config, which runs meanwhile.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import jobs
-from tests.helpers.slurm_cluster import ensure_slurm
+from tests.helpers.slurm_cluster import RELEASE, ensure_slurm
 from tests.helpers.webhooks import WebhookReceiver
 
 pytestmark = pytest.mark.xdist_group("slurm")  # one Slurm node: its tests run one at a time
@@ -118,7 +118,7 @@ def test_slurm_requeue_mid_run_resumes_bit_identical(tmp_path, references):
         # 2. requeue it mid-run; release it from Slurm's two-minute hold once it is pending again
         scontrol("requeue", job_id)
         jobs.wait_for(lambda: job_state(job_id) == "PENDING", 120, f"job {job_id} to be pending after the requeue", 0.5)
-        scontrol("update", f"JobId={job_id}", "StartTime=now")
+        scontrol("update", f"JobId={job_id}", RELEASE)
 
         # 3. the second run resumes and completes
         try:

@@ -8,7 +8,7 @@ starts the rendezvous store on the first host and one ``srun`` of the worker on 
 committed a checkpoint at step 30 or later, every process of node 1's task (the task's shell, the node's worker, its torchrun
 agent and rank) is SIGKILLed, as when a machine is lost: node 0 stops (restart-the-world), the batch script
 requeues the job with node 0's exit code, and the next attempt starts both nodes from the last committed
-checkpoint. Slurm holds a requeued job for about two minutes; the test releases it with ``StartTime=now``.
+checkpoint. Slurm holds a requeued job for about two minutes; the test releases it with ``StartTime=now+3``.
 The uninterrupted reference is the same config on the local backend's two nodes (``references``).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import jobs
-from tests.helpers.slurm_cluster import ensure_slurm_two_nodes
+from tests.helpers.slurm_cluster import RELEASE, ensure_slurm_two_nodes
 
 pytestmark = pytest.mark.xdist_group("slurm-two-nodes")  # two nodes: their tests run one at a time
 
@@ -120,7 +120,7 @@ def test_two_node_slurm_job_requeued_after_a_node_is_killed_completes_byte_ident
                       slurm(env, "scontrol", "show", "job", job_id, check=False).stdout, 300,
                       f"job {job_id} to be requeued after node 1 was killed", 0.5)
         if job_state(env, job_id) == "PENDING":
-            slurm(env, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
+            slurm(env, "scontrol", "update", f"JobId={job_id}", RELEASE)
         jobs.wait_for(lambda: job_state(env, job_id) in FINAL_JOB_STATES | {"GONE"}, JOB_END_TIMEOUT_SECONDS,
                       f"two-node job {job_id} to finish", 1.0)
         info, log = job_info(env, job_id), output_text(out_file)

@@ -10,6 +10,10 @@ import pytest
 
 SLURM_UP_SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "slurm-up.sh"
 SLURM_UP_TIMEOUT_SECONDS = 600  # a first run installs packages with apt
+# Releases a requeued job held by Slurm's requeue delay. Not "now": a start in the same second as the
+# requeue gets a credential slurmd still counts as revoked, and Slurm kills the job as "non-startable batch
+# job: Job credential revoked" (JobState=FAILED), seen in the two-node test under load.
+RELEASE = "StartTime=now+3"
 
 
 def ensure_slurm() -> None:
@@ -20,7 +24,7 @@ def ensure_slurm() -> None:
     Jobs can then be submitted with sbatch to the default partition "debug".
     Note that Slurm delays a requeued job by about two minutes (its
     EligibleTime); a test can skip that with
-    ``scontrol update JobId=<id> StartTime=now``.
+    ``scontrol update JobId=<id> StartTime=now+3`` (``RELEASE``).
     """
     if os.geteuid() != 0 and not shutil.which("sinfo"):
         pytest.fail(f"Slurm is not installed and {SLURM_UP_SCRIPT} must run as root to install it")
