@@ -45,6 +45,20 @@ def test_a_vanished_attempt_is_settled_at_its_reservation_by_the_next_one(store)
     assert job["months"] == {"2026-12": 3.0} and list(job["open"]) == ["2"]
 
 
+def test_a_sigkilled_attempts_unspent_hold_does_not_stop_its_own_jobs_restart(store):
+    """The killed attempt held the experiment's last dollars but spent a tenth of them (its ledger says so):
+    the restart is refused only if what the next reservation settles leaves no room."""
+    index = _index(store, per_experiment=1.0)
+    index.reserve(1, 0.1, 1.0)  # attempt 1 holds the whole cap, then is SIGKILLed
+    assert "experiment spend cap reached" in _index(store, run="b", per_experiment=1.0).refusal()  # other jobs: held
+    assert index.refusal(vanished_usd={"1": 0.1}) is None  # its own job: settled at its ledger cost, $0.90 left
+    assert "experiment spend cap reached" in index.refusal(vanished_usd={"1": 1.0})  # it did spend it all
+    assert "experiment spend cap reached" in index.refusal()  # no ledger cost: its whole reservation
+    watch = SpendWatch(index, usd_per_second=0.01, window_s=10, spent=lambda: 0.0)
+    assert watch.start_refusal(vanished_usd={"1": 0.1}) is None
+    assert isinstance(watch.start_refusal(vanished_usd={"1": 1.0}), BudgetExhausted)
+
+
 def test_an_attempt_across_new_year_charges_each_month_what_it_spent_there(store):
     now = [DEC]
     index = _index(store, clock=lambda: now[0], monthly=5.0)

@@ -172,13 +172,13 @@ class SpendWatch:
             log.warning("%s. This job has no spend cap, so it runs on without recording its spend there", err)
             return None
 
-    def start_refusal(self) -> Optional[Exception]:
+    def start_refusal(self, vanished_usd: Optional[dict] = None) -> Optional[Exception]:
         """Before the attempt takes a fence: why a cap forbids it to start (BudgetExhausted, with the numbers;
-        SpendIndexCorrupt when a capped job's index is unreadable), or None."""
+        SpendIndexCorrupt when a capped job's index is unreadable), or None. ``vanished_usd``: as ``begin``'s."""
         from orchestrator.money.spend import SpendIndexCorrupt
 
         try:
-            reason = self._unless_corrupt(self.index.refusal)
+            reason = self._unless_corrupt(lambda: self.index.refusal(vanished_usd))
         except SpendIndexCorrupt as err:
             return err
         return BudgetExhausted(reason) if reason else None

@@ -56,7 +56,9 @@ class AttemptRecord:
 
         def refuse(ledger: dict):
             refusal = start_refusal(ledger, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
-            return self.spend.start_refusal() if refusal is None and self.spend is not None else refusal
+            if refusal is not None or self.spend is None:
+                return refusal
+            return self.spend.start_refusal(vanished_usd=_attempt_costs(ledger.get("attempts") or []))
 
         attempt = self.ledger.begin_attempt(
             host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
@@ -66,7 +68,7 @@ class AttemptRecord:
             extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None)
         stored = self.ledger.load()
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
-            costs = {str(a.get("fence")): a.get("cost_usd") for a in stored["attempts"] if a["fence"] != attempt["fence"]}
+            costs = _attempt_costs(a for a in stored["attempts"] if a["fence"] != attempt["fence"])
             self.spend.begin(attempt["fence"], startup_s=last_restart_seconds(stored.get("attempts") or []),
                              vanished_usd=costs)
         self.prior_attempts = [a for a in stored["attempts"] if a["fence"] != attempt["fence"]]
@@ -241,3 +243,8 @@ def record_repro(cfg: Any, record: Any, tracking: Any) -> list[str]:
         tracking.set_tags({"repro_differs": "true"})
         tracking.log_text("\n".join(differences), f"repro/attempt-{record.fence}-differences.txt")
     return differences
+
+
+def _attempt_costs(attempts) -> dict:
+    """fence -> the ledger's cost of each attempt (what settles its open entry in the spend index)."""
+    return {str(a.get("fence")): a.get("cost_usd") for a in attempts}

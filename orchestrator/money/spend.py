@@ -32,6 +32,7 @@ what it spent so far into the old month and opens a new entry).
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -246,9 +247,19 @@ class SpendIndex:
     def _transact(self, mutate) -> dict:
         return transact(self.store, INDEX_KEY, mutate, decode=self._decode)
 
-    def refusal(self) -> Optional[str]:
-        """Read only: why this job may not start (a cap already spent), with the numbers; None when it may."""
-        return self.caps.refusal(self.load(), month_of(self.clock()), self.where)
+    def refusal(self, vanished_usd: Optional[dict] = None) -> Optional[str]:
+        """Read only: why this job may not start (a cap already spent), with the numbers; None when it may.
+
+        This job's own open entries belong to attempts that ended without settling (the new attempt fences
+        them): they count as the first reservation will settle them (``vanished_usd``: fence -> the ledger's
+        cost at each one's last heartbeat), not at their whole reservation, which would let a SIGKILLed
+        attempt's unspent hold stop its own job's restart at the cap."""
+        index = _fresh(self.load())
+        job = index["jobs"].get(self.caps.run_name)
+        if job and job.get("open"):
+            index = copy.deepcopy(index)
+            _settle_vanished(index["jobs"][self.caps.run_name], keep="", known=vanished_usd or {})
+        return self.caps.refusal(index, month_of(self.clock()), self.where)
 
     def reserve(self, fence: int, spent: float, want_through: float, *,
                 vanished_usd: Optional[dict] = None) -> Grant:
