@@ -77,6 +77,15 @@ def test_loads_refuses_a_manifest_with_a_bad_entry(entry, message):
         mf.loads(_manifest([_entry("ok.json"), entry]))
 
 
+@pytest.mark.parametrize("field,value", [("fence", "1"), ("fence", 1.5), ("fence", None), ("step", -3), ("step", True)])
+def test_loads_refuses_a_manifest_whose_step_or_fence_is_not_a_count(field, value):
+    """They name the checkpoint's folder (``%09d-%04d``): a tampered one is a corrupt checkpoint, not a crash."""
+    doc = json.loads(_manifest([_entry("ok.json")]))
+    doc[field] = value
+    with pytest.raises(mf.CorruptCheckpoint, match=f"the manifest's {field} is"):
+        mf.loads(json.dumps(doc).encode())
+
+
 def test_loads_refuses_a_listed_path_twice_and_garbage():
     with pytest.raises(mf.CorruptCheckpoint, match="twice"):
         mf.loads(_manifest([_entry("a"), _entry("a")]))

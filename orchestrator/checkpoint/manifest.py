@@ -205,4 +205,9 @@ def loads(data: bytes) -> dict:
         raise CorruptCheckpoint("the manifest is not one this version writes")
     check_signature(manifest)  # over the manifest as stored, legacy key and all
     check_entries(manifest)
-    return upgraded(manifest)
+    manifest = upgraded(manifest)
+    for key in ("step", "fence"):  # they name the checkpoint's folder and order the restore
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise CorruptCheckpoint(f"the manifest's {key} is {value!r}, not a count")
+    return manifest
