@@ -17,7 +17,7 @@ from pathlib import Path
 
 TINY_NAME = "builtin:tiny-llama"
 FORMAT_PRETRAIN_STEPS = 300
-BUILD_VERSION = 2  # bump when the build changes, so cached models are rebuilt
+BUILD_VERSION = 3  # bump when the build changes, so cached models are rebuilt (3: built in a child process)
 CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n"
     "{% elif m['role'] == 'system' %}{{ m['content'] }}\n"
