@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from orchestrator.storage.base import finite_number
+
 log = logging.getLogger(__name__)
 
 # MLflow's own tag names (mlflow.utils.mlflow_tags): the run page shows the note as the run's
@@ -24,11 +26,6 @@ SOURCE_NAME_TAG = "mlflow.source.name"
 SOURCE_TYPE_TAG = "mlflow.source.type"
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 DATASET_CONTEXT_TAG = "mlflow.data.context"
-
-
-def _finite(value: Any) -> bool:
-    """A number MLflow can take from a stored Trainer state: finite, not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class AttemptTracking:
@@ -103,7 +100,7 @@ class AttemptTracking:
         for entry in history if isinstance(history, list) else []:
             step = entry.get("step") if isinstance(entry, dict) else None
             if isinstance(step, int) and not isinstance(step, bool):
-                self.tracker.log_metrics({k: v for k, v in entry.items() if k != "step" and _finite(v)}, step)
+                self.tracker.log_metrics({k: v for k, v in entry.items() if k != "step" and finite_number(v)}, step)
 
     def log_dict(self, obj: dict, artifact_file: str) -> None:
         if self.tracker is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import shutil
 import signal
 import sys
@@ -18,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from orchestrator.storage.base import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,7 @@ def _manifest(store: Any, key: str) -> dict:
 
 def _finite(value: Any) -> Optional[float]:
     """A number read from storage, or None when it is not a finite one (untrusted)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    return float(value) if finite_number(value) else None
 
 
 def model_args(cfg: Any, folder: Path) -> dict:

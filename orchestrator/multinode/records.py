@@ -12,7 +12,6 @@ heartbeat, its exit unknown (``ledger._mark_vanished``).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
@@ -20,6 +19,7 @@ import time
 from typing import Mapping, Optional
 
 from orchestrator.multinode import NODE_HOST_ENV, NodeEnv
+from orchestrator.storage.base import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +35,11 @@ def node_host(node: NodeEnv, environ: Mapping[str, str] = os.environ) -> str:
     return environ.get(NODE_HOST_ENV) or node.addr or socket.gethostname()
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _attempt_of(doc: Optional[dict], rdzv_id: str, not_before: float) -> Optional[dict]:
     """The newest attempt begun for ``rdzv_id`` at ``not_before`` or later (the ledger is untrusted: skip the odd)."""
     attempts = (doc or {}).get("attempts") if isinstance(doc, dict) else None
     for attempt in reversed(attempts if isinstance(attempts, list) else []):
-        if (isinstance(attempt, dict) and attempt.get("rdzv_id") == rdzv_id and _finite(attempt.get("started_at"))
+        if (isinstance(attempt, dict) and attempt.get("rdzv_id") == rdzv_id and finite_number(attempt.get("started_at"))
                 and attempt["started_at"] >= not_before):
             return attempt
     return None

@@ -8,6 +8,7 @@ Keys are '/'-separated paths relative to the store's root (the job's
 from __future__ import annotations
 
 import abc
+import math
 from pathlib import Path
 
 
@@ -77,6 +78,11 @@ class ObjectStore(abc.ABC):
 
     def get_uri(self, key: str) -> str:
         return f"{self.uri.rstrip('/')}/{key}"
+
+
+def finite_number(value) -> bool:
+    """Whether a value read from storage is a usable number: an int or float, finite, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def checked_json(raw: bytes, problem_of) -> tuple[object, str | None]:

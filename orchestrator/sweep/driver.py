@@ -29,7 +29,7 @@ from orchestrator import exitcodes
 from orchestrator.ledger import Ledger
 from orchestrator.sweep import backends, decide
 from orchestrator.sweep.space import override
-from orchestrator.sweep.state import finite_number
+from orchestrator.storage.base import finite_number
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,12 @@ Shape::
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Optional
 
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.exitcodes import ExitClass
 from orchestrator.storage.transact import transact
-from orchestrator.storage.base import ObjectStore, checked_json
+from orchestrator.storage.base import ObjectStore, checked_json, finite_number
 
 VERSION = 1
 STATUSES = ("running", "paused", "pruned", "completed", "failed", "stopped")
@@ -57,13 +56,6 @@ def parse_state(raw: bytes, where: str) -> dict:
     return doc
 
 
-def finite_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-_number = finite_number
-
-
 def state_problem(doc: Any) -> Optional[str]:
     if not isinstance(doc, dict):
         return "the document is not an object"
@@ -79,11 +71,11 @@ def state_problem(doc: Any) -> Optional[str]:
             return f"trials[{i}]: {problem}"
     for i, d in enumerate(doc["decisions"]):
         if not (isinstance(d, dict) and d.get("decision") in DECISIONS and isinstance(d.get("trial"), int)
-                and isinstance(d.get("rung"), int) and _number(d.get("value"))):
+                and isinstance(d.get("rung"), int) and finite_number(d.get("value"))):
             return f"decisions[{i}] is {d!r}, not a decision"
     if not isinstance(doc.get("mlflow_run_id", ""), str):
         return f"mlflow_run_id is {doc['mlflow_run_id']!r}, not a run id"
-    if not all(_number(v) and v >= 0 for v in doc["usage"].values()):
+    if not all(finite_number(v) and v >= 0 for v in doc["usage"].values()):
         return f"usage holds {doc['usage']!r}, not finite non-negative numbers"
     return None
 
@@ -101,15 +93,15 @@ def _trial_problem(trial: Any, i: int) -> Optional[str]:
         return "params or run_name is missing"
     if not isinstance(trial.get("submitted"), (int, type(None))) or isinstance(trial.get("submitted"), bool):
         return f"submitted is {trial.get('submitted')!r}, not a count of attempts"
-    if not all(_number(trial.get(k, 0)) and trial.get(k, 0) >= 0 for k in ("launched_at", "log_offset")):
+    if not all(finite_number(trial.get(k, 0)) and trial.get(k, 0) >= 0 for k in ("launched_at", "log_offset")):
         return f"launched_at or log_offset is not a non-negative number: {trial.get('launched_at')!r}, " \
                f"{trial.get('log_offset')!r}"
     who = trial.get("launcher")
     if who is not None and not (isinstance(who, dict) and isinstance(who.get("host"), str)
-                                and isinstance(who.get("pid"), int) and _number(who.get("started"))):
+                                and isinstance(who.get("pid"), int) and finite_number(who.get("started"))):
         return f"launcher is {who!r}, not a host, pid and start time"
     values = trial.get("values")
-    if not isinstance(values, dict) or not all(k.isdigit() and _number(v) for k, v in values.items()):
+    if not isinstance(values, dict) or not all(k.isdigit() and finite_number(v) for k, v in values.items()):
         return f"values is {values!r}, not rung -> finite number"
     return None
 
