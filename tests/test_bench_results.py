@@ -63,8 +63,9 @@ def test_paired_items_give_the_interval_of_the_per_item_differences():
     assert g.paired and g.points == pytest.approx(10.0)
     assert g.half_width == pytest.approx(100 * stats.Z95 * (0.1 * 0.9 * 100 / 99 / 100) ** 0.5)
     assert g.usd_per_point(1.0) == pytest.approx(0.1)
-    rows = stats.gains({"scores": {"t": {"acc": {"value": 0.1, "stderr": 0.03}}}, "samples": {"t": {"acc": after}}},
-                       {"scores": {"t": {"acc": {"value": 0.0, "stderr": 0.0}}}, "samples": {"t": {"acc": before}}})
+    same = {"harness_version": "0.4.9", "task_hash": "ab12", "seed": 1234}  # both scored the same items
+    rows = stats.gains({"scores": {"t": {"acc": {"value": 0.1, "stderr": 0.03}}}, "samples": {"t": {"acc": after}}, **same},
+                       {"scores": {"t": {"acc": {"value": 0.0, "stderr": 0.0}}}, "samples": {"t": {"acc": before}}, **same})
     assert list(rows) == ["t/acc"] and rows["t/acc"].paired
 
 

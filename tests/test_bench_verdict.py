@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from orchestrator.evaluation import curve
 from orchestrator.evaluation.curve import Point
+from orchestrator.evaluation.stats import gains
+
+IDENTITY = {"harness_version": "0.4.9", "task_hash": "ab12cd34", "seed": 1234}
+ITEMS = curve.items_of(IDENTITY)
 
 
 def _points(*scores, stderr=0.03, usd_per_eval=0.01):
@@ -59,8 +63,8 @@ def _paired(base_right: int, gained: int, n: int = 100):
     base = [1.0] * base_right + [0.0] * (n - base_right)
     after = [1.0] * (base_right + gained) + [0.0] * (n - base_right - gained)
     se = lambda xs: (sum((x - sum(xs) / n) ** 2 for x in xs) / (n - 1) / n) ** 0.5  # noqa: E731
-    return (Point(0, 0.0, sum(base) / n, se(base), tuple(base)),
-            Point(10, 0.01, sum(after) / n, se(after), tuple(after)))
+    return (Point(0, 0.0, sum(base) / n, se(base), tuple(base), ITEMS),
+            Point(10, 0.01, sum(after) / n, se(after), tuple(after), ITEMS))
 
 
 def test_the_verdict_is_paired_over_the_same_items_where_the_points_have_them():
@@ -75,17 +79,36 @@ def test_the_verdict_is_paired_over_the_same_items_where_the_points_have_them():
         "+10.0+-5.9 points over the last 1 evaluation(s) (steps 0-10: 0.300 -> 0.400, paired over 100 items) for "
         "$0.0100: $0.0010/pt, still gaining beyond noise"), paired
     # a worse checkpoint: change only once paired (the items it lost)
-    worse = Point(10, 0.01, 0.2, after.stderr, tuple([1.0] * 20 + [0.0] * 80))
+    worse = Point(10, 0.01, 0.2, after.stderr, tuple([1.0] * 20 + [0.0] * 80), ITEMS)
     assert curve.judge([base, worse], window=1).decision == "change"
     assert curve.judge([Point(0, 0.0, base.value, base.stderr), worse.__class__(10, 0.01, 0.2, after.stderr)],
                        window=1).decision != "change"
 
 
 def test_per_item_values_read_back_from_mlflow_are_checked():
-    assert curve.read_items(curve.items_payload(5, {"t": {"acc": [1, 0.0]}})) == (5, {"t/acc": (1.0, 0.0)})
-    for bad in ({"step": 5, "samples": {"t": {"acc": [1, float("nan")]}}}, {"step": -1, "samples": {}},
-                {"step": 5, "samples": {"t": {"acc": "10"}}}, {"step": True, "samples": {}}, [1]):
+    assert curve.read_items(curve.items_payload(5, {"t": {"acc": [1, 0.0]}}, IDENTITY)) == (
+        5, ITEMS, {"t/acc": (1.0, 0.0)})
+    for bad in ({"step": 5, "items_of": ITEMS, "samples": {"t": {"acc": [1, float("nan")]}}},
+                {"step": -1, "items_of": ITEMS, "samples": {}}, {"step": 5, "items_of": ITEMS, "samples": {"t": {"acc": "10"}}},
+                {"step": True, "items_of": ITEMS, "samples": {}}, [1],
+                {"step": 5, "samples": {"t": {"acc": [1, 0.0]}}}):  # written without the items' identity
         assert curve.read_items(bad) is None, bad
+
+
+def test_equal_counts_of_other_items_are_not_paired():
+    """Two evaluations of 100 items each, but of another task configuration (or seed): the verdict uses the two
+    standard errors, as if it had no per-item values, instead of pairing unrelated items."""
+    base, after = _paired(30, 10)
+    other = Point(after.step, after.usd, after.value, after.stderr, after.items, "0.4.9/other-task-hash/1234")
+    verdict = curve.judge([base, other], window=1)
+    assert "from the two standard errors" in verdict.reason and "+10.0+-13.2 points" in verdict.reason, verdict
+    assert "paired over 100 items" in curve.judge([base, after], window=1).reason
+    # stored results (the final gain): the same rule
+    record = lambda acc, items, **kw: {"scores": {"t": {"acc": {"value": acc, "stderr": after.stderr}}},  # noqa: E731
+                                       "samples": {"t": {"acc": list(items)}}, **IDENTITY, **kw}
+    stored_after, stored_base = record(after.value, after.items), record(base.value, base.items)
+    assert gains(stored_after, stored_base)["t/acc"].paired
+    assert not gains(dict(stored_after, task_hash="other-task-hash"), stored_base)["t/acc"].paired
 
 
 def test_stored_results_become_points_the_base_at_zero_dollars(tmp_path):

@@ -10,6 +10,8 @@ from orchestrator.cli import report
 from orchestrator.config.schema import TrackingConfig
 from orchestrator.tracking.run import JobTracker
 
+SAME_ITEMS = {"harness_version": "0.4.9", "task_hash": "ab12cd34", "seed": 1234}  # both points scored these
+
 
 def _job(uri, experiment, name, recipe, quality_metric, quality, cost, preemptions, usd_per_point=None):
     tracker = JobTracker(
@@ -129,7 +131,7 @@ def _items_job(uri, experiment, name, runs, *, items: bool):
         tracker.log_metrics({"bench/tiny_arith_mc/acc": mean, "bench/tiny_arith_mc/acc_stderr": stderr,
                              **({"cost_usd": 0.01} if step else {})}, step=step)
         if items:
-            tracker.log_dict_artifact(curve.items_payload(step, {"tiny_arith_mc": {"acc": values}}),
+            tracker.log_dict_artifact(curve.items_payload(step, {"tiny_arith_mc": {"acc": values}}, SAME_ITEMS),
                                       curve.items_artifact(step))
     assert tracker.close()
 

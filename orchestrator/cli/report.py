@@ -109,7 +109,7 @@ def _bench_points(client, run) -> dict:
     return curve.from_history(history, _bench_items(client, run.info.run_id))
 
 
-def _bench_items(client, run_id: str) -> dict[int, dict]:
+def _bench_items(client, run_id: str) -> dict[int, tuple]:
     """Per evaluated step, the per-item values the run holds (``bench/items/``): the verdict's gains are paired
     where both points have them. One that does not read back sound is left out (that gain is unpaired)."""
     import json
@@ -132,7 +132,7 @@ def _bench_items(client, run_id: str) -> dict[int, dict]:
             if found is None or curve.items_artifact(found[0]) != path:
                 log.warning("%s of run %s is not a sound record of per-item values; left out", path, run_id)
                 continue
-            out[found[0]] = found[1]
+            out[found[0]] = found[1:]
     return out
 
 

@@ -31,18 +31,30 @@ def items_artifact(step: int) -> str:
     return f"{ITEMS_FOLDER}/step_{int(step):09d}.json"
 
 
-def items_payload(step: int, samples: dict) -> dict:
-    """The artifact ``items_artifact(step)`` holds: ``samples[task][metric]`` = per-item values in item order."""
-    return {"step": int(step), "samples": samples}
+def items_of(identity: dict) -> Optional[str]:
+    """Which items an evaluation scored: its harness version, task configuration hash and seed (a result record's
+    ``identity``). Two evaluations' per-item values are paired only when this is the same: equal counts are not
+    the same items (another task version, limit or few-shot seed). None without all three."""
+    parts = [identity.get(k) for k in ("harness_version", "task_hash", "seed")]
+    if not all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in parts):
+        return None
+    return "/".join(str(p) for p in parts)
 
 
-def read_items(payload: Any) -> Optional[tuple[int, dict[str, tuple]]]:
-    """``(step, {"task/metric": values})`` of an items artifact read back from MLflow (untrusted: None unless
-    a whole step and lists of finite numbers)."""
+def items_payload(step: int, samples: dict, identity: dict) -> dict:
+    """The artifact ``items_artifact(step)`` holds: ``samples[task][metric]`` = per-item values in item order, and
+    ``items_of`` the items they are of (``items_of(identity)``)."""
+    return {"step": int(step), "items_of": items_of(identity), "samples": samples}
+
+
+def read_items(payload: Any) -> Optional[tuple[int, str, dict[str, tuple]]]:
+    """``(step, items_of, {"task/metric": values})`` of an items artifact read back from MLflow (untrusted: None
+    unless a whole step, the items' identity and lists of finite numbers; one written without the identity, by
+    an earlier version, is None too: its values are not paired)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("samples"), dict):
         return None
-    step = payload.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    step, of = payload.get("step"), payload.get("items_of")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(of, str) or not of:
         return None
     out = {}
     for task, metrics in payload["samples"].items():
@@ -53,7 +65,7 @@ def read_items(payload: Any) -> Optional[tuple[int, dict[str, tuple]]]:
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
                 return None
             out[f"{task}/{metric}"] = tuple(float(v) for v in values)
-    return step, out
+    return step, of, out
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class Point:
     value: float
     stderr: Optional[float]
     items: Optional[tuple] = None  # the per-item values (the harness's samples), for a paired gain
+    items_of: Optional[str] = None  # which items they are (``items_of``): pairs only with a point of the same
 
     @property
     def score(self) -> dict:
@@ -88,14 +101,16 @@ def from_records(records: Iterable[dict]) -> dict[str, list[Point]]:
                 items = ((record.get("samples") or {}).get(task) or {}).get(metric)
                 if score.get("value") is not None:
                     by_step.setdefault(f"{task}/{metric}", {})[step] = Point(
-                        step, float(usd), float(score["value"]), score.get("stderr"), tuple(items) if items else None)
+                        step, float(usd), float(score["value"]), score.get("stderr"), tuple(items) if items else None,
+                        items_of(record) if items else None)
     return {key: [steps[s] for s in sorted(steps)] for key, steps in sorted(by_step.items())}
 
 
-def from_history(history: dict[str, list], items: Optional[dict[int, dict]] = None) -> dict[str, list[Point]]:
+def from_history(history: dict[str, list], items: Optional[dict[int, tuple]] = None) -> dict[str, list[Point]]:
     """Per ``task/metric``, the points of a run's MLflow history (``{key: [mlflow Metric]}``): each
     ``bench/<task>/<metric>`` point with its ``_stderr`` and the ``cost_usd`` logged with it (same step, the
-    nearest in time), the base's (step 0) at $0; ``items``: per step, the per-item values (``read_items``)."""
+    nearest in time), the base's (step 0) at $0; ``items``: per step, ``(items_of, {"task/metric": values})``
+    (``read_items``)."""
     items = items or {}
     costs: dict[int, list] = {}
     for m in history.get("cost_usd", []):
@@ -107,8 +122,10 @@ def from_history(history: dict[str, list], items: Optional[dict[int, dict]] = No
         for m in sorted(history[key], key=lambda m: m.step):
             near = min(costs.get(m.step, []), key=lambda c: abs(c.timestamp - m.timestamp), default=None)
             if m.step == 0 or near is not None:
-                points.append(Point(m.step, 0.0 if m.step == 0 else near.value, m.value, stderr.get(m.step),
-                                    items.get(m.step, {}).get(key[len("bench/"):])))
+                of, values = items.get(m.step, (None, {}))
+                mine = values.get(key[len("bench/"):])
+                points.append(Point(m.step, 0.0 if m.step == 0 else near.value, m.value, stderr.get(m.step), mine,
+                                    of if mine else None))
         out[key[len("bench/"):]] = points
     return out
 
@@ -140,8 +157,10 @@ def judge(points: list[Point], *, window: int = DEFAULT_WINDOW,
 
 
 def _gain(after: Point, before: Point):
-    """Paired over the same items where both points have per-item values (as the final gain), else from the two
-    standard errors."""
+    """Paired over the same items where both points have per-item values of the same items (as the final gain),
+    else from the two standard errors."""
+    if after.items_of is None or after.items_of != before.items_of:
+        return gain(after.score, before.score)
     return gain(after.score, before.score, list(after.items or ()), list(before.items or ()))
 
 

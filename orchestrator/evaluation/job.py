@@ -124,7 +124,7 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
             continue
         result = harness.run(task_set, cfg.eval, model_args=model_args(cfg, Path(folder)))
         results.save(name, step=step, manifest_sha256=digest, evaluation=result)
-        log_to_run(cfg, store, run_name, result, step, _finite(manifest.get("created_at")))
+        log_to_run(cfg, store, run_name, result, step, _finite(manifest.get("created_at")), results.identity)
         counts["evaluated"] += 1
         print(f"{name} (step {step}): " + ", ".join(
             f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
@@ -136,12 +136,14 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     return counts
 
 
-def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, committed_at: Optional[float]) -> int:
+def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, committed_at: Optional[float],
+               identity: dict) -> int:
     """``result``'s ``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the
     ledger's), with ``cost_usd`` beside them: the training's cost up to the checkpoint's commit
     (``billing.training_cost_until``); each (metric, step) only if the run does not have it yet, so a rerun logs
     nothing twice and a step the training logged its own cost at keeps that one. Its per-item values go to
-    ``bench/items/`` (the report's paired verdict). Returns the points logged."""
+    ``bench/items/`` (the report's paired verdict) with ``identity`` (the result store's: which items they are).
+    Returns the points logged."""
     from orchestrator.evaluation.billing import training_cost_until
     from orchestrator.ledger import Ledger
 
@@ -171,7 +173,7 @@ def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, comm
     if result.samples:
         from orchestrator.evaluation import curve
 
-        client.log_dict(run_id, curve.items_payload(step, result.samples), curve.items_artifact(step))
+        client.log_dict(run_id, curve.items_payload(step, result.samples, identity), curve.items_artifact(step))
     return len(points)
 
 

@@ -55,12 +55,18 @@ def gain(after: dict, before: dict, after_items: Optional[list] = None, before_i
 
 
 def gains(after: dict, before: dict) -> dict:
-    """Per ``task/metric`` of two stored results (``scores``/``samples``), the gain of ``after`` over ``before``."""
+    """Per ``task/metric`` of two stored results (``scores``/``samples``), the gain of ``after`` over ``before``:
+    paired only when both scored the same items (same harness version, task hash and seed)."""
+    keys = ("harness_version", "task_hash", "seed")
+    same_items = all(after.get(k) is not None and after.get(k) == before.get(k) for k in keys)
     out = {}
     for task, metrics in (after.get("scores") or {}).items():
         for metric, score in metrics.items():
             base = ((before.get("scores") or {}).get(task) or {}).get(metric)
             if base is None or "value" not in score or "value" not in base:
+                continue
+            if not same_items:
+                out[f"{task}/{metric}"] = gain(score, base)
                 continue
             out[f"{task}/{metric}"] = gain(score, base, ((after.get("samples") or {}).get(task) or {}).get(metric),
                                            ((before.get("samples") or {}).get(task) or {}).get(metric))

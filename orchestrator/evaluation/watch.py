@@ -257,7 +257,7 @@ def log_items(tracking: Any, step: int, record: dict) -> None:
     """The record's per-item values as the run's ``bench/items/`` artifact of its step: what makes the report's
     verdict paired over the same items (MLflow's metrics hold only the score and its standard error)."""
     if record.get("samples"):
-        tracking.log_dict(curve.items_payload(step, record["samples"]), curve.items_artifact(step))
+        tracking.log_dict(curve.items_payload(step, record["samples"], record), curve.items_artifact(step))
 
 
 def read_progress(store: Any, key: str) -> list[list[int]]:
