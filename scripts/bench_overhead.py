@@ -17,7 +17,7 @@ The bare side builds its trainer and waits; both start training when the orchest
 logs its first step. Both report the Trainer's own ``train_steps_per_second`` (max_steps /
 train_runtime: set-up, restore and the final evaluation are outside it; checkpoint stalls
 and logging are inside). Prints a table, the per-round ratios orchestrated / bare and their
-median (target >= 0.98), and the CPU seconds the MLflow server used from the start of training
+median (target >= 0.99), and the CPU seconds the MLflow server used from the start of training
 until both sides ended (the orchestrated job's closing requests included).
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 SERVER_START_TIMEOUT_SECONDS = 180
 RESULT_PREFIX = "BENCH_RESULT "
-TARGET_RATIO = 0.98
+TARGET_RATIO = 0.99  # issue 19
 SWAP_SECONDS = 1.0
 
 

@@ -66,10 +66,10 @@ class StopReason(str):
         return StopReason, (str(self), self.exit_class)
 
 
-def pause_reason(cfg: Any, step: int) -> Optional[StopReason]:
-    """``train.pause_at_step``: stop with a checkpoint at that step (a sweep's rung), exit 3."""
-    pause = cfg.train.pause_at_step
-    if 0 < pause <= step < cfg.train.max_steps:
+def pause_reason(pause: int, max_steps: int, step: int) -> Optional[StopReason]:
+    """``train.pause_at_step`` (``pause``): stop with a checkpoint at that step (a sweep's rung), exit 3.
+    Plain numbers: this runs every step, and an OmegaConf lookup costs tens of microseconds."""
+    if 0 < pause <= step < max_steps:
         return StopReason(f"paused at step {step} (train.pause_at_step={pause}: a sweep's rung; relaunch with a "
                           "larger train.pause_at_step to go on from this checkpoint)", ExitClass.BUDGET_EXHAUSTED)
     return None
@@ -91,6 +91,7 @@ class Runner:
         # the steering part that scores the final weights too (eval.tasks: orchestrator.evaluation.watch)
         self.bench = next((part for part in self.steering if hasattr(part, "after_final")), None)
         self.trial = cfg.train.trial_steps > 0
+        self.pause_at, self.max_steps = int(cfg.train.pause_at_step), int(cfg.train.max_steps)  # read every step
         self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
         self.beat = Heartbeat(record, money, preemption, every_seconds=hooks.heartbeat_seconds)
@@ -174,7 +175,7 @@ class Runner:
                                             restarts=len(self.record.prior_attempts))
         except TransientStorageError as err:  # the spend index stayed unreachable for storage.retry_for
             return StopReason(f"preempted (storage outage: {err})", ExitClass.PREEMPTED)
-        return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else pause_reason(self.cfg, self.step)
+        return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else pause_reason(self.pause_at, self.max_steps, self.step)
 
     def dollars(self, step: int, total: int) -> tuple[float, Optional[float]]:
         """Spent so far and the projected total at ``step`` (what the progress display shows)."""
@@ -211,7 +212,7 @@ class Runner:
             return out
 
         closing = (self.callback.stop_reason is not None or "train_runtime" in metrics
-                   or 0 < self.cfg.train.max_steps <= step)
+                   or 0 < self.max_steps <= step)
         self.tracking.on_trainer_log(metrics, step, closing=closing, job_figures=job_figures)
 
     def cost_figures(self, step: int, *, window_step_seconds: Optional[float] = None,
