@@ -60,6 +60,21 @@ def _complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in MODEL_FILES)
 
 
+def _build_plan(hidden_size: int, num_layers: int, num_heads: int, vocab_size: int) -> tuple[dict, int, Path]:
+    """The model's config, its format-pretraining steps and its folder in the cache."""
+    spec = tiny_llama_config(hidden_size, num_layers, num_heads, vocab_size)
+    # only the default-sized model is taught the task's format: larger ones (benchmarks) stay random,
+    # where a few hundred CPU steps would cost minutes and buy nothing
+    pretrain_steps = FORMAT_PRETRAIN_STEPS if hidden_size <= 128 else 0
+    digest = hashlib.sha256(json.dumps([spec, pretrain_steps, BUILD_VERSION], sort_keys=True).encode()).hexdigest()[:12]
+    return spec, pretrain_steps, cache_root() / "models" / f"tiny-llama-{digest}"
+
+
+def tiny_model_folder(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, vocab_size: int = 512) -> Path:
+    """Where ``ensure_tiny_model`` keeps this model (built or not)."""
+    return _build_plan(hidden_size, num_layers, num_heads, vocab_size)[2]
+
+
 def ensure_tiny_model(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, vocab_size: int = 512) -> Path:
     """Build the tiny model once into the cache (atomically, under a lock); return its folder.
 
@@ -67,13 +82,9 @@ def ensure_tiny_model(hidden_size: int = 64, num_layers: int = 2, num_heads: int
     ``accelerate launch``) would otherwise get a folder without weights, because ``save_pretrained``
     writes only on rank 0 once ``torch.distributed`` is initialised, and the caller's RNG is left alone.
     """
-    spec = tiny_llama_config(hidden_size, num_layers, num_heads, vocab_size)
-    # only the default-sized model is taught the task's format: larger ones (benchmarks) stay random,
-    # where a few hundred CPU steps would cost minutes and buy nothing
-    pretrain_steps = FORMAT_PRETRAIN_STEPS if hidden_size <= 128 else 0
-    digest = hashlib.sha256(json.dumps([spec, pretrain_steps, BUILD_VERSION], sort_keys=True).encode()).hexdigest()[:12]
-    root = cache_root() / "models"
-    target = root / f"tiny-llama-{digest}"
+    spec, pretrain_steps, target = _build_plan(hidden_size, num_layers, num_heads, vocab_size)
+    digest = target.name.removeprefix("tiny-llama-")
+    root = target.parent
     if _complete(target):
         return target
     root.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,11 @@ def _poll(proc: subprocess.Popen, storage: jobs.Storage) -> int:
     return len(jobs.committed_steps(storage, RUN))
 
 
+def _uninterrupted(workdir: Path) -> dict:
+    """A resumed job that nothing interrupts: no floor under its steps."""
+    return jobs.job_env(workdir, {"ORCH_STEP_DELAY_SECONDS": "0"})
+
+
 def _committed_names(storage: jobs.Storage) -> list[str]:
     keys = storage.store().list(f"{RUN}/checkpoints/")
     return sorted({k.split("/")[2] for k in keys if k.endswith("/manifest.json")},
@@ -91,7 +96,7 @@ def _resume_and_check(storage: jobs.Storage, workdir: Path, how: str, clean_dige
     newest, previous = names[-1], names[-2]
     reason = _corrupt(storage, newest, how)
 
-    result = jobs.run_job(jobs.FAST + storage.overrides() + [f"run.name={RUN}"], workdir)
+    result = jobs.run_job(jobs.FAST + storage.overrides() + [f"run.name={RUN}"], workdir, env=_uninterrupted(workdir))
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     assert f"restoring checkpoint {previous}" in log, log[-4000:]
@@ -133,7 +138,7 @@ def test_on_s3_a_flipped_byte_is_flagged_by_verify_and_skipped_on_resume(s3_serv
 
     # the byte is already flipped: resume must skip it (reason text as in the local case)
     newest, previous = names[-1], names[-2]
-    result = jobs.run_job(jobs.FAST + storage.overrides() + [f"run.name={RUN}"], tmp_path)
+    result = jobs.run_job(jobs.FAST + storage.overrides() + [f"run.name={RUN}"], tmp_path, env=_uninterrupted(tmp_path))
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     assert f"restoring checkpoint {previous}" in log, log[-4000:]

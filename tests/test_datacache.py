@@ -173,6 +173,8 @@ def test_negative_labels_other_than_the_ignored_index_are_refused(tmp_path, capl
 
 
 def _run(base: list[str], name: str, tmp_path, **env) -> tuple[int, str]:
+    """One uninterrupted job: no floor under its steps (nothing interrupts it mid-run)."""
+    env = {"ORCH_STEP_DELAY_SECONDS": "0", **env}
     done = jobs.run_job(base + [f"run.name={name}"], tmp_path, env=jobs.job_env(tmp_path, env))
     return done.returncode, done.stdout + done.stderr
 

@@ -102,7 +102,7 @@ def test_relaunching_a_completed_job_says_so_and_exits_0(lost_while_loading):
     tmp_path, storage, named, _, _ = lost_while_loading
     # the user raises the cap; the job goes on and completes
     cmd = jobs.with_overrides(jobs.FAST, "requeue.crash_loop_threshold=2", "requeue.max_preemptions=10") + named
-    done = jobs.run_job(cmd, tmp_path)
+    done = jobs.run_job(cmd, tmp_path, env=jobs.job_env(tmp_path, {"ORCH_STEP_DELAY_SECONDS": "0"}))  # uninterrupted
     assert done.returncode == 0, done.stderr[-3000:]
     assert jobs.attempt_classes(storage, "volatile") == ["vanished"] * 3 + ["completed"]
     final = storage.store().get_uri("volatile/final/")

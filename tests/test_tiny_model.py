@@ -38,10 +38,11 @@ def test_a_build_by_rank_one_of_a_distributed_job_holds_the_weights(tmp_path):
 
 def test_an_incomplete_cached_folder_is_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("ORCH_CACHE_DIR", str(tmp_path / "cache"))
-    from recipes.tiny import ensure_tiny_model
+    from recipes.tiny import ensure_tiny_model, tiny_model_folder
 
-    folder = ensure_tiny_model(192, 1, 4, 512)
-    (folder / "model.safetensors").unlink()  # what an older build by rank 1 left: the tokenizer only
-    (folder / "config.json").unlink()
+    folder = tiny_model_folder(192, 1, 4, 512)
+    folder.mkdir(parents=True)  # what an older build by rank 1 left: the tokenizer only
+    (folder / "tokenizer.json").write_text("{}")
     assert ensure_tiny_model(192, 1, 4, 512) == folder
     assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+    assert (folder / "tokenizer.json").read_text() != "{}"  # the whole folder is the new build
