@@ -76,9 +76,8 @@ def pause_reason(pause: int, max_steps: int, step: int) -> Optional[StopReason]:
 
 
 class Runner:
-    """Sequences the parts ``build_attempt`` made (record, checkpoints, money, tracking, preemption, recipe);
-    ``run_name`` is the job's name in storage, ``main`` whether this rank prints the results; ``interval`` and
-    ``steps`` (``attempt/ports.py``) go to the Trainer callback and the ``steering`` callbacks (schedule, deadline)."""
+    """Sequences the parts ``build_attempt`` made; ``run_name``: the job's name in storage, ``main``: this rank prints
+    the results; ``interval``, ``steps`` (``attempt/ports.py``) go to the Trainer callback and ``steering`` parts."""
 
     def __init__(self, cfg: Any, *, run_name: str, recipe: Any, record: Any, checkpoints: Any, money: Any,
                  tracking: Any, quality: Any, preemption: Any, hooks: TestHooks, interval: CheckpointInterval,
@@ -90,8 +89,8 @@ class Runner:
         self.interval, self.steps, self.steering = interval, steps, list(steering)
         # the steering part that scores the final weights too (eval.tasks: orchestrator.evaluation.watch)
         self.bench = next((part for part in self.steering if hasattr(part, "after_final")), None)
-        self.trial = cfg.train.trial_steps > 0
-        self.pause_at, self.max_steps = int(cfg.train.pause_at_step), int(cfg.train.max_steps)  # read every step
+        self.trial, self.pause_at, self.max_steps = (cfg.train.trial_steps > 0, cfg.train.pause_at_step,
+                                                   cfg.train.max_steps)  # read every step: plain numbers
         self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
         self.beat = Heartbeat(record, money, preemption, every_seconds=hooks.heartbeat_seconds)
