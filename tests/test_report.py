@@ -173,3 +173,27 @@ def test_the_verdict_is_paired_over_the_same_items_where_the_run_holds_them(mlfl
     assert report.main(argv) == 0
     out = capsys.readouterr()
     assert "verdict with-items: stop (tiny_arith_mc/acc: +10.0+-13.2 points" in out.out, out.out
+
+
+@pytest.mark.e2e
+@pytest.mark.mlflow
+def test_only_the_compared_evaluations_per_item_values_are_downloaded(mlflow_server, monkeypatch):
+    """A job with six evaluations and a verdict over the last 2: the report downloads the per-item values of the
+    base, the last and the one 2 before it (the points the verdict pairs), not all six; the verdict is paired."""
+    from orchestrator.evaluation import curve
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    experiment = f"few-items-{uuid.uuid4().hex[:8]}"
+    runs = [(10 * i, [1.0] * (30 + 5 * i) + [0.0] * (70 - 5 * i)) for i in range(6)]
+    _items_job(mlflow_server.uri, experiment, "six-evals", runs, items=True)
+    client = MlflowClient(mlflow_server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    fetched = []
+    download = client.download_artifacts
+    monkeypatch.setattr(client, "download_artifacts", lambda run_id, path, dst: fetched.append(path) or download(
+        run_id, path, dst))
+
+    (points,) = report._bench_points(client, run, window=2).values()
+    assert sorted(fetched) == [curve.items_artifact(s) for s in (0, 30, 50)], fetched
+    assert [p.items is not None for p in points] == [True, False, False, True, False, True]
+    assert "paired over 100 items" in curve.judge(points, window=2).reason

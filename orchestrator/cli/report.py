@@ -71,7 +71,8 @@ def _number(run, key: str) -> Optional[float]:
         return None
 
 
-def collect_jobs(client, experiment_id: str) -> list[JobRow]:
+def collect_jobs(client, experiment_id: str, *, window: int = curve.DEFAULT_WINDOW) -> list[JobRow]:
+    """Every job's row; ``window``: the verdict's (per-item values are fetched only for the points it compares)."""
     # Filtered here, not in the query: a tag filter would also drop runs without the tag.
     runs = client.search_runs([experiment_id], max_results=5000)
     rows = []
@@ -95,28 +96,40 @@ def collect_jobs(client, experiment_id: str) -> list[JobRow]:
                 quality=_number(run, quality_metric) if quality_metric else None,
                 usd_per_point=_number(run, "usd_per_quality_point"),
                 benchmarks=report_cell(run.data.metrics),
-                bench=_bench_points(client, run),
+                bench=_bench_points(client, run, window=window),
             )
         )
     return sorted(rows, key=lambda r: r.job)
 
 
-def _bench_points(client, run) -> dict:
+def _bench_points(client, run, *, window: int = curve.DEFAULT_WINDOW) -> dict:
     keys = [k for k in run.data.metrics if k.startswith("bench/")]
     if not keys:
         return {}
     history = {k: client.get_metric_history(run.info.run_id, k) for k in [*keys, "cost_usd"]}
-    return curve.from_history(history, _bench_items(client, run.info.run_id))
+    steps = _compared_steps(curve.from_history(history), window)
+    return curve.from_history(history, _bench_items(client, run.info.run_id, steps))
 
 
-def _bench_items(client, run_id: str) -> dict[int, tuple]:
-    """Per evaluated step, the per-item values the run holds (``bench/items/``): the verdict's gains are paired
-    where both points have them. One that does not read back sound is left out (that gain is unpaired)."""
+def _compared_steps(series: dict, window: int) -> set[int]:
+    """The steps the verdict compares (``curve.judge``): per metric its first point, its last and the one
+    ``window`` evaluations before the last; only their per-item values are downloaded, not every evaluation's."""
+    wanted = set()
+    for points in series.values():
+        if points:
+            wanted |= {points[0].step, points[-1].step, points[max(0, len(points) - 1 - window)].step}
+    return wanted
+
+
+def _bench_items(client, run_id: str, steps: set[int]) -> dict[int, tuple]:
+    """Per evaluated step of ``steps``, the per-item values the run holds (``bench/items/``): the verdict's gains
+    are paired where both points have them. One that does not read back sound is left out (that gain is unpaired)."""
     import json
 
     out = {}
+    wanted = {curve.items_artifact(step) for step in steps}
     try:
-        files = [a.path for a in client.list_artifacts(run_id, curve.ITEMS_FOLDER) if a.path.endswith(".json")]
+        files = [a.path for a in client.list_artifacts(run_id, curve.ITEMS_FOLDER) if a.path in wanted]
     except Exception as err:  # noqa: BLE001 - no items: the verdict falls back to the two standard errors
         log.warning("cannot list %s of run %s (%s); its verdict uses unpaired intervals", curve.ITEMS_FOLDER,
                     run_id, type(err).__name__)
@@ -236,7 +249,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "Pass --experiment with the name your jobs used (tracking.experiment).")
     from orchestrator.sweep.report import report_sweeps
 
-    rows = collect_jobs(client, experiment.experiment_id)
+    rows = collect_jobs(client, experiment.experiment_id, window=args.plateau_evaluations)
     sweep_lines, sweep_charts = report_sweeps(client, experiment.experiment_id, args.out)
     if not rows:
         print(f"no jobs in experiment {args.experiment!r} yet")
