@@ -69,13 +69,18 @@ class AttemptRecord:
         stored = self.ledger.load()
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
             costs = _attempt_costs(a for a in stored["attempts"] if a["fence"] != attempt["fence"])
-            self.spend.begin(attempt["fence"], startup_s=last_restart_seconds(stored.get("attempts") or []),
+            self.spend.begin(attempt["fence"], startup_s=self.startup_seconds(stored.get("attempts") or []),
                              vanished_usd=costs)
         self.prior_attempts = [a for a in stored["attempts"] if a["fence"] != attempt["fence"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         log.info("attempt with fence %d of job %r on %s (newest checkpoint: step %d)", attempt["fence"],
                  self.ledger.run_name, attempt["host"], newest_checkpoint_step)
         return attempt
+
+    def startup_seconds(self, attempts: list) -> float:
+        """Process start to first step, as this attempt's first reservation counts it: the job's last measured,
+        else ``compute.restart_seconds`` (a sweep's driver sets it from its trials' ledgers), else 0 (unknown)."""
+        return last_restart_seconds(attempts) or float(getattr(self.compute, "restart_seconds", None) or 0.0)
 
     def load(self) -> dict:
         return self.ledger.load()
