@@ -214,6 +214,23 @@ def test_grpo_rewards_are_stored_beside_training_and_a_checkpoint_waits_for_them
 
 
 # ---- the money watch ------------------------------------------------------------------
+def test_a_restart_its_budget_cannot_carry_through_its_start_up_stops_before_spending_it():
+    """budget.max_usd: a step is the first moment the guard can stop an attempt, so a restart whose budget left
+    is less than the start-up still ahead of it (the job's last measured, less what it has run) is refused at
+    once, naming the numbers and the fix; one the budget carries starts."""
+    clock = [1000.0]
+    price = Price(usd_per_hour_total=36.0, usd_per_gpu_hour=36.0, on_demand_usd_per_hour_total=36.0, source="test")
+    money = MoneyWatch(price, max_steps=100, budget_max_usd=1.0, fallback_tokens_per_step=64)
+    money.meter._clock = lambda: clock[0]
+    money.meter.started_at = clock[0] - 2  # 2 s of imports at $0.01/s
+    with pytest.raises(BudgetExhausted, match=r"budget nearly spent: \$0.030000 left of budget.max_usd=\$1.0, less "
+                                              r"than the start-up still ahead of this attempt \(\$0.080000: 10.0 s"):
+        money.refuse_start_up(0.95, 10.0)  # $0.95 spent before, $0.02 since the process started, 8 s to come
+    assert money.budget_stopped
+    MoneyWatch(price, max_steps=100, budget_max_usd=1.0, fallback_tokens_per_step=64).refuse_start_up(0.9, 5.0)
+    MoneyWatch(price, max_steps=100, budget_max_usd=None, fallback_tokens_per_step=64).refuse_start_up(5.0, 5.0)
+
+
 def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store):
     from orchestrator.money.budget import BudgetGuard
     from orchestrator.config.schema import BudgetConfig

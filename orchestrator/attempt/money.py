@@ -59,6 +59,24 @@ class MoneyWatch:
                                   fallback_tokens_per_step=self.fallback_tokens_per_step,
                                   rollouts_per_step=self.rollouts_per_step)
 
+    def refuse_start_up(self, prior_cost_usd: float, startup_s: float) -> None:
+        """Raise BudgetExhausted when ``budget.max_usd`` cannot carry this attempt through the start-up still
+        ahead of it (``startup_s``: process start to first step, as ``AttemptRecord.startup_seconds`` says): a
+        step is the first moment the guard can stop it, so it would pass the budget by that start-up."""
+        if self.budget_max_usd is None:
+            return
+        per_s = self.price.usd_per_hour_total / 3600.0
+        spent = self.meter.attempt_cost_usd()
+        to_come = per_s * startup_to_come_s(startup_s, spent, per_s)
+        left = float(self.budget_max_usd) - prior_cost_usd - spent
+        if to_come > 0 and left < to_come:
+            self.budget_stopped = True
+            raise BudgetExhausted(
+                f"budget nearly spent: ${max(0.0, left):.6f} left of budget.max_usd=${self.budget_max_usd}, less than "
+                f"the start-up still ahead of this attempt (${to_come:.6f}: {startup_s:.1f} s from process start to "
+                "first step, the job's last measured), so it stops before loading the model; raise budget.max_usd "
+                "to let the job go on from its last checkpoint")
+
     def attempt_cost_usd(self) -> float:
         return self.meter.attempt_cost_usd()
 
