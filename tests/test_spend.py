@@ -198,3 +198,35 @@ def test_an_attempt_the_caps_cannot_carry_through_its_start_up_stops_before_spen
 
 def store_index(store) -> dict:
     return _index(store).load()
+
+
+def test_another_jobs_hold_is_released_once_its_attempt_is_gone_and_kept_while_it_lives(store):
+    """A job SIGKILLed that never runs again (a sweep's trial killed with its launcher, then pruned) must not hold
+    its unspent reservation against the caps for good: the next capped job to reserve settles it at the dead
+    attempt's ledger cost. While its process lives, the hold stands."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from orchestrator.money.spend import month_of
+    from orchestrator.ledger import Ledger
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    ledger = Ledger(store, "a")
+    attempt = ledger.begin_attempt(host=socket.gethostname(), pid=holder.pid, instance_type="cpu", gpu_type=None,
+                                   gpus=0, spot=False, checkpoint_step=0)
+    _index(store, run="a", monthly=1.0, clock=time.time).reserve(attempt["fence"], 0.0, 0.9)  # a holds $0.9 of the $1 cap
+    ledger.heartbeat(3, 0.1)  # and had spent $0.10 by its last heartbeat
+    try:
+        assert _index(store, run="b", monthly=1.0, clock=time.time).reserve(1, 0.0, 0.8).through == pytest.approx(0.1)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    assert _index(store, run="c", monthly=1.0, clock=time.time).refusal() is None
+    grant = _index(store, run="c", monthly=1.0, clock=time.time).reserve(1, 0.0, 0.8)
+    assert grant.through == pytest.approx(0.8)  # a's $0.80 unspent came back; its $0.10 stays charged
+    jobs = store_index(store)["jobs"]
+    assert jobs["a"]["open"] == {} and jobs["a"]["months"][month_of(time.time())] == pytest.approx(0.1)
+    assert month_total_usd(store_index(store), month_of(time.time())) == pytest.approx(1.0)
