@@ -59,24 +59,6 @@ class MoneyWatch:
                                   fallback_tokens_per_step=self.fallback_tokens_per_step,
                                   rollouts_per_step=self.rollouts_per_step)
 
-    def refuse_start_up(self, prior_cost_usd: float, startup_s: float) -> None:
-        """Raise BudgetExhausted when ``budget.max_usd`` cannot carry this attempt through the start-up still
-        ahead of it (``startup_s``: process start to first step, as ``AttemptRecord.startup_seconds`` says): a
-        step is the first moment the guard can stop it, so it would pass the budget by that start-up."""
-        if self.budget_max_usd is None:
-            return
-        per_s = self.price.usd_per_hour_total / 3600.0
-        spent = self.meter.attempt_cost_usd()
-        to_come = per_s * startup_to_come_s(startup_s, spent, per_s)
-        left = float(self.budget_max_usd) - prior_cost_usd - spent
-        if to_come > 0 and left < to_come:
-            self.budget_stopped = True
-            raise BudgetExhausted(
-                f"budget nearly spent: ${max(0.0, left):.6f} left of budget.max_usd=${self.budget_max_usd}, less than "
-                f"the start-up still ahead of this attempt (${to_come:.6f}: {startup_s:.1f} s from process start to "
-                "first step, the job's last measured), so it stops before loading the model; raise budget.max_usd "
-                "to let the job go on from its last checkpoint")
-
     def attempt_cost_usd(self) -> float:
         return self.meter.attempt_cost_usd()
 
@@ -144,6 +126,23 @@ def startup_to_come_s(startup_s: float, spent_usd: float, usd_per_second: float)
     spent ``spent_usd`` since its process started."""
     elapsed = spent_usd / usd_per_second if usd_per_second > 0 else 0.0
     return max(0.0, float(startup_s) - elapsed)
+
+
+def start_up_refusal(max_usd: Optional[float], *, prior_usd: float, spent_usd: float, usd_per_second: float,
+                     startup_s: float) -> Optional[str]:
+    """Why ``budget.max_usd`` cannot carry an attempt through the start-up still ahead of it (``startup_s``: process
+    start to first step, ``AttemptRecord.startup_seconds``), or None: a step is the first moment the guard can
+    stop it, so it would pass the budget by that start-up. ``prior_usd``: the job's earlier attempts."""
+    if max_usd is None:
+        return None
+    to_come = usd_per_second * startup_to_come_s(startup_s, spent_usd, usd_per_second)
+    left = float(max_usd) - prior_usd - spent_usd
+    if to_come <= 0 or left >= to_come:
+        return None
+    return (f"budget nearly spent: ${max(0.0, left):.6f} left of budget.max_usd=${max_usd}, less than the start-up "
+            f"still ahead of this attempt (${to_come:.6f}: {startup_s:.1f} s from process start to first step, the "
+            "job's last measured), so it stops before loading the model; raise budget.max_usd to let the job go on "
+            "from its last checkpoint")
 
 
 class SpendWatch:

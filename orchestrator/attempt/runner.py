@@ -123,9 +123,6 @@ class Runner:
     def begin(self) -> None:
         """1. Take the job's next fence in the ledger (or stop: caps, budget, completed); open MLflow."""
         self.record.begin(self.checkpoints.newest_step(), final_uri=self.checkpoints.final_uri())
-        if self.record.writes:  # budget.max_usd must carry the start-up ahead: a step is the first stop
-            self.money.refuse_start_up(self.record.prior_cost_usd,
-                                       self.record.startup_seconds(self.record.prior_attempts))
         self.checkpoints.remove_uncommitted()
         self.record.set_mlflow_run_id(self.tracking.start())
         record_repro(self.cfg, self.record, self.tracking)

@@ -132,25 +132,9 @@ class Driver:
 
     def _budget_spent(self) -> bool:
         from orchestrator.money.spend import experiment_total_usd
-        from orchestrator.money.spend_leases import dead_holds, release
 
-        index = self.plan.spend_index()  # a fresh parse: released in place, never written back here
-        release(index, dead_holds(self.plan.store, index, own_run="", now=time.time()))  # trials that are gone
-        spent = experiment_total_usd(index, self.plan.experiment)
+        spent = experiment_total_usd(live_index(self.plan), self.plan.experiment)
         return spent >= self.plan.budget_usd - 1e-9
-
-    def _startup_override(self) -> list[str]:
-        """``compute.restart_seconds``: the longest start-up (process start to first step) the trials' ledgers
-        measured, so a trial's first attempt reserves its start-up too (``AttemptRecord.startup_seconds``)
-        and one the budget cannot carry through its start-up stops before it spends it; none while none is
-        measured, or when the sweep's command sets it."""
-        from orchestrator.policy.history import restart_seconds_measured
-
-        if any(o.startswith("compute.restart_seconds=") for o in self.plan.fixed):
-            return []
-        seen = [s for t in self.state.load()["trials"] for s in restart_seconds_measured(
-            Ledger(self.plan.store, t["run_name"]).load().get("attempts") or [])]
-        return [f"compute.restart_seconds={max(seen):.3f}"] if seen else []
 
     def _launch(self, trial: dict) -> dict:
         number, rung = trial["number"], trial["rung"]
@@ -158,7 +142,7 @@ class Driver:
                    *(override(k, v) for k, v in sorted(trial["params"].items())),
                    f"run.name={trial['run_name']}", f"train.pause_at_step={self.steps[rung]}",
                    f"train.eval_steps={decide.eval_every(self.settings)}",
-                   *self.plan.trial_overrides, *self._startup_override()]
+                   *self.plan.trial_overrides, *startup_override(self.plan)]
         before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
         path = self.logs / f"t{number}.log"
         offset = path.stat().st_size if path.exists() else 0
@@ -250,3 +234,27 @@ class Driver:
         log.info("sweep %s: trial %d at rung %d: %s", self.state.name, number, rung, verdict)
         self.events("decided", doc["trials"][number], doc)
         return doc
+
+
+def live_index(plan) -> dict:
+    """The spend index with the holds of trials that are gone settled at their ledger cost (``spend_leases``);
+    a fresh parse, released in place, never written back from here."""
+    from orchestrator.money.spend_leases import dead_holds, release
+
+    index = plan.spend_index()
+    release(index, dead_holds(plan.store, index, own_run="", now=time.time()))
+    return index
+
+
+def startup_override(plan) -> list[str]:
+    """``compute.restart_seconds``: the longest start-up (process start to first step) the trials' ledgers
+    measured, so a trial's first attempt reserves its start-up too (``AttemptRecord.startup_seconds``) and one
+    the budget cannot carry through its start-up stops before it spends it; none while none is measured, or
+    when the sweep's command sets it."""
+    from orchestrator.policy.history import restart_seconds_measured
+
+    if any(o.startswith("compute.restart_seconds=") for o in plan.fixed):
+        return []
+    seen = [s for t in plan.state.load()["trials"] for s in restart_seconds_measured(
+        Ledger(plan.store, t["run_name"]).load().get("attempts") or [])]
+    return [f"compute.restart_seconds={max(seen):.3f}"] if seen else []
