@@ -75,10 +75,13 @@ def final_loss(runs: Path, name: str, max_steps: int) -> tuple[float, float] | N
 
 def summary(runs: Path, names: list[str], max_steps: int, wall: float, idle: float) -> dict:
     finals = {n: final_loss(runs, n, max_steps) for n in names}
-    best = min((n for n in names if finals[n]), key=lambda n: finals[n][0])
-    return dict(wall_s=wall, idle_share=idle, spent_usd=spent_by(runs, names, float("inf")),
-                best=best.rsplit("-", 1)[1], best_eval_loss=finals[best][0], usd_to_best=spent_by(runs, names, finals[best][1]),
-                full_trials=sum(1 for f in finals.values() if f))
+    best = min((n for n in names if finals[n]), key=lambda n: finals[n][0], default=None)
+    spent = spent_by(runs, names, float("inf"))
+    if best is None:  # a budget that stopped every trial short of max_steps
+        return dict(wall_s=wall, idle_share=idle, spent_usd=spent, best="none", best_eval_loss=float("nan"),
+                    usd_to_best=float("nan"), full_trials=0)
+    return dict(wall_s=wall, idle_share=idle, spent_usd=spent, best=best.rsplit("-", 1)[1], best_eval_loss=finals[best][0],
+                usd_to_best=spent_by(runs, names, finals[best][1]), full_trials=sum(1 for f in finals.values() if f))
 
 
 def run_asha(root: Path, args, extra: list[str], side: str = "asha", chaos=None) -> tuple[dict, dict]:
