@@ -50,7 +50,9 @@ def env(step_delay: float = 0.0) -> dict:
 
 
 def ledger(runs: Path, name: str) -> dict:
-    return json.loads((runs / name / "ledger.json").read_text())
+    """The trial's ledger; {} for one a cap refused before it took an attempt (nothing written)."""
+    path = runs / name / "ledger.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def spent_by(runs: Path, names: list[str], moment: float) -> float:
@@ -70,7 +72,7 @@ def final_loss(runs: Path, name: str, max_steps: int) -> tuple[float, float] | N
     """(eval_loss at max_steps, when its attempt ended) or None when the trial never got there."""
     led = ledger(runs, name)
     value = ((led.get("quality") or {}).get("evals") or {}).get(str(max_steps), {}).get("eval_loss")
-    return None if value is None else (float(value), float(led["attempts"][-1]["ended_at"]))
+    return None if value is None or not led.get("attempts") else (float(value), float(led["attempts"][-1]["ended_at"]))
 
 
 def summary(runs: Path, names: list[str], max_steps: int, wall: float, idle: float) -> dict:

@@ -95,7 +95,7 @@ class Driver:
                 continue
             if waiting:
                 trial = waiting[0]
-            elif len(doc["trials"]) < self.plan.n_trials and not self._budget_spent():
+            elif len(doc["trials"]) < self.plan.n_trials and room_for_a_new_trial(self.plan):
                 params = decide.sample(self.plan.space, self.settings, doc["trials"], len(doc["trials"]))
                 trial = self.state.new_trial(params)
                 log.info("sweep %s: trial %d samples %s", self.state.name, trial["number"], params)
@@ -251,10 +251,27 @@ def startup_override(plan) -> list[str]:
     measured, so a trial's first attempt reserves its start-up too (``AttemptRecord.startup_seconds``) and one
     the budget cannot carry through its start-up stops before it spends it; none while none is measured, or
     when the sweep's command sets it."""
-    from orchestrator.policy.history import restart_seconds_measured
-
     if any(o.startswith("compute.restart_seconds=") for o in plan.fixed):
         return []
-    seen = [s for t in plan.state.load()["trials"] for s in restart_seconds_measured(
-        Ledger(plan.store, t["run_name"]).load().get("attempts") or [])]
-    return [f"compute.restart_seconds={max(seen):.3f}"] if seen else []
+    seconds = longest_start_up_s(plan)
+    return [f"compute.restart_seconds={seconds:.3f}"] if seconds else []
+
+
+def longest_start_up_s(plan) -> float:
+    """The longest start-up (process start to first step) the sweep's trials' ledgers measured; 0 before any."""
+    from orchestrator.policy.history import restart_seconds_measured
+
+    return max((s for t in plan.state.load()["trials"] for s in restart_seconds_measured(
+        Ledger(plan.store, t["run_name"]).load().get("attempts") or [])), default=0.0)
+
+
+def room_for_a_new_trial(plan) -> bool:
+    """Whether the budget left (reservations counted) carries a new trial's start-up (the longest measured): a
+    process spends its imports before it can reserve anything, so a trial launched into less would pass the
+    budget by them. Trials already launched (promoted, requeued) are not held back: their holds settle as usual."""
+    from orchestrator.money.cost import load_catalog, price_for
+    from orchestrator.money.spend import experiment_total_usd
+
+    per_s = price_for(plan.cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
+    charged = experiment_total_usd(live_index(plan), plan.experiment)
+    return charged < plan.budget_usd - per_s * longest_start_up_s(plan) - 1e-9
