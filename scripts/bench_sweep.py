@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_sweep.py                          # 6 trials, 2 at once, rungs at 4 and 12 steps
     .venv/bin/python scripts/bench_sweep.py --trials 8 --parallel 4 -- data.num_examples=400
+    .venv/bin/python scripts/bench_sweep.py --chaos 7 --trials 16 --parallel 4 --max-steps 24   # see below
 
 1. ASHA: ``python -m orchestrator.launch sweep=asha ...`` (the driver: asynchronous promotion, paused trials hold
    no worker). Its trials' parameters are then taken as they were sampled.
@@ -13,6 +14,13 @@ Both run real jobs (the tiny model, CPU) with ``compute.price_per_hour=1`` so do
 prints: wall seconds; the idle share (slot-seconds with no trial process / ``parallel`` x wall); the dollars spent
 (every attempt's cost in the trials' ledgers); the best trial (lowest ``eval_loss`` at ``max_steps``) and the cost
 to reach it (dollars spent by the moment its final evaluation was known: attempts before, prorated across it).
+
+``--chaos SEED``: instead of the batch order, the same ASHA sweep again with every trial's worker SIGKILLed at
+least once after a commit (at a committed step the seed picks; about half of them once more;
+``sweep_chaos.py``), then: the spend against ``sweep.budget_usd`` plus one step per running trial, whether any
+resumed attempt started anywhere but its committed checkpoint (the ledgers), whether the promotions and the best
+trial are the uninterrupted sweep's, and the idle share of paid time per side. Both sides checkpoint every 2
+steps and run with ``ORCH_STEP_DELAY_SECONDS`` (``--step-delay``) so a kill lands mid-rung.
 """
 from __future__ import annotations
 
@@ -32,15 +40,19 @@ COMMON = ["train.logging_steps=4", "data.num_examples=160", "checkpoint.every=of
 SPACE = ["train.learning_rate=tag(log, interval(1e-4,3e-2))", "recipe.lora_r=choice(4,8,16)"]
 
 
-def env() -> dict:
+def env(step_delay: float = 0.0) -> dict:
     e = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    if step_delay:
+        e["ORCH_STEP_DELAY_SECONDS"] = str(step_delay)
     e.setdefault("ORCH_CACHE_DIR", str(REPO / ".cache" / "test-models"))
     e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH", "")) if p)
     return e
 
 
 def ledger(runs: Path, name: str) -> dict:
-    return json.loads((runs / name / "ledger.json").read_text())
+    """The trial's ledger; {} for one a cap refused before it took an attempt (nothing written)."""
+    path = runs / name / "ledger.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def spent_by(runs: Path, names: list[str], moment: float) -> float:
@@ -60,33 +72,43 @@ def final_loss(runs: Path, name: str, max_steps: int) -> tuple[float, float] | N
     """(eval_loss at max_steps, when its attempt ended) or None when the trial never got there."""
     led = ledger(runs, name)
     value = ((led.get("quality") or {}).get("evals") or {}).get(str(max_steps), {}).get("eval_loss")
-    return None if value is None else (float(value), float(led["attempts"][-1]["ended_at"]))
+    return None if value is None or not led.get("attempts") else (float(value), float(led["attempts"][-1]["ended_at"]))
 
 
 def summary(runs: Path, names: list[str], max_steps: int, wall: float, idle: float) -> dict:
     finals = {n: final_loss(runs, n, max_steps) for n in names}
-    best = min((n for n in names if finals[n]), key=lambda n: finals[n][0])
-    return dict(wall_s=wall, idle_share=idle, spent_usd=spent_by(runs, names, float("inf")),
-                best=best.rsplit("-", 1)[1], best_eval_loss=finals[best][0], usd_to_best=spent_by(runs, names, finals[best][1]),
-                full_trials=sum(1 for f in finals.values() if f))
+    best = min((n for n in names if finals[n]), key=lambda n: finals[n][0], default=None)
+    spent = spent_by(runs, names, float("inf"))
+    if best is None:  # a budget that stopped every trial short of max_steps
+        return dict(wall_s=wall, idle_share=idle, spent_usd=spent, best="none", best_eval_loss=float("nan"),
+                    usd_to_best=float("nan"), full_trials=0)
+    return dict(wall_s=wall, idle_share=idle, spent_usd=spent, best=best.rsplit("-", 1)[1], best_eval_loss=finals[best][0],
+                usd_to_best=spent_by(runs, names, finals[best][1]), full_trials=sum(1 for f in finals.values() if f))
 
 
-def run_asha(root: Path, args, extra: list[str]) -> tuple[dict, list[dict]]:
-    runs = root / "asha-runs"
+def run_asha(root: Path, args, extra: list[str], side: str = "asha", chaos=None) -> tuple[dict, dict]:
+    """One ASHA sweep (``chaos``: a ``sweep_chaos.Chaos`` that SIGKILLs its trials' workers as it runs)."""
+    runs = root / f"{side}-runs"
     cmd = [sys.executable, "-m", "orchestrator.launch", "sweep=asha", "sweep.name=bench", f"sweep.n_trials={args.trials}",
-           f"sweep.max_parallel={args.parallel}", "sweep.budget_usd=100", f"sweep.seed={args.seed}",
+           f"sweep.max_parallel={args.parallel}", f"sweep.budget_usd={args.budget}", f"sweep.seed={args.seed}",
            "sweep.metric=eval_loss", "sweep.min_fraction=0.34", "sweep.reduction_factor=3",
            f"train.max_steps={args.max_steps}", *COMMON, *SPACE, f"storage.uri={runs}",
-           f"run.work_dir={root / 'asha-work'}", *extra]
+           f"run.work_dir={root / f'{side}-work'}", *extra]
     started = time.monotonic()
-    done = subprocess.run(cmd, cwd=root, env=env(), capture_output=True, text=True)
+    with open(root / f"{side}-driver.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env(args.step_delay), stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if chaos is not None:
+                chaos.tick(runs, runs / "bench" / "sweep.json")
+            time.sleep(0.2)
     wall = time.monotonic() - started
-    if done.returncode != 0:
-        sys.exit(f"the ASHA sweep failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    if proc.returncode != 0:
+        sys.exit(f"the {side} sweep failed ({proc.returncode}):\n{(root / f'{side}-driver.log').read_text()[-3000:]}")
     state = json.loads((runs / "bench" / "sweep.json").read_text())
     usage = state["usage"]
     names = [t["run_name"] for t in state["trials"]]
-    return summary(runs, names, args.max_steps, wall, usage["idle_seconds"] / usage["slot_seconds"]), state["trials"]
+    out = summary(runs, names, args.max_steps, wall, usage["idle_seconds"] / usage["slot_seconds"])
+    return dict(out, runs=runs, names=names), state
 
 
 def run_batches(root: Path, args, trials: list[dict], extra: list[str]) -> dict:
@@ -118,12 +140,22 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget", type=float, default=100.0, help="sweep.budget_usd (dollars at $1/h)")
+    parser.add_argument("--chaos", type=int, default=None, metavar="SEED",
+                        help="compare against the same sweep with every trial SIGKILLed (seeded), not the batch order")
+    parser.add_argument("--step-delay", type=float, default=None, help="ORCH_STEP_DELAY_SECONDS (default: 0.4 "
+                                                                       "with --chaos, else none)")
+    parser.add_argument("--keep", default=None, help="run in this folder and keep it (default: a temporary one)")
     parser.add_argument("overrides", nargs="*", help="more overrides for every trial (after --)")
     args = parser.parse_args()
+    if args.step_delay is None:
+        args.step_delay = 0.4 if args.chaos is not None else 0.0
+    if args.chaos is not None:
+        return chaos_main(args)
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         root = Path(tmp)
-        asha, trials = run_asha(root, args, args.overrides)
-        batch = run_batches(root, args, trials, args.overrides)
+        asha, state = run_asha(root, args, args.overrides)
+        batch = run_batches(root, args, state["trials"], args.overrides)
     print(f"{args.trials} trials, {args.parallel} at once, max_steps {args.max_steps}, seed {args.seed} "
           f"(ASHA rungs: min_fraction 0.34, reduction_factor 3)")
     print(f"{'':<22}{'ASHA (this driver)':>20}{'batch-synchronous':>20}")
@@ -133,6 +165,22 @@ def main() -> int:
             ("USD to reach it", "usd_to_best", "{:.4f}")]
     for label, key, fmt in rows:
         print(f"{label:<22}{fmt.format(asha[key]):>20}{fmt.format(batch[key]):>20}")
+    return 0
+
+
+def chaos_main(args) -> int:
+    from sweep_chaos import Chaos, report
+
+    extra = ["checkpoint.every_steps=2", "requeue.backoff_base_seconds=0.2", *args.overrides]
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-chaos-"))
+    root.mkdir(parents=True, exist_ok=True)
+    calm, calm_state = run_asha(root, args, extra, side="calm")
+    chaos = Chaos(args.chaos)
+    rough, rough_state = run_asha(root, args, extra, side="chaos", chaos=chaos)
+    print(f"{args.trials} trials, {args.parallel} at once, max_steps {args.max_steps}, sweep seed {args.seed}, "
+          f"chaos seed {args.chaos}, step floor {args.step_delay} s, budget ${args.budget:g} at $1/h; folder {root}")
+    for line in report(args, (calm, calm_state), (rough, rough_state), chaos):
+        print(line)
     return 0
 
 

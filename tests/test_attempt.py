@@ -18,7 +18,8 @@ import pytest
 
 from orchestrator.attempt.build import build_attempt
 from orchestrator.attempt.checkpoints import CheckpointController
-from orchestrator.attempt.money import MoneyWatch
+from orchestrator.attempt.money import MoneyWatch, SpendWatch
+from orchestrator.money.spend import Caps, SpendIndex
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.checkpoint.store import CheckpointStore
 from orchestrator.config.compose import compose_config
@@ -214,6 +215,27 @@ def test_grpo_rewards_are_stored_beside_training_and_a_checkpoint_waits_for_them
 
 
 # ---- the money watch ------------------------------------------------------------------
+def test_a_restart_its_budget_cannot_carry_through_its_start_up_stops_before_spending_it(store):
+    """budget.max_usd: a step is the first moment the guard can stop an attempt, so a restart whose budget left
+    is less than the start-up still ahead of it (the job's last measured, less what it has run) is refused when
+    it takes its fence, naming the numbers and the fix, before it loads anything; one the budget carries starts."""
+    ledger = Ledger(store, "job")
+    first = AttemptRecord(ledger, RequeuePolicy(RequeueConfig()), compute=ComputeConfig(), budget_max_usd=1.0)
+    fence = first.begin(0)["fence"]
+    first.record_restart({"total_s": 10.0})  # process start to first step, as the runner reports it
+    ledger.end_attempt(ExitClass.PREEMPTED, 4, 0.95)
+
+    def restart(budget: float):
+        spend = SpendWatch(SpendIndex(store, Caps("job", "x")), usd_per_second=0.01, window_s=60, spent=lambda: 0.02)
+        return AttemptRecord(Ledger(store, "job"), RequeuePolicy(RequeueConfig()), compute=ComputeConfig(),
+                             budget_max_usd=budget, spend=spend).begin(4)
+
+    with pytest.raises(BudgetExhausted, match=r"budget nearly spent: \$0.030000 left of budget.max_usd=\$1.0, less "
+                                              r"than the start-up still ahead of this attempt \(\$0.080000: 10.0 s"):
+        restart(1.0)  # $0.95 spent before, $0.02 since this process started (2 s), 8 s of start-up to come
+    assert restart(1.2)["fence"] > fence  # $0.23 left carries the $0.08
+
+
 def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store):
     from orchestrator.money.budget import BudgetGuard
     from orchestrator.config.schema import BudgetConfig

@@ -178,3 +178,55 @@ def test_status_spend_prints_the_month_and_each_experiment_by_job(s3_server, s3_
     assert "spend under " + s3_store.uri in printed and "a " in printed and "b " in printed
     assert status.main(["--spend", s3_store.uri + "-empty", "--endpoint-url", s3_server.endpoint_url]) == 2  # a user error (docs/cli.md)
     assert "no spend index at" in capsys.readouterr().err
+
+
+def test_an_attempt_the_caps_cannot_carry_through_its_start_up_stops_before_spending_it(store):
+    """A step is the first moment a running attempt can stop, so its first reservation must cover the start-up
+    still ahead of it (process start to first step, less what it has run): one the caps cannot carry stops at
+    once, having spent only what it had when it asked, and the caps' total never passes the cap."""
+    _index(store, run="other", monthly=1.0).reserve(1, 0.0, 0.95)  # another job holds $0.95 of the $1 cap
+    late = SpendWatch(_index(store, monthly=1.0), usd_per_second=0.01, window_s=60, spent=lambda: 0.01)
+    with pytest.raises(BudgetExhausted, match=r"leave this attempt \$0.040000, less than the start-up still ahead "
+                                              r"of it \(\$0.090000: 10.0 s from process start to first step"):
+        late.begin(1, startup_s=10.0)  # 1 s run ($0.01), 9 s ($0.09) to come; the cap leaves $0.04 beyond it
+    late.settle(0.01)  # what the runner's end does
+    assert month_total_usd(store_index(store), "2026-12") == pytest.approx(0.96)
+    quick = SpendWatch(_index(store, run="b", monthly=1.0), usd_per_second=0.01, window_s=60, spent=lambda: 0.01)
+    quick.begin(1, startup_s=3.0)  # $0.02 to come: the $0.03 left carries it (and a little training)
+    assert quick.through == pytest.approx(0.04)
+
+
+def store_index(store) -> dict:
+    return _index(store).load()
+
+
+def test_another_jobs_hold_is_released_once_its_attempt_is_gone_and_kept_while_it_lives(store):
+    """A job SIGKILLed that never runs again (a sweep's trial killed with its launcher, then pruned) must not hold
+    its unspent reservation against the caps for good: the next capped job to reserve settles it at the dead
+    attempt's ledger cost. While its process lives, the hold stands."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from orchestrator.money.spend import month_of
+    from orchestrator.ledger import Ledger
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    ledger = Ledger(store, "a")
+    attempt = ledger.begin_attempt(host=socket.gethostname(), pid=holder.pid, instance_type="cpu", gpu_type=None,
+                                   gpus=0, spot=False, checkpoint_step=0)
+    _index(store, run="a", monthly=1.0, clock=time.time).reserve(attempt["fence"], 0.0, 0.9)  # a holds $0.9 of the $1 cap
+    ledger.heartbeat(3, 0.1)  # and had spent $0.10 by its last heartbeat
+    try:
+        assert _index(store, run="b", monthly=1.0, clock=time.time).reserve(1, 0.0, 0.8).through == pytest.approx(0.1)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    assert _index(store, run="c", monthly=1.0, clock=time.time).refusal() is None
+    grant = _index(store, run="c", monthly=1.0, clock=time.time).reserve(1, 0.0, 0.8)
+    assert grant.through == pytest.approx(0.8)  # a's $0.80 unspent came back; its $0.10 stays charged
+    jobs = store_index(store)["jobs"]
+    assert jobs["a"]["open"] == {} and jobs["a"]["months"][month_of(time.time())] == pytest.approx(0.1)
+    assert month_total_usd(store_index(store), month_of(time.time())) == pytest.approx(1.0)

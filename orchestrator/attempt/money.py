@@ -121,12 +121,37 @@ class MoneyWatch:
             checkpoint_stall_seconds=stall, checkpoint_upload_seconds=upload_seconds, **overrides)
 
 
+def startup_to_come_s(startup_s: float, spent_usd: float, usd_per_second: float) -> float:
+    """Seconds of the start-up (process start to first step: ``startup_s``) still ahead of an attempt that has
+    spent ``spent_usd`` since its process started."""
+    elapsed = spent_usd / usd_per_second if usd_per_second > 0 else 0.0
+    return max(0.0, float(startup_s) - elapsed)
+
+
+def start_up_refusal(max_usd: Optional[float], *, prior_usd: float, spent_usd: float, usd_per_second: float,
+                     startup_s: float) -> Optional[str]:
+    """Why ``budget.max_usd`` cannot carry an attempt through the start-up still ahead of it (``startup_s``: process
+    start to first step, ``AttemptRecord.startup_seconds``), or None: a step is the first moment the guard can
+    stop it, so it would pass the budget by that start-up. ``prior_usd``: the job's earlier attempts."""
+    if max_usd is None:
+        return None
+    to_come = usd_per_second * startup_to_come_s(startup_s, spent_usd, usd_per_second)
+    left = float(max_usd) - prior_usd - spent_usd
+    if to_come <= 0 or left >= to_come:
+        return None
+    return (f"budget nearly spent: ${max(0.0, left):.6f} left of budget.max_usd=${max_usd}, less than the start-up "
+            f"still ahead of this attempt (${to_come:.6f}: {startup_s:.1f} s from process start to first step, the "
+            "job's last measured), so it stops before loading the model; raise budget.max_usd to let the job go on "
+            "from its last checkpoint")
+
+
 class SpendWatch:
     """The attempt's hold on the store's spend index (``orchestrator.money.spend``): main rank only.
 
-    ``begin`` reserves the start-up still to come (the job's last measured start to first step) and
-    one window (``budget.reserve_ahead``) at this attempt's price, or raises BudgetExhausted when a cap
-    is spent; ``stop_reason``, every step, extends the reservation when half a window is left (one
+    ``begin`` reserves the start-up still to come (the job's last measured start to first step, less what
+    the process has run) and one window (``budget.reserve_ahead``) at this attempt's price, or raises
+    BudgetExhausted when a cap is spent or leaves less than that start-up (before the model's load: a step is the
+    first moment a running attempt can stop, so a start-up the grant does not cover would pass the cap); ``stop_reason``, every step, extends the reservation when half a window is left (one
     conditional write), sends the caps' alerts once each, and says stop once the attempt's spend
     reaches its reservation and the caps grant no more; ``settle`` at the end.
 
@@ -188,7 +213,8 @@ class SpendWatch:
         the open entries of attempts that vanished."""
         self.fence = fence
         spent = self.spent()
-        ahead = self.window_usd + self.usd_per_second * max(0.0, startup_s)
+        to_come = self.usd_per_second * startup_to_come_s(startup_s, spent, self.usd_per_second)
+        ahead = self.window_usd + to_come
         grant = self._unless_corrupt(lambda: self.index.reserve(fence, spent, spent + ahead,
                                                                 vanished_usd=vanished_usd))
         if grant is None:
@@ -196,6 +222,14 @@ class SpendWatch:
         self._take(grant, spent, ahead)
         if grant.through <= spent and ahead > 0:  # another job took the last dollars since the ledger's check
             raise BudgetExhausted(grant.refusal or f"spend cap reached: {self.index.where} grants this job nothing")
+        if grant.through < spent + to_come - 1e-12:  # it would pass the cap before its first step could stop it
+            raise BudgetExhausted(
+                f"spend cap nearly reached: the caps on {self.index.where} leave this attempt "
+                f"${grant.through - spent:.6f}, less than the start-up still ahead of it (${to_come:.6f}: "
+                f"{startup_s:.1f} s from process start to first step: the job's last measured, else "
+                "compute.restart_seconds), so it stops before loading the model. "
+                f"{grant.refusal or 'Raise the cap (budget.monthly_max_usd, budget.experiment_max_usd)'} "
+                "to go on from the last checkpoint")
 
     def stop_reason(self, spent: float) -> Optional[str]:
         if self.fence is None or self.window_usd <= 0:

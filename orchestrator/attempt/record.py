@@ -11,8 +11,9 @@ import os
 import socket
 from typing import Any, Optional
 
+from orchestrator.attempt.money import start_up_refusal
 from orchestrator.money.cost import attempts_cost_usd
-from orchestrator.errors import Fenced
+from orchestrator.errors import BudgetExhausted, Fenced
 from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.policy.history import last_restart_seconds
@@ -67,15 +68,24 @@ class AttemptRecord:
             # the spend index can be rebuilt from the ledgers (orchestrator storage repair-spend)
             extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None)
         stored = self.ledger.load()
-        if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
-            costs = _attempt_costs(a for a in stored["attempts"] if a["fence"] != attempt["fence"])
-            self.spend.begin(attempt["fence"], startup_s=last_restart_seconds(stored.get("attempts") or []),
-                             vanished_usd=costs)
         self.prior_attempts = [a for a in stored["attempts"] if a["fence"] != attempt["fence"]]
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
+        if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
+            startup_s = self.startup_seconds(stored.get("attempts") or [])
+            self.spend.begin(attempt["fence"], startup_s=startup_s, vanished_usd=_attempt_costs(self.prior_attempts))
+            # budget.max_usd must carry the start-up ahead too: a step is the first moment the guard can stop it
+            refusal = start_up_refusal(self.budget_max_usd, prior_usd=self.prior_cost_usd, spent_usd=self.spend.spent(),
+                                       usd_per_second=self.spend.usd_per_second, startup_s=startup_s)
+            if refusal:
+                raise BudgetExhausted(refusal)
         log.info("attempt with fence %d of job %r on %s (newest checkpoint: step %d)", attempt["fence"],
                  self.ledger.run_name, attempt["host"], newest_checkpoint_step)
         return attempt
+
+    def startup_seconds(self, attempts: list) -> float:
+        """Process start to first step, as this attempt's first reservation counts it: the job's last measured,
+        else ``compute.restart_seconds`` (a sweep's driver sets it from its trials' ledgers), else 0 (unknown)."""
+        return last_restart_seconds(attempts) or float(getattr(self.compute, "restart_seconds", None) or 0.0)
 
     def load(self) -> dict:
         return self.ledger.load()

@@ -17,6 +17,8 @@ At its end it settles its reservation to what it spent; an attempt that vanished
 (SIGKILL, a lost machine) is settled by the job's next attempt at the cost its
 ledger entry had at its last heartbeat (as the ledger itself counts it: known to
 within one heartbeat), or at its full reservation when the ledger has no cost for it.
+Another job's attempt that is gone and never comes back is settled the same way by
+the next capped job to read the index (``spend_leases``).
 Every read is checked (``parse_index``): an index that is not this shape, or holds an
 amount that is not a finite non-negative number, is SpendIndexCorrupt.
 
@@ -33,14 +35,18 @@ what it spent so far into the old month and opens a new entry).
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from orchestrator.errors import BudgetExhausted
+from orchestrator.money.spend_leases import dead_holds, release
 from orchestrator.storage.transact import record_once, transact
 from orchestrator.storage.base import ObjectStore, checked_json
+
+log = logging.getLogger(__name__)
 
 INDEX_KEY = "_spend/index.json"
 _ENTRY_AMOUNTS = ("base", "spent", "through", "updated_at")
@@ -254,12 +260,19 @@ class SpendIndex:
         them): they count as the first reservation will settle them (``vanished_usd``: fence -> the ledger's
         cost at each one's last heartbeat), not at their whole reservation, which would let a SIGKILLed
         attempt's unspent hold stop its own job's restart at the cap."""
-        index = _fresh(self.load())
+        index = copy.deepcopy(_fresh(self.load()))
         job = index["jobs"].get(self.caps.run_name)
         if job and job.get("open"):
-            index = copy.deepcopy(index)
             _settle_vanished(index["jobs"][self.caps.run_name], keep="", known=vanished_usd or {})
+        release(index, self.dead_holds(index))
         return self.caps.refusal(index, month_of(self.clock()), self.where)
+
+    def dead_holds(self, index: Optional[dict] = None) -> dict:
+        """Other jobs' reservations whose attempt is gone (``spend_leases``), when a cap makes them matter."""
+        if self.caps.monthly_max_usd is None and self.caps.experiment_max_usd is None:
+            return {}
+        return dead_holds(self.store, self.load() if index is None else index, own_run=self.caps.run_name,
+                          now=self.clock())
 
     def reserve(self, fence: int, spent: float, want_through: float, *,
                 vanished_usd: Optional[dict] = None) -> Grant:
@@ -273,9 +286,11 @@ class SpendIndex:
         now = self.clock()
         month = month_of(now)
         out: list[Grant] = []
+        dead, released = self.dead_holds(), []
 
         def mutate(index: Optional[dict]) -> dict:
             index = _fresh(index)
+            released[:] = release(index, dead)
             job = self._job(index)
             _settle_vanished(job, keep=str(fence), known=vanished_usd or {})
             entry = _entry(job, str(fence), month, spent, now)
@@ -294,6 +309,9 @@ class SpendIndex:
             return index
 
         self._transact(mutate)
+        if released:
+            log.info("spend index %s: released the holds of attempts that are gone: %s", self.where,
+                     "; ".join(released))
         return out[0]
 
     def settle(self, fence: int, spent: float) -> None:

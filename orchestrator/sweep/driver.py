@@ -95,7 +95,7 @@ class Driver:
                 continue
             if waiting:
                 trial = waiting[0]
-            elif len(doc["trials"]) < self.plan.n_trials and not self._budget_spent():
+            elif len(doc["trials"]) < self.plan.n_trials and room_for_a_new_trial(self.plan):
                 params = decide.sample(self.plan.space, self.settings, doc["trials"], len(doc["trials"]))
                 trial = self.state.new_trial(params)
                 log.info("sweep %s: trial %d samples %s", self.state.name, trial["number"], params)
@@ -133,7 +133,7 @@ class Driver:
     def _budget_spent(self) -> bool:
         from orchestrator.money.spend import experiment_total_usd
 
-        spent = experiment_total_usd(self.plan.spend_index(), self.plan.experiment)
+        spent = experiment_total_usd(live_index(self.plan), self.plan.experiment)
         return spent >= self.plan.budget_usd - 1e-9
 
     def _launch(self, trial: dict) -> dict:
@@ -142,7 +142,7 @@ class Driver:
                    *(override(k, v) for k, v in sorted(trial["params"].items())),
                    f"run.name={trial['run_name']}", f"train.pause_at_step={self.steps[rung]}",
                    f"train.eval_steps={decide.eval_every(self.settings)}",
-                   *self.plan.trial_overrides]
+                   *self.plan.trial_overrides, *startup_override(self.plan)]
         before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
         path = self.logs / f"t{number}.log"
         offset = path.stat().st_size if path.exists() else 0
@@ -234,3 +234,44 @@ class Driver:
         log.info("sweep %s: trial %d at rung %d: %s", self.state.name, number, rung, verdict)
         self.events("decided", doc["trials"][number], doc)
         return doc
+
+
+def live_index(plan) -> dict:
+    """The spend index with the holds of trials that are gone settled at their ledger cost (``spend_leases``);
+    a fresh parse, released in place, never written back from here."""
+    from orchestrator.money.spend_leases import dead_holds, release
+
+    index = plan.spend_index()
+    release(index, dead_holds(plan.store, index, own_run="", now=time.time()))
+    return index
+
+
+def startup_override(plan) -> list[str]:
+    """``compute.restart_seconds``: the longest start-up (process start to first step) the trials' ledgers
+    measured, so a trial's first attempt reserves its start-up too (``AttemptRecord.startup_seconds``) and one
+    the budget cannot carry through its start-up stops before it spends it; none while none is measured, or
+    when the sweep's command sets it."""
+    if any(o.startswith("compute.restart_seconds=") for o in plan.fixed):
+        return []
+    seconds = longest_start_up_s(plan)
+    return [f"compute.restart_seconds={seconds:.3f}"] if seconds else []
+
+
+def longest_start_up_s(plan) -> float:
+    """The longest start-up (process start to first step) the sweep's trials' ledgers measured; 0 before any."""
+    from orchestrator.policy.history import restart_seconds_measured
+
+    return max((s for t in plan.state.load()["trials"] for s in restart_seconds_measured(
+        Ledger(plan.store, t["run_name"]).load().get("attempts") or [])), default=0.0)
+
+
+def room_for_a_new_trial(plan) -> bool:
+    """Whether the budget left (reservations counted) carries a new trial's start-up (the longest measured): a
+    process spends its imports before it can reserve anything, so a trial launched into less would pass the
+    budget by them. Trials already launched (promoted, requeued) are not held back: their holds settle as usual."""
+    from orchestrator.money.cost import load_catalog, price_for
+    from orchestrator.money.spend import experiment_total_usd
+
+    per_s = price_for(plan.cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
+    charged = experiment_total_usd(live_index(plan), plan.experiment)
+    return charged < plan.budget_usd - per_s * longest_start_up_s(plan) - 1e-9

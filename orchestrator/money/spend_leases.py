@@ -1,0 +1,86 @@
+"""Dead holds in the spend index: other jobs' reservations whose attempt is gone, released by whoever reads next.
+
+A job settles its own vanished attempts when it runs again (``spend._settle_vanished``). One that never runs again
+(a sweep's trial SIGKILLed with its launcher, then pruned; a job abandoned after a lost machine) would hold its
+unspent reservation against the caps for good. The rule here: an open entry of *another* job is dead, and is
+settled at its ledger cost (what the attempt had spent by its last heartbeat, as the ledger counts it; never less
+than the entry's own ``spent``), when that job's ledger shows the attempt
+
+- ended (its exit class is no longer ``running``: it ended without settling), or fenced by a newer attempt;
+- running on this host under a process id that no longer exists (the local backend: SIGKILLed);
+- running with no heartbeat for ``LEASE_S`` (another host, silent that long: a start-up or a final save is
+  minutes at most, and an attempt alive past the lease charges its spend again at its next reservation, so a
+  wrong guess over-charges the caps, never under-charges them).
+
+An entry whose job has no ledger, or no attempt with that fence, is kept (nothing says it is dead).
+"""
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+LEASE_S = 600.0
+
+
+def _gone(pid) -> bool:
+    import psutil
+
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and not psutil.pid_exists(pid)
+
+
+def _dead_cost(attempt: dict, newest_fence: int, now: float) -> Optional[float]:
+    """The ledger cost of an attempt that is gone, or None while it may be alive."""
+    from orchestrator.storage.base import finite_number
+
+    cost = attempt.get("cost_usd")
+    cost = float(cost) if finite_number(cost) and cost >= 0 else None
+    if attempt.get("exit_class") != "running" or attempt["fence"] < newest_fence:
+        return cost
+    last_seen = attempt.get("last_seen")
+    stale = finite_number(last_seen) and now - float(last_seen) > LEASE_S
+    here = attempt.get("host") == socket.gethostname() and _gone(attempt.get("pid"))
+    return cost if (stale or here) else None
+
+
+def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
+    """{run: {fence: ledger cost}} of other jobs' open entries whose attempt is gone (the rules above)."""
+    from orchestrator.errors import UserError
+    from orchestrator.ledger import Ledger
+
+    out: dict = {}
+    for run, job in (index.get("jobs") or {}).items():
+        if run == own_run or not job.get("open"):
+            continue
+        try:
+            attempts = Ledger(store, run).load().get("attempts") or []
+        except (UserError, ValueError) as err:  # an unreadable ledger proves nothing: keep its holds
+            log.warning("spend index: job %r's ledger is unreadable (%s); its reservations stay held", run, err)
+            continue
+        newest = max((int(a["fence"]) for a in attempts), default=0)
+        by_fence = {str(a["fence"]): a for a in attempts}
+        for fence in job["open"]:
+            attempt = by_fence.get(fence)
+            cost = _dead_cost(attempt, newest, now) if attempt is not None else None
+            if cost is not None:
+                out.setdefault(run, {})[fence] = cost
+    return out
+
+
+def release(index: dict, dead: dict) -> list[str]:
+    """Settle the ``dead`` holds still open in ``index`` (in place) at their ledger cost; what was released."""
+    released = []
+    for run, fences in dead.items():
+        job = (index.get("jobs") or {}).get(run)
+        for fence, cost in fences.items():
+            entry = (job or {}).get("open", {}).pop(fence, None)
+            if entry is None:
+                continue
+            charge = max(0.0, max(float(cost), float(entry["spent"])) - float(entry["base"]))
+            months = job.setdefault("months", {})
+            months[entry["month"]] = float(months.get(entry["month"], 0.0)) + charge
+            released.append(f"{run} fence {fence}: held ${max(float(entry['through']), float(entry['spent'])):.6f}, "
+                             f"settled at ${charge + float(entry['base']):.6f}")
+    return released
