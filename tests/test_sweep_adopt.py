@@ -110,3 +110,30 @@ def test_a_launcher_started_before_the_driver_recorded_it_is_found_by_its_comman
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_driver_whose_budget_is_spent_while_a_promoted_trial_waits_ends_instead_of_waiting(tmp_path):
+    """Nothing runs, trial 0 was promoted (it waits for a worker) and the spend index says the sweep's budget is
+    spent: no trial can start, so the driver ends (it used to wait for ever) and launches nothing."""
+    import threading
+
+    from orchestrator import launch
+    from orchestrator.money.spend import Caps, SpendIndex
+    from orchestrator.sweep.driver import Driver
+    from orchestrator.sweep.plan import plan_sweep
+
+    args = ["-m", "sweep.budget_usd=0.01", "sweep.n_trials=1", "train.learning_rate=1e-4,2e-4",
+            f"storage.uri={tmp_path / 'runs'}", f"run.work_dir={tmp_path / 'work'}", "tracking.enabled=false"]
+    plan = plan_sweep(args, launch.compose_for_launch)
+    trial = plan.state.new_trial({"train.learning_rate": 1e-4})
+    plan.state.update(lambda d: d["trials"][0].update(status="running", rung=1, values={"0": 0.5}))
+    spent = SpendIndex(plan.store, Caps(trial["run_name"], plan.experiment, experiment_max_usd=0.01))
+    spent.reserve(1, 0.0, 0.01)
+    spent.settle(1, 0.01)
+    driver = Driver(plan, poll_seconds=0.05, python=sys.executable)
+    assert driver._launchable(plan.state.load())  # the promoted trial waits
+
+    ended = threading.Event()
+    threading.Thread(target=lambda: (driver.run(), ended.set()), daemon=True).start()
+    assert ended.wait(30), "the driver kept waiting for a budget that is spent"
+    assert not driver.procs and plan.state.load()["trials"][0]["launches"] == 0

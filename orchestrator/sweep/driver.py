@@ -59,7 +59,7 @@ class Driver:
             doc = self._reap(doc)
             doc = self._decide(doc)
             doc = self._fill(doc)
-            if not self.procs and not self._launchable(doc):
+            if not self.procs and (not self._launchable(doc) or out_of_budget(self.plan, self._launchable(doc))):
                 break
             time.sleep(self.poll_seconds)
             now = time.monotonic()
@@ -101,7 +101,7 @@ class Driver:
                 log.info("sweep %s: trial %d samples %s", self.state.name, trial["number"], params)
             else:
                 break
-            if self._budget_spent():
+            if budget_spent(self.plan):
                 break
             code = self._already_at_rung(trial)
             doc = self._launch(trial) if code is None else self._ended(trial, code)
@@ -129,12 +129,6 @@ class Driver:
         if str(self.steps[trial["rung"]]) not in evals or ledger.get("status") not in ("budget_exhausted", "completed"):
             return None
         return exitcodes.COMPLETED if ledger["status"] == "completed" else exitcodes.BUDGET_EXHAUSTED
-
-    def _budget_spent(self) -> bool:
-        from orchestrator.money.spend import experiment_total_usd
-
-        spent = experiment_total_usd(live_index(self.plan), self.plan.experiment)
-        return spent >= self.plan.budget_usd - 1e-9
 
     def _launch(self, trial: dict) -> dict:
         number, rung = trial["number"], trial["rung"]
@@ -275,3 +269,19 @@ def room_for_a_new_trial(plan) -> bool:
     per_s = price_for(plan.cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
     charged = experiment_total_usd(live_index(plan), plan.experiment)
     return charged < plan.budget_usd - per_s * longest_start_up_s(plan) - 1e-9
+
+
+def budget_spent(plan) -> bool:
+    from orchestrator.money.spend import experiment_total_usd
+
+    return experiment_total_usd(live_index(plan), plan.experiment) >= plan.budget_usd - 1e-9
+
+
+def out_of_budget(plan, waiting: list[dict]) -> bool:
+    """Nothing runs, promoted trials (``waiting``) wait and the budget is spent: no trial can start again, so
+    the sweep ends (the waiting trials keep their checkpoints) instead of waiting for money that never comes."""
+    if not budget_spent(plan):
+        return False
+    log.warning("sweep %s: the budget ($%s) is spent; trial(s) %s keep their checkpoints and were not resumed",
+                plan.state.name, plan.budget_usd, ", ".join(str(t["number"]) for t in waiting))
+    return True
