@@ -284,10 +284,10 @@ def _sees_rank0s_folder(rank: int, port: int, folders: list, out) -> None:
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_every_rank_is_asked_whether_it_sees_rank_zeros_folder(shared, tmp_path):
-    """Every rank writes its checkpoint files into rank 0's folder and reads rank 0's restore: nodes with disks of
-    their own (rank 1 does not find rank 0's nonce) get False on every rank, so the attempt refuses with the fix
-    (ConfigError, exit 4) instead of committing checkpoints without the other nodes' files, and a snapshot root in
-    one node's memory gives way to the shared work folder."""
+    """Nodes with disks of their own (rank 1 does not find rank 0's nonce) get False on every rank, so each node
+    uploads and restores its own checkpoint files (orchestrator.checkpoint.pernode) instead of rank 0 committing
+    checkpoints without the other nodes' files, and a snapshot root in one node's memory gives way to the work
+    folder."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")

@@ -158,3 +158,36 @@ def test_a_notice_to_one_node_commits_one_emergency_checkpoint_of_both(tmp_path,
     assert first["checkpoint_step_end"] == first["step_end"] == second["step_start"]  # one emergency checkpoint
     assert "another node got SIGTERM" in log
     assert jobs.final_digest(storage, run) == references.digest(TWO_NODES)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode,snapshots", [("ddp", "work"), ("ddp", "auto"), ("zero2", "work")])
+def test_nodes_with_disks_of_their_own_upload_and_restore_their_own_files_bit_identical(mode, snapshots, tmp_path,
+                                                                                       references):
+    """Each node its own ``run.work_dir`` (no folder in common, as SkyPilot's VMs or the JobSet's pods): with
+    snapshots on each node's disk (``work``) node 1's files go into the one checkpoint by node 1's own upload;
+    with snapshots in memory (``auto``: ``/dev/shm``, which this host's two nodes share) rank 0 uploads them.
+    After node 1's SIGKILL every node restores the checkpoint into its own folder, and the job completes with
+    the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2)."""
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    run = f"two-nodes-own-disks-{mode}-{snapshots}"
+    common = TWO_NODES if mode == "ddp" else jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full")
+    own_disks = [f"run.work_dir={tmp_path}/disk-${{oc.env:ORCH_NODE_RANK,launcher}}",
+                 f"checkpoint.snapshot_dir={snapshots}"]
+    proc = jobs.start_job(common + storage.overrides() + [f"run.name={run}", *own_disks], tmp_path)
+    try:
+        after_commit(proc, storage, run)
+        node = nodes_of(proc)[1]
+        signal_node(node, lambda p: p.kill())
+        jobs.wait_for(lambda: node.pid not in {n.pid for n in nodes_of(proc).values()}, 120, "a new attempt")
+        rc = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            jobs.kill_group(proc)
+    log = jobs.log_text(tmp_path)
+    assert rc == 0, log[-4000:]
+    assert jobs.attempt_classes(storage, run) == ["vanished", "completed"], log[-3000:]
+    assert (tmp_path / "disk-0").is_dir() and (tmp_path / "disk-1").is_dir()
+    assert "downloaded and verified on this node" in log  # node 1 restored from its own download
+    assert ("uploaded by this node" in log) is (snapshots == "work"), log[-3000:]
+    assert jobs.final_digest(storage, run) == references.digest(common)

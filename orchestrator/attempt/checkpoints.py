@@ -17,26 +17,25 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from orchestrator import distributed as dist
-from orchestrator.checkpoint import safe_load, snapshot
-from orchestrator.checkpoint.store import CheckpointStore, announce_restore
+from orchestrator.checkpoint import pernode, safe_load, snapshot
+from orchestrator.checkpoint.store import CheckpointStore, announce_restore, checkpoint_name
 from orchestrator.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 
 SHARED_MARKER = ".every-rank-sees"
-NOT_SHARED = (
-    "the attempt's ranks do not all see rank 0's folder {folder} (run.work_dir): its nodes have disks of their "
-    "own. Every rank writes its checkpoint files (RNG state, ZeRO/FSDP shards) into rank 0's "
-    "folder, which rank 0 uploads and restores into; each node uploading and verifying its own files is not "
-    "built yet (docs/scale-out.md). Fix: run.work_dir on a filesystem every node mounts (Slurm: the shared "
-    "filesystem you launch from), or run on one node.")
 
 
 def every_rank_sees(folder: Path, main: bool) -> bool:
     """Whether every rank sees rank 0's ``folder`` (asked with a fresh nonce rank 0 writes there); True on one
     process. A collective: every rank calls it."""
+    return all(ranks_seeing(folder, main))
+
+
+def ranks_seeing(folder: Path, main: bool) -> list[bool]:
+    """For each rank, whether it sees rank 0's ``folder`` (a collective; ``[True]`` on one process)."""
     if dist.world_size() <= 1:
-        return True
+        return [True]
     nonce = None
     if main:
         folder.mkdir(parents=True, exist_ok=True)
@@ -47,7 +46,7 @@ def every_rank_sees(folder: Path, main: bool) -> bool:
         seen = (folder / SHARED_MARKER).read_text() == nonce
     except OSError:
         seen = False
-    return all(dist.gather(seen))
+    return dist.gather(seen)
 
 
 def shared_snapshot_root(root: Path, work: Path, main: bool) -> Path:
@@ -135,6 +134,8 @@ class CheckpointController:
         self.snapshot_root = work  # moved to memory by use_snapshot_root() when there is room
         self.clock = clock
         self._prefetch: Optional[BackgroundRestore] = None  # the checkpoint's download, behind the model's load
+        self.sees, self.shared = True, True  # this rank sees rank 0's work folder; every rank does (restore())
+        self.snapshot_sees, self.snapshot_shared = True, True  # the same of the snapshot root (use_snapshot_root())
         if main:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -169,11 +170,18 @@ class CheckpointController:
     # ---- restore ----------------------------------------------------------------
     def restore(self, check: Callable[[dict], None]) -> tuple[Optional[Path], Optional[dict]]:
         """Rank 0 joins the download ``set_dataset`` started (the newest usable checkpoint, verified) and asks
-        ``check(manifest)`` whether it may resume from it; every rank gets its local path (ConfigError on every
-        rank when not every rank sees rank 0's work folder, where it restores and every rank saves)."""
-        if not every_rank_sees(self.work, self.main):
-            raise ConfigError(NOT_SHARED.format(folder=self.work))
+        ``check(manifest)`` whether it may resume from it; every rank gets its local path. Where not every rank
+        sees rank 0's work folder (nodes with disks of their own), each such node downloads and verifies the same
+        checkpoint into its own work folder (``orchestrator.checkpoint.pernode``), and each commit takes every
+        node's files."""
+        seeing = ranks_seeing(self.work, self.main)
+        self.sees, self.shared = seeing[dist.rank() if len(seeing) > 1 else 0], all(seeing)
+        if not self.shared and self.main:
+            log.info("nodes with disks of their own: each node uploads and restores its own checkpoint files")
         restored, manifest = self._restore(check)
+        if not self.shared:
+            restored = pernode.restore_on_every_node(self.checkpoints, self.work / "restore", restored, manifest,
+                                                     self.sees)
         if self.clock is not None:
             self.clock.mark("restored")
         return restored, manifest
@@ -206,7 +214,7 @@ class CheckpointController:
         into ``/dev/shm`` it is serialisation into memory. Rank 0 decides, every
         rank of the attempt uses the same folder.
         """
-        chosen = None
+        chosen = (None, False)
         if self.main:
             estimate = snapshot.estimate_snapshot_bytes(trainer.model, full_model=self.full_model)
             root, why = snapshot.choose_root(self.snapshot_dir, run_name=self.run_name, token=self.token,
@@ -215,9 +223,13 @@ class CheckpointController:
                 snapshot.remove_orphans(root.parent)
                 snapshot.claim(root)
             log.info("local checkpoint snapshots in %s (%s; about %.1f MB each)", root, why, estimate / 1e6)
-            chosen = str(root)
-        root = shared_snapshot_root(Path(dist.broadcast(chosen)), self.work, self.main)
+            chosen = (str(root), root == self.work)
+        # rank 0's choice of its work folder: each rank's own work folder (the path may differ between nodes)
+        chosen, in_work = dist.broadcast(chosen)
+        root = self.work if in_work else shared_snapshot_root(Path(chosen), self.work, self.main)
         self.snapshot_root = root
+        seeing = ranks_seeing(root, self.main)  # the commit takes every node's files where a node has its own
+        self.snapshot_sees, self.snapshot_shared = seeing[dist.rank() if len(seeing) > 1 else 0], all(seeing)
         trainer.args.output_dir = str(root / "trainer")
         self.checkpoints.staging_dir = root / "staging"
         self.checkpoints.staging_dir.mkdir(parents=True, exist_ok=True)
@@ -225,6 +237,15 @@ class CheckpointController:
     def commit(self, folder: Path, step: int, *, wait: bool, seconds_left: Optional[float] = None) -> None:
         """Commit the Trainer's folder in the background (``wait``: before returning, for an emergency save)."""
         dist.barrier()  # every rank's files (RNG, optimizer shards) are written before rank 0 commits
+        extra: list = []
+        if not self.snapshot_shared:  # every node's files uploaded by the node, listed in rank 0's manifest
+            name = checkpoint_name(step, self.record.fence) if self.main else None
+            try:
+                extra = pernode.share_node_files(self.checkpoints, folder, name, self.main, self.snapshot_sees)
+            except RuntimeError as err:
+                log.error("checkpoint at step %d NOT committed: %s", step, err)
+                shutil.rmtree(folder, ignore_errors=True)
+                return
         if not self.main:
             return
         meta = dict(self.meta, attempt_fence=self.record.fence, wall_time=time.time(), best_step=best_step(folder))
@@ -235,7 +256,8 @@ class CheckpointController:
                                           cost_usd=self.attempt_cost_usd())
 
         self.checkpoints.commit_async(folder, step=step, fence=self.record.fence, meta=meta,
-                                      may_commit=self.record.check_fence, on_committed=on_committed)
+                                      may_commit=self.record.check_fence, on_committed=on_committed,
+                                      extra_files=extra)
         if wait:
             self.checkpoints.wait()
             took = time.monotonic() - started
@@ -268,11 +290,14 @@ class CheckpointController:
     def fetch_step(self, step: int) -> Optional[Path]:
         """The committed checkpoint of ``step``, downloaded and verified by rank 0 (None: there is none usable);
         every rank gets its local path."""
-        path = None
+        path, manifest = None, None
         if self.main:
-            local, _ = self.checkpoints.restore_latest(self.work / "best", step=step)
+            local, manifest = self.checkpoints.restore_latest(self.work / "best", step=step)
             path = str(local) if local else None
-        path = dist.broadcast(path)
+        path, manifest = dist.broadcast((path, manifest))
+        if path and not self.shared:
+            return pernode.restore_on_every_node(self.checkpoints, self.work / "best", Path(path), manifest,
+                                                 self.sees)
         return Path(path) if path else None
 
     def ref_log_probs(self):

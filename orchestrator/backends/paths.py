@@ -26,7 +26,6 @@ from typing import Any, Optional, Sequence
 
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.inputs import is_remote
-from orchestrator.multinode.checks import check_shared_work_dir
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +212,6 @@ def placed_overrides(cfg: Any, overrides: Sequence[str]) -> list[str]:
         return list(overrides)
     check_placement(cfg)
     launch = Path.cwd().resolve()
-    check_shared_work_dir(cfg, launch)
     out = [o for o in overrides if not (_key(o) == "run.work_dir" and _under(o.partition("=")[2], launch))]
     if backend != "skypilot":
         return out

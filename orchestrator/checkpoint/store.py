@@ -137,12 +137,14 @@ class CheckpointStore:
 
     # ---- commit --------------------------------------------------------------
     def commit_async(self, local_folder: Path, *, step: int, fence: int, meta: dict,
-                     may_commit: Callable[[], None], on_committed: Callable[[CommitResult, dict], None]) -> str:
+                     may_commit: Callable[[], None], on_committed: Callable[[CommitResult, dict], None],
+                     extra_files: tuple = ()) -> str:
         """Take ownership of ``local_folder`` and commit it in the background.
 
         ``may_commit`` is called just before the manifest is written and raises
         (e.g. Fenced) when this attempt may no longer commit. ``on_committed``
-        runs after the manifest is written. Returns the checkpoint's name.
+        runs after the manifest is written. ``extra_files``: manifest entries other nodes already uploaded
+        under the checkpoint's prefix (``orchestrator.checkpoint.pernode``). Returns the checkpoint's name.
         """
         name = checkpoint_name(step, fence)
         staged = self.staging_dir / name
@@ -152,7 +154,7 @@ class CheckpointStore:
         with self._pending_lock:
             self._pending += 1
         self._ensure_thread()
-        self._queue.put((staged, name, step, fence, meta, may_commit, on_committed))
+        self._queue.put((staged, name, step, fence, meta, may_commit, on_committed, list(extra_files)))
         return name
 
     @property
@@ -195,12 +197,13 @@ class CheckpointStore:
                     self._pending -= 1
                     self._pending_lock.notify_all()
 
-    def _commit(self, staged: Path, name: str, step: int, fence: int, meta: dict, may_commit, on_committed) -> None:
+    def _commit(self, staged: Path, name: str, step: int, fence: int, meta: dict, may_commit, on_committed,
+                extra_files: list) -> None:
         started = time.monotonic()
         key_prefix = f"{self.prefix}{name}/"
         try:
             manifest = self._upload(staged, key_prefix, step=step, fence=fence, meta=meta,
-                                    may_commit=gated(self.barriers, may_commit))
+                                    may_commit=gated(self.barriers, may_commit), extra_files=extra_files)
             result = CommitResult(name, step, True, time.monotonic() - started, manifest["total_bytes"])
             log.info("checkpoint %s committed (step %d, %.1f MB, %.2fs)", name, step,
                      manifest["total_bytes"] / 1e6, result.seconds)
@@ -215,12 +218,16 @@ class CheckpointStore:
             shutil.rmtree(staged, ignore_errors=True)
 
     def _upload(self, folder: Path, key_prefix: str, *, step: int, fence: int, meta: dict,
-                may_commit: Callable[[], None] = lambda: None) -> dict:
+                may_commit: Callable[[], None] = lambda: None, extra_files: list = ()) -> dict:
         """Hash and upload every file of ``folder`` under ``key_prefix``, then (if ``may_commit()`` does not
-        raise) the manifest, last: the one commit protocol. Returns the manifest."""
+        raise) the manifest, last, listing ``extra_files`` (uploaded by other nodes) too: the one commit protocol.
+        Returns the manifest."""
         manifest = mf.build_manifest(folder, run_name=self.run_name, step=step, fence=fence, meta=meta)
         for entry in manifest["files"]:
             retry_transient(lambda e=entry: self.store.upload_file(folder / e["path"], key_prefix + e["path"]))
+        if extra_files:
+            manifest["files"] += list(extra_files)
+            manifest["total_bytes"] = sum(f["size"] for f in manifest["files"])
         may_commit()
         retry_transient(lambda: self.store.put_bytes(key_prefix + mf.MANIFEST_NAME, mf.dumps(manifest)))
         return manifest

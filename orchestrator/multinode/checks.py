@@ -1,8 +1,6 @@
 """Launch checks of a multi-node job (run by ``orchestrator.config.checks.validate``)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from orchestrator.errors import ConfigError
 
 
@@ -38,27 +36,6 @@ def check_nodes(cfg) -> None:
         raise ConfigError(str(err)) from None
     if int(cfg.distributed.nodes) > 1:
         node_count(cfg)
-
-
-
-def check_shared_work_dir(cfg, launch: Path) -> None:
-    """Nodes of their own (SkyPilot's VMs, Kubernetes' pods) must share ``run.work_dir``: rank 0 uploads and
-    restores every rank's checkpoint files from its folder (per-node upload is not built, docs/scale-out.md).
-    A ``run.work_dir`` under the launch directory (the default ``.cache/work``) is not sent to the workers
-    (``backends.paths.placed_overrides``): each node would use a folder of its own, and the attempt would stop at
-    its first restore. Run when a remote backend renders, on the launching machine."""
-    if int(cfg.distributed.nodes) <= 1:
-        return
-    work = Path(str(cfg.run.work_dir)).expanduser().resolve()
-    if work == launch or launch in work.parents:
-        backend = str(cfg.backend.name)
-        raise ConfigError(
-            f"backend={backend} with distributed.nodes={int(cfg.distributed.nodes)} needs run.work_dir on a "
-            f"filesystem every node mounts, and run.work_dir={cfg.run.work_dir} is a folder of each node's own: "
-            "rank 0 uploads and restores every rank's checkpoint files from its folder (each node uploading its "
-            "own is not built, docs/scale-out.md). Fix: run.work_dir=/<a shared volume mounted on every node> "
-            "(SkyPilot: a file_mounts bucket or volume; Kubernetes: a ReadWriteMany volume), or "
-            "distributed.nodes=1 compute.nodes=1.")
 
 
 CHECKS = (check_nodes,)
