@@ -208,31 +208,7 @@ class CheckpointController:
 
     # ---- saving -----------------------------------------------------------------
     def use_snapshot_root(self, trainer) -> None:
-        """Let the Trainer write its checkpoint folder (and the uploader stage it) in memory when there is room.
-
-        The Trainer's save is the only part of a checkpoint training waits for;
-        into ``/dev/shm`` it is serialisation into memory. Rank 0 decides, every
-        rank of the attempt uses the same folder.
-        """
-        chosen = (None, False)
-        if self.main:
-            estimate = snapshot.estimate_snapshot_bytes(trainer.model, full_model=self.full_model)
-            root, why = snapshot.choose_root(self.snapshot_dir, run_name=self.run_name, token=self.token,
-                                             work=self.work, estimate_bytes=estimate)
-            if root != self.work:
-                snapshot.remove_orphans(root.parent)
-                snapshot.claim(root)
-            log.info("local checkpoint snapshots in %s (%s; about %.1f MB each)", root, why, estimate / 1e6)
-            chosen = (str(root), root == self.work)
-        # rank 0's choice of its work folder: each rank's own work folder (the path may differ between nodes)
-        chosen, in_work = dist.broadcast(chosen)
-        root = self.work if in_work else shared_snapshot_root(Path(chosen), self.work, self.main)
-        self.snapshot_root = root
-        seeing = ranks_seeing(root, self.main)  # the commit takes every node's files where a node has its own
-        self.snapshot_sees, self.snapshot_shared = seeing[dist.rank() if len(seeing) > 1 else 0], all(seeing)
-        trainer.args.output_dir = str(root / "trainer")
-        self.checkpoints.staging_dir = root / "staging"
-        self.checkpoints.staging_dir.mkdir(parents=True, exist_ok=True)
+        use_snapshot_root(self, trainer)
 
     def commit(self, folder: Path, step: int, *, wait: bool, seconds_left: Optional[float] = None) -> None:
         """Commit the Trainer's folder in the background (``wait``: before returning, for an emergency save)."""
@@ -333,3 +309,31 @@ class CheckpointController:
             shutil.rmtree(self.work, ignore_errors=True)
             if self.snapshot_root != self.work:
                 snapshot.release(self.snapshot_root)
+
+
+def use_snapshot_root(ctl: "CheckpointController", trainer) -> None:
+    """Let the Trainer write its checkpoint folder (and the uploader stage it) in memory when there is room.
+
+    The Trainer's save is the only part of a checkpoint training waits for;
+    into ``/dev/shm`` it is serialisation into memory. Rank 0 decides, every
+    rank of the attempt uses the same folder.
+    """
+    chosen = (None, False)
+    if ctl.main:
+        estimate = snapshot.estimate_snapshot_bytes(trainer.model, full_model=ctl.full_model)
+        root, why = snapshot.choose_root(ctl.snapshot_dir, run_name=ctl.run_name, token=ctl.token,
+                                         work=ctl.work, estimate_bytes=estimate)
+        if root != ctl.work:
+            snapshot.remove_orphans(root.parent)
+            snapshot.claim(root)
+        log.info("local checkpoint snapshots in %s (%s; about %.1f MB each)", root, why, estimate / 1e6)
+        chosen = (str(root), root == ctl.work)
+    # rank 0's choice of its work folder: each rank's own work folder (the path may differ between nodes)
+    chosen, in_work = dist.broadcast(chosen)
+    root = ctl.work if in_work else shared_snapshot_root(Path(chosen), ctl.work, ctl.main)
+    ctl.snapshot_root = root
+    seeing = ranks_seeing(root, ctl.main)  # the commit takes every node's files where a node has its own
+    ctl.snapshot_sees, ctl.snapshot_shared = seeing[dist.rank() if len(seeing) > 1 else 0], all(seeing)
+    trainer.args.output_dir = str(root / "trainer")
+    ctl.checkpoints.staging_dir = root / "staging"
+    ctl.checkpoints.staging_dir.mkdir(parents=True, exist_ok=True)

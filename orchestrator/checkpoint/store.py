@@ -139,10 +139,8 @@ class CheckpointStore:
     def commit_async(self, local_folder: Path, *, step: int, fence: int, meta: dict,
                      may_commit: Callable[[], None], on_committed: Callable[[CommitResult, dict], None],
                      extra_files: tuple = ()) -> str:
-        """Take ownership of ``local_folder`` and commit it in the background.
-
-        ``may_commit`` is called just before the manifest is written and raises
-        (e.g. Fenced) when this attempt may no longer commit. ``on_committed``
+        """Take ownership of ``local_folder`` and commit it in the background. ``may_commit`` is called just before
+        the manifest is written and raises (e.g. Fenced) when this attempt may no longer commit; ``on_committed``
         runs after the manifest is written. ``extra_files``: manifest entries other nodes already uploaded
         under the checkpoint's prefix (``orchestrator.checkpoint.pernode``). Returns the checkpoint's name.
         """
@@ -253,11 +251,8 @@ class CheckpointStore:
         return [c.name for c in doomed]
 
     def remove_uncommitted(self) -> list[str]:
-        """Delete data of checkpoints whose manifest never landed (an attempt killed mid-upload).
-
-        Called at the start of an attempt, after it took the job's fence, so no
-        live attempt is still uploading them.
-        """
+        """Delete data of checkpoints whose manifest never landed (an attempt killed mid-upload). Called at the
+        start of an attempt, after it took the job's fence, so no live attempt is still uploading them."""
         names = self.uncommitted_names()
         for name in names:
             self.store.delete_prefix(f"{self.prefix}{name}/")
