@@ -98,6 +98,17 @@ def eval_prompts(eval_dataset, tokenizer) -> tuple[list[str], list[str]]:
     return prompts, answers
 
 
+def accuracy(trainer, cfg, eval_dataset, prompts_answers=None) -> float:
+    """A recipe's generation metric alone (``recipe.eval_metric``; the first-number matcher when it is none) on
+    ``eval_dataset``'s prompts and answers (``prompts_answers``: how the recipe reads them, else ``eval_prompts``)."""
+    prompts, answers = (prompts_answers(eval_dataset) if prompts_answers is not None
+                        else eval_prompts(eval_dataset, trainer.processing_class))
+    matcher = generation_matcher(cfg)
+    return generation_accuracy(trainer.model, trainer.processing_class, prompts, answers,
+                               cfg.recipe.eval_generate_max_new_tokens,
+                               matcher="first_number" if matcher == "none" else matcher)
+
+
 def generation_accuracy(model, tokenizer, prompts: list[str], answers: list[str], max_new_tokens: int = 8,
                         batch_size: int = 32, matcher: str = "first_number") -> float:
     """The share of greedy generations that ``matcher`` counts as the reference answer."""

@@ -203,9 +203,5 @@ def evaluate(trainer, cfg, eval_dataset=None) -> dict:
 
 
 def accuracy(trainer, cfg, eval_dataset) -> float:
-    prompts, answers = eval_answers(eval_dataset)
-    matcher = evaluation.generation_matcher(cfg)
-    return evaluation.generation_accuracy(trainer.model, trainer.processing_class, prompts, answers,
-                                          cfg.recipe.eval_generate_max_new_tokens,
-                                          matcher="first_number" if matcher == "none" else matcher)
+    return evaluation.accuracy(trainer, cfg, eval_dataset, eval_answers)
 

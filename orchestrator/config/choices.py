@@ -9,101 +9,29 @@ from __future__ import annotations
 from enum import StrEnum
 
 
-class Recipe(StrEnum):
-    sft = "sft"
-    dpo = "dpo"
-    qlora = "qlora"
-    grpo = "grpo"
+def _closed(name: str, members: str, doc: str = "") -> type[StrEnum]:
+    """A ``StrEnum`` whose members' names are their values (``members``: the names, space-separated, in order)."""
+    enum = StrEnum(name, [(m, m) for m in members.split()], module=__name__)
+    if doc:
+        enum.__doc__ = doc
+    return enum
 
 
-class Peft(StrEnum):
-    lora = "lora"
-    full = "full"
-
-
-class Quantization(StrEnum):
-    none = "none"
-    nf4 = "nf4"
-
-
-class EvalMetric(StrEnum):
-    auto = "auto"
-    exact_match = "exact_match"
-    contains = "contains"
-    none = "none"
-
-
-class VllmMode(StrEnum):
-    colocate = "colocate"
-    server = "server"
-
-
-class Dtype(StrEnum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-class DataSource(StrEnum):
-    synthetic = "synthetic"
-    jsonl = "jsonl"
-    hub = "hub"
-    mix = "mix"
-
-
-class MixSource(StrEnum):
-    """The sources of one ``data.mix`` entry (a mix holds no mix)."""
-
-    jsonl = "jsonl"
-    hub = "hub"
-    synthetic = "synthetic"
-
-
-class MixedPrecision(StrEnum):
-    no = "no"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class PackingStrategy(StrEnum):
-    bfd = "bfd"
-    bfd_split = "bfd_split"
-    wrapped = "wrapped"
-
-
-class FinalWeights(StrEnum):
-    last = "last"
-    best = "best"
-
-
-class Provider(StrEnum):
-    auto = "auto"
-    aws = "aws"
-    gcp = "gcp"
-    azure = "azure"
-    none = "none"
-
-
-class Progress(StrEnum):
-    auto = "auto"
-    bar = "bar"
-    lines = "lines"
-    off = "off"
-
-
-class Backend(StrEnum):
-    local = "local"
-    slurm = "slurm"
-    skypilot = "skypilot"
-    kubernetes = "kubernetes"
-
-
-class Distributed(StrEnum):
-    none = "none"
-    ddp = "ddp"
-    zero2 = "zero2"
-    zero3 = "zero3"
-    fsdp = "fsdp"
+Recipe = _closed("Recipe", "sft dpo qlora grpo")
+Peft = _closed("Peft", "lora full")
+Quantization = _closed("Quantization", "none nf4")
+EvalMetric = _closed("EvalMetric", "auto exact_match contains none")
+VllmMode = _closed("VllmMode", "colocate server")
+Dtype = _closed("Dtype", "float32 bfloat16 float16")
+DataSource = _closed("DataSource", "synthetic jsonl hub mix")
+MixSource = _closed("MixSource", "jsonl hub synthetic", doc="The sources of one ``data.mix`` entry (a mix holds no mix).")
+MixedPrecision = _closed("MixedPrecision", "no bf16 fp16")
+PackingStrategy = _closed("PackingStrategy", "bfd bfd_split wrapped")
+FinalWeights = _closed("FinalWeights", "last best")
+Provider = _closed("Provider", "auto aws gcp azure none")
+Progress = _closed("Progress", "auto bar lines off")
+Backend = _closed("Backend", "local slurm skypilot kubernetes")
+Distributed = _closed("Distributed", "none ddp zero2 zero3 fsdp")
 
 
 def choices(enum: type[StrEnum]) -> tuple[str, ...]:
