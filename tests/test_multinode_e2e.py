@@ -76,14 +76,15 @@ def after_commit(proc, storage, run) -> int:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode", ["ddp", "zero2"])
+@pytest.mark.parametrize("mode", ["ddp", "zero2", "fsdp"])
 def test_losing_either_node_restarts_the_world_bit_identical(mode, tmp_path, references):
     """Node 1's agent and worker SIGKILLed mid-run, then (next attempt) the node of rank 0: the job completes
-    with the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2), and every node
-    of each attempt is in the ledger."""
+    with the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2; SFT LoRA on FSDP,
+    gloo on CPU), and every node of each attempt is in the ledger."""
     storage = jobs.Storage(str(tmp_path / "runs"))
     run = f"two-nodes-kill-{mode}"
-    common = TWO_NODES if mode == "ddp" else jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full")
+    common = {"ddp": TWO_NODES, "zero2": jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full"),
+              "fsdp": jobs.with_overrides(TWO_NODES, "distributed=fsdp")}[mode]
     proc = jobs.start_job(common + storage.overrides() + [f"run.name={run}"], tmp_path)
     try:
         for victim in (lambda: 1, lambda: node_holding_rank0(proc)):
@@ -171,7 +172,8 @@ def test_nodes_with_disks_of_their_own_upload_and_restore_their_own_files_bit_id
     the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2)."""
     storage = jobs.Storage(str(tmp_path / "runs"))
     run = f"two-nodes-own-disks-{mode}-{snapshots}"
-    common = TWO_NODES if mode == "ddp" else jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full")
+    common = {"ddp": TWO_NODES, "zero2": jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full"),
+              "fsdp": jobs.with_overrides(TWO_NODES, "distributed=fsdp")}[mode]
     own_disks = [f"run.work_dir={tmp_path}/disk-${{oc.env:ORCH_NODE_RANK,launcher}}",
                  f"checkpoint.snapshot_dir={snapshots}"]
     proc = jobs.start_job(common + storage.overrides() + [f"run.name={run}", *own_disks], tmp_path)
