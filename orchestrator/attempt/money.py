@@ -151,7 +151,8 @@ class SpendWatch:
     ``begin`` reserves the start-up still to come (the job's last measured start to first step, less what
     the process has run) and one window (``budget.reserve_ahead``) at this attempt's price, or raises
     BudgetExhausted when a cap is spent or leaves less than that start-up (before the model's load: a step is the
-    first moment a running attempt can stop, so a start-up the grant does not cover would pass the cap); ``stop_reason``, every step, extends the reservation when half a window is left (one
+    first moment a running attempt can stop, so a start-up the grant does not cover would pass the cap);
+    ``stop_reason``, every step, extends the reservation when half a window is left (one
     conditional write), sends the caps' alerts once each, and says stop once the attempt's spend
     reaches its reservation and the caps grant no more; ``settle`` at the end.
 

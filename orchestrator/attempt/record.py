@@ -85,7 +85,7 @@ class AttemptRecord:
     def startup_seconds(self, attempts: list) -> float:
         """Process start to first step, as this attempt's first reservation counts it: the job's last measured,
         else ``compute.restart_seconds`` (a sweep's driver sets it from its trials' ledgers), else 0 (unknown)."""
-        return last_restart_seconds(attempts) or float(getattr(self.compute, "restart_seconds", None) or 0.0)
+        return last_restart_seconds(attempts) or float(self.compute.restart_seconds or 0.0)
 
     def load(self) -> dict:
         return self.ledger.load()
