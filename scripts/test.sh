@@ -8,6 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+export ORCH_CACHE_DIR="${ORCH_CACHE_DIR:-$PWD/.cache/test-models}"
+# the tiny model and DeepSpeed's CPU op are built while apt installs Slurm and Chromium, not by the first tests
+mkdir -p .cache
+.venv/bin/python scripts/warm_caches.py > .cache/warm_caches.log 2>&1 &
+WARM_PID=$!
 if [ "${ORCH_SKIP_SLURM:-0}" != 1 ]; then
   bash .ci/slurm-up.sh || { echo "FATAL: the Slurm test cluster could not start (see above)." >&2; exit 1; }
 fi
@@ -24,7 +29,8 @@ if [ ! -x .venv-skypilot/bin/python ] || ! .venv-skypilot/bin/python -c "import 
   "${PYTHON:-python3.11}" -m venv .venv-skypilot
   .venv-skypilot/bin/python -m pip install -q "skypilot==0.14.1"
 fi
-export ORCH_CACHE_DIR="${ORCH_CACHE_DIR:-$PWD/.cache/test-models}"
+wait "$WARM_PID" || true
+cat .cache/warm_caches.log
 # Two workers (this machine has two cores; each job's torch uses one thread, see tests/jobs.py);
 # tests that share a service that cannot take two at once (the one-node Slurm) are one xdist_group.
 # The 25 slowest tests are listed at the end of every run.
