@@ -13,21 +13,30 @@ export ORCH_CACHE_DIR="${ORCH_CACHE_DIR:-$PWD/.cache/test-models}"
 mkdir -p .cache
 .venv/bin/python scripts/warm_caches.py > .cache/warm_caches.log 2>&1 &
 WARM_PID=$!
+# SkyPilot's own parser checks the generated task YAML; it pins an older click than
+# this project's stack needs, so it gets a venv of its own (installed beside the apt installs too)
+SKY_PID=
+if [ ! -x .venv-skypilot/bin/python ] || ! .venv-skypilot/bin/python -c "import sky" 2>/dev/null; then
+  { "${PYTHON:-python3.11}" -m venv .venv-skypilot && .venv-skypilot/bin/python -m pip install -q "skypilot==0.14.1"; } \
+    > .cache/skypilot-venv.log 2>&1 &
+  SKY_PID=$!
+fi
 if [ "${ORCH_SKIP_SLURM:-0}" != 1 ]; then
   bash .ci/slurm-up.sh || { echo "FATAL: the Slurm test cluster could not start (see above)." >&2; exit 1; }
 fi
 # headless Chromium renders the MLflow UI for the browser test (tests/browser.py); Debian's package
 if ! command -v chromium >/dev/null 2>&1; then
   echo "installing chromium (apt) for the MLflow UI test"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+  # the package lists Slurm's install just used first; a fresh apt-get update only if they do not have it
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
     || { echo "FATAL: could not install chromium with apt-get (needed by tests/test_final_weights_e2e.py)." >&2; exit 1; }
   chromium --version >/dev/null 2>&1 || { echo "FATAL: chromium was installed but does not start." >&2; exit 1; }
 fi
-# SkyPilot's own parser checks the generated task YAML; it pins an older click than
-# this project's stack needs, so it gets a venv of its own
-if [ ! -x .venv-skypilot/bin/python ] || ! .venv-skypilot/bin/python -c "import sky" 2>/dev/null; then
-  "${PYTHON:-python3.11}" -m venv .venv-skypilot
-  .venv-skypilot/bin/python -m pip install -q "skypilot==0.14.1"
+if [ -n "$SKY_PID" ] && ! wait "$SKY_PID"; then
+  cat .cache/skypilot-venv.log >&2
+  echo "FATAL: could not install skypilot==0.14.1 into .venv-skypilot (needed by the SkyPilot render tests)." >&2
+  exit 1
 fi
 wait "$WARM_PID" || true
 cat .cache/warm_caches.log
