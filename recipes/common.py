@@ -199,6 +199,17 @@ def lora_config(recipe_cfg):
     )
 
 
+# TrainingArguments' name -> the ``train.`` key it takes as is
+_TRAIN_ARGS = {
+    "num_train_epochs": "num_epochs", "per_device_train_batch_size": "per_device_batch_size",
+    "per_device_eval_batch_size": "per_device_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "learning_rate": "learning_rate", "lr_scheduler_type": "lr_scheduler", "warmup_steps": "warmup_steps",
+    "weight_decay": "weight_decay", "optim": "optim", "max_grad_norm": "max_grad_norm", "seed": "seed",
+    "data_seed": "seed", "logging_steps": "logging_steps", "dataloader_num_workers": "dataloader_num_workers",
+    "activation_checkpointing": "gradient_checkpointing",
+}
+
+
 def training_kwargs(cfg, output_dir: str) -> dict:
     """Arguments shared by SFTConfig and DPOConfig.
 
@@ -214,30 +225,16 @@ def training_kwargs(cfg, output_dir: str) -> dict:
 
     t = cfg.train
     cuda = torch.cuda.is_available()
-    kw = dict(
+    kw = {arg: getattr(t, key) for arg, key in _TRAIN_ARGS.items()}
+    kw.update(
         output_dir=output_dir,
         max_steps=t.max_steps if t.max_steps > 0 else -1,
-        num_train_epochs=t.num_epochs,
-        per_device_train_batch_size=t.per_device_batch_size,
-        per_device_eval_batch_size=t.per_device_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
-        learning_rate=t.learning_rate,
-        lr_scheduler_type=t.lr_scheduler,
-        warmup_steps=t.warmup_steps,
-        weight_decay=t.weight_decay,
-        optim=t.optim,
-        max_grad_norm=t.max_grad_norm,
-        seed=t.seed,
-        data_seed=t.seed,
-        logging_steps=t.logging_steps,
         save_strategy="no",
         eval_strategy="no",
         report_to=[],
         use_cpu=not cuda,
-        dataloader_num_workers=t.dataloader_num_workers,
         dataset_num_proc=cfg.data.num_proc,
         disable_tqdm=True,
-        activation_checkpointing=t.gradient_checkpointing,
         max_length=cfg.data.max_length,
         save_only_model=False,
     )

@@ -138,7 +138,7 @@ def generation_accuracy(model, tokenizer, prompts: list[str], answers: list[str]
 def on_benchmark(cfg) -> bool:
     """Whether early stopping and ``checkpoint.final=best`` select on a benchmark metric
     (``train.early_stopping_metric=bench/<task>/<metric>``) instead of the held-out quality metric."""
-    return str(cfg.train.get("early_stopping_metric") or "").startswith("bench/")
+    return str(cfg.train.early_stopping_metric or "").startswith("bench/")
 
 
 def quality_args(cfg) -> dict:

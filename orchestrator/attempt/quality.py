@@ -41,7 +41,7 @@ class QualityWatch:
         self.tracking = tracking
         self.metric = quality_metric(cfg)
         # what early stopping and checkpoint.final=best select on (a benchmark metric: the benchmark watch's)
-        self.select_name = str(cfg.train.get("early_stopping_metric") or "") or self.metric.name
+        self.select_name = str(cfg.train.early_stopping_metric or "") or self.metric.name
         self.before_key = f"{self.metric.name}_before"
         self.stop_reason: Optional[str] = None
         self._expect_before = False

@@ -126,7 +126,7 @@ def _check_evaluation(cfg: DictConfig) -> None:
 def _check_selection_metric(cfg: DictConfig) -> bool:
     """``train.early_stopping_metric``: empty (the held-out metric) or a benchmark metric a task produces, scored
     at checkpoints (``eval.every``). Returns whether it names a benchmark metric."""
-    name = str(cfg.train.get("early_stopping_metric") or "")
+    name = str(cfg.train.early_stopping_metric or "")
     if not name:
         return False
     from orchestrator.evaluation import selection, spec

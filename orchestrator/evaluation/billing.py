@@ -54,8 +54,8 @@ class EvalBill:
         self.index_entry = int(self.started * 1000)  # this evaluation's entry in the spend index
         self.id = f"eval-{self.index_entry}"
         caps = Caps(f"{run_name}{EVAL_SUFFIX}", str(cfg.tracking.experiment),
-                    monthly_max_usd=cfg.budget.get("monthly_max_usd"),
-                    experiment_max_usd=cfg.budget.get("experiment_max_usd"))
+                    monthly_max_usd=cfg.budget.monthly_max_usd,
+                    experiment_max_usd=cfg.budget.experiment_max_usd)
         self.index = SpendIndex(store, caps)
         self.evaluated = 0  # evaluations charged so far (what a preempted run closes with)
 

@@ -56,7 +56,7 @@ class BenchWatch(TrainerCallback):
         self.evaluated: list[int] = []  # steps evaluated this attempt
         self.history: list[list[int]] = []  # [step, regular commits since the last evaluated one] per noted save
         self.records: dict[int, dict] = {}  # step -> the result logged at it (the base's at 0): the chart's points
-        name = cfg.train.get("early_stopping_metric")
+        name = cfg.train.early_stopping_metric
         # early stopping / checkpoint.final=best on a benchmark metric; the reason training ended early on it
         self.select, self.early_stop_reason = (name if selection.is_bench_metric(name) else None), None
 

@@ -170,7 +170,7 @@ def preemption_prior_per_hour(compute_cfg: Any, catalog: Mapping[str, Any]) -> t
         rate, source = min(rates) if cloud not in clouds else rates[0], "price catalog"
     else:
         rate, source = DEFAULT_SPOT_PREEMPTIONS_PER_HOUR, "median of the public V100 spot traces"
-    nodes = max(1, int(getattr(compute_cfg, "nodes", 1) or 1))
+    nodes = int(compute_cfg.nodes)  # at least 1: checked at launch
     if nodes == 1:
         return rate, source
     # a node's rate: the preemption of any one of the job's nodes ends the attempt of all of them
