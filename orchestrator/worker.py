@@ -13,10 +13,7 @@ and runs them (``orchestrator.attempt.runner``):
 """
 from __future__ import annotations
 
-import atexit
-import os
 import sys
-import threading
 from pathlib import Path
 
 from orchestrator.tracking.run import quiet_telemetry
@@ -93,22 +90,5 @@ def _run(argv: list[str] | None = None) -> int:
         return end_attempt_on_error(err, job)
 
 
-def exit_without_teardown(code: int) -> None:
-    """End the process as ``sys.exit`` would, without the interpreter's teardown of torch, transformers and
-    the rest (2.4 s of freeing modules on an idle core, over 10 s on a loaded one, at the end of every
-    attempt, while the supervisor and the next attempt wait): threads joined and exit handlers run as at a
-    normal exit (MLflow's, logging's flush), streams flushed, then ``os._exit``."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_without_teardown(main())
+    sys.exit(main())
