@@ -36,6 +36,7 @@ from orchestrator.distributed import worker_argv
 from orchestrator.errors import out_of_memory_fix
 from orchestrator.exitcodes import ExitClass, classify_exit
 from orchestrator.ledger import LAUNCHED_BY_ENV
+from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.requeue import attempt_class
 
 log = logging.getLogger(__name__)
@@ -121,11 +122,13 @@ class Supervisor:
     def __init__(self, cfg, overrides: Sequence[str], *, python: str = sys.executable):
         from orchestrator.ledger import Ledger
         from orchestrator.policy.requeue import RequeuePolicy
+        from orchestrator.money.spend_holds import StartHolds
         from orchestrator.storage import store_from_config
 
         self.cfg = cfg
         self.command = worker_argv(overrides, python=python)
         self.ledger = Ledger(store_from_config(cfg.storage), cfg.run.name)
+        self.holds = StartHolds(cfg, self.ledger.store)
         self.policy = RequeuePolicy(cfg.requeue)
         self.child: subprocess.Popen | None = None
         self.signalled: int | None = None
@@ -152,9 +155,14 @@ class Supervisor:
     def _loop(self) -> int:
         for number in itertools.count(1):
             token = f"{socket.gethostname()}:{os.getpid()}:{number}"
-            oom_before = oom_kill_count()
-            self.child = self._start(token)
+            hold, refusal = self.holds.take(number)
+            if refusal:  # a cap is spent or leaves less than the start-up: no child starts (exit 3)
+                log.error("%s", refusal)
+                return exitcodes.BUDGET_EXHAUSTED
+            oom_before, started = oom_kill_count(), time.monotonic()
+            self.child = self._start(token, hold)
             returncode = self._wait(self.child)
+            self.holds.release(hold, time.monotonic() - started)
             self._record_nodes()
             exit_class = refine_exit_class(classify_exit(returncode), oom_before, oom_kill_count())
             attempts, exit_class = self._attempts_with(exit_class, token)
@@ -179,9 +187,13 @@ class Supervisor:
                 return exitcodes.PREEMPTED
         raise AssertionError("unreachable")
 
-    def _start(self, token: str):
-        """The attempt's child: the worker, or a multi-node world (the store and one worker per node)."""
+    def _start(self, token: str, hold: Optional[str] = None):
+        """The attempt's child: the worker, or a multi-node world (the store and one worker per node); ``hold``:
+        its start-up hold in the spend index, which the worker's first reservation takes over."""
         env = dict(os.environ, **{LAUNCHED_BY_ENV: token})
+        env.pop(HOLD_ENV, None)
+        if hold:
+            env[HOLD_ENV] = hold
         nodes = int(self.cfg.distributed.nodes) if self.cfg.distributed.name != "none" else 1
         if nodes <= 1:
             return subprocess.Popen(self.command, env=env)

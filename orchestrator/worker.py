@@ -13,7 +13,9 @@ and runs them (``orchestrator.attempt.runner``):
 """
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 from orchestrator.tracking.run import quiet_telemetry
@@ -50,6 +52,14 @@ def skip_unused_deepspeed(cfg) -> None:
         sys.modules["deepspeed"] = None
 
 
+def start_delay(environ=os.environ) -> None:
+    """Test knob ``ORCH_TEST_WORKER_START_DELAY_SECONDS``: sleep that long before the attempt's parts are made
+    (before its first reservation), so an e2e test's start-up is as long as a cloud machine's; unset: none."""
+    seconds = float(environ.get("ORCH_TEST_WORKER_START_DELAY_SECONDS") or 0.0)
+    if seconds > 0:
+        time.sleep(seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     code = _run(argv)
     dist.report_exit(code)  # under torchrun, the launcher reads rank 0's code from here
@@ -80,6 +90,7 @@ def _run(argv: list[str] | None = None) -> int:
                 return run_node(cfg, overrides, work_root, node)
             return dist.launch_ranks(cfg, overrides, work_root)
         dist.init_process_group()
+        start_delay()
         from orchestrator.attempt.build import build_attempt
 
         job = build_attempt(cfg)

@@ -230,3 +230,68 @@ def test_another_jobs_hold_is_released_once_its_attempt_is_gone_and_kept_while_i
     jobs = store_index(store)["jobs"]
     assert jobs["a"]["open"] == {} and jobs["a"]["months"][month_of(time.time())] == pytest.approx(0.1)
     assert month_total_usd(store_index(store), month_of(time.time())) == pytest.approx(1.0)
+
+
+def test_a_start_up_hold_takes_the_room_before_the_worker_and_its_first_reservation_takes_it_over(store):
+    """The supervisor holds the start-up before the worker's process exists, so two attempts launched into the same
+    room cannot both spend a start-up there; the worker's first reservation turns the hold into its entry (counted
+    once), and its own start check does not count the hold that was taken for it."""
+    import os
+
+    from orchestrator.money.spend_holds import HoldAsk, hold_key, take_hold
+
+    _index(store, run="other", monthly=1.0).reserve(1, 0.0, 0.7)  # another job holds $0.70 of the $1 cap
+    index = _index(store, monthly=1.0)
+    key = hold_key(1, pid=os.getpid())  # a live supervisor's (a dead one's hold is released: the next test)
+    assert take_hold(index, key, HoldAsk(10.0, 0.03)) is None  # $0.30: the last room
+    assert month_total_usd(store_index(store), "2026-12") == pytest.approx(1.0)
+    late = _index(store, run="late", monthly=1.0)
+    refusal = take_hold(late, hold_key(2, pid=os.getpid()), HoldAsk(10.0, 0.03))
+    assert "monthly spend cap reached" in refusal and "a $0.3000" in refusal
+    assert "late" not in store_index(store)["jobs"]  # refused: nothing written
+    _index(store, run="other", monthly=1.0).settle(1, 0.6)  # $0.10 comes back: less than a start-up
+    refusal = take_hold(late, hold_key(2, pid=os.getpid()), HoldAsk(10.0, 0.03))
+    assert "less than the start-up" in refusal and "$0.100000" in refusal and "$0.300000: 10.0 s" in refusal
+
+    _index(store, run="other", monthly=1.0).reserve(2, 0.0, 0.1)  # the $0.10 is taken again: the cap is full
+    worker = SpendWatch(index, usd_per_second=0.03, window_s=60, spent=lambda: 0.03, hold=key)
+    assert isinstance(SpendWatch(index, usd_per_second=0.03, window_s=60, spent=lambda: 0.03).start_refusal(),
+                      BudgetExhausted)  # counted as anyone's reservation, the hold would refuse its own attempt
+    assert worker.start_refusal() is None
+    worker.begin(1, startup_s=8.0)  # 1 s run, 7 s ($0.21) to come: the hold carries it
+    job = store_index(store)["jobs"]["a"]
+    assert list(job["open"]) == ["1"] and job["open"]["1"]["through"] == pytest.approx(0.3)
+    assert worker.through == pytest.approx(0.3)
+    assert month_total_usd(store_index(store), "2026-12") == pytest.approx(1.0)  # not $1.30: no double count
+
+
+def test_a_hold_nobody_took_over_is_settled_at_what_its_run_cost_or_whole_once_its_supervisor_is_gone(store):
+    """A worker that died before it reserved leaves its supervisor's hold: the supervisor settles it at what the
+    child's run cost. A supervisor SIGKILLed with its hold open leaves a dead hold: the next capped job settles it
+    at the whole hold (nothing says what its worker spent); a hold whose supervisor lives stands."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from orchestrator.money.spend import month_of
+    from orchestrator.money.spend_holds import HoldAsk, hold_key, release_hold, take_hold
+
+    month = month_of(time.time())
+    index = _index(store, monthly=1.0, clock=time.time)
+    key = hold_key(1, pid=os.getpid())
+    assert take_hold(index, key, HoldAsk(10.0, 0.03)) is None
+    assert release_hold(index, key, 0.05) and not release_hold(index, key, 0.05)
+    job = store_index(store)["jobs"]["a"]
+    assert job["open"] == {} and job["months"][month] == pytest.approx(0.05)
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)
+    assert take_hold(_index(store, run="dead", monthly=1.0, clock=time.time), hold_key(1, pid=gone.pid),
+                     HoldAsk(10.0, 0.03)) is None
+    assert take_hold(_index(store, run="alive", monthly=1.0, clock=time.time), hold_key(1, pid=os.getpid()),
+                     HoldAsk(10.0, 0.03)) is None
+    _index(store, run="b", monthly=1.0, clock=time.time).reserve(1, 0.0, 0.1)
+    jobs = store_index(store)["jobs"]
+    assert jobs["dead"]["open"] == {} and jobs["dead"]["months"][month] == pytest.approx(0.3)
+    assert list(jobs["alive"]["open"]) == [hold_key(1, pid=os.getpid())]

@@ -108,3 +108,48 @@ def test_a_child_killed_after_it_recorded_completion_ends_the_job_completed(tmp_
     assert supervisor.run() == 0
     ledger = Ledger(LocalStore(runs), "late").load()
     assert [a["exit_class"] for a in ledger["attempts"]] == ["completed"] and ledger["status"] == "completed"
+
+
+CAPPED = ["compute.price_per_hour=360", "budget.monthly_max_usd=1", "compute.restart_seconds=15",
+          "requeue.backoff_base_seconds=0"]  # $0.10/s: a 15 s start-up holds $1.50, more than the $1 cap
+
+
+def test_a_start_up_hold_the_caps_refuse_exits_3_before_any_worker_starts(tmp_path):
+    """The supervisor holds the start-up in the spend index before it starts the worker: a cap that leaves less
+    than that start-up refuses the attempt with the cap's message and exit 3, and no worker process ever runs."""
+    from tests.helpers import jobs
+
+    runs = tmp_path / "runs"
+    done = jobs.run_job([*CAPPED, f"storage.uri={runs}", "run.name=short", f"run.work_dir={tmp_path / 'work'}"],
+                        tmp_path, timeout=300)
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "less than the start-up" in done.stderr and "$1.500000: 15.0 s" in done.stderr, done.stderr[-2000:]
+    assert not (runs / "short" / "ledger.json").exists()  # no worker began an attempt
+    assert not (tmp_path / "work" / "short").exists()
+
+
+def test_the_hold_is_handed_to_the_worker_and_released_at_the_childs_cost_when_it_never_reserved(tmp_path):
+    import json
+    import sys
+
+    from orchestrator.config.compose import compose_config
+    from orchestrator.money.spend import INDEX_KEY
+    from orchestrator.storage import LocalStore
+    from orchestrator.supervisor import Supervisor
+
+    runs = tmp_path / "runs"
+    cfg = compose_config([*CAPPED[:1], "budget.monthly_max_usd=100", *CAPPED[2:], f"storage.uri={runs}",
+                          "run.name=early"])
+    seen = tmp_path / "seen.json"
+    child = ("import json, os\n"  # a worker that dies during its imports, before it could reserve
+             f"from orchestrator.storage import LocalStore\n"
+             f"index = json.loads(LocalStore({str(runs)!r}).get_bytes('{INDEX_KEY}'))\n"
+             f"open({str(seen)!r}, 'w').write(json.dumps([os.environ['ORCH_START_HOLD'], index]))\n"
+             "raise SystemExit(4)\n")
+    supervisor = Supervisor(cfg, [])
+    supervisor.command = [sys.executable, "-c", child]
+    assert supervisor.run() == 4
+    key, index = json.loads(seen.read_text())
+    assert key.startswith("hold:") and index["jobs"]["early"]["open"][key]["through"] == 1.5  # held before it ran
+    job = json.loads(LocalStore(runs).get_bytes(INDEX_KEY))["jobs"]["early"]
+    assert job["open"] == {} and 0 < sum(job["months"].values()) < 1.5  # settled at the child's run, not the hold

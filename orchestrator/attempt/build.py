@@ -23,6 +23,7 @@ from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
 from orchestrator.config.durations import parse_duration
 from orchestrator.errors import ConfigError
+from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.interval import interval_bounds, is_auto
 
 
@@ -53,7 +54,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
-    spend = spend_watch(cfg, store, run_name, money) if main else None
+    spend = spend_watch(cfg, store, run_name, money, hold=environ.get(HOLD_ENV)) if main else None
     record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=compute, budget_max_usd=cfg.budget.max_usd,
                             spend=spend) if main else FollowerRecord())
 
@@ -168,7 +169,7 @@ def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: Checkpoin
     return MeasuredRecipe(recipe, clock, cache=cache, data_fingerprint=lambda: checkpoints.dataset_fp, report=report)
 
 
-def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch) -> SpendWatch:
+def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch, *, hold=None) -> SpendWatch:
     """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
     from orchestrator.money.spend import Caps, SpendIndex
 
@@ -176,4 +177,4 @@ def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch) -> Spend
                 experiment_max_usd=cfg.budget.experiment_max_usd)
     return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_hour_total / 3600.0,
                       window_s=parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead"),
-                      spent=money.attempt_cost_usd)
+                      spent=money.attempt_cost_usd, hold=hold)

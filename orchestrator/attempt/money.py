@@ -162,11 +162,14 @@ class SpendWatch:
         window_s: ``budget.reserve_ahead`` in seconds.
         spent: the attempt's spend so far (its cost meter).
         guards: ``(scope kind, BudgetGuard)`` per cap set: "monthly" or "experiment" (``with_alerts``).
+        hold: the start-up hold its supervisor took before this process started (``ORCH_START_HOLD``,
+            ``orchestrator.money.spend_holds``), which ``begin`` takes over; None when no launcher took one.
     """
 
     def __init__(self, index: Any, *, usd_per_second: float, window_s: float, spent: Callable[[], float],
-                 guards: list = ()):
+                 guards: list = (), hold: Optional[str] = None):
         self.index = index
+        self.hold = hold
         self.usd_per_second = max(0.0, float(usd_per_second))
         self.window_usd = self.usd_per_second * max(0.0, float(window_s))
         self.spent = spent
@@ -204,7 +207,7 @@ class SpendWatch:
         from orchestrator.money.spend import SpendIndexCorrupt
 
         try:
-            reason = self._unless_corrupt(lambda: self.index.refusal(vanished_usd))
+            reason = self._unless_corrupt(lambda: self.index.refusal(vanished_usd, hold=self.hold))
         except SpendIndexCorrupt as err:
             return err
         return BudgetExhausted(reason) if reason else None
@@ -217,7 +220,7 @@ class SpendWatch:
         to_come = self.usd_per_second * startup_to_come_s(startup_s, spent, self.usd_per_second)
         ahead = self.window_usd + to_come
         grant = self._unless_corrupt(lambda: self.index.reserve(fence, spent, spent + ahead,
-                                                                vanished_usd=vanished_usd))
+                                                                vanished_usd=vanished_usd, hold=self.hold))
         if grant is None:
             return
         self._take(grant, spent, ahead)
@@ -228,7 +231,7 @@ class SpendWatch:
                 f"spend cap nearly reached: the caps on {self.index.where} leave this attempt "
                 f"${grant.through - spent:.6f}, less than the start-up still ahead of it (${to_come:.6f}: "
                 f"{startup_s:.1f} s from process start to first step: the job's last measured, else "
-                "compute.restart_seconds), so it stops before loading the model. "
+                "compute.restart_seconds, else the start prior), so it stops before loading the model. "
                 f"{grant.refusal or 'Raise the cap (budget.monthly_max_usd, budget.experiment_max_usd)'} "
                 "to go on from the last checkpoint")
 

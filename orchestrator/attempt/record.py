@@ -18,6 +18,7 @@ from orchestrator.exitcodes import ExitClass
 from orchestrator.ledger import Ledger
 from orchestrator.policy.history import last_restart_seconds
 from orchestrator.policy.requeue import RequeuePolicy, start_refusal
+from orchestrator.policy.restart import start_up_seconds
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,9 @@ class AttemptRecord:
         self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
             startup_s = self.startup_seconds(stored.get("attempts") or [])
-            self.spend.begin(attempt["fence"], startup_s=startup_s, vanished_usd=_attempt_costs(self.prior_attempts))
+            # the caps' first reservation holds a start-up even before one is measured (the start prior)
+            self.spend.begin(attempt["fence"], startup_s=start_up_seconds(startup_s, self.compute.restart_seconds),
+                             vanished_usd=_attempt_costs(self.prior_attempts))
             # budget.max_usd must carry the start-up ahead too: a step is the first moment the guard can stop it
             refusal = start_up_refusal(self.budget_max_usd, prior_usd=self.prior_cost_usd, spent_usd=self.spend.spent(),
                                        usd_per_second=self.spend.usd_per_second, startup_s=startup_s)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from orchestrator.errors import BudgetExhausted
+from orchestrator.money.spend_holds import take_over
 from orchestrator.money.spend_leases import dead_holds, release
 from orchestrator.storage.transact import record_once, transact
 from orchestrator.storage.base import ObjectStore, checked_json
@@ -253,15 +254,19 @@ class SpendIndex:
     def _transact(self, mutate) -> dict:
         return transact(self.store, INDEX_KEY, mutate, decode=self._decode)
 
-    def refusal(self, vanished_usd: Optional[dict] = None) -> Optional[str]:
+    def refusal(self, vanished_usd: Optional[dict] = None, hold: Optional[str] = None) -> Optional[str]:
         """Read only: why this job may not start (a cap already spent), with the numbers; None when it may.
 
         This job's own open entries belong to attempts that ended without settling (the new attempt fences
         them): they count as the first reservation will settle them (``vanished_usd``: fence -> the ledger's
         cost at each one's last heartbeat), not at their whole reservation, which would let a SIGKILLed
-        attempt's unspent hold stop its own job's restart at the cap."""
+        attempt's unspent hold stop its own job's restart at the cap. ``hold``: this attempt's start-up hold
+        (``spend_holds``), which its first reservation takes over: not counted here, or a hold that took the last
+        room would refuse the very attempt it was taken for."""
         index = copy.deepcopy(_fresh(self.load()))
         job = index["jobs"].get(self.caps.run_name)
+        if job and hold:
+            job.get("open", {}).pop(hold, None)
         if job and job.get("open"):
             _settle_vanished(index["jobs"][self.caps.run_name], keep="", known=vanished_usd or {})
         release(index, self.dead_holds(index))
@@ -275,13 +280,14 @@ class SpendIndex:
                           now=self.clock())
 
     def reserve(self, fence: int, spent: float, want_through: float, *,
-                vanished_usd: Optional[dict] = None) -> Grant:
+                vanished_usd: Optional[dict] = None, hold: Optional[str] = None) -> Grant:
         """Record that attempt ``fence`` has spent ``spent`` and ask to spend up to ``want_through``.
 
         One conditional write. Grants what the caps leave room for, never more (at least ``spent``:
         what is spent is charged whatever the caps say). Settles this job's older open entries
         (attempts that vanished) at their cost in ``vanished_usd`` (fence -> the ledger's cost at the
-        attempt's last heartbeat), or at their reservation when the ledger has none.
+        attempt's last heartbeat), or at their reservation when the ledger has none. ``hold``: the start-up hold
+        its supervisor took (``spend_holds``), taken over in this write: it becomes this attempt's entry.
         """
         now = self.clock()
         month = month_of(now)
@@ -292,6 +298,7 @@ class SpendIndex:
             index = _fresh(index)
             released[:] = release(index, dead)
             job = self._job(index)
+            take_over(job, hold, str(fence))
             _settle_vanished(job, keep=str(fence), known=vanished_usd or {})
             entry = _entry(job, str(fence), month, spent, now)
             entry["spent"] = max(float(entry["spent"]), float(spent))

@@ -12,7 +12,10 @@ than the entry's own ``spent``), when that job's ledger shows the attempt
   minutes at most, and an attempt alive past the lease charges its spend again at its next reservation, so a
   wrong guess over-charges the caps, never under-charges them).
 
-An entry whose job has no ledger, or no attempt with that fence, is kept (nothing says it is dead).
+An entry whose job has no ledger, or no attempt with that fence, is kept (nothing says it is dead). A start-up
+hold (``spend_holds``: taken by a supervisor before its worker starts, so no attempt has it yet) is dead when its
+supervisor's process no longer exists on this host, or when it is older than ``LEASE_S``; it is settled at its
+whole hold (nothing says what its worker spent before it died).
 """
 from __future__ import annotations
 
@@ -45,14 +48,29 @@ def _dead_cost(attempt: dict, newest_fence: int, now: float) -> Optional[float]:
     return cost if (stale or here) else None
 
 
+def _dead_hold(key: str, entry: dict, now: float) -> bool:
+    """Whether a start-up hold's supervisor is gone (this host, its pid no longer exists) or the hold is stale."""
+    from orchestrator.money.spend_holds import hold_owner
+
+    host, pid = hold_owner(key)
+    return (host == socket.gethostname() and _gone(pid)) or now - float(entry["updated_at"]) > LEASE_S
+
+
 def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
     """{run: {fence: ledger cost}} of other jobs' open entries whose attempt is gone (the rules above)."""
     from orchestrator.errors import UserError
     from orchestrator.ledger import Ledger
 
+    from orchestrator.money.spend_holds import is_hold
+
     out: dict = {}
     for run, job in (index.get("jobs") or {}).items():
         if run == own_run or not job.get("open"):
+            continue
+        for key, entry in job["open"].items():
+            if is_hold(key) and _dead_hold(key, entry, now):
+                out.setdefault(run, {})[key] = float(entry["through"])
+        if all(is_hold(key) for key in job["open"]):
             continue
         try:
             attempts = Ledger(store, run).load().get("attempts") or []
@@ -61,7 +79,7 @@ def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
             continue
         newest = max((int(a["fence"]) for a in attempts), default=0)
         by_fence = {str(a["fence"]): a for a in attempts}
-        for fence in job["open"]:
+        for fence in (key for key in job["open"] if not is_hold(key)):
             attempt = by_fence.get(fence)
             cost = _dead_cost(attempt, newest, now) if attempt is not None else None
             if cost is not None:

@@ -25,3 +25,17 @@ def restart_seconds(*, override: Optional[float] = None, measured: Iterable[floa
         return statistics.median(seen), "measured"
     return (BASE_START_SECONDS + model_bytes / MODEL_LOAD_BYTES_PER_SECOND
             + checkpoint_bytes / CHECKPOINT_DOWNLOAD_BYTES_PER_SECOND), "estimated"
+
+
+def start_up_seconds(last_measured: float, override: Optional[float]) -> float:
+    """The start-up (process start to first step) a reservation holds for an attempt to come: the job's last
+    measured, else ``compute.restart_seconds``, else the start prior ``BASE_START_SECONDS`` (a first attempt has
+    measured nothing, and holding nothing for its start-up would let it pass a cap by all of it)."""
+    if last_measured and last_measured > 0:
+        return float(last_measured)
+    return start_prior_seconds(override)
+
+
+def start_prior_seconds(override: Optional[float]) -> float:
+    """The start-up to assume before one is measured: ``compute.restart_seconds`` when set, else ``BASE_START_SECONDS``."""
+    return float(override) if override is not None else BASE_START_SECONDS

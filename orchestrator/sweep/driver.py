@@ -260,15 +260,19 @@ def longest_start_up_s(plan) -> float:
 
 
 def room_for_a_new_trial(plan) -> bool:
-    """Whether the budget left (reservations counted) carries a new trial's start-up (the longest measured): a
-    process spends its imports before it can reserve anything, so a trial launched into less would pass the
-    budget by them. Trials already launched (promoted, requeued) are not held back: their holds settle as usual."""
+    """Whether the budget left (reservations and start-up holds counted) carries a new trial's start-up (the
+    longest measured, else the start prior: ``compute.restart_seconds``, else ``BASE_START_SECONDS``). The trial's
+    supervisor holds that start-up before its worker starts and refuses it (exit 3) when the room is short; this
+    check spares launching a process only to be refused. Trials already launched (promoted, requeued) are not held
+    back here: their supervisors' holds decide."""
     from orchestrator.money.cost import load_catalog, price_for
     from orchestrator.money.spend import experiment_total_usd
+    from orchestrator.policy.restart import start_prior_seconds
 
     per_s = price_for(plan.cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
     charged = experiment_total_usd(live_index(plan), plan.experiment)
-    return charged < plan.budget_usd - per_s * longest_start_up_s(plan) - 1e-9
+    start_up = longest_start_up_s(plan) or start_prior_seconds(plan.cfg.compute.restart_seconds)
+    return charged < plan.budget_usd - per_s * start_up - 1e-9
 
 
 def budget_spent(plan) -> bool:

@@ -1,0 +1,180 @@
+"""Start-up holds: the spend index's reservation for an attempt's start-up, taken before its process starts.
+
+A worker spends its start-up (interpreter, imports, model load: seconds here, 45 s and more on a cloud machine)
+before it can reserve anything in the spend index, so N attempts launched at once into the same room would
+pass a cap by N start-ups. The local supervisor, which is light and runs before the worker, takes a hold for
+the start-up to come (``policy.restart.start_up_seconds``) at the attempt's price, in one conditional write,
+and refuses the attempt (exit 3, before any child starts) when a cap is spent or leaves less than that start-up.
+
+A hold is an open entry of the job keyed ``hold:<host>:<pid>:<n>`` (the supervisor's process, its n-th attempt)
+that charges its ``through`` to the caps like any reservation. The worker is handed its key (``ORCH_START_HOLD``)
+and its first reservation takes it over in the same write (``SpendIndex.reserve(hold=...)``: the hold becomes the
+attempt's entry, counted once). A hold nobody took over is released by its supervisor when the child ends, at
+what the child's run cost (its wall time at the attempt's price); one whose supervisor is gone is dead
+(``spend_leases``) and settled at its whole hold: nothing says what its worker spent.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+HOLD_ENV = "ORCH_START_HOLD"
+HOLD_PREFIX = "hold:"
+
+
+def is_hold(key: str) -> bool:
+    return key.startswith(HOLD_PREFIX)
+
+
+def hold_key(number: int, *, host: Optional[str] = None, pid: int) -> str:
+    return f"{HOLD_PREFIX}{host or socket.gethostname()}:{pid}:{number}"
+
+
+def hold_owner(key: str) -> tuple[str, int]:
+    """(host, pid) of the supervisor that took hold ``key``; ("", 0) when the key does not say."""
+    host, _, rest = key[len(HOLD_PREFIX):].rpartition(":")
+    host, _, pid = host.rpartition(":")
+    return (host, int(pid)) if pid.isdigit() else ("", 0)
+
+
+@dataclass(frozen=True)
+class HoldAsk:
+    """What one start-up hold asks for: ``seconds`` of start-up at ``usd_per_second``."""
+
+    seconds: float
+    usd_per_second: float
+
+    @property
+    def usd(self) -> float:
+        return max(0.0, self.seconds) * max(0.0, self.usd_per_second)
+
+
+def take_hold(index, key: str, ask: HoldAsk) -> Optional[str]:
+    """One conditional write: hold ``ask.usd`` for job ``index.caps.run_name``'s start-up under ``key``; why not (a
+    cap spent, or too little room for the start-up: nothing written), or None when held. Dead holds and this job's
+    vanished attempts (``spend_leases``) are released in the same write, at their ledger cost."""
+    from orchestrator.money.spend import CAP_TOLERANCE_USD, _fresh, month_of
+    from orchestrator.money.spend_leases import dead_holds, release
+
+    now = index.clock()
+    month = month_of(now)
+    dead = dead_holds(index.store, index.load(), own_run="", now=now)
+    why: list[str] = []
+
+    def mutate(doc: Optional[dict]) -> Optional[dict]:
+        doc = _fresh(doc)
+        release(doc, dead)
+        room = index.caps.room_usd(doc, month)
+        if room is not None and room < ask.usd - CAP_TOLERANCE_USD:
+            why[:] = [index.caps.refusal(doc, month, index.where) or _short(index, room, ask)]
+            return None
+        why[:] = []
+        job = index._job(doc)
+        job["open"][key] = {"month": month, "base": 0.0, "spent": 0.0, "through": ask.usd, "updated_at": now}
+        return doc
+
+    index._transact(mutate)
+    if not why:
+        log.info("spend index %s: held $%.6f for the start-up to come (%.1f s) under %s", index.where, ask.usd,
+                 ask.seconds, key)
+    return why[0] if why else None
+
+
+def _short(index, room: float, ask: HoldAsk) -> str:
+    return (f"spend cap nearly reached: the caps on {index.where} leave ${max(0.0, room):.6f}, less than the "
+            f"start-up an attempt spends before it can stop (${ask.usd:.6f}: {ask.seconds:.1f} s from process start "
+            "to first step: the job's last measured, else compute.restart_seconds, else the start prior), so no "
+            "attempt starts. Raise the cap (budget.monthly_max_usd, budget.experiment_max_usd) to go on from the "
+            "last checkpoint")
+
+
+def release_hold(index, key: str, spent_usd: float) -> bool:
+    """Settle hold ``key`` if no worker took it over, at ``spent_usd`` (what its child's run cost); True if it did."""
+    from orchestrator.money.spend import _fresh
+
+    released: list[bool] = []
+
+    def mutate(doc: Optional[dict]) -> Optional[dict]:
+        doc = _fresh(doc)
+        job = doc["jobs"].get(index.caps.run_name) or {}
+        entry = (job.get("open") or {}).pop(key, None)
+        if entry is None:
+            return None
+        months = job.setdefault("months", {})
+        months[entry["month"]] = float(months.get(entry["month"], 0.0)) + max(0.0, float(spent_usd))
+        released[:] = [True]
+        return doc
+
+    index._transact(mutate)
+    return bool(released)
+
+
+def take_over(job: dict, hold: Optional[str], fence: str) -> None:
+    """Attempt ``fence``'s first write: its supervisor's hold (if still open) becomes its entry, in place."""
+    if not hold or hold not in job["open"] or fence in job["open"]:
+        return
+    entry = job["open"].pop(hold)
+    job["open"][fence] = {"month": entry["month"], "base": 0.0, "spent": float(entry["spent"]),
+                              "through": float(entry["through"]), "updated_at": float(entry["updated_at"])}
+
+
+class StartHolds:
+    """A supervisor's start-up holds, one per attempt it starts; none for a job under no monthly or experiment cap.
+
+    Args:
+        cfg: the job's config (its caps, its compute and price, ``compute.restart_seconds``).
+        store: the jobs' store (``storage.uri``).
+    """
+
+    def __init__(self, cfg: Any, store: Any, *, environ=os.environ):
+        from orchestrator.attempt.build import attempt_price, job_name
+        from orchestrator.ledger import Ledger
+        from orchestrator.money.spend import Caps, SpendIndex
+
+        budget = cfg.budget
+        self.index = None
+        if budget.monthly_max_usd is None and budget.experiment_max_usd is None:
+            return
+        _capacity, compute, _catalog, price = attempt_price(cfg, environ)
+        run_name = job_name(cfg)
+        self.index = SpendIndex(store, Caps(run_name, str(cfg.tracking.experiment),
+                                            monthly_max_usd=budget.monthly_max_usd,
+                                            experiment_max_usd=budget.experiment_max_usd))
+        self.ledger = Ledger(store, run_name)
+        self.usd_per_second = price.usd_per_hour_total / 3600.0
+        self.override = compute.restart_seconds
+
+    def take(self, number: int) -> tuple[Optional[str], Optional[str]]:
+        """(the hold's key to hand the worker, or None; why the attempt may not start, or None)."""
+        from orchestrator.errors import BudgetExhausted
+        from orchestrator.policy.history import last_restart_seconds
+        from orchestrator.policy.restart import start_up_seconds
+
+        if self.index is None:
+            return None, None
+        key = hold_key(number, pid=os.getpid())
+        try:
+            attempts = self.ledger.load().get("attempts") or []
+            ask = HoldAsk(start_up_seconds(last_restart_seconds(attempts), self.override), self.usd_per_second)
+            refusal = take_hold(self.index, key, ask)
+        except BudgetExhausted as err:  # the spend index is unreadable: a cap it cannot check
+            return None, str(err)
+        except Exception as err:  # noqa: BLE001 - storage down: the worker's own first reservation decides
+            log.warning("could not take a start-up hold in the spend index (%s); the attempt reserves on its own", err)
+            return None, None
+        return (None, refusal) if refusal else (key, None)
+
+    def release(self, key: Optional[str], child_seconds: float) -> None:
+        """After the child ended: a hold it never took over is settled at what its run cost."""
+        if key is None or self.index is None:
+            return
+        try:
+            if release_hold(self.index, key, child_seconds * self.usd_per_second):
+                log.info("released start-up hold %s: its worker ended before it reserved", key)
+        except Exception as err:  # noqa: BLE001 - storage down: the hold is dead once this process is (spend_leases)
+            log.warning("could not release start-up hold %s (%s)", key, err)
