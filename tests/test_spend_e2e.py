@@ -20,6 +20,7 @@ RESERVE_S = 20.0  # at $0.10/s: $2, which covers a stopped job's last step, fina
 # the process start): the cap holds two start-ups and some training
 USD_PER_S = 0.1
 CAPPED = [f"compute.price_per_hour={USD_PER_S * 3600:g}", f"budget.monthly_max_usd={CAP_USD:g}",
+          "compute.restart_seconds=15",  # the start-up held before a first attempt measured one (not the 45 s prior)
           f"budget.reserve_ahead={RESERVE_S:g}s",
           "train.max_steps=5000", "train.eval_at_end=false"]
 
