@@ -1,4 +1,5 @@
-"""Optuna's samplers and SuccessiveHalvingPruner over the sweep's record: rungs, sampling, decisions in trial order."""
+"""Optuna's samplers, SuccessiveHalvingPruner and HyperbandPruner over the sweep's record: rungs, brackets,
+sampling, decisions in trial order, the leader."""
 from __future__ import annotations
 
 import random
@@ -22,7 +23,7 @@ def trial(number, params, values=None, status="paused", rung=0):
 
 def test_rungs_are_steps_of_the_trials_run_ending_at_max_steps():
     assert decide.rung_steps(SETTINGS) == [4, 12, 36]
-    assert decide.eval_every(SETTINGS) == 4
+    assert decide.eval_every(SETTINGS, 0) == 4
     assert decide.rung_steps(dict(SETTINGS, max_steps=40)) == [4, 12, 36, 40]
     assert decide.rung_steps(dict(SETTINGS, pruner="none")) == [36]
 
@@ -57,11 +58,11 @@ def test_decisions_follow_successive_halving_over_the_earlier_trials_only():
 
 def test_a_decision_waits_for_every_earlier_trial_to_reach_the_rung_or_end():
     trials = [trial(0, {}, status="running"), trial(1, {}, {"0": 0.4})]
-    assert not decide.ready(trials, 1, 0)
+    assert not decide.ready(SETTINGS, trials, 1, 0)
     trials[0]["status"] = "failed"
-    assert decide.ready(trials, 1, 0)
+    assert decide.ready(SETTINGS, trials, 1, 0)
     trials[0].update(status="paused", values={"0": 0.3})
-    assert decide.ready(trials, 1, 0)
+    assert decide.ready(SETTINGS, trials, 1, 0)
 
 
 def test_the_order_in_which_trials_report_does_not_change_the_decisions():
@@ -76,7 +77,7 @@ def test_the_order_in_which_trials_report_does_not_change_the_decisions():
         for k in order:  # trial k reports rung 0; then every decision that is ready is taken
             trials[k].update(status="paused", values={"0": values[k]})
             for t in trials:
-                if t["status"] == "paused" and t["number"] not in made and decide.ready(trials, t["number"], 0):
+                if t["status"] == "paused" and t["number"] not in made and decide.ready(SETTINGS, trials, t["number"], 0):
                     made[t["number"]] = decide.decision(SETTINGS, sp, trials, t["number"], 0)
                     t["status"] = "pruned" if made[t["number"]] == "prune" else "paused"
         return made
@@ -87,33 +88,81 @@ def test_the_order_in_which_trials_report_does_not_change_the_decisions():
     assert run(shuffled) == forward and sorted(forward) == list(range(9))
 
 
+HYPERBAND = dict(SETTINGS, pruner="hyperband")  # rungs 4, 12, 36: three brackets
+
+
+def test_hyperband_brackets_are_optunas_and_start_at_later_rungs():
+    """Trial k's bracket is the one Optuna's HyperbandPruner hashes it into; bracket b's trial evaluates and
+    pauses at rung_steps[b:], the rest at every rung; other pruners have one bracket."""
+    import optuna
+
+    pruner = optuna.pruners.HyperbandPruner(min_resource=4, max_resource=36, reduction_factor=3)
+    study = optuna.create_study(study_name=decide.STUDY_NAME, pruner=pruner)
+    pruner._try_initialization(study)
+    numbers = range(20)
+    brackets = [pruner._get_bracket_id(study, study.ask()) for _ in numbers]
+    assert [decide.bracket(HYPERBAND, k) for k in numbers] == brackets and set(brackets) == {0, 1, 2}
+    for k, b in zip(numbers, brackets):
+        assert decide.trial_steps(HYPERBAND, k) == [4, 12, 36][b:]
+    assert decide.trial_steps(HYPERBAND, 3) == [12, 36] and decide.eval_every(HYPERBAND, 3) == 12
+    assert decide.trial_steps(HYPERBAND, 2) == [36] and decide.decision(HYPERBAND, space(), [trial(
+        k, {}) for k in range(3)], 2, 0) == "complete"  # the last bracket runs straight to max_steps
+    assert {decide.bracket(SETTINGS, k) for k in numbers} == {0} and decide.trial_steps(SETTINGS, 3) == [4, 12, 36]
+
+
 def test_hyperband_decides_as_optunas_hyperband_pruner_driven_trial_by_trial():
-    """sweep.pruner=hyperband: each trial's verdicts at rungs 0 and 1 are those Optuna's HyperbandPruner gives in
-    an ordinary sequential study (ask, report, should_prune per rung); its brackets make them differ from plain
-    successive halving (a trial in a later bracket is not judged at the first rung)."""
+    """sweep.pruner=hyperband: each trial's verdicts are those Optuna's HyperbandPruner gives in an ordinary
+    sequential study where each trial reports at its own bracket's rungs (ask, report, should_prune per rung)."""
     import optuna
 
     sp = space("train.learning_rate=interval(1e-5,1e-3)")
-    settings = dict(SETTINGS, pruner="hyperband")
     rng = random.Random(5)
-    values = [[rng.random(), rng.random()] for _ in range(12)]
+    values = [[rng.random(), rng.random()] for _ in range(16)]
     pruner = optuna.pruners.HyperbandPruner(min_resource=4, max_resource=36, reduction_factor=3)
     study = optuna.create_study(study_name=decide.STUDY_NAME, direction="maximize", pruner=pruner)
+    pruner._try_initialization(study)
     expected, trials = {}, []
-    for k, (v0, v1) in enumerate(values):
+    for k, vs in enumerate(values):
         live = study.ask()
-        live.report(v0, 4)
-        expected[(k, 0)] = "prune" if live.should_prune() else "promote"
-        trials.append(trial(k, {}, {"0": v0}))
-        if expected[(k, 0)] == "promote":
-            live.report(v1, 12)
-            expected[(k, 1)] = "prune" if live.should_prune() else "promote"
-            trials[k]["values"]["1"] = v1
-    got = {(k, r): decide.decision(settings, sp, trials, k, r) for (k, r) in expected}
-    assert got == expected
-    halving = [decide.decision(SETTINGS, sp, trials, k, 0) for k in range(12)]
-    assert [got[(k, 0)] for k in range(12)] != halving and halving.count("prune") > [
-        got[(k, 0)] for k in range(12)].count("prune")
+        steps = [4, 12, 36][pruner._get_bracket_id(study, live):]
+        trials.append(trial(k, {}))
+        for r, (value, step) in enumerate(zip(vs, steps)):
+            live.report(value, step)
+            trials[k]["values"][str(r)] = value
+            if r == len(steps) - 1:
+                expected[(k, r)] = "complete"
+                break
+            expected[(k, r)] = "prune" if live.should_prune() else "promote"
+            if expected[(k, r)] == "prune":
+                break
+    got = {(k, r): decide.decision(HYPERBAND, sp, trials, k, r) for (k, r) in expected}
+    assert got == expected and {"prune", "promote", "complete"} <= set(got.values())
+    # a trial of a later bracket is first judged at its own first rung: not at step 4, among bracket 0 only
+    later = [k for k in range(16) if decide.bracket(HYPERBAND, k) == 1]
+    assert later and all(decide.trial_steps(HYPERBAND, k)[0] == 12 for k in later)
+
+
+def test_under_hyperband_a_decision_waits_only_on_the_trials_of_its_bracket():
+    assert [decide.bracket(HYPERBAND, k) for k in range(4)] == [0, 0, 2, 1]
+    trials = [trial(k, {}, status="running") for k in range(4)]
+    trials[3].update(status="paused", values={"0": 0.4})  # bracket 1: no earlier trial shares it
+    assert decide.ready(HYPERBAND, trials, 3, 0)
+    assert not decide.ready(SETTINGS, trials, 3, 0)  # one bracket: it waits on trials 0-2
+    trials[1].update(status="paused", values={"0": 0.5})
+    assert not decide.ready(HYPERBAND, trials, 1, 0)  # trial 0 shares bracket 0 and has not reported
+
+
+def test_the_leader_compares_trials_of_different_brackets_by_steps_not_rung_index():
+    """Under Hyperband rung 1 of bracket 0 is step 12 and rung 0 of bracket 1 is step 12 too: the leader is
+    the best at the highest step reached, whatever the index."""
+    trials = [trial(0, {}, {"0": 0.9, "1": 0.5}), trial(1, {}, {"0": 0.2}), trial(2, {}, status="running"),
+              trial(3, {}, {"0": 0.6})]  # t0: steps 4, 12; t1: step 4; t3 (bracket 1): step 12
+    assert decide.reached(HYPERBAND, trials[3]) == (12, 0.6) and decide.reached(HYPERBAND, trials[0]) == (12, 0.5)
+    assert decide.leader(trials, HYPERBAND)["number"] == 3
+    assert decide.leader(trials, dict(HYPERBAND, direction="minimize"))["number"] == 0
+    assert decide.leader(trials, SETTINGS)["number"] == 0  # one bracket: rung 1 is step 12 for all; only t0 has it
+    trials[2].update(status="completed", values={"0": 0.1})  # bracket 2: its one rung is step 36
+    assert decide.leader(trials, HYPERBAND)["number"] == 2 and decide.reached(HYPERBAND, trials[2]) == (36, 0.1)
 
 
 def test_a_pruner_outside_optunas_is_refused_at_launch(tmp_path, capsys):

@@ -126,3 +126,42 @@ def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_pa
     for name, doc in (("uninterrupted", a), ("killed", b)):
         usage = doc["usage"]
         print(f"{name} sweep: workers idle {usage['idle_seconds'] / usage['slot_seconds']:.1%} of slot time")
+
+
+HYPERBAND = [
+    "sweep=asha", "sweep.pruner=hyperband", "sweep.n_trials=3", "sweep.max_parallel=3", "sweep.seed=3",
+    "sweep.budget_usd=2", "sweep.min_fraction=0.25", "sweep.reduction_factor=2", "sweep.metric=eval_loss",
+    "train.learning_rate=tag(log, interval(1e-3,3e-2))", "train.max_steps=8", "train.logging_steps=2",
+    "data.num_examples=64", "checkpoint.every=off", "checkpoint.every_steps=2", "preemption.provider=none",
+    "tracking.enabled=false", "train.eval_at_end=false",
+]
+
+
+def test_a_hyperband_sweep_runs_each_trial_to_its_own_brackets_rungs_and_resumes_promoted_ones(tmp_path):
+    """Rungs at steps 2, 4, 8: trials 0, 1, 2 fall in Optuna's brackets 1, 2, 0, so t2 pauses at 2 and 4, t0 first
+    at 4, t1 runs straight to 8; each promoted trial's next launch resumes at the step its rung committed."""
+    from orchestrator.sweep import decide
+
+    name = "hb"
+    cmd = jobs.launch_cmd(HYPERBAND + [f"sweep.name={name}", f"storage.uri={tmp_path / 'runs'}",
+                                       f"run.work_dir={tmp_path / 'work'}"])
+    done = subprocess.run(cmd, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = state(tmp_path, name)
+    assert [decide.bracket(doc["settings"], k) for k in range(3)] == [1, 2, 0]
+    rungs = {0: [4, 8], 1: [8], 2: [2, 4, 8]}  # each trial's bracket's rungs
+    for t in doc["trials"]:
+        ledger = trial_ledger(tmp_path, t["run_name"])
+        steps = rungs[t["number"]]
+        assert ledger["status"] == "completed" and ledger["step"] == 8, (t, ledger.get("status"))
+        evals = {int(s) for s in ledger["quality"]["evals"]} - {0}  # step 0: the "before training" evaluation
+        assert set(steps) <= evals and min(evals) == steps[0], (t["run_name"], evals)  # none before its first rung
+        assert sorted(t["values"]) == [str(r) for r in range(len(steps))]  # a result at each of them
+        attempts = ledger["attempts"]
+        assert [a["step_start"] for a in attempts] == [0, *steps[:-1]], (t["run_name"], attempts)
+        for i, attempt in enumerate(attempts[1:], 1):  # the promoted trial went on from its rung's checkpoint
+            assert attempt["step_start"] == max(x["checkpoint_step_end"] for x in attempts[:i])
+    made = sorted((d["trial"], d["rung"], d["decision"]) for d in doc["decisions"])
+    assert made == [(0, 0, "promote"), (0, 1, "complete"), (1, 0, "complete"),
+                    (2, 0, "promote"), (2, 1, "promote"), (2, 2, "complete")]
+    assert "bracket 2 rung 0" in done.stdout and "at step 8" in done.stdout

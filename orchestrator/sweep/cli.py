@@ -41,7 +41,7 @@ def _spent(plan) -> dict[str, float]:
 
 def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
     """Trials (parameters, rungs reached, metric per rung, status, spend), the leader, spend on pruned trials."""
-    from orchestrator.sweep.decide import leader, rung_steps
+    from orchestrator.sweep.decide import bracket, leader, reached, rung_steps
 
     settings = doc["settings"]
     steps = rung_steps(settings)
@@ -50,8 +50,9 @@ def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
     for t in doc["trials"]:
         values = " ".join(f"r{r}={v:.4f}" for r, v in sorted(t["values"].items(), key=lambda kv: int(kv[0])))
         params = " ".join(f"{k}={v}" for k, v in sorted(t["params"].items()))
-        lines.append(f"  t{t['number']:<3} {t['status']:<9} rung {t['rung']}  ${spent.get(t['run_name'], 0.0):.4f}  "
-                     f"{values or '-'}  {params}")
+        where = f"bracket {bracket(settings, t['number'])} " if settings["pruner"] == "hyperband" else ""
+        lines.append(f"  t{t['number']:<3} {t['status']:<9} {where}rung {t['rung']}  "
+                     f"${spent.get(t['run_name'], 0.0):.4f}  {values or '-'}  {params}")
     best = leader(doc["trials"], settings)
     total = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"])
     pruned = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"] if t["status"] == "pruned")
@@ -59,9 +60,8 @@ def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
     idle = usage["idle_seconds"] / usage["slot_seconds"] if usage["slot_seconds"] else 0.0
     lines.append(f"spent ${total:.4f} (on pruned trials ${pruned:.4f}); workers idle {idle:.1%} of slot time")
     if best is not None:
-        top = max(int(r) for r in best["values"])
-        lines.append(f"leader: t{best['number']} ({best['run_name']}) {settings['metric']}="
-                     f"{best['values'][str(top)]:.4f} at rung {top}")
+        step, value = reached(settings, best)
+        lines.append(f"leader: t{best['number']} ({best['run_name']}) {settings['metric']}={value:.4f} at step {step}")
     return "\n".join(lines)
 
 

@@ -4,18 +4,23 @@ in-memory study, rebuilt for each question), so a relaunched driver on any machi
 
 Rungs are steps of the trial's own run (``train.max_steps``), so money at a rung is a fixed fraction of the
 trial's planned cost and the boundary does not move with the machine's load: rung r ends at
-``round(max_steps x min_fraction) x reduction_factor^r`` steps, the last at ``max_steps``.
+``round(max_steps x min_fraction) x reduction_factor^r`` steps, the last at ``max_steps``. Under Hyperband a
+trial of bracket b (Optuna's own assignment, ``bracket``) starts at a later rung: its rungs are
+``rung_steps[b:]`` (``trial_steps``), and a trial's ``rung`` and ``values`` count its own rungs, so compare
+trials by steps (``reached``), never by rung index.
 
 Decisions are taken in trial-number order per rung (``ready``): trial k's result at rung r is told to
 Optuna's pruner (``sweep.pruner``: ``SuccessiveHalvingPruner`` or ``HyperbandPruner``) once every trial j < k
-has reported rung r or can no longer reach it, with exactly those trials as its competitors. Which trials are
+of its bracket has reported rung r or can no longer reach it, with exactly those trials as its competitors. Which trials are
 promoted is then a function of the trials' metrics, not of which process finished first, so a sweep
 interrupted anywhere promotes the same trials as an uninterrupted one with the same seed. A trial waiting for
 its decision holds no worker: it is paused with its checkpoint, and the free worker takes other work.
 """
 from __future__ import annotations
 
+import functools
 import math
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from orchestrator.sweep.space import SearchSpace
@@ -36,9 +41,45 @@ def rung_steps(settings: dict) -> list[int]:
     return steps
 
 
-def eval_every(settings: dict) -> int:
-    """``train.eval_steps`` that evaluates at every rung's end."""
-    return math.gcd(*rung_steps(settings))
+def bracket(settings: dict, number: int) -> int:
+    """Trial ``number``'s bracket: Optuna's ``HyperbandPruner`` assignment (a hash of the study's name and the
+    trial's number) under ``sweep.pruner=hyperband``; 0 (the one bracket) under any other pruner."""
+    if settings["pruner"] != "hyperband":
+        return 0
+    steps = rung_steps(settings)
+    pruner, study = _hyperband(steps[0], int(settings["max_steps"]), int(settings["reduction_factor"]))
+    return min(pruner._get_bracket_id(study, SimpleNamespace(number=number)), len(steps) - 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _hyperband(min_resource: int, max_resource: int, eta: int):
+    """An initialised HyperbandPruner and a study of the sweep's name: what ``_get_bracket_id`` reads."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    pruner = optuna.pruners.HyperbandPruner(min_resource=min_resource, max_resource=max_resource,
+                                            reduction_factor=eta, bootstrap_count=0)
+    study = optuna.create_study(study_name=STUDY_NAME, pruner=pruner)
+    pruner._try_initialization(study)
+    return pruner, study
+
+
+def trial_steps(settings: dict, number: int) -> list[int]:
+    """The steps at which trial ``number``'s rungs end: its bracket's (``rung_steps[bracket:]``)."""
+    return rung_steps(settings)[bracket(settings, number):]
+
+
+def eval_every(settings: dict, number: int) -> int:
+    """``train.eval_steps`` that evaluates at every one of trial ``number``'s rungs."""
+    return math.gcd(*trial_steps(settings, number))
+
+
+def reached(settings: dict, trial: dict) -> Optional[tuple[int, float]]:
+    """(the highest step ``trial`` has a result at, that result), None before any: what compares trials of
+    different brackets, whose rung r is a different step."""
+    steps = trial_steps(settings, trial["number"])
+    rung = max((int(r) for r in trial["values"] if int(r) < len(steps)), default=None)
+    return None if rung is None else (steps[rung], trial["values"][str(rung)])
 
 
 def _direction(settings: dict) -> str:
@@ -95,8 +136,8 @@ def sample(space: SearchSpace, settings: dict, trials: list[dict], number: int) 
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction=_direction(settings), sampler=_sampler(settings, space, number))
-    steps = rung_steps(settings)
     for trial in trials:
+        steps = trial_steps(settings, trial["number"])
         study.add_trial(_frozen(trial, space, steps, settings["sampler"] == "grid"))
     asked = study.ask(space.distributions())
     return {key: _plain(asked.params[key]) for key in space.specs}
@@ -106,10 +147,12 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-def ready(trials: list[dict], number: int, rung: int) -> bool:
-    """Whether trial ``number``'s result at ``rung`` may be decided: every earlier trial reported that rung
-    or can no longer reach it."""
-    return all(str(rung) in t["values"] or (t["status"] in FINISHED) for t in trials[:number])
+def ready(settings: dict, trials: list[dict], number: int, rung: int) -> bool:
+    """Whether trial ``number``'s result at ``rung`` may be decided: every earlier trial of its bracket (its
+    only competitors) reported that rung or can no longer reach it."""
+    own = bracket(settings, number)
+    return all(str(rung) in t["values"] or (t["status"] in FINISHED) for t in trials[:number]
+               if bracket(settings, t["number"]) == own)
 
 
 PRUNERS = ("none", "successive_halving", "hyperband", "asha")  # asha: successive_halving's earlier name
@@ -151,22 +194,21 @@ def decision(settings: dict, space: SearchSpace, trials: list[dict], number: int
     rung, so the pruner holds what it held when each was decided, and nothing of later trials."""
     import optuna
 
-    steps = rung_steps(settings)
-    if rung >= len(steps) - 1:
+    if rung >= len(trial_steps(settings, number)) - 1:
         return "complete"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=STUDY_NAME, direction=_direction(settings), pruner=_pruner(settings))
-    for other in trials[:number]:
-        _replay(study, other, steps, rung)
-    return "prune" if _replay(study, trials[number], steps, rung) else "promote"
+    for other in trials[:number]:  # each at its own bracket's steps: Optuna's bracket study picks its competitors
+        _replay(study, other, trial_steps(settings, other["number"]), rung)
+    return "prune" if _replay(study, trials[number], trial_steps(settings, number), rung) else "promote"
 
 
 def leader(trials: list[dict], settings: dict) -> Optional[dict]:
-    """The best trial at the highest rung any trial reached (ties: the lower number)."""
-    reached = [t for t in trials if t["values"]]
-    if not reached:
+    """The best trial at the highest step any trial has a result at (ties: the lower number); steps, not rung
+    indices, so trials of different Hyperband brackets compare at the same amount of training."""
+    scored = [(*r, t) for t in trials if (r := reached(settings, t)) is not None]
+    if not scored:
         return None
-    top = max(max(int(r) for r in t["values"]) for t in reached)
-    at_top = [t for t in reached if str(top) in t["values"]]
+    top = max(step for step, _, _ in scored)
     sign = 1 if settings["direction"] == "minimize" else -1
-    return min(at_top, key=lambda t: (sign * t["values"][str(top)], t["number"]))
+    return min((x for x in scored if x[0] == top), key=lambda x: (sign * x[1], x[2]["number"]))[2]

@@ -42,7 +42,6 @@ class Driver:
         self.plan, self.state, self.settings = plan, plan.state, plan.settings
         self.events = events or (lambda kind, trial, doc: None)
         self.poll_seconds, self.python = poll_seconds, python
-        self.steps = decide.rung_steps(self.settings)
         self.procs: dict[int, subprocess.Popen] = {}  # or what backends.py waits on, with the same poll()
         self.relaunch: set[int] = set()  # trials whose earlier launch is gone: launch, do not adopt
         self.submit_grace = submit_grace
@@ -81,6 +80,10 @@ class Driver:
         if slot:
             self.state.update(lambda d: d["usage"].update(slot_seconds=d["usage"]["slot_seconds"] + slot,
                                                           idle_seconds=d["usage"]["idle_seconds"] + idle))
+
+    def _step(self, trial: dict) -> int:
+        """The step trial's current rung ends at: its bracket's rungs (``decide.trial_steps``)."""
+        return decide.trial_steps(self.settings, trial["number"])[trial["rung"]]
 
     # ---- what a free worker takes -------------------------------------------------------
     def _launchable(self, doc: dict) -> list[dict]:
@@ -126,16 +129,16 @@ class Driver:
         as the ledger tells it, so it is not launched again (it would train a step past its rung)."""
         ledger = Ledger(self.plan.store, trial["run_name"]).load()
         evals = (ledger.get("quality") or {}).get("evals") or {}
-        if str(self.steps[trial["rung"]]) not in evals or ledger.get("status") not in ("budget_exhausted", "completed"):
+        if str(self._step(trial)) not in evals or ledger.get("status") not in ("budget_exhausted", "completed"):
             return None
         return exitcodes.COMPLETED if ledger["status"] == "completed" else exitcodes.BUDGET_EXHAUSTED
 
     def _launch(self, trial: dict) -> dict:
-        number, rung = trial["number"], trial["rung"]
+        number, rung, step = trial["number"], trial["rung"], self._step(trial)
         command = [self.python, "-m", "orchestrator.launch", *self.plan.fixed,
                    *(override(k, v) for k, v in sorted(trial["params"].items())),
-                   f"run.name={trial['run_name']}", f"train.pause_at_step={self.steps[rung]}",
-                   f"train.eval_steps={decide.eval_every(self.settings)}",
+                   f"run.name={trial['run_name']}", f"train.pause_at_step={step}",
+                   f"train.eval_steps={decide.eval_every(self.settings, number)}",
                    *self.plan.trial_overrides, *startup_override(self.plan)]
         before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
         path = self.logs / f"t{number}.log"
@@ -153,7 +156,7 @@ class Driver:
         self.procs[number] = proc if before is None else backends.SubmittedTrial(proc, self.plan.store,
                                                                                  trial["run_name"], before)
         doc = self.state.update(lambda d: d["trials"][number].update(launcher=backends.launcher_identity(proc.pid)))
-        log.info("sweep %s: trial %d runs to rung %d (step %d)", self.state.name, number, rung, self.steps[rung])
+        log.info("sweep %s: trial %d runs to rung %d (step %d)", self.state.name, number, rung, step)
         self.events("launched", doc["trials"][number], doc)
         return doc
 
@@ -173,13 +176,13 @@ class Driver:
         return doc
 
     def _ended(self, trial: dict, code: int) -> dict:
-        number, rung = trial["number"], trial["rung"]
+        number, rung, step = trial["number"], trial["rung"], self._step(trial)
         ledger = Ledger(self.plan.store, trial["run_name"]).load()
         evals = (ledger.get("quality") or {}).get("evals") or {}
-        value = (evals.get(str(self.steps[rung])) or {}).get(self.settings["metric"])
+        value = (evals.get(str(step)) or {}).get(self.settings["metric"])
         if value is not None and not finite_number(value):  # read from storage: untrusted
             log.warning("sweep %s: trial %d's %s at step %d is %r, not a finite number; no result at this rung",
-                        self.state.name, number, self.settings["metric"], self.steps[rung], value)
+                        self.state.name, number, self.settings["metric"], step, value)
             value = None
         if code in (exitcodes.COMPLETED, exitcodes.BUDGET_EXHAUSTED) and value is not None:
             status, kind = "paused", "reported"
@@ -206,7 +209,7 @@ class Driver:
             rung = trial["rung"]
             if trial["status"] != "paused" or str(rung) not in trial["values"]:
                 continue
-            if not decide.ready(doc["trials"], trial["number"], rung):
+            if not decide.ready(self.settings, doc["trials"], trial["number"], rung):
                 continue
             verdict = decide.decision(self.settings, self.plan.space, doc["trials"], trial["number"], rung)
             doc = self._record(trial["number"], rung, verdict)

@@ -26,7 +26,7 @@ def sweep_curves(client, experiment_id: str) -> list[SweepCurve]:
     runs = client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = '{SWEEP_KIND}'", max_results=500)
     curves = []
     for run in runs:
-        best = [k for k in run.data.metrics if k.startswith("best_") and k not in ("best_trial", "best_rung")]
+        best = [k for k in run.data.metrics if k.startswith("best_") and k not in ("best_trial", "best_step", "best_rung")]
         if not best:
             continue
         spent = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "spent_usd")}

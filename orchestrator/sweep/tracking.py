@@ -3,9 +3,11 @@
 The parent run is tagged ``sweep=<sweep.name>`` in the sweep's experiment; its id is kept in the sweep's record
 (``mlflow_run_id``), so a relaunched driver (any machine) resumes it instead of making a second one. Trials get
 ``tracking.parent_run_id=<id>``: each trial's job sets ``mlflow.parentRunId`` on its own run (MLflow's nested
-runs). At each rung result the parent logs the best-so-far metric with the experiment's cumulative dollars beside
-it (``best_<metric>`` and ``spent_usd`` at the same step, the number of rung results so far), and at the end the
-trial table and the decisions as artifacts. MLflow being down never stops the sweep: a warning, and it goes on.
+runs). At each rung result and decision the parent logs the best-so-far metric with the experiment's cumulative
+dollars beside it (``best_<metric>`` and ``spent_usd`` at the same step; each point its own step, one past the
+parent's last, so a relaunched driver goes on after it), and at the end the trial table and the decisions as
+artifacts. The dollars are money spent (settled, and what open attempts had spent at their last write), not
+reservations: a hold settles below what it reserved, so a figure with holds in it would fall when a trial ends. MLflow being down never stops the sweep: a warning, and it goes on.
 """
 from __future__ import annotations
 
@@ -45,8 +47,9 @@ def _find_or_create(client, experiment_id: str, name: str, run_id: Optional[str]
 class SweepTracking:
     """The sweep's parent run; ``event`` is the driver's callback, ``finish`` logs the tables."""
 
-    def __init__(self, plan, client, run_id: str):
+    def __init__(self, plan, client, run_id: str, *, last_step: int = -1):
         self.plan, self.client, self.run_id = plan, client, run_id
+        self.last_step = last_step  # the parent's last logged point: each new one goes one past it
 
     @classmethod
     def open(cls, plan) -> Optional["SweepTracking"]:
@@ -74,6 +77,7 @@ class SweepTracking:
             experiment_id = _experiment_id(client, plan.experiment, uri)
             run_id = _find_or_create(client, experiment_id, plan.state.name, doc.get("mlflow_run_id"), params)
             client.update_run(run_id, status="RUNNING")  # a relaunch: running again until finish()
+            last_step = max((m.step for m in client.get_metric_history(run_id, "spent_usd")), default=-1)
         except Exception as err:
             log.warning("MLflow at %s unavailable for the sweep's parent run (%s: %s); trials log as plain jobs",
                         scrub_text(uri), type(err).__name__, scrub_text(str(err))[:200])
@@ -81,7 +85,7 @@ class SweepTracking:
         plan.state.update(lambda d: d.update(mlflow_run_id=run_id))
         plan.trial_overrides.append(f"tracking.parent_run_id={run_id}")
         log.info("sweep %s: MLflow parent run %s at %s", plan.state.name, run_id, scrub_text(uri))
-        return cls(plan, client, run_id)
+        return cls(plan, client, run_id, last_step=last_step)
 
     def _safe(self, what: str, fn) -> None:
         try:
@@ -98,19 +102,21 @@ class SweepTracking:
         from mlflow.entities import Metric
 
         from orchestrator.money.spend import experiment_total_usd
-        from orchestrator.sweep.decide import leader
+        from orchestrator.sweep.decide import leader, reached
 
         settings = doc["settings"]
         best = leader(doc["trials"], settings)
-        step = sum(len(t["values"]) for t in doc["trials"])  # rung results so far: grows with every report
-        spent = experiment_total_usd(self.plan.spend_index(), self.plan.experiment)
+        step = self.last_step + 1
+        spent = experiment_total_usd(self.plan.spend_index(), self.plan.experiment, held=False)
         now = int(time.time() * 1000)
-        metrics = [Metric("spent_usd", float(spent), now, step), Metric("decisions", len(doc["decisions"]), now, step)]
+        metrics = [Metric("spent_usd", float(spent), now, step), Metric("decisions", len(doc["decisions"]), now, step),
+                   Metric("rung_results", sum(len(t["values"]) for t in doc["trials"]), now, step)]
         if best is not None:
-            top = max(int(r) for r in best["values"])
-            metrics += [Metric(f"best_{settings['metric']}", float(best["values"][str(top)]), now, step),
-                        Metric("best_trial", best["number"], now, step), Metric("best_rung", top, now, step)]
+            at_step, value = reached(settings, best)
+            metrics += [Metric(f"best_{settings['metric']}", float(value), now, step),
+                        Metric("best_trial", best["number"], now, step), Metric("best_step", at_step, now, step)]
         self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)
+        self.last_step = step
 
     def finish(self, doc: dict, spent: dict[str, float], *, code: int) -> None:
         """The trial table and the decisions as artifacts; the run ends FINISHED (0) or FAILED."""
