@@ -3,7 +3,8 @@
 One ASHA sweep runs uninterrupted; a second with the same seed has every trial's worker SIGKILLed at least
 once and its driver SIGKILLed and rerun mid-sweep. Both must decide the same (the same promotions, the same
 metric per rung, the same leader), no trial may start again from scratch, and the spend stays within the
-budget. Kept small (4 trials, 2 at once, rungs at 8 and 24 steps of the tiny model).
+budget. Kept small (4 trials, 2 at once, rungs at 8 and 24 steps of the tiny model; the two sweeps run side by
+side).
 """
 from __future__ import annotations
 
@@ -73,12 +74,14 @@ def decisions(doc: dict) -> list[tuple]:
 
 
 def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_path):
-    env = jobs.job_env(tmp_path, {"ORCH_STEP_DELAY_SECONDS": "0.4"})
+    env = jobs.job_env(tmp_path, {"ORCH_STEP_DELAY_SECONDS": "0.25"})
+    # the uninterrupted sweep runs beside the killed one (its decisions depend on metrics, not on timing): the
+    # two share the machine's idle time (steps' floors, start-ups waiting on disk) instead of taking turns
     started = time.monotonic()
-    calm = subprocess.run(sweep_cmd(tmp_path, "calm"), cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=1500)
-    calm_seconds = time.monotonic() - started
-    assert calm.returncode == 0, calm.stdout[-3000:] + calm.stderr[-3000:]
+    calm_log = open(tmp_path / "calm.log", "w+")
+    calm = subprocess.Popen(sweep_cmd(tmp_path, "calm"), cwd=tmp_path, env=env, stdout=calm_log,
+                            stderr=subprocess.STDOUT, text=True)
+    calm_seconds = None
 
     killed: set[str] = set()
     log = open(tmp_path / "driver.log", "ab")
@@ -87,6 +90,8 @@ def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_pa
     driver_killed = False
     deadline = time.monotonic() + 1500
     while driver.poll() is None and time.monotonic() < deadline:
+        if calm_seconds is None and calm.poll() is not None:
+            calm_seconds = time.monotonic() - started
         kill_each_trial_once(tmp_path, "chaos", driver, killed)
         path = tmp_path / "runs" / "chaos" / "sweep.json"
         if not driver_killed and path.exists() and len(state(tmp_path, "chaos")["decisions"]) >= 1:
@@ -97,7 +102,11 @@ def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_pa
                                       stderr=subprocess.STDOUT)
         time.sleep(0.2)
     assert driver.wait(30) == 0, (tmp_path / "driver.log").read_text()[-4000:]
-    print(f"uninterrupted sweep: {calm_seconds:.0f} s")
+    assert calm.wait(max(30.0, deadline - time.monotonic())) == 0, (tmp_path / "calm.log").read_text()[-4000:]
+    calm_seconds = calm_seconds or time.monotonic() - started
+    calm_log.seek(0)
+    calm_stdout = calm_log.read()
+    print(f"uninterrupted sweep: {calm_seconds:.0f} s; both: {time.monotonic() - started:.0f} s")
 
     a, b = state(tmp_path, "calm"), state(tmp_path, "chaos")
     assert driver_killed and killed == {f"chaos-t{k}" for k in range(4)}
@@ -118,7 +127,7 @@ def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_pa
     status = subprocess.run([jobs.PYTHON, "-m", "orchestrator", "status", str(tmp_path / "runs" / "chaos")],
                             env=env, capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "leader: t" in status.stdout, status.stdout + status.stderr
-    leader_a = [line for line in calm.stdout.splitlines() if line.startswith("leader:")]
+    leader_a = [line for line in calm_stdout.splitlines() if line.startswith("leader:")]
     assert leader_a and leader_a[0].replace("calm-t", "chaos-t") in status.stdout  # the same trial leads
     spent = float(status.stdout.split("spent $")[1].split()[0])
     assert 0 < spent <= 2.0  # the budget does not bind here: test_sweep_budget_e2e.py holds a sweep to one that does
