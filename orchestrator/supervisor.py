@@ -2,7 +2,9 @@
 
 The supervisor runs ``python -m orchestrator.worker <overrides>`` as a child,
 forwards SIGTERM, SIGINT and SIGUSR1 to it, classifies each exit, and asks the
-requeue policy whether to start another attempt. Caps live in the ledger, so
+requeue policy whether to start another attempt. Before each child it holds the start-up
+to come in the spend index (``orchestrator.money.spend_holds``) for a job under a monthly or
+experiment cap, and ends the job with exit 3, no child started, when the caps refuse it. Caps live in the ledger, so
 they hold whoever restarts the job: this supervisor, an external engine, or a
 person re-running the launch command after the machine vanished.
 

@@ -8,7 +8,8 @@ by the ledger's conditional write (``orchestrator.storage.transact``).
 
 Money is charged to the index *before* it is spent: an attempt holds a
 reservation, the spend it may reach (``through``), and extends it
-(``budget.reserve_ahead`` of its price at a time) only while the caps leave room.
+(``budget.reserve_ahead`` of its price at a time) only while the caps leave room. Its first reservation takes
+over the start-up hold its supervisor took before the worker's process started (``spend_holds``).
 A grant never takes a cap's total past the cap, and every grant is one conditional
 write against the whole index, so two jobs racing for the last dollars cannot both
 get them: the index's charged total never exceeds a cap. An attempt stops (final
