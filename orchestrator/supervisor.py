@@ -124,13 +124,12 @@ class Supervisor:
     def __init__(self, cfg, overrides: Sequence[str], *, python: str = sys.executable):
         from orchestrator.ledger import Ledger
         from orchestrator.policy.requeue import RequeuePolicy
-        from orchestrator.money.spend_holds import StartHolds
         from orchestrator.storage import store_from_config
 
         self.cfg = cfg
         self.command = worker_argv(overrides, python=python)
         self.ledger = Ledger(store_from_config(cfg.storage), cfg.run.name)
-        self.holds = StartHolds(cfg, self.ledger.store)
+        self.holds = start_holds(cfg, self.ledger.store)
         self.policy = RequeuePolicy(cfg.requeue)
         self.child: subprocess.Popen | None = None
         self.signalled: int | None = None
@@ -264,6 +263,16 @@ class Supervisor:
                 log.info("recorded attempt %d as %s in the ledger", fence, exit_class.value)
         except Exception as err:  # noqa: BLE001 - storage down: the next attempt marks it vanished
             log.warning("could not record attempt %d's end in the ledger (%s)", fence, err)
+
+
+def start_holds(cfg, store):
+    """The supervisor's start-up holds (``orchestrator.money.spend_holds``), at the attempt's price."""
+    from orchestrator.attempt.build import attempt_price, job_name
+    from orchestrator.money.spend_holds import StartHolds
+
+    _capacity, compute, _catalog, price = attempt_price(cfg, os.environ)
+    return StartHolds(cfg, store, job_name(cfg), usd_per_second=price.usd_per_hour_total / 3600.0,
+                      restart_seconds=compute.restart_seconds)
 
 
 def _code(exit_class: ExitClass, returncode: int) -> int:

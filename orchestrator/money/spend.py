@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from orchestrator.errors import BudgetExhausted
-from orchestrator.money.spend_holds import take_over
 from orchestrator.money.spend_leases import dead_holds, release
 from orchestrator.storage.transact import record_once, transact
 from orchestrator.storage.base import ObjectStore, checked_json
@@ -368,6 +367,16 @@ def _settle_vanished(job: dict, *, keep: str, known: dict) -> None:
         else:
             charge = _open_charge(entry)
         months[entry["month"]] = float(months.get(entry["month"], 0.0)) + charge
+
+
+def take_over(job: dict, hold: Optional[str], fence: str) -> None:
+    """Attempt ``fence``'s first write: its supervisor's start-up hold (``spend_holds``), if still open, becomes its
+    entry, in place (the hold's charge moves over, counted once)."""
+    if not hold or hold not in job["open"] or fence in job["open"]:
+        return
+    entry = job["open"].pop(hold)
+    job["open"][fence] = {"month": entry["month"], "base": 0.0, "spent": float(entry["spent"]),
+                          "through": float(entry["through"]), "updated_at": float(entry["updated_at"])}
 
 
 def _entry(job: dict, fence: str, month: str, spent: float, now: float) -> dict:
