@@ -74,7 +74,7 @@ def take_hold(index, key: str, ask: HoldAsk) -> Optional[str]:
 def _short(index, room: float, ask: HoldAsk) -> str:
     return (f"spend cap nearly reached: the caps on {index.where} leave ${max(0.0, room):.6f}, less than the "
             f"start-up an attempt spends before it can stop (${ask.usd:.6f}: {ask.seconds:.1f} s from process start "
-            "to first step: the job's last measured, else compute.restart_seconds, else the start prior), so no "
+            "to first step: compute.restart_seconds, else the job's last measured, else the start prior), so no "
             "attempt starts. Raise the cap (budget.monthly_max_usd, budget.experiment_max_usd) to go on from the "
             "last checkpoint")
 
