@@ -2,7 +2,9 @@
 
 The supervisor runs ``python -m orchestrator.worker <overrides>`` as a child,
 forwards SIGTERM, SIGINT and SIGUSR1 to it, classifies each exit, and asks the
-requeue policy whether to start another attempt. Caps live in the ledger, so
+requeue policy whether to start another attempt. Before each child it holds the start-up
+to come in the spend index (``orchestrator.money.spend_holds``) for a job under a monthly or
+experiment cap, and ends the job with exit 3, no child started, when the caps refuse it. Caps live in the ledger, so
 they hold whoever restarts the job: this supervisor, an external engine, or a
 person re-running the launch command after the machine vanished.
 
@@ -122,13 +124,12 @@ class Supervisor:
     def __init__(self, cfg, overrides: Sequence[str], *, python: str = sys.executable):
         from orchestrator.ledger import Ledger
         from orchestrator.policy.requeue import RequeuePolicy
-        from orchestrator.money.spend_holds import StartHolds
         from orchestrator.storage import store_from_config
 
         self.cfg = cfg
         self.command = worker_argv(overrides, python=python)
         self.ledger = Ledger(store_from_config(cfg.storage), cfg.run.name)
-        self.holds = StartHolds(cfg, self.ledger.store)
+        self.holds = start_holds(cfg, self.ledger.store)
         self.policy = RequeuePolicy(cfg.requeue)
         self.child: subprocess.Popen | None = None
         self.signalled: int | None = None
@@ -262,6 +263,16 @@ class Supervisor:
                 log.info("recorded attempt %d as %s in the ledger", fence, exit_class.value)
         except Exception as err:  # noqa: BLE001 - storage down: the next attempt marks it vanished
             log.warning("could not record attempt %d's end in the ledger (%s)", fence, err)
+
+
+def start_holds(cfg, store):
+    """The supervisor's start-up holds (``orchestrator.money.spend_holds``), at the attempt's price."""
+    from orchestrator.attempt.build import attempt_price, job_name
+    from orchestrator.money.spend_holds import StartHolds
+
+    _capacity, compute, _catalog, price = attempt_price(cfg, os.environ)
+    return StartHolds(cfg, store, job_name(cfg), usd_per_second=price.usd_per_hour_total / 3600.0,
+                      restart_seconds=compute.restart_seconds)
 
 
 def _code(exit_class: ExitClass, returncode: int) -> int:

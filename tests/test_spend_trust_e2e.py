@@ -34,7 +34,8 @@ def test_a_corrupt_index_never_lets_a_capped_job_spend_and_never_stops_an_uncapp
     store = storage.store()
     common = jobs.FAST + PRICE + storage.overrides() + ["train.eval_at_end=false"]
     capped = jobs.with_overrides(common, "run.name=capped", f"budget.monthly_max_usd={CAP_USD}",
-                                 "budget.reserve_ahead=1s", "train.max_steps=5000")
+                                 "budget.reserve_ahead=1s", "train.max_steps=5000",
+                                 "compute.restart_seconds=15")  # its start-up hold: 15 s of the 30 s room, not 45 s
     where = store.get_uri(INDEX_KEY)
     for name in ("truncated", "nan month"):
         store.put_bytes(INDEX_KEY, CORRUPT[name])

@@ -230,8 +230,8 @@ class SpendWatch:
             raise BudgetExhausted(
                 f"spend cap nearly reached: the caps on {self.index.where} leave this attempt "
                 f"${grant.through - spent:.6f}, less than the start-up still ahead of it (${to_come:.6f}: "
-                f"{startup_s:.1f} s from process start to first step: the job's last measured, else "
-                "compute.restart_seconds, else the start prior), so it stops before loading the model. "
+                f"{startup_s:.1f} s from process start to first step: compute.restart_seconds, else "
+                "the job's last measured, else the start prior), so it stops before loading the model. "
                 f"{grant.refusal or 'Raise the cap (budget.monthly_max_usd, budget.experiment_max_usd)'} "
                 "to go on from the last checkpoint")
 

@@ -8,7 +8,8 @@ by the ledger's conditional write (``orchestrator.storage.transact``).
 
 Money is charged to the index *before* it is spent: an attempt holds a
 reservation, the spend it may reach (``through``), and extends it
-(``budget.reserve_ahead`` of its price at a time) only while the caps leave room.
+(``budget.reserve_ahead`` of its price at a time) only while the caps leave room. Its first reservation takes
+over the start-up hold its supervisor took before the worker's process started (``spend_holds``).
 A grant never takes a cap's total past the cap, and every grant is one conditional
 write against the whole index, so two jobs racing for the last dollars cannot both
 get them: the index's charged total never exceeds a cap. An attempt stops (final
@@ -42,7 +43,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from orchestrator.errors import BudgetExhausted
-from orchestrator.money.spend_holds import take_over
 from orchestrator.money.spend_leases import dead_holds, release
 from orchestrator.storage.transact import record_once, transact
 from orchestrator.storage.base import ObjectStore, checked_json
@@ -367,6 +367,16 @@ def _settle_vanished(job: dict, *, keep: str, known: dict) -> None:
         else:
             charge = _open_charge(entry)
         months[entry["month"]] = float(months.get(entry["month"], 0.0)) + charge
+
+
+def take_over(job: dict, hold: Optional[str], fence: str) -> None:
+    """Attempt ``fence``'s first write: its supervisor's start-up hold (``spend_holds``), if still open, becomes its
+    entry, in place (the hold's charge moves over, counted once)."""
+    if not hold or hold not in job["open"] or fence in job["open"]:
+        return
+    entry = job["open"].pop(hold)
+    job["open"][fence] = {"month": entry["month"], "base": 0.0, "spent": float(entry["spent"]),
+                          "through": float(entry["through"]), "updated_at": float(entry["updated_at"])}
 
 
 def _entry(job: dict, fence: str, month: str, spent: float, now: float) -> dict:

@@ -17,29 +17,15 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from orchestrator.money.spend_leases import hold_key
 
 log = logging.getLogger(__name__)
 
 HOLD_ENV = "ORCH_START_HOLD"
-HOLD_PREFIX = "hold:"
-
-
-def is_hold(key: str) -> bool:
-    return key.startswith(HOLD_PREFIX)
-
-
-def hold_key(number: int, *, host: Optional[str] = None, pid: int) -> str:
-    return f"{HOLD_PREFIX}{host or socket.gethostname()}:{pid}:{number}"
-
-
-def hold_owner(key: str) -> tuple[str, int]:
-    """(host, pid) of the supervisor that took hold ``key``; ("", 0) when the key does not say."""
-    host, _, rest = key[len(HOLD_PREFIX):].rpartition(":")
-    host, _, pid = host.rpartition(":")
-    return (host, int(pid)) if pid.isdigit() else ("", 0)
+__all__ = ["HOLD_ENV", "HoldAsk", "StartHolds", "hold_key", "release_hold", "take_hold"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +74,7 @@ def take_hold(index, key: str, ask: HoldAsk) -> Optional[str]:
 def _short(index, room: float, ask: HoldAsk) -> str:
     return (f"spend cap nearly reached: the caps on {index.where} leave ${max(0.0, room):.6f}, less than the "
             f"start-up an attempt spends before it can stop (${ask.usd:.6f}: {ask.seconds:.1f} s from process start "
-            "to first step: the job's last measured, else compute.restart_seconds, else the start prior), so no "
+            "to first step: compute.restart_seconds, else the job's last measured, else the start prior), so no "
             "attempt starts. Raise the cap (budget.monthly_max_usd, budget.experiment_max_usd) to go on from the "
             "last checkpoint")
 
@@ -114,25 +100,19 @@ def release_hold(index, key: str, spent_usd: float) -> bool:
     return bool(released)
 
 
-def take_over(job: dict, hold: Optional[str], fence: str) -> None:
-    """Attempt ``fence``'s first write: its supervisor's hold (if still open) becomes its entry, in place."""
-    if not hold or hold not in job["open"] or fence in job["open"]:
-        return
-    entry = job["open"].pop(hold)
-    job["open"][fence] = {"month": entry["month"], "base": 0.0, "spent": float(entry["spent"]),
-                              "through": float(entry["through"]), "updated_at": float(entry["updated_at"])}
-
-
 class StartHolds:
     """A supervisor's start-up holds, one per attempt it starts; none for a job under no monthly or experiment cap.
 
     Args:
-        cfg: the job's config (its caps, its compute and price, ``compute.restart_seconds``).
+        cfg: the job's config (its caps and ``tracking.experiment``).
         store: the jobs' store (``storage.uri``).
+        run_name: the job's name in storage.
+        usd_per_second: the attempt's price.
+        restart_seconds: ``compute.restart_seconds`` of the attempt's compute (None: unset).
     """
 
-    def __init__(self, cfg: Any, store: Any, *, environ=os.environ):
-        from orchestrator.attempt.build import attempt_price, job_name
+    def __init__(self, cfg: Any, store: Any, run_name: str, *, usd_per_second: float,
+                 restart_seconds: Optional[float]):
         from orchestrator.ledger import Ledger
         from orchestrator.money.spend import Caps, SpendIndex
 
@@ -140,14 +120,12 @@ class StartHolds:
         self.index = None
         if budget.monthly_max_usd is None and budget.experiment_max_usd is None:
             return
-        _capacity, compute, _catalog, price = attempt_price(cfg, environ)
-        run_name = job_name(cfg)
         self.index = SpendIndex(store, Caps(run_name, str(cfg.tracking.experiment),
                                             monthly_max_usd=budget.monthly_max_usd,
                                             experiment_max_usd=budget.experiment_max_usd))
         self.ledger = Ledger(store, run_name)
-        self.usd_per_second = price.usd_per_hour_total / 3600.0
-        self.override = compute.restart_seconds
+        self.usd_per_second = usd_per_second
+        self.override = restart_seconds
 
     def take(self, number: int) -> tuple[Optional[str], Optional[str]]:
         """(the hold's key to hand the worker, or None; why the attempt may not start, or None)."""

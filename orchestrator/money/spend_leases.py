@@ -26,6 +26,23 @@ from typing import Optional
 log = logging.getLogger(__name__)
 
 LEASE_S = 600.0
+HOLD_PREFIX = "hold:"  # a start-up hold's key in a job's open entries (``spend_holds``)
+
+
+def is_hold(key: str) -> bool:
+    return key.startswith(HOLD_PREFIX)
+
+
+def hold_key(number: int, *, host: Optional[str] = None, pid: int) -> str:
+    """The key of the start-up hold supervisor ``pid`` on ``host`` takes for its ``number``-th attempt."""
+    return f"{HOLD_PREFIX}{host or socket.gethostname()}:{pid}:{number}"
+
+
+def hold_owner(key: str) -> tuple[str, int]:
+    """(host, pid) of the supervisor that took hold ``key``; ("", 0) when the key does not say."""
+    host, _, _number = key[len(HOLD_PREFIX):].rpartition(":")
+    host, _, pid = host.rpartition(":")
+    return (host, int(pid)) if pid.isdigit() else ("", 0)
 
 
 def _gone(pid) -> bool:
@@ -50,8 +67,6 @@ def _dead_cost(attempt: dict, newest_fence: int, now: float) -> Optional[float]:
 
 def _dead_hold(key: str, entry: dict, now: float) -> bool:
     """Whether a start-up hold's supervisor is gone (this host, its pid no longer exists) or the hold is stale."""
-    from orchestrator.money.spend_holds import hold_owner
-
     host, pid = hold_owner(key)
     return (host == socket.gethostname() and _gone(pid)) or now - float(entry["updated_at"]) > LEASE_S
 
@@ -60,8 +75,6 @@ def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
     """{run: {fence: ledger cost}} of other jobs' open entries whose attempt is gone (the rules above)."""
     from orchestrator.errors import UserError
     from orchestrator.ledger import Ledger
-
-    from orchestrator.money.spend_holds import is_hold
 
     out: dict = {}
     for run, job in (index.get("jobs") or {}).items():

@@ -28,10 +28,12 @@ def restart_seconds(*, override: Optional[float] = None, measured: Iterable[floa
 
 
 def start_up_seconds(last_measured: float, override: Optional[float]) -> float:
-    """The start-up (process start to first step) a reservation holds for an attempt to come: the job's last
-    measured, else ``compute.restart_seconds``, else the start prior ``BASE_START_SECONDS`` (a first attempt has
-    measured nothing, and holding nothing for its start-up would let it pass a cap by all of it)."""
-    if last_measured and last_measured > 0:
+    """The start-up (process start to first step) a cap's reservation holds for an attempt to come:
+    ``compute.restart_seconds`` when set (a sweep's driver sets it to the longest start-up its trials measured,
+    which one trial's own last start-up can undercut), else the job's last measured, else the start prior
+    ``BASE_START_SECONDS`` (a first attempt has measured nothing, and holding nothing for its start-up would let
+    it pass a cap by all of it)."""
+    if override is None and last_measured and last_measured > 0:
         return float(last_measured)
     return start_prior_seconds(override)
 
