@@ -26,7 +26,9 @@ from tests.helpers import jobs
 RUN = "tampered"
 COMMITS_BEFORE_KILL = 3
 # Step-based checkpoints only, so the job is far from done when the third commit lands.
-COMMON = jobs.with_overrides(jobs.FAST, "checkpoint.every=1h", "checkpoint.every_steps=4", "train.max_steps=32")
+# 64 steps: the kill after 3 commits (step 12) must land before the job ends, with a loaded machine's
+# polling of the bucket in between (at 32 steps a job under load once finished first)
+COMMON = jobs.with_overrides(jobs.FAST, "checkpoint.every=1h", "checkpoint.every_steps=4", "train.max_steps=64")
 MODES = {
     "lora": [],
     "zero2": ["distributed=zero2", "distributed.processes_per_node=2"],
