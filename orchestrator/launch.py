@@ -67,15 +67,26 @@ def compose_for_launch(overrides: list[str], resolve=resolve_commit) -> tuple[Di
 
     cfg = compose_config(overrides, launch_checks=False)
     final = pin_revisions(cfg, with_default_storage(cfg, overrides), resolve=resolve)
-    for item in final:
-        if item not in overrides:  # what the launcher added: plain key=value of existing string keys
-            key, _, value = item.partition("=")
-            try:
-                OmegaConf.update(cfg, key, value, merge=False)
-            except OmegaConfBaseException as err:
-                raise ConfigError(f"{item}: {err}") from None
+    added = [item for item in final if item not in overrides]  # plain key=value of existing string keys
+    try:  # a new config: the composed one is not changed in place; values as given (a commit stays a string)
+        cfg = OmegaConf.merge(cfg, dotlist_tree(added))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{' '.join(added)}: {err}") from None
     validate(cfg)
     return cfg, final
+
+
+def dotlist_tree(items: list[str]) -> dict:
+    """``["a.b=v", ...]`` as ``{"a": {"b": "v"}}``, every value the string given (no YAML parsing of it)."""
+    tree: dict = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
 
 
 def main(argv: list[str] | None = None) -> int:

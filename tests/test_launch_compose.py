@@ -48,3 +48,11 @@ def test_a_bad_config_is_still_refused_at_launch(composes):
     with pytest.raises(ConfigError, match="run.name"):
         launch.compose_for_launch(["run.name=bad name!"], resolve=lambda *a: "c" * 40)
     assert len(composes) == 1
+
+
+def test_a_pinned_commit_that_reads_as_a_number_stays_the_commit(composes):
+    # "1e111..." is a float to YAML: the launcher's additions are merged as the strings given
+    commit = "1e" + "1" * 38
+    cfg, overrides = launch.compose_for_launch(list(HUB_JOB), resolve=lambda kind, repo, rev: commit)
+    assert cfg.model.revision == commit and cfg.data.revision == commit
+    assert f"model.revision={commit}" in overrides

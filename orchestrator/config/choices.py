@@ -1,37 +1,103 @@
 """The closed choices of the config, as ``StrEnum`` types of the schemas' fields (``orchestrator.config.schema``).
 
-Each member's name is its value, so a choice composes from YAML and overrides by that string, compares equal to
-it (``cfg.recipe.name == "sft"``), and serialises as it did when the fields were plain strings: in ``config.yaml``,
-the trajectory fingerprint of every checkpoint, MLflow params and the worker's overrides.
+Each member's name is its value (``auto()`` of a ``StrEnum``: the name, lower-case), so a choice composes from YAML
+and overrides by that string, compares equal to it (``cfg.recipe.name == "sft"``), and serialises as it did when the
+fields were plain strings: in ``config.yaml``, the trajectory fingerprint of every checkpoint, MLflow params and the
+worker's overrides. The members sit on one line per type: the declarations read as a table.
 """
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import StrEnum, auto
 
 
-def _closed(name: str, members: str, doc: str = "") -> type[StrEnum]:
-    """A ``StrEnum`` whose members' names are their values (``members``: the names, space-separated, in order)."""
-    enum = StrEnum(name, [(m, m) for m in members.split()], module=__name__)
-    if doc:
-        enum.__doc__ = doc
-    return enum
+class Recipe(StrEnum):
+    """``recipe.name``: the TRL trainer the job trains with."""
+
+    sft, dpo, qlora, grpo = auto(), auto(), auto(), auto()
 
 
-Recipe = _closed("Recipe", "sft dpo qlora grpo")
-Peft = _closed("Peft", "lora full")
-Quantization = _closed("Quantization", "none nf4")
-EvalMetric = _closed("EvalMetric", "auto exact_match contains none")
-VllmMode = _closed("VllmMode", "colocate server")
-Dtype = _closed("Dtype", "float32 bfloat16 float16")
-DataSource = _closed("DataSource", "synthetic jsonl hub mix")
-MixSource = _closed("MixSource", "jsonl hub synthetic", doc="The sources of one ``data.mix`` entry (a mix holds no mix).")
-MixedPrecision = _closed("MixedPrecision", "no bf16 fp16")
-PackingStrategy = _closed("PackingStrategy", "bfd bfd_split wrapped")
-FinalWeights = _closed("FinalWeights", "last best")
-Provider = _closed("Provider", "auto aws gcp azure none")
-Progress = _closed("Progress", "auto bar lines off")
-Backend = _closed("Backend", "local slurm skypilot kubernetes")
-Distributed = _closed("Distributed", "none ddp zero2 zero3 fsdp")
+class Peft(StrEnum):
+    """``recipe.peft``: adapters, or every weight trained."""
+
+    lora, full = auto(), auto()
+
+
+class Quantization(StrEnum):
+    """``recipe.quantization``: the base model's weights as stored in training."""
+
+    none, nf4 = auto(), auto()
+
+
+class EvalMetric(StrEnum):
+    """``recipe.eval_metric``: the held-out quality metric."""
+
+    auto, exact_match, contains, none = auto(), auto(), auto(), auto()
+
+
+class VllmMode(StrEnum):
+    """``recipe.vllm_mode``: where GRPO's vLLM generates."""
+
+    colocate, server = auto(), auto()
+
+
+class Dtype(StrEnum):
+    """``model.dtype``: how the weights are stored."""
+
+    float32, bfloat16, float16 = auto(), auto(), auto()
+
+
+class DataSource(StrEnum):
+    """``data.source``: where the training rows come from."""
+
+    synthetic, jsonl, hub, mix = auto(), auto(), auto(), auto()
+
+
+class MixSource(StrEnum):
+    """The sources of one ``data.mix`` entry (a mix holds no mix)."""
+
+    jsonl, hub, synthetic = auto(), auto(), auto()
+
+
+class MixedPrecision(StrEnum):
+    """``train.mixed_precision``: accelerate's autocast."""
+
+    no, bf16, fp16 = auto(), auto(), auto()
+
+
+class PackingStrategy(StrEnum):
+    """``train.packing_strategy``: TRL's packing."""
+
+    bfd, bfd_split, wrapped = auto(), auto(), auto()
+
+
+class FinalWeights(StrEnum):
+    """``checkpoint.final``: what ``<run>/final/`` holds."""
+
+    last, best = auto(), auto()
+
+
+class Provider(StrEnum):
+    """``preemption.provider``: whose spot notices are watched."""
+
+    auto, aws, gcp, azure, none = auto(), auto(), auto(), auto(), auto()
+
+
+class Progress(StrEnum):
+    """``tracking.progress``: what a person watching sees."""
+
+    auto, bar, lines, off = auto(), auto(), auto(), auto()
+
+
+class Backend(StrEnum):
+    """``backend.name``: where the job runs."""
+
+    local, slurm, skypilot, kubernetes = auto(), auto(), auto(), auto()
+
+
+class Distributed(StrEnum):
+    """``distributed.name``: how the ranks share the work."""
+
+    none, ddp, zero2, zero3, fsdp = auto(), auto(), auto(), auto(), auto()
 
 
 def choices(enum: type[StrEnum]) -> tuple[str, ...]:
