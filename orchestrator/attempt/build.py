@@ -18,6 +18,7 @@ from orchestrator.attempt.money import MoneyWatch, SpendWatch
 from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.quality import QualityWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
+from orchestrator.attempt.resolved import resolve
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
@@ -50,6 +51,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
     main = dist.is_main()
     run_name = job_name(cfg)
+    resolved = resolve(cfg)  # config.yaml, the repro record and MLflow's params: one resolved dict
     capacity, compute, catalog, price = attempt_price(cfg, environ)
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
@@ -72,7 +74,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     recipe = recipe_for(cfg.recipe.name)
     tracking = AttemptTracking.from_config(
         cfg, main=main, run_name=run_name, ledger=ledger.load() if main and cfg.tracking.enabled else {},
-        quality_metric=quality_metric(cfg).name,
+        params=resolved.plain, quality_metric=quality_metric(cfg).name,
         job_metrics_every_s=parse_duration(cfg.tracking.job_metrics_every, key="tracking.job_metrics_every"))
     if main:
         sinks = default_sinks(cfg.budget, set_tag=tracking.set_tag if tracking.active else None)
@@ -87,8 +89,8 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     steer = steering(cfg, parts, store=store, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
                      compute=compute, capacity=capacity, catalog=catalog, hooks=hooks,
                      environ=environ) if main and cfg.train.trial_steps <= 0 else []
-    return Runner(cfg, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money, quality=quality,
-                  preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
+    return Runner(cfg, resolved=resolved, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money,
+                  quality=quality, preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
 
 
 def attempt_price(cfg: Any, environ) -> tuple:

@@ -44,11 +44,10 @@ class AttemptTracking:
         return self.tracker is not None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, main: bool, run_name: str, ledger: dict, quality_metric: str,
+    def from_config(cls, cfg: Any, *, main: bool, run_name: str, ledger: dict, params: dict, quality_metric: str,
                     job_metrics_every_s: float) -> "AttemptTracking":
-        """``ledger``: the job's ledger before this attempt begins (its MLflow run id, its attempts so far)."""
-        from omegaconf import OmegaConf
-
+        """``ledger``: the job's ledger before this attempt begins (its MLflow run id, its attempts so far);
+        ``params``: the resolved config (``orchestrator.attempt.resolved``), the run's params once redacted."""
         from orchestrator.tracking.run import JobTracker
 
         if not (main and cfg.tracking.enabled):
@@ -60,7 +59,7 @@ class AttemptTracking:
         if cfg.tracking.parent_run_id:  # a sweep's trial: MLflow's nested runs
             tags["mlflow.parentRunId"] = str(cfg.tracking.parent_run_id)
         tracker = JobTracker(cfg.tracking, job_name=run_name, tags=tags,
-                             params=OmegaConf.to_container(cfg, resolve=True), run_id=ledger.get("mlflow_run_id"))
+                             params=params, run_id=ledger.get("mlflow_run_id"))
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)
 
     def start(self) -> Optional[str]:
