@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from orchestrator import distributed as dist
 from orchestrator import inputs
 from orchestrator.attempt.checkpoints import CheckpointController
@@ -23,6 +25,7 @@ from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
 from orchestrator.config.durations import parse_duration
+from orchestrator.config.schema import ComputeConfig
 from orchestrator.errors import ConfigError
 from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.interval import interval_bounds, is_auto
@@ -52,7 +55,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     main = dist.is_main()
     run_name = job_name(cfg)
     resolved = resolve(cfg)  # config.yaml, the repro record and MLflow's params: one resolved dict
-    capacity, compute, catalog, price = attempt_price(cfg, environ)
+    capacity, compute, catalog, price = attempt_price(OmegaConf.to_object(cfg.compute), environ)
     store = store_from_config(cfg.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
@@ -93,12 +96,13 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
                   quality=quality, preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
 
 
-def attempt_price(cfg: Any, environ) -> tuple:
-    """(capacity, compute, catalog, price) of this attempt: a backend may run a spot job on-demand (run.deadline)."""
+def attempt_price(configured: ComputeConfig, environ) -> tuple:
+    """(capacity, compute, catalog, price) of this attempt, from the job's ``compute``: a backend may run a spot
+    job on-demand (run.deadline); ``compute``: the ``ComputeConfig`` it runs on."""
     from orchestrator.money.cost import load_catalog, price_for
 
-    capacity = attempt_capacity(cfg.compute, environ)
-    compute = attempt_compute(cfg.compute, capacity)
+    capacity = attempt_capacity(configured, environ)
+    compute = attempt_compute(configured, capacity)
     catalog = load_catalog()
     try:
         return capacity, compute, catalog, price_for(compute, catalog)
