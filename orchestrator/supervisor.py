@@ -267,10 +267,12 @@ class Supervisor:
 
 def start_holds(cfg, store):
     """The supervisor's start-up holds (``orchestrator.money.spend_holds``), at the attempt's price."""
+    from omegaconf import OmegaConf
+
     from orchestrator.attempt.build import attempt_price, job_name
     from orchestrator.money.spend_holds import StartHolds
 
-    _capacity, compute, _catalog, price = attempt_price(cfg, os.environ)
+    _capacity, compute, _catalog, price = attempt_price(OmegaConf.to_object(cfg.compute), os.environ)
     return StartHolds(cfg, store, job_name(cfg), usd_per_second=price.usd_per_hour_total / 3600.0,
                       restart_seconds=compute.restart_seconds)
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
 
-from orchestrator.attempt.runner import redacted_config
+from orchestrator.attempt.resolved import resolve
 from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
 from orchestrator.config.compose import compose_config
 
@@ -35,9 +34,10 @@ JOBS = {
 def serialised(overrides: list[str]) -> dict:
     """What a job of these overrides writes that a later attempt or a reader compares against."""
     cfg = compose_config(overrides + ["storage.uri=/runs", "run.work_dir=/work"])
+    resolved = resolve(cfg)  # what the attempt writes: config.yaml and MLflow's params, from one resolved dict
     return {"trajectory": json.loads(json.dumps(trajectory_config(cfg), sort_keys=True)),
-            "config_yaml": OmegaConf.to_yaml(redacted_config(cfg)),
-            "params": json.loads(json.dumps(OmegaConf.to_container(cfg, resolve=True), sort_keys=True))}
+            "config_yaml": resolved.yaml,
+            "params": json.loads(json.dumps(resolved.plain, sort_keys=True))}
 
 
 def _stored() -> dict:

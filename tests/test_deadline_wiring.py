@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
 
 from orchestrator.attempt.capacity import AT_RISK_ALERT, CapacityWatch
 from orchestrator.attempt.ports import CheckpointInterval, StepClock
@@ -83,7 +82,7 @@ def make_ports(tmp_path, *, history=(), spot=True, step_time_s=0.1):
             return seeded
 
         transact(ledger.store, ledger.key, seed)
-    compute = OmegaConf.structured(ComputeConfig(spot=spot))
+    compute = ComputeConfig(spot=spot)  # as build_attempt hands it: the schema's dataclass
     record = AttemptRecord(ledger, _policy(), compute=compute, budget_max_usd=None)
     record.begin(0)
     stops: list = []
@@ -106,7 +105,7 @@ def measured_steps(step_time_s: float, steps: int = 3) -> StepClock:
 def _policy():
     from orchestrator.policy.requeue import RequeuePolicy
 
-    return RequeuePolicy(OmegaConf.structured(RequeueConfig()))
+    return RequeuePolicy(RequeueConfig())
 
 
 def state(step=0, max_steps=1000):
@@ -267,11 +266,12 @@ def test_deadlines_are_durations_or_iso_times():
 
 
 def test_the_backend_says_which_capacity_an_attempt_runs_on_and_it_is_priced_so():
-    spot = OmegaConf.structured(ComputeConfig(spot=True))
+    spot = ComputeConfig(spot=True, gpu_type="h100", gpus_per_node=8)
     assert attempt_capacity(spot, {}) == SPOT
     assert attempt_capacity(spot, {"ORCH_CAPACITY": "on_demand"}) == ON_DEMAND
-    assert attempt_compute(spot, ON_DEMAND).spot is False and spot.spot is True
-    on_demand = OmegaConf.structured(ComputeConfig(spot=False))
+    assert attempt_compute(spot, ON_DEMAND) == ComputeConfig(spot=False, gpu_type="h100", gpus_per_node=8)
+    assert spot.spot is True and attempt_compute(spot, SPOT) is spot
+    on_demand = ComputeConfig(spot=False)
     assert attempt_capacity(on_demand, {"ORCH_CAPACITY": "spot"}) == ON_DEMAND  # never spot for an on-demand job
 
 

@@ -18,10 +18,12 @@ from orchestrator.attempt.money import MoneyWatch, SpendWatch
 from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.quality import QualityWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
+from orchestrator.attempt.resolved import Settings, resolve
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
 from orchestrator.config.durations import parse_duration
+from orchestrator.config.schema import ComputeConfig
 from orchestrator.errors import ConfigError
 from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.interval import interval_bounds, is_auto
@@ -50,16 +52,18 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
     main = dist.is_main()
     run_name = job_name(cfg)
-    capacity, compute, catalog, price = attempt_price(cfg, environ)
-    store = store_from_config(cfg.storage)
+    resolved = resolve(cfg)  # config.yaml, the repro record and MLflow's params: one resolved dict
+    settings = Settings.of(cfg)  # the groups parts only read, as dataclasses
+    capacity, compute, catalog, price = attempt_price(settings.compute, environ)
+    store = store_from_config(settings.storage)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
-    spend = spend_watch(cfg, store, run_name, money, hold=environ.get(HOLD_ENV)) if main else None
-    record = (AttemptRecord(ledger, RequeuePolicy(cfg.requeue), compute=compute, budget_max_usd=cfg.budget.max_usd,
-                            spend=spend) if main else FollowerRecord())
+    spend = spend_watch(settings, store, run_name, money, hold=environ.get(HOLD_ENV)) if main else None
+    record = (AttemptRecord(ledger, RequeuePolicy(settings.requeue), compute=compute,
+                            budget_max_usd=settings.budget.max_usd, spend=spend) if main else FollowerRecord())
 
     token, work = attempt_folder(cfg, run_name, environ)
-    inputs.use(cfg.storage, work / "inputs")  # s3:// data, templates and weights land here, once per attempt
+    inputs.use(settings.storage, work / "inputs")  # s3:// data, templates and weights land here, once per attempt
     checkpoints = CheckpointController(
         CheckpointStore(store, run_name, keep_last=cfg.checkpoint.keep_last, staging_dir=work / "staging"), record,
         main=main, work=work, token=token, snapshot_dir=cfg.checkpoint.snapshot_dir,
@@ -71,15 +75,16 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
 
     recipe = recipe_for(cfg.recipe.name)
     tracking = AttemptTracking.from_config(
-        cfg, main=main, run_name=run_name, ledger=ledger.load() if main and cfg.tracking.enabled else {},
+        cfg, settings.tracking, main=main, run_name=run_name,
+        ledger=ledger.load() if main and settings.tracking.enabled else {}, params=resolved.plain,
         quality_metric=quality_metric(cfg).name,
-        job_metrics_every_s=parse_duration(cfg.tracking.job_metrics_every, key="tracking.job_metrics_every"))
+        job_metrics_every_s=parse_duration(settings.tracking.job_metrics_every, key="tracking.job_metrics_every"))
     if main:
-        sinks = default_sinks(cfg.budget, set_tag=tracking.set_tag if tracking.active else None)
-        money.watch_budget(BudgetGuard(cfg.budget, record_alert=record.record_alert, job_name=run_name, sinks=sinks),
-                           spend.with_alerts(cfg.budget, sinks))
+        sinks = default_sinks(settings.budget, set_tag=tracking.set_tag if tracking.active else None)
+        money.watch_budget(BudgetGuard(settings.budget, record_alert=record.record_alert, job_name=run_name,
+                                       sinks=sinks), spend.with_alerts(settings.budget, sinks))
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
-    preemption = PreemptionHandler.from_config(cfg.preemption, watch_cloud=main)
+    preemption = PreemptionHandler.from_config(settings.preemption, watch_cloud=main)
     quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
     recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
     hooks = TestHooks.from_environ(environ)
@@ -87,16 +92,17 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     steer = steering(cfg, parts, store=store, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
                      compute=compute, capacity=capacity, catalog=catalog, hooks=hooks,
                      environ=environ) if main and cfg.train.trial_steps <= 0 else []
-    return Runner(cfg, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money, quality=quality,
-                  preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
+    return Runner(cfg, resolved=resolved, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money,
+                  quality=quality, preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
 
 
-def attempt_price(cfg: Any, environ) -> tuple:
-    """(capacity, compute, catalog, price) of this attempt: a backend may run a spot job on-demand (run.deadline)."""
+def attempt_price(configured: ComputeConfig, environ) -> tuple:
+    """(capacity, compute, catalog, price) of this attempt, from the job's ``compute``: a backend may run a spot
+    job on-demand (run.deadline); ``compute``: the ``ComputeConfig`` it runs on."""
     from orchestrator.money.cost import load_catalog, price_for
 
-    capacity = attempt_capacity(cfg.compute, environ)
-    compute = attempt_compute(cfg.compute, capacity)
+    capacity = attempt_capacity(configured, environ)
+    compute = attempt_compute(configured, capacity)
     catalog = load_catalog()
     try:
         return capacity, compute, catalog, price_for(compute, catalog)
@@ -169,12 +175,13 @@ def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: Checkpoin
     return MeasuredRecipe(recipe, clock, cache=cache, data_fingerprint=lambda: checkpoints.dataset_fp, report=report)
 
 
-def spend_watch(cfg: Any, store: Any, run_name: str, money: MoneyWatch, *, hold=None) -> SpendWatch:
+def spend_watch(settings: Settings, store: Any, run_name: str, money: MoneyWatch, *, hold=None) -> SpendWatch:
     """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
     from orchestrator.money.spend import Caps, SpendIndex
 
-    caps = Caps(run_name, str(cfg.tracking.experiment), monthly_max_usd=cfg.budget.monthly_max_usd,
-                experiment_max_usd=cfg.budget.experiment_max_usd)
+    budget = settings.budget
+    caps = Caps(run_name, str(settings.tracking.experiment), monthly_max_usd=budget.monthly_max_usd,
+                experiment_max_usd=budget.experiment_max_usd)
     return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_hour_total / 3600.0,
-                      window_s=parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead"),
+                      window_s=parse_duration(budget.reserve_ahead, key="budget.reserve_ahead"),
                       spent=money.attempt_cost_usd, hold=hold)

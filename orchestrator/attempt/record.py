@@ -237,16 +237,15 @@ class FollowerRecord:
 
 
 
-def record_repro(cfg: Any, record: Any, tracking: Any) -> list[str]:
+def record_repro(resolved: dict, record: Any, tracking: Any) -> list[str]:
     """Record what this attempt runs on (ledger and MLflow); warn about, and return, the ways it differs
-    from the first attempt that can change results."""
+    from the first attempt that can change results. ``resolved``: the resolved config (``attempt.resolved``),
+    hashed into the record, its ``backend.image`` the record's image."""
     if not record.writes:
         return []
-    from omegaconf import OmegaConf
-
     from orchestrator.repro import collect_record, diff_records
 
-    this = collect_record(OmegaConf.to_container(cfg, resolve=True), image=cfg.backend.image)
+    this = collect_record(resolved)
     first = record.record_repro(this)
     differences = diff_records(first, this) if first else []
     for line in differences:

@@ -44,23 +44,23 @@ class AttemptTracking:
         return self.tracker is not None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, main: bool, run_name: str, ledger: dict, quality_metric: str,
-                    job_metrics_every_s: float) -> "AttemptTracking":
-        """``ledger``: the job's ledger before this attempt begins (its MLflow run id, its attempts so far)."""
-        from omegaconf import OmegaConf
-
+    def from_config(cls, cfg: Any, tracking_cfg: Any, *, main: bool, run_name: str, ledger: dict, params: dict,
+                    quality_metric: str, job_metrics_every_s: float) -> "AttemptTracking":
+        """``cfg``: the job's config (the run's tags); ``tracking_cfg``: its ``tracking`` group (a ``TrackingConfig``,
+        what the tracker keeps); ``ledger``: the job's ledger before this attempt begins (its MLflow run id, its
+        attempts so far); ``params``: the resolved config (``attempt.resolved``), the run's params once redacted."""
         from orchestrator.tracking.run import JobTracker
 
-        if not (main and cfg.tracking.enabled):
+        if not (main and tracking_cfg.enabled):
             return cls(None, job_metrics_every_s=job_metrics_every_s)
         tags = {"job": run_name, "recipe": cfg.recipe.name, "model": cfg.model.name_or_path,
                 "gpu_type": cfg.compute.gpu_type, "spot": str(bool(cfg.compute.spot)), "status": "running",
                 "attempts": str(len(ledger.get("attempts", [])) + 1), "quality_metric": quality_metric,
                 **source_tags()}
-        if cfg.tracking.parent_run_id:  # a sweep's trial: MLflow's nested runs
-            tags["mlflow.parentRunId"] = str(cfg.tracking.parent_run_id)
-        tracker = JobTracker(cfg.tracking, job_name=run_name, tags=tags,
-                             params=OmegaConf.to_container(cfg, resolve=True), run_id=ledger.get("mlflow_run_id"))
+        if tracking_cfg.parent_run_id:  # a sweep's trial: MLflow's nested runs
+            tags["mlflow.parentRunId"] = str(tracking_cfg.parent_run_id)
+        tracker = JobTracker(tracking_cfg, job_name=run_name, tags=tags,
+                             params=params, run_id=ledger.get("mlflow_run_id"))
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)
 
     def start(self) -> Optional[str]:

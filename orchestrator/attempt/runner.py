@@ -14,12 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from omegaconf import OmegaConf
-
 from orchestrator import exitcodes
 from orchestrator.attempt.measure import peak_memory_bytes
 from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.record import record_repro
+from orchestrator.attempt.resolved import ResolvedConfig
 from orchestrator.attempt.trial import finish_trial
 from orchestrator.checkpoint import safe_load
 from orchestrator.exitcodes import ExitClass
@@ -76,13 +75,13 @@ def pause_reason(pause: int, max_steps: int, step: int) -> Optional[StopReason]:
 
 
 class Runner:
-    """Sequences the parts ``build_attempt`` made; ``run_name``: the job's name in storage, ``main``: this rank prints
-    the results; ``interval``, ``steps`` (``attempt/ports.py``) go to the Trainer callback and ``steering`` parts."""
+    """Sequences the parts ``build_attempt`` made; ``resolved``: the config it writes; ``run_name``: the job's name in
+    storage, ``main``: this rank prints the results; ``interval``, ``steps`` go to the callbacks (``attempt/ports.py``)."""
 
-    def __init__(self, cfg: Any, *, run_name: str, recipe: Any, record: Any, checkpoints: Any, money: Any,
-                 tracking: Any, quality: Any, preemption: Any, hooks: TestHooks, interval: CheckpointInterval,
-                 steps: StepClock, main: bool, steering: Sequence[Any] = ()):
-        self.cfg, self.run_name, self.recipe, self.main = cfg, run_name, recipe, main
+    def __init__(self, cfg: Any, *, resolved: ResolvedConfig, run_name: str, recipe: Any, record: Any,
+                 checkpoints: Any, money: Any, tracking: Any, quality: Any, preemption: Any, hooks: TestHooks,
+                 interval: CheckpointInterval, steps: StepClock, main: bool, steering: Sequence[Any] = ()):
+        self.cfg, self.resolved, self.run_name, self.recipe, self.main = cfg, resolved, run_name, recipe, main
         self.record, self.checkpoints, self.money, self.tracking = record, checkpoints, money, tracking
         self.quality = quality  # the "before" evaluation, early stopping, checkpoint.final
         self.preemption, self.hooks = preemption, hooks
@@ -125,7 +124,7 @@ class Runner:
         self.record.begin(self.checkpoints.newest_step(), final_uri=self.checkpoints.final_uri())
         self.checkpoints.remove_uncommitted()
         self.record.set_mlflow_run_id(self.tracking.start())
-        record_repro(self.cfg, self.record, self.tracking)
+        record_repro(self.resolved.plain, self.record, self.tracking)
 
     def load_data(self):
         """2. The datasets and their fingerprint (the checkpoint's download starts behind the model's load)."""
@@ -234,7 +233,7 @@ class Runner:
         """5. Final weights committed, held-out evaluation, the attempt closed as completed."""
         cfg = self.cfg
         weights_step = self.quality.after_training(trainer, self.step)  # an early stop; checkpoint.final=best's weights
-        saved = self.checkpoints.save_final(trainer, weights_step, config_yaml=OmegaConf.to_yaml(redacted_config(cfg)),
+        saved = self.checkpoints.save_final(trainer, weights_step, config_yaml=self.resolved.yaml,
                                             upload=cfg.checkpoint.save_final_weights,
                                             to_mlflow=self.tracking if cfg.tracking.log_final_weights else None)
         if self.bench is not None:
@@ -264,7 +263,7 @@ class Runner:
         self.tracking.close_with_report(
             job=self.run_name, step=self.step, status=row.ledger_status, tracker_status=row.mlflow_status, ledger=ledger,
             figures=self.cost_figures(self.step, ledger=ledger), money=self.money, **self.quality.report(final_metrics),
-            config_yaml=OmegaConf.to_yaml(redacted_config(self.cfg)))
+            config_yaml=self.resolved.yaml)
 
     @property
     def began(self) -> bool:  # it took a fence in the ledger, so its end may be recorded
@@ -308,8 +307,3 @@ class Heartbeat:
             self.fenced_error = fenced
             self.preemption.request(f"fenced: {fenced}")
 
-
-def redacted_config(cfg) -> dict:
-    from orchestrator.redaction import redact
-
-    return redact(OmegaConf.to_container(cfg, resolve=True))

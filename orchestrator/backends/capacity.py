@@ -15,11 +15,15 @@ No Hydra or transformers import: the launcher renders with it.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import unicodedata
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from orchestrator.policy.deadline import ON_DEMAND, SPOT
+
+if TYPE_CHECKING:
+    from orchestrator.config.schema import ComputeConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +45,11 @@ def attempt_capacity(compute: Any, environ) -> str:
     return SPOT if compute.spot else ON_DEMAND
 
 
-def attempt_compute(compute: Any, capacity: str) -> Any:
-    """``compute`` as this attempt runs: on-demand is priced and recorded as such (``spot: false``)."""
+def attempt_compute(compute: ComputeConfig, capacity: str) -> ComputeConfig:
+    """``compute`` (the schema's dataclass) as this attempt runs: on-demand is priced and recorded as such
+    (``spot: false``), in a copy."""
     if capacity == ON_DEMAND and compute.spot:
-        from omegaconf import OmegaConf
-
-        compute = OmegaConf.merge(compute, {"spot": False})
+        compute = dataclasses.replace(compute, spot=False)
     return compute
 
 

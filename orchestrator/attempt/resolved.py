@@ -1,0 +1,54 @@
+"""The job config as plain data, made once per attempt by ``orchestrator.attempt.build``.
+
+Hydra composes the config into a ``DictConfig``; what an attempt writes of it (MLflow's params, the repro record's
+hash and inputs, ``config.yaml`` beside the final weights and in MLflow) comes from one resolved dict, and its
+redacted copy, made here, so they cannot drift apart. The parts that only read settings get their groups as the
+schemas' dataclasses (``Settings``); the ``DictConfig`` stays with what needs OmegaConf or the whole config (the
+trajectory fingerprint, the recipes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from orchestrator.config.schema import (BudgetConfig, ComputeConfig, PreemptionConfig, RequeueConfig, StorageConfig,
+                                        TrackingConfig)
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """``plain``: the resolved config (MLflow's params, redacted by the tracker; the repro record); ``redacted``:
+    the same with its secrets replaced (``orchestrator.redaction.redact``); ``yaml``: ``redacted`` as the
+    ``config.yaml`` the final weights and the MLflow run carry. Shared by the parts: read, never changed."""
+
+    plain: dict
+    redacted: dict
+    yaml: str
+
+
+def resolve(cfg: Any) -> ResolvedConfig:
+    from orchestrator.redaction import redact
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    redacted = redact(plain)
+    return ResolvedConfig(plain=plain, redacted=redacted, yaml=OmegaConf.to_yaml(redacted))
+
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The groups the attempt's parts only read, as the schemas' dataclasses (``OmegaConf.to_object``): plain
+    attributes, no OmegaConf lookup behind each read. ``compute``: the job's, before ``attempt_compute``."""
+
+    compute: ComputeConfig
+    storage: StorageConfig
+    requeue: RequeueConfig
+    budget: BudgetConfig
+    preemption: PreemptionConfig
+    tracking: TrackingConfig
+
+    @classmethod
+    def of(cls, cfg: Any) -> "Settings":
+        return cls(**{group.name: OmegaConf.to_object(cfg[group.name]) for group in fields(cls)})
