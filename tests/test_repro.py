@@ -104,3 +104,20 @@ def test_the_dockerfile_bakes_the_build_commit_where_repro_reads_it():
     # set before the project is copied in, so the layer with the code carries it
     assert stage.index(f"ENV {repro.GIT_COMMIT_ENV}=${{GIT_COMMIT}}") < next(
         i for i, line in enumerate(stage) if line.startswith("COPY orchestrator"))
+
+
+def test_the_header_reader_says_what_importlibs_metadata_parser_says_for_every_installed_distribution():
+    """``name_and_version`` reads only the headers (the attempt's start pays for it): for each distribution of
+    this environment, long descriptions and all, it must agree with ``dist.metadata["Name"]`` and ``dist.version``."""
+    from importlib import metadata
+
+    from orchestrator.repro import name_and_version
+
+    checked = 0
+    for dist in metadata.distributions():
+        expected = (dist.metadata["Name"] if dist.metadata else None, dist.version if dist.metadata else None)
+        assert name_and_version(dist)[0] == expected[0], dist
+        if expected[0]:
+            assert name_and_version(dist)[1] == expected[1], expected[0]
+            checked += 1
+    assert checked > 100  # torch, transformers, TRL and the rest: the whole stack was compared
