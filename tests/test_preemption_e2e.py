@@ -23,7 +23,7 @@ from tests.helpers.fixtures_s3 import empty_bucket
 from tests.helpers.fake_metadata import FakeMetadata
 
 # Long enough for ten interruptions (each attempt trains a few steps past its restore point) and a finish.
-COMMON = jobs.with_overrides(jobs.FAST, "train.max_steps=160")
+COMMON = jobs.with_overrides(jobs.FAST, "train.max_steps=240")  # room for ten interruptions after fresh commits, however fast attempts start
 INTERRUPTIONS = 10
 AWS_NOTICE_SECONDS = 120  # EC2 gives a spot instance two minutes between the notice and the stop
 
