@@ -116,4 +116,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orchestrator.exitcodes import exit_without_teardown
+
+    exit_without_teardown(main())  # the supervisor may have imported the training stack (orchestrator.warm_start)

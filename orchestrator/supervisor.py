@@ -1,6 +1,7 @@
 """The local backend's supervisor: one child process per attempt, and the requeue policy.
 
-The supervisor runs ``python -m orchestrator.worker <overrides>`` as a child,
+The supervisor runs ``python -m orchestrator.worker <overrides>`` as a child (forked from
+itself once it has imported the training stack, where that is safe: ``orchestrator.warm_start``),
 forwards SIGTERM, SIGINT and SIGUSR1 to it, classifies each exit, and asks the
 requeue policy whether to start another attempt. Before each child it holds the start-up
 to come in the spend index (``orchestrator.money.spend_holds``) for a job under a monthly or
@@ -131,7 +132,10 @@ class Supervisor:
         self.ledger = Ledger(store_from_config(cfg.storage), cfg.run.name)
         self.holds = start_holds(cfg, self.ledger.store)
         self.policy = RequeuePolicy(cfg.requeue)
-        self.child: subprocess.Popen | None = None
+        self.child = None  # the attempt running: a subprocess.Popen, or a warm_start.ForkedAttempt
+        self._fork_refused: Optional[str] = None  # why attempts are not forked (None: decided when the first starts)
+        self._stack_imported = False
+        self._inherited = None  # the stack's import, until the first forked attempt takes it over
         self.signalled: int | None = None
         self._unrecorded: list[dict] = []
 
@@ -197,12 +201,33 @@ class Supervisor:
             env[HOLD_ENV] = hold
         nodes = int(self.cfg.distributed.nodes) if self.cfg.distributed.name != "none" else 1
         if nodes <= 1:
+            if self._can_fork():
+                from orchestrator import warm_start
+
+                inherited, self._inherited = self._inherited, None  # the import is the first attempt's start-up
+                return warm_start.start(self.command, env, inherited)
             return subprocess.Popen(self.command, env=env)
         from orchestrator.multinode.timeouts import heartbeat_timeout_s
         from orchestrator.multinode.world import STOP_MARGIN_S, LocalWorld
 
         timeout = heartbeat_timeout_s(self.cfg.distributed.heartbeat_timeout, self._ledger_attempts())
         return LocalWorld(self.command, env, nodes, stop_after_s=timeout + STOP_MARGIN_S)
+
+    def _can_fork(self) -> bool:
+        """Whether this attempt is forked from this supervisor (``orchestrator.warm_start``): the stack is imported
+        before the first; safety is checked again before every one."""
+        from orchestrator import warm_start
+
+        if not warm_start.is_worker_command(self.command) or (self._stack_imported and self._fork_refused is not None):
+            return False
+        if self._stack_imported:
+            self._fork_refused = warm_start.unsafe_reason()
+        else:
+            self._fork_refused, self._inherited = warm_start.prepare(self.cfg)
+            self._stack_imported = True
+        if self._fork_refused is not None:
+            log.info("attempts start a fresh interpreter: %s", self._fork_refused)
+        return self._fork_refused is None
 
     def _record_nodes(self) -> None:
         """A multi-node world's nodes as this host saw them, where a node's own launcher could not record itself
@@ -213,7 +238,7 @@ class Supervisor:
 
             record_nodes(self.ledger, self.child.rdzv_id, records(), fill_only=True)
 
-    def _wait(self, child: subprocess.Popen) -> int:
+    def _wait(self, child) -> int:
         while True:
             try:
                 return child.wait()

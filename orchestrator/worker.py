@@ -13,10 +13,8 @@ and runs them (``orchestrator.attempt.runner``):
 """
 from __future__ import annotations
 
-import atexit
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -103,26 +101,7 @@ def _run(argv: list[str] | None = None) -> int:
         return end_attempt_on_error(err, job)
 
 
-def exit_without_teardown(code: int) -> None:
-    """End the process as ``sys.exit`` would, without the interpreter's teardown of torch, transformers and
-    the rest (about 1.5 s of freeing modules at the end of every attempt on an idle core, far more on a loaded
-    one, while the supervisor and the next attempt wait). What a normal exit does first is done here in the
-    same order: threading's exit hooks (they tell ``concurrent.futures`` pools to stop, so joining their
-    workers cannot hang), non-daemon threads joined, ``atexit`` handlers run (MLflow's, logging's flush),
-    streams flushed; then ``os._exit``."""
-    for hook in reversed(list(getattr(threading, "_threading_atexits", []))):
-        hook()
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join(30)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    from orchestrator.exitcodes import exit_without_teardown
+
     exit_without_teardown(main())

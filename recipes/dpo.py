@@ -18,6 +18,11 @@ from recipes import common, evaluation
 log = logging.getLogger(__name__)
 
 
+def preload() -> None:
+    """Import what ``build_trainer`` imports (a supervisor forking attempts imports it once)."""
+    from trl import DPOConfig, DPOTrainer  # noqa: F401
+
+
 def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None,
                   ref_log_probs=None):
     """``ref_log_probs``: where ``recipe.precompute_ref_log_probs`` keeps the reference log-probs across attempts

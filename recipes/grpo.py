@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 STATE_FILE = "grpo_state.json"
 
 
+def preload() -> None:
+    """Import what ``build_trainer`` imports (a supervisor forking attempts imports it once)."""
+    from trl import GRPOConfig, GRPOTrainer  # noqa: F401
+
+
 def grpo_args(cfg, output_dir: str):
     """GRPOConfig from the shared training arguments and recipe.grpo's own (TRL's names)."""
     from trl import GRPOConfig

@@ -22,5 +22,6 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     )
 
 
+preload = sft.preload
 evaluate = sft.evaluate
 accuracy = sft.accuracy

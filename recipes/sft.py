@@ -11,6 +11,11 @@ from __future__ import annotations
 from recipes import common, evaluation
 
 
+def preload() -> None:
+    """Import what ``build_trainer`` imports (a supervisor forking attempts imports it once)."""
+    from trl import SFTConfig, SFTTrainer  # noqa: F401
+
+
 def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None,
                   prepared=None):
     """``prepared``: the sets an earlier attempt's trainer prepared from these rows (``train``, ``eval``; the

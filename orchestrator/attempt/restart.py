@@ -15,9 +15,10 @@ split is a timeline: contiguous phases that add up to the total.
     first_step_s            the first optimizer step (RNG restore, the sampler's skip, forward, backward)
     total_s                 their sum: process start -> end of the first step
 
-``checkpoint_download_s`` (download and verify, overlapped with the model load) and ``cpu_s`` (the
-process's CPU seconds to the end of the first step: a figure a loaded machine disturbs less) are
-reported beside them; only what the build did not hide of it is on the timeline (``checkpoint_wait_s``). The split
+``checkpoint_download_s`` (download and verify, overlapped with the model load), ``cpu_s`` (the
+process's CPU seconds to the end of the first step: a figure a loaded machine disturbs less) and ``forked`` (1: the
+attempt was forked from its supervisor, ``orchestrator.warm_start``, whose import of the stack before the first
+attempt is on that attempt's timeline and in its ``cpu_s``; 0: a fresh interpreter) are reported beside them; only what the build did not hide of it is on the timeline (``checkpoint_wait_s``). The split
 goes into the ledger's attempt entry (``extra.restart``) and MLflow (``restart_<phase>``).
 """
 from __future__ import annotations
@@ -34,18 +35,32 @@ PHASES = ("imports_s", "setup_s", "model_load_s", "data_prep_s", "checkpoint_wai
 
 
 def process_start_time() -> float:
-    """Unix time this process started (the kernel's record, so the interpreter's own start-up counts)."""
+    """Unix time this attempt's process started (the kernel's record, so the interpreter's own start-up counts);
+    a forked attempt's: when its supervisor began the start-up it inherited (``orchestrator.warm_start``)."""
     import psutil
 
-    return float(psutil.Process().create_time())
+    from orchestrator.attempt.start_up import inherited as inherited_start_up
+
+    inherited = inherited_start_up()
+    return inherited.started_at if inherited else float(psutil.Process().create_time())
 
 
 def process_cpu_seconds() -> float:
-    """User and system CPU seconds this process (every thread) has used so far."""
+    """User and system CPU seconds this attempt's process (every thread) has used so far, with what a forked
+    attempt's supervisor spent on its start-up."""
     import psutil
 
+    from orchestrator.attempt.start_up import inherited as inherited_start_up
+
+    inherited = inherited_start_up()
     times = psutil.Process().cpu_times()
-    return float(times.user + times.system)
+    return float(times.user + times.system) + (inherited.cpu_s if inherited else 0.0)
+
+
+def forked() -> bool:
+    from orchestrator.attempt.start_up import inherited
+
+    return inherited() is not None
 
 
 class RestartClock:
@@ -112,8 +127,10 @@ class RestartCallback(TrainerCallback):
         self.done = True
         self.clock.mark("first_step")
         split = dict(self.clock.split(), cpu_s=round(process_cpu_seconds(), 4))
-        log.info("restart overhead (process start to first step, resumed at step %d): %s", state.global_step - 1,
+        log.info("restart overhead (process start to first step, resumed at step %d%s): %s", state.global_step - 1,
+                 ", forked from the supervisor" if forked() else "",
                  ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in split.items()))
+        split["forked"] = 1.0 if forked() else 0.0
         try:
             self.report(split, state.global_step)
         except Exception as err:  # noqa: BLE001 - a measurement must never stop training

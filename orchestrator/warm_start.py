@@ -1,0 +1,201 @@
+"""Attempts forked from a supervisor that imported the training stack once (``requeue.fork_attempts``).
+
+An attempt's worker spends most of its start-up importing torch, transformers, PEFT, TRL and datasets (about 5
+CPU-s before its first step on this stack; docs/measured.md), and every requeued attempt paid it again. With
+``requeue.fork_attempts=true`` (the default) the local supervisor imports them once, as the worker would for this
+config, and starts each attempt with ``os.fork``. The child is ``python -m orchestrator.worker <overrides>`` in all
+but the interpreter's start: the same argv (its process title too, so ``ps`` and anything looking for the worker
+sees it), environment, signal dispositions and exit codes; it ends with ``os._exit`` and never returns into the
+supervisor's code.
+
+A fork copies the process as it is, so it is used only where that is safe, checked before every attempt;
+otherwise the attempt is a fresh interpreter as before, and the log says why:
+- one process per attempt (``distributed=none``): torchrun's ranks and multi-node worlds start their own;
+- no GPU driver in the supervisor: CUDA once initialised is not fork-safe. Importing torch initialises nothing;
+  the check (``libcuda`` not mapped, ``torch.cuda.is_initialized()`` false) proves it on the machine itself;
+- no Python thread but the main one: a lock another thread holds at the fork stays held in the child. The native
+  threads libraries start at import (torch's, jemalloc's background thread under pyarrow) are the ones every
+  PyTorch DataLoader worker is forked past; they register their own fork handlers.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+from orchestrator.attempt.start_up import Inherited
+
+log = logging.getLogger(__name__)
+
+
+def is_worker_command(command: list[str]) -> bool:
+    """Whether ``command`` is this interpreter's ``python -m orchestrator.worker ...`` (what a fork can stand for)."""
+    from orchestrator.distributed import WORKER_MODULE
+
+    return command[:3] == [sys.executable, "-m", WORKER_MODULE]
+
+
+def prepare(cfg: Any) -> tuple[Optional[str], Inherited]:
+    """Import what this config's attempts import: (None when attempts can be forked, else why they cannot; the
+    start-up spent on it, which the first attempt inherits)."""
+    began, cpu = time.time(), time.process_time()
+    nothing = Inherited(began, 0.0)
+    if not cfg.requeue.fork_attempts:
+        return "requeue.fork_attempts=false", nothing
+    if not hasattr(os, "fork"):
+        return "this platform has no fork", nothing
+    if str(cfg.distributed.name) != "none":
+        return f"distributed={cfg.distributed.name}: each attempt's ranks are started by their own launcher", nothing
+    from orchestrator import worker
+
+    worker.skip_unused_quantisation_stack(cfg)
+    worker.skip_unused_deepspeed(cfg)
+    import_stack(cfg)
+    spent = Inherited(began, time.process_time() - cpu)
+    reason = unsafe_reason()
+    if reason is None:
+        log.info("training stack imported once (%.1f CPU-s): attempts are forked from this supervisor", spent.cpu_s)
+    return reason, spent
+
+
+def import_stack(cfg: Any) -> None:
+    """The modules an attempt of ``cfg`` imports before its first step (the recipe's trainer, PEFT, datasets)."""
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
+    from orchestrator.attempt import build, checkpoints, restart, runner  # noqa: F401
+    from recipes import recipe_for
+
+    preload = getattr(recipe_for(str(cfg.recipe.name)), "preload", None)
+    if preload is not None:
+        preload()
+    if cfg.tracking.enabled:
+        import mlflow  # noqa: F401
+
+
+def unsafe_reason(maps: str | Path = "/proc/self/maps") -> Optional[str]:
+    """Why forking this process now would not be safe; None when it is."""
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if others:
+        return f"the supervisor runs threads ({', '.join(others)})"
+    if gpu_driver_loaded(maps):
+        return "the GPU driver is loaded in the supervisor"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised in the supervisor"
+    return None
+
+
+def gpu_driver_loaded(maps: str | Path = "/proc/self/maps") -> bool:
+    """Whether CUDA's driver library is mapped into this process (True when that cannot be read)."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return True
+    return any(os.path.basename(line.split()[-1]).startswith("libcuda.so")
+               for line in text.splitlines() if "/" in line)
+
+
+class ForkedAttempt:
+    """A forked attempt, as the supervisor handles a ``subprocess.Popen``: ``pid``, ``poll``, ``wait``,
+    ``send_signal``, ``returncode`` (negative: the signal that ended it)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            try:
+                _pid, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:  # reaped by a poll from a signal handler meanwhile
+                if self.returncode is None:
+                    raise
+                break
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def start(command: list[str], env: dict[str, str], inherited: Optional[Inherited] = None) -> ForkedAttempt:
+    """Fork the attempt ``command`` (``python -m orchestrator.worker <overrides>``) with environment ``env``;
+    ``inherited``: the start-up it inherits (the first attempt's import), else its start-up begins at the fork."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # what the supervisor buffered is written once, not once more by the child
+    gc.freeze()  # the child's collector leaves the supervisor's objects alone, so their pages stay shared
+    inherited = inherited or Inherited(time.time(), 0.0)
+    pid = os.fork()
+    if pid == 0:
+        run_child(command, env, inherited)  # never returns
+    gc.unfreeze()
+    return ForkedAttempt(pid)
+
+
+def run_child(command: list[str], env: dict[str, str], inherited: Inherited) -> None:
+    """The forked child: become the worker, run it, and end the process with its code."""
+    code = 1
+    try:
+        from orchestrator.attempt.start_up import inherit
+
+        inherit(inherited)
+        from orchestrator import exitcodes, worker
+
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(command))  # first: it finds argv's memory through the unchanged environ
+        os.environ.clear()
+        os.environ.update(env)
+        for signum in exitcodes.PREEMPTION_SIGNALS:  # the supervisor's forwarding handlers are not the worker's
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        overrides = command[3:]  # after: python -m orchestrator.worker (is_worker_command)
+        sys.argv = [worker.__file__, *overrides]
+        code = worker.main(overrides)
+    except SystemExit as err:
+        code = _exit_code(err.code)
+    except KeyboardInterrupt:  # as an interpreter ends on an unhandled one: killed by SIGINT
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # noqa: BLE001 - printed as an interpreter would, then exit 1
+        traceback.print_exc()
+    finally:
+        try:
+            from orchestrator.exitcodes import exit_without_teardown
+
+            exit_without_teardown(code)
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1

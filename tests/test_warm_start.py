@@ -1,0 +1,68 @@
+"""Attempts forked from the supervisor (``orchestrator.warm_start``): when a fork is safe, and what a forked attempt is."""
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+import pytest
+
+from orchestrator import warm_start
+from orchestrator.config.compose import compose_config
+from orchestrator.distributed import worker_argv
+from tests.helpers import jobs
+
+CLEAN_MAPS = ("7f00-7f10 r-xp 00000000 08:01 1 /usr/lib/python3.11/lib-dynload/_json.so\n"
+              "7f20-7f30 r-xp 00000000 08:01 2 /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so\n"
+              "7f40-7f50 rw-p 00000000 00:00 0 \n")
+
+
+def test_a_second_thread_or_a_loaded_gpu_driver_makes_a_fork_unsafe(tmp_path):
+    clean = tmp_path / "maps"
+    clean.write_text(CLEAN_MAPS)
+    assert warm_start.unsafe_reason(clean) is None
+    driver = tmp_path / "maps-cuda"
+    driver.write_text(CLEAN_MAPS + "7f60-7f70 r-xp 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15\n")
+    assert warm_start.unsafe_reason(driver) == "the GPU driver is loaded in the supervisor"
+    assert warm_start.unsafe_reason(tmp_path / "missing") == "the GPU driver is loaded in the supervisor"  # unknown
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="uploader")
+    thread.start()
+    try:
+        assert warm_start.unsafe_reason(clean) == "the supervisor runs threads (uploader)"
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_only_the_worker_command_is_forked_and_only_for_a_one_process_attempt():
+    assert warm_start.is_worker_command(worker_argv(["run.name=x"]))
+    assert not warm_start.is_worker_command([sys.executable, "-c", "print(1)"])
+    assert not warm_start.is_worker_command(["/other/python", "-m", "orchestrator.worker"])
+    for overrides, reason in ((["requeue.fork_attempts=false"], "requeue.fork_attempts=false"),
+                              (["distributed=ddp"], "distributed=ddp: each attempt's ranks are started by their own")):
+        refused, inherited = warm_start.prepare(compose_config(overrides))
+        assert refused.startswith(reason) and inherited.cpu_s == 0.0  # nothing was imported for it
+
+
+@pytest.mark.e2e
+def test_requeued_attempts_are_forked_workers_that_skip_the_import_and_resume_bit_identical(tmp_path, references):
+    """A job whose worker is SIGKILLed twice: every attempt is forked from the supervisor (the ledger's restart split
+    says so), each under the worker's own command line (the kill finds it by that), the first carries the stack's
+    import it inherited, the requeued ones start without it, and the weights are the uninterrupted run's."""
+    storage = jobs.Storage(str(tmp_path / "runs"))
+    overrides = [*jobs.FAST, "train.max_steps=60", *storage.overrides(), "run.name=forked",
+                 f"run.work_dir={tmp_path / 'work'}"]
+    proc = jobs.start_job(overrides, tmp_path)
+    rng = random.Random(7)
+    for _ in range(2):
+        jobs.interrupt_worker(proc, storage, "forked", rng)
+    assert proc.wait(600) == 0, (tmp_path / "job.log").read_text()[-3000:]
+    attempts = jobs.ledger(storage, "forked")["attempts"]
+    splits = [a["extra"]["restart"] for a in attempts]
+    assert len(attempts) == 3 and [a["exit_class"] for a in attempts] == ["vanished", "vanished", "completed"]
+    assert [s["forked"] for s in splits] == [1.0, 1.0, 1.0]
+    first, *requeued = [s["cpu_s"] for s in splits]
+    assert all(cpu < 0.6 * first for cpu in requeued), splits  # the import is paid once, by the first attempt
+    assert "attempts are forked from this supervisor" in (tmp_path / "job.log").read_text()
+    assert jobs.final_digest(storage, "forked") == references.digest(overrides)
