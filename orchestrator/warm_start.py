@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from orchestrator.attempt.start_up import Inherited
 
@@ -81,9 +81,12 @@ def import_stack(cfg: Any) -> None:
         import mlflow  # noqa: F401
 
 
-def unsafe_reason(maps: str | Path = "/proc/self/maps") -> Optional[str]:
-    """Why forking this process now would not be safe; None when it is."""
-    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+def unsafe_reason(maps: str | Path = "/proc/self/maps",
+                  threads: Optional[Iterable[threading.Thread]] = None) -> Optional[str]:
+    """Why forking this process now would not be safe; None when it is. ``threads``: this process's live
+    threads (``threading.enumerate()`` unless given)."""
+    live = threading.enumerate() if threads is None else threads
+    others = [t.name for t in live if t is not threading.main_thread()]
     if others:
         return f"the supervisor runs threads ({', '.join(others)})"
     if gpu_driver_loaded(maps):

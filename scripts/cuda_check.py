@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=0,
                         help="optimizer steps per run (default: sized by a trial to about --seconds per run)")
     parser.add_argument("--seconds", type=float, default=90.0, help="target training time per run (default 90)")
+    parser.add_argument("--every", default=CHECKPOINT_EVERY,
+                        help=f"checkpoint.every of the checkpointed runs (default {CHECKPOINT_EVERY}; shorter than "
+                             "--seconds so that periodic saves happen)")
     parser.add_argument("--out", type=Path, default=None, help="a folder for the model, runs and logs (default: temp)")
     parser.add_argument("--allow-cpu-smoke", action="store_true", help=argparse.SUPPRESS)  # tiny model on CPU
     args = parser.parse_args(argv)
@@ -234,10 +237,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. uninterrupted runs, without and with checkpointing
     off = runs.run("off", sized + ["checkpoint.every=off"])
-    clean = runs.run("clean", sized + [f"checkpoint.every={CHECKPOINT_EVERY}"])
+    clean = runs.run("clean", sized + [f"checkpoint.every={args.every}"])
 
     # 4. the same job with one SIGTERM at ~70% of its training time
-    chaos = runs.start("chaos", sized + [f"checkpoint.every={CHECKPOINT_EVERY}"])
+    chaos = runs.start("chaos", sized + [f"checkpoint.every={args.every}"])
     wait_for(FIRST_STEP, runs, "chaos", chaos, RUN_TIMEOUT_SECONDS)
     clean_runtime = float(RUNTIME.findall(clean)[-1])
     time.sleep(SIGTERM_AT_FRACTION * clean_runtime)
@@ -258,13 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {model_dir} ({'smoke' if smoke else '~1.1B'}), LoRA SFT, {steps} steps, batch {batch}, "
           f"max_length {max_length}")
     print(f"checkpoint.every=off : {off_sps:8.3f} steps/s  {off_tps:10,.0f} tokens/s ({what})")
-    print(f"checkpoint.every={CHECKPOINT_EVERY}: {clean_sps:8.3f} steps/s  {clean_tps:10,.0f} tokens/s "
+    print(f"checkpoint.every={args.every}: {clean_sps:8.3f} steps/s  {clean_tps:10,.0f} tokens/s "
           f"({clean_sps / off_sps:.3f} of off)")
     if stalls:
         print(f"stall per checkpoint: mean {statistics.mean(stalls):.2f} s, max {max(stalls):.2f} s "
               f"({len(stalls)} periodic saves)")
     else:
-        print(f"stall per checkpoint: no periodic save happened (the run took under {CHECKPOINT_EVERY})")
+        print(f"stall per checkpoint: no periodic save happened (the run took under {args.every})")
     if emergency:
         step, outcome, took = int(emergency.group(1)), emergency.group(2), float(emergency.group(3))
         manifest_at = runs.manifest_mtime("chaos", step)
