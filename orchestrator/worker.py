@@ -1,6 +1,7 @@
 """One training attempt: ``python -m orchestrator.worker [hydra overrides]``.
 
-Every backend runs this same command (the local supervisor as a child process,
+Every backend runs this same command (the local supervisor as a child process, forked from itself where
+that is safe, ``orchestrator.warm_start``,
 Slurm from an sbatch script, SkyPilot and Kubernetes in the container). It
 composes the config, builds the attempt's parts (``orchestrator.attempt.build``)
 and runs them (``orchestrator.attempt.runner``):
