@@ -75,17 +75,34 @@ def after_commit(proc, storage, run) -> int:
     return jobs.wait_for_new_checkpoint(storage, run, proc, seen[-1] if seen else 0)
 
 
+MODES = {"ddp": TWO_NODES, "zero2": jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full"),
+         "fsdp": jobs.with_overrides(TWO_NODES, "distributed=fsdp")}
+
+
+def own_disks(tmp_path, snapshots: str) -> list[str]:
+    """Each node its own ``run.work_dir`` (no folder in common, as SkyPilot's VMs or the JobSet's pods)."""
+    return [f"run.work_dir={tmp_path}/disk-${{oc.env:ORCH_NODE_RANK,launcher}}", f"checkpoint.snapshot_dir={snapshots}"]
+
+
+def assert_own_disks(tmp_path, log: str, snapshots: str) -> None:
+    assert (tmp_path / "disk-0").is_dir() and (tmp_path / "disk-1").is_dir()
+    assert "downloaded and verified on this node" in log  # a node restored from its own download
+    assert ("uploaded by this node" in log) is (snapshots == "work"), log[-3000:]
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode", ["ddp", "zero2", "fsdp"])
-def test_losing_either_node_restarts_the_world_bit_identical(mode, tmp_path, references):
+@pytest.mark.parametrize("mode,snapshots", [("ddp", "work"), ("zero2", "work"), ("fsdp", None)])
+def test_losing_either_node_restarts_the_world_bit_identical(mode, snapshots, tmp_path, references):
     """Node 1's agent and worker SIGKILLed mid-run, then (next attempt) the node of rank 0: the job completes
     with the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2; SFT LoRA on FSDP,
-    gloo on CPU), and every node of each attempt is in the ledger."""
+    gloo on CPU), and every node of each attempt is in the ledger. DDP and ZeRO-2 run with disks of their own
+    and snapshots on each node's disk (``work``): node 1's files go into the one checkpoint by node 1's own upload
+    and every node restores the checkpoint into its own folder; FSDP runs on one shared folder."""
     storage = jobs.Storage(str(tmp_path / "runs"))
     run = f"two-nodes-kill-{mode}"
-    common = {"ddp": TWO_NODES, "zero2": jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full"),
-              "fsdp": jobs.with_overrides(TWO_NODES, "distributed=fsdp")}[mode]
-    proc = jobs.start_job(common + storage.overrides() + [f"run.name={run}"], tmp_path)
+    common = MODES[mode]
+    disks = own_disks(tmp_path, snapshots) if snapshots else []
+    proc = jobs.start_job(common + storage.overrides() + [f"run.name={run}", *disks], tmp_path)
     try:
         for victim in (lambda: 1, lambda: node_holding_rank0(proc)):
             after_commit(proc, storage, run)
@@ -104,6 +121,8 @@ def test_losing_either_node_restarts_the_world_bit_identical(mode, tmp_path, ref
     for attempt in ledger["attempts"]:
         assert [n["host"] for n in attempt["nodes"]] == ["127.0.0.1", "127.0.0.2"]
         assert all(n["started_at"] <= n["ended_at"] for n in attempt["nodes"])
+    if snapshots:
+        assert_own_disks(tmp_path, log, snapshots)
     assert jobs.final_digest(storage, run) == references.digest(common)
 
 
@@ -162,21 +181,16 @@ def test_a_notice_to_one_node_commits_one_emergency_checkpoint_of_both(tmp_path,
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode,snapshots", [("ddp", "work"), ("ddp", "auto"), ("zero2", "work")])
-def test_nodes_with_disks_of_their_own_upload_and_restore_their_own_files_bit_identical(mode, snapshots, tmp_path,
-                                                                                       references):
-    """Each node its own ``run.work_dir`` (no folder in common, as SkyPilot's VMs or the JobSet's pods): with
-    snapshots on each node's disk (``work``) node 1's files go into the one checkpoint by node 1's own upload;
-    with snapshots in memory (``auto``: ``/dev/shm``, which this host's two nodes share) rank 0 uploads them.
-    After node 1's SIGKILL every node restores the checkpoint into its own folder, and the job completes with
-    the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2)."""
+def test_nodes_with_disks_of_their_own_and_snapshots_in_memory_restore_their_own_files_bit_identical(tmp_path,
+                                                                                                    references):
+    """Disks of their own with snapshots in memory (``auto``: ``/dev/shm``, which this host's two nodes share):
+    rank 0 uploads every node's files. After node 1's SIGKILL every node restores the checkpoint into its own
+    folder, and the job completes with the uninterrupted two-node run's weights (SFT LoRA on DDP). Snapshots on
+    each node's own disk are proved by the restart-the-world test's DDP and ZeRO-2 cases."""
     storage = jobs.Storage(str(tmp_path / "runs"))
-    run = f"two-nodes-own-disks-{mode}-{snapshots}"
-    common = {"ddp": TWO_NODES, "zero2": jobs.with_overrides(TWO_NODES, "distributed=zero2", "recipe.peft=full"),
-              "fsdp": jobs.with_overrides(TWO_NODES, "distributed=fsdp")}[mode]
-    own_disks = [f"run.work_dir={tmp_path}/disk-${{oc.env:ORCH_NODE_RANK,launcher}}",
-                 f"checkpoint.snapshot_dir={snapshots}"]
-    proc = jobs.start_job(common + storage.overrides() + [f"run.name={run}", *own_disks], tmp_path)
+    run = "two-nodes-own-disks-auto"
+    proc = jobs.start_job(TWO_NODES + storage.overrides() + [f"run.name={run}", *own_disks(tmp_path, "auto")],
+                          tmp_path)
     try:
         after_commit(proc, storage, run)
         node = nodes_of(proc)[1]
@@ -189,7 +203,5 @@ def test_nodes_with_disks_of_their_own_upload_and_restore_their_own_files_bit_id
     log = jobs.log_text(tmp_path)
     assert rc == 0, log[-4000:]
     assert jobs.attempt_classes(storage, run) == ["vanished", "completed"], log[-3000:]
-    assert (tmp_path / "disk-0").is_dir() and (tmp_path / "disk-1").is_dir()
-    assert "downloaded and verified on this node" in log  # node 1 restored from its own download
-    assert ("uploaded by this node" in log) is (snapshots == "work"), log[-3000:]
-    assert jobs.final_digest(storage, run) == references.digest(common)
+    assert_own_disks(tmp_path, log, "auto")
+    assert jobs.final_digest(storage, run) == references.digest(TWO_NODES)
