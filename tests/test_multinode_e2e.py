@@ -91,7 +91,8 @@ def assert_own_disks(tmp_path, log: str, snapshots: str) -> None:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode,snapshots", [("ddp", "work"), ("zero2", "work"), ("fsdp", None)])
+@pytest.mark.parametrize("mode,snapshots", [("ddp", "work"), ("zero2", "work"), ("fsdp", None)],
+                         ids=["ddp", "zero2", "fsdp"])
 def test_losing_either_node_restarts_the_world_bit_identical(mode, snapshots, tmp_path, references):
     """Node 1's agent and worker SIGKILLed mid-run, then (next attempt) the node of rank 0: the job completes
     with the uninterrupted two-node run's weights (SFT LoRA on DDP; full fine-tune on ZeRO-2; SFT LoRA on FSDP,
