@@ -1,8 +1,8 @@
 """One training attempt: ``python -m orchestrator.worker [hydra overrides]``.
 
 Every backend runs this same command (the local supervisor as a child process, forked from itself where
-that is safe, ``orchestrator.warm_start``,
-Slurm from an sbatch script, SkyPilot and Kubernetes in the container). It
+that is safe: ``orchestrator.warm_start``; Slurm from an sbatch script; SkyPilot and Kubernetes in the
+container). It
 composes the config, builds the attempt's parts (``orchestrator.attempt.build``)
 and runs them (``orchestrator.attempt.runner``):
 1. open the run's ledger, take a new fence (fencing), refuse if caps or budget are spent;
