@@ -133,9 +133,7 @@ class Supervisor:
         self.holds = start_holds(cfg, self.ledger.store)
         self.policy = RequeuePolicy(cfg.requeue)
         self.child = None  # the attempt running: a subprocess.Popen, or a warm_start.ForkedAttempt
-        self._fork_refused: Optional[str] = None  # why attempts are not forked (None: decided when the first starts)
-        self._stack_imported = False
-        self._inherited = None  # the stack's import, until the first forked attempt takes it over
+        self._forks = None  # orchestrator.warm_start.Forks, made before the first attempt
         self.signalled: int | None = None
         self._unrecorded: list[dict] = []
 
@@ -204,8 +202,8 @@ class Supervisor:
             if self._can_fork():
                 from orchestrator import warm_start
 
-                inherited, self._inherited = self._inherited, None  # the import is the first attempt's start-up
-                return warm_start.start(self.command, env, inherited)
+                # the import is the first attempt's start-up
+                return warm_start.start(self.command, env, self._forks.take_inherited())
             return subprocess.Popen(self.command, env=env)
         from orchestrator.multinode.timeouts import heartbeat_timeout_s
         from orchestrator.multinode.world import STOP_MARGIN_S, LocalWorld
@@ -218,16 +216,10 @@ class Supervisor:
         before the first; safety is checked again before every one."""
         from orchestrator import warm_start
 
-        if not warm_start.is_worker_command(self.command) or (self._stack_imported and self._fork_refused is not None):
+        if not warm_start.is_worker_command(self.command):
             return False
-        if self._stack_imported:
-            self._fork_refused = warm_start.unsafe_reason()
-        else:
-            self._fork_refused, self._inherited = warm_start.prepare(self.cfg)
-            self._stack_imported = True
-        if self._fork_refused is not None:
-            log.info("attempts start a fresh interpreter: %s", self._fork_refused)
-        return self._fork_refused is None
+        self._forks = self._forks or warm_start.Forks(self.cfg)
+        return self._forks.ready()
 
     def _record_nodes(self) -> None:
         """A multi-node world's nodes as this host saw them, where a node's own launcher could not record itself

@@ -28,11 +28,14 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import IO, Any, Iterable, Optional
 
 from orchestrator.attempt.start_up import Inherited
 
 log = logging.getLogger(__name__)
+
+
+LAUNCH_MODULE = "orchestrator.launch"
 
 
 def is_worker_command(command: list[str]) -> bool:
@@ -42,27 +45,63 @@ def is_worker_command(command: list[str]) -> bool:
     return command[:3] == [sys.executable, "-m", WORKER_MODULE]
 
 
-def prepare(cfg: Any) -> tuple[Optional[str], Inherited]:
+def is_launch_command(command: list[str]) -> bool:
+    """Whether ``command`` is this interpreter's ``python -m orchestrator.launch ...`` (a sweep's trial)."""
+    return command[:3] == [sys.executable, "-m", LAUNCH_MODULE]
+
+
+def prepare(cfg: Any, *, launchers: bool = False) -> tuple[Optional[str], Inherited]:
     """Import what this config's attempts import: (None when attempts can be forked, else why they cannot; the
-    start-up spent on it, which the first attempt inherits)."""
+    start-up spent on it, which the first attempt inherits). ``launchers``: for a sweep driver that forks its
+    trials' launchers, whose configs differ from ``cfg`` by the searched keys (a recipe, a quantised base, a
+    distributed setting among them): nothing is kept out, and a trial's own supervisor decides on its attempts."""
     began, cpu = time.time(), time.process_time()
     nothing = Inherited(began, 0.0)
     if not cfg.requeue.fork_attempts:
         return "requeue.fork_attempts=false", nothing
     if not hasattr(os, "fork"):
         return "this platform has no fork", nothing
-    if str(cfg.distributed.name) != "none":
+    if not launchers and str(cfg.distributed.name) != "none":
         return f"distributed={cfg.distributed.name}: each attempt's ranks are started by their own launcher", nothing
-    from orchestrator import worker
+    if not launchers:
+        from orchestrator import worker
 
-    worker.skip_unused_quantisation_stack(cfg)
-    worker.skip_unused_deepspeed(cfg)
+        worker.skip_unused_quantisation_stack(cfg)
+        worker.skip_unused_deepspeed(cfg)
     import_stack(cfg)
     spent = Inherited(began, time.process_time() - cpu)
     reason = unsafe_reason()
     if reason is None:
-        log.info("training stack imported once (%.1f CPU-s): attempts are forked from this supervisor", spent.cpu_s)
+        log.info("training stack imported once (%.1f CPU-s): %s are forked from this %s", spent.cpu_s,
+                 *(("trials' launchers", "sweep driver") if launchers else ("attempts", "supervisor")))
     return reason, spent
+
+
+class Forks:
+    """Whether the next child is forked from this process: the stack is imported before the first (``prepare``),
+    safety is checked again before every one, and a refusal is logged once and kept."""
+
+    def __init__(self, cfg: Any, *, launchers: bool = False):
+        self.cfg, self.launchers = cfg, launchers
+        self.imported = False
+        self.refused: Optional[str] = None  # why children are not forked (None: decided at the first)
+        self.inherited: Optional[Inherited] = None  # the stack's import, until the first forked child takes it
+
+    def ready(self) -> bool:
+        if self.imported and self.refused is not None:
+            return False
+        if self.imported:
+            self.refused = unsafe_reason()
+        else:
+            self.refused, self.inherited = prepare(self.cfg, launchers=self.launchers)
+            self.imported = True
+        if self.refused is not None:
+            log.info("%s start a fresh interpreter: %s", "trials" if self.launchers else "attempts", self.refused)
+        return self.refused is None
+
+    def take_inherited(self) -> Optional[Inherited]:
+        inherited, self.inherited = self.inherited, None
+        return inherited
 
 
 def import_stack(cfg: Any) -> None:
@@ -143,40 +182,57 @@ class ForkedAttempt:
                 pass
 
 
-def start(command: list[str], env: dict[str, str], inherited: Optional[Inherited] = None) -> ForkedAttempt:
-    """Fork the attempt ``command`` (``python -m orchestrator.worker <overrides>``) with environment ``env``;
-    ``inherited``: the start-up it inherits (the first attempt's import), else its start-up begins at the fork."""
+def start(command: list[str], env: dict[str, str], inherited: Optional[Inherited] = None,
+          output: Optional[IO] = None) -> ForkedAttempt:
+    """Fork ``command`` (``python -m orchestrator.worker <overrides>``, or a sweep trial's ``python -m
+    orchestrator.launch <overrides>``) with environment ``env``; ``inherited``: the start-up an attempt inherits
+    (the first attempt's import), else its start-up begins at the fork; ``output``: an open file the child's
+    stdout and stderr go to (as ``Popen(stdout=output, stderr=STDOUT)``), else this process's own."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # what the supervisor buffered is written once, not once more by the child
     gc.freeze()  # the child's collector leaves the supervisor's objects alone, so their pages stay shared
     inherited = inherited or Inherited(time.time(), 0.0)
     pid = os.fork()
     if pid == 0:
+        if output is not None:
+            os.dup2(output.fileno(), 1)
+            os.dup2(output.fileno(), 2)
         run_child(command, env, inherited)  # never returns
     gc.unfreeze()
     return ForkedAttempt(pid)
 
 
 def run_child(command: list[str], env: dict[str, str], inherited: Inherited) -> None:
-    """The forked child: become the worker, run it, and end the process with its code."""
+    """The forked child: become the worker (or the trial's launcher), run it, and end the process with its code."""
     code = 1
     try:
-        from orchestrator.attempt.start_up import inherit
+        from orchestrator import exitcodes
 
-        inherit(inherited)
-        from orchestrator import exitcodes, worker
+        worker_child = is_worker_command(command)
+        if worker_child:
+            from orchestrator.attempt.start_up import inherit
 
+            inherit(inherited)
         import setproctitle
 
-        setproctitle.setproctitle(" ".join(command))  # first: it finds argv's memory through the unchanged environ
+        setproctitle.setproctitle(process_title(command))  # first: it finds argv's memory through the unchanged environ
         os.environ.clear()
         os.environ.update(env)
-        for signum in exitcodes.PREEMPTION_SIGNALS:  # the supervisor's forwarding handlers are not the worker's
+        for signum in exitcodes.PREEMPTION_SIGNALS:  # the parent's forwarding handlers are not the child's
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
-        overrides = command[3:]  # after: python -m orchestrator.worker (is_worker_command)
-        sys.argv = [worker.__file__, *overrides]
-        code = worker.main(overrides)
+        args = command[3:]  # after: python -m <module> (is_worker_command, is_launch_command)
+        if worker_child:
+            from orchestrator import worker
+
+            sys.argv = [worker.__file__, *args]
+            code = worker.main(args)
+        else:  # as ``python -m orchestrator.launch`` runs it (its __main__ block ends the process)
+            import runpy
+
+            sys.argv = [sys.argv[0], *args]  # argv[0] becomes the module's file
+            runpy.run_module(LAUNCH_MODULE, run_name="__main__", alter_sys=True)
+            code = 0
     except SystemExit as err:
         code = _exit_code(err.code)
     except KeyboardInterrupt:  # as an interpreter ends on an unhandled one: killed by SIGINT
@@ -193,6 +249,20 @@ def run_child(command: list[str], env: dict[str, str], inherited: Inherited) -> 
             exit_without_teardown(code)
         finally:
             os._exit(code if isinstance(code, int) else 1)
+
+
+def process_title(command: list[str], stat: str | Path = "/proc/self/stat") -> str:
+    """``command`` as the forked child's title, padded with spaces to the length of the argv memory it was forked
+    with: a shorter title would leave that memory's tail as empty arguments, and the kernel would show the title as
+    one argument (``ps`` and psutil then see no ``run.name=...`` among the arguments); filling it makes the kernel
+    show the title as one line, which they split on its spaces."""
+    title = " ".join(command)
+    try:
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        area = int(fields[46]) - int(fields[45])  # arg_end - arg_start: fields 49 and 48 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return title
+    return title.ljust(area)
 
 
 def _exit_code(code: Any) -> int:

@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_sweep.py                          # 6 trials, 2 at once, rungs at 4 and 12 steps
     .venv/bin/python scripts/bench_sweep.py --trials 8 --parallel 4 -- data.num_examples=400
+    .venv/bin/python scripts/bench_sweep.py --fresh --trials 8 --parallel 2   # forked trial launches or fresh ones
     .venv/bin/python scripts/bench_sweep.py --chaos 7 --trials 16 --parallel 4 --max-steps 24   # see below
 
 1. ASHA: ``python -m orchestrator.launch sweep=asha ...`` (the driver: asynchronous promotion, paused trials hold
@@ -14,6 +15,11 @@ Both run real jobs (the tiny model, CPU) with ``compute.price_per_hour=1`` so do
 prints: wall seconds; the idle share (slot-seconds with no trial process / ``parallel`` x wall); the dollars spent
 (every attempt's cost in the trials' ledgers); the best trial (lowest ``eval_loss`` at ``max_steps``) and the cost
 to reach it (dollars spent by the moment its final evaluation was known: attempts before, prorated across it).
+
+``--fresh``: instead of the batch order, the same ASHA sweep again with ``requeue.fork_attempts=false`` (each trial's
+launch and each attempt a fresh interpreter) against the default (each launch forked from the driver, which
+imported the training stack once: ``orchestrator/warm_start.py``): wall seconds, CPU seconds of the sweep's whole
+process tree, dollars billed, and whether both decided the same.
 
 ``--chaos SEED``: instead of the batch order, the same ASHA sweep again with every trial's worker SIGKILLed at
 least once after a commit (at a committed step the seed picks; about half of them once more;
@@ -143,6 +149,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=100.0, help="sweep.budget_usd (dollars at $1/h)")
     parser.add_argument("--chaos", type=int, default=None, metavar="SEED",
                         help="compare against the same sweep with every trial SIGKILLed (seeded), not the batch order")
+    parser.add_argument("--fresh", action="store_true",
+                        help="compare against the same sweep with requeue.fork_attempts=false, not the batch order")
     parser.add_argument("--step-delay", type=float, default=None, help="ORCH_STEP_DELAY_SECONDS (default: 0.4 "
                                                                        "with --chaos, else none)")
     parser.add_argument("--keep", default=None, help="run in this folder and keep it (default: a temporary one)")
@@ -152,6 +160,8 @@ def main() -> int:
         args.step_delay = 0.4 if args.chaos is not None else 0.0
     if args.chaos is not None:
         return chaos_main(args)
+    if args.fresh:
+        return fresh_main(args)
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         root = Path(tmp)
         asha, state = run_asha(root, args, args.overrides)
@@ -165,6 +175,34 @@ def main() -> int:
             ("USD to reach it", "usd_to_best", "{:.4f}")]
     for label, key, fmt in rows:
         print(f"{label:<22}{fmt.format(asha[key]):>20}{fmt.format(batch[key]):>20}")
+    return 0
+
+
+def fresh_main(args) -> int:
+    """The same ASHA sweep with trials' launches forked from the driver (the default), then as fresh interpreters."""
+    import resource
+
+    def cpu() -> float:
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return used.ru_utime + used.ru_stime
+
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        root, sides = Path(tmp), {}
+        for side, fork in (("forked", "true"), ("fresh", "false")):
+            before = cpu()
+            out, state = run_asha(root, args, [*args.overrides, f"requeue.fork_attempts={fork}"], side=side)
+            sides[side] = dict(out, cpu_s=cpu() - before, launches=sum(t["launches"] for t in state["trials"]),
+                               decisions=sorted((d["trial"], d["rung"], d["decision"]) for d in state["decisions"]))
+    forked, fresh = sides["forked"], sides["fresh"]
+    print(f"{args.trials} trials, {args.parallel} at once, max_steps {args.max_steps}, seed {args.seed}; "
+          f"{forked['launches']} and {fresh['launches']} trial launches")
+    print(f"{'':<22}{'forked launches':>18}{'fresh launches':>18}{'ratio':>8}")
+    for label, key, fmt in (("wall seconds", "wall_s", "{:.1f}"), ("CPU seconds", "cpu_s", "{:.1f}"),
+                            ("spent USD", "spent_usd", "{:.4f}")):
+        ratio = forked[key] / fresh[key] if fresh[key] else float("nan")
+        print(f"{label:<22}{fmt.format(forked[key]):>18}{fmt.format(fresh[key]):>18}{ratio:>8.3f}")
+    print(f"same decisions: {forked['decisions'] == fresh['decisions']}; best trial {forked['best']} and "
+          f"{fresh['best']}")
     return 0
 
 

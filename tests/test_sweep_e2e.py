@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -170,6 +171,14 @@ def test_a_hyperband_sweep_runs_each_trial_to_its_own_brackets_rungs_and_resumes
         assert [a["step_start"] for a in attempts] == [0, *steps[:-1]], (t["run_name"], attempts)
         for i, attempt in enumerate(attempts[1:], 1):  # the promoted trial went on from its rung's checkpoint
             assert attempt["step_start"] == max(x["checkpoint_step_end"] for x in attempts[:i])
+    # every launch of a trial is forked from the driver, which imported the training stack once: no trial's
+    # attempt pays that import again (a fresh launcher's first attempt inherits all of it)
+    imported = re.search(r"training stack imported once \(([0-9.]+) CPU-s\): trials' launchers are forked from "
+                         r"this sweep driver", done.stdout + done.stderr)
+    assert imported, (done.stdout + done.stderr)[-3000:]
+    spent = [a["extra"]["restart"]["cpu_s"] for t in doc["trials"]
+             for a in trial_ledger(tmp_path, t["run_name"])["attempts"]]
+    assert len(spent) == 6 and max(spent) < 0.5 * float(imported.group(1)), (imported.group(0), spent)
     made = sorted((d["trial"], d["rung"], d["decision"]) for d in doc["decisions"])
     assert made == [(0, 0, "promote"), (0, 1, "complete"), (1, 0, "complete"),
                     (2, 0, "promote"), (2, 1, "promote"), (2, 2, "complete")]

@@ -68,3 +68,14 @@ def test_requeued_attempts_are_forked_workers_that_skip_the_import_and_resume_bi
     assert all(cpu < 0.6 * first for cpu in requeued), splits  # the import is paid once, by the first attempt
     assert "attempts are forked from this supervisor" in (tmp_path / "job.log").read_text()
     assert jobs.final_digest(storage, "forked") == references.digest(overrides)
+
+
+def test_a_forked_childs_title_fills_the_argv_memory_it_was_forked_with(tmp_path):
+    """A title shorter than the parent's argv memory would read back as one argument followed by empty ones (no
+    ``run.name=...`` among a process's arguments for ``ps``, psutil or a relaunched sweep driver)."""
+    stat = tmp_path / "stat"
+    fields = ["S"] + ["0"] * 44 + ["1000", "1783"] + ["0"] * 5  # arg_start, arg_end: fields 48 and 49
+    stat.write_text("4242 (python -m x) " + " ".join(fields) + "\n")
+    title = warm_start.process_title([sys.executable, "-m", "orchestrator.launch", "run.name=sw-t0"], stat)
+    assert len(title) == 783 and title.split() == [sys.executable, "-m", "orchestrator.launch", "run.name=sw-t0"]
+    assert warm_start.process_title(["a", "b"], tmp_path / "missing") == "a b"

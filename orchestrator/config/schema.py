@@ -196,7 +196,7 @@ class RequeueConfig:
     backoff_max_seconds: float = 300.0  # cap on that wait
     crash_loop_threshold: int = 3  # consecutive failures (not preemptions) that made no progress past the last checkpoint
     max_oom_retries: int = 0  # requeues after running out of memory (deterministic for one config: 0 stops at the first)
-    fork_attempts: bool = True  # local backend: the supervisor imports the training stack once and forks each attempt from it (false: a fresh interpreter per attempt)
+    fork_attempts: bool = True  # local backend: the supervisor imports the training stack once and forks each attempt from it, and a sweep driver each trial's launch (false: a fresh interpreter for each)
 
 
 @dataclass

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from orchestrator import exitcodes
+from orchestrator import exitcodes, warm_start
 from orchestrator.ledger import Ledger
 from orchestrator.sweep import backends, decide
 from orchestrator.sweep.space import override
@@ -49,6 +49,7 @@ class Driver:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._pending = [0.0, 0.0]  # slot-seconds and idle slot-seconds not yet in the record
         self.submits = backends.submits(plan.cfg)  # slurm, skypilot, kubernetes: wait on the trial's ledger
+        self.forks = None if self.submits else warm_start.Forks(plan.cfg, launchers=True)  # local trials only
 
     # ---- the loop -------------------------------------------------------------------
     def run(self) -> int:
@@ -152,7 +153,7 @@ class Driver:
         self.state.update(intent)
         self.relaunch.discard(number)
         with open(path, "ab") as out:
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+            proc = start_trial(command, out, self.forks)
         self.procs[number] = proc if before is None else backends.SubmittedTrial(proc, self.plan.store,
                                                                                  trial["run_name"], before)
         doc = self.state.update(lambda d: d["trials"][number].update(launcher=backends.launcher_identity(proc.pid)))
@@ -292,3 +293,12 @@ def out_of_budget(plan, waiting: list[dict]) -> bool:
     log.warning("sweep %s: the budget ($%s) is spent; trial(s) %s keep their checkpoints and were not resumed",
                 plan.state.name, plan.budget_usd, ", ".join(str(t["number"]) for t in waiting))
     return True
+
+
+def start_trial(command: list[str], out, forks: Optional[warm_start.Forks]):
+    """A trial's launcher, its output to ``out``: forked from this driver, which imported the training stack once,
+    where that is safe (``orchestrator.warm_start``; ``forks`` is None for trials a scheduler runs: their launcher
+    imports no stack), else a fresh interpreter."""
+    if forks is not None and warm_start.is_launch_command(command) and forks.ready():
+        return warm_start.start(command, dict(os.environ), output=out)
+    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
