@@ -1,6 +1,8 @@
 """Shared fixtures. Servers (S3 via moto's server mode, MLflow) are real processes on 127.0.0.1."""
 pytest_plugins = ["tests.helpers.fixtures_s3", "tests.helpers.fixtures_mlflow", "tests.helpers.references"]
 
+import os
+
 import pytest
 
 # The longest tests, longest first (seconds in the last whole-suite run, stop 34's: `--durations=0`): pytest-xdist
@@ -43,3 +45,11 @@ def pytest_collection_modifyitems(items):
         if item.module.__name__.endswith("_e2e"):
             item.add_marker(pytest.mark.e2e)
     items.sort(key=_rank)
+
+
+def pytest_collection_finish(session):
+    """Jobs are forked from a warm interpreter (``tests/helpers/zygote.py``) in a run with end-to-end tests, which
+    launch a few hundred; not in the inner loop, where starting it would cost each worker the stack's import.
+    ``ORCH_TEST_ZYGOTE=0`` starts every job fresh."""
+    if any(item.get_closest_marker("e2e") for item in session.items):
+        os.environ.setdefault("ORCH_TEST_ZYGOTE", "1")

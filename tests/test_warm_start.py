@@ -55,7 +55,7 @@ def test_requeued_attempts_are_forked_workers_that_skip_the_import_and_resume_bi
     storage = jobs.Storage(str(tmp_path / "runs"))
     overrides = [*jobs.FAST, "train.max_steps=60", *storage.overrides(), "run.name=forked",
                  f"run.work_dir={tmp_path / 'work'}"]
-    proc = jobs.start_job(overrides, tmp_path)
+    proc = jobs.start_job(overrides, tmp_path, fresh=True)  # the first attempt's import is what it measures
     rng = random.Random(7)
     for _ in range(2):
         jobs.interrupt_worker(proc, storage, "forked", rng)

@@ -1,7 +1,10 @@
-"""Run real jobs (``python -m orchestrator.launch``) as subprocesses, interrupt them, read their results.
+"""Run real jobs (``python -m orchestrator.launch``) as processes of their own, interrupt them, read their results.
 
-Used by the end-to-end tests: a job is launched exactly as a user would, in its
-own process group, and interrupted with real signals.
+Used by the end-to-end tests: a job is launched with a user's command line, in its own process group, and
+interrupted with real signals. It is forked from a warm interpreter that imported the training stack once
+(``tests/helpers/zygote.py``: the product's own ``orchestrator.warm_start``) in a run with end-to-end tests
+(``tests/conftest.py``), else started fresh: with ``fresh=True``, for a test that measures the import, and
+everywhere with ``ORCH_TEST_ZYGOTE=0``.
 """
 from __future__ import annotations
 
@@ -69,15 +72,57 @@ def launch_cmd(overrides: list[str]) -> list[str]:
     return [PYTHON, "-m", "orchestrator.launch", *overrides]
 
 
-def run_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(launch_cmd(overrides), cwd=tmp_path, env=env or job_env(tmp_path), capture_output=True,
-                          text=True, timeout=timeout)
+_zygote = None
 
 
-def start_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, log_name: str = "job.log") -> subprocess.Popen:
+def zygote():
+    """This test process's ``zygote.Client``; None unless ``ORCH_TEST_ZYGOTE=1``."""
+    global _zygote
+    if os.environ.get("ORCH_TEST_ZYGOTE") != "1":
+        return None
+    if _zygote is None:
+        import atexit
+        import tempfile
+
+        from tests.helpers.zygote import Client
+
+        folder = Path(tempfile.mkdtemp(prefix="orch-zygote-"))
+        _zygote = Client(folder, job_env(folder))
+        atexit.register(_zygote.close)
+    return _zygote
+
+
+def run_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, timeout: float = 600,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    cmd, env = launch_cmd(overrides), env or job_env(tmp_path)
+    warm = None if fresh else zygote()
+    if warm is not None:
+        out = warm.folder / "outs" / f"{time.time_ns()}-{random.getrandbits(32):08x}"
+        out.parent.mkdir(exist_ok=True)
+        forked = warm.start(cmd, tmp_path, env, out.with_suffix(".out"), out.with_suffix(".err"))
+        if forked is not None:
+            try:
+                code = forked.wait(timeout)
+            except subprocess.TimeoutExpired:
+                kill_group(forked)
+                raise
+            return subprocess.CompletedProcess(cmd, code, out.with_suffix(".out").read_text(errors="replace"),
+                                               out.with_suffix(".err").read_text(errors="replace"))
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def start_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, log_name: str = "job.log",
+              fresh: bool = False):
+    """The job's launcher: a ``subprocess.Popen``, or a ``zygote.Forked`` with the same ``pid``, ``poll``,
+    ``wait``, ``kill``, ``send_signal`` and ``returncode``."""
+    cmd, env = launch_cmd(overrides), env or job_env(tmp_path)
+    warm = None if fresh else zygote()
+    if warm is not None:
+        forked = warm.start(cmd, tmp_path, env, tmp_path / log_name, tmp_path / log_name)
+        if forked is not None:
+            return forked
     log = open(tmp_path / log_name, "ab")
-    return subprocess.Popen(launch_cmd(overrides), cwd=tmp_path, env=env or job_env(tmp_path), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def committed_steps(storage: Storage, run: str) -> list[int]:
