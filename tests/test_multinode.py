@@ -259,9 +259,10 @@ def test_a_node_that_never_recorded_its_end_is_ended_with_its_attempt(store, mon
     assert vanished["nodes"][0]["exit"] is None
 
 
-def _sees_rank0s_folder(rank: int, port: int, folders: list, out) -> None:
-    """One rank of a real two-process gloo world: does every rank see rank 0's folder (``folders[rank]`` is the
-    path as this rank's disk has it: the same folder on a shared disk, another one on a disk of its own)?"""
+def _sees_rank0s_folder(rank: int, port: int, cases: list, out) -> None:
+    """One rank of a real two-process gloo world: for each case (shared, folders), does every rank see rank 0's
+    folder (``folders[rank]`` is the path as this rank's disk has it: the same folder on a shared disk, another one
+    on a disk of its own)?"""
     import os
     from datetime import timedelta
     from pathlib import Path
@@ -274,32 +275,35 @@ def _sees_rank0s_folder(rank: int, port: int, folders: list, out) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     try:
-        seen = every_rank_sees(Path(folders[rank]), main=rank == 0)
-        # the snapshot root in memory (rank 0's chosen path, on this rank's own disk), the work folder shared
-        root = shared_snapshot_root(Path(folders[rank]) / "shm", Path(folders[0]), main=rank == 0)
-        out.put((rank, seen, root == Path(folders[rank]) / "shm"))
+        for shared, folders in cases:
+            seen = every_rank_sees(Path(folders[rank]), main=rank == 0)
+            # the snapshot root in memory (rank 0's chosen path, on this rank's own disk), the work folder shared
+            root = shared_snapshot_root(Path(folders[rank]) / "shm", Path(folders[0]), main=rank == 0)
+            out.put((shared, rank, seen, root == Path(folders[rank]) / "shm"))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_every_rank_is_asked_whether_it_sees_rank_zeros_folder(shared, tmp_path):
+def test_every_rank_is_asked_whether_it_sees_rank_zeros_folder(tmp_path):
     """Nodes with disks of their own (rank 1 does not find rank 0's nonce) get False on every rank, so each node
     uploads and restores its own checkpoint files (orchestrator.checkpoint.pernode) instead of rank 0 committing
     checkpoints without the other nodes' files, and a snapshot root in one node's memory gives way to the work
-    folder."""
+    folder. One two-process world asks both: a shared disk, then disks of their own."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    folders = [str(tmp_path / "work"), str(tmp_path / ("work" if shared else "node1-disk"))]
+    cases = [(shared, [str(tmp_path / f"{shared}-work"), str(tmp_path / f"{shared}-{'work' if shared else 'node1'}")])
+             for shared in (True, False)]
     port = free_port()
-    procs = [ctx.Process(target=_sees_rank0s_folder, args=(r, port, folders, out)) for r in (0, 1)]
+    procs = [ctx.Process(target=_sees_rank0s_folder, args=(r, port, cases, out)) for r in (0, 1)]
     for proc in procs:
         proc.start()
     for proc in procs:
         proc.join(120)
     assert [proc.exitcode for proc in procs] == [0, 0]
     # not shared: snapshots go to the work folder (which is), and rank 0's unused root in memory is removed
-    assert sorted(out.get(timeout=5) for _ in procs) == [(0, shared, shared), (1, shared, shared)]
-    assert (tmp_path / "work" / "shm").exists() is shared
+    assert sorted(out.get(timeout=5) for _ in range(4)) == [(False, 0, False, False), (False, 1, False, False),
+                                                          (True, 0, True, True), (True, 1, True, True)]
+    for shared in (True, False):
+        assert (tmp_path / f"{shared}-work" / "shm").exists() is shared

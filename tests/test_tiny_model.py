@@ -22,27 +22,24 @@ RANKS = textwrap.dedent("""
 """)
 
 
-def test_a_build_by_rank_one_of_a_distributed_job_holds_the_weights(tmp_path):
+def test_a_build_by_rank_one_of_a_distributed_job_holds_the_weights(tmp_path, monkeypatch):
+    """Rank 1 builds inside an initialised process group (where ``save_pretrained`` writes only on rank 0), over
+    an incomplete folder an older build by rank 1 left (the tokenizer only): the whole folder is the new build."""
     env = {**jobs.job_env(tmp_path), "ORCH_CACHE_DIR": str(tmp_path / "cache")}
+    monkeypatch.setenv("ORCH_CACHE_DIR", env["ORCH_CACHE_DIR"])
+    from recipes.tiny import tiny_model_folder
+
+    folder = tiny_model_folder(192, 1, 4, 512)
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text("{}")
     procs = [subprocess.Popen([sys.executable, "-c", RANKS, str(rank), str(tmp_path / "rendezvous")], env=env,
                               cwd=jobs.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
-    folder = Path(outs[1][0].strip().splitlines()[-1])
+    assert Path(outs[1][0].strip().splitlines()[-1]) == folder
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(folder))
+    assert (folder / "tokenizer.json").read_text() != "{}"
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(folder).config.hidden_size == 192
-
-
-def test_an_incomplete_cached_folder_is_rebuilt(tmp_path, monkeypatch):
-    monkeypatch.setenv("ORCH_CACHE_DIR", str(tmp_path / "cache"))
-    from recipes.tiny import ensure_tiny_model, tiny_model_folder
-
-    folder = tiny_model_folder(192, 1, 4, 512)
-    folder.mkdir(parents=True)  # what an older build by rank 1 left: the tokenizer only
-    (folder / "tokenizer.json").write_text("{}")
-    assert ensure_tiny_model(192, 1, 4, 512) == folder
-    assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
-    assert (folder / "tokenizer.json").read_text() != "{}"  # the whole folder is the new build
