@@ -6,7 +6,8 @@ CPU-s before its first step on this stack; docs/measured.md), and every requeued
 config, and starts each attempt with ``os.fork``. The child is ``python -m orchestrator.worker <overrides>`` in all
 but the interpreter's start: the same argv (its process title too, so ``ps`` and anything looking for the worker
 sees it), environment, signal dispositions and exit codes; it ends with ``os._exit`` and never returns into the
-supervisor's code.
+supervisor's code. A local sweep's driver does the same one level up (``Forks(cfg, launchers=True)``): each launch
+of a trial is a forked ``python -m orchestrator.launch <overrides>``, run as its ``__main__``.
 
 A fork copies the process as it is, so it is used only where that is safe, checked before every attempt;
 otherwise the attempt is a fresh interpreter as before, and the log says why:
