@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import uuid
 from datetime import timedelta
@@ -73,6 +72,7 @@ def init_process_group() -> None:
     if world_size() <= 1 or dist.is_initialized():
         return
     die_with_parent()  # torchrun killed with its launcher takes the ranks along
+    name_rank()
     from orchestrator.multinode import COLLECTIVE_TIMEOUT_ENV
 
     # a multi-node world's launcher sets the collective timeout (never NCCL's 600 s or gloo's 30 min)
@@ -125,6 +125,15 @@ def die_with_parent() -> None:
         pass
 
 
+def name_rank() -> None:
+    """``orch-rank<N>`` as this rank's process name (what ``top``, ``ps -o comm`` and ``psutil``'s ``name()`` show):
+    a node's ranks share one command line, and a rank forked by torchrun's agent (``orchestrator.forked_ranks``)
+    has no ``RANK`` in its ``/proc`` environment."""
+    import setproctitle
+
+    setproctitle.setthreadtitle(f"orch-rank{rank()}")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,14 +148,14 @@ def launch_ranks(cfg, overrides: list[str], work_root: Path) -> int:
     token = uuid.uuid4().hex[:12]
     exit_file = work_root / f"exit-{token}"
     work_root.mkdir(parents=True, exist_ok=True)
-    nproc = cfg.distributed.processes_per_node
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-           *worker_argv(overrides, module_only=True)]
+    from orchestrator import forked_ranks
+
+    flags = [f"--nproc_per_node={cfg.distributed.processes_per_node}", "--nnodes=1", "--master_addr=127.0.0.1",
+             f"--master_port={_free_port()}"]
     env = dict(os.environ, ORCH_ATTEMPT_TOKEN=token, ORCH_EXIT_FILE=str(exit_file))
     # torchrun in its own session: a signal to our process group must reach the ranks
     # (which save and exit 75), not torchrun (which would kill them after its own timeout)
-    child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    child = forked_ranks.start(cfg, flags, overrides, env)
 
     def forward(signum, _frame):
         for proc in psutil.Process(child.pid).children(recursive=True):

@@ -156,9 +156,15 @@ def exit_without_teardown(code: int) -> None:
     the rest (about 1.5 s of freeing modules at the end of every attempt on an idle core, far more on a loaded
     one, while the supervisor and the next attempt wait; the same at a launcher's end once its supervisor imported the
     stack to fork attempts). What a normal exit does first is done here in the
-    same order: threading's exit hooks (they tell ``concurrent.futures`` pools to stop, so joining their
-    workers cannot hang), non-daemon threads joined, ``atexit`` handlers run (MLflow's, logging's flush),
-    streams flushed; then ``os._exit``."""
+    same order (``shut_down_as_at_exit``); then ``os._exit``."""
+    shut_down_as_at_exit()
+    os._exit(code)
+
+
+def shut_down_as_at_exit() -> None:
+    """What an interpreter's exit does before its teardown: threading's exit hooks (they tell
+    ``concurrent.futures`` pools to stop, so joining their workers cannot hang), non-daemon threads joined,
+    ``atexit`` handlers run (MLflow's, logging's flush), streams flushed."""
     for hook in reversed(list(getattr(threading, "_threading_atexits", []))):
         hook()
     for thread in threading.enumerate():
@@ -170,4 +176,3 @@ def exit_without_teardown(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
             pass
-    os._exit(code)

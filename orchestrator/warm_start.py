@@ -24,6 +24,7 @@ import gc
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -117,23 +118,25 @@ def import_stack(cfg: Any) -> None:
     preload = getattr(recipe_for(str(cfg.recipe.name)), "preload", None)
     if preload is not None:
         preload()
+    if str(cfg.distributed.name) in ("zero2", "zero3"):
+        import deepspeed  # noqa: F401
     if cfg.tracking.enabled:
         import mlflow  # noqa: F401
 
 
-def unsafe_reason(maps: str | Path = "/proc/self/maps",
-                  threads: Optional[Iterable[threading.Thread]] = None) -> Optional[str]:
-    """Why forking this process now would not be safe; None when it is. ``threads``: this process's live
-    threads (``threading.enumerate()`` unless given)."""
+def unsafe_reason(maps: str | Path = "/proc/self/maps", threads: Optional[Iterable[threading.Thread]] = None,
+                  who: str = "the supervisor") -> Optional[str]:
+    """Why forking this process (``who``, as the reason names it) now would not be safe; None when it is.
+    ``threads``: this process's live threads (``threading.enumerate()`` unless given)."""
     live = threading.enumerate() if threads is None else threads
     others = [t.name for t in live if t is not threading.main_thread()]
     if others:
-        return f"the supervisor runs threads ({', '.join(others)})"
+        return f"{who} runs threads ({', '.join(others)})"
     if gpu_driver_loaded(maps):
-        return "the GPU driver is loaded in the supervisor"
+        return f"the GPU driver is loaded in {who}"
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        return "CUDA is initialised in the supervisor"
+        return f"CUDA is initialised in {who}"
     return None
 
 
@@ -164,7 +167,15 @@ class ForkedAttempt:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-    def wait(self) -> int:
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """The exit code; ``timeout``: give up after that many seconds (``subprocess.TimeoutExpired``)."""
+        if timeout is not None:
+            deadline = time.monotonic() + timeout
+            while self.poll() is None:
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+                time.sleep(0.05)
+            return self.returncode
         while self.returncode is None:
             try:
                 _pid, status = os.waitpid(self.pid, 0)

@@ -3,6 +3,8 @@
 (``false``), side by side, the two sides alternating (which goes first swapped every round).
 
     .venv/bin/python scripts/bench_requeue.py                 # 3 rounds, 4 kills each, the default tiny job
+    .venv/bin/python scripts/bench_requeue.py --processes 2   # a two-process DDP job: ranks forked from torchrun's
+                                                              # agent (orchestrator.forked_ranks) or fresh under it
 
 Each round launches ``python -m orchestrator.launch`` as a user does (local storage, checkpoints every second,
 MLflow off, one intra-op thread), waits for each new committed checkpoint, SIGKILLs the worker (found by its
@@ -51,7 +53,7 @@ def worker_of(proc: subprocess.Popen):
     return None
 
 
-def one(fork: bool, kills: int) -> dict:
+def one(fork: bool, kills: int, processes: int = 1) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-requeue-"))
     env = dict(os.environ, OMP_NUM_THREADS="1", ORCH_STEP_DELAY_SECONDS="0.1", ORCH_HEARTBEAT_SECONDS="1",
                PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
@@ -60,7 +62,8 @@ def one(fork: bool, kills: int) -> dict:
     started = time.monotonic()
     with open(work / "job.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator.launch", *JOB, f"storage.uri={work / 'runs'}",
-                                 f"run.work_dir={work / 'work'}", f"requeue.fork_attempts={str(fork).lower()}"],
+                                 f"run.work_dir={work / 'work'}", f"requeue.fork_attempts={str(fork).lower()}",
+                                 *distributed(processes)],
                                 cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
         for _ in range(kills):
             seen = (committed(work / "runs") or [0])[-1]
@@ -84,16 +87,23 @@ def one(fork: bool, kills: int) -> dict:
             "forked": [r.get("forked") for r in restarts]}
 
 
+def distributed(processes: int) -> list[str]:
+    """One process (``distributed=none``: attempts forked from the supervisor), or a DDP job of ``processes``
+    ranks (the attempt is the ranks' launcher, a fresh interpreter; its ranks are forked from torchrun's agent)."""
+    return [] if processes <= 1 else ["distributed=ddp", f"distributed.processes_per_node={processes}"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kills", type=int, default=4)
+    parser.add_argument("--processes", type=int, default=1, help="training processes (2 or more: DDP under torchrun)")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {"forked": [], "fresh": []}
     for round_ in range(args.rounds):
         order = ("forked", "fresh") if round_ % 2 == 0 else ("fresh", "forked")
         for side in order:
-            r = one(side == "forked", args.kills)
+            r = one(side == "forked", args.kills, args.processes)
             results[side].append(r)
             print(f"round {round_} {side:<6} {r['wall']:6.1f}s wall {r['cpu']:6.1f}s CPU, {r['attempts']} attempts, "
                   f"start to first step {r['first_step']}, forked {r['forked']}", flush=True)
@@ -101,7 +111,8 @@ def main() -> int:
     for side, m in med.items():
         print(f"median {side:<6} {m['wall']:6.1f}s wall {m['cpu']:6.1f}s CPU")
     print(f"\nforked / fresh: {med['forked']['wall'] / med['fresh']['wall']:.3f} wall, "
-          f"{med['forked']['cpu'] / med['fresh']['cpu']:.3f} CPU ({args.kills} kills, medians of {args.rounds} rounds)")
+          f"{med['forked']['cpu'] / med['fresh']['cpu']:.3f} CPU ({args.kills} kills, {args.processes} process(es), "
+          f"medians of {args.rounds} rounds)")
     return 0
 
 

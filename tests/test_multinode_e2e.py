@@ -42,7 +42,7 @@ def node_holding_rank0(proc) -> int:
         for number, node in nodes_of(proc).items():
             for p in node.children(recursive=True):
                 try:
-                    if p.environ().get("RANK") == "0" and "orchestrator.worker" in " ".join(p.cmdline()):
+                    if p.name() == "orch-rank0":  # distributed.name_rank
                         return str(number)
                 except psutil.Error:
                     continue

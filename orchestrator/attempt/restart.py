@@ -63,6 +63,12 @@ def forked() -> bool:
     return inherited() is not None
 
 
+def inherited_source() -> str:
+    from orchestrator.attempt.start_up import inherited
+
+    return inherited().source if inherited() else ""
+
+
 class RestartClock:
     """Marks on the attempt's start-up timeline (unix times); ``split()`` turns them into phases.
 
@@ -128,7 +134,7 @@ class RestartCallback(TrainerCallback):
         self.clock.mark("first_step")
         split = dict(self.clock.split(), cpu_s=round(process_cpu_seconds(), 4))
         log.info("restart overhead (process start to first step, resumed at step %d%s): %s", state.global_step - 1,
-                 ", forked from the supervisor" if forked() else "",
+                 f", forked from {inherited_source()}" if forked() else "",
                  ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in split.items()))
         split["forked"] = 1.0 if forked() else 0.0
         try:

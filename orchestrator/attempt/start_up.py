@@ -14,6 +14,7 @@ from typing import Optional
 class Inherited:
     started_at: float  # unix time this attempt's start-up began: the import before the first attempt, else the fork
     cpu_s: float  # CPU seconds the supervisor spent on it (0 for attempts after the first)
+    source: str = "the supervisor"  # what it was forked from (a rank: "torchrun's agent", orchestrator.forked_ranks)
 
 
 _inherited: Optional[Inherited] = None

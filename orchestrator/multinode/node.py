@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator import exitcodes
-from orchestrator.distributed import FORWARDED_SIGNALS, die_with_parent, worker_argv
+from orchestrator import exitcodes, forked_ranks
+from orchestrator.distributed import FORWARDED_SIGNALS
 from orchestrator.multinode import COLLECTIVE_TIMEOUT_ENV, NodeEnv
 from orchestrator.multinode.watchdog import Watchdog
 
@@ -31,17 +31,16 @@ LOST = exitcodes.LOST_NODE  # classified as vanished by every engine and the sup
 CLEAN = frozenset({exitcodes.COMPLETED, exitcodes.PREEMPTED, *exitcodes.final_codes()})
 
 
-def torchrun_argv(cfg, node: NodeEnv, overrides: list[str], join_timeout_s: float) -> list[str]:
+def torchrun_flags(cfg, node: NodeEnv, join_timeout_s: float) -> list[str]:
     conf = f"is_host=false,join_timeout={int(join_timeout_s)}"
     # no --node_rank: c10d ranks the agents by their address (ORCH_NODE_ADDR), so node 0 holds rank 0 where the
     # addresses sort as the nodes do (the local world's 127.0.0.<node+1>)
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={node.nnodes}",
-            f"--nproc_per_node={int(cfg.distributed.processes_per_node)}", "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={node.endpoint}", f"--rdzv_id={node.rdzv_id}", f"--rdzv_conf={conf}",
-            "--max-restarts=0"]
+    flags = [f"--nnodes={node.nnodes}", f"--nproc_per_node={int(cfg.distributed.processes_per_node)}",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint={node.endpoint}", f"--rdzv_id={node.rdzv_id}",
+             f"--rdzv_conf={conf}", "--max-restarts=0"]
     if node.addr:
-        argv.append(f"--local_addr={node.addr}")
-    return argv + worker_argv(overrides, module_only=True)
+        flags.append(f"--local_addr={node.addr}")
+    return flags
 
 
 def interval_s(timeout_s: float) -> float:
@@ -67,8 +66,7 @@ def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv) -> int:
     pending: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: pending.append(signum)) for s in FORWARDED_SIGNALS}
     # torchrun in its own session: a signal to this node's process group reaches the ranks through us only
-    child = subprocess.Popen(torchrun_argv(cfg, node, overrides, join_timeout_s=max(60.0, 4 * timeout)), env=env,
-                             start_new_session=True, preexec_fn=die_with_parent)
+    child = forked_ranks.start(cfg, torchrun_flags(cfg, node, join_timeout_s=max(60.0, 4 * timeout)), overrides, env)
     try:
         code = _watch(child, watchdog, pending, timeout, recorder)
     finally:
