@@ -2,7 +2,7 @@
 
 ``python -m orchestrator.worker`` stays the one entry point every backend runs.
 With ``distributed`` other than ``none`` and no ``RANK`` in the environment, it
-becomes a launcher: it starts ``torch.distributed.run`` (torchrun) with one
+becomes a launcher (``orchestrator.forked_ranks``): it starts torchrun with one
 worker per process, forwards preemption signals to the ranks, and exits with
 rank 0's exit code (torchrun itself turns any non-zero rank exit into 1).
 Inside the ranks, rank 0 alone talks to storage, the ledger and MLflow; the
@@ -13,9 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sys
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -72,7 +70,7 @@ def init_process_group() -> None:
     if world_size() <= 1 or dist.is_initialized():
         return
     die_with_parent()  # torchrun killed with its launcher takes the ranks along
-    name_rank()
+    name_process(f"orch-rank{rank()}")
     from orchestrator.multinode import COLLECTIVE_TIMEOUT_ENV
 
     # a multi-node world's launcher sets the collective timeout (never NCCL's 600 s or gloo's 30 min)
@@ -125,55 +123,14 @@ def die_with_parent() -> None:
         pass
 
 
-def name_rank() -> None:
-    """``orch-rank<N>`` as this rank's process name (what ``top``, ``ps -o comm`` and ``psutil``'s ``name()`` show):
-    a node's ranks share one command line, and a rank forked by torchrun's agent (``orchestrator.forked_ranks``)
-    has no ``RANK`` in its ``/proc`` environment."""
+def name_process(name: str) -> None:
+    """``name`` as this process's name (what ``top``, ``ps -o comm`` and ``psutil``'s ``name()`` show): a rank's
+    ``orch-rank<N>``, a node launcher's ``orch-node<N>``. They share one command line, and one forked from its
+    parent (``orchestrator.forked_ranks``, ``orchestrator.warm_start``) has not its ``RANK`` or ``ORCH_NODE_RANK``
+    in its ``/proc`` environment (the one it was started with)."""
     import setproctitle
 
-    setproctitle.setthreadtitle(f"orch-rank{rank()}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_ranks(cfg, overrides: list[str], work_root: Path) -> int:
-    """Run the ranks under torchrun; return rank 0's exit code (one node: ``orchestrator.multinode.node``
-    launches a node of a multi-node world)."""
-    import psutil
-
-    token = uuid.uuid4().hex[:12]
-    exit_file = work_root / f"exit-{token}"
-    work_root.mkdir(parents=True, exist_ok=True)
-    from orchestrator import forked_ranks
-
-    flags = [f"--nproc_per_node={cfg.distributed.processes_per_node}", "--nnodes=1", "--master_addr=127.0.0.1",
-             f"--master_port={_free_port()}"]
-    env = dict(os.environ, ORCH_ATTEMPT_TOKEN=token, ORCH_EXIT_FILE=str(exit_file))
-    # torchrun in its own session: a signal to our process group must reach the ranks
-    # (which save and exit 75), not torchrun (which would kill them after its own timeout)
-    child = forked_ranks.start(cfg, flags, overrides, env)
-
-    def forward(signum, _frame):
-        for proc in psutil.Process(child.pid).children(recursive=True):
-            if "orchestrator.worker" in " ".join(proc.cmdline()):
-                proc.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
-    try:
-        rc = child.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if exit_file.exists():
-        code = int(exit_file.read_text().strip() or rc)
-        exit_file.unlink()
-        return code
-    log.error("the ranks exited (torchrun rc=%s) without rank 0 reporting an exit code", rc)
-    return rc if rc else 1
+    setproctitle.setthreadtitle(name[:15])
 
 
 def report_exit(code: int) -> None:

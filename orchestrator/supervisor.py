@@ -209,7 +209,15 @@ class Supervisor:
         from orchestrator.multinode.world import STOP_MARGIN_S, LocalWorld
 
         timeout = heartbeat_timeout_s(self.cfg.distributed.heartbeat_timeout, self._ledger_attempts())
-        return LocalWorld(self.command, env, nodes, stop_after_s=timeout + STOP_MARGIN_S)
+        start = None
+        if self._can_fork():  # the store and every node forked from here, each in a session of its own
+            from orchestrator import warm_start
+
+            inherited = self._forks.take_inherited()
+
+            def start(command, child_env):
+                return warm_start.start(command, child_env, inherited, new_session=True)
+        return LocalWorld(self.command, env, nodes, stop_after_s=timeout + STOP_MARGIN_S, start=start)
 
     def _can_fork(self) -> bool:
         """Whether this attempt is forked from this supervisor (``orchestrator.warm_start``): the stack is imported

@@ -9,9 +9,12 @@ sees it), environment, signal dispositions and exit codes; it ends with ``os._ex
 supervisor's code. A local sweep's driver does the same one level up (``Forks(cfg, launchers=True)``): each launch
 of a trial is a forked ``python -m orchestrator.launch <overrides>``, run as its ``__main__``.
 
+A multi-process attempt is its ranks' launcher: forked the same way (and a local multi-node world's store and
+every node), it forks torchrun's agent, which forks the ranks (``orchestrator.forked_ranks``), so the stack
+imported here is imported once for every attempt and every rank.
+
 A fork copies the process as it is, so it is used only where that is safe, checked before every attempt;
 otherwise the attempt is a fresh interpreter as before, and the log says why:
-- one process per attempt (``distributed=none``): torchrun's ranks and multi-node worlds start their own;
 - no GPU driver in the supervisor: CUDA once initialised is not fork-safe. Importing torch initialises nothing;
   the check (``libcuda`` not mapped, ``torch.cuda.is_initialized()`` false) proves it on the machine itself;
 - no Python thread but the main one: a lock another thread holds at the fork stays held in the child. The native
@@ -32,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any, Iterable, Optional
 
+from orchestrator import training_stack
 from orchestrator.attempt.start_up import Inherited
 
 log = logging.getLogger(__name__)
@@ -63,14 +67,10 @@ def prepare(cfg: Any, *, launchers: bool = False) -> tuple[Optional[str], Inheri
         return "requeue.fork_attempts=false", nothing
     if not hasattr(os, "fork"):
         return "this platform has no fork", nothing
-    if not launchers and str(cfg.distributed.name) != "none":
-        return f"distributed={cfg.distributed.name}: each attempt's ranks are started by their own launcher", nothing
     if not launchers:
-        from orchestrator import worker
-
-        worker.skip_unused_quantisation_stack(cfg)
-        worker.skip_unused_deepspeed(cfg)
-    import_stack(cfg)
+        training_stack.skip_unused_quantisation_stack(cfg)
+        training_stack.skip_unused_deepspeed(cfg)
+    training_stack.import_stack(cfg)
     spent = Inherited(began, time.process_time() - cpu)
     reason = unsafe_reason()
     if reason is None:
@@ -104,24 +104,6 @@ class Forks:
     def take_inherited(self) -> Optional[Inherited]:
         inherited, self.inherited = self.inherited, None
         return inherited
-
-
-def import_stack(cfg: Any) -> None:
-    """The modules an attempt of ``cfg`` imports before its first step (the recipe's trainer, PEFT, datasets)."""
-    import datasets  # noqa: F401
-    import peft  # noqa: F401
-    import transformers  # noqa: F401
-
-    from orchestrator.attempt import build, checkpoints, restart, runner  # noqa: F401
-    from recipes import recipe_for
-
-    preload = getattr(recipe_for(str(cfg.recipe.name)), "preload", None)
-    if preload is not None:
-        preload()
-    if str(cfg.distributed.name) in ("zero2", "zero3"):
-        import deepspeed  # noqa: F401
-    if cfg.tracking.enabled:
-        import mlflow  # noqa: F401
 
 
 def unsafe_reason(maps: str | Path = "/proc/self/maps", threads: Optional[Iterable[threading.Thread]] = None,
@@ -193,19 +175,32 @@ class ForkedAttempt:
             except ProcessLookupError:
                 pass
 
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
 
 def start(command: list[str], env: dict[str, str], inherited: Optional[Inherited] = None,
-          output: Optional[IO] = None) -> ForkedAttempt:
-    """Fork ``command`` (``python -m orchestrator.worker <overrides>``, or a sweep trial's ``python -m
-    orchestrator.launch <overrides>``) with environment ``env``; ``inherited``: the start-up an attempt inherits
-    (the first attempt's import), else its start-up begins at the fork; ``output``: an open file the child's
-    stdout and stderr go to (as ``Popen(stdout=output, stderr=STDOUT)``), else this process's own."""
+          output: Optional[IO] = None, new_session: bool = False) -> ForkedAttempt:
+    """Fork ``command`` (``python -m orchestrator.worker <overrides>``, a sweep trial's ``python -m
+    orchestrator.launch <overrides>``, a multi-node world's ``python -m orchestrator.multinode.store ...``) with
+    environment ``env``; ``inherited``: the start-up an attempt inherits (the first attempt's import), else its
+    start-up begins at the fork; ``output``: an open file the child's stdout and stderr go to (as
+    ``Popen(stdout=output, stderr=STDOUT)``), else this process's own; ``new_session``: the child in a session of
+    its own that ends with this process (as ``Popen(start_new_session=True, preexec_fn=die_with_parent)``)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # what the supervisor buffered is written once, not once more by the child
     gc.freeze()  # the child's collector leaves the supervisor's objects alone, so their pages stay shared
     inherited = inherited or Inherited(time.time(), 0.0)
     pid = os.fork()
     if pid == 0:
+        if new_session:
+            from orchestrator.distributed import die_with_parent
+
+            os.setsid()
+            die_with_parent()
         if output is not None:
             os.dup2(output.fileno(), 1)
             os.dup2(output.fileno(), 2)
@@ -220,8 +215,7 @@ def run_child(command: list[str], env: dict[str, str], inherited: Inherited) -> 
     try:
         from orchestrator import exitcodes
 
-        worker_child = is_worker_command(command)
-        if worker_child:
+        if is_worker_command(command):
             from orchestrator.attempt.start_up import inherit
 
             inherit(inherited)
@@ -234,17 +228,12 @@ def run_child(command: list[str], env: dict[str, str], inherited: Inherited) -> 
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         args = command[3:]  # after: python -m <module> (is_worker_command, is_launch_command)
-        if worker_child:
-            from orchestrator import worker
+        import runpy
 
-            sys.argv = [worker.__file__, *args]
-            code = worker.main(args)
-        else:  # as ``python -m orchestrator.launch`` runs it (its __main__ block ends the process)
-            import runpy
-
-            sys.argv = [sys.argv[0], *args]  # argv[0] becomes the module's file
-            runpy.run_module(LAUNCH_MODULE, run_name="__main__", alter_sys=True)
-            code = 0
+        # as ``python -m <module>`` runs it (the worker's and a launcher's __main__ block end the process)
+        sys.argv = [sys.argv[0], *args]  # argv[0] becomes the module's file
+        runpy.run_module(command[2], run_name="__main__", alter_sys=True)
+        code = 0
     except SystemExit as err:
         code = _exit_code(err.code)
     except KeyboardInterrupt:  # as an interpreter ends on an unhandled one: killed by SIGINT

@@ -25,32 +25,7 @@ quiet_telemetry()  # before transformers/TRL/MLflow are imported (by the attempt
 
 from orchestrator import distributed as dist  # noqa: E402
 from orchestrator.errors import end_attempt_on_error  # noqa: E402
-
-
-def skip_unused_quantisation_stack(cfg) -> None:
-    """Keep bitsandbytes out of a job that quantises nothing.
-
-    PEFT and transformers import bitsandbytes whenever it is installed (and it
-    pulls torch's inductor in): about 1.5 s of every attempt's start-up on
-    this stack, for nothing unless the base is 4-bit. Marking the module absent
-    before transformers is imported makes their availability checks say
-    "not installed". Must run before anything imports transformers.
-    """
-    from recipes.common import quantisation_stack_needed
-
-    if not quantisation_stack_needed(cfg) and "bitsandbytes" not in sys.modules:
-        sys.modules["bitsandbytes"] = None  # importlib.util.find_spec -> None; import -> ImportError
-
-
-def skip_unused_deepspeed(cfg) -> None:
-    """Keep DeepSpeed out of a job that does not train with it (``distributed`` other than zero2/zero3).
-
-    Accelerate imports DeepSpeed whenever it is installed, when TRL's trainer asks whether the model is
-    wrapped (``extract_model_from_parallel``), and DeepSpeed imports MLflow: about 2.2 s of CPU in every
-    attempt's start-up on this stack, for nothing. Same mechanism as ``skip_unused_quantisation_stack``.
-    """
-    if str(cfg.distributed.name) not in ("zero2", "zero3") and "deepspeed" not in sys.modules:
-        sys.modules["deepspeed"] = None
+from orchestrator.training_stack import skip_unused_deepspeed, skip_unused_quantisation_stack  # noqa: E402
 
 
 def start_delay(environ=os.environ) -> None:
@@ -88,8 +63,10 @@ def _run(argv: list[str] | None = None) -> int:
             if node is not None:  # one node of a multi-node world: its ranks, watched on the attempt's store
                 from orchestrator.multinode.node import run_node
 
-                return run_node(cfg, overrides, work_root, node)
-            return dist.launch_ranks(cfg, overrides, work_root)
+                return run_node(cfg, overrides, work_root, node, main)
+            from orchestrator.forked_ranks import launch_ranks
+
+            return launch_ranks(cfg, overrides, work_root, main)
         dist.init_process_group()
         start_delay()
         from orchestrator.attempt.build import build_attempt

@@ -21,7 +21,7 @@ TWO_NODES = [o for o in jobs.FAST if not o.startswith("train.max_steps")] + [
 
 
 def nodes_of(proc) -> dict[int, psutil.Process]:
-    """The current attempt's node launchers (the supervisor's worker children), by ORCH_NODE_RANK."""
+    """The current attempt's node launchers (the supervisor's worker children), by node rank."""
     out = {}
     try:
         kids = psutil.Process(proc.pid).children()
@@ -29,9 +29,9 @@ def nodes_of(proc) -> dict[int, psutil.Process]:
         return out
     for kid in kids:
         try:
-            env = kid.environ()
-            if "orchestrator.worker" in " ".join(kid.cmdline()) and "ORCH_NODE_RANK" in env:
-                out[int(env["ORCH_NODE_RANK"])] = kid
+            name = kid.name()  # distributed.name_process: a forked node has no ORCH_NODE_RANK in /proc's environ
+            if name.startswith("orch-node"):
+                out[int(name.removeprefix("orch-node"))] = kid
         except psutil.Error:
             continue
     return out

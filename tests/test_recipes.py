@@ -135,7 +135,7 @@ def _modules_after_recipe_imports(overrides: list[str]) -> dict:
     code = (
         "import json, sys\n"
         "from orchestrator.config.compose import compose_config\n"
-        "from orchestrator.worker import skip_unused_deepspeed, skip_unused_quantisation_stack\n"
+        "from orchestrator.training_stack import skip_unused_deepspeed, skip_unused_quantisation_stack\n"
         f"cfg = compose_config({overrides!r})\n"
         "skip_unused_quantisation_stack(cfg)\n"
         "skip_unused_deepspeed(cfg)\n"

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from orchestrator import warm_start
+from orchestrator import forked_ranks, warm_start
 from orchestrator.config.compose import compose_config
 from orchestrator.distributed import worker_argv
 from tests.helpers import jobs
@@ -37,14 +37,15 @@ def test_a_second_thread_or_a_loaded_gpu_driver_makes_a_fork_unsafe(tmp_path):
         thread.join()
 
 
-def test_only_the_worker_command_is_forked_and_only_for_a_one_process_attempt():
+def test_only_the_worker_command_is_forked_and_only_where_fork_attempts_is_on():
     assert warm_start.is_worker_command(worker_argv(["run.name=x"]))
     assert not warm_start.is_worker_command([sys.executable, "-c", "print(1)"])
     assert not warm_start.is_worker_command(["/other/python", "-m", "orchestrator.worker"])
-    for overrides, reason in ((["requeue.fork_attempts=false"], "requeue.fork_attempts=false"),
-                              (["distributed=ddp"], "distributed=ddp: each attempt's ranks are started by their own")):
-        refused, inherited = warm_start.prepare(compose_config(overrides))
-        assert refused.startswith(reason) and inherited.cpu_s == 0.0  # nothing was imported for it
+    for cfg in (compose_config(["requeue.fork_attempts=false"]),
+                compose_config(["requeue.fork_attempts=false", "distributed=ddp", "distributed.processes_per_node=2"])):
+        refused, inherited = warm_start.prepare(cfg)
+        assert refused == "requeue.fork_attempts=false" and inherited.cpu_s == 0.0  # nothing was imported for it
+        assert forked_ranks.refusal(cfg) == "requeue.fork_attempts=false"  # the ranks: the torchrun command
 
 
 @pytest.mark.e2e

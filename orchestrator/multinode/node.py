@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from orchestrator import exitcodes, forked_ranks
-from orchestrator.distributed import FORWARDED_SIGNALS
+from orchestrator.distributed import FORWARDED_SIGNALS, name_process
 from orchestrator.multinode import COLLECTIVE_TIMEOUT_ENV, NodeEnv
 from orchestrator.multinode.watchdog import Watchdog
 
@@ -47,12 +48,14 @@ def interval_s(timeout_s: float) -> float:
     return min(2.0, max(0.2, timeout_s / 5))
 
 
-def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv) -> int:
-    """Run this node's ranks until they end or the world breaks; returns the node's exit code."""
+def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv, main: Callable[[list[str]], int]) -> int:
+    """Run this node's ranks until they end or the world breaks; returns the node's exit code. ``main``: the
+    worker's, which a rank forked from torchrun's agent runs (``orchestrator.forked_ranks``)."""
     from orchestrator.multinode.records import NodeRecorder
     from orchestrator.multinode.store import connect
     from orchestrator.multinode.timeouts import collective_timeout_s, heartbeat_timeout_s, job_attempts
 
+    name_process(f"orch-node{node.rank}")
     attempts = job_attempts(cfg)
     timeout = heartbeat_timeout_s(cfg.distributed.heartbeat_timeout, attempts)
     work_root.mkdir(parents=True, exist_ok=True)
@@ -66,7 +69,8 @@ def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv) -> int:
     pending: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: pending.append(signum)) for s in FORWARDED_SIGNALS}
     # torchrun in its own session: a signal to this node's process group reaches the ranks through us only
-    child = forked_ranks.start(cfg, torchrun_flags(cfg, node, join_timeout_s=max(60.0, 4 * timeout)), overrides, env)
+    child = forked_ranks.start(cfg, torchrun_flags(cfg, node, join_timeout_s=max(60.0, 4 * timeout)), overrides, env,
+                               main)
     try:
         code = _watch(child, watchdog, pending, timeout, recorder)
     finally:

@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from orchestrator.distributed import die_with_parent
 from orchestrator.multinode import NodeEnv
@@ -52,7 +52,7 @@ def wait_listening(host: str, port: int, proc: subprocess.Popen, timeout_s: floa
 class NodeProcess:
     rank: int
     host: str
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen, or warm_start.ForkedAttempt
     started_at: float = field(default_factory=time.time)
     ended_at: Optional[float] = None
 
@@ -65,21 +65,24 @@ class NodeProcess:
 class LocalWorld:
     """One attempt's store and nodes on this host."""
 
-    def __init__(self, command: Sequence[str], env: dict, nnodes: int, stop_after_s: float):
+    def __init__(self, command: Sequence[str], env: dict, nnodes: int, stop_after_s: float,
+                 start: Optional[Callable[[list[str], dict], Any]] = None):
+        """``start(command, env)``: how each process of the world starts (forked from the supervisor,
+        ``warm_start.start``), each in a session of its own that ends with the supervisor; else a fresh
+        interpreter."""
         self.stop_after_s = stop_after_s
+        start = start or _fresh
         host = "127.0.0.1"
         port = free_port(host)
         self.rdzv_id = f"attempt-{uuid.uuid4().hex[:12]}"
-        self.store = subprocess.Popen([sys.executable, "-m", "orchestrator.multinode.store", "--host", host,
-                                       "--port", str(port)], env=env, start_new_session=True,
-                                      preexec_fn=die_with_parent)  # a supervisor killed takes its world along
+        self.store = start([sys.executable, "-m", "orchestrator.multinode.store", "--host", host, "--port", str(port)],
+                           env)
         wait_listening(host, port, self.store)
         self.nodes: list[NodeProcess] = []
         for rank in range(nnodes):
             node = NodeEnv(rank=rank, nnodes=nnodes, host=host, port=port, rdzv_id=self.rdzv_id,
                            addr=f"127.0.0.{rank + 1}")
-            proc = subprocess.Popen(list(command), env=dict(env, **node.as_env()), start_new_session=True,
-                                    preexec_fn=die_with_parent)
+            proc = start(list(command), dict(env, **node.as_env()))
             self.nodes.append(NodeProcess(rank, node.addr, proc))
         self.pid = self.nodes[0].proc.pid
         self.returncode: Optional[int] = None
@@ -118,6 +121,11 @@ class LocalWorld:
 
     def node_records(self) -> list[dict]:
         return [n.record() for n in self.nodes]
+
+
+def _fresh(command: list[str], env: dict) -> subprocess.Popen:
+    # in a session of its own, as a machine of its own; a supervisor killed takes its world along
+    return subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_parent)
 
 
 def world_code(codes: Sequence[int]) -> int:

@@ -143,10 +143,10 @@ def _child(request: dict) -> None:
 
 
 def serve(socket_path: str) -> None:
-    from orchestrator import warm_start
+    from orchestrator import training_stack, warm_start
     from orchestrator.config.compose import compose_config
 
-    warm_start.import_stack(compose_config([]))
+    training_stack.import_stack(compose_config([]))
     import orchestrator.launch  # noqa: F401
 
     exits = Path(socket_path).parent / "exits"

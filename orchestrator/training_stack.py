@@ -1,0 +1,54 @@
+"""What an attempt imports before its first step, and what it keeps out.
+
+The worker keeps the quantisation stack and DeepSpeed out of jobs that do not use them (before transformers is
+imported); a process that forks attempts or ranks (``orchestrator.warm_start``, ``orchestrator.forked_ranks``)
+imports the rest once, before its first fork.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def skip_unused_quantisation_stack(cfg) -> None:
+    """Keep bitsandbytes out of a job that quantises nothing.
+
+    PEFT and transformers import bitsandbytes whenever it is installed (and it
+    pulls torch's inductor in): about 1.5 s of every attempt's start-up on
+    this stack, for nothing unless the base is 4-bit. Marking the module absent
+    before transformers is imported makes their availability checks say
+    "not installed". Must run before anything imports transformers.
+    """
+    from recipes.common import quantisation_stack_needed
+
+    if not quantisation_stack_needed(cfg) and "bitsandbytes" not in sys.modules:
+        sys.modules["bitsandbytes"] = None  # importlib.util.find_spec -> None; import -> ImportError
+
+
+def skip_unused_deepspeed(cfg) -> None:
+    """Keep DeepSpeed out of a job that does not train with it (``distributed`` other than zero2/zero3).
+
+    Accelerate imports DeepSpeed whenever it is installed, when TRL's trainer asks whether the model is
+    wrapped (``extract_model_from_parallel``), and DeepSpeed imports MLflow: about 2.2 s of CPU in every
+    attempt's start-up on this stack, for nothing. Same mechanism as ``skip_unused_quantisation_stack``.
+    """
+    if str(cfg.distributed.name) not in ("zero2", "zero3") and "deepspeed" not in sys.modules:
+        sys.modules["deepspeed"] = None
+
+
+def import_stack(cfg: Any) -> None:
+    """The modules an attempt of ``cfg`` imports before its first step (the recipe's trainer, PEFT, datasets)."""
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
+    from orchestrator.attempt import build, checkpoints, restart, runner  # noqa: F401
+    from recipes import recipe_for
+
+    preload = getattr(recipe_for(str(cfg.recipe.name)), "preload", None)
+    if preload is not None:
+        preload()
+    if str(cfg.distributed.name) in ("zero2", "zero3"):
+        import deepspeed  # noqa: F401
+    if cfg.tracking.enabled:
+        import mlflow  # noqa: F401
