@@ -1,4 +1,4 @@
-"""A node's ranks under torchrun, forked from a launcher that imported the training stack once (``requeue.fork_attempts``).
+"""A node's ranks under torchrun, forked from a launcher that imported the training stack once.
 
 Under torchrun every rank was a fresh ``python -m orchestrator.worker``: each imported torch, transformers, PEFT,
 TRL and datasets (DeepSpeed too under ZeRO) before its first step, all of a node's ranks at once on the same cores

@@ -196,7 +196,7 @@ class RequeueConfig:
     backoff_max_seconds: float = 300.0  # cap on that wait
     crash_loop_threshold: int = 3  # consecutive failures (not preemptions) that made no progress past the last checkpoint
     max_oom_retries: int = 0  # requeues after running out of memory (deterministic for one config: 0 stops at the first)
-    fork_attempts: bool = True  # local backend: the supervisor imports the training stack once and forks each attempt from it, and a sweep driver each trial's launch (false: a fresh interpreter for each)
+    fork_attempts: bool = True  # the training stack imported once and each process forked from it: the local supervisor's attempts (a local multi-node world's nodes too), a sweep driver's trial launches, torchrun's ranks from its agent (false: a fresh interpreter for each)
 
 
 @dataclass
