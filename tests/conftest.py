@@ -5,30 +5,31 @@ import os
 
 import pytest
 
-# The longest tests, longest first (seconds in the last whole-suite run, stop 36's fresh clone, `--durations=25`):
-# pytest-xdist hands tests out in collection order, so these start first, one per worker in turn, instead of being
-# the run's tail.
+# The longest tests, longest first (seconds in the last whole-suite run, stop 34's: `--durations=0`): pytest-xdist
+# hands tests out in collection order, so these start first, one per worker in turn, instead of being the run's tail.
 SLOWEST_FIRST = [
-    "test_slurm_multinode_e2e.py::",  # 99 (one xdist group with the rest of "slurm")
-    "test_storage_outage_e2e.py::",  # 77, 75
-    "test_multinode_e2e.py::test_losing_either_node_restarts_the_world_bit_identical",  # ZeRO-2 63, FSDP 52, DDP 49
-    "test_spend_e2e.py::",  # 59
-    "test_slurm_e2e.py::",  # 58, 27 and the rest of the "slurm" group
-    "test_preemption_e2e.py::test_ten_random_interruptions_end_with_the_uninterrupted_weights",  # 57
-    "test_sweep_budget_e2e.py::",  # 56
-    "test_sweep_mlflow_e2e.py::test_a_sweep_is_one_parent_run_with_a_child_run_per_trial",  # 51
+    "test_sweep_mlflow_e2e.py::test_a_sweep_is_one_parent_run_with_a_child_run_per_trial",  # 198
+    "test_multinode_e2e.py::test_losing_either_node_restarts_the_world_bit_identical",  # ZeRO-2 120, FSDP 118, DDP 117
+    "test_slurm_multinode_e2e.py::",  # 114 (one xdist group)
+    "test_storage_outage_e2e.py::",  # 91, 87
+    "test_distributed.py::test_two_process_run_resumes_bit_identical",  # ZeRO-2 91, DDP 68
+    "test_preemption_e2e.py::test_ten_random_interruptions_end_with_the_uninterrupted_weights",  # 90
+    "test_sweep_e2e.py::test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one",  # 84
+    "test_tampered_bucket.py::",  # 79, 53
+    "test_multinode_e2e.py::",  # 77, 64, 57
+    "test_slurm_e2e.py::",  # 64, 36 and the rest of the "slurm" group
+    "test_bench_e2e.py::",  # 63
+    "test_spend_e2e.py::",  # 62
+    "test_recipes.py::test_default_job_improves_held_out_accuracy",  # 57
+    "test_spend_trust_e2e.py::",  # 56
+    "test_bench_eval_job.py::",  # 54
+    "test_tracking_e2e.py::",  # 54, 34
+    "test_preemption_e2e.py::",  # 49
+    "test_datacache.py::test_jobs_on_a_bad_then_unsigned_cache_entry_complete_and_replace_it",  # 48
+    "test_exact_resume.py::test_sigkilled_three_times_ends_bit_identical",  # 48, 38, 37, 35
     "test_budget.py::test_a_real_overrun_gets_exactly_one_projection_alert_near_the_truth",  # 46
-    "test_tracking_e2e.py::",  # 45, 26
-    "test_spend_trust_e2e.py::",  # 44
-    "test_sweep_e2e.py::test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one",  # 42
-    "test_recipes.py::test_default_job_improves_held_out_accuracy",  # 41
-    "test_bench_eval_job.py::",  # 40
-    "test_preemption_e2e.py::",  # 39
-    "test_bench_e2e.py::",  # 33
-    "test_tampered_bucket.py::",  # 30
-    "test_multinode_e2e.py::",  # 29 and less
-    "test_datacache.py::test_a_dpo_job_whose_stored_reference_log_probs_turned_nan_computes_them_again",  # 27
-    "test_warm_start.py::test_requeued_attempts_are_forked_workers_that_skip_the_import_and_resume_bit_identical",  # 26
+    "test_checkpoint_integrity.py::test_a_kill_during_a_multipart_upload_leaves_no_checkpoint_and_no_orphans",  # 43
+    "test_grpo_resume_e2e.py::test_grpo_sigkilled_five_times_ends_bit_identical_with_no_reward_called_twice",  # 43
 ]
 
 
