@@ -37,7 +37,11 @@ def skip_unused_deepspeed(cfg) -> None:
 
 
 def import_stack(cfg: Any) -> None:
-    """The modules an attempt of ``cfg`` imports before its first step (the recipe's trainer, PEFT, datasets)."""
+    """The modules an attempt of ``cfg`` imports before its first step (the recipe's trainer, PEFT, datasets).
+    The libraries' telemetry is switched off first, as the worker does: they read the switch when imported."""
+    from orchestrator.tracking.run import quiet_telemetry
+
+    quiet_telemetry()
     import datasets  # noqa: F401
     import peft  # noqa: F401
     import transformers  # noqa: F401

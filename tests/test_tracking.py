@@ -271,13 +271,23 @@ tracker.close("FINISHED")
         assert "CLIENT False DISABLED True" in out, out[-4000:]
 
 
+FIRST_IMPORT = {  # what imports the training stack first: a fresh worker, or a supervisor that forks its attempts
+    "worker": "import orchestrator.worker\n",
+    "forking_supervisor": ("from orchestrator.config.compose import compose_config\n"
+                           "from orchestrator.training_stack import import_stack\n"
+                           "import_stack(compose_config([]))\n"),
+}
+
+
 @pytest.mark.e2e
+@pytest.mark.parametrize("first", sorted(FIRST_IMPORT))
 @pytest.mark.parametrize("user_setting,expect_disabled", [(None, True), ("0", False)])
 def test_a_worker_turns_off_the_hub_telemetry_trl_sends_unless_the_user_set_it(tmp_path, user_setting,
-                                                                                expect_disabled):
+                                                                                expect_disabled, first):
     """TRL reports every trainer it builds to the Hugging Face Hub from a background thread; huggingface_hub
-    reads HF_HUB_DISABLE_TELEMETRY once, when imported. Importing the worker must have turned it off first."""
-    code = ("import orchestrator.worker\n"
+    reads HF_HUB_DISABLE_TELEMETRY once, when imported. Importing the worker, or the stack a supervisor imports
+    before it forks its attempts, must have turned it off first."""
+    code = (FIRST_IMPORT[first] +
             "from huggingface_hub import constants\n"
             "print('DISABLED', constants.HF_HUB_DISABLE_TELEMETRY)\n")
     setting = {} if user_setting is None else {"HF_HUB_DISABLE_TELEMETRY": user_setting}
