@@ -226,7 +226,7 @@ class Supervisor:
 
         if not warm_start.is_worker_command(self.command):
             return False
-        self._forks = self._forks or warm_start.Forks(self.cfg)
+        self._forks = self._forks or warm_start.Forks(self.cfg, overrides=self.command[3:])
         return self._forks.ready()
 
     def _record_nodes(self) -> None:

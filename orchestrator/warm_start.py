@@ -56,11 +56,12 @@ def is_launch_command(command: list[str]) -> bool:
     return command[:3] == [sys.executable, "-m", LAUNCH_MODULE]
 
 
-def prepare(cfg: Any, *, launchers: bool = False) -> tuple[Optional[str], Inherited]:
+def prepare(cfg: Any, *, launchers: bool = False, overrides: Optional[list[str]] = None) -> tuple[Optional[str], Inherited]:
     """Import what this config's attempts import: (None when attempts can be forked, else why they cannot; the
     start-up spent on it, which the first attempt inherits). ``launchers``: for a sweep driver that forks its
     trials' launchers, whose configs differ from ``cfg`` by the searched keys (a recipe, a quantised base, a
-    distributed setting among them): nothing is kept out, and a trial's own supervisor decides on its attempts."""
+    distributed setting among them): nothing is kept out, and a trial's own supervisor decides on its attempts.
+    ``overrides``: the forked children's own, composed here once (``config.compose.prime``)."""
     began, cpu = time.time(), time.process_time()
     nothing = Inherited(began, 0.0)
     if not cfg.requeue.fork_attempts:
@@ -71,6 +72,10 @@ def prepare(cfg: Any, *, launchers: bool = False) -> tuple[Optional[str], Inheri
         training_stack.skip_unused_quantisation_stack(cfg)
         training_stack.skip_unused_deepspeed(cfg)
     training_stack.import_stack(cfg)
+    if overrides is not None:
+        from orchestrator.config.compose import prime
+
+        prime(overrides)
     spent = Inherited(began, time.process_time() - cpu)
     reason = unsafe_reason()
     if reason is None:
@@ -83,8 +88,8 @@ class Forks:
     """Whether the next child is forked from this process: the stack is imported before the first (``prepare``),
     safety is checked again before every one, and a refusal is logged once and kept."""
 
-    def __init__(self, cfg: Any, *, launchers: bool = False):
-        self.cfg, self.launchers = cfg, launchers
+    def __init__(self, cfg: Any, *, launchers: bool = False, overrides: Optional[list[str]] = None):
+        self.cfg, self.launchers, self.overrides = cfg, launchers, overrides
         self.imported = False
         self.refused: Optional[str] = None  # why children are not forked (None: decided at the first)
         self.inherited: Optional[Inherited] = None  # the stack's import, until the first forked child takes it
@@ -95,7 +100,7 @@ class Forks:
         if self.imported:
             self.refused = unsafe_reason()
         else:
-            self.refused, self.inherited = prepare(self.cfg, launchers=self.launchers)
+            self.refused, self.inherited = prepare(self.cfg, launchers=self.launchers, overrides=self.overrides)
             self.imported = True
         if self.refused is not None:
             log.info("%s start a fresh interpreter: %s", "trials" if self.launchers else "attempts", self.refused)

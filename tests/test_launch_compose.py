@@ -56,3 +56,42 @@ def test_a_pinned_commit_that_reads_as_a_number_stays_the_commit(composes):
     cfg, overrides = launch.compose_for_launch(list(HUB_JOB), resolve=lambda kind, repo, rev: commit)
     assert cfg.model.revision == commit and cfg.data.revision == commit
     assert f"model.revision={commit}" in overrides
+
+
+def test_a_primed_config_is_composed_once_for_each_forked_child_and_still_checked_in_it(composes, monkeypatch):
+    """What a supervisor does before it forks its attempts (``config.compose.prime``): each forked child takes the
+    composed config without composing, the parent keeps it for the next child, and the child's own environment is
+    still checked (an unset variable the config reads is refused in the child)."""
+    import os
+
+    from orchestrator.config.compose import prime
+
+    job = ["run.name=primed", "storage.uri=${oc.env:PRIMED_BUCKET}"]
+    prime(job)
+    assert len(composes) == 1
+    read, write = os.pipe()
+    for bucket in ("s3://first", None):
+        pid = os.fork()
+        if pid == 0:  # a forked attempt: composes nothing, resolves against its own environment
+            os.close(read)
+            if bucket:
+                os.environ["PRIMED_BUCKET"] = bucket
+            else:
+                os.environ.pop("PRIMED_BUCKET", None)
+            try:
+                answer = f"{compose_config(job, launch_checks=False).storage.uri} {len(composes)}"
+            except ConfigError as err:
+                answer = f"refused {len(composes)} {err}"
+            os.write(write, (answer + "\n").encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+    os.close(write)
+    with os.fdopen(read) as answers:
+        first, second = answers.read().splitlines()
+    assert first == "s3://first 1"
+    assert second.startswith("refused 1 ") and "PRIMED_BUCKET" in second
+    # the parent's copy is the next child's; once taken here, the next compose composes again
+    monkeypatch.setenv("PRIMED_BUCKET", "s3://here")
+    assert compose_config(job, launch_checks=False).storage.uri == "s3://here" and len(composes) == 1
+    compose_config(job, launch_checks=False)
+    assert len(composes) == 2

@@ -25,6 +25,23 @@ def conf_dir() -> Path:
     return Path(env).resolve() if env else Path(__file__).resolve().parents[2] / "conf"
 
 
+# composed ahead for a process about to be forked (``prime``): taken by the first compose of the same overrides
+_primed: dict[tuple, DictConfig] = {}
+
+
+def prime(overrides: list[str]) -> None:
+    """Compose ``overrides`` now, for the next ``compose_config(overrides)`` here or in each process forked from
+    here (an attempt forked from its supervisor, a rank from its agent), which then skips Hydra's composing: ~0.2
+    CPU-s of every attempt's start-up. Only the composing is shared; each caller's checks run in the caller (the
+    environment they resolve against is the child's), and each process takes its copy once."""
+    key = (conf_dir(), tuple(overrides))
+    _primed.pop(key, None)
+    try:
+        _primed[key] = _compose(overrides)
+    except ConfigError:
+        pass  # the caller composes them again and says why
+
+
 def compose_config(overrides: list[str], *, launch_checks: bool = True) -> DictConfig:
     """Compose and validate the job config. Raises ConfigError with the fix in the message.
 
@@ -32,6 +49,17 @@ def compose_config(overrides: list[str], *, launch_checks: bool = True) -> DictC
     only what can differ on the attempt's machine is checked again, that every value resolves
     (environment variables, a choice's too); the rest of the validation happens once, at launch.
     """
+    cfg = _primed.pop((conf_dir(), tuple(overrides)), None)
+    if cfg is None:
+        cfg = _compose(overrides)
+    if launch_checks:
+        validate(cfg)
+    else:
+        check_resolvable(cfg)
+    return cfg
+
+
+def _compose(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -46,10 +74,6 @@ def compose_config(overrides: list[str], *, launch_checks: bool = True) -> DictC
         raise ConfigError(_explain(err)) from None
     finally:
         GlobalHydra.instance().clear()
-    if launch_checks:
-        validate(cfg)
-    else:
-        check_resolvable(cfg)
     return cfg
 
 

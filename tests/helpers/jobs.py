@@ -47,9 +47,17 @@ class Storage:
         return out
 
     def store(self):
+        """The store, opened once per test process: tests poll it every 0.1 s, and each new S3 client loads
+        botocore's service models again (about a tenth of the whole suite's CPU when every poll opened one)."""
         from orchestrator.storage import open_store
 
-        return open_store(self.uri, endpoint_url=self.endpoint_url)
+        key = (self.uri, self.endpoint_url)
+        if key not in _OPENED:
+            _OPENED[key] = open_store(self.uri, endpoint_url=self.endpoint_url)
+        return _OPENED[key]
+
+
+_OPENED: dict = {}
 
 
 def job_env(tmp_path: Path, extra: dict | None = None) -> dict:
