@@ -7,32 +7,42 @@
 # that cannot start fails the run rather than skipping tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-export ORCH_CACHE_DIR="${ORCH_CACHE_DIR:-$PWD/.cache/test-models}"
-# the tiny model and DeepSpeed's CPU op are built while apt installs Slurm and Chromium, not by the first tests
 mkdir -p .cache
-.venv/bin/python scripts/warm_caches.py > .cache/warm_caches.log 2>&1 &
-WARM_PID=$!
+# apt (Slurm, then Chromium: one apt at a time) and SkyPilot's venv are set up while pip sets up .venv
+services() {
+  if [ "${ORCH_SKIP_SLURM:-0}" != 1 ]; then
+    bash .ci/slurm-up.sh || { echo "FATAL: the Slurm test cluster could not start (see above)." >&2; return 1; }
+  fi
+  # headless Chromium renders the MLflow UI for the browser test (tests/helpers/browser.py); Debian's package
+  if ! command -v chromium >/dev/null 2>&1; then
+    echo "installing chromium (apt) for the MLflow UI test"
+    # the package lists Slurm's install just used first; a fresh apt-get update only if they do not have it
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+      || { echo "FATAL: could not install chromium with apt-get (needed by tests/test_final_weights_e2e.py)." >&2; return 1; }
+    chromium --version >/dev/null 2>&1 || { echo "FATAL: chromium was installed but does not start." >&2; return 1; }
+  fi
+}
+services > .cache/services.log 2>&1 &
+SERVICES_PID=$!
 # SkyPilot's own parser checks the generated task YAML; it pins an older click than
-# this project's stack needs, so it gets a venv of its own (installed beside the apt installs too)
+# this project's stack needs, so it gets a venv of its own
 SKY_PID=
 if [ ! -x .venv-skypilot/bin/python ] || ! .venv-skypilot/bin/python -c "import sky" 2>/dev/null; then
   { "${PYTHON:-python3.11}" -m venv .venv-skypilot && .venv-skypilot/bin/python -m pip install -q "skypilot==0.14.1"; } \
     > .cache/skypilot-venv.log 2>&1 &
   SKY_PID=$!
 fi
-if [ "${ORCH_SKIP_SLURM:-0}" != 1 ]; then
-  bash .ci/slurm-up.sh || { echo "FATAL: the Slurm test cluster could not start (see above)." >&2; exit 1; }
+bash scripts/setup.sh
+export ORCH_CACHE_DIR="${ORCH_CACHE_DIR:-$PWD/.cache/test-models}"
+# the tiny model and DeepSpeed's CPU op are built before the tests start, not by the first tests
+.venv/bin/python scripts/warm_caches.py > .cache/warm_caches.log 2>&1 &
+WARM_PID=$!
+if ! wait "$SERVICES_PID"; then
+  cat .cache/services.log >&2
+  exit 1
 fi
-# headless Chromium renders the MLflow UI for the browser test (tests/browser.py); Debian's package
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "installing chromium (apt) for the MLflow UI test"
-  # the package lists Slurm's install just used first; a fresh apt-get update only if they do not have it
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
-    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
-    || { echo "FATAL: could not install chromium with apt-get (needed by tests/test_final_weights_e2e.py)." >&2; exit 1; }
-  chromium --version >/dev/null 2>&1 || { echo "FATAL: chromium was installed but does not start." >&2; exit 1; }
-fi
+cat .cache/services.log
 if [ -n "$SKY_PID" ] && ! wait "$SKY_PID"; then
   cat .cache/skypilot-venv.log >&2
   echo "FATAL: could not install skypilot==0.14.1 into .venv-skypilot (needed by the SkyPilot render tests)." >&2
@@ -40,7 +50,9 @@ if [ -n "$SKY_PID" ] && ! wait "$SKY_PID"; then
 fi
 wait "$WARM_PID" || true
 cat .cache/warm_caches.log
-# Two workers (this machine has two cores; each job's torch uses one thread, see tests/jobs.py);
-# tests that share a service that cannot take two at once (the one-node Slurm) are one xdist_group.
+echo "set-up and services ready after ${SECONDS} s"
+# Three workers on two cores: a test waiting on a job (an outage, a heartbeat timeout, Slurm's scheduler) leaves
+# its core to the others (each job's torch uses one thread, see tests/helpers/jobs.py); tests that share a service
+# that cannot take two at once (the one-node Slurm) are one xdist_group.
 # The 25 slowest tests are listed at the end of every run.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${ORCH_TEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${ORCH_TEST_WORKERS:-3}" --dist loadgroup --durations=25 "$@"

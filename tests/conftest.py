@@ -50,6 +50,12 @@ def pytest_collection_modifyitems(items):
 def pytest_collection_finish(session):
     """Jobs are forked from a warm interpreter (``tests/helpers/zygote.py``) in a run with end-to-end tests, which
     launch a few hundred; not in the inner loop, where starting it would cost each worker the stack's import.
-    ``ORCH_TEST_ZYGOTE=0`` starts every job fresh."""
+    It starts here, importing while the first tests start their servers. ``ORCH_TEST_ZYGOTE=0`` starts every job
+    fresh."""
     if any(item.get_closest_marker("e2e") for item in session.items):
         os.environ.setdefault("ORCH_TEST_ZYGOTE", "1")
+        from tests.helpers import jobs
+
+        warm = jobs.zygote()
+        if warm is not None:
+            warm.launch()

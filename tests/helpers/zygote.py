@@ -8,7 +8,8 @@ with the test's argv (its title in ``ps``), working folder, environment, its own
 can kill), stdout and stderr in the test's log file, default signal dispositions, and the launcher's exit code.
 A job whose environment differs from the zygote's in a variable the training stack reads at import (``HF_*``,
 ``OMP_*``, ...) is launched fresh, as is every job of a test that measures the import itself
-(``jobs.start_job(..., fresh=True)``), and every job while the zygote is still importing or cannot be reached.
+(``jobs.start_job(..., fresh=True)``), and every job if the zygote cannot be reached. It is started when a run
+with end-to-end tests has collected them (``tests/conftest.py``), and a job launched while it imports waits.
 
 Protocol, one line of JSON each way over a Unix socket: ``{"argv", "cwd", "env", "stdout", "stderr"}`` (files the
 child appends to) -> ``{"pid"}`` (0: not forked); the zygote reaps its children and writes each one's exit code
@@ -33,8 +34,18 @@ IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TOKEN
                         "MKL_", "CUDA", "ACCELERATE", "DS_", "BNB_", "PEFT", "TRL", "PYTHON", "LD_", "MLFLOW")
 
 
+READY_WAIT_S = 120.0  # the zygote's import: ~6 s on an idle machine
+IMPORTED_ENV = "imported-env.json"  # the zygote's import-time environment once it has imported the stack
+
+
+# set by a library's own import, which the zygote does not import, in a test process that imported it: neither
+# changes what a job does here (lm_eval: HF_XET_HIGH_PERFORMANCE, read for hub downloads, and this machine is
+# offline; DeepSpeed: PYTORCH_NVML_BASED_CUDA_CHECK, read by CUDA's availability check, and there is no GPU)
+SET_BY_IMPORTS = ("HF_XET_HIGH_PERFORMANCE", "PYTORCH_NVML_BASED_CUDA_CHECK")
+
+
 def import_time_env(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in SET_BY_IMPORTS}
 
 
 class Forked:
@@ -73,25 +84,46 @@ class Forked:
 
 
 class Client:
-    """This test process's zygote: started at the first request, used once it has imported the stack."""
+    """This test process's zygote: started once (``launch``), used once it has imported the stack."""
 
     def __init__(self, folder: Path, env: dict):
         self.folder, self.env = folder, env
         self.socket_path = folder / "zygote.sock"
         self.proc: Optional[subprocess.Popen] = None
+        self.imported_env: Optional[dict] = None
 
-    def start(self, argv: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path) -> Optional[Forked]:
-        """The job forked from the zygote, or None (the caller starts it fresh): not ready yet, a different
-        import-time environment, or no answer."""
+    def launch(self) -> None:
+        """Start the zygote (its import runs while the session sets up its servers); once only."""
         if self.proc is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.zygote", str(self.socket_path)],
                                          env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=open(self.folder / "zygote.log", "ab"), start_new_session=True)
-            return None
-        if self.proc.poll() is not None or not self.socket_path.exists():
-            return None
-        if import_time_env(env) != import_time_env(self.env):
+
+    def ready(self) -> bool:
+        """Whether the zygote answers; while it is still importing, wait for it (a fresh launch would import the
+        same stack on the same two cores, at the same time)."""
+        self.launch()
+        deadline = time.monotonic() + READY_WAIT_S
+        while not self.socket_path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return self.proc.poll() is None
+
+    def same_imports(self, env: dict) -> bool:
+        """Whether ``env`` agrees with the zygote's on every variable the stack reads at import: the zygote's as
+        launched, or as its imports left it (a test process that imported the libraries itself has what they set)."""
+        if self.imported_env is None:
+            self.imported_env = json.loads((self.folder / IMPORTED_ENV).read_text())
+        job, launched = import_time_env(env), import_time_env(self.env)
+        return all(job.get(k) in (launched.get(k), self.imported_env.get(k))
+                   for k in {*job, *launched, *self.imported_env})
+
+    def start(self, argv: list[str], cwd: Path, env: dict, stdout: Path, stderr: Path) -> Optional[Forked]:
+        """The job forked from the zygote, or None (the caller starts it fresh): a different import-time
+        environment, no zygote, or no answer."""
+        if not self.ready() or not self.same_imports(env):
             return None
         for path in (stdout, stderr):  # there when this returns, as Popen's would be
             open(path, "ab").close()
@@ -148,6 +180,11 @@ def serve(socket_path: str) -> None:
 
     training_stack.import_stack(compose_config([]))
     import orchestrator.launch  # noqa: F401
+
+    # what the imports set in the environment themselves (HF_XET_*, PYTORCH_NVML_*, ...) is not a job's difference
+    imported = Path(socket_path).parent / IMPORTED_ENV
+    imported.with_suffix(".tmp").write_text(json.dumps(import_time_env(dict(os.environ))))
+    os.replace(imported.with_suffix(".tmp"), imported)
 
     exits = Path(socket_path).parent / "exits"
     exits.mkdir(exist_ok=True)
