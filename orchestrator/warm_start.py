@@ -237,6 +237,9 @@ def run_child(command: list[str], env: dict[str, str], inherited: Inherited) -> 
 
         # as ``python -m <module>`` runs it (the worker's and a launcher's __main__ block end the process)
         sys.argv = [sys.argv[0], *args]  # argv[0] becomes the module's file
+        # as in a fresh interpreter, the module is not imported yet when it runs as __main__ (runpy would warn that
+        # it "may result in unpredictable behaviour" where the parent imported it, a launcher forked by a sweep)
+        sys.modules.pop(command[2], None)
         runpy.run_module(command[2], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as err:

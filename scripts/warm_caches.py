@@ -1,6 +1,6 @@
 """Build, ahead of the tests, what their first jobs would otherwise build while the clock runs.
 
-    python scripts/warm_caches.py        # scripts/test.sh runs it in the background during its apt installs
+    python scripts/warm_caches.py        # scripts/test.sh runs it in the background, beside its apt installs
 
 1. the tiny model every test job trains (``recipes.tiny.ensure_tiny_model``, into ``ORCH_CACHE_DIR``);
 2. DeepSpeed's CPU shared-memory communication op (``deepspeed_shm_comm``): the first DeepSpeed job on a new
@@ -12,6 +12,7 @@ is printed and the tests build what they need themselves.
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,18 +37,26 @@ def deepspeed_shm_op() -> str:
     return builder.absolute_name()
 
 
-def main() -> int:
-    for what, build in (("tiny model", tiny_model), ("DeepSpeed CPU shm op", deepspeed_shm_op)):
-        start = time.monotonic()
-        try:
-            result = build()
-        except Exception as err:  # noqa: BLE001 - a warm-up: the tests build it themselves if this fails
-            print(f"warm_caches: {what}: not built ({type(err).__name__}: {err}); the first job builds it",
-                  flush=True)
-            continue
-        print(f"warm_caches: {what}: {result} ({time.monotonic() - start:.1f} s)", flush=True)
+def warm(what: str, build) -> None:
+    start = time.monotonic()
+    try:
+        result = build()
+    except Exception as err:  # noqa: BLE001 - a warm-up: the tests build it themselves if this fails
+        print(f"warm_caches: {what}: not built ({type(err).__name__}: {err}); the first job builds it", flush=True)
+        return
+    print(f"warm_caches: {what}: {result} ({time.monotonic() - start:.1f} s)", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--op"]:
+        warm("DeepSpeed CPU shm op", deepspeed_shm_op)
+        return 0
+    # side by side, in two processes (each imports torch): the op's build is mostly the C++ compiler
+    op = subprocess.Popen([sys.executable, __file__, "--op"])
+    warm("tiny model", tiny_model)
+    op.wait()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
