@@ -12,7 +12,6 @@ is printed and the tests build what they need themselves.
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,26 +36,18 @@ def deepspeed_shm_op() -> str:
     return builder.absolute_name()
 
 
-def warm(what: str, build) -> None:
-    start = time.monotonic()
-    try:
-        result = build()
-    except Exception as err:  # noqa: BLE001 - a warm-up: the tests build it themselves if this fails
-        print(f"warm_caches: {what}: not built ({type(err).__name__}: {err}); the first job builds it", flush=True)
-        return
-    print(f"warm_caches: {what}: {result} ({time.monotonic() - start:.1f} s)", flush=True)
-
-
-def main(argv: list[str]) -> int:
-    if argv == ["--op"]:
-        warm("DeepSpeed CPU shm op", deepspeed_shm_op)
-        return 0
-    # side by side, in two processes (each imports torch): the op's build is mostly the C++ compiler
-    op = subprocess.Popen([sys.executable, __file__, "--op"])
-    warm("tiny model", tiny_model)
-    op.wait()
+def main() -> int:
+    for what, build in (("tiny model", tiny_model), ("DeepSpeed CPU shm op", deepspeed_shm_op)):
+        start = time.monotonic()
+        try:
+            result = build()
+        except Exception as err:  # noqa: BLE001 - a warm-up: the tests build it themselves if this fails
+            print(f"warm_caches: {what}: not built ({type(err).__name__}: {err}); the first job builds it",
+                  flush=True)
+            continue
+        print(f"warm_caches: {what}: {result} ({time.monotonic() - start:.1f} s)", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
