@@ -93,7 +93,11 @@ def test_the_report_column_shows_each_score_with_its_interval_and_the_gain_or_wi
 
 
 @pytest.mark.e2e
-def test_an_evaluation_outside_a_git_checkout_leaves_no_git_error_in_the_log(tmp_path, monkeypatch, capfd):
+def test_an_evaluation_starts_no_child_process_and_leaves_no_git_error_in_the_log(tmp_path, monkeypatch, capfd):
+    """Inside a training job: lm_eval's ``git describe`` printed "not a git repository" into the job's log, and
+    its ``torch.utils.collect_env`` ran ``pip list`` and friends (about 0.45 s) after every evaluation."""
+    import subprocess
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from orchestrator.config.compose import compose_config
@@ -104,9 +108,18 @@ def test_an_evaluation_outside_a_git_checkout_leaves_no_git_error_in_the_log(tmp
     cfg = compose_config(["eval.tasks=[tiny_arith_mc]", "eval.limit=2", "eval.batch_size=2"])
     tasks = spec.resolve(cfg.eval)
     monkeypatch.chdir(tmp_path)  # a job's working directory: no checkout
+    started = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            started.append(args)
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
     result = harness.run(tasks, cfg.eval, model=AutoModelForCausalLM.from_pretrained(folder),
                          tokenizer=AutoTokenizer.from_pretrained(folder))
     assert "acc" in result.scores["tiny_arith_mc"]
+    assert started == []
     assert "not a git repository" not in capfd.readouterr().err
 
 
