@@ -161,6 +161,25 @@ def test_open_store_picks_backend(tmp_path, s3_server):
     assert cfg_store.transfer_config.multipart_threshold == 8 * MIB
 
 
+def test_a_second_s3_store_reads_no_service_model_again_and_keeps_its_own_credentials(s3_server, s3_bucket,
+                                                                                      monkeypatch):
+    """Each store is a new session (credentials read as a fresh one reads them) over one loader of botocore's
+    models per process: a new loader read the JSON models again, about 0.1 CPU-s per store."""
+    from botocore.loaders import JSONFileLoader
+
+    S3Store(s3_bucket, endpoint_url=s3_server.endpoint_url)  # the process's first store loads the models
+    read = []
+    real = JSONFileLoader.load_file
+    monkeypatch.setattr(JSONFileLoader, "load_file", lambda self, path: read.append(path) or real(self, path))
+    second = S3Store(s3_bucket, endpoint_url=s3_server.endpoint_url)
+    second.put_bytes("shared-loader/a", b"x")
+    assert second.get_bytes("shared-loader/a") == b"x"
+    assert read == []
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "another-key")
+    third = S3Store(s3_bucket, endpoint_url=s3_server.endpoint_url)
+    assert third.client._request_signer._credentials.access_key == "another-key"  # not the first session's
+
+
 def test_missing_bucket_is_a_user_error(s3_server):
     from orchestrator.errors import UserError
 

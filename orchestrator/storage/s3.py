@@ -18,6 +18,7 @@ from typing import Iterator
 import boto3
 import boto3.exceptions
 import botocore.exceptions
+import botocore.session
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
@@ -49,6 +50,22 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not bucket:
         raise ValueError(f"S3 URI {uri!r} names no bucket; expected s3://bucket/prefix")
     return bucket, prefix.strip("/")
+
+
+_shared_loader = None
+
+
+def _session(profile: str | None, region: str | None) -> boto3.Session:
+    """A new session (its own credential chain, read as a fresh ``boto3.Session`` reads it) whose service models
+    come from one loader per process: each new session's own loader read botocore's JSON models again, about
+    0.1 CPU-s per store, and an attempt opens several. Attempts forked from a supervisor inherit its loader."""
+    global _shared_loader
+    core = botocore.session.get_session()
+    if _shared_loader is None:
+        _shared_loader = core.get_component("data_loader")
+    else:
+        core.register_component("data_loader", _shared_loader)
+    return boto3.Session(botocore_session=core, profile_name=profile, region_name=region)
 
 
 class S3Store(ObjectStore):
@@ -86,7 +103,7 @@ class S3Store(ObjectStore):
         if checksum_compat:
             config_kwargs.update(request_checksum_calculation="when_required", response_checksum_validation="when_required")
         try:
-            session = boto3.Session(profile_name=profile, region_name=region)
+            session = _session(profile, region)
         except botocore.exceptions.ProfileNotFound:
             raise UserError(
                 f"AWS profile {profile!r} (storage.profile) is not in ~/.aws/config or ~/.aws/credentials; "
