@@ -138,6 +138,40 @@ def test_abort_incomplete_uploads_local_removes_stale_temp_files(tmp_path):
     assert not stale.exists() and fresh.exists()
 
 
+def test_a_process_forked_while_a_conditional_write_holds_the_lock_does_not_keep_it(tmp_path):
+    """A DataLoader worker forked while the checkpoint thread held the ledger's lock kept the lock (flock belongs
+    to the open file) for its whole life: the attempt's next heartbeat waited forever (a hang seen in the suite)."""
+    import multiprocessing
+    import threading
+
+    store = LocalStore(tmp_path)
+    version = store.put_if("run/ledger.json", b"a", if_version=None)
+    holding, release = threading.Event(), threading.Event()
+
+    def commit_thread():
+        with store._locked(store._path("run/ledger.json")):
+            holding.set()
+            release.wait(10)
+
+    committer = threading.Thread(target=commit_thread)
+    committer.start()
+    assert holding.wait(10)
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))  # a DataLoader worker
+    child.start()
+    try:
+        release.set()
+        committer.join(10)
+        heartbeat = threading.Thread(target=store.put_if, args=("run/ledger.json", b"b"),
+                                     kwargs={"if_version": version}, daemon=True)
+        heartbeat.start()
+        heartbeat.join(5)
+        assert not heartbeat.is_alive(), "the forked child still holds the ledger's lock"
+        assert store.get_bytes("run/ledger.json") == b"b"
+    finally:
+        child.kill()
+        child.join()
+
+
 def test_local_store_rejects_escaping_keys(tmp_path):
     store = LocalStore(tmp_path / "store")
     for key in ("../outside", "/abs", "a//b", "a/./b", ""):

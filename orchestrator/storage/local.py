@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +27,28 @@ _TMP_PREFIX = ".orch-tmp-"
 _LOCK_PREFIX = ".orch-lock-"
 # A temporary file untouched this long belongs to a killed writer.
 STALE_TEMP_SECONDS = 3600.0
+
+
+# Lock files this process has open. flock belongs to the open file, not to the process: a process forked while
+# one is held (a DataLoader worker forked by the training loop while the checkpoint thread commits to the ledger)
+# held the lock for its whole life, and the attempt's next heartbeat waited for it forever. A forked child closes
+# its copies at once, so the lock ends when its holder releases it; the guard keeps a fork out of the moment
+# between opening a lock file and recording it.
+_held_locks: set[int] = set()
+_fork_guard = threading.Lock()
+
+
+def _close_inherited_locks() -> None:
+    global _fork_guard
+    _fork_guard = threading.Lock()
+    for fd in _held_locks:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held_locks.clear()
+
+
+os.register_at_fork(before=lambda: _fork_guard.acquire(), after_in_parent=lambda: _fork_guard.release(),
+                    after_in_child=_close_inherited_locks)
 
 
 def _version_of(data: bytes) -> str:
@@ -86,12 +109,16 @@ class LocalStore(ObjectStore):
     def _locked(self, path: Path) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock_path = path.parent / f"{_LOCK_PREFIX}{path.name}"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        with _fork_guard:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            _held_locks.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)  # closing releases the lock
+            with _fork_guard:
+                _held_locks.discard(fd)
+                os.close(fd)  # closing releases the lock
 
     # -- ObjectStore -------------------------------------------------------
     def put_bytes(self, key: str, data: bytes) -> None:
