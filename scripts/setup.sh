@@ -20,10 +20,11 @@ else
   # default is a multi-GB CUDA build, so point TORCH_INDEX_URL at a CPU wheel index to avoid it
   .venv/bin/python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
-# the project's ~190 packages through uv (18 s here, against 127 s through pip, the same versions); pip when uv
-# cannot be had or fails (a private index configured only for pip, say)
+# the project's ~190 packages through uv (42 s here, against 127 s through pip, the same versions); compiled to
+# bytecode as pip does, or the test run's first processes (four xdist workers, their zygotes) each compile the
+# stack at once; pip when uv cannot be had or fails (a private index configured only for pip, say)
 if .venv/bin/python -m pip install -q "uv==0.13.9" \
-   && .venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt -e ".[test]"; then
+   && .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -c constraints.txt -e ".[test]"; then
   :
 else
   echo "setup: uv could not install the project; installing it with pip instead" >&2
