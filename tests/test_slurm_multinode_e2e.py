@@ -103,7 +103,11 @@ def test_two_node_slurm_job_requeued_after_a_node_is_killed_completes_byte_ident
             if state in FINAL_JOB_STATES | {"GONE"}:
                 raise AssertionError(f"job {job_id} ended ({state}) before a checkpoint:\n{output_text(out_file)}")
             steps = jobs.committed_steps(storage, run)
-            return state == "RUNNING" and steps and steps[-1] >= KILL_AFTER_STEP and node_processes(job_id, 1)
+            if not (state == "RUNNING" and steps and steps[-1] >= KILL_AFTER_STEP):
+                return False
+            attempt = (jobs.ledger(storage, run).get("attempts") or [{}])[-1]
+            # each node has recorded its start in the attempt (a node killed before that is in no record to end)
+            return len(attempt.get("nodes") or []) == 2 and node_processes(job_id, 1)
 
         jobs.wait_for(trained_a_while, JOB_START_TIMEOUT_SECONDS, f"two-node job {job_id} to commit step {KILL_AFTER_STEP}",
                       0.2)

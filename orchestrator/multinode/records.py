@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 # how much earlier than this node's start rank 0 may have begun the attempt by another host's clock
 CLOCK_SKEW_S = 60.0
-START_RETRY_S = 5.0  # until rank 0 has begun the attempt, the start is retried this often
+START_RETRY_S = 1.0  # until rank 0 has begun the attempt, the start is retried this often (one ledger read)
 FIELDS = ("node", "host", "pid", "started_at", "ended_at", "exit")
 
 
