@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import json
 import signal
-import subprocess
 import uuid
 
 import pytest
@@ -41,27 +40,25 @@ def test_eval_job_scores_each_checkpoint_once_and_a_sigkill_loses_only_the_one_i
 
     # killed once its first result is stored (during the second): that one stays, the rerun does the other two
     log = tmp_path / "eval.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(_eval_cmd(str(runs), tracking), cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    proc = jobs.start_cmd(_eval_cmd(str(runs), tracking), tmp_path, log, env=env)  # forked from the warm zygote
     jobs.wait_for(lambda: proc.poll() is not None or "(step 5): tiny_arith_mc/acc=" in log.read_text(), 300,
                   "the first result")
     assert proc.poll() is None, log.read_text()[-3000:]
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
-    first = subprocess.run(_eval_cmd(str(runs), tracking), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    first = jobs.run_cmd(_eval_cmd(str(runs), tracking), tmp_path, env=env, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "trained: 2 evaluated, 1 already done" in first.stdout, first.stdout[-2000:]
     results = _results(runs)
     assert sorted(r["step"] for r in results.values()) == [5, 10, 10], sorted(results)  # two checkpoints, final
-    again = subprocess.run(_eval_cmd(str(runs), tracking), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    again = jobs.run_cmd(_eval_cmd(str(runs), tracking), tmp_path, env=env, timeout=600)
     assert again.returncode == 0 and "trained: 0 evaluated, 3 already done" in again.stdout, again.stdout[-2000:]
 
     # one uninterrupted pass from scratch gives the same scores
     scores = {name: r["scores"] for name, r in results.items()}
     for path in runs.glob("trained/bench/*/*.json"):
         path.unlink()
-    clean = subprocess.run(_eval_cmd(str(runs), tracking), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    clean = jobs.run_cmd(_eval_cmd(str(runs), tracking), tmp_path, env=env, timeout=600)
     assert clean.returncode == 0 and "trained: 3 evaluated" in clean.stdout, clean.stdout[-2000:]
     assert {name: r["scores"] for name, r in _results(runs).items()} == scores
 
@@ -101,7 +98,7 @@ def test_eval_job_is_billed_to_the_jobs_ledger_and_spend_index_and_a_spent_cap_r
 
     cmd = [jobs.PYTHON, "-m", "orchestrator.cli.main", "eval", f"{runs}/trained", "eval.tasks=[tiny_arith_mc]",
            "eval.limit=20", *common]
-    first = subprocess.run(cmd, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True, timeout=600)
+    first = jobs.run_cmd(cmd, tmp_path, env=jobs.job_env(tmp_path), timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "trained: 3 evaluated, 0 already done, 0 unusable; $" in first.stdout, first.stdout[-2000:]
     ledger = json.loads((runs / "trained" / "ledger.json").read_text())
@@ -116,8 +113,7 @@ def test_eval_job_is_billed_to_the_jobs_ledger_and_spend_index_and_a_spent_cap_r
 
     # run.deadline passed: another task set evaluates nothing, says what is left, and exits 0 (nothing to requeue)
     late = [o for o in cmd if not o.startswith("eval.limit")] + ["eval.limit=7", "run.deadline=2020-01-01T00:00:00"]
-    stopped = subprocess.run(late, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True,
-                             timeout=600)
+    stopped = jobs.run_cmd(late, tmp_path, env=jobs.job_env(tmp_path), timeout=600)
     assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
     assert ("trained: 0 evaluated, 0 already done, 0 unusable, 3 left: run.deadline=2020-01-01T00:00:00 reached"
             in stopped.stdout), stopped.stdout[-2000:]
@@ -127,8 +123,7 @@ def test_eval_job_is_billed_to_the_jobs_ledger_and_spend_index_and_a_spent_cap_r
 
     # the experiment's cap is already spent (training and evaluation together): another task set is refused
     capped = [o for o in cmd if not o.startswith("eval.limit")] + ["eval.limit=10", "budget.experiment_max_usd=0.000001"]
-    refused = subprocess.run(capped, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True,
-                             timeout=600)
+    refused = jobs.run_cmd(capped, tmp_path, env=jobs.job_env(tmp_path), timeout=600)
     assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "orchestrator eval of 'trained' not started:" in refused.stderr and "capped" in refused.stderr, refused.stderr
     assert len(list(runs.glob("trained/bench/*/"))) == 1  # nothing evaluated for the new task set

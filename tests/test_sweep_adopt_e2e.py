@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -31,8 +30,7 @@ def read(path: Path) -> dict:
 def test_a_rerun_driver_adopts_the_running_launcher_instead_of_starting_the_trial_again(tmp_path):
     env = jobs.job_env(tmp_path, {"ORCH_STEP_DELAY_SECONDS": "1.0"})
     cmd = jobs.launch_cmd(SWEEP + [f"storage.uri={tmp_path / 'runs'}", f"run.work_dir={tmp_path / 'work'}"])
-    log = open(tmp_path / "driver.log", "ab")
-    driver = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    driver = jobs.start_cmd(cmd, tmp_path, tmp_path / "driver.log", env=env)  # forked from the warm zygote
     ledger_path = tmp_path / "runs" / "adopt-t0" / "ledger.json"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and driver.poll() is None:
@@ -45,7 +43,7 @@ def test_a_rerun_driver_adopts_the_running_launcher_instead_of_starting_the_tria
     driver.send_signal(signal.SIGKILL)  # the trial's launcher (its supervisor and worker) lives on
     driver.wait(30)
     try:
-        rerun = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        rerun = jobs.run_cmd(cmd, tmp_path, env=env, timeout=900)
     finally:
         if launcher and psutil.pid_exists(launcher["pid"]):
             psutil.Process(launcher["pid"]).kill()

@@ -39,9 +39,7 @@ def test_a_sweep_killed_everywhere_spends_at_most_its_budget_plus_one_step_per_r
     overrides = [o for o in SWEEP if not o.startswith("sweep.budget_usd=")] + [
         f"sweep.budget_usd={BUDGET}", "sweep.name=money", f"storage.uri={tmp_path / 'runs'}",
         f"run.work_dir={tmp_path / 'work'}"]
-    log = open(tmp_path / "driver.log", "ab")
-    driver = subprocess.Popen(jobs.launch_cmd(overrides), cwd=tmp_path, env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
+    driver = jobs.start_job(overrides, tmp_path, env=env, log_name="driver.log")  # forked from the warm zygote
     killed: set[str] = set()
     workers: dict[int, list[float]] = {}
     deadline = time.monotonic() + 1200

@@ -79,15 +79,12 @@ def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_pa
     # the uninterrupted sweep runs beside the killed one (its decisions depend on metrics, not on timing): the
     # two share the machine's idle time (steps' floors, start-ups waiting on disk) instead of taking turns
     started = time.monotonic()
-    calm_log = open(tmp_path / "calm.log", "w+")
-    calm = subprocess.Popen(sweep_cmd(tmp_path, "calm"), cwd=tmp_path, env=env, stdout=calm_log,
-                            stderr=subprocess.STDOUT, text=True)
+    # the drivers are forked from the test's warm interpreter (tests/helpers/zygote.py), as every job here is
+    calm = jobs.start_cmd(sweep_cmd(tmp_path, "calm"), tmp_path, tmp_path / "calm.log", env=env)
     calm_seconds = None
 
     killed: set[str] = set()
-    log = open(tmp_path / "driver.log", "ab")
-    driver = subprocess.Popen(sweep_cmd(tmp_path, "chaos"), cwd=tmp_path, env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
+    driver = jobs.start_cmd(sweep_cmd(tmp_path, "chaos"), tmp_path, tmp_path / "driver.log", env=env)
     driver_killed = False
     deadline = time.monotonic() + 1500
     while driver.poll() is None and time.monotonic() < deadline:
@@ -99,14 +96,12 @@ def test_an_asha_sweep_killed_everywhere_decides_as_the_uninterrupted_one(tmp_pa
             driver.send_signal(signal.SIGKILL)  # the driver vanishes mid-sweep; rerun the same command
             driver.wait(30)
             driver_killed = True
-            driver = subprocess.Popen(sweep_cmd(tmp_path, "chaos"), cwd=tmp_path, env=env, stdout=log,
-                                      stderr=subprocess.STDOUT)
+            driver = jobs.start_cmd(sweep_cmd(tmp_path, "chaos"), tmp_path, tmp_path / "driver.log", env=env)
         time.sleep(0.2)
     assert driver.wait(30) == 0, (tmp_path / "driver.log").read_text()[-4000:]
     assert calm.wait(max(30.0, deadline - time.monotonic())) == 0, (tmp_path / "calm.log").read_text()[-4000:]
     calm_seconds = calm_seconds or time.monotonic() - started
-    calm_log.seek(0)
-    calm_stdout = calm_log.read()
+    calm_stdout = (tmp_path / "calm.log").read_text()
     print(f"uninterrupted sweep: {calm_seconds:.0f} s; both: {time.monotonic() - started:.0f} s")
 
     a, b = state(tmp_path, "calm"), state(tmp_path, "chaos")
@@ -155,7 +150,7 @@ def test_a_hyperband_sweep_runs_each_trial_to_its_own_brackets_rungs_and_resumes
     name = "hb"
     cmd = jobs.launch_cmd(HYPERBAND + [f"sweep.name={name}", f"storage.uri={tmp_path / 'runs'}",
                                        f"run.work_dir={tmp_path / 'work'}"])
-    done = subprocess.run(cmd, cwd=tmp_path, env=jobs.job_env(tmp_path), capture_output=True, text=True, timeout=900)
+    done = jobs.run_cmd(cmd, tmp_path, timeout=900, fresh=True)  # a fresh driver: what it imports is measured below
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = state(tmp_path, name)
     assert [decide.bracket(doc["settings"], k) for k in range(3)] == [1, 2, 0]

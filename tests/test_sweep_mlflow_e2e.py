@@ -6,7 +6,6 @@ parent's dollars never fall and its best-so-far only improves, point by point.""
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 
 import mlflow.artifacts
@@ -31,7 +30,7 @@ def test_a_sweep_is_one_parent_run_with_a_child_run_per_trial(mlflow_server, tmp
     env = jobs.job_env(tmp_path)
     env.pop("MLFLOW_TRACKING_URI", None)
     for _ in range(2):  # the second launch resumes the finished sweep: nothing runs, no run is made
-        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+        done = jobs.run_cmd(cmd, tmp_path, env=env, timeout=1500)  # forked from the warm zygote, as jobs are
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     client = MlflowClient(mlflow_server.uri)
@@ -69,9 +68,8 @@ def test_a_sweep_is_one_parent_run_with_a_child_run_per_trial(mlflow_server, tmp
 
     # orchestrator report: the sweep's score-against-dollars chart, beside the jobs' table (the parent is no job)
     out = tmp_path / "report.png"
-    report = subprocess.run([jobs.PYTHON, "-m", "orchestrator", "report", "--tracking-uri", mlflow_server.uri,
-                             "--experiment", name, "--out", str(out)], env=env, capture_output=True, text=True,
-                            timeout=300)
+    report = jobs.run_cmd([jobs.PYTHON, "-m", "orchestrator", "report", "--tracking-uri", mlflow_server.uri,
+                           "--experiment", name, "--out", str(out)], tmp_path, env=env, timeout=300)
     assert report.returncode == 0, report.stdout + report.stderr
     line = next(x for x in report.stdout.splitlines() if x.startswith(f"sweep {name}: best eval_loss="))
     assert f"{min(trial_losses):.4f}" in line and f"${dollars[-1]:.4f}" in line

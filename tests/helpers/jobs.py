@@ -100,14 +100,16 @@ def zygote():
     return _zygote
 
 
-def run_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, timeout: float = 600,
+def run_cmd(cmd: list[str], cwd: Path, *, env: dict | None = None, timeout: float = 600,
             fresh: bool = False) -> subprocess.CompletedProcess:
-    cmd, env = launch_cmd(overrides), env or job_env(tmp_path)
+    """``cmd`` (``python -m orchestrator.launch ...``, ``python -m orchestrator <command> ...``) as
+    ``subprocess.run(..., capture_output=True, text=True)`` runs it: forked from the zygote where it can be."""
+    env = env or job_env(cwd)
     warm = None if fresh else zygote()
     if warm is not None:
         out = warm.folder / "outs" / f"{time.time_ns()}-{random.getrandbits(32):08x}"
         out.parent.mkdir(exist_ok=True)
-        forked = warm.start(cmd, tmp_path, env, out.with_suffix(".out"), out.with_suffix(".err"))
+        forked = warm.start(cmd, cwd, env, out.with_suffix(".out"), out.with_suffix(".err"))
         if forked is not None:
             try:
                 code = forked.wait(timeout)
@@ -116,21 +118,31 @@ def run_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, ti
                 raise
             return subprocess.CompletedProcess(cmd, code, out.with_suffix(".out").read_text(errors="replace"),
                                                out.with_suffix(".err").read_text(errors="replace"))
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def start_cmd(cmd: list[str], cwd: Path, log: Path, *, env: dict | None = None, fresh: bool = False):
+    """``cmd`` started in a session of its own, its stdout and stderr appended to ``log``: a ``subprocess.Popen``,
+    or a ``zygote.Forked`` with the same ``pid``, ``poll``, ``wait``, ``kill``, ``send_signal`` and ``returncode``."""
+    env = env or job_env(cwd)
+    warm = None if fresh else zygote()
+    if warm is not None:
+        forked = warm.start(cmd, cwd, env, log, log)
+        if forked is not None:
+            return forked
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, timeout: float = 600,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    return run_cmd(launch_cmd(overrides), tmp_path, env=env, timeout=timeout, fresh=fresh)
 
 
 def start_job(overrides: list[str], tmp_path: Path, *, env: dict | None = None, log_name: str = "job.log",
               fresh: bool = False):
-    """The job's launcher: a ``subprocess.Popen``, or a ``zygote.Forked`` with the same ``pid``, ``poll``,
-    ``wait``, ``kill``, ``send_signal`` and ``returncode``."""
-    cmd, env = launch_cmd(overrides), env or job_env(tmp_path)
-    warm = None if fresh else zygote()
-    if warm is not None:
-        forked = warm.start(cmd, tmp_path, env, tmp_path / log_name, tmp_path / log_name)
-        if forked is not None:
-            return forked
-    log = open(tmp_path / log_name, "ab")
-    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    """The job's launcher (``start_cmd``), its output in ``tmp_path / log_name``."""
+    return start_cmd(launch_cmd(overrides), tmp_path, tmp_path / log_name, env=env, fresh=fresh)
 
 
 def committed_steps(storage: Storage, run: str) -> list[int]:

@@ -11,7 +11,8 @@ A job whose environment differs from the zygote's in a variable the training sta
 (``jobs.start_job(..., fresh=True)``), and every job if the zygote cannot be reached. It is started when a run
 with end-to-end tests has collected them (``tests/conftest.py``), and a job launched while it imports waits.
 
-Protocol, one line of JSON each way over a Unix socket: ``{"argv", "cwd", "env", "stdout", "stderr"}`` (files the
+The CLI's commands (``python -m orchestrator eval ...``, a sweep's driver, ...) are forked the same way
+(``FORKED_MODULES``). Protocol, one line of JSON each way over a Unix socket: ``{"argv", "cwd", "env", "stdout", "stderr"}`` (files the
 child appends to) -> ``{"pid"}`` (0: not forked); the zygote reaps its children and writes each one's exit code
 (as ``Popen.returncode``: negative for a signal) to ``exits/<pid>`` in its folder, which ``Forked.poll`` reads.
 """
@@ -42,6 +43,16 @@ IMPORTED_ENV = "imported-env.json"  # the zygote's import-time environment once 
 # changes what a job does here (lm_eval: HF_XET_HIGH_PERFORMANCE, read for hub downloads, and this machine is
 # offline; DeepSpeed: PYTORCH_NVML_BASED_CUDA_CHECK, read by CUDA's availability check, and there is no GPU)
 SET_BY_IMPORTS = ("HF_XET_HIGH_PERFORMANCE", "PYTORCH_NVML_BASED_CUDA_CHECK")
+
+
+# what the zygote forks: a launch (a job, a sweep's driver) and the CLI's commands (``eval``, ``report``, ...), each
+# run as ``python -m <module>`` would run it (``-m orchestrator`` runs the package's ``__main__``)
+FORKED_MODULES = {"orchestrator.launch": "orchestrator.launch", "orchestrator": "orchestrator.__main__",
+                  "orchestrator.cli.main": "orchestrator.cli.main"}
+
+
+def forkable(argv: list[str]) -> bool:
+    return argv[:2] == [sys.executable, "-m"] and len(argv) > 2 and argv[2] in FORKED_MODULES
 
 
 def import_time_env(env: dict) -> dict:
@@ -169,7 +180,9 @@ def _child(request: dict) -> None:
         os.chdir(request["cwd"])
         from orchestrator import warm_start
 
-        warm_start.run_child(request["argv"], request["env"], warm_start.Inherited(time.time(), 0.0))
+        argv = request["argv"]
+        command = [*argv[:2], FORKED_MODULES[argv[2]], *argv[3:]]
+        warm_start.run_child(command, request["env"], warm_start.Inherited(time.time(), 0.0))
     finally:
         os._exit(code)
 
@@ -209,7 +222,7 @@ def serve(socket_path: str) -> None:
             except (OSError, ValueError):
                 continue
             pid = 0
-            if threading.active_count() == 1 and warm_start.is_launch_command(request["argv"]):
+            if threading.active_count() == 1 and forkable(request["argv"]):
                 for stream in (sys.stdout, sys.stderr):
                     stream.flush()
                 pid = os.fork()
