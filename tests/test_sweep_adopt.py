@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 
 from orchestrator import exitcodes
 from orchestrator.storage.local import LocalStore
@@ -52,19 +53,21 @@ def test_a_local_launcher_of_the_dead_driver_is_adopted_and_ends_with_its_ledger
 
 
 def test_a_submission_that_never_happened_is_gone_after_the_grace_and_a_made_one_is_waited_on(tmp_path):
+    # a name of its own: a launcher of another test's "s-t0" running on this host would be this trial's, alive
+    run = f"s{uuid.uuid4().hex[:8]}-t0"
     store = LocalStore(tmp_path)
     log_path = tmp_path / "t0.log"
-    log_path.write_bytes(b"submitted 's-t0' to slurm: job 7\n")  # an earlier launch's line, before the offset
+    log_path.write_bytes(f"submitted '{run}' to slurm: job 7\n".encode())  # an earlier launch's line, before the offset
     now = time.time()
-    stale = running_trial("s-t0", submitted=0, launched_at=now - 601, log_offset=log_path.stat().st_size,
+    stale = running_trial(run, submitted=0, launched_at=now - 601, log_offset=log_path.stat().st_size,
                           launcher=None)
     assert backends.adoptable(stale, store, submits=True, log_path=log_path).poll() == backends.GONE
     fresh = dict(stale, launched_at=now)
     assert backends.adoptable(fresh, store, submits=True, log_path=log_path).poll() is None  # within the grace
     with open(log_path, "ab") as f:
-        f.write(b"submitted 's-t0' to slurm: job 8\n")  # this launch's sbatch went through: queued, wait
+        f.write(f"submitted '{run}' to slurm: job 8\n".encode())  # this launch's sbatch went through: queued, wait
     assert backends.adoptable(stale, store, submits=True, log_path=log_path).poll() is None
-    ledger(store, "s-t0", "completed", ["completed"])
+    ledger(store, run, "completed", ["completed"])
     assert backends.adoptable(dict(stale, log_offset=0), store, submits=True, log_path=log_path).poll() == 0
 
 

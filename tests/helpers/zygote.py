@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from orchestrator.tracking.run import MLFLOW_HTTP_ENV_DEFAULTS
+
 # read by the training stack when it is imported: a job that sets them otherwise than the zygote did is launched fresh
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TOKENIZERS", "TORCH", "PYTORCH", "OMP_",
                         "MKL_", "CUDA", "ACCELERATE", "DS_", "BNB_", "PEFT", "TRL", "PYTHON", "LD_", "MLFLOW")
@@ -55,8 +57,14 @@ def forkable(argv: list[str]) -> bool:
     return argv[:2] == [sys.executable, "-m"] and len(argv) > 2 and argv[2] in FORKED_MODULES
 
 
+# read when used, not when imported: set in a test process by the tracking code it runs in-process
+# (``orchestrator.tracking.run.Tracking.start``), after which every job of that process would start fresh
+READ_WHEN_USED = tuple(MLFLOW_HTTP_ENV_DEFAULTS)
+
+
 def import_time_env(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in SET_BY_IMPORTS}
+    return {k: v for k, v in env.items()
+            if k.startswith(IMPORT_TIME_PREFIXES) and k not in SET_BY_IMPORTS and k not in READ_WHEN_USED}
 
 
 class Forked:
