@@ -49,7 +49,8 @@ def test_the_start_up_before_the_first_step_is_billed_from_the_process_start(tmp
     storage = jobs.Storage(str(tmp_path / "runs"))
     done = jobs.run_job(fast + storage.overrides() + [f"run.name={run}", "train.max_steps=3", "train.eval_at_end=false",
                                                       "checkpoint.save_final_weights=false", "compute=cpu",
-                                                      "compute.price_per_hour=3600"], tmp_path)
+                                                      "compute.price_per_hour=3600"], tmp_path,
+                       fresh=True)  # a fresh interpreter: its imports are the start-up billed here
     assert done.returncode == 0, done.stderr[-3000:]
     [attempt] = jobs.ledger(storage, run)["attempts"]
     startup_s = attempt["extra"]["restart"]["total_s"]

@@ -57,9 +57,10 @@ def forkable(argv: list[str]) -> bool:
     return argv[:2] == [sys.executable, "-m"] and len(argv) > 2 and argv[2] in FORKED_MODULES
 
 
-# read when used, not when imported: set in a test process by the tracking code it runs in-process
-# (``orchestrator.tracking.run.Tracking.start``), after which every job of that process would start fresh
-READ_WHEN_USED = tuple(MLFLOW_HTTP_ENV_DEFAULTS)
+# read when used, not when imported: the MLflow HTTP settings a test process's in-process tracking sets
+# (``orchestrator.tracking.run.Tracking.start``: every later job of that process would start fresh), and the
+# system metrics' interval (read when the monitor starts)
+READ_WHEN_USED = (*MLFLOW_HTTP_ENV_DEFAULTS, "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL")
 
 
 def import_time_env(env: dict) -> dict:
