@@ -285,20 +285,6 @@ def deepspeed_config(stage: int, cpu_offload: bool) -> dict:
     }
 
 
-def no_deepspeed_shared_memory_op() -> None:
-    """Keep DeepSpeed from compiling its CPU shared-memory op, which ZeRO training never calls.
-
-    On a machine without a GPU, DeepSpeed's communication backend builds ``deepspeed_shm_comm`` when it starts: C++
-    through the machine's compiler, about 45 s on 2 cores the first time, cached in ``~/.cache/torch_extensions``
-    after. It serves ``inference_all_reduce`` only (tensor-parallel inference); ZeRO's collectives are
-    torch.distributed's. Marked incompatible, the op is not built, and that one call falls back to
-    torch.distributed too. Must run before DeepSpeed's communication starts (the Trainer's arguments start it).
-    """
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
 def distributed_kwargs(dist_cfg, cuda: bool) -> dict:
     """Trainer arguments for the ``distributed`` group (the ranks are started by torchrun)."""
     name = dist_cfg.name
@@ -306,8 +292,6 @@ def distributed_kwargs(dist_cfg, cuda: bool) -> dict:
         return {}
     kw: dict = {"ddp_backend": "nccl" if cuda else "gloo"}
     if name in ("zero2", "zero3"):
-        if not cuda:
-            no_deepspeed_shared_memory_op()
         kw["deepspeed"] = deepspeed_config(2 if name == "zero2" else 3, dist_cfg.cpu_offload)
     elif name == "fsdp":
         kw["fsdp"] = "full_shard auto_wrap" + (" offload" if dist_cfg.cpu_offload else "")
