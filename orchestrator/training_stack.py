@@ -36,6 +36,25 @@ def skip_unused_deepspeed(cfg) -> None:
         sys.modules["deepspeed"] = None
 
 
+def settle_deepspeed(cfg) -> None:
+    """For a ZeRO job on CPU machines (``compute.gpus_per_node=0``): run DeepSpeed's op-compatibility probe now,
+    while this process has one thread, and mark its CPU shared-memory op unavailable.
+
+    The probe (``deepspeed.ops.__compatible_ops__``, once per process) compiles test programs with the process's
+    file descriptor 2 pointed at a temporary file, so whatever another thread logs to stderr meanwhile is lost
+    (rank 0's background restore's lines, seen here). The op, ``deepspeed_shm_comm``, serves only DeepSpeed's
+    tensor-parallel inference, never ZeRO's collectives (torch.distributed's), yet DeepSpeed's communication
+    compiles it on its first start on a machine (about 45 s on 2 cores) and loads it in every rank after. A
+    process that forks ranks runs this before forking, and they inherit the result. A GPU job is left as it was:
+    the probe queries the GPUs, which a process that forks ranks must not do first.
+    """
+    if str(cfg.distributed.name) not in ("zero2", "zero3") or int(cfg.compute.gpus_per_node) != 0:
+        return
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def import_stack(cfg: Any) -> None:
     """The modules an attempt of ``cfg`` imports before its first step (the recipe's trainer, PEFT, datasets).
     The libraries' telemetry is switched off first, as the worker does: they read the switch when imported."""
@@ -54,5 +73,7 @@ def import_stack(cfg: Any) -> None:
         preload()
     if str(cfg.distributed.name) in ("zero2", "zero3"):
         import deepspeed  # noqa: F401
+
+        settle_deepspeed(cfg)
     if cfg.tracking.enabled:
         import mlflow  # noqa: F401

@@ -25,7 +25,7 @@ quiet_telemetry()  # before transformers/TRL/MLflow are imported (by the attempt
 
 from orchestrator import distributed as dist  # noqa: E402
 from orchestrator.errors import end_attempt_on_error  # noqa: E402
-from orchestrator.training_stack import skip_unused_deepspeed, skip_unused_quantisation_stack  # noqa: E402
+from orchestrator.training_stack import settle_deepspeed, skip_unused_deepspeed, skip_unused_quantisation_stack  # noqa: E402
 
 
 def start_delay(environ=os.environ) -> None:
@@ -67,6 +67,7 @@ def _run(argv: list[str] | None = None) -> int:
             from orchestrator.forked_ranks import launch_ranks
 
             return launch_ranks(cfg, overrides, work_root, main)
+        settle_deepspeed(cfg)  # before this attempt starts a thread
         dist.init_process_group()
         start_delay()
         from orchestrator.attempt.build import build_attempt

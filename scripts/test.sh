@@ -36,7 +36,7 @@ if [ ! -x .venv-skypilot/bin/python ] || ! .venv-skypilot/bin/python -c "import 
 fi
 bash scripts/setup.sh
 export ORCH_CACHE_DIR="${ORCH_CACHE_DIR:-$PWD/.cache/test-models}"
-# the tiny model and DeepSpeed's CPU op are built before the tests start, not by the first tests
+# the tiny model is built before the tests start, not by the first tests
 .venv/bin/python scripts/warm_caches.py > .cache/warm_caches.log 2>&1 &
 WARM_PID=$!
 if ! wait "$SERVICES_PID"; then
