@@ -15,11 +15,12 @@ import time
 
 from omegaconf import DictConfig
 
-from orchestrator.config.compose import absolutize, compose_config, with_default_storage
-from orchestrator.errors import ConfigError, UserError
-from orchestrator.hub_pins import pin_revisions, resolve_commit
-from orchestrator.config.checks import validate
-from orchestrator.logsetup import setup_logging
+from orchestrator.app.compose import compose_config
+from orchestrator.config.compose import absolutize, with_default_storage
+from orchestrator.core.errors import ConfigError, UserError
+from orchestrator.app.hub_pins import pin_revisions, resolve_commit
+from orchestrator.app.checks import validate
+from orchestrator.core.logsetup import setup_logging
 
 log = logging.getLogger("orchestrator.launch")  # __name__ is "__main__" under python -m
 
@@ -39,7 +40,7 @@ def check_deadline_ahead(cfg: DictConfig, now: float | None = None) -> None:
     A relaunch of a job that has run (its ledger has attempts) whose deadline passed meanwhile is not
     refused: it is told so and runs on-demand, as the capacity watch decides (``attempt/capacity.py``).
     """
-    from orchestrator.config.durations import parse_deadline
+    from orchestrator.core.durations import parse_deadline
 
     if cfg.run.deadline is None:
         return
@@ -47,7 +48,7 @@ def check_deadline_ahead(cfg: DictConfig, now: float | None = None) -> None:
     late = (time.time() if now is None else now) - at
     if kind != "at" or late < 0:
         return
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
     from orchestrator.storage import store_from_config
 
     if Ledger(store_from_config(cfg.storage), str(cfg.run.name)).load().get("attempts"):
@@ -116,6 +117,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from orchestrator.exitcodes import exit_without_teardown
+    from orchestrator.core.exitcodes import exit_without_teardown
 
-    exit_without_teardown(main())  # the supervisor may have imported the training stack (orchestrator.warm_start)
+    exit_without_teardown(main())  # the supervisor may have imported the training stack (orchestrator.process.warm_start)

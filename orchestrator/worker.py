@@ -1,7 +1,7 @@
 """One training attempt: ``python -m orchestrator.worker [hydra overrides]``.
 
 Every backend runs this same command (the local supervisor as a child process, forked from itself where
-that is safe: ``orchestrator.warm_start``; Slurm from an sbatch script; SkyPilot and Kubernetes in the
+that is safe: ``orchestrator.process.warm_start``; Slurm from an sbatch script; SkyPilot and Kubernetes in the
 container). It
 composes the config, builds the attempt's parts (``orchestrator.attempt.build``)
 and runs them (``orchestrator.attempt.runner``):
@@ -10,7 +10,7 @@ and runs them (``orchestrator.attempt.runner``):
 3. build the recipe's TRL trainer with the orchestrator's callback;
 4. train; the callback saves on time, steps, a preemption notice or an exhausted budget;
 5. commit the final weights, close the ledger and the MLflow run, and exit with a
-   code that says what happened (see ``orchestrator.exitcodes``).
+   code that says what happened (see ``orchestrator.core.exitcodes``).
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from orchestrator.tracking.run import quiet_telemetry
 
 quiet_telemetry()  # before transformers/TRL/MLflow are imported (by the attempt's parts)
 
-from orchestrator import distributed as dist  # noqa: E402
-from orchestrator.errors import end_attempt_on_error  # noqa: E402
-from orchestrator.training_stack import settle_deepspeed, skip_unused_deepspeed, skip_unused_quantisation_stack  # noqa: E402
+from orchestrator.process import distributed as dist  # noqa: E402
+from orchestrator.attempt.failure import end_attempt_on_error  # noqa: E402
+from orchestrator.process.training_stack import settle_deepspeed, skip_unused_deepspeed, skip_unused_quantisation_stack  # noqa: E402
 
 
 def start_delay(environ=os.environ) -> None:
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None = None) -> int:
-    from orchestrator.config.compose import compose_config
-    from orchestrator.logsetup import setup_logging
+    from orchestrator.app.compose import compose_config
+    from orchestrator.core.logsetup import setup_logging
 
     setup_logging()
     # paths as the backend wrote them: the launcher made local ones absolute where the worker shares its
@@ -57,14 +57,14 @@ def _run(argv: list[str] | None = None) -> int:
         skip_unused_quantisation_stack(cfg)
         skip_unused_deepspeed(cfg)
         if dist.needs_launcher(cfg):
-            from orchestrator.multinode import node_env
+            from orchestrator.process.multinode import node_env
 
             node, work_root = node_env(cfg), Path(cfg.run.work_dir).expanduser().resolve() / cfg.run.name
             if node is not None:  # one node of a multi-node world: its ranks, watched on the attempt's store
-                from orchestrator.multinode.node import run_node
+                from orchestrator.process.multinode.node import run_node
 
                 return run_node(cfg, overrides, work_root, node, main)
-            from orchestrator.forked_ranks import launch_ranks
+            from orchestrator.process.forked_ranks import launch_ranks
 
             return launch_ranks(cfg, overrides, work_root, main)
         settle_deepspeed(cfg)  # before this attempt starts a thread
@@ -81,6 +81,6 @@ def _run(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from orchestrator.exitcodes import exit_without_teardown
+    from orchestrator.core.exitcodes import exit_without_teardown
 
     exit_without_teardown(main())

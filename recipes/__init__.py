@@ -54,7 +54,7 @@ REGISTRY: dict[str, Callable[[], Recipe]] = {"sft": _sft, "dpo": _dpo, "qlora": 
 def recipe_for(name: str) -> Recipe:
     """The recipe named ``name``; a name the registry lacks is a config error naming the choices."""
     if name not in REGISTRY:
-        from orchestrator.errors import ConfigError
+        from orchestrator.core.errors import ConfigError
 
         raise ConfigError(f"recipe={name} is not a recipe; choose one of {', '.join(sorted(REGISTRY))} "
                           "(a new recipe is a module with build_trainer/evaluate/accuracy and a line in "

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from recipes.tiny import TINY_NAME, ensure_tiny_model
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -46,7 +46,7 @@ def _count_load(started: float) -> None:
 def quantisation_stack_needed(cfg) -> bool:
     """Whether the job needs bitsandbytes: a quantised base (``recipe.quantization`` other than none)
     or one of its optimizers (``train.optim=paged_adamw_8bit``, ...)."""
-    from orchestrator.planning.train_options import uses_bitsandbytes
+    from orchestrator.config.train_options import uses_bitsandbytes
 
     return str(cfg.recipe.quantization) != "none" or uses_bitsandbytes(cfg)
 
@@ -62,7 +62,7 @@ def resolve_model_path(model_cfg) -> str:
     if name.startswith("builtin:"):
         raise ConfigError(f"model.name_or_path={name!r}: the only built-in model is {TINY_NAME!r}.")
     if name.startswith("s3://"):
-        from orchestrator.inputs import local_folder
+        from orchestrator.storage.inputs import local_folder
 
         folder = local_folder(name)  # downloaded once per attempt, verified
         if not (folder / "config.json").is_file():

@@ -12,8 +12,8 @@ import json
 import random
 from pathlib import Path
 
-from orchestrator.config.choices import MixSource, choices
-from orchestrator.errors import DataError
+from orchestrator.core.choices import MixSource, choices
+from orchestrator.core.errors import DataError
 
 COLUMNS = {
     "sft": ({"prompt", "completion"}, {"messages"}),  # either form
@@ -59,7 +59,7 @@ def tokenizer_training_text() -> list[str]:
 def _read_jsonl(path: str, where: str = "data") -> list[dict]:
     """The rows of a JSONL file, or of every JSONL/Parquet file an ``s3://`` object, folder or glob names; the key
     ``<where>.path`` names it (``data``, ``data.mix[i]``)."""
-    from orchestrator.inputs import is_remote, local_files
+    from orchestrator.storage.inputs import is_remote, local_files
 
     if is_remote(path):
         rows = [row for f in local_files(path) for row in _read_file(f, f"{where}.path={path!r} ({f.name})")]
@@ -112,8 +112,8 @@ def _check_columns(rows_columns: set[str], recipe_name: str, where: str) -> None
 def check_jsonl(path: str, recipe_name: str) -> None:
     """Validate a JSONL file up front: it exists, parses, and has the recipe's columns. Raises DataError.
 
-    An ``s3://`` path is read by the worker, not here (``orchestrator.config.checks`` checks that it is listed)."""
-    from orchestrator.inputs import is_remote
+    An ``s3://`` path is read by the worker, not here (``orchestrator.app.checks`` checks that it is listed)."""
+    from orchestrator.storage.inputs import is_remote
 
     if is_remote(path):
         return
@@ -241,7 +241,7 @@ def chat_template_text(value) -> str | None:
         return None
     value = str(value)
     if value.startswith("s3://"):
-        from orchestrator.inputs import local_files
+        from orchestrator.storage.inputs import local_files
 
         text = local_files(value)[0].read_text(encoding="utf-8")  # downloaded once per attempt, verified
         check_jinja(text, value)
@@ -263,7 +263,7 @@ def chat_template_text(value) -> str | None:
 def check_chat_template(value) -> None:
     """Launch check: the named template exists, or the file does and is a valid Jinja template that renders a
     sample conversation in transformers' sandbox (the one ``apply_chat_template`` renders in) without tripping it.
-    An ``s3://`` template is checked by the worker, which reads it (``orchestrator.config.checks`` checks it is listed)."""
+    An ``s3://`` template is checked by the worker, which reads it (``orchestrator.app.checks`` checks it is listed)."""
     if str(value).startswith("s3://"):
         return
     text = chat_template_text(value)

@@ -73,7 +73,7 @@ def precompute_or_load(compute, dataset, name: str, batch_size: int, store, *, m
     import torch
     from datasets import Dataset, concatenate_datasets
 
-    from orchestrator import distributed as dist
+    from orchestrator.core import ranks as dist
 
     key = store.key(split=name, data_fingerprint=tokens_fingerprint(dataset), model_fingerprint=model_fingerprint,
                     batch_size=batch_size)

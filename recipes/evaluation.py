@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 from transformers import TrainerCallback
 
-from orchestrator import distributed
+from orchestrator.core import ranks as distributed
 
 MATCHERS = ("auto", "exact_match", "contains", "none")
 _NUMBER = re.compile(r"-?\d+")

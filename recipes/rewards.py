@@ -19,7 +19,7 @@ import json
 import math
 import re
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 _NUMBER = re.compile(r"-?\d+")
 # what TRL passes to every reward function besides the dataset's columns (TRL 1.16, GRPOTrainer._calculate_rewards)
@@ -120,7 +120,7 @@ def check_grpo_config(cfg) -> None:
 
 def generation_batch(cfg) -> tuple[int, int]:
     """(generation_batch_size, steps_per_generation) as TRL derives them from the config (one process)."""
-    from orchestrator.distributed import configured_world_size
+    from orchestrator.core.ranks import configured_world_size
 
     r, t = cfg.recipe, cfg.train
     step_batch = int(t.per_device_batch_size) * configured_world_size(cfg)

@@ -18,7 +18,7 @@ from pathlib import Path
 def measure(rows: int) -> tuple[int, float, float]:
     from orchestrator.attempt.datacache import PreparedDataCache
     from orchestrator.checkpoint.store import CheckpointStore
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from orchestrator.storage import LocalStore
     from recipes import sft
     from recipes.data import fingerprint, load_datasets

@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 def main(limit: int) -> None:
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from orchestrator.evaluation import harness, spec
     from recipes import sft
     from recipes.common import resolve_model_path

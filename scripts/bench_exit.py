@@ -1,5 +1,5 @@
 """An attempt's exit: from its last line ("final weights: ...") to the end of its process, with the
-interpreter's teardown skipped (``orchestrator.exitcodes.exit_without_teardown``, what ``python -m
+interpreter's teardown skipped (``orchestrator.core.exitcodes.exit_without_teardown``, what ``python -m
 orchestrator.worker`` does) against a plain ``sys.exit`` (the interpreter frees torch, transformers and the
 rest before the process ends), side by side, the two sides alternating (which goes first swapped every round).
 

@@ -89,7 +89,7 @@ def bare_child(overrides: list[str], go_file: str | None = None) -> None:
     """In a fresh process: the recipe's trainer, no orchestrator callback, no saves."""
     from recipes import recipe_for
 
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from recipes.data import load_datasets
 
     cfg = compose_config(overrides)

@@ -1,10 +1,10 @@
 """A job whose worker is SIGKILLed after each of its first N checkpoints, its attempts forked from the supervisor
-(``requeue.fork_attempts=true``, the default: ``orchestrator.warm_start``) against a fresh interpreter per attempt
+(``requeue.fork_attempts=true``, the default: ``orchestrator.process.warm_start``) against a fresh interpreter per attempt
 (``false``), side by side, the two sides alternating (which goes first swapped every round).
 
     .venv/bin/python scripts/bench_requeue.py                 # 3 rounds, 4 kills each, the default tiny job
     .venv/bin/python scripts/bench_requeue.py --processes 2   # a two-process DDP job: ranks forked from torchrun's
-                                                              # agent (orchestrator.forked_ranks) or fresh under it
+                                                              # agent (orchestrator.process.forked_ranks) or fresh under it
 
 Each round launches ``python -m orchestrator.launch`` as a user does (local storage, checkpoints every second,
 MLflow off, one intra-op thread), waits for each new committed checkpoint, SIGKILLs the worker (found by its

@@ -91,7 +91,7 @@ def checkpoint_folder(workdir: Path, run: str, step: int) -> Path:
 
 def bare_inputs(args: list[str], workdir: Path) -> Path:
     """The bare script's inputs, from the orchestrated job's config: model folder, rows, SFTConfig arguments."""
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from recipes import common
     from recipes.data import load_datasets
 

@@ -18,7 +18,7 @@ to reach it (dollars spent by the moment its final evaluation was known: attempt
 
 ``--fresh``: instead of the batch order, the same ASHA sweep again with ``requeue.fork_attempts=false`` (each trial's
 launch and each attempt a fresh interpreter) against the default (each launch forked from the driver, which
-imported the training stack once: ``orchestrator/warm_start.py``): wall seconds, CPU seconds of the sweep's whole
+imported the training stack once: ``orchestrator/process/warm_start.py``): wall seconds, CPU seconds of the sweep's whole
 process tree, dollars billed, and whether both decided the same.
 
 ``--chaos SEED``: instead of the batch order, the same ASHA sweep again with every trial's worker SIGKILLed at

@@ -13,7 +13,7 @@ import re
 
 from omegaconf import MISSING
 
-from orchestrator.config import choices
+from orchestrator.core import choices
 from orchestrator.config import schema as c
 GROUP_OPTIONS_NOTE = "options: the files in `conf/<group>/`"
 
@@ -28,7 +28,7 @@ def field_comments(cls) -> dict[str, str]:
 
 
 def type_of(f) -> str:
-    """The field's type as the reference writes it: a choice (an ``Enum`` of ``orchestrator.config.choices``) as ``choice``."""
+    """The field's type as the reference writes it: a choice (an ``Enum`` of ``orchestrator.core.choices``) as ``choice``."""
     typ = str(f.type)
     typ = (typ[len("Optional["):-1] + " or null") if typ.startswith("Optional[") else typ
     return "choice" if isinstance(getattr(choices, typ, None), enum.EnumMeta) else typ

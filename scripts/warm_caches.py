@@ -6,7 +6,7 @@ The tiny model every test job trains (``recipes.tiny.ensure_tiny_model``, into `
 exactly where the jobs look, under the same lock the jobs take, so a test that starts before this ends waits for
 the build instead of starting a second one. Nothing here is needed for correctness: a failure is printed and
 the tests build what they need themselves. (DeepSpeed's CPU shared-memory op, built here before, is no longer
-built at all: ``orchestrator.training_stack.settle_deepspeed``.)
+built at all: ``orchestrator.process.training_stack.settle_deepspeed``.)
 """
 from __future__ import annotations
 

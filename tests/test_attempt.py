@@ -22,17 +22,17 @@ from orchestrator.attempt.money import MoneyWatch, SpendWatch
 from orchestrator.money.spend import Caps, SpendIndex
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.config.compose import compose_config
+from orchestrator.app.compose import compose_config
 from orchestrator.config.schema import ComputeConfig, RequeueConfig
 from orchestrator.money.cost import Price
-from orchestrator.errors import (
+from orchestrator.core.errors import (
     BudgetExhausted,
     CapsReached,
     Fenced,
     AlreadyCompleted,
 )
-from orchestrator.exitcodes import ExitClass
-from orchestrator.ledger import Ledger
+from orchestrator.core.exitcodes import ExitClass
+from orchestrator.records.ledger import Ledger
 from orchestrator.policy.requeue import RequeuePolicy
 from orchestrator.storage import LocalStore
 from tests.helpers import jobs

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.backends.settings import KubernetesSettings, SkyPilotSettings, SlurmSettings, backend_settings
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError
 
 
 def _settings(*overrides: str):

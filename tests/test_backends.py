@@ -27,7 +27,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.backends import (
     get_backend,
     run_backend,
@@ -35,8 +35,8 @@ from orchestrator.backends import (
     worker_invocation,
     worker_overrides,
 )
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError
 
 USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "distributed=ddp", "distributed.processes_per_node=8", "run.name=exp1", "storage.uri=s3://bucket/runs",
                   "storage.endpoint_url=http://minio:9000", "preemption.grace=30s"]

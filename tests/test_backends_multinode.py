@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.backends import get_backend
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from tests.test_backends import SKYPILOT_PYTHON, USER_OVERRIDES, _composed, compose
 
 TWO_NODES = ("compute.nodes=2", "distributed.nodes=2")
@@ -54,7 +54,7 @@ FAKE_PYTHON = textwrap.dedent(
     """\
     #!/bin/bash
     case "$1 $2" in
-      "-m orchestrator.multinode.store")
+      "-m orchestrator.process.multinode.store")
         exec python3 -c 'import socket, sys, time; s = socket.create_server((sys.argv[1], int(sys.argv[2])));
     s.settimeout(30); [s.accept() for _ in range(3)]; time.sleep(30)' "$4" "$6" ;;
       "-m orchestrator.worker")
@@ -163,7 +163,7 @@ def test_skypilot_task_for_two_nodes_loads_with_skypilots_own_parser(tmp_path):
     run = task["run"]
     assert 'head="$(echo "$SKYPILOT_NODE_IPS" | head -n 1)"' in run
     assert 'ORCH_NODE_RANK="$SKYPILOT_NODE_RANK"' in run and 'ORCH_STORE="$head:29400"' in run
-    store, worker = run.index("orchestrator.multinode.store"), run.index("orchestrator.worker")
+    store, worker = run.index("orchestrator.process.multinode.store"), run.index("orchestrator.worker")
     assert 'if [ "$SKYPILOT_NODE_RANK" = 0 ]' in run[:store] and store < worker  # the head's store, then the worker
     subprocess.run(["bash", "-n"], input=run, text=True, check=True)
 
@@ -199,7 +199,7 @@ def test_kubernetes_two_nodes_are_a_jobset_of_a_store_and_an_indexed_job():
     assert worker.resources.limits["nvidia.com/gpu"] == "8"
     assert nodes.template.spec.node_selector == {"cloud.google.com/gke-spot": "true"}
     store_pod = store.template.spec
-    assert store_pod.containers[0].command[:3] == ["python", "-m", "orchestrator.multinode.store"]
+    assert store_pod.containers[0].command[:3] == ["python", "-m", "orchestrator.process.multinode.store"]
     assert store_pod.node_selector is None and "nvidia.com/gpu" not in str(store_pod.containers[0].resources)
     assert spec["network"]["enableDNSHostnames"] is True
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["nodes"]}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError
 from orchestrator.evaluation import spec
 from tests.helpers import jobs
 

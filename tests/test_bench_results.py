@@ -100,7 +100,7 @@ def test_an_evaluation_starts_no_child_process_and_leaves_no_git_error_in_the_lo
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from orchestrator.evaluation import harness, spec
     from recipes.tiny import ensure_tiny_model
 

@@ -57,8 +57,8 @@ def test_the_threshold_asks_for_more_than_noise():
 def _refusal(overrides: list[str]) -> str:
     import pytest
 
-    from orchestrator.config.compose import compose_config
-    from orchestrator.errors import ConfigError
+    from orchestrator.app.compose import compose_config
+    from orchestrator.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         compose_config(overrides)
@@ -79,7 +79,7 @@ def test_a_benchmark_selection_metric_is_checked_at_launch_with_the_fix():
 
 
 def test_the_filtered_metric_of_a_generation_task_is_known():
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
 
     cfg = compose_config(["eval.tasks=[tiny_arith_gen]", "eval.every=1", "checkpoint.every_steps=5",
                           "train.early_stopping_patience=1", "checkpoint.final=best",

@@ -12,8 +12,8 @@ import pytest
 
 from orchestrator.cli import main as cli
 from orchestrator.cli.common import format_bytes
-from orchestrator.exitcodes import ExitClass
-from orchestrator.ledger import Ledger
+from orchestrator.core.exitcodes import ExitClass
+from orchestrator.records.ledger import Ledger
 from orchestrator.storage import LocalStore
 from tests.helpers.net import free_port
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.config.compose import compose_config, conf_dir
+from orchestrator.core.errors import ConfigError
+from orchestrator.app.compose import compose_config
+from orchestrator.config.compose import conf_dir
 
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "experiment")
 

@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator.attempt.resolved import resolve
 from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
-from orchestrator.config.compose import compose_config
+from orchestrator.app.compose import compose_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "config_serialisation.json"
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config.schema import ComputeConfig
-from orchestrator.money.cost import CostMeter, attempts_cost_usd, load_catalog, lost_work, price_for, spot_savings_usd, usd_per_million_tokens, usd_per_step
+from orchestrator.records.ledger import attempts_cost_usd
+from orchestrator.money.cost import CostMeter, load_catalog, lost_work, price_for, spot_savings_usd, usd_per_million_tokens, usd_per_step
 
 CATALOG = {
     "a100-80gb": {

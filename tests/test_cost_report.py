@@ -112,7 +112,7 @@ def test_report_lists_each_attempt_and_the_totals():
 
 
 def test_grpo_logs_usd_per_1k_rollouts_counting_each_generation_batch_once():
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from orchestrator.money.report import rollouts_per_step
 
     cfg = compose_config(["recipe=grpo", "train.per_device_batch_size=8", "train.gradient_accumulation_steps=2",

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import UserError, classify_exception
-from orchestrator.exitcodes import ExitClass
+from orchestrator.app.compose import compose_config
+from orchestrator.attempt.failure import classify_exception
+from orchestrator.core.errors import UserError
+from orchestrator.core.exitcodes import ExitClass
 from tests.helpers import jobs
 
 ESCAPE = '{% for m in messages %}{{ m["content"] }}{{ "".__class__.__mro__ }}{% endfor %}'

@@ -15,7 +15,7 @@ import pytest
 from orchestrator.attempt.datacache import PREFIX, PreparedDataCache, cache_key, cache_wanted
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.config.compose import compose_config
+from orchestrator.app.compose import compose_config
 from orchestrator.storage import LocalStore
 from tests.helpers import jobs
 

@@ -23,12 +23,12 @@ from orchestrator.policy.interval import Lifetime
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.attempt.schedule import CheckpointCost, CheckpointSchedule
 from orchestrator.policy.history import spot_lifetimes as lifetimes
-from orchestrator.backends.capacity import MOVE, RESUBMIT, attempt_capacity, attempt_compute
-from orchestrator.config.compose import compose_config
+from orchestrator.attempt.capacity_contract import MOVE, RESUBMIT, attempt_capacity, attempt_compute
+from orchestrator.app.compose import compose_config
 from orchestrator.config.schema import ComputeConfig, RequeueConfig
-from orchestrator.config.durations import parse_deadline
-from orchestrator.errors import ConfigError
-from orchestrator.ledger import Ledger
+from orchestrator.core.durations import parse_deadline
+from orchestrator.core.errors import ConfigError
+from orchestrator.records.ledger import Ledger
 from orchestrator.policy.deadline import ON_DEMAND, SPOT
 from orchestrator.cli.status import format_ledger
 from orchestrator.storage.local import LocalStore
@@ -73,7 +73,7 @@ def make_ports(tmp_path, *, history=(), spot=True, step_time_s=0.1):
     stops they request, and a stand-in for MLflow."""
     ledger = Ledger(LocalStore(tmp_path / "runs"), "job")
     if history:
-        from orchestrator.ledger import new_ledger
+        from orchestrator.records.ledger import new_ledger
         from orchestrator.storage.transact import transact
 
         def seed(_):

@@ -1,7 +1,7 @@
 """Two-process CPU training (gloo): DDP and DeepSpeed ZeRO-2 resume exactly after a SIGKILL.
 
 The ranks are started by torchrun under ``python -m orchestrator.worker`` (forked from torchrun's agent,
-``orchestrator.forked_ranks``; the torchrun command with ``requeue.fork_attempts=false``); a
+``orchestrator.process.forked_ranks``; the torchrun command with ``requeue.fork_attempts=false``); a
 SIGKILL of the worker takes torchrun and the ranks along (as a vanished machine
 would), the supervisor requeues, and the final weights must match an
 uninterrupted two-process run byte for byte.

@@ -65,8 +65,9 @@ def problems(command: str) -> list[str]:
 
 
 def _override_problems(overrides: list[str]) -> list[str]:
-    from orchestrator.config.compose import compose_config, split_sweep_overrides
-    from orchestrator.errors import ConfigError
+    from orchestrator.app.compose import compose_config
+    from orchestrator.config.compose import split_sweep_overrides
+    from orchestrator.core.errors import ConfigError
     from orchestrator.sweep.space import SearchSpace
 
     try:  # a sweep's search space (docs/sweeps.md) composes as its first point

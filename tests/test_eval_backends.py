@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import yaml
 
+from orchestrator.cli import evaluate as eval_command
 from orchestrator.evaluation import job
 from tests.test_backends import SKYPILOT_PYTHON
 
@@ -24,7 +25,7 @@ WEBHOOK = f"budget.webhook_url=https://hooks.slack.com/services/T0AAAA/B0BBBB/{W
 
 
 def _dry_run(capsys, backend: str, *extra: str) -> tuple[int, str, str]:
-    code = job.main([RUN_URI, *OVERRIDES, f"backend={backend}", "backend.dry_run=true", *extra])
+    code = eval_command.main([RUN_URI, *OVERRIDES, f"backend={backend}", "backend.dry_run=true", *extra])
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -88,7 +89,7 @@ def test_slurm_submit_hands_the_eval_jobs_secrets_to_sbatch_in_its_environment(c
     (bin_dir / "sbatch").write_text(fake)
     (bin_dir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    code = job.main([RUN_URI, *OVERRIDES, "backend=slurm", f"run.work_dir={tmp_path / 'work'}", WEBHOOK])
+    code = eval_command.main([RUN_URI, *OVERRIDES, "backend=slurm", f"run.work_dir={tmp_path / 'work'}", WEBHOOK])
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "submitted 'exp1-eval' to slurm: job 77" in out.out
@@ -165,7 +166,7 @@ def test_eval_job_text_holds_no_secret_value(capsys, backend):
     (["backend=slurm", "+backend.extra.sbatch_args=['--export=NONE']", WEBHOOK], "Drop --export or include ALL"),
 ])
 def test_a_bad_backend_setting_exits_4_with_the_fix(capsys, extra, expected):
-    code = job.main([RUN_URI, *OVERRIDES, "backend.dry_run=true", *extra])
+    code = eval_command.main([RUN_URI, *OVERRIDES, "backend.dry_run=true", *extra])
     err = capsys.readouterr().err
     assert code == 4, err
     assert expected in err and WEBHOOK_SECRET not in err
@@ -182,6 +183,6 @@ def test_a_preemption_signal_during_the_evaluation_exits_75_for_the_backend_to_r
         raise AssertionError("the signal did not interrupt the evaluation")
 
     monkeypatch.setattr(job, "evaluate_run", preempted)
-    assert job.main([str(tmp_path / "runs" / "exp1"), "eval.tasks=[tiny_arith_mc]"]) == 75
+    assert eval_command.main([str(tmp_path / "runs" / "exp1"), "eval.tasks=[tiny_arith_mc]"]) == 75
     assert charged[-1] == "preempted"
     assert signal.getsignal(signal.SIGTERM) is not job._raise_preempted  # the handler is put back

@@ -1,12 +1,12 @@
-"""One outcome vocabulary: the table in orchestrator/exitcodes.py, and the classification of what ends an attempt."""
+"""One outcome vocabulary: the table in orchestrator/core/exitcodes.py, and the classification of what ends an attempt."""
 from __future__ import annotations
 
 import pytest
 
-from orchestrator import exitcodes
-from orchestrator.errors import (AlreadyCompleted, BudgetExhausted, CapsReached, ConfigError, DataError, Fenced,
-                                 classify_exception)
-from orchestrator.exitcodes import OUTCOMES, ExitClass, RequeueClass, classify_exit
+from orchestrator.core import exitcodes
+from orchestrator.attempt.failure import classify_exception
+from orchestrator.core.errors import AlreadyCompleted, BudgetExhausted, CapsReached, ConfigError, DataError, Fenced
+from orchestrator.core.exitcodes import OUTCOMES, ExitClass, RequeueClass, classify_exit
 
 
 def test_every_exit_class_has_one_row_and_every_code_means_one_class():
@@ -41,7 +41,7 @@ def test_mlflow_statuses_are_mlflows_own_terminal_statuses():
 
 
 def test_the_ledger_takes_each_outcomes_status(tmp_path):
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
     from orchestrator.storage import LocalStore
 
     store = LocalStore(tmp_path)
@@ -64,7 +64,7 @@ def test_backends_key_on_the_tables_codes():
     assert sorted(kubernetes.STOP_EXIT_CODES) == [c for c in exitcodes.final_codes() if c != exitcodes.COMPLETED]
     preemption_codes = [o.exit_code for o in OUTCOMES.values() if o.preemption and o.exit_code is not None]
     assert preemption_codes == [exitcodes.PREEMPTED]
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
 
     cfg = compose_config(["backend=skypilot", "storage.uri=s3://bucket/runs"])
     assert skypilot.task_config(cfg, [])["resources"]["job_recovery"]["recover_on_exit_codes"] == preemption_codes
@@ -142,7 +142,7 @@ def test_our_own_value_errors_stay_crashes():
 def test_out_of_memory_names_the_fix_for_this_config():
     import torch
 
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
 
     cfg = compose_config(["compute=l4-spot", "train.per_device_batch_size=8", "train.gradient_accumulation_steps=2"])
     err = _raised(lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))

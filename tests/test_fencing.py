@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.attempt.build import build_attempt
 from orchestrator.checkpoint import manifest as mf
-from orchestrator.ledger import Ledger
+from orchestrator.records.ledger import Ledger
 from orchestrator.money.spend_repair import rebuild_index
 from orchestrator.storage import LocalStore
 from tests.test_attempt import _cfg, _weights_digest, crash_after_step_12

@@ -120,7 +120,7 @@ def test_final_weights_go_to_mlflow_as_the_runs_logged_model_and_not_to_storage(
 @pytest.mark.e2e
 @pytest.mark.mlflow
 def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(finished_job):
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from recipes.data import fingerprint, load_datasets
 
     job = finished_job

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError
 
 BAD = [
     (["recipe.reward_funcs=[no_such_module_xyz:fn]"], ["no_such_module_xyz", "cannot be imported", "PYTHONPATH"]),

@@ -1,6 +1,8 @@
-"""The package's import graph: no cycles, nothing imports the launcher, and the Hydra-free modules stay so.
+"""The package's import graph: the floors contract, no cycles, nothing imports the launcher, and the Hydra-free
+modules stay so.
 
-Every import counts, also those inside functions (a lazy import is still a dependency).
+Every import counts, also those inside functions (a lazy import is still a dependency); only those under
+``if TYPE_CHECKING:`` (annotations, never run) are left out.
 """
 from __future__ import annotations
 
@@ -21,12 +23,64 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+# The floors, lowest first: a module imports only from its own floor and the floors below it. A newcomer knows from
+# a file's floor what it may use and who may use it (docs/architecture.md draws the house on this list).
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("core", ("orchestrator.core",)),  # exit codes, error types, durations, choices, numbers, ranks, env names
+    ("config", ("orchestrator.config",)),  # the schemas, composing (Hydra only here), TRL options of a config
+    ("storage", ("orchestrator.storage",)),  # the object store, conditional writes, inputs by digest
+    ("records", ("orchestrator.records",)),  # documents kept in the bucket: the ledger, the reproducibility record
+    ("policy", ("orchestrator.policy",)),  # pure decisions: requeue, interval, deadline, restart
+    ("money", ("orchestrator.money",)),  # prices, the meter, budgets, the spend index, the cost report
+    ("checkpoint", ("orchestrator.checkpoint",)),  # snapshot, manifest, commit, verified restore, caches
+    ("tracking", ("orchestrator.tracking",)),  # MLflow, progress
+    ("recipes", ("recipes",)),  # one module per method on TRL; nothing of storage, cost or requeue
+    ("evaluation", ("orchestrator.evaluation",)),  # lm-evaluation-harness runs, results, gains
+    ("planning", ("orchestrator.planning",)),  # memory, throughput, interruption pricing, simulation
+    ("attempt", ("orchestrator.attempt",)),  # the parts of one attempt, the Trainer callbacks, preemption
+    ("process", ("orchestrator.process",)),  # supervisor, forked attempts and ranks, the multi-node world
+    ("backends", ("orchestrator.backends",)),  # local, Slurm, SkyPilot, Kubernetes renders and submissions
+    ("sweep", ("orchestrator.sweep",)),  # studies in storage, trials as ordinary jobs
+    ("app", ("orchestrator.app", "orchestrator.launch", "orchestrator.worker")),  # the processes' mains, launch checks
+    ("cli", ("orchestrator.cli", "orchestrator.__main__")),  # one module per `orchestrator <command>`
+)
+
+
+def floor_of(module: str) -> int | None:
+    """The index in FLOORS of ``module``'s floor (the longest matching prefix), -1 for ``orchestrator`` itself
+    (its ``__init__`` holds the version and imports nothing)."""
+    if module == "orchestrator":
+        return -1
+    found = [(len(prefix), index) for index, (_, prefixes) in enumerate(FLOORS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".")]
+    return max(found)[1] if found else None
+
+
+def _typing_only(tree: ast.AST) -> set[int]:
+    """The nodes under ``if TYPE_CHECKING:``: annotations only, never imported at run time."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(inner) for inner in ast.walk(node))
+    return skip
+
+
+def _sources() -> dict[str, str]:
+    return {_module_name(p): p.read_text() for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def _graph(sources: dict[str, str] | None = None) -> dict[str, set[str]]:
+    sources = _sources() if sources is None else sources
+    modules = set(sources)
     graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+    inits = {_module_name(p) for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}
+    for name, text in sources.items():
+        package = name if name in inits else name.rpartition(".")[0]
+        tree = ast.parse(text)
+        skip = _typing_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -72,6 +126,59 @@ def test_no_import_cycles_and_nothing_imports_the_launcher():
     assert importers == [], f"modules importing orchestrator.launch: {importers}"
 
 
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a higher floor than the importer's (and every module on no floor)."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        own = floor_of(name)
+        if own is None:
+            found.append(f"{name} is on no floor: add it to FLOORS")
+            continue
+        for dep in sorted(deps):
+            theirs = floor_of(dep)
+            if own < 0 and dep:
+                found.append(f"{name} imports {dep}: the top package imports nothing")
+            if theirs is not None and theirs > own:
+                found.append(f"{name} ({FLOORS[own][0]}) imports {dep} ({FLOORS[theirs][0]})")
+    return found
+
+
+def _package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles among packages (``orchestrator.attempt``, ``recipes``...): two floors' packages that reach each other."""
+    def package(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if parts[0] == "orchestrator" and len(parts) > 1 else parts[0]
+
+    packages: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        packages.setdefault(package(name), set()).update(package(d) for d in deps if package(d) != package(name))
+    for deps in list(packages.values()):
+        for dep in deps:
+            packages.setdefault(dep, set())
+    return _cycles(packages)
+
+
+def test_every_module_imports_only_its_own_floor_and_those_below():
+    graph = _graph()
+    assert not upward_imports(graph), "\n".join(upward_imports(graph))
+    assert not _package_cycles(graph), _package_cycles(graph)
+
+
+def test_the_floors_contract_fails_on_an_upward_import_even_inside_a_function():
+    sources = _sources()
+    # the lowest floor reaching for a command's helper, lazily, as a convenience import would
+    sources["orchestrator.core.errors"] += "\n\ndef _planted():\n    from orchestrator.cli.common import fail\n"
+    assert upward_imports(_graph(sources)) == [
+        "orchestrator.core.errors (core) imports orchestrator.cli.common (cli)"]
+    # the same import only for annotations is no dependency
+    sources["orchestrator.core.errors"] = _sources()["orchestrator.core.errors"] + (
+        "\n\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from orchestrator.cli.common import fail\n")
+    assert upward_imports(_graph(sources)) == []
+    # a new top-level module nobody placed is refused too
+    sources["orchestrator.helpers"] = "import os\n"
+    assert upward_imports(_graph(sources)) == ["orchestrator.helpers is on no floor: add it to FLOORS"]
+
+
 def test_the_cycle_check_finds_a_planted_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
 
@@ -79,8 +186,8 @@ def test_the_cycle_check_finds_a_planted_cycle():
 @pytest.mark.e2e
 def test_storage_preemption_and_the_backends_import_without_hydra():
     code = ("import sys\n"
-            "import orchestrator.config.durations, orchestrator.storage, orchestrator.preemption, orchestrator.backends\n"
-            "import orchestrator.ledger, orchestrator.checkpoint.store\n"
+            "import orchestrator.core.durations, orchestrator.storage, orchestrator.attempt.preemption, orchestrator.backends\n"
+            "import orchestrator.records.ledger, orchestrator.checkpoint.store\n"
             "print(sorted(m for m in ('hydra', 'torch', 'transformers') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

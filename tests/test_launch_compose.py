@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator import launch
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError
 
 SHAS = {"model": "a" * 40, "dataset": "b" * 40}
 HUB_JOB = ["model=qwen2.5-0.5b", "model.revision=main", "data=hub", "data.path=org/set"]

@@ -3,15 +3,15 @@
 The requeue policy, the preemption handler and the store check their settings when they are built
 (the supervisor builds the first and the last in the launcher, the worker all three in every attempt).
 A bad value found there was a traceback in the launcher, or an attempt crash that an engine requeues;
-``orchestrator.config.checks.validate`` finds each one before anything runs. So does a GPU count that does
+``orchestrator.app.checks.validate`` finds each one before anything runs. So does a GPU count that does
 not match the training processes (GPUs billed and never used).
 """
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError
 from tests.helpers import jobs
 
 FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_failures=1"]
@@ -34,7 +34,7 @@ FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_fa
         ("storage.uri=file://", ["storage.uri", "names no folder"]),
         ("storage.uri=s3://", ["storage.uri", "names no bucket"]),
         ("storage.multipart_threshold_mb=0", ["storage.multipart_threshold_mb=0", "storage.multipart_threshold_mb=64"]),
-        # from_pretrained's attention kernel (orchestrator.planning.train_options), which a CPU job cannot run
+        # from_pretrained's attention kernel (orchestrator.config.train_options), which a CPU job cannot run
         ("model.attn_implementation=flash_attention_2", ["flash_attention_2 runs on CUDA GPUs only",
                                                          "model.attn_implementation=sdpa"]),
         # price_for, the worker's first step

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from orchestrator.errors import CapsReached, Fenced
-from orchestrator.exitcodes import ExitClass
-from orchestrator.ledger import Ledger
+from orchestrator.core.errors import CapsReached, Fenced
+from orchestrator.core.exitcodes import ExitClass
+from orchestrator.records.ledger import Ledger
 
 
 def _begin(ledger: Ledger, host: str = "host-a", **kw):
@@ -225,7 +225,7 @@ def test_a_supervisor_records_its_killed_childs_attempt(store):
 
 
 def test_a_typed_refusal_is_raised_and_sets_its_own_status(store):
-    from orchestrator.errors import AlreadyCompleted, BudgetExhausted
+    from orchestrator.core.errors import AlreadyCompleted, BudgetExhausted
 
     ledger = Ledger(store, "typed")
     _begin(ledger)

@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError
-from orchestrator.multinode import NodeEnv, node_env
-from orchestrator.multinode.watchdog import Watchdog
-from orchestrator.multinode.world import free_port, world_code
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError
+from orchestrator.process.multinode import NodeEnv, node_env
+from orchestrator.process.multinode.watchdog import Watchdog
+from orchestrator.process.multinode.world import free_port, world_code
 
 TWO = ["distributed=ddp", "distributed.processes_per_node=1", "distributed.nodes=2", "compute.nodes=2"]
 
@@ -26,7 +26,7 @@ class Clock:
 
 @pytest.fixture
 def store_port():
-    from orchestrator.multinode.store import serve
+    from orchestrator.process.multinode.store import serve
 
     port, ready, stop = free_port(), threading.Event(), threading.Event()
     thread = threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True)
@@ -38,7 +38,7 @@ def store_port():
 
 
 def watchdogs(port, clock, timeout=5.0):
-    from orchestrator.multinode.store import connect
+    from orchestrator.process.multinode.store import connect
 
     return [Watchdog(connect("127.0.0.1", port, 5), rank, 2, "rdzv-1", timeout, clock=clock) for rank in (0, 1)]
 
@@ -120,7 +120,7 @@ def test_a_bad_multi_node_config_is_refused_at_launch(extra, needle):
 
 
 def test_auto_heartbeat_timeout_follows_the_measured_steps_and_saves():
-    from orchestrator.multinode.timeouts import DEFAULT_S, FLOOR_S, collective_timeout_s, heartbeat_timeout_s
+    from orchestrator.process.multinode.timeouts import DEFAULT_S, FLOOR_S, collective_timeout_s, heartbeat_timeout_s
 
     assert heartbeat_timeout_s("auto") == DEFAULT_S
     assert heartbeat_timeout_s("45s") == 45.0
@@ -171,8 +171,8 @@ def test_a_collective_error_from_a_lost_node_is_vanished_not_a_crash(monkeypatch
     (requeued, not counted as a crash, nothing recorded by this rank); on one node it stays a crash."""
     import torch.distributed  # noqa: F401 - the error family the classifier looks for
 
-    from orchestrator.errors import classify_exception
-    from orchestrator.exitcodes import ExitClass
+    from orchestrator.attempt.failure import classify_exception
+    from orchestrator.core.exitcodes import ExitClass
 
     err = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
                        "[127.0.0.1]:61118: Connection reset by peer.")
@@ -198,8 +198,8 @@ def test_each_nodes_launcher_records_its_node_in_the_attempt_of_its_rendezvous(s
     import time
 
     from orchestrator.cli.status import format_ledger
-    from orchestrator.ledger import Ledger
-    from orchestrator.multinode.records import CLOCK_SKEW_S, NodeRecorder
+    from orchestrator.records.ledger import Ledger
+    from orchestrator.process.multinode.records import CLOCK_SKEW_S, NodeRecorder
 
     ledger = Ledger(store, "mn")
     old = _begin(ledger, "task-7", monkeypatch)
@@ -234,8 +234,8 @@ def test_a_node_that_never_recorded_its_end_is_ended_with_its_attempt(store, mon
     """A node killed outright (its launcher too) cannot write its end: the local supervisor fills it in from the
     process it started without overwriting what a node wrote itself, and elsewhere the next attempt's begin ends
     it at the attempt's last heartbeat, its exit unknown."""
-    from orchestrator.ledger import Ledger
-    from orchestrator.multinode.records import NodeRecorder, record_nodes
+    from orchestrator.records.ledger import Ledger
+    from orchestrator.process.multinode.records import NodeRecorder, record_nodes
 
     ledger = Ledger(store, "mn2")
     attempt = _begin(ledger, "job-1-0", monkeypatch)

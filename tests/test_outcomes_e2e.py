@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from tests.helpers import jobs
 
 

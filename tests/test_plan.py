@@ -19,7 +19,7 @@ from orchestrator.planning import cost as plan_cost
 from orchestrator.planning import memory as plan_memory
 from orchestrator.config.schema import Config
 from orchestrator.money.cost import Price
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -11,7 +11,7 @@ from orchestrator.planning import plan
 
 from orchestrator.planning import memory as plan_memory
 from orchestrator.money.cost import load_catalog, preemption_prior_per_hour
-from orchestrator.plan_nodes import break_even_nodes, spot_break_even
+from orchestrator.planning.nodes import break_even_nodes, spot_break_even
 from tests.test_plan import LLAMA_70B, full
 from tests.test_plan_spot import _plan
 

@@ -85,7 +85,7 @@ def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatc
     """A job with attempts in its ledger: the plan's restart is their measured median, and its spot rate moves
     from the prior toward what the job saw (four preemptions in two hours of training)."""
     from orchestrator.planning import plan
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     attempts = [{"started_at": 1000.0 * i, "ended_at": 1000.0 * i + 1800 + 300, "exit_class": cls, "spot": True,
@@ -106,7 +106,7 @@ def test_the_plan_reads_the_jobs_history_without_waiting_out_a_storage_outage(mo
     """The plan is advice: its read of the ledger is not retried for storage.retry_for (a dry run with an
     unreachable bucket used to wait two minutes before printing)."""
     from orchestrator import storage
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from orchestrator.planning import spot
     from orchestrator.storage.retry import RetryingStore
 

@@ -44,7 +44,7 @@ def test_trial_prints_estimate_beside_measurement(tmp_path):
 
 
 def _train_two_steps(overrides: list[str], tmp_path: Path, monkeypatch):
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from recipes import sft
     from recipes.data import load_datasets
 

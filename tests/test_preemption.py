@@ -17,7 +17,7 @@ import time
 import pytest
 
 from orchestrator.config.schema import PreemptionConfig
-from orchestrator.preemption import GCP_NOTICE_SECONDS, PreemptionHandler
+from orchestrator.attempt.preemption import GCP_NOTICE_SECONDS, PreemptionHandler
 from tests.helpers.fake_metadata import FakeMetadata
 
 POLL_SECONDS = 0.05
@@ -112,7 +112,7 @@ def test_azure_preempt_event_deadline_is_its_not_before(handlers):
 def test_watcher_survives_metadata_errors(handlers, caplog):
     with FakeMetadata("gcp") as fake:
         fake.fail_next = 4
-        with caplog.at_level(logging.WARNING, logger="orchestrator.preemption"):
+        with caplog.at_level(logging.WARNING, logger="orchestrator.attempt.preemption"):
             handler = _watch(handlers, "gcp", fake.url)
             time.sleep(8 * POLL_SECONDS)
             fake.notice = True
@@ -156,7 +156,7 @@ def test_first_signal_sets_the_flag_and_a_second_only_logs(handlers, caplog):
     assert before + 30 <= handler.deadline <= time.monotonic() + 30
     first_deadline = handler.deadline
 
-    with caplog.at_level(logging.INFO, logger="orchestrator.preemption"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.attempt.preemption"):
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.05)  # let the interpreter run the handler
     assert handler.reason == "SIGTERM" and handler.deadline == first_deadline

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from tests.helpers import jobs
 from tests.helpers.fixtures_s3 import empty_bucket
 from tests.helpers.fake_metadata import FakeMetadata

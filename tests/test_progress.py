@@ -1,4 +1,4 @@
-"""The progress display (orchestrator/progress.py) in-process: the line's figures, its rate limit, the bar on a
+"""The progress display (orchestrator/tracking/progress.py) in-process: the line's figures, its rate limit, the bar on a
 terminal, and the datasets library's bars kept quiet. The line in a real job's log is asserted in
 tests/test_tracking_e2e.py (the MLflow outage job), the bar's choice of stream here."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.progress import TrainingProgress, progress_line, quiet_data_progress, wants_bar
+from orchestrator.tracking.progress import TrainingProgress, progress_line, quiet_data_progress, wants_bar
 
 
 class Clock:
@@ -49,11 +49,11 @@ def test_lines_go_at_most_every_interval_with_the_money_watch_figures(caplog):
 
     progress = TrainingProgress(dollars, bar=False, every_s=2.0, clock=clock)
     progress.on_train_begin(None, _state(10), None)
-    with caplog.at_level(logging.INFO, logger="orchestrator.progress"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.tracking.progress"):
         for step in range(11, 31):  # a step every 0.5 s from step 10 (a resumed attempt)
             clock.now += 0.5
             progress.on_step_end(None, _state(step), None)
-    lines = [r.getMessage() for r in caplog.records if r.name == "orchestrator.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "orchestrator.tracking.progress"]
     # the attempt's first step, then one line per 2 s (every 4th step)
     assert [int(re.search(r"step (\d+)/", x).group(1)) for x in lines] == [11, 15, 19, 23, 27]
     assert lines[1] == ("progress: step 15/100 (15%), 2.00 steps/s, ETA 00:42, cost so far $0.0750, "
@@ -101,8 +101,8 @@ def test_datasets_bars_are_quiet_unless_asked_for(show, environ, quieted):
 
 
 def test_an_unknown_progress_mode_is_refused_at_launch_naming_the_choices():
-    from orchestrator.config.compose import compose_config
-    from orchestrator.errors import ConfigError
+    from orchestrator.app.compose import compose_config
+    from orchestrator.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"tracking.progress='fancy' is not a valid choice; choose one of: "
                                           r"auto, bar, lines, off"):

@@ -14,8 +14,8 @@ from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.checkpoint.callback import OrchestratorCallback
 from orchestrator.checkpoint.ref_logps import FILE, RefLogProbStore
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError
 from orchestrator.storage import open_store
 from recipes import evaluation
 

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from orchestrator.config.compose import compose_config
+from orchestrator.app.compose import compose_config
 from recipes import data, dpo, qlora, sft
 from tests.helpers import jobs
 
@@ -134,8 +134,8 @@ def _modules_after_recipe_imports(overrides: list[str]) -> dict:
 
     code = (
         "import json, sys\n"
-        "from orchestrator.config.compose import compose_config\n"
-        "from orchestrator.training_stack import skip_unused_deepspeed, skip_unused_quantisation_stack\n"
+        "from orchestrator.app.compose import compose_config\n"
+        "from orchestrator.process.training_stack import skip_unused_deepspeed, skip_unused_quantisation_stack\n"
         f"cfg = compose_config({overrides!r})\n"
         "skip_unused_quantisation_stack(cfg)\n"
         "skip_unused_deepspeed(cfg)\n"
@@ -194,7 +194,7 @@ def test_every_recipe_of_the_config_is_registered_and_provides_the_recipe_interf
 
 def test_an_unregistered_recipe_is_a_config_error_naming_the_choices():
     import recipes
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="choose one of dpo, grpo, qlora, sft"):
         recipes.recipe_for("ppo")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import exitcodes
-from orchestrator.errors import DataError
+from orchestrator.core import exitcodes
+from orchestrator.core.errors import DataError
 from recipes.data import synthetic_rows
 from tests.helpers import jobs
 
@@ -192,7 +192,7 @@ def _storage_cfg(s3_server):
 
 
 def test_an_object_a_folder_and_a_glob_download_once_and_verified(s3_server, s3_bucket, tmp_path):
-    from orchestrator.inputs import InputFiles
+    from orchestrator.storage.inputs import InputFiles
 
     bucket = s3_bucket.split("/")[2]
     for name in ("a.jsonl", "b.jsonl", "notes.txt"):
@@ -209,7 +209,7 @@ def test_an_object_a_folder_and_a_glob_download_once_and_verified(s3_server, s3_
 
 
 def test_a_key_that_would_leave_the_download_folder_is_refused(s3_server, s3_bucket, tmp_path):
-    from orchestrator.inputs import InputFiles
+    from orchestrator.storage.inputs import InputFiles
 
     bucket = s3_bucket.split("/")[2]
     _put(s3_server, f"s3://{bucket}/models/x/config.json", b"{}")
@@ -221,7 +221,7 @@ def test_a_key_that_would_leave_the_download_folder_is_refused(s3_server, s3_buc
 
 
 def test_bytes_that_do_not_match_the_listed_size_or_etag_are_refused(tmp_path):
-    from orchestrator.inputs import verify
+    from orchestrator.storage.inputs import verify
 
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 100)
@@ -234,7 +234,7 @@ def test_bytes_that_do_not_match_the_listed_size_or_etag_are_refused(tmp_path):
 
 
 def test_a_multipart_upload_is_checked_against_its_etag(s3_server, s3_bucket, tmp_path):
-    from orchestrator.inputs import InputFiles, verify
+    from orchestrator.storage.inputs import InputFiles, verify
 
     from boto3.s3.transfer import TransferConfig
 
@@ -257,8 +257,8 @@ def test_parquet_shards_under_a_glob_are_read_in_key_order(s3_server, s3_bucket,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from orchestrator import inputs
-    from orchestrator.inputs import InputFiles
+    from orchestrator.storage import inputs
+    from orchestrator.storage.inputs import InputFiles
     from recipes.data import _read_jsonl
 
     bucket = s3_bucket.split("/")[2]
@@ -316,7 +316,7 @@ def test_a_changed_data_object_is_a_changed_trajectory(s3_server, s3_bucket, tmp
 
 def test_skypilot_file_mounts_and_mix_sources_are_given_as_the_vm_sees_them(project, tmp_path, monkeypatch, capsys):
     from orchestrator import launch
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
 
     datasets = tmp_path / "datasets"
     datasets.mkdir()
@@ -339,8 +339,8 @@ def test_skypilot_file_mounts_and_mix_sources_are_given_as_the_vm_sees_them(proj
 
 
 def test_mix_sources_in_s3_are_read_through_the_jobs_storage_settings(s3_server, s3_bucket, tmp_path, monkeypatch):
-    from orchestrator import inputs
-    from orchestrator.config.compose import compose_config
+    from orchestrator.storage import inputs
+    from orchestrator.app.compose import compose_config
     from recipes.data import load_datasets
 
     bucket = s3_bucket.split("/")[2]
@@ -365,8 +365,8 @@ def test_trls_training_templates_pass_the_launch_check():
 
 
 def test_an_s3_template_that_is_not_jinja_stops_the_attempt_with_the_fix(s3_server, s3_bucket, tmp_path, monkeypatch):
-    from orchestrator import inputs
-    from orchestrator.inputs import InputFiles
+    from orchestrator.storage import inputs
+    from orchestrator.storage.inputs import InputFiles
     from recipes.data import chat_template_text
 
     bucket = s3_bucket.split("/")[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import copy
 
-from orchestrator import repro
+from orchestrator.records import repro
 
 FIELDS = {"git_commit", "git_dirty", "packages", "packages_sha256", "packages_count", "image", "python", "torch",
           "cuda", "driver", "gpu_model", "gpu_count", "hostname", "platform", "config_sha256", "created_at"}
@@ -76,9 +76,9 @@ def test_code_without_git_records_the_commit_baked_into_the_image(tmp_path):
     from pathlib import Path
 
     app = tmp_path / "app"  # the project as the image holds it: no .git anywhere above it
-    shutil.copytree(Path(repro.__file__).resolve().parents[0], app / "orchestrator",
+    shutil.copytree(Path(repro.__file__).resolve().parents[1], app / "orchestrator",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    probe = "import json; from orchestrator.repro import collect_record; r = collect_record({}); " \
+    probe = "import json; from orchestrator.records.repro import collect_record; r = collect_record({}); " \
             "print(json.dumps([r['git_commit'], r['git_dirty']]))"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_GIT", "GIT_"))}
     env.update(PYTHONPATH=str(app), GIT_CEILING_DIRECTORIES=str(tmp_path))
@@ -95,7 +95,7 @@ def test_the_dockerfile_bakes_the_build_commit_where_repro_reads_it():
     """No Docker engine here: check the Dockerfile's last stage turns --build-arg GIT_COMMIT into ORCH_GIT_COMMIT."""
     from pathlib import Path
 
-    text = (Path(repro.__file__).resolve().parents[1] / "containers" / "Dockerfile").read_text()
+    text = (Path(repro.__file__).resolve().parents[2] / "containers" / "Dockerfile").read_text()
     lines = [line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
     stage = lines[max(i for i, line in enumerate(lines) if line.startswith("FROM ")):]
     assert any(line.startswith("ARG GIT_COMMIT") for line in stage), stage
@@ -111,7 +111,7 @@ def test_the_header_reader_says_what_importlibs_metadata_parser_says_for_every_i
     this environment, long descriptions and all, it must agree with ``dist.metadata["Name"]`` and ``dist.version``."""
     from importlib import metadata
 
-    from orchestrator.repro import name_and_version
+    from orchestrator.records.repro import name_and_version
 
     checked = 0
     for dist in metadata.distributions():

@@ -152,7 +152,7 @@ def test_preemptions_without_progress_are_stopped_by_their_own_cap():
 def test_machines_lost_while_loading_in_a_real_ledger_are_not_a_crash_loop(tmp_path):
     # the ledger as the worker writes it: each attempt is killed before its first checkpoint,
     # and the next one's begin_attempt marks it vanished
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
     from orchestrator.storage import LocalStore
 
     store = LocalStore(tmp_path / "store")
@@ -235,7 +235,7 @@ def _ledger(status: str, attempts: list[dict]) -> dict:
 
 
 def test_start_refusal_of_a_completed_job_is_a_success_naming_the_final_weights():
-    from orchestrator.errors import AlreadyCompleted
+    from orchestrator.core.errors import AlreadyCompleted
     from orchestrator.policy.requeue import start_refusal
 
     # even a job that completed after spending its failure cap is complete, not "caps reached"
@@ -247,7 +247,7 @@ def test_start_refusal_of_a_completed_job_is_a_success_naming_the_final_weights(
 
 
 def test_start_refusal_types_caps_and_budget():
-    from orchestrator.errors import BudgetExhausted, CapsReached
+    from orchestrator.core.errors import BudgetExhausted, CapsReached
     from orchestrator.policy.requeue import start_refusal
 
     policy = RequeuePolicy(RequeueConfig(max_failures=1))

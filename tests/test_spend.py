@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.attempt.money import SpendWatch
 from orchestrator.money.budget import BudgetGuard
-from orchestrator.errors import BudgetExhausted
+from orchestrator.core.errors import BudgetExhausted
 from orchestrator.money.spend import Caps, SpendIndex, experiment_total_usd, month_total_usd
 from orchestrator.storage import LocalStore
 
@@ -157,8 +157,8 @@ def test_budget_guard_names_and_texts_for_a_cap():
     (["budget.reserve_ahead=soon"], "budget.reserve_ahead='soon' is not a duration"),
 ])
 def test_bad_spend_caps_are_refused_at_launch(bad, needle):
-    from orchestrator.config.compose import compose_config
-    from orchestrator.errors import ConfigError
+    from orchestrator.app.compose import compose_config
+    from orchestrator.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
         compose_config(["recipe=sft", *bad])
@@ -211,7 +211,7 @@ def test_another_jobs_hold_is_released_once_its_attempt_is_gone_and_kept_while_i
     import time
 
     from orchestrator.money.spend import month_of
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     ledger = Ledger(store, "a")

@@ -14,8 +14,8 @@ import logging
 import pytest
 
 from orchestrator.attempt.money import SpendWatch
-from orchestrator.errors import BudgetExhausted
-from orchestrator.ledger import Ledger
+from orchestrator.core.errors import BudgetExhausted
+from orchestrator.records.ledger import Ledger
 from orchestrator.money.spend import INDEX_KEY, Caps, SpendIndex, SpendIndexCorrupt, month_total_usd, parse_index
 
 DEC = calendar.timegm((2026, 12, 15, 12, 0, 0))
@@ -104,7 +104,7 @@ def _ledger_with(store, run, costs_and_classes, *, experiment="x"):
 
 
 def test_repair_spend_rebuilds_the_index_from_the_ledgers(s3_server, s3_store, capsys):
-    from orchestrator.storage.lifecycle import main as storage_main
+    from orchestrator.cli.storage import main as storage_main
 
     _ledger_with(s3_store, "a", [(0.25, "preempted"), (0.5, "completed")])
     _ledger_with(s3_store, "b", [(0.125, "crashed"), (0.375, "running")], experiment="y")

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.attempt.money import SpendWatch
 from orchestrator.attempt.record import AttemptRecord
-from orchestrator.ledger import Ledger
+from orchestrator.records.ledger import Ledger
 from orchestrator.policy.requeue import RequeuePolicy
 from orchestrator.money.spend import Caps, SpendIndex, month_of, month_total_usd
 
@@ -45,7 +45,7 @@ def test_a_cap_s_alerts_fire_on_money_spent_not_on_the_reservation(s3_store):
 
 
 def _record(store, run, spend):
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
 
     cfg = compose_config(["recipe=sft", f"run.name={run}"])
     return AttemptRecord(Ledger(store, run), RequeuePolicy(cfg.requeue), compute=cfg.compute, budget_max_usd=None,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.exitcodes import ExitClass
-from orchestrator.ledger import Ledger
+from orchestrator.core.exitcodes import ExitClass
+from orchestrator.records.ledger import Ledger
 from orchestrator.storage import LocalStore
 from orchestrator.storage.lifecycle import apply_lifecycle
 

@@ -215,7 +215,7 @@ def test_a_second_s3_store_reads_no_service_model_again_and_keeps_its_own_creden
 
 
 def test_missing_bucket_is_a_user_error(s3_server):
-    from orchestrator.errors import UserError
+    from orchestrator.core.errors import UserError
 
     store = S3Store("s3://no-such-bucket-here/runs", endpoint_url=s3_server.endpoint_url)
     with pytest.raises(UserError, match="does not exist"):

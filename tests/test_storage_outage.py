@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import classify_exception
-from orchestrator.exitcodes import ExitClass, outcome
-from orchestrator.ledger import Ledger
+from orchestrator.attempt.failure import classify_exception
+from orchestrator.core.exitcodes import ExitClass, outcome
+from orchestrator.records.ledger import Ledger
 from orchestrator.storage import LocalStore, TransientStorageError, store_from_config
 from orchestrator.storage.retry import RetryingStore, StorageUnavailable
 
@@ -83,8 +83,8 @@ def test_an_outage_longer_than_the_window_ends_as_a_preemption_not_a_crash(tmp_p
 
 
 def test_a_job_store_retries_for_storage_retry_for(tmp_path):
-    from orchestrator.config.compose import compose_config
-    from orchestrator.errors import ConfigError
+    from orchestrator.app.compose import compose_config
+    from orchestrator.core.errors import ConfigError
 
     cfg = compose_config(["recipe=sft", f"storage.uri={tmp_path}", "storage.retry_for=45s"])
     store = store_from_config(cfg.storage)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.exitcodes import ExitClass
-from orchestrator.supervisor import oom_kill_count, refine_exit_class
+from orchestrator.core.exitcodes import ExitClass
+from orchestrator.process.supervisor import oom_kill_count, refine_exit_class
 
 
 def _write(path: Path, text: str) -> None:
@@ -85,17 +85,17 @@ def test_a_child_killed_after_it_recorded_completion_ends_the_job_completed(tmp_
     preemption): the job did complete, so the launcher must exit 0, not 128+9."""
     import sys
 
-    from orchestrator.config.compose import compose_config
-    from orchestrator.ledger import Ledger
+    from orchestrator.app.compose import compose_config
+    from orchestrator.records.ledger import Ledger
     from orchestrator.storage import LocalStore
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.process.supervisor import Supervisor
 
     runs = tmp_path / "runs"
     cfg = compose_config([f"storage.uri={runs}", "run.name=late", "requeue.backoff_base_seconds=0"])
     child = (
         "import os, signal\n"
-        "from orchestrator.exitcodes import ExitClass\n"
-        "from orchestrator.ledger import Ledger\n"
+        "from orchestrator.core.exitcodes import ExitClass\n"
+        "from orchestrator.records.ledger import Ledger\n"
         "from orchestrator.storage import LocalStore\n"
         f"ledger = Ledger(LocalStore({str(runs)!r}), 'late')\n"
         "ledger.begin_attempt(host='h', pid=os.getpid(), instance_type='cpu', gpu_type='none', gpus=0, spot=False,"
@@ -132,10 +132,10 @@ def test_the_hold_is_handed_to_the_worker_and_released_at_the_childs_cost_when_i
     import json
     import sys
 
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
     from orchestrator.money.spend import INDEX_KEY
     from orchestrator.storage import LocalStore
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.process.supervisor import Supervisor
 
     runs = tmp_path / "runs"
     cfg = compose_config([*CAPPED[:1], "budget.monthly_max_usd=100", *CAPPED[2:], f"storage.uri={runs}",

@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.storage.local import LocalStore
 from orchestrator.sweep import backends
 

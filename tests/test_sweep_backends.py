@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.storage.local import LocalStore
 from orchestrator.sweep.backends import SubmittedTrial, attempts_so_far
 

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from orchestrator.config.compose import compose_config
+from orchestrator.app.compose import compose_config
 from orchestrator.money.cost import load_catalog, price_for
 from orchestrator.money.spend import INDEX_KEY, job_total_usd
 from tests.helpers import jobs

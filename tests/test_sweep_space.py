@@ -5,7 +5,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from orchestrator.config.compose import split_sweep_overrides
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.sweep.space import SearchSpace
 
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.sweep.state import SweepState, SweepStateCorrupt
 
 SPACE = {"train.learning_rate": ["interval", 1e-05, 0.001, True]}

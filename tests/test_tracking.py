@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 
 from orchestrator.config.schema import TrackingConfig
 from orchestrator.tracking.run import JobTracker
-from orchestrator.redaction import redact, scrub_text
+from orchestrator.core.redaction import redact, scrub_text
 from tests.helpers.net import free_port
 
 FAKE_AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -273,8 +273,8 @@ tracker.close("FINISHED")
 
 FIRST_IMPORT = {  # what imports the training stack first: a fresh worker, or a supervisor that forks its attempts
     "worker": "import orchestrator.worker\n",
-    "forking_supervisor": ("from orchestrator.config.compose import compose_config\n"
-                           "from orchestrator.training_stack import import_stack\n"
+    "forking_supervisor": ("from orchestrator.app.compose import compose_config\n"
+                           "from orchestrator.process.training_stack import import_stack\n"
                            "import_stack(compose_config([]))\n"),
 }
 

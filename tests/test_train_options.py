@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator.planning import train_options
-from orchestrator.config.compose import compose_config
-from orchestrator.errors import ConfigError, DataError, UserError
+from orchestrator.config import train_options
+from orchestrator.app.compose import compose_config
+from orchestrator.core.errors import ConfigError, DataError, UserError
 from recipes import common, data, qlora, sft
 
 L4_BF16 = ["compute=l4-spot", "train.mixed_precision=bf16"]
@@ -316,7 +316,8 @@ def test_hub_revisions_are_pinned_to_commits_at_launch_and_recorded(monkeypatch)
     from huggingface_hub import constants
     from omegaconf import OmegaConf
 
-    from orchestrator import hub_pins, repro
+    from orchestrator.app import hub_pins
+    from orchestrator.records import repro
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     asked = []

@@ -105,7 +105,7 @@ def test_a_capacity_reason_from_storage_reaches_the_rendered_text_without_contro
         backend, extra, s3_server, s3_bucket, tmp_path):
     """The ledger is storage, and storage is untrusted: a capacity reason with CR, NUL, an escape, a line
     separator and a bidi override is rendered as one printable comment line by every backend's dry run."""
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
 
     storage, run = jobs.Storage(s3_bucket, s3_server.endpoint_url), "poisoned-reason"
     ledger = Ledger(storage.store(), run)

@@ -1,4 +1,4 @@
-"""Attempts forked from the supervisor (``orchestrator.warm_start``): when a fork is safe, and what a forked attempt is."""
+"""Attempts forked from the supervisor (``orchestrator.process.warm_start``): when a fork is safe, and what a forked attempt is."""
 from __future__ import annotations
 
 import random
@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from orchestrator import forked_ranks, warm_start
-from orchestrator.config.compose import compose_config
-from orchestrator.distributed import worker_argv
+from orchestrator.process import forked_ranks, warm_start
+from orchestrator.app.compose import compose_config
+from orchestrator.process.distributed import worker_argv
 from tests.helpers import jobs
 
 CLEAN_MAPS = ("7f00-7f10 r-xp 00000000 08:01 1 /usr/lib/python3.11/lib-dynload/_json.so\n"
@@ -89,7 +89,7 @@ def test_a_forked_agents_rendezvous_names_its_events_as_torch_does_without_readi
 
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    from orchestrator.forked_ranks import cheap_rendezvous_event_names
+    from orchestrator.process.forked_ranks import cheap_rendezvous_event_names
 
     class Executor:  # as torch's _record is called: from a method of the executor, which names its caller
         def _record(self):

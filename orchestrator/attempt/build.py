@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from orchestrator import distributed as dist
-from orchestrator import inputs
+from orchestrator.core import ranks as dist
+from orchestrator.storage import inputs
 from orchestrator.attempt.checkpoints import CheckpointController
 from orchestrator.attempt.datacache import PreparedDataCache, cache_wanted
 from orchestrator.attempt.money import MoneyWatch, SpendWatch
@@ -21,10 +21,10 @@ from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.resolved import Settings, resolve
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.runner import Runner, TestHooks
-from orchestrator.backends.capacity import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
-from orchestrator.config.durations import parse_duration
+from orchestrator.attempt.capacity_contract import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
+from orchestrator.core.durations import parse_duration
 from orchestrator.config.schema import ComputeConfig
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.interval import interval_bounds, is_auto
 
@@ -42,12 +42,12 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     from orchestrator.money.budget import BudgetGuard, default_sinks
     from orchestrator.checkpoint.fingerprint import trajectory_config
     from orchestrator.checkpoint.store import CheckpointStore
-    from orchestrator.ledger import Ledger
-    from orchestrator.preemption import PreemptionHandler
+    from orchestrator.records.ledger import Ledger
+    from orchestrator.attempt.preemption import PreemptionHandler
     from orchestrator.policy.requeue import RequeuePolicy
     from orchestrator.storage import store_from_config
 
-    from orchestrator.progress import quiet_data_progress
+    from orchestrator.tracking.progress import quiet_data_progress
 
     quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
     main = dist.is_main()

@@ -13,7 +13,7 @@ standing and acts on a change:
 A decision that changes the job's capacity is logged (``capacity [spot ->
 on-demand]: <reason>``), appended to the ledger's ``capacity`` list, tagged in
 MLflow and sent to the budget webhook; then whoever can act does, as the
-backend's script told the worker through the environment (``orchestrator.backends.capacity``):
+backend's script told the worker through the environment (``orchestrator.attempt.capacity_contract``):
 
 - ``move`` (Slurm): write the wanted capacity to ``ORCH_CAPACITY_REQUEST_FILE``, save
   and stop (exit 75); the batch script moves the job to the other partition;
@@ -32,8 +32,8 @@ from typing import Any, Callable, Optional
 
 from transformers import TrainerCallback
 
-from orchestrator.backends.capacity import MOVE, RESUBMIT, label, latest_decision
-from orchestrator.config.durations import parse_deadline
+from orchestrator.attempt.capacity_contract import MOVE, RESUBMIT, label, latest_decision
+from orchestrator.core.durations import parse_deadline
 from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity, reserve_seconds
 from orchestrator.policy.history import (AttemptHistory, first_start, measured_cost_seconds, read_attempts,
                                          restart_seconds_measured, steady_seconds_per_step)

@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional
 
 from orchestrator.money.cost import CostMeter, Price
 from orchestrator.money.report import JobFigures, estimated_tokens_per_step, rollouts_per_step
-from orchestrator.errors import BudgetExhausted
-from orchestrator.exitcodes import INTERRUPTED_CLASSES
+from orchestrator.core.errors import BudgetExhausted
+from orchestrator.core.exitcodes import INTERRUPTED_CLASSES
 
 log = logging.getLogger(__name__)
 

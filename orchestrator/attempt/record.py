@@ -12,10 +12,10 @@ import socket
 from typing import Any, Optional
 
 from orchestrator.attempt.money import start_up_refusal
-from orchestrator.money.cost import attempts_cost_usd
-from orchestrator.errors import BudgetExhausted, Fenced
-from orchestrator.exitcodes import ExitClass
-from orchestrator.ledger import Ledger
+from orchestrator.records.ledger import attempts_cost_usd
+from orchestrator.core.errors import BudgetExhausted, Fenced
+from orchestrator.core.exitcodes import ExitClass
+from orchestrator.records.ledger import Ledger
 from orchestrator.policy.history import last_restart_seconds
 from orchestrator.policy.requeue import RequeuePolicy, start_refusal
 from orchestrator.policy.restart import start_up_seconds
@@ -243,7 +243,7 @@ def record_repro(resolved: dict, record: Any, tracking: Any) -> list[str]:
     hashed into the record, its ``backend.image`` the record's image."""
     if not record.writes:
         return []
-    from orchestrator.repro import collect_record, diff_records
+    from orchestrator.records.repro import collect_record, diff_records
 
     this = collect_record(resolved)
     first = record.record_repro(this)

@@ -201,7 +201,7 @@ def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
     from orchestrator.tracking.run import JOB_TAG
-    from orchestrator.redaction import scrub_text
+    from orchestrator.core.redaction import scrub_text
 
     client, model_id = tracker.client, None
     try:
@@ -226,8 +226,8 @@ def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int
 
 def source_tags() -> dict:
     """MLflow's source tags for the job: the worker as its entry point, the commit of the code it runs
-    (``orchestrator.repro.git_state``: the checkout, or the commit baked into the image)."""
-    from orchestrator.repro import git_state
+    (``orchestrator.records.repro.git_state``: the checkout, or the commit baked into the image)."""
+    from orchestrator.records.repro import git_state
 
     commit, _ = git_state()
     tags = {SOURCE_NAME_TAG: "orchestrator.worker", SOURCE_TYPE_TAG: "JOB"}
@@ -244,7 +244,7 @@ def dataset_input(train_dataset: Any, fingerprint: str, data_cfg: Any):
     from mlflow.data.huggingface_dataset import from_huggingface
     from mlflow.entities import DatasetInput, InputTag
 
-    from orchestrator.redaction import scrub_text
+    from orchestrator.core.redaction import scrub_text
 
     source, path = str(data_cfg.source), scrub_text(str(data_cfg.path or ""))
     name = {"synthetic": "synthetic-arithmetic", "jsonl": path.rsplit("/", 1)[-1]}.get(source, path)

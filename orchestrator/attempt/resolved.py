@@ -20,7 +20,7 @@ from orchestrator.config.schema import (BudgetConfig, ComputeConfig, PreemptionC
 @dataclass(frozen=True)
 class ResolvedConfig:
     """``plain``: the resolved config (MLflow's params, redacted by the tracker; the repro record); ``redacted``:
-    the same with its secrets replaced (``orchestrator.redaction.redact``); ``yaml``: ``redacted`` as the
+    the same with its secrets replaced (``orchestrator.core.redaction.redact``); ``yaml``: ``redacted`` as the
     ``config.yaml`` the final weights and the MLflow run carry. Shared by the parts: read, never changed."""
 
     plain: dict
@@ -29,7 +29,7 @@ class ResolvedConfig:
 
 
 def resolve(cfg: Any) -> ResolvedConfig:
-    from orchestrator.redaction import redact
+    from orchestrator.core.redaction import redact
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     redacted = redact(plain)

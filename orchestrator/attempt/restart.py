@@ -17,7 +17,7 @@ split is a timeline: contiguous phases that add up to the total.
 
 ``checkpoint_download_s`` (download and verify, overlapped with the model load), ``cpu_s`` (the
 process's CPU seconds to the end of the first step: a figure a loaded machine disturbs less) and ``forked`` (1: the
-attempt was forked from its supervisor, ``orchestrator.warm_start``, whose import of the stack before the first
+attempt was forked from its supervisor, ``orchestrator.process.warm_start``, whose import of the stack before the first
 attempt is on that attempt's timeline and in its ``cpu_s``; 0: a fresh interpreter) are reported beside them; only what the build did not hide of it is on the timeline (``checkpoint_wait_s``). The split
 goes into the ledger's attempt entry (``extra.restart``) and MLflow (``restart_<phase>``).
 """
@@ -36,7 +36,7 @@ PHASES = ("imports_s", "setup_s", "model_load_s", "data_prep_s", "checkpoint_wai
 
 def process_start_time() -> float:
     """Unix time this attempt's process started (the kernel's record, so the interpreter's own start-up counts);
-    a forked attempt's: when its supervisor began the start-up it inherited (``orchestrator.warm_start``)."""
+    a forked attempt's: when its supervisor began the start-up it inherited (``orchestrator.process.warm_start``)."""
     import psutil
 
     from orchestrator.attempt.start_up import inherited as inherited_start_up

@@ -14,14 +14,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.attempt.measure import peak_memory_bytes
 from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.record import record_repro
 from orchestrator.attempt.resolved import ResolvedConfig
 from orchestrator.attempt.trial import finish_trial
 from orchestrator.checkpoint import safe_load
-from orchestrator.exitcodes import ExitClass
+from orchestrator.core.exitcodes import ExitClass
 from orchestrator.storage.base import TransientStorageError
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class Runner:
     def build(self, train_ds, eval_ds):
         """3. The recipe's TRL trainer, with the orchestrator's callback."""
         from orchestrator.checkpoint.callback import OrchestratorCallback
-        from orchestrator.progress import attach_progress
+        from orchestrator.tracking.progress import attach_progress
 
         cfg = self.cfg
         trial = self.trial  # a trial measures steps and saves nothing

@@ -1,4 +1,4 @@
-"""What an attempt's start-up inherited from the process it was forked from (``orchestrator.warm_start``).
+"""What an attempt's start-up inherited from the process it was forked from (``orchestrator.process.warm_start``).
 
 A forked attempt's process starts at the fork, but the first one's import of the training stack happened before
 it, in its supervisor, and belongs on its restart timeline (``orchestrator.attempt.restart``). Set once, in the
@@ -14,7 +14,7 @@ from typing import Optional
 class Inherited:
     started_at: float  # unix time this attempt's start-up began: the import before the first attempt, else the fork
     cpu_s: float  # CPU seconds the supervisor spent on it (0 for attempts after the first)
-    source: str = "the supervisor"  # what it was forked from (a rank: "torchrun's agent", orchestrator.forked_ranks)
+    source: str = "the supervisor"  # what it was forked from (a rank: "torchrun's agent", orchestrator.process.forked_ranks)
 
 
 _inherited: Optional[Inherited] = None

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from orchestrator.config.choices import Backend, choices
-from orchestrator.distributed import worker_argv
-from orchestrator.config.durations import parse_duration
-from orchestrator.errors import ConfigError
+from orchestrator.core.choices import Backend, choices
+from orchestrator.process.distributed import worker_argv
+from orchestrator.core.durations import parse_duration
+from orchestrator.core.errors import ConfigError
 
 BACKEND_NAMES = choices(Backend)
 WORKER_PYTHON = "python"  # inside an image or a provisioned VM, the environment's own python
@@ -119,7 +119,7 @@ _ENTRY_FINAL: ContextVar[tuple[int, ...]] = ContextVar("orchestrator_job_entry_f
 def job_entry(module_argv: Sequence[str], final_codes: Sequence[int] = ()) -> Iterator[None]:
     """Within it, every backend renders and submits a job that runs ``python <module_argv> <overrides>`` instead
     of ``python -m orchestrator.worker <overrides>``, with the same secrets handling, requeue and resources
-    (``orchestrator.evaluation.remote``: ``-m orchestrator eval <uri>/<run>``); ``final_codes``: the codes it
+    (``orchestrator.app.eval_remote``: ``-m orchestrator eval <uri>/<run>``); ``final_codes``: the codes it
     exits with beyond the worker's that are final too (the eval command's 2, a bad URI), so the Slurm script ends
     the job on them and a Kubernetes Job fails at once, as on the worker's final codes."""
     token, final = _ENTRY.set(tuple(module_argv)), _ENTRY_FINAL.set(tuple(int(c) for c in final_codes))
@@ -202,7 +202,7 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
     from omegaconf import OmegaConf
 
     from orchestrator.backends.paths import placed_overrides
-    from orchestrator.redaction import is_env_reference, is_secret_key, is_webhook_key, secrets_in
+    from orchestrator.core.redaction import is_env_reference, is_secret_key, is_webhook_key, secrets_in
 
     safe: list[str] = []
     values: dict[str, str] = {}
@@ -235,7 +235,7 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
         names.append(str(cfg.budget.webhook_url_env))
     env = {}
     if cfg.backend.image:
-        from orchestrator.repro import CONTAINER_IMAGE_ENV
+        from orchestrator.records.repro import CONTAINER_IMAGE_ENV
 
         env[CONTAINER_IMAGE_ENV] = str(cfg.backend.image)
     return WorkerInvocation(overrides=safe, secret_values=values, secret_names=list(dict.fromkeys(names)), env=env,
@@ -251,7 +251,7 @@ def refuse_secrets_in_text(cfg: Any, text: str, what: str) -> str:
     from omegaconf import OmegaConf
 
     from orchestrator.tracking.run import flatten
-    from orchestrator.redaction import secrets_in
+    from orchestrator.core.redaction import secrets_in
 
     for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
         if any(secret in text for secret in secrets_in({key.rsplit(".", 1)[-1]: value})):
@@ -271,7 +271,7 @@ def render_yaml(cfg: Any, command: str, document: Callable[[str], dict], what: s
     """
     import yaml
 
-    from orchestrator.backends.capacity import capacity_comment, planned_capacity
+    from orchestrator.attempt.capacity_contract import capacity_comment, planned_capacity
 
     capacity, decision = planned_capacity(cfg)
     text = (f"# {command} <this file>\n" + capacity_comment(capacity, decision)

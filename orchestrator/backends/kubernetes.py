@@ -14,7 +14,7 @@ Settings read from the config: ``run.name``, ``backend.image`` (required; also
 passed as ``ORCH_CONTAINER_IMAGE`` for the reproducibility record),
 ``compute.gpus_per_node``, ``compute.spot``, ``compute.cloud`` (gcp | aws |
 azure: which spot node label to select; other values select none; with ``run.deadline``, none when the
-job's ledger says on-demand, see ``orchestrator.backends.capacity``),
+job's ledger says on-demand, see ``orchestrator.attempt.capacity_contract``),
 ``preemption.grace``, ``requeue.*``, and from ``backend.extra``: ``namespace`` (default "default"),
 ``secret_name`` (default "spot-orchestrator": the Secret holding the variables
 that secrets are read from, one key per variable: ``budget.webhook_url_env``
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.backends import (
     entry_final_codes,
     grace_seconds,
@@ -41,10 +41,10 @@ from orchestrator.backends import (
     run_tool,
     worker_invocation,
 )
-from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
-from orchestrator.multinode.checks import node_count
+from orchestrator.attempt.capacity_contract import RESUBMIT, capacity_env, planned_capacity
+from orchestrator.process.multinode.checks import node_count
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.policy.deadline import SPOT
 
 KUBECTL_TIMEOUT_SECONDS = 120

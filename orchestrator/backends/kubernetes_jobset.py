@@ -6,7 +6,7 @@ starts torchrun itself against a store that no training pod hosts. JobSet starts
 restarts every child Job when any one fails (restart-the-world, chosen on purpose), gives each pod a
 stable DNS name under a headless service, and can wait for one replicated job before another.
 
-- ``store``: one pod, ``python -m orchestrator.multinode.store`` on ``STORE_PORT``, no GPU and no spot node
+- ``store``: one pod, ``python -m orchestrator.process.multinode.store`` on ``STORE_PORT``, no GPU and no spot node
   selector, ready when it accepts connections. The ``nodes`` start once it is ready (``dependsOn``).
 - ``nodes``: one Indexed Job, ``completions = parallelism = N``; each pod's rank is its completion index
   (``ORCH_NODE_RANK`` from the ``batch.kubernetes.io/job-completion-index`` annotation), it reaches the store
@@ -29,9 +29,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.backends.multinode import STORE_PORT, store_argv
-from orchestrator.multinode import NNODES_ENV, NODE_HOST_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
+from orchestrator.process.multinode import NNODES_ENV, NODE_HOST_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 from orchestrator.backends.settings import backend_settings
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"

@@ -4,14 +4,14 @@ from __future__ import annotations
 import shlex
 from typing import Any, Sequence
 
-from orchestrator.distributed import worker_argv
+from orchestrator.process.distributed import worker_argv
 
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
     """The command each attempt runs, under the supervisor's requeue policy."""
     from omegaconf import OmegaConf
 
-    from orchestrator.redaction import scrub_text, secrets_in
+    from orchestrator.core.redaction import scrub_text, secrets_in
 
     cmd = shlex.join(worker_argv(overrides))
     # printed only: the supervisor passes the real values to its child, which never writes them down
@@ -22,6 +22,6 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
 
 
 def run(cfg: Any, overrides: Sequence[str]) -> int:
-    from orchestrator.supervisor import Supervisor
+    from orchestrator.process.supervisor import Supervisor
 
     return Supervisor(cfg, list(overrides)).run()

@@ -10,7 +10,7 @@ right where the worker shares that filesystem and wrong where it does not:
   ``.gitignore`` leaves out of the sync, is refused at launch with the fix.
 - ``kubernetes``: the pod sees its image and object storage only. A local path is refused at launch unless it is
   under one of ``backend.extra.image_paths`` (folders the image holds; such a path is not checked here).
-- every backend: an ``s3://`` input (``orchestrator.inputs``) is read by the worker through the job's storage
+- every backend: an ``s3://`` input (``orchestrator.storage.inputs``) is read by the worker through the job's storage
   settings; the launcher checks that the bucket lists it.
 
 ``run.work_dir`` is local scratch: a remote worker picks its own (the default ``.cache/work`` under its working
@@ -24,8 +24,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from orchestrator.errors import ConfigError, UserError
-from orchestrator.inputs import is_remote
+from orchestrator.core.errors import ConfigError, UserError
+from orchestrator.storage.inputs import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,8 @@ def check_listed(cfg: Any, key: str, uri: str) -> None:
     the bucket (no credentials here, the VM's role has them) only warns: the worker checks again."""
     import tempfile
 
-    from orchestrator.errors import DataError
-    from orchestrator.inputs import InputFiles
+    from orchestrator.core.errors import DataError
+    from orchestrator.storage.inputs import InputFiles
 
     try:
         InputFiles(cfg.storage, Path(tempfile.gettempdir())).listing(uri)

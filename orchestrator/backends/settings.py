@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 DEFAULT_K8S_SECRET_NAME = "spot-orchestrator"
 

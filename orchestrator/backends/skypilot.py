@@ -8,7 +8,7 @@ region right after a preemption, where spot capacity is more likely.
 
 Settings read from the config: ``run.name``, ``compute.gpu_type``,
 ``compute.gpus_per_node``, ``compute.spot`` (with ``run.deadline``: on-demand when the
-job's ledger says so, see ``orchestrator.backends.capacity``), ``compute.cloud``,
+job's ledger says so, see ``orchestrator.attempt.capacity_contract``), ``compute.cloud``,
 ``backend.image`` (a Docker image with the project installed; without one the
 project is synced as ``workdir`` and installed by ``setup``),
 ``requeue.max_failures``, and from
@@ -35,20 +35,20 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.backends import (
     render_yaml,
     run_tool,
     worker_command,
     worker_invocation,
 )
-from orchestrator.backends.capacity import RESUBMIT, capacity_env, planned_capacity
+from orchestrator.attempt.capacity_contract import RESUBMIT, capacity_env, planned_capacity
 from orchestrator.backends.multinode import STORE_PORT, store_argv
-from orchestrator.multinode.checks import node_count
-from orchestrator.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
+from orchestrator.process.multinode.checks import node_count
+from orchestrator.process.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 from orchestrator.backends.settings import backend_settings
-from orchestrator.errors import ConfigError
-from orchestrator.planning.gpus import skypilot_name
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.gpus import skypilot_name
 from orchestrator.policy.deadline import SPOT
 
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
@@ -152,7 +152,7 @@ def _code_commit_env(cfg: Any) -> dict:
     reproducibility record."""
     if cfg.backend.image:
         return {}
-    from orchestrator.repro import GIT_COMMIT_ENV, GIT_DIRTY_ENV, git_state
+    from orchestrator.records.repro import GIT_COMMIT_ENV, GIT_DIRTY_ENV, git_state
 
     commit, dirty = git_state(Path.cwd())
     if not commit:

@@ -40,7 +40,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 from orchestrator.backends import (
     entry_final_codes,
     grace_seconds,
@@ -52,7 +52,7 @@ from orchestrator.backends import (
 )
 from orchestrator.backends.slurm_nodes import node_options, nodes_parts, wait_loop
 from orchestrator.backends.settings import backend_settings
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 SBATCH_TIMEOUT_SECONDS = 60
 FINAL_CODES = (
@@ -145,7 +145,7 @@ def partition(cfg: Any) -> tuple[Optional[str], str]:
     on_demand = cfg.backend.on_demand_partition
     if not on_demand:
         return cfg.backend.partition, ""
-    from orchestrator.backends.capacity import planned_capacity, stored_text
+    from orchestrator.attempt.capacity_contract import planned_capacity, stored_text
     from orchestrator.policy.deadline import ON_DEMAND
 
     capacity, decision = planned_capacity(cfg)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from orchestrator import distributed
+from orchestrator.core import ranks as distributed
 
 if TYPE_CHECKING:  # the ports are handed in (orchestrator.attempt.ports): nothing here imports the attempt
     from orchestrator.attempt.ports import CheckpointInterval, StepClock

@@ -12,8 +12,8 @@ import logging
 
 from omegaconf import OmegaConf
 
-from orchestrator.distributed import configured_world_size
-from orchestrator.errors import ConfigError
+from orchestrator.core.ranks import configured_world_size
+from orchestrator.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps", "pau
 
 def _stored_form(key: str, value):
     """``value``, or its SHA-256 when it holds a secret: manifests live in the bucket, and a change still shows."""
-    from orchestrator.redaction import redact
+    from orchestrator.core.redaction import redact
 
     if redact({key: value}) == {key: value}:
         return value

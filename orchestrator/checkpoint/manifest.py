@@ -14,7 +14,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from orchestrator.fencing import upgraded
+from orchestrator.records.fencing import upgraded
 
 MANIFEST_NAME = "manifest.json"
 # A secret shared by the machines that write and restore a job (never stored in the bucket or the config):

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from orchestrator import distributed as dist
+from orchestrator.core import ranks as dist
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.store import CheckpointStore, retry_transient
 

@@ -14,8 +14,8 @@ import argparse
 import sys
 from typing import NoReturn
 
-USAGE_ERROR = 2  # argparse's own code for a bad command line; the commands use it for every user error
-FAILED = 1  # the command ran; its answer is a failure
+from orchestrator.core.exitcodes import FAILED, USAGE_ERROR  # noqa: F401 - the commands' codes
+
 GB = 1e9
 
 

@@ -14,11 +14,11 @@ from orchestrator.cli.common import Parser
 COMMANDS = {
     "status": ("orchestrator.cli.status", "print a job's ledger (attempts, exit classes, cost, checkpoints); --spend: spend by month, experiment, job"),
     "report": ("orchestrator.cli.report", "list jobs from MLflow with cost and quality; chart cost against quality"),
-    "plan": ("orchestrator.planning.plan", "estimate memory per GPU and cost for a job before running it"),
+    "plan": ("orchestrator.cli.plan", "estimate memory per GPU and cost for a job before running it"),
     "simulate": ("orchestrator.cli.simulate", "replay spot traces through the interval, deadline and requeue policies"),
-    "checkpoints": ("orchestrator.checkpoint.inspect", "list a job's committed checkpoints; --verify restores each"),
-    "storage": ("orchestrator.storage.lifecycle", "storage init: lifecycle rules for a bucket; storage repair-spend: rebuild the spend index"),
-    "eval": ("orchestrator.evaluation.job", "benchmark scores of a job's committed checkpoints (lm-evaluation-harness)"),
+    "checkpoints": ("orchestrator.cli.checkpoints", "list a job's committed checkpoints; --verify restores each"),
+    "storage": ("orchestrator.cli.storage", "storage init: lifecycle rules for a bucket; storage repair-spend: rebuild the spend index"),
+    "eval": ("orchestrator.cli.evaluate", "benchmark scores of a job's committed checkpoints (lm-evaluation-harness)"),
 }
 
 

@@ -30,7 +30,7 @@ from orchestrator.cli.common import Parser, fail
 from orchestrator.evaluation import curve
 from orchestrator.evaluation.stats import report_cell
 from orchestrator.tracking.run import JOB_TAG, KIND_TAG
-from orchestrator.redaction import scrub_text
+from orchestrator.core.redaction import scrub_text
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from orchestrator.planning import simulate as model
 from orchestrator.cli.common import Parser, fail
-from orchestrator.config.durations import parse_duration
+from orchestrator.core.durations import parse_duration
 from orchestrator.policy.interval import AUTO, MAX_EVERY, MIN_EVERY
 from orchestrator.planning.simulate import (DEADLINE_POLICIES, ON_DEMAND_USD, POLICIES, SPOT_USD, Job, Summary,
                                    interval_sweep, simulate)
@@ -53,7 +53,7 @@ OPTION_RANGES = {"job_hours": (0.0, False, None, False), "deadline_hours": (0.0,
 
 def _job_from_args(a: argparse.Namespace) -> Job:
     from orchestrator.config.schema import ComputeConfig, RequeueConfig
-    from orchestrator.config.numbers import check_options
+    from orchestrator.core.numbers import check_options
     from orchestrator.money.cost import preemption_prior_per_hour
 
     check_options(a, OPTION_RANGES)  # NaN, infinity and negative prices or times (--job-hours > 0)

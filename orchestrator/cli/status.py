@@ -16,9 +16,9 @@ import math
 import time
 
 from orchestrator.cli.common import Parser, fail, format_bytes
-from orchestrator.errors import UserError
-from orchestrator.exitcodes import RUNNING, ExitClass
-from orchestrator.ledger import LEDGER_FILENAME, Ledger
+from orchestrator.core.errors import UserError
+from orchestrator.core.exitcodes import RUNNING, ExitClass
+from orchestrator.records.ledger import LEDGER_FILENAME, Ledger
 from orchestrator.storage import TransientStorageError, open_store, split_run_uri
 
 

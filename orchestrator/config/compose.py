@@ -1,10 +1,9 @@
-"""The config boundary: compose ``conf/`` with the overrides against the typed schemas, and validate.
+"""The config boundary: compose ``conf/`` with the overrides against the typed schemas.
 
-``launch``, ``plan`` and ``worker`` import this module; it imports none of them.
-Every config error is found at launch, by the checks of ``launch_checks`` that ``compose_config``
-runs, and raised as ``ConfigError`` (exit 4, never requeued) with the key and the fix in the message.
-This module holds the composing: the conf dir, Hydra's errors explained, and the pinning of
-relative local paths to the launch directory.
+This module holds the composing: the conf dir, Hydra's errors explained, that every value resolves, and the
+pinning of relative local paths to the launch directory. Every config error is found at launch, by the launch
+checks (``orchestrator.app.checks``) that ``orchestrator.app.compose.compose_config`` runs on top of this, and
+raised as ``ConfigError`` (exit 4, never requeued) with the key and the fix in the message.
 """
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config.schema import RECIPE_SCHEMAS, register_configs
-from orchestrator.errors import ConfigError
-from orchestrator.config.checks import check_resolvable, choice_message, validate
+from orchestrator.core.errors import ConfigError
 
 
 def conf_dir() -> Path:
@@ -30,7 +28,7 @@ _primed: dict[tuple, DictConfig] = {}
 
 
 def prime(overrides: list[str]) -> None:
-    """Compose ``overrides`` now, for the next ``compose_config(overrides)`` here or in each process forked from
+    """Compose ``overrides`` now, for the next ``compose_resolved(overrides)`` here or in each process forked from
     here (an attempt forked from its supervisor, a rank from its agent), which then skips Hydra's composing: ~0.2
     CPU-s of every attempt's start-up. Only the composing is shared; each caller's checks run in the caller (the
     environment they resolve against is the child's), and each process takes its copy once."""
@@ -42,21 +40,24 @@ def prime(overrides: list[str]) -> None:
         pass  # the caller composes them again and says why
 
 
-def compose_config(overrides: list[str], *, launch_checks: bool = True) -> DictConfig:
-    """Compose and validate the job config. Raises ConfigError with the fix in the message.
+def compose_resolved(overrides: list[str]) -> DictConfig:
+    """Compose the job config and check that every value resolves (environment variables, a choice's too).
 
-    ``launch_checks=False`` (the worker, which runs the overrides the launcher already validated):
-    only what can differ on the attempt's machine is checked again, that every value resolves
-    (environment variables, a choice's too); the rest of the validation happens once, at launch.
+    Raises ConfigError with the fix in the message. This is what a process that runs overrides the launcher
+    already validated needs (the worker, a sweep's driver): only what can differ on its machine is checked
+    again. The launch checks (``orchestrator.app.checks.validate``) run on top of it in
+    ``orchestrator.app.compose.compose_config``.
     """
-    cfg = _primed.pop((conf_dir(), tuple(overrides)), None)
-    if cfg is None:
-        cfg = _compose(overrides)
-    if launch_checks:
-        validate(cfg)
-    else:
-        check_resolvable(cfg)
+    cfg = composed(overrides)
+    check_resolvable(cfg)
     return cfg
+
+
+def composed(overrides: list[str]) -> DictConfig:
+    """The job config of ``overrides`` as Hydra composes it against the schemas, checked for nothing more (the
+    one composed ahead by ``prime``, when there is one). Raises ConfigError for what Hydra refuses."""
+    cfg = _primed.pop((conf_dir(), tuple(overrides)), None)
+    return cfg if cfg is not None else _compose(overrides)
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -99,7 +100,7 @@ def _explain(err: Exception) -> str:
                     f"Drop {key}, or choose recipe={owners[0]}.")
         return f"{key}: {parent!r} has no key {leaf!r}; its keys are: {', '.join(valid)}."
     choice = choice_message(err.__cause__) if err.__cause__ else None
-    if choice:  # an Enum field (orchestrator.config.choices): the value and the valid ones
+    if choice:  # an Enum field (orchestrator.core.choices): the value and the valid ones
         m = re.search(r"Error merging override ([^=\s]+)", text)
         return f"{m.group(1)}: {choice}" if m and not choice.startswith(m.group(1)) else choice
     m = re.search(r"Error merging override (\S+)", text)
@@ -181,3 +182,32 @@ def split_sweep_overrides(overrides: list[str]) -> tuple[list[str], dict[str, tu
         else:
             space[key] = ("interval", value.start, value.end, "log" in value.tags)
     return fixed, space
+
+
+def check_resolvable(cfg: DictConfig) -> None:
+    """Every value is set and resolves (environment variables), and an interpolated choice is one of the choices."""
+    from omegaconf.errors import InterpolationResolutionError, InterpolationValidationError, MissingMandatoryValue
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except InterpolationValidationError as err:
+        raise ConfigError(choice_message(err) or str(err)) from None
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key} is required but not set. Set it on the command line: {err.full_key}=VALUE.") from None
+    except InterpolationResolutionError as err:
+        missing = re.search(r"Environment variable '([^']+)' not found", str(err))
+        if not missing:
+            raise
+        raise ConfigError(
+            f"{err.full_key} reads the environment variable {missing.group(1)}, which is not set. "
+            f"export {missing.group(1)}=... before launching (or give a default: ${{oc.env:{missing.group(1)},VALUE}})."
+        ) from None
+
+
+def choice_message(err: Exception) -> str | None:
+    """The message for an invalid choice of an ``Enum`` field (OmegaConf's ``ValidationError``), else None."""
+    m = re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", str(err))
+    key = getattr(err, "full_key", None)
+    if not m or not key:
+        return None
+    return f"{key}={m.group(1)!r} is not a valid choice; choose one of: {m.group(2)}."

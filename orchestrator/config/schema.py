@@ -11,9 +11,9 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from orchestrator.config.choices import (Backend, DataSource, Distributed, Dtype, EvalMetric, FinalWeights, MixedPrecision,
+from orchestrator.core.choices import (Backend, DataSource, Distributed, Dtype, EvalMetric, FinalWeights, MixedPrecision,
                                   MixSource, PackingStrategy, Peft, Progress, Provider, Quantization, Recipe, VllmMode)
-from orchestrator.policy.interval import MAX_EVERY, MIN_EVERY
+from orchestrator.core.durations import MAX_EVERY, MIN_EVERY
 
 
 @dataclass

@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Any, Callable, Optional
 
-from orchestrator.errors import BudgetExhausted
+from orchestrator.core.errors import BudgetExhausted
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class EvalBill:
         return spent
 
     def _record(self, spent: float, evaluated: int, status: str) -> None:
-        from orchestrator.ledger import LEDGER_FILENAME, add_evaluation, decode_ledger
+        from orchestrator.records.ledger import LEDGER_FILENAME, add_evaluation, decode_ledger
         from orchestrator.storage.transact import transact
 
         entry = {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": self.started,

@@ -1,6 +1,6 @@
 """``run.deadline`` in ``orchestrator eval``: the eval job stops before it, with what is done stored.
 
-The same key as a training job's finish-by (``orchestrator/config/durations.py``): an ISO-8601 time, or a
+The same key as a training job's finish-by (``orchestrator/core/durations.py``): an ISO-8601 time, or a
 duration from the job's first attempt (the ledger's; from the eval command's start for a job with no attempt).
 An evaluation starts only if it can end by then, judged by the longest one so far in this run (the first one
 starts whenever the deadline has not passed); the checkpoints left are counted and named in the last line, and
@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 def deadline_at(text: Optional[str], ledger: dict, now: float) -> Optional[float]:
     """``run.deadline`` as a unix time (None without one)."""
-    from orchestrator.config.durations import parse_deadline
+    from orchestrator.core.durations import parse_deadline
 
     if text is None:
         return None

@@ -1,4 +1,4 @@
-"""``orchestrator eval <storage.uri>/<run.name> [overrides]``: score a job's committed checkpoints and final weights.
+"""Score a job's committed checkpoints and final weights (``orchestrator eval``: ``orchestrator.cli.evaluate``).
 
 The overrides are the training job's (at least the model and the ``eval.*`` keys); they are composed and
 checked like a launch (exit 4 with the fix). Every committed checkpoint (and ``final/``) without a sound result
@@ -8,11 +8,9 @@ as it exists, so a rerun skips what is done and a SIGKILL loses at most the eval
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,16 +19,6 @@ from typing import Any, Optional
 from orchestrator.storage.base import finite_number
 
 log = logging.getLogger(__name__)
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    from orchestrator.cli.common import Parser
-
-    parser = Parser(prog="orchestrator eval", description=__doc__.splitlines()[0])
-    parser.add_argument("run_uri", help="<storage.uri>/<run.name>, e.g. s3://bucket/runs/job1 or .cache/runs/job1")
-    parser.add_argument("overrides", nargs="*", help="the job's Hydra overrides (model=..., eval.tasks=[...], ...)")
-    parser.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (as storage.endpoint_url)")
-    return parser.parse_args(argv)
 
 
 def _fetch_final(store: Any, run_name: str, dest: Path) -> Optional[Path]:
@@ -89,7 +77,7 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     from orchestrator.evaluation import harness, spec
     from orchestrator.evaluation.deadline import EvalDeadline
     from orchestrator.evaluation.results import ResultStore, manifest_hash
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
 
     task_set = spec.resolve(cfg.eval)
     results = ResultStore.for_run(store, run_name, task_set, cfg.eval.seed)
@@ -145,7 +133,7 @@ def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, comm
     ``bench/items/`` (the report's paired verdict) with ``identity`` (the result store's: which items they are).
     Returns the points logged."""
     from orchestrator.evaluation.billing import training_cost_until
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
 
     ledger = Ledger(store, run_name).load()
     run_id = ledger.get("mlflow_run_id")
@@ -187,11 +175,11 @@ def _raise_preempted(signum: int, _frame: Any) -> None:
     raise EvalPreempted(f"preempted by {signal.Signals(signum).name}")
 
 
-def _billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float]:
+def billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float]:
     """``evaluate_run`` billed to the job (``billing.EvalBill``); a preemption signal closes the bill and raises
     EvalPreempted."""
     from orchestrator.evaluation.billing import EvalBill
-    from orchestrator.exitcodes import PREEMPTION_SIGNALS
+    from orchestrator.core.exitcodes import PREEMPTION_SIGNALS
 
     bill = EvalBill(cfg, store, run_name)
     bill.open()
@@ -207,40 +195,3 @@ def _billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return counts, bill.close(counts["evaluated"], status="deadline" if counts["left"] else "completed")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    from orchestrator.cli.common import USAGE_ERROR, fail
-    from orchestrator.config.compose import compose_config
-    from orchestrator.errors import BudgetExhausted, ConfigError, DataError, UserError
-    from orchestrator.exitcodes import PREEMPTED, outcome
-    from orchestrator.storage import open_store, split_run_uri
-
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        storage_uri, run_name = split_run_uri(args.run_uri)
-        extra = [f"storage.endpoint_url={args.endpoint_url}"] if args.endpoint_url else []
-        cfg = compose_config([*args.overrides, f"storage.uri={storage_uri}", f"run.name={run_name}", *extra])
-        if not cfg.eval.tasks:
-            raise ConfigError("eval.tasks is empty; give the tasks, e.g. 'eval.tasks=[tiny_arith_mc]'.")
-        if cfg.backend.name != "local":  # an eval job of its own on that backend's machine (evaluation/remote.py)
-            from orchestrator.evaluation.remote import submit_eval
-
-            return submit_eval(cfg, args.overrides, args.endpoint_url)
-        counts, spent = _billed_evaluation(cfg, open_store(storage_uri, endpoint_url=args.endpoint_url), run_name)
-    except EvalPreempted as err:  # requeued by the backend (75); the rerun skips every stored result
-        print(f"{run_name}: {err}; the evaluation in flight is lost, a rerun skips the stored results", flush=True)
-        return PREEMPTED
-    except BudgetExhausted as err:  # a cap of budget.* spent: the budget's code, as a job's
-        return fail(err, outcome(err.exit_class).exit_code)
-    except (ConfigError, DataError) as err:  # the job's config: the code a launch gives (docs/cli.md)
-        return fail(err, err.exit_code)
-    except (ValueError, UserError) as err:  # the URI, the store
-        return fail(err, USAGE_ERROR)
-    left = (f", {counts['left']} left: run.deadline={cfg.run.deadline} reached (a rerun with a later one goes on)"
-            if counts["left"] else "")
-    print(f"{run_name}: {counts['evaluated']} evaluated, {counts['skipped']} already done, "
-          f"{counts['unusable']} unusable{left}; ${spent:.6f} at {cfg.compute.gpu_type} prices, billed to the job's "
-          "ledger and the spend index", flush=True)
-    return 0

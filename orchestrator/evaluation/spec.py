@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def enabled(cfg: Any) -> bool:
 
 
 def check(cfg: Any) -> None:
-    """The launch check of the ``eval`` group (``orchestrator.config.checks.CHECKS``)."""
+    """The launch check of the ``eval`` group (``orchestrator.app.checks.CHECKS``)."""
     ev = cfg.eval
     for key, low in (("every", 0), ("batch_size", 1), ("limit", 1), ("num_fewshot", 0)):
         value = ev[key]
@@ -222,7 +222,7 @@ def check_metric(eval_cfg: Any, task: str, metric: str, *, key: str) -> None:
 
 
 def _checkpoints_on(cfg: Any) -> bool:
-    from orchestrator.config.durations import parse_duration
+    from orchestrator.core.durations import parse_duration
     from orchestrator.policy.interval import is_auto
 
     every = cfg.checkpoint.every

@@ -18,9 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import yaml
 
-from orchestrator.planning.gpus import (
-    CPU_TYPES,  # gpu_type values that mean "no GPU": priced per node from ``cpu``
-)
+from orchestrator.core.gpus import CPU_TYPES, gpu_memory_gb  # CPU_TYPES: gpu_type values that mean "no GPU" (priced per node)
 
 PRICING_FILE_ENV = "ORCH_PRICING_FILE"
 SECONDS_PER_HOUR = 3600.0
@@ -210,12 +208,6 @@ class CostMeter:
 # ---- summary helpers: pure arithmetic, None where the ratio has no meaning ----
 
 
-def attempts_cost_usd(attempts: Iterable[Mapping[str, Any]]) -> float:
-    """What a job's attempts cost together, as the ledger bills them: the one sum every figure uses."""
-    return float(sum(float(a.get("cost_usd") or 0.0) for a in attempts))
-
-
-
 def usd_per_million_tokens(cost_usd: float, tokens: int) -> Optional[float]:
     return cost_usd / tokens * 1e6 if tokens > 0 else None
 
@@ -287,3 +279,22 @@ def lost_work(attempts: Iterable[Mapping[str, Any]], *, seconds_per_step: float,
         furthest = max(furthest, end)
     seconds = redone * seconds_per_step
     return LostWork(redone, seconds, seconds / SECONDS_PER_HOUR * usd_per_hour)
+
+
+def bigger_gpus(cfg: Any, limit: int = 3) -> list[str]:
+    """Catalog GPU types with more memory per device than ``cfg``'s, smallest first (best effort: advice for an
+    out-of-memory stop, ``orchestrator.core.errors.out_of_memory_fix``)."""
+    try:
+        catalog = load_catalog()
+        current = str(cfg.compute.gpu_type).lower()
+        have = float(cfg.compute.memory_gb) if cfg.compute.memory_gb else gpu_memory_gb(current, catalog)
+        sizes = []
+        for gpu_type in catalog:
+            memory = gpu_memory_gb(gpu_type, catalog)
+            if memory is None or str(gpu_type).lower() in CPU_TYPES:
+                continue
+            if have is None or memory > have:
+                sizes.append((memory, str(gpu_type)))
+        return [f"{name} {memory:g} GB" for memory, name in sorted(sizes)[:limit]]
+    except Exception:  # noqa: BLE001 - advice only
+        return []

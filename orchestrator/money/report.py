@@ -26,8 +26,9 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 from orchestrator.money import cost as costs
-from orchestrator.distributed import configured_world_size
-from orchestrator.exitcodes import INTERRUPTED_CLASSES
+from orchestrator.core.ranks import configured_world_size
+from orchestrator.core.exitcodes import INTERRUPTED_CLASSES
+from orchestrator.records.ledger import attempts_cost_usd
 
 SECONDS_PER_HOUR = costs.SECONDS_PER_HOUR
 
@@ -92,7 +93,7 @@ class JobFigures:
         self.step_at_start = int(step_at_start)
         self.fallback_tokens_per_step = int(fallback_tokens_per_step)
         self.measured_tokens_per_step: Optional[float] = None
-        self.prior_cost_usd = costs.attempts_cost_usd(self.prior_attempts)
+        self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
         self.prior_gpu_hours = sum(attempt_seconds(a) / SECONDS_PER_HOUR * int(a.get("gpus") or 0)
                                    for a in self.prior_attempts)
         self.preemptions = sum(a.get("exit_class") in INTERRUPTED_CLASSES for a in self.prior_attempts)

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
-from orchestrator.errors import BudgetExhausted
+from orchestrator.core.errors import BudgetExhausted
 from orchestrator.money.spend_leases import dead_holds, release
 from orchestrator.storage.transact import record_once, transact
 from orchestrator.storage.base import ObjectStore, checked_json

@@ -113,7 +113,7 @@ class StartHolds:
 
     def __init__(self, cfg: Any, store: Any, run_name: str, *, usd_per_second: float,
                  restart_seconds: Optional[float]):
-        from orchestrator.ledger import Ledger
+        from orchestrator.records.ledger import Ledger
         from orchestrator.money.spend import Caps, SpendIndex
 
         budget = cfg.budget
@@ -129,7 +129,7 @@ class StartHolds:
 
     def take(self, number: int) -> tuple[Optional[str], Optional[str]]:
         """(the hold's key to hand the worker, or None; why the attempt may not start, or None)."""
-        from orchestrator.errors import BudgetExhausted
+        from orchestrator.core.errors import BudgetExhausted
         from orchestrator.policy.history import last_restart_seconds
         from orchestrator.policy.restart import start_up_seconds
 

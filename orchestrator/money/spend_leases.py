@@ -73,8 +73,8 @@ def _dead_hold(key: str, entry: dict, now: float) -> bool:
 
 def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
     """{run: {fence: ledger cost}} of other jobs' open entries whose attempt is gone (the rules above)."""
-    from orchestrator.errors import UserError
-    from orchestrator.ledger import Ledger
+    from orchestrator.core.errors import UserError
+    from orchestrator.records.ledger import Ledger
 
     out: dict = {}
     for run, job in (index.get("jobs") or {}).items():

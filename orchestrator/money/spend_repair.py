@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator.exitcodes import RUNNING
-from orchestrator.ledger import LEDGER_FILENAME, decode_ledger
+from orchestrator.core.exitcodes import RUNNING
+from orchestrator.records.ledger import LEDGER_FILENAME, decode_ledger
 from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
 from orchestrator.storage.base import ObjectStore, PreconditionFailed
 

@@ -20,8 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from orchestrator.planning import train_options
-from orchestrator.planning.gpus import GPUS, gpu_memory_gb
+from orchestrator.config import train_options
+from orchestrator.core.gpus import GPUS, gpu_memory_gb
 from orchestrator.planning.model_shape import _dims, count_parameters, load_model_config
 from orchestrator.planning.memory import CPU_GPU_TYPES, MemoryPlan, compute_width, fits, world_size
 

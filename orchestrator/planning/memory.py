@@ -23,7 +23,7 @@ with blocksize 64 and double quantisation: one 8-bit absmax per 64 weights
 (8/64 bit) plus one fp32 absmax per 256 of those blocks (32/(64*256) bit)
 = 0.126953125 bit/param (``NF4_CONSTANT_BITS_PER_PARAM``).
 
-Optimizer states (``train.optim``, table in ``orchestrator.planning.train_options``):
+Optimizer states (``train.optim``, table in ``orchestrator.config.train_options``):
 Adam's two fp32 moments are 8 bytes per trainable parameter; bitsandbytes'
 and torchao's 8-bit variants keep them in 1 byte each (2 bytes: a quarter),
 Lion one moment, AdEMAMix three, SGD none. bitsandbytes keeps 32-bit states
@@ -75,9 +75,9 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.planning import grpo as plan_grpo
 
-from orchestrator.planning import train_options
-from orchestrator.errors import ConfigError
-from orchestrator.planning.gpus import CPU_TYPES
+from orchestrator.config import train_options
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.gpus import CPU_TYPES
 from orchestrator.planning.model_shape import _dims, count_parameters, load_model_config, lora_parameters
 
 GB = 1e9
@@ -163,8 +163,8 @@ class MemoryPlan:
 
 
 def world_size(cfg: Any) -> int:
-    """Training processes (one GPU each); see ``orchestrator.distributed.configured_world_size``."""
-    from orchestrator.distributed import configured_world_size
+    """Training processes (one GPU each); see ``orchestrator.core.ranks.configured_world_size``."""
+    from orchestrator.core.ranks import configured_world_size
 
     return configured_world_size(cfg)
 

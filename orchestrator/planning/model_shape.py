@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

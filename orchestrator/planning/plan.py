@@ -14,11 +14,10 @@ USD, the GPU types that fit). This module turns them into text: the plan (``form
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, Mapping, Optional
 
-from orchestrator.errors import ConfigError, UserError
-from orchestrator.planning.gpus import GPUS, gpu_memory_gb
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.gpus import GPUS, gpu_memory_gb
 from orchestrator.planning.model_shape import load_model_config
 from orchestrator.planning.cost import CostEstimate, GpuOption, estimate_cost, gpu_types_that_fit, with_gpu
 from orchestrator.planning.memory import COMPONENT_LABELS, CPU_GPU_TYPES, GB, MemoryPlan, estimate_memory, fits
@@ -122,25 +121,6 @@ def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
         + "\n" + plan_spot.format_capacity_plan(spot)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """``orchestrator plan [hydra overrides]``: print the plan. Exit 0, or the error's code (4: bad config)."""
-    from orchestrator.cli.common import Parser, fail
-    from orchestrator.config.compose import compose_config
-
-    parser = Parser(prog="orchestrator plan", description="Estimate memory per GPU and cost for a job before "
-                    "running it, from the same Hydra overrides as the launch.")
-    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
-                        help="Hydra overrides, as for the launch: e.g. model=llama-3.1-8b recipe=qlora compute=l40s-spot")
-    parser.add_argument("--json", action="store_true",
-                        help="print spot against on-demand per GPU type that fits, and the recommendation, as JSON")
-    args = parser.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        print(plan_text(compose_config(args.overrides), as_json=args.json))
-    except UserError as err:  # a bad config: the launch's exit code (4)
-        return fail(err, err.exit_code)
-    return 0
-
-
 # ---------------------------------------------------------------- trial: estimate vs measurement
 
 
@@ -210,7 +190,3 @@ def format_trial(plan: MemoryPlan, measured: Mapping[str, Any], cost: Optional[C
         lines.append(f"WARNING: the data loader holds up {wait / step:.0%} of each step; raise "
                      "train.dataloader_num_workers (e.g. train.dataloader_num_workers=4) or pre-tokenise the data.")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

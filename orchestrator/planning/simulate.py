@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from orchestrator.config.durations import parse_duration
+from orchestrator.core.durations import parse_duration
 from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity, reserve_seconds
 from orchestrator.policy.interval import (AUTO, MAX_EVERY, MIN_EVERY, Lifetime, checkpoint_interval,
                                           estimate_preemptions)

@@ -60,7 +60,7 @@ def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
     read: the plan is advice and never stops a launch, nor waits out a storage outage). A restart is an attempt's start to first step
     (``policy.history``)."""
     try:
-        from orchestrator.ledger import Ledger
+        from orchestrator.records.ledger import Ledger
         from orchestrator.storage import store_from_config
 
         attempts = Ledger(store_from_config(cfg.storage, retry=False), str(cfg.run.name)).load().get("attempts") or []
@@ -77,7 +77,7 @@ def checkpoint_bytes(memory_plan: Any) -> float:
 
 
 def _interval(cfg: Any, cost_s: float, estimate, lifetimes: list[Lifetime]) -> float:
-    from orchestrator.config.durations import parse_duration
+    from orchestrator.core.durations import parse_duration
 
     if not is_auto(cfg.checkpoint.every):
         seconds = parse_duration(cfg.checkpoint.every, key="checkpoint.every")
@@ -151,7 +151,7 @@ def capacity_plan(cfg: Any, memory_plan: Any, catalog: Mapping[str, Any], gpu_ty
                                      work_hours=work_hours)) is not None]
     doc = {"options": [asdict(o) for o in options], "recommendation": recommend(options)}
     if doc["recommendation"] and str(cfg.distributed.name) != "none":
-        from orchestrator.plan_nodes import spot_break_even
+        from orchestrator.planning.nodes import spot_break_even
 
         def price(nodes: int, gpu: str, capacity: str) -> Optional[CapacityOption]:
             # the job's ledger measured its own node count: another count starts from the prior alone

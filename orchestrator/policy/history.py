@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
-from orchestrator.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
+from orchestrator.core.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
 from orchestrator.policy.interval import Lifetime
 
 

@@ -18,10 +18,11 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
+from orchestrator.core.durations import MAX_EVERY, MIN_EVERY, parse_duration  # noqa: F401 - auto's bounds, this policy's
+
 PRIOR_WEIGHT_HOURS = 4.0  # how many hours of the job's own history weigh as much as the catalog's prior
 
 AUTO = "auto"  # checkpoint.every=auto: the interval is derived (``checkpoint_interval``)
-MIN_EVERY, MAX_EVERY = "1m", "1h"  # auto's bounds unless checkpoint.min_every / checkpoint.max_every say
 
 # C before any checkpoint is measured: the Trainer's save stall, a snapshot of the trainable state written to
 # local disk or /dev/shm (the upload goes on behind training). Round figures, replaced by the first measurement.
@@ -35,8 +36,6 @@ def is_auto(every) -> bool:
 
 def interval_bounds(checkpoint_cfg) -> tuple[float, float]:
     """(``checkpoint.min_every``, ``checkpoint.max_every``) in seconds. Raises ValueError naming the keys."""
-    from orchestrator.config.durations import parse_duration
-
     low = parse_duration(checkpoint_cfg.min_every, key="checkpoint.min_every")
     high = parse_duration(checkpoint_cfg.max_every, key="checkpoint.max_every")
     if low <= 0 or high < low:

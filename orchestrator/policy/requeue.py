@@ -22,15 +22,15 @@ import random
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from orchestrator.money.cost import attempts_cost_usd
-from orchestrator.errors import (
+from orchestrator.records.ledger import attempts_cost_usd
+from orchestrator.core.errors import (
     AlreadyCompleted,
     BudgetExhausted,
     CapsReached,
     UserError,
     out_of_memory_fix,
 )
-from orchestrator.exitcodes import (
+from orchestrator.core.exitcodes import (
     FAILURE_CLASSES,
     FINAL_CLASSES,
     PREEMPTION_CLASSES,

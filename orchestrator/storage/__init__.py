@@ -75,7 +75,7 @@ def store_from_config(storage_cfg: Any, *, retry: bool = True) -> ObjectStore:
     """Open the store a ``StorageConfig`` (or any object with its attributes) describes, every call
     retried through a short outage (``storage.retry_for``: ``orchestrator.storage.retry``); ``retry=False``
     for a reader whose answer is advice (the launch plan), which must not wait out an outage."""
-    from orchestrator.config.durations import parse_duration
+    from orchestrator.core.durations import parse_duration
     from orchestrator.storage.retry import RetryingStore
 
     inner = open_store(

@@ -6,7 +6,7 @@ jittered exponential backoff for up to ``storage.retry_for`` per call, so a
 short outage during a heartbeat, a reservation extension or a checkpoint upload only pauses the
 attempt. When one call has failed for the whole window the store is taken to be down: that call
 raises ``StorageUnavailable``, and every later call is tried once (no waiting) until one succeeds,
-so the attempt ends quickly as a preemption-like outcome (``errors.classify_exception``: exit 75,
+so the attempt ends quickly as a preemption-like outcome (``orchestrator.attempt.failure.classify_exception``: exit 75,
 requeued without counting toward the crash-loop breaker) and the next attempt settles its ledger.
 
 Writes are retried as they are: ``put_if`` keeps its condition, so a write that did reach the

@@ -22,7 +22,7 @@ import botocore.session
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 from orchestrator.storage.base import (
     ObjectStore,
     PreconditionFailed,

@@ -27,8 +27,8 @@ from typing import Optional, Union
 
 import psutil
 
-from orchestrator import exitcodes
-from orchestrator.ledger import Ledger
+from orchestrator.core import exitcodes
+from orchestrator.records.ledger import Ledger
 
 SUBMITTING = ("slurm", "skypilot", "kubernetes")
 FAILED_SETTLE_SECONDS = 300.0

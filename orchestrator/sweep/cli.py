@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 log = logging.getLogger(__name__)
 

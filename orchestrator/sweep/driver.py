@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from orchestrator import exitcodes, warm_start
-from orchestrator.ledger import Ledger
+from orchestrator.core import exitcodes
+from orchestrator.process import warm_start
+from orchestrator.records.ledger import Ledger
 from orchestrator.sweep import backends, decide
 from orchestrator.sweep.space import override
 from orchestrator.storage.base import finite_number
@@ -297,7 +298,7 @@ def out_of_budget(plan, waiting: list[dict]) -> bool:
 
 def start_trial(command: list[str], out, forks: Optional[warm_start.Forks]):
     """A trial's launcher, its output to ``out``: forked from this driver, which imported the training stack once,
-    where that is safe (``orchestrator.warm_start``; ``forks`` is None for trials a scheduler runs: their launcher
+    where that is safe (``orchestrator.process.warm_start``; ``forks`` is None for trials a scheduler runs: their launcher
     imports no stack), else a fresh interpreter."""
     if forks is not None and warm_start.is_launch_command(command) and forks.ready():
         return warm_start.start(command, dict(os.environ), output=out)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from orchestrator.sweep.decide import PRUNERS
 from orchestrator.sweep.space import SearchSpace
 
@@ -53,14 +53,14 @@ def spend_index(store) -> dict:
 
 def plan_sweep(argv: list[str], compose_for_launch) -> SweepPlan:
     """``compose_for_launch``: the launcher's (``orchestrator.launch``, which nothing imports)."""
-    from orchestrator.config.compose import absolutize, compose_config, split_sweep_overrides
+    from orchestrator.config.compose import absolutize, compose_resolved, split_sweep_overrides
 
     multirun = any(a in MULTIRUN_FLAGS for a in argv)
     overrides = absolutize([a for a in argv if a not in MULTIRUN_FLAGS])
     fixed, specs = split_sweep_overrides(overrides)
     if multirun and not any(o.startswith("sweep=") for o in fixed):
         fixed = ["sweep=grid", *fixed]
-    first = compose_config([o for o in fixed if o.startswith("sweep")], launch_checks=False)
+    first = compose_resolved([o for o in fixed if o.startswith("sweep")])
     params = {k: str(v) for k, v in first.sweep.params.items()}
     _, from_config = split_sweep_overrides([f"{k}={v}" for k, v in params.items()])
     space = SearchSpace.from_specs({**from_config, **specs})
@@ -157,7 +157,7 @@ def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:
 
 def _redacted(item: str) -> str:
     """An override as the sweep's record stores it: a secret's value (a webhook URL, a token) replaced."""
-    from orchestrator.redaction import redact
+    from orchestrator.core.redaction import redact
 
     key, _, value = item.partition("=")
     leaf = key.rsplit(".", 1)[-1]

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from orchestrator.errors import ConfigError, UserError
-from orchestrator.exitcodes import ExitClass
+from orchestrator.core.errors import ConfigError, UserError
+from orchestrator.core.exitcodes import ExitClass
 from orchestrator.storage.transact import transact
 from orchestrator.storage.base import ObjectStore, checked_json, finite_number
 

@@ -65,7 +65,7 @@ class SweepTracking:
         quiet_telemetry()
         from mlflow import MlflowClient
 
-        from orchestrator.redaction import redact, scrub_text
+        from orchestrator.core.redaction import redact, scrub_text
 
         uri = resolve_tracking_uri(cfg)
         client = MlflowClient(tracking_uri=uri)

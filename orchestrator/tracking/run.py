@@ -1,4 +1,4 @@
-"""MLflow for one job: resume its run, log redacted (``orchestrator.redaction``), without duplicates, buffer while down.
+"""MLflow for one job: resume its run, log redacted (``orchestrator.core.redaction``), without duplicates, buffer while down.
 
 One job (``run.name``) is one MLflow run across all its attempts. The run id
 lives in the ledger; when that write was lost, the run is found again by its
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from orchestrator.redaction import _URL_USERINFO, redact, scrub_text
+from orchestrator.core.redaction import _URL_USERINFO, redact, scrub_text
 from orchestrator.tracking.delivery import MetricsDelivery, is_permanent
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class JobTracker:
                 SystemMetricsMonitor,
             )
 
-            from orchestrator.config.durations import parse_duration
+            from orchestrator.core.durations import parse_duration
 
             # each sample is a log_batch plus a get_run (MLflow checks whether the run ended) on the
             # server: MLflow's own 10 s default costs a busy server more than the sampling is worth

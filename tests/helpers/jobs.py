@@ -2,7 +2,7 @@
 
 Used by the end-to-end tests: a job is launched with a user's command line, in its own process group, and
 interrupted with real signals. It is forked from a warm interpreter that imported the training stack once
-(``tests/helpers/zygote.py``: the product's own ``orchestrator.warm_start``) in a run with end-to-end tests
+(``tests/helpers/zygote.py``: the product's own ``orchestrator.process.warm_start``) in a run with end-to-end tests
 (``tests/conftest.py``), else started fresh: with ``fresh=True``, for a test that measures the import, and
 everywhere with ``ORCH_TEST_ZYGOTE=0``.
 """

@@ -26,7 +26,7 @@ _PER_JOB_KEYS = ("storage.uri", "storage.endpoint_url", "run.name")
 def trajectory_key(overrides: list[str]) -> str:
     """SHA-256 (first 16 hex digits) of the trajectory fields the overrides compose to."""
     from orchestrator.checkpoint.fingerprint import trajectory_config
-    from orchestrator.config.compose import compose_config
+    from orchestrator.app.compose import compose_config
 
     composable = [o for o in overrides if o.partition("=")[0] not in _PER_JOB_KEYS]
     cfg = compose_config(composable + ["run.name=reference"])

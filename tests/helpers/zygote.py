@@ -2,7 +2,7 @@
 interpreter's start and the ~5 CPU-s import of torch, transformers, PEFT, TRL and datasets that every fresh
 launch pays (the suite launches a few hundred jobs on two cores).
 
-It is the product's own mechanism (``orchestrator.warm_start``: the supervisor forks its attempts, a sweep driver
+It is the product's own mechanism (``orchestrator.process.warm_start``: the supervisor forks its attempts, a sweep driver
 its trials' launches), applied one level up: the forked child is the launcher in all but the interpreter's start,
 with the test's argv (its title in ``ps``), working folder, environment, its own session (a process group the test
 can kill), stdout and stderr in the test's log file, default signal dispositions, and the launcher's exit code.
@@ -187,7 +187,7 @@ def _child(request: dict) -> None:
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
         os.chdir(request["cwd"])
-        from orchestrator import warm_start
+        from orchestrator.process import warm_start
 
         argv = request["argv"]
         command = [*argv[:2], FORKED_MODULES[argv[2]], *argv[3:]]
@@ -197,8 +197,8 @@ def _child(request: dict) -> None:
 
 
 def serve(socket_path: str) -> None:
-    from orchestrator import training_stack, warm_start
-    from orchestrator.config.compose import compose_config
+    from orchestrator.process import training_stack, warm_start
+    from orchestrator.app.compose import compose_config
 
     training_stack.import_stack(compose_config([]))
     import orchestrator.launch  # noqa: F401
