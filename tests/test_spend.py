@@ -232,6 +232,31 @@ def test_another_jobs_hold_is_released_once_its_attempt_is_gone_and_kept_while_i
     assert month_total_usd(store_index(store), month_of(time.time())) == pytest.approx(1.0)
 
 
+def test_a_neighbours_ledger_whose_attempts_lost_their_fence_degrades_only_its_own_holds(store, caplog):
+    """A ledger is untrusted input: one whose attempts lost ``fence`` (written by hand, or by a tool that dropped
+    it), of a job holding an open reservation, crashed every capped job under the store (``KeyError: 'fence'``
+    in the dead-hold sweep). Now that job's holds stay held, a warning names it, and the others go on."""
+    import json
+    import socket
+    import time
+
+    from orchestrator.records.ledger import Ledger
+
+    ledger = Ledger(store, "a")
+    attempt = ledger.begin_attempt(host=socket.gethostname(), pid=2 ** 22 + 7, instance_type="cpu", gpu_type=None,
+                                   gpus=0, spot=False, checkpoint_step=0)
+    _index(store, run="a", monthly=1.0, clock=time.time).reserve(attempt["fence"], 0.0, 0.9)
+    stored = json.loads(store.get_bytes("a/ledger.json"))
+    for record in stored["attempts"]:
+        record.pop("fence")
+    store.put_bytes("a/ledger.json", json.dumps(stored).encode())
+    with caplog.at_level("WARNING"):
+        grant = _index(store, run="b", monthly=1.0, clock=time.time).reserve(1, 0.0, 0.8)
+    assert grant.through == pytest.approx(0.1)  # a's $0.90 is still held: nothing proved its attempt gone
+    assert "job 'a''s ledger is unreadable (attempt 0 has no whole fence >= 1 (found None))" in caplog.text
+    assert store_index(store)["jobs"]["a"]["open"]  # a's hold kept, not released at a guessed cost
+
+
 def test_a_start_up_hold_takes_the_room_before_the_worker_and_its_first_reservation_takes_it_over(store):
     """The supervisor holds the start-up before the worker's process exists, so two attempts launched into the same
     room cannot both spend a start-up there; the worker's first reservation turns the hold into its entry (counted

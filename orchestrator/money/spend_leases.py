@@ -71,6 +71,18 @@ def _dead_hold(key: str, entry: dict, now: float) -> bool:
     return (host == socket.gethostname() and _gone(pid)) or now - float(entry["updated_at"]) > LEASE_S
 
 
+def _fenced_attempts(attempts) -> list:
+    """A ledger's attempts, each a record with a whole fence >= 1; raises ValueError naming the first that is not
+    (another job's ledger is untrusted input: it degrades that job's holds, never this job's start)."""
+    if not isinstance(attempts, list):
+        raise ValueError(f"'attempts' is a {type(attempts).__name__}, not a list")
+    for n, attempt in enumerate(attempts):
+        fence = attempt.get("fence") if isinstance(attempt, dict) else None
+        if not isinstance(fence, int) or isinstance(fence, bool) or fence < 1:
+            raise ValueError(f"attempt {n} has no whole fence >= 1 (found {fence!r})")
+    return attempts
+
+
 def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
     """{run: {fence: ledger cost}} of other jobs' open entries whose attempt is gone (the rules above)."""
     from orchestrator.core.errors import UserError
@@ -86,8 +98,8 @@ def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
         if all(is_hold(key) for key in job["open"]):
             continue
         try:
-            attempts = Ledger(store, run).load().get("attempts") or []
-        except (UserError, ValueError) as err:  # an unreadable ledger proves nothing: keep its holds
+            attempts = _fenced_attempts(Ledger(store, run).load().get("attempts") or [])
+        except (UserError, ValueError, AttributeError) as err:  # an unreadable ledger proves nothing: keep its holds
             log.warning("spend index: job %r's ledger is unreadable (%s); its reservations stay held", run, err)
             continue
         newest = max((int(a["fence"]) for a in attempts), default=0)

@@ -66,10 +66,10 @@ LAUNCHED_BY_ENV = "ORCH_SUPERVISOR_TOKEN"
 MAX_CAPACITY_DECISIONS = 50  # the ledger is rewritten at every heartbeat: keep it small
 
 
-
 def attempts_cost_usd(attempts: Iterable[Mapping[str, Any]]) -> float:
     """What a job's attempts cost together, as the ledger bills them: the one sum every figure uses."""
     return float(sum(float(a.get("cost_usd") or 0.0) for a in attempts))
+
 
 def decode_ledger(raw: bytes) -> dict:
     """A ledger as stored, parsed; one written before the rename (``orchestrator.records.fencing``) reads as today's."""
