@@ -133,6 +133,23 @@ def test_auto_heartbeat_timeout_follows_the_measured_steps_and_saves():
     assert collective_timeout_s(30.0) == 120.0 and collective_timeout_s(60.0) == 240.0
 
 
+def test_a_ledger_with_an_impossible_restart_figure_leaves_the_timeouts_at_their_defaults():
+    """A multi-node ledger whose restart figure is 1e300 s (storage is untrusted) crashed every rank: twice it is
+    a collective timeout no ``timedelta`` can hold. A restart longer than a week did not happen: it reads as not
+    measured, and the world gets the timeouts a job with no history gets."""
+    from datetime import timedelta
+
+    from orchestrator.process.multinode.timeouts import COLLECTIVE_FLOOR_S, DEFAULT_S, collective_timeout_s, heartbeat_timeout_s
+
+    forged = [{"fence": 1, "exit_class": "vanished", "started_at": 0.0, "ended_at": 1e300, "step_start": 0,
+               "step_end": 11, "extra": {"restart": {"total_s": 1e300},
+                                         "checkpoint_interval": {"cost_source": "measured", "checkpoint_cost_s": 1e300}}}]
+    heartbeat = heartbeat_timeout_s("auto", forged)
+    collective = collective_timeout_s(heartbeat, forged)
+    assert heartbeat == DEFAULT_S and collective == max(COLLECTIVE_FLOOR_S, 4 * DEFAULT_S)
+    assert timedelta(seconds=collective)  # what each rank's process group is given
+
+
 def test_another_topology_of_the_same_world_size_is_refused_with_the_fix():
     from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
 

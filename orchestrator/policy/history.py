@@ -23,6 +23,20 @@ from orchestrator.core.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
 from orchestrator.policy.interval import Lifetime
 
 
+# Physical bounds of what an attempt can have measured: a figure past them is corrupt (storage is not trusted),
+# read as not recorded. A restart (process start to the end of the first step) longer than a week, a checkpoint
+# stall longer than a day did not happen; each would reach a timeout, an interval or a
+# reservation (2 x a restart of 1e300 s is a collective timeout no ``timedelta`` holds: every rank crashed). An
+# attempt held longer than a year is read as not ended.
+MAX_RESTART_SECONDS = 7 * 86400.0
+MAX_CHECKPOINT_COST_SECONDS = 86400.0
+MAX_HELD_SECONDS = 366 * 86400.0
+
+
+def _within(value: Optional[float], low: float, high: float) -> Optional[float]:
+    return value if value is not None and low <= value <= high else None
+
+
 def _number(value: Any) -> Optional[float]:
     """A finite float, or None (absent, not a number, NaN or infinite: storage is not trusted)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -69,8 +83,8 @@ class AttemptHistory:
                    ended_at=_number(entry.get("ended_at")) or _number(entry.get("last_seen")),
                    step_start=_count(entry.get("step_start")), step_end=_count(entry.get("step_end")),
                    checkpoint_step_end=_count(entry.get("checkpoint_step_end")),
-                   restart_seconds=restart if restart is not None and restart >= 0 else None,
-                   checkpoint_cost_seconds=cost if cost is not None and cost >= 0 else None,
+                   restart_seconds=_within(restart, 0.0, MAX_RESTART_SECONDS),
+                   checkpoint_cost_seconds=_within(cost, 0.0, MAX_CHECKPOINT_COST_SECONDS),
                    capacity_switch=bool(extra.get("capacity_switch")))
 
     @property
@@ -80,7 +94,7 @@ class AttemptHistory:
     @property
     def held_seconds(self) -> Optional[float]:
         """Wall seconds from its start to its end (or last heartbeat)."""
-        if self.started_at is None or self.ended_at is None:
+        if self.started_at is None or self.ended_at is None or self.ended_at - self.started_at > MAX_HELD_SECONDS:
             return None
         return max(0.0, self.ended_at - self.started_at)
 
