@@ -31,6 +31,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.records.ledger import Ledger
 from orchestrator.policy.deadline import ON_DEMAND, SPOT
 from orchestrator.cli.status import format_ledger
+from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.storage.local import LocalStore
 
 HOUR = 3600.0
@@ -430,6 +431,6 @@ def test_status_explains_the_interval_and_the_capacity_decisions(tmp_path):
     ledger = Ledger(LocalStore(tmp_path / "runs"), "job")
     ledger.fence = 1
     ledger.set_attempt_extra(checkpoint_interval={"explanation": "checkpoint every 53s: T = sqrt(2 x C x M) ..."})
-    text = format_ledger(ledger.load())
+    text = format_ledger(LedgerRecord.decode(ledger.load(), ledger.uri))
     assert "checkpoint interval (attempt 1, checkpoint.every=auto)\n  checkpoint every 53s: T = sqrt(2 x C x M)" in text
     assert "[spot -> on-demand] the next submission ...: behind the line by 3.0 h: on-demand" in text

@@ -173,14 +173,20 @@ def test_a_manifest_from_before_the_topology_was_kept_still_resumes_on_one_node(
 
 def test_status_shows_each_node_of_an_attempt():
     from orchestrator.cli.status import format_ledger
+    from orchestrator.records.ledger_record import CorruptRecord, LedgerRecord
 
     ledger = {"run_name": "mn", "attempts": [{"fence": 1, "host": "h", "exit_class": "vanished", "started_at": 100.0,
                                               "nodes": [{"node": 0, "host": "10.0.0.1", "started_at": 100.0,
                                                          "ended_at": 160.0, "exit": 137},
-                                                        {"node": 1, "host": "10.0.0.2", "started_at": "x",
+                                                        {"node": 1, "host": "10.0.0.2\x1b[2J", "started_at": None,
                                                          "ended_at": None, "exit": -9}]}]}
-    text = format_ledger(ledger, now=200.0)
-    assert "nodes" in text and "10.0.0.1" in text and "10.0.0.2" in text and "137" in text and "-9" in text
+    text = format_ledger(LedgerRecord.decode(ledger, "mn/ledger.json"), now=200.0)
+    assert "nodes" in text and "10.0.0.1" in text and "10.0.0.2?[2J" in text and "137" in text and "-9" in text
+    assert "\x1b" not in text  # a host from storage reaches the terminal without its escapes
+    # a node time that is no number is a corrupt ledger, named, not a time shown as "-"
+    ledger["attempts"][0]["nodes"][1]["started_at"] = "x"
+    with pytest.raises(CorruptRecord, match=r"mn/ledger.json attempts\[0\] nodes\[1\] is corrupt: 'started_at' is 'x'"):
+        LedgerRecord.decode(ledger, "mn/ledger.json")
 
 
 def test_a_collective_error_from_a_lost_node_is_vanished_not_a_crash(monkeypatch):
@@ -215,6 +221,7 @@ def test_each_nodes_launcher_records_its_node_in_the_attempt_of_its_rendezvous(s
     import time
 
     from orchestrator.cli.status import format_ledger
+    from orchestrator.records.ledger_record import LedgerRecord
     from orchestrator.records.ledger import Ledger
     from orchestrator.process.multinode.records import CLOCK_SKEW_S, NodeRecorder
 
@@ -243,7 +250,7 @@ def test_each_nodes_launcher_records_its_node_in_the_attempt_of_its_rendezvous(s
     assert "nodes" not in first and first["fence"] == old["fence"]
     assert [(n["node"], n["exit"], n["ended_at"]) for n in second["nodes"]] == [(0, 75, node_time + 60),
                                                                                  (1, 137, node_time + 60)]
-    text = format_ledger(ledger.load(), now=node_time + 100)
+    text = format_ledger(LedgerRecord.decode(ledger.load(), ledger.uri), now=node_time + 100)
     assert "n1" in text and "n2" in text and "137" in text
 
 

@@ -11,15 +11,20 @@ taken the job over is shown as vanished (lost): nothing will record its end.
 from __future__ import annotations
 
 import json
+import re
 import sys
-import math
 import time
+from typing import Mapping
 
 from orchestrator.cli.common import Parser, fail, format_bytes
 from orchestrator.core.errors import UserError
-from orchestrator.core.exitcodes import RUNNING, ExitClass
-from orchestrator.records.ledger import LEDGER_FILENAME, Ledger
+from orchestrator.core.exitcodes import ExitClass
+from orchestrator.records.ledger import Ledger
+from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.storage import TransientStorageError, open_store, split_run_uri
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a text from storage reaches the terminal without them
 
 
 def _when(ts: float | None) -> str:
@@ -44,71 +49,51 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def with_lost_attempts(ledger: dict) -> dict:
-    """``ledger`` with every "running" attempt that a later attempt took over shown as vanished.
-
-    ``Ledger.begin_attempt`` marks them itself; this covers ledgers written
-    otherwise (an older version, a hand edit, a writer that lost its race).
-    """
-    attempts = ledger.get("attempts") or []
-    newest = max((int(a.get("fence") or 0) for a in attempts), default=0)
-    fixed = []
-    for a in attempts:
-        if a.get("exit_class") == RUNNING and int(a.get("fence") or 0) < newest:
-            a = dict(a, exit_class=ExitClass.VANISHED.value, ended_at=a.get("ended_at") or a.get("last_seen"))
-        fixed.append(a)
-    return dict(ledger, attempts=fixed) if attempts else ledger
+def corrected_json(raw: dict, record: LedgerRecord) -> dict:
+    """The stored ledger as ``--json`` prints it: as stored, each attempt a later one took over shown as vanished
+    (``LedgerRecord.with_lost_attempts``)."""
+    fixed = record.with_lost_attempts().attempts
+    attempts = [dict(stored, exit_class=typed.exit_class, ended_at=typed.ended_at) if typed.exit_class != was.exit_class
+                else stored for stored, typed, was in zip(raw.get("attempts") or [], fixed, record.attempts)]
+    return dict(raw, attempts=attempts) if attempts else raw
 
 
-def format_ledger(ledger: dict, *, now: float | None = None) -> str:
+def format_ledger(ledger: LedgerRecord, *, now: float | None = None) -> str:
     """The human-readable view of a ledger, as ``orchestrator status`` prints it."""
     now = time.time() if now is None else now
-    ledger = with_lost_attempts(ledger)
+    ledger = ledger.with_lost_attempts()
     out = [
-        f"run       {ledger.get('run_name', '?')}",
-        f"status    {ledger.get('status', '?')}",
-        f"step      {ledger.get('step', 0)}",
-        f"cost      ${float(ledger.get('cost_usd') or 0):.4f}",
-        f"mlflow    {ledger.get('mlflow_run_id') or '-'}",
-        f"fence     {ledger.get('fence', 0)}",
-        f"created   {_when(ledger.get('created_at'))}",
+        f"run       {ledger.run_name}",
+        f"status    {ledger.status}",
+        f"step      {ledger.step}",
+        f"cost      ${ledger.cost_usd:.4f}",
+        f"mlflow    {ledger.mlflow_run_id or '-'}",
+        f"fence     {ledger.fence}",
+        f"created   {_when(ledger.created_at)}",
     ]
-    if ledger.get("alerts"):
-        out.append("alerts    " + ", ".join(f"{k} ({_when(v)})" for k, v in ledger["alerts"].items()))
-    attempts = ledger.get("attempts", [])
+    if ledger.alerts:
+        out.append("alerts    " + ", ".join(f"{k} ({_when(v)})" for k, v in ledger.alerts.items()))
     rows = []
-    for a in attempts:
-        end = a.get("ended_at") or (now if a.get("exit_class") == RUNNING else a.get("last_seen"))
-        started = a.get("started_at") or 0
-        machine = a.get("gpu_type") or "-"
-        if a.get("gpus"):
-            machine = f"{a['gpus']}x{machine}"
-        if a.get("spot"):
-            machine += " spot"
+    for a in ledger.attempts:
+        end = a.ended_at or (now if a.running else a.last_seen)
+        started = a.started_at or 0
+        machine = f"{a.gpus}x{a.gpu_type or '-'}" if a.gpus else (a.gpu_type or "-")
         rows.append([
-            str(a.get("fence")),
-            str(a.get("host")),
-            _when(started),
-            _duration((end or started) - started),
-            str(a.get("exit_class")) + (" (lost)" if a.get("exit_class") == ExitClass.VANISHED.value else ""),
-            f"{a.get('step_start')}->{a.get('step_end')}",
-            f"${float(a.get('cost_usd') or 0):.4f}",
-            machine,
+            str(a.fence), a.host, _when(started), _duration((end or started) - started),
+            a.exit_class + (" (lost)" if a.exit_class == ExitClass.VANISHED.value else ""),
+            f"{a.step_start}->{a.step_end}", f"${a.cost_usd:.4f}", machine + (" spot" if a.spot else ""),
         ])
-    out += ["", f"attempts ({len(attempts)})"]
+    out += ["", f"attempts ({len(ledger.attempts)})"]
     out.append(_table(["fence", "host", "started", "duration", "exit class", "steps", "cost", "machine"], rows) if rows else "  none")
-    out += _node_table(attempts)
+    out += _node_table(ledger.attempts)
     out += explain_decisions(ledger)
-    checkpoints = ledger.get("checkpoints", [])
-    committed = int(ledger.get("checkpoints_committed", len(checkpoints)))
+    checkpoints = ledger.checkpoints
+    committed = ledger.checkpoints_committed
     kept = f"{len(checkpoints)}" if committed == len(checkpoints) else f"newest {len(checkpoints)} of {committed} committed"
     out += ["", f"checkpoints ({kept})"]
     if checkpoints:
-        out.append(_table(
-            ["step", "fence", "size", "saved", "key"],
-            [[str(c.get("step")), str(c.get("fence")), format_bytes(int(c.get("size") or 0)), _when(c.get("time")), str(c.get("key"))]
-             for c in checkpoints],
-        ))
+        out.append(_table(["step", "fence", "size", "saved", "key"],
+                          [[str(c.step), str(c.fence), format_bytes(c.size), _when(c.time), c.key] for c in checkpoints]))
     else:
         out.append("  none")
     return "\n".join(out)
@@ -117,33 +102,28 @@ def format_ledger(ledger: dict, *, now: float | None = None) -> str:
 SHOWN_DECISIONS = 10
 
 
-def _node_table(attempts: list) -> list[str]:
+def _node_table(attempts) -> list[str]:
     """Each node of the multi-node attempts: its host, start, end and exit (the ledger's ``nodes``)."""
-    def when(value):  # the ledger is read from storage: a time that is no finite number shows as "-"
-        return _when(value) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
-
-    rows = [[str(a.get("fence")), str(n.get("node")), str(n.get("host")), when(n.get("started_at")),
-             when(n.get("ended_at")), "-" if n.get("exit") is None else str(n.get("exit"))]
-            for a in attempts if isinstance(a.get("nodes"), list) for n in a["nodes"] if isinstance(n, dict)]
+    rows = [[str(a.fence), str(n.node), n.host, _when(n.started_at), _when(n.ended_at),
+             "-" if n.exit is None else str(n.exit)] for a in attempts for n in a.nodes]
     return ["", "nodes", _table(["fence", "node", "host", "started", "ended", "exit"], rows)] if rows else []
 
 
-def explain_decisions(ledger: dict) -> list[str]:
+def explain_decisions(ledger: LedgerRecord) -> list[str]:
     """Why the job checkpoints as often as it does (checkpoint.every=auto) and runs where it runs (run.deadline)."""
     out = []
-    chosen = next(((a.get("fence"), (a.get("extra") or {}).get("checkpoint_interval"))
-                   for a in reversed(ledger.get("attempts") or []) if (a.get("extra") or {}).get("checkpoint_interval")),
-                  None)
+    chosen = next(((a.fence, a.extra.get("checkpoint_interval")) for a in reversed(ledger.attempts)
+                   if isinstance(a.extra.get("checkpoint_interval"), Mapping)), None)
     if chosen:
         fence, interval = chosen
-        out += ["", f"checkpoint interval (attempt {fence}, checkpoint.every=auto)", f"  {interval.get('explanation')}"]
-    decisions = ledger.get("capacity") or []
+        explanation = _CONTROL.sub("?", str(interval.get("explanation")))
+        out += ["", f"checkpoint interval (attempt {fence}, checkpoint.every=auto)", f"  {explanation}"]
+    decisions = ledger.capacity
     if decisions:
         out += ["", f"capacity (run.deadline; newest {min(len(decisions), SHOWN_DECISIONS)} of {len(decisions)} decisions)"]
         for d in decisions[-SHOWN_DECISIONS:]:
-            change = f"{_capacity(d.get('previous'))} -> {_capacity(d.get('capacity'))}"
-            out.append(f"  {_when(d.get('time'))}  attempt {d.get('fence')} step {d.get('step')}  [{change}] "
-                       f"{d.get('action')}: {d.get('reason')}")
+            change = f"{_capacity(d.previous)} -> {_capacity(d.capacity)}"
+            out.append(f"  {_when(d.time)}  attempt {d.fence} step {d.step}  [{change}] {d.action}: {d.reason}")
     return out
 
 
@@ -217,17 +197,16 @@ def main(argv: list[str] | None = None) -> int:
         if sweep is not None:
             print(sweep)
             return 0
-        ledger = Ledger(store, run_name).load()
-    except (ValueError, UserError, TransientStorageError) as err:
+        ledger = Ledger(store, run_name)
+        raw = ledger.load()
+        if not raw:
+            return fail(f"no ledger at {ledger.uri}: no job named {run_name!r} has started under {store.uri}. Check "
+                        "the run name (run.name) and the storage URI (storage.uri), and --endpoint-url for "
+                        "S3-compatible stores.")
+        record = LedgerRecord.decode(raw, ledger.uri)
+    except (ValueError, UserError, TransientStorageError) as err:  # CorruptRecord is a UserError
         return fail(err)
-    if not ledger:
-        return fail(f"no ledger at {store.get_uri(f'{run_name}/{LEDGER_FILENAME}')}: "
-                    f"no job named {run_name!r} has started under {store.uri}. Check the run name (run.name) and "
-                    "the storage URI (storage.uri), and --endpoint-url for S3-compatible stores.")
-    if args.json:
-        print(json.dumps(with_lost_attempts(ledger), indent=2))
-    else:
-        print(format_ledger(ledger))
+    print(json.dumps(corrected_json(raw, record), indent=2) if args.json else format_ledger(record))
     return 0
 
 
