@@ -14,7 +14,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config.schema import RECIPE_SCHEMAS, register_configs
+from orchestrator.config import aliases
+from orchestrator.config.schema import RECIPE_SCHEMAS, RecipeConfig, register_configs
 from orchestrator.errors import ConfigError
 from orchestrator.config.checks import check_resolvable, choice_message, validate
 
@@ -66,15 +67,23 @@ def _compose(overrides: list[str]) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
+    overrides = aliases.rewrite(list(overrides), _is_field)  # TRL's option names as the project's keys
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(_explain(err)) from None
     finally:
         GlobalHydra.instance().clear()
+    recipe_schema = RECIPE_SCHEMAS.get(str(cfg.recipe.name), RecipeConfig)
+    aliases.check_added(overrides, recipe_schema, lambda key: (conf_dir() / key).is_dir())
     return cfg
+
+
+def _is_field(key: str) -> bool:
+    """Whether ``key`` is a field of the schema, under any recipe's."""
+    return any(aliases.lookup(key, schema) == aliases.FIELD for schema in (RecipeConfig, *RECIPE_SCHEMAS.values()))
 
 
 def _explain(err: Exception) -> str:

@@ -1,0 +1,124 @@
+"""TRL's option names on the command line, and ``+key`` overrides that nothing would read.
+
+A TRL user writes ``train.per_device_train_batch_size=4`` or ``+train.warmup_ratio=0.03`` (TrainingArguments',
+SFTConfig's and GRPOConfig's names). ``rewrite`` turns each such override into the project's own key before Hydra
+composes it (``train.per_device_batch_size=4``), so the value takes effect; ``+``/``++`` on a key the schema has
+is the plain override. ``check_added`` refuses a ``+key`` that no schema field holds (Hydra would add it and
+nothing would read it): one line naming the key and what to use instead, a ``ConfigError`` (exit 4).
+"""
+from __future__ import annotations
+
+import difflib
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from orchestrator.errors import ConfigError
+
+# TRL's name (under train.) -> the project's key that takes the value as is
+_RENAMED = {
+    "per_device_train_batch_size": "train.per_device_batch_size",
+    "num_train_epochs": "train.num_epochs",
+    "lr_scheduler_type": "train.lr_scheduler",
+    "max_length": "data.max_length",
+    "max_seq_length": "data.max_length",
+    "dataset_num_proc": "data.num_proc",
+    "save_steps": "checkpoint.every_steps",
+    "save_total_limit": "checkpoint.keep_last",
+    "model_name_or_path": "model.name_or_path",
+    "model_revision": "model.revision",
+    "dtype": "model.dtype",
+    "torch_dtype": "model.dtype",
+    "attn_implementation": "model.attn_implementation",
+    "trust_remote_code": "model.trust_remote_code",
+}
+# the recipe's own keys a TRL config holds beside the training arguments (ModelConfig's LoRA, GRPOConfig's, DPOConfig's)
+_RECIPE = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "reward_funcs", "reward_weights",
+           "num_generations", "steps_per_generation", "generation_batch_size", "num_iterations",
+           "max_completion_length", "temperature", "use_vllm", "vllm_mode", "precompute_ref_log_probs")
+ALIASES = {f"train.{name}": key for name, key in _RENAMED.items()} | {f"train.{n}": f"recipe.{n}" for n in _RECIPE}
+# TRL's precision flags -> train.mixed_precision's value when true
+_PRECISION = {"train.bf16": "bf16", "train.fp16": "fp16"}
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def _split(item: str) -> tuple[str, str, str, str]:
+    """``(prefix, key, sep, value)`` of an override: ``+``/``++``/``~`` prefix, the key, ``=`` or nothing."""
+    stripped = item.lstrip("+~")
+    prefix = item[: len(item) - len(stripped)]
+    key, sep, value = stripped.partition("=")
+    return prefix, key.strip(), sep, value
+
+
+def rewrite(overrides: list[str], is_field) -> list[str]:
+    """TRL's names as the project's keys; ``+``/``++`` dropped where ``is_field(key)`` (the key exists already).
+
+    ``train.bf16=true`` is ``train.mixed_precision=bf16`` (``fp16`` likewise); ``train.bf16=false`` is
+    ``train.mixed_precision=no`` unless another override sets the precision."""
+    parts = [_split(o) for o in overrides]
+    precision_set = any(k == "train.mixed_precision" or (k in _PRECISION and v.strip().lower() in _TRUE)
+                        for _, k, _, v in parts)
+    out = []
+    for item, (prefix, key, sep, value) in zip(overrides, parts):
+        if prefix.startswith("~"):
+            out.append(f"{prefix}{ALIASES.get(key, key)}{sep}{value}")
+        elif "/" in key or not sep:
+            out.append(item)
+        elif key in _PRECISION:
+            flag = value.strip().lower()
+            if flag not in _TRUE + _FALSE:
+                raise ConfigError(f"{key}={value}: give true or false (TRL's flag), or set train.mixed_precision="
+                                  f"{_PRECISION[key]}|no.")
+            if flag in _TRUE or not precision_set:
+                out.append(f"train.mixed_precision={_PRECISION[key] if flag in _TRUE else 'no'}")
+        else:
+            key = ALIASES.get(key, key)
+            keep = prefix if prefix not in ("+", "++") or not is_field(key) else ""
+            out.append(f"{keep}{key}{sep}{value}")
+    return out
+
+
+FIELD, FREE = "field", "free"
+
+
+def lookup(key: str, recipe_schema) -> str | DictConfig | None:
+    """Where ``key`` lands in the schema: ``FIELD`` (a field), ``FREE`` (below a free-form dict or list, which
+    holds anything), else the structured node that lacks it (None: below a plain value)."""
+    from orchestrator.config.schema import Config
+
+    node = OmegaConf.structured(Config)
+    node.recipe = OmegaConf.structured(recipe_schema)
+    for part in key.split("."):
+        if isinstance(node, ListConfig) or (isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict):
+            return FREE
+        if not isinstance(node, DictConfig) or part not in node:
+            return node if isinstance(node, DictConfig) else None
+        node = node._get_node(part)  # noqa: SLF001 - a MISSING value is still a node
+    return FIELD
+
+
+def check_added(overrides: list[str], recipe_schema, is_group) -> None:
+    """Refuse a ``+key``/``++key`` that no schema field holds: Hydra would add it and nothing would read it.
+    ``is_group(key)``: ``+experiment=...`` adds a config group's option, not a key."""
+    for item in overrides:
+        prefix, key, sep, _ = _split(item)
+        if prefix not in ("+", "++") or "/" in key or not sep or is_group(key):
+            continue
+        where = lookup(key, recipe_schema)
+        if where not in (FIELD, FREE):
+            raise ConfigError(unread_message(item, key, where))
+
+
+def unread_message(item: str, key: str, parent: DictConfig | None) -> str:
+    from orchestrator.config.schema import GROUP_SCHEMAS
+
+    leaf = key.rpartition(".")[2]
+    owners = [f"{group}.{leaf}" for group, schema in GROUP_SCHEMAS.items() if leaf in schema.__dataclass_fields__]
+    owners += [k for k in ALIASES if k.endswith(f".{leaf}")]
+    if owners:
+        fix = f"Did you mean {owners[0]}=...?"
+    else:
+        close = difflib.get_close_matches(leaf, list(parent.keys()) if parent is not None else [], n=3)
+        fix = (f"Did you mean {', '.join(key.rpartition('.')[0] + '.' + c for c in close)}? " if close else "") + (
+            f"The keys there: {', '.join(parent.keys())}." if parent is not None else "")
+    return (f"{item}: nothing reads {key} (no such option; Hydra's '+' adds a key the job then ignores). {fix} "
+            "Free-form values go under run.notes (+run.notes.NAME=VALUE).").replace("  ", " ")
