@@ -50,7 +50,7 @@ class DpoRecipeConfig(RecipeConfig):
 class GrpoRecipeConfig(RecipeConfig):
     """recipe=grpo: TRL's GRPOTrainer, its own option names (docs/grpo.md)."""
 
-    reward_funcs: list[str] = field(  # "pkg.mod:fn" import paths; shipped: recipes.rewards:exact_answer, :answer_format
+    reward_funcs: list[str] = field(  # "pkg.mod:fn" or TRL's "pkg.mod.fn" import paths, or TRL's named rewards (think_format_reward, ...); shipped: recipes.rewards:exact_answer, :answer_format
         default_factory=lambda: ["recipes.rewards:exact_answer", "recipes.rewards:answer_format"])
     reward_weights: Optional[list[float]] = None  # one weight per reward function (None: all 1.0)
     num_generations: int = 4  # completions sampled per prompt (the group advantages are relative to)
