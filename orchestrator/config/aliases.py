@@ -41,6 +41,29 @@ _PRECISION = {"train.bf16": "bf16", "train.fp16": "fp16"}
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
+# Hydra's runtime keys -> what this project uses instead (the launcher composes conf/ itself: no Hydra app)
+_HYDRA_FIX = (
+    (("hydra.run", "hydra.sweep.dir", "hydra.output_subdir", "hydra.job.chdir", "hydra.runtime"),
+     "the job's folders are run.work_dir (local scratch) and storage.uri (checkpoints, ledger, final weights)"),
+    (("hydra/launcher", "hydra.launcher"), "choose where the job runs with backend=local|slurm|skypilot|kubernetes"),
+    (("hydra/sweeper", "hydra.sweeper", "hydra.sweep", "hydra.mode"),
+     "sweep with -m and a=1,2 grids, or sweep=asha with sweep.params (docs/sweeps.md)"),
+    (("hydra/job_logging", "hydra/hydra_logging", "hydra.job_logging", "hydra.hydra_logging", "hydra.verbose"),
+     "set the log level with ORCH_LOG_LEVEL=DEBUG"),
+)
+
+
+def refuse_hydra(overrides: list[str]) -> None:
+    """``hydra.*`` and ``hydra/...`` overrides set Hydra's runtime, which this launcher does not run: refused."""
+    for item in overrides:
+        key = _split(item)[1]
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            fix = next((fix for prefixes, fix in _HYDRA_FIX if key.startswith(prefixes)),
+                       "; ".join(fix for _, fix in _HYDRA_FIX))
+            raise ConfigError(f"{item}: the launcher is not a Hydra app and has no hydra config to override: {fix}. "
+                              "Drop the override.")
+
+
 def _split(item: str) -> tuple[str, str, str, str]:
     """``(prefix, key, sep, value)`` of an override: ``+``/``++``/``~`` prefix, the key, ``=`` or nothing."""
     stripped = item.lstrip("+~")

@@ -67,13 +67,14 @@ def _compose(overrides: list[str]) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
+    aliases.refuse_hydra(overrides)
     overrides = aliases.rewrite(list(overrides), _is_field)  # TRL's option names as the project's keys
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(_explain(err)) from None
+        raise ConfigError(_unparsed(overrides) or _explain(err)) from None
     finally:
         GlobalHydra.instance().clear()
     recipe_schema = RECIPE_SCHEMAS.get(str(cfg.recipe.name), RecipeConfig)
@@ -84,6 +85,22 @@ def _compose(overrides: list[str]) -> DictConfig:
 def _is_field(key: str) -> bool:
     """Whether ``key`` is a field of the schema, under any recipe's."""
     return any(aliases.lookup(key, schema) == aliases.FIELD for schema in (RecipeConfig, *RECIPE_SCHEMAS.values()))
+
+
+def _unparsed(overrides: list[str]) -> str | None:
+    """One line naming the first override Hydra's grammar cannot read (its own error spans lines), else None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_override(item)
+        except HydraException as err:
+            reason = str(err).strip().splitlines()[-2 if "override_grammar" in str(err) else -1].strip()
+            return (f"{item}: not an override ({reason.rstrip('^ ')}). Write key=value, group=option, +key=value or "
+                    "~key, and quote a value with spaces or brackets (key='a b'); flags: --help, --cfg job.")
+    return None
 
 
 def _explain(err: Exception) -> str:
