@@ -54,7 +54,7 @@ def test_each_command_help_exits_0(capsys, name):
     assert out.startswith(f"usage: orchestrator {name}"), out
 
 
-@pytest.mark.parametrize("argv", [["status", "x/y"], ["report"], ["plan"], ["simulate", "--traces", "t", "--job-hours", "1"],
+@pytest.mark.parametrize("argv", [["launch"], ["status", "x/y"], ["report"], ["plan"], ["simulate", "--traces", "t", "--job-hours", "1"],
                                   ["checkpoints", "x/y"], ["storage", "init", "s3://b"], ["eval", "x/y"]], ids=COMMANDS)
 def test_each_command_refuses_an_unknown_flag(capsys, argv):
     code, out, err = _run(capsys, *argv, "--no-such-flag")
@@ -69,6 +69,7 @@ def user_errors(tmp_path, monkeypatch) -> dict[str, tuple[list[str], int, str]]:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # a closed port is refused at once
     nothing = f"http://127.0.0.1:{free_port()}"
     return {
+        "launch": (["launch", "hydra.run.dir=out"], 4, "hydra.run.dir=out"),
         "status": (["status", f"{tmp_path}/runs/nojob"], 2, f"no ledger at {tmp_path}/runs/nojob/ledger.json"),
         "report": (["report", "--tracking-uri", nothing], 2, f"cannot reach MLflow at {nothing}"),
         "plan": (["plan", "model=no-such-model"], 4, "model=no-such-model"),
