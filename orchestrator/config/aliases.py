@@ -9,6 +9,7 @@ nothing would read it): one line naming the key and what to use instead, a ``Con
 from __future__ import annotations
 
 import difflib
+import functools
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -106,10 +107,7 @@ FIELD, FREE = "field", "free"
 def lookup(key: str, recipe_schema) -> str | DictConfig | None:
     """Where ``key`` lands in the schema: ``FIELD`` (a field), ``FREE`` (below a free-form dict or list, which
     holds anything), else the structured node that lacks it (None: below a plain value)."""
-    from orchestrator.config.schema import Config
-
-    node = OmegaConf.structured(Config)
-    node.recipe = OmegaConf.structured(recipe_schema)
+    node = _schema_tree(recipe_schema)
     for part in key.split("."):
         if isinstance(node, ListConfig) or (isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict):
             return FREE
@@ -117,6 +115,16 @@ def lookup(key: str, recipe_schema) -> str | DictConfig | None:
             return node if isinstance(node, DictConfig) else None
         node = node._get_node(part)  # noqa: SLF001 - a MISSING value is still a node
     return FIELD
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_tree(recipe_schema) -> DictConfig:
+    """The whole schema with ``recipe_schema`` as its recipe, built once per process (read, never changed)."""
+    from orchestrator.config.schema import Config
+
+    node = OmegaConf.structured(Config)
+    node.recipe = OmegaConf.structured(recipe_schema)
+    return node
 
 
 def check_added(overrides: list[str], recipe_schema, is_group) -> None:
