@@ -29,18 +29,30 @@ def test_trls_names_take_effect_in_the_built_sft_config(tmp_path):
 
 def test_precision_and_recipe_options_under_trls_names():
     assert compose_config(["+train.bf16=true"], launch_checks=False).train.mixed_precision == "bf16"
-    cfg = compose_config(["recipe=grpo", "train.num_generations=2", "+train.max_completion_length=6"])
-    assert cfg.recipe.num_generations == 2 and cfg.recipe.max_completion_length == 6
+    cfg = compose_config(["recipe=grpo", "train.num_generations=2", "+train.max_completion_length=6", "beta=0.04"])
+    assert cfg.recipe.num_generations == 2 and cfg.recipe.max_completion_length == 6 and cfg.recipe.beta == 0.04
+    assert compose_config(["recipe=dpo", "train.beta=0.3"]).recipe.dpo_beta == 0.3
+
+
+def test_trls_names_written_bare_as_its_cli_has_them_are_the_training_options():
+    cfg = compose_config(["learning_rate=1e-4", "per_device_train_batch_size=2", "bf16=true", "warmup_ratio=0.1",
+                          "gradient_accumulation_steps=4"], launch_checks=False)
+    assert (cfg.train.learning_rate, cfg.train.per_device_batch_size, cfg.train.mixed_precision,
+            cfg.train.warmup_ratio, cfg.train.gradient_accumulation_steps) == (1e-4, 2, "bf16", 0.1, 4)
 
 
 @pytest.mark.parametrize("overrides,needles", [
     (["+train.adam_beta1=0.9"], ["+train.adam_beta1=0.9", "nothing reads train.adam_beta1", "learning_rate, lr_scheduler"]),
-    (["+warmup_ratio=0.03"], ["nothing reads warmup_ratio", "Did you mean train.warmup_ratio"]),
+    (["+num_examples=100"], ["nothing reads num_examples", "Did you mean data.num_examples"]),
     (["+recipe.num_generation=4", "recipe=grpo"], ["nothing reads recipe.num_generation", "recipe.num_generations"]),
     (["+data.hf_token=x"], ["nothing reads data.hf_token", "+run.notes.NAME=VALUE"]),
     (["train.warmup_ratio=1.5"], ["train.warmup_ratio=1.5 must be in [0, 1)"]),
     (["train.warmup_ratio=0.1", "train.warmup_steps=10"], ["both set the warm-up"]),
     (["train.bf16=maybe"], ["train.bf16=maybe", "true or false"]),
+    # TRL's options the orchestrator sets itself: what to use instead
+    (["train.output_dir=out"], ["train.output_dir", "storage.uri"]),
+    (["+train.report_to=wandb"], ["nothing reads train.report_to", "tracking.enabled"]),
+    (["save_strategy=steps"], ["save_strategy", "checkpoint.every"]),
 ])
 def test_an_option_nothing_reads_is_refused_naming_it_and_the_fix(overrides, needles):
     with pytest.raises(ConfigError) as err:

@@ -37,6 +37,27 @@ _RECIPE = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "rewar
            "num_generations", "steps_per_generation", "generation_batch_size", "num_iterations",
            "max_completion_length", "temperature", "use_vllm", "vllm_mode", "precompute_ref_log_probs")
 ALIASES = {f"train.{name}": key for name, key in _RENAMED.items()} | {f"train.{n}": f"recipe.{n}" for n in _RECIPE}
+# the train. keys that are TRL's own names too: written bare (learning_rate=1e-4), they are train.'s
+_TRAIN_AS_TRL = ("max_steps", "gradient_accumulation_steps", "learning_rate", "warmup_steps", "warmup_ratio",
+                 "weight_decay", "seed", "logging_steps", "eval_steps", "gradient_checkpointing", "packing",
+                 "packing_strategy", "padding_free", "tf32", "optim", "max_grad_norm", "dataloader_num_workers")
+# TRL's options the orchestrator sets itself -> what to use instead
+INSTEAD = {
+    "output_dir": "the job's folders are storage.uri (checkpoints, final weights) and run.work_dir (scratch)",
+    "save_strategy": "checkpoints are the orchestrator's: checkpoint.every (wall clock, or auto) and checkpoint.every_steps",
+    "eval_strategy": "set train.eval_steps (0: evaluate at the end only) and train.eval_at_end",
+    "evaluation_strategy": "set train.eval_steps (0: evaluate at the end only) and train.eval_at_end",
+    "report_to": "MLflow is the tracker: tracking.enabled, tracking.uri, tracking.experiment",
+    "push_to_hub": "the final weights go to <storage.uri>/<run.name>/final/ (checkpoint.save_final_weights)",
+    "resume_from_checkpoint": "relaunch with the same run.name: the job resumes from its last committed checkpoint",
+    "use_peft": "set recipe.peft=lora or recipe.peft=full",
+    "load_in_4bit": "set recipe.quantization=nf4 (or recipe=qlora)",
+    "dataset_name": "set data=hub data.path=<dataset id>",
+    "per_device_eval_batch_size": "evaluation batches are train.per_device_batch_size",
+    "deepspeed": "choose distributed=zero2, zero3 or fsdp",
+    "fsdp": "choose distributed=fsdp",
+    "num_processes": "set distributed.processes_per_node",
+}
 # TRL's precision flags -> train.mixed_precision's value when true
 _PRECISION = {"train.bf16": "bf16", "train.fp16": "fp16"}
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
@@ -79,26 +100,44 @@ def rewrite(overrides: list[str], is_field) -> list[str]:
     ``train.bf16=true`` is ``train.mixed_precision=bf16`` (``fp16`` likewise); ``train.bf16=false`` is
     ``train.mixed_precision=no`` unless another override sets the precision."""
     parts = [_split(o) for o in overrides]
+    recipe = next((v.strip() for p, k, _, v in reversed(parts) if k == "recipe" and not p), None)
+    keys = [project_key(k, recipe) if sep and "/" not in k else k for _, k, sep, _ in parts]
     precision_set = any(k == "train.mixed_precision" or (k in _PRECISION and v.strip().lower() in _TRUE)
-                        for _, k, _, v in parts)
+                        for k, (_, _, _, v) in zip(keys, parts))
     out = []
-    for item, (prefix, key, sep, value) in zip(overrides, parts):
+    for item, key, (prefix, _, sep, value) in zip(overrides, keys, parts):
         if prefix.startswith("~"):
-            out.append(f"{prefix}{ALIASES.get(key, key)}{sep}{value}")
+            out.append(f"{prefix}{project_key(key, recipe)}{sep}{value}")
         elif "/" in key or not sep:
             out.append(item)
         elif key in _PRECISION:
             flag = value.strip().lower()
             if flag not in _TRUE + _FALSE:
-                raise ConfigError(f"{key}={value}: give true or false (TRL's flag), or set train.mixed_precision="
+                raise ConfigError(f"{item}: give true or false (TRL's flag), or set train.mixed_precision="
                                   f"{_PRECISION[key]}|no.")
             if flag in _TRUE or not precision_set:
                 out.append(f"train.mixed_precision={_PRECISION[key] if flag in _TRUE else 'no'}")
         else:
-            key = ALIASES.get(key, key)
             keep = prefix if prefix not in ("+", "++") or not is_field(key) else ""
             out.append(f"{keep}{key}{sep}{value}")
     return out
+
+
+def project_key(key: str, recipe: str | None) -> str:
+    """The project's key for TRL's ``key`` (``train.X`` or bare ``X``); ``key`` itself when it is none of TRL's.
+    ``beta`` is DPO's ``recipe.dpo_beta`` under recipe=dpo (``recipe``: the command line's), else GRPO's."""
+    if "." not in key and (f"train.{key}" in ALIASES or f"train.{key}" in _PRECISION or key in _TRAIN_AS_TRL
+                           or key == "beta"):
+        key = f"train.{key}"
+    if key == "train.beta":
+        return "recipe.dpo_beta" if recipe == "dpo" else "recipe.beta"
+    return ALIASES.get(key, key)
+
+
+def instead(key: str) -> str | None:
+    """What to use instead of TRL's option ``key`` (``train.X`` or bare) that the orchestrator sets itself."""
+    group, _, leaf = key.rpartition(".")
+    return INSTEAD.get(leaf) if group in ("", "train") else None
 
 
 FIELD, FREE = "field", "free"
@@ -143,6 +182,8 @@ def unread_message(item: str, key: str, parent: DictConfig | None) -> str:
     from orchestrator.config.schema import GROUP_SCHEMAS
 
     leaf = key.rpartition(".")[2]
+    if instead(key):
+        return f"{item}: nothing reads {key}: the orchestrator sets TRL's {leaf} itself; {instead(key)}."
     owners = [f"{group}.{leaf}" for group, schema in GROUP_SCHEMAS.items() if leaf in schema.__dataclass_fields__]
     owners += [k for k in ALIASES if k.endswith(f".{leaf}")]
     if owners:

@@ -115,6 +115,8 @@ def _explain(err: Exception) -> str:
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
         key = m.group(1)
+        if aliases.instead(key):
+            return f"{key}: the orchestrator sets TRL's {key.rpartition('.')[2]} itself; {aliases.instead(key)}."
         parent, _, leaf = key.rpartition(".")
         valid = _schema_keys(parent)
         if valid is None:
