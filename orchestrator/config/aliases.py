@@ -190,7 +190,8 @@ def unread_message(item: str, key: str, parent: DictConfig | None) -> str:
         fix = f"Did you mean {owners[0]}=...?"
     else:
         close = difflib.get_close_matches(leaf, list(parent.keys()) if parent is not None else [], n=3)
-        fix = (f"Did you mean {', '.join(key.rpartition('.')[0] + '.' + c for c in close)}? " if close else "") + (
-            f"The keys there: {', '.join(parent.keys())}." if parent is not None else "")
+        base = key.rpartition(".")[0]
+        fix = (f"Did you mean {', '.join(f'{base}.{c}' if base else c for c in close)}? " if close else "") + (
+            f"The keys at that level: {', '.join(parent.keys())}." if parent is not None else "")
     return (f"{item}: nothing reads {key} (no such option; Hydra's '+' adds a key the job then ignores). {fix} "
             "Free-form values go under run.notes (+run.notes.NAME=VALUE).").replace("  ", " ")
