@@ -108,3 +108,21 @@ def test_sizes_are_decimal_everywhere(capsys, tmp_path):
     code, out, err = _run(capsys, "status", f"{tmp_path}/runs/exp1")
     assert code == 0, err
     assert "3.1 MB" in out and "MiB" not in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["x/y", "eval.tasks=[a]", "--endpoint-url", "http://e"],
+    ["x/y", "--endpoint-url", "http://e", "eval.tasks=[a]"],
+    ["--endpoint-url", "http://e", "x/y", "eval.tasks=[a]"],
+], ids=["after", "among", "before"])
+def test_options_go_before_after_or_among_a_run_uri_and_overrides(argv):
+    from orchestrator.checkpoint.inspect import parse_args as checkpoints_args
+    from orchestrator.cli.launch_flags import parse as launch_args
+    from orchestrator.evaluation.job import parse_args as eval_args
+
+    args = eval_args(argv)
+    assert (args.run_uri, args.overrides, args.endpoint_url) == ("x/y", ["eval.tasks=[a]"], "http://e")
+    plain = [word for word in argv if word != "eval.tasks=[a]"]
+    assert checkpoints_args(plain + ["--verify"]).verify and checkpoints_args(["--json", *plain]).json
+    launch = launch_args([word.replace("--endpoint-url", "--cfg").replace("http://e", "job") for word in argv])
+    assert launch.cfg == "job" and launch.overrides == ["x/y", "eval.tasks=[a]"]

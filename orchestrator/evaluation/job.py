@@ -30,7 +30,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("run_uri", help="<storage.uri>/<run.name>, e.g. s3://bucket/runs/job1 or .cache/runs/job1")
     parser.add_argument("overrides", nargs="*", help="the job's Hydra overrides (model=..., eval.tasks=[...], ...)")
     parser.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (as storage.endpoint_url)")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # --endpoint-url before, after or among the overrides
 
 
 def _fetch_final(store: Any, run_name: str, dest: Path) -> Optional[Path]:
