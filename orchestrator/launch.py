@@ -1,4 +1,6 @@
-"""Entry point: ``python -m orchestrator.launch [hydra overrides]``.
+"""Entry point: ``python -m orchestrator.launch [flags] [hydra overrides]``, also ``orchestrator launch``.
+
+Flags as a Hydra user knows them (``--help``, ``--cfg job``, ``--info``, ``-m``: ``orchestrator.app.launch_flags``).
 
 1. compose ``conf/config.yaml`` with the overrides against the typed schemas, once; add the default
    folders and the pinned hub revisions to the config and to the overrides alike;
@@ -90,9 +92,21 @@ def dotlist_tree(items: list[str]) -> dict:
     return tree
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m orchestrator.launch") -> int:
+    """``python -m orchestrator.launch`` and ``orchestrator launch``: the flags (``orchestrator.app.launch_flags``),
+    then one job, or a sweep with ``-m``/``sweep=...``."""
+    from orchestrator.app import launch_flags
+
     setup_logging()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    args = launch_flags.parse(list(sys.argv[1:] if argv is None else argv), prog)
+    if args.help or args.info:
+        from orchestrator.config.compose import conf_dir
+
+        print(launch_flags.usage(conf_dir(), prog) if args.help else launch_flags.info(conf_dir(), args.overrides))
+        return 0
+    if args.cfg:
+        return print_job_config(args.overrides, resolve=args.resolve, package=args.package)
+    argv = (["-m"] if args.multirun else []) + args.overrides
     from orchestrator.sweep.plan import wants_sweep
 
     if wants_sweep(argv):  # -m, sweep=..., sweep.*: many jobs (docs/sweeps.md)
@@ -114,6 +128,30 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+
+
+def print_job_config(argv: list[str], *, resolve: bool = False, package: str | None = None) -> int:
+    """``--cfg job``: the composed config as YAML, as Hydra prints it; nothing is checked beyond composing, nothing
+    runs. A sweep's overrides compose as its first point."""
+    from omegaconf import OmegaConf
+
+    from orchestrator.config.compose import split_sweep_overrides
+
+    try:
+        fixed, space = split_sweep_overrides(absolutize(argv))
+        if space:
+            from orchestrator.sweep.space import SearchSpace
+
+            fixed += SearchSpace.from_specs(space).representative()
+        cfg = compose_config(fixed, launch_checks=False)
+        node = OmegaConf.select(cfg, package) if package else cfg
+        if package and node is None:
+            raise ConfigError(f"--package {package}: the config has no key {package!r}; give a group (train) or a key.")
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    print(OmegaConf.to_yaml(node, resolve=resolve) if OmegaConf.is_config(node) else f"{node}\n", end="", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

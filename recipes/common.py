@@ -226,6 +226,8 @@ def training_kwargs(cfg, output_dir: str) -> dict:
     t = cfg.train
     cuda = torch.cuda.is_available()
     kw = {arg: getattr(t, key) for arg, key in _TRAIN_ARGS.items()}
+    if t.warmup_ratio is not None:  # transformers 5 reads a warmup_steps below 1 as the fraction of the steps
+        kw["warmup_steps"] = float(t.warmup_ratio)
     kw.update(
         output_dir=output_dir,
         max_steps=t.max_steps if t.max_steps > 0 else -1,

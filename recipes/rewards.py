@@ -1,6 +1,8 @@
 """GRPO's reward functions: the shipped ones for the built-in task, the user's by import path, checked at launch.
 
-``recipe.reward_funcs`` lists ``"package.module:function"`` paths. Each must import and be callable with
+``recipe.reward_funcs`` lists ``"package.module:function"`` paths, TRL's dotted ``"package.module.function"`` (split
+at the last dot, as TRL's GRPO script does) or TRL's named rewards (``accuracy_reward``, ``think_format_reward``, ...
+from ``trl.rewards``). Each must import and be callable with
 TRL's reward signature: ``fn(prompts, completions, **kwargs)`` returning one float (or None) per completion;
 the dataset's other columns (``answer`` for the built-in task), ``completion_ids`` and ``trainer_state``
 arrive as keyword arguments. The checks run at launch (exit 4, never requeued).
@@ -16,8 +18,10 @@ import hashlib
 import importlib
 import inspect
 import json
+import keyword
 import math
 import re
+import sys
 
 from orchestrator.core.errors import ConfigError
 
@@ -49,39 +53,104 @@ def _text(completion) -> str:
     return str(completion[-1]["content"]) if completion else ""
 
 
-def resolve(path: str):
-    """The function ``path`` ("pkg.mod:fn") names, checked against TRL's reward signature; ConfigError otherwise."""
-    module_name, sep, attr = str(path).partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"recipe.reward_funcs entry {path!r} is not an import path. Write it as "
-                          "'package.module:function' (e.g. recipes.rewards:exact_answer).")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import failure is the user's to fix
-        raise ConfigError(f"recipe.reward_funcs entry {path!r}: module {module_name!r} cannot be imported "
-                          f"({type(err).__name__}: {err}). Put it on PYTHONPATH, or fix the module.") from None
-    fn = getattr(module, attr, None)
-    if fn is None or not callable(fn):
-        raise ConfigError(f"recipe.reward_funcs entry {path!r}: {module_name} has no callable {attr!r}. "
-                          "Name a function defined in that module.")
-    check_signature(fn, path)
+# TRL's named rewards (trl.rewards), as its GRPO script takes them; a factory's instance made with the script's values
+TRL_NAMED = {"accuracy_reward": None, "reasoning_accuracy_reward": None, "think_format_reward": None,
+             "get_soft_overlong_punishment": {"max_completion_len": 1280, "soft_punish_cache": 256}}
+_NEEDS_MATH_VERIFY = ("accuracy_reward", "reasoning_accuracy_reward")
+_FORMS = ("'package.module:function', TRL's dotted 'package.module.function', or one of TRL's named rewards: "
+          + ", ".join(TRL_NAMED))
+
+
+def split_path(path: str) -> tuple[str, str]:
+    """``(module, function)`` of ``pkg.mod:fn`` or TRL's ``pkg.mod.fn`` (split at the last dot). Every part must
+    be a Python identifier: a file path, a relative import or an expression is refused, never imported."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    parts = module_name.split(".") + [attr]
+    if not module_name or not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
+        raise ConfigError(f"recipe.reward_funcs entry {path!r} is not an import path. Write it as {_FORMS} "
+                          "(e.g. recipes.rewards:exact_answer).")
+    if parts[0] in sys.stdlib_module_names:  # never a reward; some act on import (antigravity) or run commands
+        raise ConfigError(f"recipe.reward_funcs entry {path!r} names Python's standard library ({parts[0]}), not a "
+                          "reward function. Name your own module's function, e.g. my_rewards:score.")
+    return module_name, attr
+
+
+def resolve(path: str, columns: set[str] | None = None):
+    """The function ``path`` names ("pkg.mod:fn", "pkg.mod.fn" or a TRL named reward), checked against TRL's reward
+    signature (``columns``: the dataset's, when known at launch); ConfigError otherwise."""
+    path = str(path).strip()
+    if path in TRL_NAMED:
+        fn = trl_named(path)
+    else:
+        module_name, attr = split_path(path)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as err:  # noqa: BLE001 - any import failure is the user's to fix
+            raise ConfigError(f"recipe.reward_funcs entry {path!r}: module {module_name!r} cannot be imported "
+                              f"({type(err).__name__}: {err}). Put it on PYTHONPATH, or fix the module.") from None
+        fn = getattr(module, attr, None)
+        if inspect.ismodule(fn):
+            raise ConfigError(f"recipe.reward_funcs entry {path!r} is a module, not a function: name a function in "
+                              f"it ({path}:NAME or {path}.NAME).")
+        if fn is None or not callable(fn) or inspect.isclass(fn):
+            raise ConfigError(f"recipe.reward_funcs entry {path!r}: {module_name} has no callable {attr!r}. "
+                              "Name a function defined in that module.")
+    check_signature(fn, path, columns)
     return fn
 
 
-def check_signature(fn, path: str) -> None:
-    """``fn`` takes TRL's call: ``prompts=``, ``completions=`` and the other columns as ``**kwargs``."""
+def trl_named(name: str):
+    """TRL's reward ``name`` from trl.rewards (a factory's with TRL's GRPO script's values); ConfigError when the
+    package it needs is not installed."""
+    from trl.import_utils import is_math_verify_available
+
+    if name in _NEEDS_MATH_VERIFY and not is_math_verify_available():
+        raise ConfigError(f"recipe.reward_funcs entry {name!r} (TRL's) needs the math_verify package, which is not "
+                          "installed here: pip install 'math-verify[antlr4_13_2]', or choose another reward.")
+    try:
+        fn = getattr(importlib.import_module("trl.rewards"), name)
+    except Exception as err:  # noqa: BLE001 - a package the reward imports is missing here
+        raise ConfigError(f"recipe.reward_funcs entry {name!r} cannot be loaded from trl.rewards "
+                          f"({type(err).__name__}: {str(err).splitlines()[0]}). Install what it needs.") from None
+    return fn(**TRL_NAMED[name]) if TRL_NAMED[name] else fn
+
+
+def check_signature(fn, path: str, columns: set[str] | None = None) -> None:
+    """``fn`` takes TRL's call: ``prompts=``, ``completions=`` and the dataset's other columns as ``**kwargs``.
+    ``columns`` None (not known before the data loads): a required argument is taken to be a column."""
     fix = f"Define it as def {getattr(fn, '__name__', 'reward')}(prompts, completions, **kwargs) -> list[float]."
     try:
         sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return  # a builtin or C function: nothing to inspect, TRL's call decides
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+    except (TypeError, ValueError):  # a builtin or C function: whether it takes TRL's call cannot be checked
+        raise ConfigError(f"recipe.reward_funcs entry {path!r} is a built-in without an inspectable signature, so "
+                          f"it cannot be checked against TRL's call. Wrap it in a Python function: {fix}") from None
+    params = sig.parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         raise ConfigError(f"recipe.reward_funcs entry {path!r} takes no **kwargs, but TRL passes the dataset's "
                           f"columns and {', '.join(TRL_KWARGS)} as keyword arguments. {fix}")
+    given = {"prompts": [], "completions": [], **{k: None for k in TRL_KWARGS}}
+    if columns is None:
+        given.update({p.name: None for p in params if p.default is p.empty and p.name not in given
+                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)})
+    else:
+        given.update({c: None for c in columns - {"prompt"}})
     try:
-        sig.bind(prompts=[], completions=[], **{k: None for k in TRL_KWARGS})
+        sig.bind(**given)
     except TypeError as err:
-        raise ConfigError(f"recipe.reward_funcs entry {path!r} cannot be called as TRL calls it ({err}). {fix}") from None
+        have = f"; this job's dataset has the columns {', '.join(sorted(columns))}" if columns else ""
+        raise ConfigError(f"recipe.reward_funcs entry {path!r} cannot be called as TRL calls it ({err}{have}). "
+                          f"{fix}") from None
+
+
+def known_columns(cfg) -> set[str] | None:
+    """The dataset's columns where the launch knows them without loading it (data=synthetic), else None."""
+    if str(cfg.data.source) == "synthetic":
+        from recipes.data import synthetic_rows
+
+        return set(synthetic_rows("grpo", 1, 0)[0])
+    return None
 
 
 def check_grpo_config(cfg) -> None:
@@ -91,8 +160,13 @@ def check_grpo_config(cfg) -> None:
     if not funcs:
         raise ConfigError("recipe=grpo needs at least one reward function: set recipe.reward_funcs, e.g. "
                           "[recipes.rewards:exact_answer].")
+    columns = known_columns(cfg)
     for path in funcs:
-        resolve(path)
+        resolve(path, columns)
+        if columns is not None and str(path).strip() in ("think_format_reward", *_NEEDS_MATH_VERIFY):
+            raise ConfigError(f"recipe.reward_funcs entry {path!r} (TRL's) reads conversational completions "
+                              f"(a 'prompt' column of messages) and data={cfg.data.source}'s prompts are text: "
+                              "give conversational data (data=jsonl or hub), or a reward for text completions.")
     if r.reward_weights is not None and len(r.reward_weights) != len(funcs):
         raise ConfigError(f"recipe.reward_weights has {len(r.reward_weights)} weights for {len(funcs)} reward "
                           "functions; give one weight per entry of recipe.reward_funcs, or drop recipe.reward_weights.")

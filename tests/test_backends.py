@@ -332,12 +332,12 @@ QUERY_TOKEN = "QRYTOKEN0123456789"
 LIST_SECRET = "LISTSECRET0123456789"
 SECRET_OVERRIDES = [
     f"budget.webhook_url=https://hooks.slack.com/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}",
-    f"+data.source_url='https://data.example/train.jsonl?v=2&token={QUERY_TOKEN}'",
-    f"+data.auth_headers=['Bearer {LIST_SECRET}']",
+    f"+run.notes.source_url='https://data.example/train.jsonl?v=2&token={QUERY_TOKEN}'",
+    f"+run.notes.auth_headers=['Bearer {LIST_SECRET}']",
 ]
 # values a shell or a YAML reader would take apart if they were pasted in, not quoted
 NASTY = "a b \"c\" 'd' $(touch PWNED) `touch PWNED2` ; #e: {f}"
-NOTE = "+data.note='" + NASTY.replace("'", "\\'") + "'"  # as a Hydra override: a quoted string
+NOTE = "+run.notes.note='" + NASTY.replace("'", "\\'") + "'"  # as a Hydra override: a quoted string
 
 
 def _render(backend: str, *extra: str) -> str:
@@ -356,7 +356,7 @@ def _slurm_worker_argv(script: str) -> list[str]:
 @pytest.mark.slurm
 def test_worker_invocation_passes_secrets_by_variable_name(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_x")  # the launcher resolves the config, so a named variable must be set
-    overrides = [*USER_OVERRIDES, "backend=slurm", *SECRET_OVERRIDES, "+data.hf_token=${oc.env:HF_TOKEN}"]
+    overrides = [*USER_OVERRIDES, "backend=slurm", *SECRET_OVERRIDES, "+run.notes.hf_token=${oc.env:HF_TOKEN}"]
     cfg = _composed(tuple(overrides))
     inv = worker_invocation(cfg, overrides)
     text = " ".join(inv.overrides)
@@ -364,10 +364,10 @@ def test_worker_invocation_passes_secrets_by_variable_name(monkeypatch):
         assert secret not in text
     assert "budget.webhook_url='${oc.env:ORCH_SECRET_BUDGET_WEBHOOK_URL}'" in inv.overrides
     assert inv.secret_values["ORCH_SECRET_BUDGET_WEBHOOK_URL"].endswith(SLACK_PATH_SECRET)
-    assert QUERY_TOKEN in inv.secret_values["ORCH_SECRET_DATA_SOURCE_URL"]
-    assert json.loads(inv.secret_values["ORCH_SECRET_DATA_AUTH_HEADERS"]) == [f"Bearer {LIST_SECRET}"]
-    assert inv.secret_names == ["ORCH_SECRET_BUDGET_WEBHOOK_URL", "ORCH_SECRET_DATA_SOURCE_URL",
-                                "ORCH_SECRET_DATA_AUTH_HEADERS", "HF_TOKEN"]
+    assert QUERY_TOKEN in inv.secret_values["ORCH_SECRET_RUN_NOTES_SOURCE_URL"]
+    assert json.loads(inv.secret_values["ORCH_SECRET_RUN_NOTES_AUTH_HEADERS"]) == [f"Bearer {LIST_SECRET}"]
+    assert inv.secret_names == ["ORCH_SECRET_BUDGET_WEBHOOK_URL", "ORCH_SECRET_RUN_NOTES_SOURCE_URL",
+                                "ORCH_SECRET_RUN_NOTES_AUTH_HEADERS", "HF_TOKEN"]
     assert "run.name=exp1" in inv.overrides and "storage.uri=s3://bucket/runs" in inv.overrides
 
     # the worker composes exactly the values the user gave, reading them from the environment
@@ -377,8 +377,8 @@ def test_worker_invocation_passes_secrets_by_variable_name(monkeypatch):
             mp.setenv(k, v)
         worker_cfg = compose_config(inv.overrides)
         assert worker_cfg.budget.webhook_url == cfg.budget.webhook_url
-        assert worker_cfg.data.source_url == cfg.data.source_url
-        assert list(worker_cfg.data.auth_headers) == [f"Bearer {LIST_SECRET}"]
+        assert worker_cfg.run.notes.source_url == cfg.run.notes.source_url
+        assert list(worker_cfg.run.notes.auth_headers) == [f"Bearer {LIST_SECRET}"]
 
 
 @pytest.mark.slurm
@@ -417,7 +417,7 @@ def test_kubernetes_refuses_a_literal_secret_with_the_fix():
 def test_kubernetes_reads_secrets_from_a_secret_by_name(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     text = _render("kubernetes", "backend.image=registry.example/orch:1", "budget.webhook_url_env=SLACK_WEBHOOK_URL",
-                   "+data.hf_token=${oc.env:HF_TOKEN}", "+backend.extra.secret_name=train-secrets")
+                   "+run.notes.hf_token=${oc.env:HF_TOKEN}", "+backend.extra.secret_name=train-secrets")
     env = {e["name"]: e for e in yaml.safe_load(text)["spec"]["template"]["spec"]["containers"][0]["env"]}
     for name in ("SLACK_WEBHOOK_URL", "HF_TOKEN"):
         assert env[name]["valueFrom"] == {"secretKeyRef": {"name": "train-secrets", "key": name}}
@@ -440,7 +440,7 @@ def test_slurm_submit_hands_secrets_to_sbatch_in_its_environment(tmp_path, monke
         assert secret not in script
     env = dict(line.split("=", 1) for line in (tmp_path / "sbatch.env").read_text().splitlines() if "=" in line)
     assert env["ORCH_SECRET_BUDGET_WEBHOOK_URL"].endswith(SLACK_PATH_SECRET)
-    assert QUERY_TOKEN in env["ORCH_SECRET_DATA_SOURCE_URL"]
+    assert QUERY_TOKEN in env["ORCH_SECRET_RUN_NOTES_SOURCE_URL"]
 
 
 @pytest.mark.e2e

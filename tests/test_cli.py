@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main as cli
-from orchestrator.cli.common import format_bytes
+from orchestrator.core.console import format_bytes
 from orchestrator.core.exitcodes import ExitClass
 from orchestrator.records.ledger import Ledger
 from orchestrator.storage import LocalStore
@@ -54,7 +54,7 @@ def test_each_command_help_exits_0(capsys, name):
     assert out.startswith(f"usage: orchestrator {name}"), out
 
 
-@pytest.mark.parametrize("argv", [["status", "x/y"], ["report"], ["plan"], ["simulate", "--traces", "t", "--job-hours", "1"],
+@pytest.mark.parametrize("argv", [["launch"], ["status", "x/y"], ["report"], ["plan"], ["simulate", "--traces", "t", "--job-hours", "1"],
                                   ["checkpoints", "x/y"], ["storage", "init", "s3://b"], ["eval", "x/y"]], ids=COMMANDS)
 def test_each_command_refuses_an_unknown_flag(capsys, argv):
     code, out, err = _run(capsys, *argv, "--no-such-flag")
@@ -69,6 +69,7 @@ def user_errors(tmp_path, monkeypatch) -> dict[str, tuple[list[str], int, str]]:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # a closed port is refused at once
     nothing = f"http://127.0.0.1:{free_port()}"
     return {
+        "launch": (["launch", "hydra.run.dir=out"], 4, "hydra.run.dir=out"),
         "status": (["status", f"{tmp_path}/runs/nojob"], 2, f"no ledger at {tmp_path}/runs/nojob/ledger.json"),
         "report": (["report", "--tracking-uri", nothing], 2, f"cannot reach MLflow at {nothing}"),
         "plan": (["plan", "model=no-such-model"], 4, "model=no-such-model"),
@@ -107,3 +108,21 @@ def test_sizes_are_decimal_everywhere(capsys, tmp_path):
     code, out, err = _run(capsys, "status", f"{tmp_path}/runs/exp1")
     assert code == 0, err
     assert "3.1 MB" in out and "MiB" not in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["x/y", "eval.tasks=[a]", "--endpoint-url", "http://e"],
+    ["x/y", "--endpoint-url", "http://e", "eval.tasks=[a]"],
+    ["--endpoint-url", "http://e", "x/y", "eval.tasks=[a]"],
+], ids=["after", "among", "before"])
+def test_options_go_before_after_or_among_a_run_uri_and_overrides(argv):
+    from orchestrator.cli.checkpoints import parse_args as checkpoints_args
+    from orchestrator.app.launch_flags import parse as launch_args
+    from orchestrator.cli.evaluate import parse_args as eval_args
+
+    args = eval_args(argv)
+    assert (args.run_uri, args.overrides, args.endpoint_url) == ("x/y", ["eval.tasks=[a]"], "http://e")
+    plain = [word for word in argv if word != "eval.tasks=[a]"]
+    assert checkpoints_args(plain + ["--verify"]).verify and checkpoints_args(["--json", *plain]).json
+    launch = launch_args([word.replace("--endpoint-url", "--cfg").replace("http://e", "job") for word in argv])
+    assert launch.cfg == "job" and launch.overrides == ["x/y", "eval.tasks=[a]"]

@@ -90,7 +90,7 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
         (["run.name='x\necho hi'"], ["run.name='x\\necho hi'", "letters, digits, '.', '_' or '-'", "Kubernetes label"]),
         (["run.name=-x"], ["run.name='-x'", "starting and ending with a letter or digit"]),
         (["run.name=" + "a" * 64], ["1-63"]),
-        (["+data.note='a\x1b[2Jb'"], ["data.note=", "control character"]),
+        (["+run.notes.note='a\x1b[2Jb'"], ["run.notes.note=", "control character"]),
         (["budget.webhook_url_env=NO_SUCH_WEBHOOK_VAR"], ["NO_SUCH_WEBHOOK_VAR is not set", "export NO_SUCH_WEBHOOK_VAR="]),
         (["budget.webhook_url_env=A-B"], ["budget.webhook_url_env='A-B'", "name of an environment variable"]),
         # the node's disk vanishes with the node: the ledger, caps and checkpoints must live in object storage

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_FENCES = {"bash", "sh", "shell", "console"}
 # commands whose arguments are Hydra overrides of a job's config
-JOB_COMMANDS = ("python -m orchestrator.launch", "bash scripts/run.sh", ".venv/bin/python -m orchestrator.launch")
+JOB_COMMANDS = ("python -m orchestrator.launch", "bash scripts/run.sh", ".venv/bin/python -m orchestrator.launch",
+                "orchestrator launch")
 
 
 def shell_commands(page: Path) -> list[str]:

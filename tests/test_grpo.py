@@ -1,6 +1,7 @@
 """recipe=grpo: launch checks of the reward functions and batch shapes, the reward cache, the batch in flight."""
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -12,7 +13,17 @@ from orchestrator.core.errors import ConfigError
 BAD = [
     (["recipe.reward_funcs=[no_such_module_xyz:fn]"], ["no_such_module_xyz", "cannot be imported", "PYTHONPATH"]),
     (["recipe.reward_funcs=[recipes.rewards:nope]"], ["has no callable 'nope'"]),
-    (["recipe.reward_funcs=[recipes.rewards]"], ["not an import path", "package.module:function"]),
+    (["recipe.reward_funcs=[recipes.rewards]"], ["'recipes.rewards' is a module, not a function"]),
+    (["recipe.reward_funcs=[exact_answer]"], ["not an import path", "package.module:function", "think_format_reward"]),
+    # hostile entries: a file path, a relative import, an expression, the standard library are never imported
+    (["recipe.reward_funcs=['/tmp/evil.score']"], ["not an import path"]),
+    (["recipe.reward_funcs=[..evil.score]"], ["not an import path"]),
+    (["recipe.reward_funcs=[\"__import__('os').system\"]"], ["not an import path"]),
+    (["recipe.reward_funcs=[os.system]"], ["standard library (os)"]),
+    (["recipe.reward_funcs=['subprocess:run']"], ["standard library (subprocess)"]),
+    (["recipe.reward_funcs=[antigravity.fly]"], ["standard library (antigravity)"]),
+    (["recipe.reward_funcs=[tests.helpers.grpo_rewards.no_kwargs]"], ["takes no **kwargs"]),
+    (["recipe.reward_funcs=[think_format_reward]"], ["conversational completions", "data=synthetic"]),
     (["recipe.reward_funcs=[tests.helpers.grpo_rewards:NOT_CALLABLE]"], ["has no callable"]),
     (["recipe.reward_funcs=[tests.helpers.grpo_rewards:no_kwargs]"], ["takes no **kwargs", "def no_kwargs(prompts, completions, **kwargs)"]),
     (["recipe.reward_funcs=[tests.helpers.grpo_rewards:needs_judge]"], ["cannot be called as TRL calls it", "judge"]),
@@ -47,6 +58,41 @@ def test_shipped_rewards_score_the_builtin_task():
 
     assert exact_answer(["Q: 3 + 5 =\nA:"] * 3, [" 8", " 9", " 8 and"], answer=["8"] * 3) == [1.0, 0.0, 1.0]
     assert answer_format([""] * 3, [" 8", "8 x", "-3 "]) == [0.5, 0.0, 0.5]
+
+
+def test_trls_dotted_paths_and_named_rewards_are_accepted_and_score(tmp_path):
+    """TRL's GRPO script's forms: ``pkg.mod.fn`` split at the last dot, and trl.rewards' named functions."""
+    from recipes.rewards import exact_answer, reward_functions
+
+    cfg = compose_config(["recipe=grpo", "recipe.reward_funcs=[recipes.rewards.exact_answer,"
+                          "get_soft_overlong_punishment]"])
+    exact, overlong = reward_functions(cfg)
+    assert exact is exact_answer
+    assert overlong(prompts=["p"] * 2, completions=["a", "b"], completion_ids=[[1] * 10, [1] * 1152]) == [0.0, -0.5]
+
+    rows = tmp_path / "chat.jsonl"  # TRL's named format reward reads conversational completions
+    rows.write_text(json.dumps({"prompt": [{"role": "user", "content": "2 + 2?"}], "answer": "4"}) + "\n")
+    cfg = compose_config(["recipe=grpo", "data=jsonl", f"data.path={rows}", "recipe.reward_funcs=[think_format_reward]"])
+    (think,) = reward_functions(cfg)
+    done = [[{"role": "assistant", "content": "<think>\nadd\n</think>\n4"}], [{"role": "assistant", "content": "4"}]]
+    assert think(prompts=["p", "p"], completions=done) == [1.0, 0.0]
+
+
+def test_trls_math_rewards_need_math_verify(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("trl.import_utils"), "is_math_verify_available", lambda: False)
+    with pytest.raises(ConfigError, match="needs the math_verify package.*pip install"):
+        compose_config(["recipe=grpo", "recipe.reward_funcs=[accuracy_reward]"])
+
+
+def test_a_reward_reading_a_column_the_data_lacks_is_refused_and_one_it_has_accepted(tmp_path):
+    """TRL's accuracy_reward reads ``solution``: a required argument is a column, checked where the launch knows them."""
+    with pytest.raises(ConfigError, match="missing a required argument: 'judge'.*the columns answer, prompt"):
+        compose_config(["recipe=grpo", "recipe.reward_funcs=[tests.helpers.grpo_rewards.needs_judge]"])
+    rows = tmp_path / "judged.jsonl"
+    rows.write_text(json.dumps({"prompt": "Q: 1 + 1 =\nA:", "judge": "strict"}) + "\n")
+    cfg = compose_config(["recipe=grpo", "data=jsonl", f"data.path={rows}",
+                          "recipe.reward_funcs=[tests.helpers.grpo_rewards.needs_judge]"])
+    assert list(cfg.recipe.reward_funcs) == ["tests.helpers.grpo_rewards.needs_judge"]
 
 
 def _cache(tmp_path, run="g"):

@@ -167,12 +167,12 @@ def test_every_module_imports_only_its_own_floor_and_those_below():
 def test_the_floors_contract_fails_on_an_upward_import_even_inside_a_function():
     sources = _sources()
     # the lowest floor reaching for a command's helper, lazily, as a convenience import would
-    sources["orchestrator.core.errors"] += "\n\ndef _planted():\n    from orchestrator.cli.common import fail\n"
+    sources["orchestrator.core.errors"] += "\n\ndef _planted():\n    from orchestrator.cli.status import format_ledger\n"
     assert upward_imports(_graph(sources)) == [
-        "orchestrator.core.errors (core) imports orchestrator.cli.common (cli)"]
+        "orchestrator.core.errors (core) imports orchestrator.cli.status (cli)"]
     # the same import only for annotations is no dependency
     sources["orchestrator.core.errors"] = _sources()["orchestrator.core.errors"] + (
-        "\n\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from orchestrator.cli.common import fail\n")
+        "\n\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from orchestrator.cli.status import format_ledger\n")
     assert upward_imports(_graph(sources)) == []
     # a new top-level module nobody placed is refused too
     sources["orchestrator.helpers"] = "import os\n"

@@ -193,10 +193,10 @@ def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_ser
     # a Slack-style webhook: the secret is the path (and here a password in the URL too)
     hook = f"http://alice:{URL_PASSWORD}@127.0.0.1:{receiver.port}/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}"
     planted = [
-        "+storage.aws_secret_access_key=${oc.env:FAKE_SECRET}",
-        f"+data.source_url='https://data.example/train.jsonl?v=2&token={QUERY_TOKEN}'",
-        f"+data.auth_headers=['Bearer {LIST_SECRET}']",
-        f"+data.launcher_args=['--hf_token={ARG_SECRET}','--max_new_tokens=8']",
+        "+run.notes.aws_secret_access_key=${oc.env:FAKE_SECRET}",
+        f"+run.notes.source_url='https://data.example/train.jsonl?v=2&token={QUERY_TOKEN}'",
+        f"+run.notes.auth_headers=['Bearer {LIST_SECRET}']",
+        f"+run.notes.launcher_args=['--hf_token={ARG_SECRET}','--max_new_tokens=8']",
         f"budget.webhook_url={hook}",
     ]
     overrides = _overrides(storage, mlflow_server, experiment, run) + planted + [
@@ -216,9 +216,9 @@ def test_planted_secrets_appear_nowhere_in_mlflow_or_the_log(storage, mlflow_ser
     assert receiver.paths[0] == f"/services/T0AAAA/B0BBBB/{SLACK_PATH_SECRET}"
 
     mlrun = _the_run(client, experiment, run)
-    assert mlrun.data.params["storage.aws_secret_access_key"] == "***"
+    assert mlrun.data.params["run.notes.aws_secret_access_key"] == "***"
     assert mlrun.data.params["budget.webhook_url"] == f"http://***@127.0.0.1:{receiver.port}/***"
-    assert mlrun.data.params["data.source_url"] == "https://data.example/train.jsonl?v=2&token=***"
+    assert mlrun.data.params["run.notes.source_url"] == "https://data.example/train.jsonl?v=2&token=***"
     places = {f"param {k}": v for k, v in mlrun.data.params.items()}
     places.update({f"tag {k}": v for k, v in mlrun.data.tags.items()})
     files = _download_artifacts(client, mlrun.info.run_id, tmp_path / "artifacts")

@@ -19,7 +19,7 @@ from pathlib import Path
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.inspect import describe, verify_one
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.cli.common import FAILED, Parser, fail, format_bytes
+from orchestrator.core.console import FAILED, Parser, fail, format_bytes
 
 
 def _when(seconds: float | None) -> str:

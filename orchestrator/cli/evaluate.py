@@ -11,7 +11,7 @@ import logging
 import sys
 from typing import Optional
 
-from orchestrator.cli.common import USAGE_ERROR, Parser, fail
+from orchestrator.core.console import USAGE_ERROR, Parser, fail
 from orchestrator.app.compose import compose_config
 from orchestrator.core.errors import BudgetExhausted, ConfigError, DataError, UserError
 from orchestrator.core.exitcodes import PREEMPTED, outcome
@@ -24,7 +24,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("run_uri", help="<storage.uri>/<run.name>, e.g. s3://bucket/runs/job1 or .cache/runs/job1")
     parser.add_argument("overrides", nargs="*", help="the job's Hydra overrides (model=..., eval.tasks=[...], ...)")
     parser.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (as storage.endpoint_url)")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # --endpoint-url before, after or among the overrides
 
 
 def main(argv: Optional[list[str]] = None) -> int:

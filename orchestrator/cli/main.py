@@ -1,6 +1,7 @@
-"""``orchestrator <command>``: the tools around a job (status, report, plan, simulate, checkpoints, storage, eval).
+"""``orchestrator <command>``: launch a job, and the tools around one (status, report, plan, simulate, checkpoints,
+storage, eval).
 
-Launching a job is ``python -m orchestrator.launch [overrides]``. Every command parses with argparse, prints
+``orchestrator launch [overrides]`` is ``python -m orchestrator.launch [overrides]``. Every command parses with argparse, prints
 errors as ``error: ...`` and exits 2 on a user error, 4 on a bad job config (docs/cli.md).
 """
 from __future__ import annotations
@@ -9,9 +10,10 @@ import argparse
 import importlib
 import sys
 
-from orchestrator.cli.common import Parser
+from orchestrator.core.console import Parser
 
 COMMANDS = {
+    "launch": ("orchestrator.launch", "run a job (or a sweep with -m): compose, check, plan, hand it to the backend"),
     "status": ("orchestrator.cli.status", "print a job's ledger (attempts, exit classes, cost, checkpoints); --spend: spend by month, experiment, job"),
     "report": ("orchestrator.cli.report", "list jobs from MLflow with cost and quality; chart cost against quality"),
     "plan": ("orchestrator.cli.plan", "estimate memory per GPU and cost for a job before running it"),
@@ -28,7 +30,7 @@ def _parser() -> Parser:
         prog="orchestrator", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The tools around a job.", usage="orchestrator [-h] <command> [args]",
         epilog=f"commands:\n{listing}\n\n`orchestrator <command> --help` for each one's arguments.\n"
-               "launch a job: python -m orchestrator.launch [hydra overrides]")
+               "`orchestrator launch` is `python -m orchestrator.launch` (the same flags, overrides and exit codes).")
     parser.add_argument("command", choices=list(COMMANDS), metavar="<command>", help=argparse.SUPPRESS)
     return parser
 
@@ -41,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {argv[0]}; the command comes first")
     name = parser.parse_args(argv[:1]).command
     module = importlib.import_module(COMMANDS[name][0])
+    if name == "launch":
+        return int(module.main(argv[1:], prog="orchestrator launch") or 0)
     return int(module.main(argv[1:]) or 0)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from orchestrator.cli.common import Parser, fail
+from orchestrator.core.console import Parser, fail
 from orchestrator.core.errors import UserError
 from orchestrator.planning.plan import plan_text
 

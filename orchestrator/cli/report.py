@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator.cli.common import Parser, fail
+from orchestrator.core.console import Parser, fail
 from orchestrator.evaluation import curve
 from orchestrator.evaluation.stats import report_cell
 from orchestrator.tracking.run import JOB_TAG, KIND_TAG

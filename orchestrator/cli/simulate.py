@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from orchestrator.planning import simulate as model
-from orchestrator.cli.common import Parser, fail
+from orchestrator.core.console import Parser, fail
 from orchestrator.core.durations import parse_duration
 from orchestrator.policy.interval import AUTO, MAX_EVERY, MIN_EVERY
 from orchestrator.planning.simulate import (DEADLINE_POLICIES, ON_DEMAND_USD, POLICIES, SPOT_USD, Job, Summary,

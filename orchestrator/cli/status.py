@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Mapping
 
-from orchestrator.cli.common import Parser, fail, format_bytes
+from orchestrator.core.console import Parser, fail, format_bytes
 from orchestrator.core.errors import UserError
 from orchestrator.core.exitcodes import ExitClass
 from orchestrator.records.ledger import Ledger

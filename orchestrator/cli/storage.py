@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from orchestrator.cli.common import Parser, fail
+from orchestrator.core.console import Parser, fail
 from orchestrator.core.errors import UserError
 from orchestrator.money.spend_repair import repair_spend_index, summary
 from orchestrator.storage import open_store

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config.schema import RECIPE_SCHEMAS, register_configs
+from orchestrator.config import aliases
+from orchestrator.config.schema import RECIPE_SCHEMAS, RecipeConfig, register_configs
 from orchestrator.core.errors import ConfigError
 
 
@@ -67,15 +68,40 @@ def _compose(overrides: list[str]) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
+    aliases.refuse_hydra(overrides)
+    overrides = aliases.rewrite(list(overrides), _is_field)  # TRL's option names as the project's keys
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(_explain(err)) from None
+        raise ConfigError(_unparsed(overrides) or _explain(err)) from None
     finally:
         GlobalHydra.instance().clear()
+    recipe_schema = RECIPE_SCHEMAS.get(str(cfg.recipe.name), RecipeConfig)
+    aliases.check_added(overrides, recipe_schema, lambda key: (conf_dir() / key).is_dir())
     return cfg
+
+
+def _is_field(key: str) -> bool:
+    """Whether ``key`` is a field of the schema, under any recipe's."""
+    return any(aliases.lookup(key, schema) == aliases.FIELD for schema in (RecipeConfig, *RECIPE_SCHEMAS.values()))
+
+
+def _unparsed(overrides: list[str]) -> str | None:
+    """One line naming the first override Hydra's grammar cannot read (its own error spans lines), else None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_override(item)
+        except HydraException as err:
+            reason = str(err).strip().splitlines()[-2 if "override_grammar" in str(err) else -1].strip()
+            return (f"{item}: not an override ({reason.rstrip('^ ')}). Write key=value, group=option, +key=value or "
+                    "~key, and quote a value with spaces or brackets (key='a b'); flags: --help, --cfg job.")
+    return None
 
 
 def _explain(err: Exception) -> str:
@@ -90,6 +116,8 @@ def _explain(err: Exception) -> str:
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
         key = m.group(1)
+        if aliases.instead(key):
+            return f"{key}: the orchestrator sets TRL's {key.rpartition('.')[2]} itself; {aliases.instead(key)}."
         parent, _, leaf = key.rpartition(".")
         valid = _schema_keys(parent)
         if valid is None:

@@ -20,6 +20,7 @@ from orchestrator.core.durations import MAX_EVERY, MIN_EVERY
 class RunConfig:
     name: str = "default"  # names the job: the same name means the same job (resume)
     work_dir: str = ".cache/work"  # local scratch for staging checkpoints; never the source of truth
+    notes: dict[str, Any] = field(default_factory=dict)  # free-form values kept with the job (MLflow params, config.yaml), read by nothing: +run.notes.NAME=VALUE
     deadline: Optional[str] = None  # finish by: a duration from the job's first attempt (52h) or an ISO-8601 time (UTC if no zone); spot while on schedule, on-demand when behind
 
 
@@ -49,7 +50,7 @@ class DpoRecipeConfig(RecipeConfig):
 class GrpoRecipeConfig(RecipeConfig):
     """recipe=grpo: TRL's GRPOTrainer, its own option names (docs/grpo.md)."""
 
-    reward_funcs: list[str] = field(  # "pkg.mod:fn" import paths; shipped: recipes.rewards:exact_answer, :answer_format
+    reward_funcs: list[str] = field(  # "pkg.mod:fn" or TRL's "pkg.mod.fn" import paths, or TRL's named rewards (think_format_reward, ...); shipped: recipes.rewards:exact_answer, :answer_format
         default_factory=lambda: ["recipes.rewards:exact_answer", "recipes.rewards:answer_format"])
     reward_weights: Optional[list[float]] = None  # one weight per reward function (None: all 1.0)
     num_generations: int = 4  # completions sampled per prompt (the group advantages are relative to)
@@ -119,6 +120,7 @@ class TrainConfig:
     learning_rate: float = 5e-3  # peak learning rate (high for the built-in tiny model; ~1e-4 to 2e-4 for real models with LoRA)
     lr_scheduler: str = "linear"  # a transformers scheduler name: linear, cosine, constant, ...
     warmup_steps: int = 0  # linear warm-up steps
+    warmup_ratio: Optional[float] = None  # TRL's: warm-up as a fraction of the training steps, in [0, 1) (instead of warmup_steps)
     weight_decay: float = 0.0  # AdamW weight decay
     seed: int = 42  # seeds model init, dropout and the data order
     logging_steps: int = 10  # log metrics (to MLflow too) every N optimizer steps

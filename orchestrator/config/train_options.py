@@ -203,4 +203,16 @@ def check_workers(cfg: Any) -> None:
         raise ConfigError(f"data.num_proc={cfg.data.num_proc} must be at least 1 (or null: one process).")
 
 
-CHECKS = (check_optimizer, check_precision, check_attention, check_packing, check_workers)
+def check_warmup(cfg: Any) -> None:
+    ratio = cfg.train.warmup_ratio
+    if ratio is None:
+        return
+    if not 0 <= float(ratio) < 1:
+        raise ConfigError(f"train.warmup_ratio={ratio} must be in [0, 1): the fraction of the training steps that warm "
+                          "up. Give e.g. train.warmup_ratio=0.03, or a number of steps as train.warmup_steps.")
+    if int(cfg.train.warmup_steps) > 0:
+        raise ConfigError(f"train.warmup_ratio={ratio} and train.warmup_steps={cfg.train.warmup_steps} both set the "
+                          "warm-up; keep one (drop train.warmup_steps, or train.warmup_ratio).")
+
+
+CHECKS = (check_optimizer, check_precision, check_attention, check_packing, check_workers, check_warmup)
