@@ -188,7 +188,7 @@ class SweepState:
                 raise ConfigError(f"sweep {self.name!r} ({self.uri}) was started with another search space or "
                                   f"overrides: {'; '.join(changes)}. Rerun it as it was, give a new sweep.name, or "
                                   "add sweep.allow_changes=true to go on with the new ones (past trials keep theirs).")
-            if doc["space"] != space or doc["settings"] != settings:
+            if any(not line.startswith("override ") for line in changes):  # the space or the sampler changed
                 doc["space_since"] = len(doc["trials"])
             doc.update(space=space, fixed=fixed, settings=settings)
             return doc
