@@ -113,16 +113,17 @@ echo "$@" >> {out}
 
 
 def test_bad_trials_are_refused_one_by_one_and_the_sweep_goes_on_with_its_own_values(tmp_path, caplog):
-    """t0's params name a key outside the space, t1's ledger is a JSON list, t2 is at a rung past its schedule and
-    its ledger says a start-up took 1e300 s: each is refused with a message (they used to raise on every rerun, or
-    end the sweep at once), and t3 is sampled and launched with the sweep's own values."""
+    """t0's params name a key outside the space, t1's ledger is a JSON list, t2 is at a rung past its schedule, t3's
+    ledger says a start-up took 1e300 s: each is refused with a message (they used to raise on every rerun, or end
+    the sweep at once, exit 0, silently), and t4 is sampled and launched with the sweep's own values."""
     from orchestrator.sweep.driver import Driver
     from orchestrator.sweep.plan import plan_sweep
 
-    plan = plan_sweep(["-m", "train.learning_rate=1e-4,2e-4,3e-4,4e-4", "sweep.budget_usd=1", "sweep.max_parallel=4",
-                       f"storage.uri={tmp_path / 'runs'}", f"run.work_dir={tmp_path / 'work'}",
+    grid = [1e-4, 2e-4, 3e-4, 4e-4, 5e-4]
+    plan = plan_sweep(["-m", f"train.learning_rate={','.join(map(str, grid))}", "sweep.budget_usd=1",
+                       "sweep.max_parallel=5", f"storage.uri={tmp_path / 'runs'}", f"run.work_dir={tmp_path / 'work'}",
                        "tracking.enabled=false"], launch.compose_for_launch)
-    for _ in range(3):
+    for _ in range(4):
         plan.state.new_trial(lambda trials: decide.sample(plan.space, plan.settings, trials, len(trials)))
 
     def tamper(d: dict) -> None:
@@ -132,7 +133,7 @@ def test_bad_trials_are_refused_one_by_one_and_the_sweep_goes_on_with_its_own_va
     plan.state.update(tamper)
     plan.store.put_bytes("default-t1/ledger.json", b"[1, 2]")
     attempt = {"fence": 1, "exit_class": "completed", "extra": {"restart": {"total_s": 1e300}}}
-    plan.store.put_bytes("default-t2/ledger.json", json.dumps({"status": "completed", "attempts": [attempt]}).encode())
+    plan.store.put_bytes("default-t3/ledger.json", json.dumps({"status": "running", "attempts": [attempt]}).encode())
     shim = tmp_path / "python"
     shim.write_text(SHIM.format(out=tmp_path / "argv.txt"))
     shim.chmod(0o755)
@@ -141,13 +142,14 @@ def test_bad_trials_are_refused_one_by_one_and_the_sweep_goes_on_with_its_own_va
     for proc in driver.procs.values():
         proc.wait(30)
     status = [t["status"] for t in doc["trials"]]
-    assert status == ["failed", "failed", "failed", "running"], status
+    assert status == ["failed", "failed", "failed", "failed", "running"], status
     refused = [t.get("refused", "") for t in doc["trials"]]
-    assert "model.trust_remote_code" in refused[0] and "is a JSON list" in refused[1] and "past its schedule" in refused[2]
-    assert "is refused" in caplog.text and "1e+300 s, more than a week" in caplog.text
+    assert "model.trust_remote_code" in refused[0] and "is a JSON list" in refused[1]
+    assert "past its schedule" in refused[2] and "1e+300 s, more than a week" in refused[3]
+    assert caplog.text.count("is refused") == 4
     argv = (tmp_path / "argv.txt").read_text().splitlines()
-    (own,) = {1e-4, 2e-4, 3e-4, 4e-4} - {t["params"]["train.learning_rate"] for t in doc["trials"][:3]}  # the grid's
-    assert len(argv) == 1 and "run.name=default-t3" in argv[0] and f"train.learning_rate={own!r}" in argv[0]
+    (own,) = set(grid) - {t["params"]["train.learning_rate"] for t in doc["trials"][:4]}  # the grid's last point
+    assert len(argv) == 1 and "run.name=default-t4" in argv[0] and f"train.learning_rate={own!r}" in argv[0]
     assert "trust_remote_code" not in argv[0] and "restart_seconds" not in argv[0]
 
 

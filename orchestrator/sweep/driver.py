@@ -216,8 +216,10 @@ class Driver(_Outcomes):
 
     def _already_at_rung(self, trial: dict) -> Optional[int]:
         """A trial that reached its rung while no driver watched (the driver died after it paused): its exit code
-        as the ledger tells it, so it is not launched again (it would train a step past its rung)."""
+        as the ledger tells it, so it is not launched again (it would train a step past its rung). TrialRefused when
+        the ledger is not one, or says a start-up took over a week (its supervisor would hold that much)."""
         ledger = trust.trial_ledger(self.plan.store, trial["run_name"])
+        trust.start_ups(ledger, self.plan.store.get_uri(f"{trial['run_name']}/ledger.json"))
         if not trust.evaluated_at(ledger, self._step(trial)) or ledger.get("status") not in ("budget_exhausted",
                                                                                             "completed"):
             return None
