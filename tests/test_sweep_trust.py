@@ -5,6 +5,7 @@ ledger is checked. Real records in a local store; the driver launches a shim tha
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -153,14 +154,28 @@ def test_bad_trials_are_refused_one_by_one_and_the_sweep_goes_on_with_its_own_va
     assert "trust_remote_code" not in argv[0] and "restart_seconds" not in argv[0]
 
 
-def test_the_driver_checks_the_launcher_record_against_a_launch(tmp_path):
-    """A record naming a process of this host that is not a launcher of the trial started by the launch (here the
-    test process itself) is not waited on."""
-    import os
+def test_a_forged_launcher_record_is_not_waited_on(tmp_path):
+    """A record naming a process of this host that merely mentions the trial, or a launcher of it older than the
+    launch the record announces, is not adopted (the driver would wait on a stranger's process); the launcher the
+    launch started is."""
+    import subprocess
     import time
 
     from orchestrator.sweep import backends
 
-    me = backends.launcher_identity(os.getpid())
-    trial = dict(stored(0, {}), launcher=me, launched_at=time.time(), submitted=None)
-    assert backends.alive_launcher(trial) is None  # alive, this user's, but no launcher of s-t0
+    def process(*args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args])
+
+    stranger, launcher = process("run.name=s-t0"), process("orchestrator.launch", "run.name=s-t0")
+    try:
+        time.sleep(0.3)
+        now = time.time()
+        for proc, launched_at, adopted in [(stranger, now - 30, False), (launcher, now + 30, False),
+                                           (launcher, now - 30, True)]:
+            trial = dict(stored(0, {}), launcher=backends.launcher_identity(proc.pid), launched_at=launched_at,
+                         submitted=None)
+            assert (backends.alive_launcher(trial) is not None) == adopted, (proc.args, launched_at)
+    finally:
+        for proc in (stranger, launcher):
+            proc.kill()
+            proc.wait()
