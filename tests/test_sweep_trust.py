@@ -129,6 +129,7 @@ def test_bad_trials_are_refused_one_by_one_and_the_sweep_goes_on_with_its_own_va
 
     def tamper(d: dict) -> None:
         d["trials"][0]["params"]["model.trust_remote_code"] = True
+        d["trials"][0]["params"]["\x1b[2Jdata.path"] = "/etc"  # an escape sequence for the user's terminal
         d["trials"][2]["rung"] = 7
 
     plan.state.update(tamper)
@@ -147,7 +148,12 @@ def test_bad_trials_are_refused_one_by_one_and_the_sweep_goes_on_with_its_own_va
     refused = [t.get("refused", "") for t in doc["trials"]]
     assert "model.trust_remote_code" in refused[0] and "is a JSON list" in refused[1]
     assert "past its schedule" in refused[2] and "1e+300 s, more than a week" in refused[3]
-    assert caplog.text.count("is refused") == 4
+    assert caplog.text.count("is refused") == 4 and "\x1b" not in caplog.text + refused[0]
+    from orchestrator.sweep.cli import format_sweep
+
+    shown = format_sweep(plan.state.load(), spent={})  # orchestrator status: why each was refused
+    assert "refused: its ledger" in shown and "refused: its rung is 7, past its schedule" in shown
+    assert "\x1b" not in shown
     argv = (tmp_path / "argv.txt").read_text().splitlines()
     (own,) = set(grid) - {t["params"]["train.learning_rate"] for t in doc["trials"][:4]}  # the grid's last point
     assert len(argv) == 1 and "run.name=default-t4" in argv[0] and f"train.learning_rate={own!r}" in argv[0]

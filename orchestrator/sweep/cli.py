@@ -56,6 +56,7 @@ def _spent(plan) -> dict[str, float]:
 
 def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
     """Trials (parameters, rungs reached, metric per rung, status, spend), the leader, spend on pruned trials."""
+    from orchestrator.backends.capacity import stored_text
     from orchestrator.sweep.decide import bracket, leader, reached, rung_steps
 
     settings = doc["settings"]
@@ -64,10 +65,12 @@ def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
              f"{settings['metric']} ({settings['direction']})"]
     for t in doc["trials"]:
         values = " ".join(f"r{r}={v:.4f}" for r, v in sorted(t["values"].items(), key=lambda kv: int(kv[0])))
-        params = " ".join(f"{k}={v}" for k, v in sorted(t["params"].items()))
+        params = stored_text(" ".join(f"{k}={v}" for k, v in sorted(t["params"].items())))  # from the bucket
         where = f"bracket {bracket(settings, t['number'])} " if settings["pruner"] == "hyperband" else ""
         lines.append(f"  t{t['number']:<3} {t['status']:<9} {where}rung {t['rung']}  "
                      f"${spent.get(t['run_name'], 0.0):.4f}  {values or '-'}  {params}")
+        if t.get("refused"):
+            lines.append(f"       refused: {stored_text(t['refused'])}")
     best = leader(doc["trials"], settings)
     total = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"])
     pruned = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"] if t["status"] == "pruned")

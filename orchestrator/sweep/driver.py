@@ -51,15 +51,17 @@ class _Outcomes:
     def _refuse(self, trial: dict, err: Exception) -> dict:
         """A trial whose record or ledger cannot be used: failed, with why, never launched again; the sweep's other
         trials go on."""
-        number = trial["number"]
+        from orchestrator.backends.capacity import stored_text
+
+        number, why = trial["number"], stored_text(err)[:500]  # it quotes the record: no control characters
         self.procs.pop(number, None)
         log.warning("sweep %s: trial %d (%s) is refused: %s. It is not launched again; the sweep's other trials go "
-                    "on.", self.state.name, number, trial["run_name"], err)
+                    "on.", self.state.name, number, trial["run_name"], why)
 
         def fn(d: dict) -> None:
             t = d["trials"][number]
             if t["status"] in ("running", "paused"):
-                t.update(status="failed", refused=str(err)[:500])
+                t.update(status="failed", refused=why)
 
         doc = self.state.update(fn)
         self.events("ended", doc["trials"][number], doc)
