@@ -50,7 +50,8 @@ def lease_problem(doc: dict) -> Optional[str]:
     if not isinstance(fence, int) or isinstance(fence, bool) or fence < 0:
         return f"fence is {fence!r}, not a count"
     if who is not None and not (isinstance(who, dict) and isinstance(who.get("host"), str)
-                                and isinstance(who.get("pid"), int) and _finite(who.get("started"))
+                                and isinstance(who.get("pid"), int) and not isinstance(who["pid"], bool)
+                                and who["pid"] > 0 and _finite(who.get("started"))
                                 and _finite(who.get("renewed_at"))):
         return f"driver is {who!r}, not a host, pid, start time and renewal time"
     return None
