@@ -23,7 +23,8 @@ def ledger(store, run: str, status: str, classes: list[str]) -> None:
 
 def sleeper(run: str) -> subprocess.Popen:
     """A process whose command line names the trial as a launcher's does (``run.name=<run>``)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"run.name={run}"])
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "orchestrator.launch",
+                             f"run.name={run}"])
 
 
 def running_trial(run: str, **extra) -> dict:
@@ -73,6 +74,7 @@ def test_a_submission_that_never_happened_is_gone_after_the_grace_and_a_made_one
 
 def test_a_relaunched_driver_launches_a_never_submitted_trial_again_under_its_number(tmp_path):
     from orchestrator import launch
+    from orchestrator.sweep import decide
     from orchestrator.sweep.driver import Driver
     from orchestrator.sweep.plan import plan_sweep
 
@@ -80,7 +82,7 @@ def test_a_relaunched_driver_launches_a_never_submitted_trial_again_under_its_nu
             "train.learning_rate=1e-4,2e-4", f"storage.uri={tmp_path / 'runs'}", f"run.work_dir={tmp_path / 'work'}",
             "tracking.enabled=false"]
     plan = plan_sweep(args, launch.compose_for_launch)
-    plan.state.new_trial({"train.learning_rate": 1e-4})
+    plan.state.new_trial(lambda trials: decide.sample(plan.space, plan.settings, trials, len(trials)))
     # the killed driver wrote the launch into the record, then died before its launcher ran sbatch
     plan.state.update(lambda d: d["trials"][0].update(submitted=0, launched_at=time.time() - 3600, log_offset=0,
                                                       launches=1, launcher=None))

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from orchestrator.core import exitcodes
 from orchestrator.storage.local import LocalStore
 from orchestrator.sweep.backends import SubmittedTrial, attempts_so_far
@@ -57,8 +59,15 @@ def test_a_refused_submission_is_the_trials_outcome_and_a_crash_waits_for_the_en
     assert trial.poll() == exitcodes.CRASHED
 
 
-def test_an_unreadable_ledger_is_a_trial_still_queued(tmp_path):
+@pytest.mark.parametrize("raw,needle", [(b'{"attempts": "nonsense"}', "not a list of objects"),
+                                        (b'[1, 2]', "is a JSON list, not an object"), (b'{"att', "is not JSON")])
+def test_an_unreadable_ledger_refuses_that_trial_with_a_message_naming_it(tmp_path, raw, needle):
+    """Waiting on it would wait for ever, and reading it raised a traceback: the driver refuses that trial only."""
+    from orchestrator.sweep.trust import TrialRefused
+
     store = LocalStore(tmp_path)
-    store.put_bytes("s-t2/ledger.json", b'{"attempts": "nonsense"}')
-    assert SubmittedTrial(None, store, "s-t2", 0).poll() is None
-    assert attempts_so_far(store, "s-t2") == 0
+    store.put_bytes("s-t2/ledger.json", raw)
+    for read in (lambda: SubmittedTrial(None, store, "s-t2", 0).poll(), lambda: attempts_so_far(store, "s-t2")):
+        with pytest.raises(TrialRefused) as err:
+            read()
+        assert needle in str(err.value) and store.get_uri("s-t2/ledger.json") in str(err.value)

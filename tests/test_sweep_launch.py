@@ -26,6 +26,13 @@ GRID = ["-m", "train.learning_rate=1e-4,2e-4"]
      ["sweep.metric=bench/tiny_arith_gen/acc", "is not one of eval.tasks (tiny_arith_mc)"]),
     (GRID + ["sweep.budget_usd=1", "sweep.metric=bench/tiny_arith_mc/bleu", "eval.tasks=[tiny_arith_mc]"],
      ["sweep.metric=bench/tiny_arith_mc/bleu", "reports acc"]),
+    # sweep.name is held to run.name's rule, its trials' names too (a long one failed every trial with exit 0;
+    # '/' or '..' raised a traceback)
+    (GRID + ["sweep.budget_usd=1", f"sweep.name={'n' * 61}"], [f"sweep.name='{'n' * 61}'", "-t1' is the last",
+                                                             "1-63 letters"]),
+    (GRID + ["sweep.budget_usd=1", "sweep.name=a/b"], ["sweep.name='a/b' cannot name a sweep", "sweep.name=lr-search"]),
+    (GRID + ["sweep.budget_usd=1", "sweep.name=.."], ["sweep.name='..' cannot name a sweep"]),
+    (GRID + ["sweep.budget_usd=1", f"run.name={'r' * 62}"], ["run.name=", "cannot name a sweep"]),
 ])
 def test_bad_sweep_input_exits_4_before_any_trial(args, needles, tmp_path, capsys):
     runs = tmp_path / "runs"

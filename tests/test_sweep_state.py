@@ -46,8 +46,11 @@ def test_a_relaunch_with_another_space_is_refused_with_the_difference_unless_all
     assert "interval(1e-05,0.001)) -> tag(log, interval(1e-05,0.01))" in text
     assert "override train.max_steps=12 dropped" in text and "sweep.allow_changes=true" in text
     assert err.value.exit_code == 4
-    doc = opened(store, space=changed, allow_changes=True).load()
+    assert opened(store, fixed=["train.max_steps=24"], allow_changes=True).load()["space_since"] == 0
+    doc = opened(store, space=changed, fixed=["train.max_steps=24"], allow_changes=True).load()
     assert doc["space"] == changed and len(doc["trials"]) == 1  # nothing of the past trials lost
+    assert doc["space_since"] == 1  # trial 0 was sampled under the old space: its values are checked by domain only
+    assert opened(store, space=changed, fixed=["train.max_steps=24"]).load()["space_since"] == 1  # a plain rerun
 
 
 @pytest.mark.parametrize("raw,needle", [

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.config import train_options
 from orchestrator.config.compose import check_resolvable
+from orchestrator.core.names import RUN_NAME
 from orchestrator.core.numbers import check_finite, check_ranges
 from orchestrator.core.ranks import configured_world_size
 from orchestrator.core.durations import parse_deadline, parse_duration
@@ -23,9 +24,6 @@ from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.evaluation import spec as bench_spec
 from orchestrator.process.multinode import checks as multinode_checks
 
-# letters, digits, '.', '_', '-', starting and ending with a letter or digit, at most 63 characters:
-# a valid Kubernetes label value, Slurm job name and storage prefix (Kubernetes object names derive from it)
-RUN_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 MULTILINE_KEYS = {"backend.extra.setup"}  # a multi-line setup script, written as a YAML block by the serialiser
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -120,6 +120,22 @@ def read_attempts(attempts: Iterable[Any]) -> list[AttemptHistory]:
             for a in attempts if isinstance(a, (Mapping, AttemptHistory))]
 
 
+def claimed_restart_seconds(attempts: Iterable[Any]) -> list[float]:
+    """Each attempt's restart figure as its ledger claims it (finite numbers only), before the physical bound that
+    ``restart_seconds_measured`` applies: what a reader that refuses a corrupt ledger outright (a sweep's trial)
+    checks against ``MAX_RESTART_SECONDS``."""
+    claimed = []
+    for entry in attempts:
+        extra = entry.get("extra") if isinstance(entry, Mapping) and isinstance(entry.get("extra"), Mapping) else {}
+        split = extra.get("restart") if isinstance(extra.get("restart"), Mapping) else {}
+        value = _number(split.get("total_s"))
+        if value is None:
+            value = _number(extra.get("start_to_first_step_s"))
+        if value is not None:
+            claimed.append(value)
+    return claimed
+
+
 def restart_seconds_measured(attempts: Iterable[Any]) -> list[float]:
     """Each attempt's start to the end of its first step, where it got that far."""
     return [a.restart_seconds for a in read_attempts(attempts) if a.restart_seconds]

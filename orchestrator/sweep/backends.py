@@ -28,7 +28,7 @@ from typing import Optional, Union
 import psutil
 
 from orchestrator.core import exitcodes
-from orchestrator.records.ledger import Ledger
+from orchestrator.sweep.trust import trial_ledger
 
 SUBMITTING = ("slurm", "skypilot", "kubernetes")
 FAILED_SETTLE_SECONDS = 300.0
@@ -43,9 +43,8 @@ def submits(cfg) -> bool:
 
 
 def attempts_so_far(store, run_name: str) -> int:
-    ledger = Ledger(store, run_name).load()
-    attempts = ledger.get("attempts") if isinstance(ledger, dict) else None
-    return len(attempts) if isinstance(attempts, list) else 0
+    """The attempts in the trial's ledger (``trust.trial_ledger``: TrialRefused when it is not a ledger)."""
+    return len(trial_ledger(store, run_name).get("attempts") or [])
 
 
 def launcher_identity(pid: int) -> dict:
@@ -58,8 +57,11 @@ def launcher_identity(pid: int) -> dict:
 
 
 def alive_launcher(trial: dict) -> Optional[psutil.Process]:
-    """The trial's launcher from the record, if it still runs on this host (same pid, start time and run name);
-    with none recorded (the driver died between its start and the record), one found by its command line."""
+    """The trial's launcher from the record, if it still runs on this host and is what a driver starts for it: the
+    recorded pid and start time, a ``python -m orchestrator.launch ... run.name=<run>`` of this user, started no
+    earlier than the launch the record announced (``launched_at``). A record naming another process (a stranger's,
+    or one that was running before the launch) is not waited on. With none recorded (the driver died between its
+    start and the record), one found by its command line."""
     who = trial.get("launcher")
     if who is None and trial.get("launched_at"):
         return _launcher_started_since(trial["run_name"], float(trial["launched_at"]))
@@ -69,18 +71,30 @@ def alive_launcher(trial: dict) -> Optional[psutil.Process]:
         proc = psutil.Process(int(who["pid"]))
         if abs(proc.create_time() - float(who["started"])) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return proc if f"run.name={trial['run_name']}" in proc.cmdline() else None
+        return proc if _launcher_of(proc, trial["run_name"], float(trial.get("launched_at") or 0.0)) else None
     except (psutil.Error, KeyError, TypeError, ValueError):
         return None
 
 
+def _launcher_of(proc: psutil.Process, run_name: str, since: float) -> bool:
+    """Whether ``proc`` is a launcher of ``run_name`` this user started at or after ``since``."""
+    import os
+
+    cmd = proc.cmdline()
+    return ("orchestrator.launch" in cmd and f"run.name={run_name}" in cmd and proc.create_time() >= since - 1.0
+            and proc.uids().real == os.getuid())
+
+
 def _launcher_started_since(run_name: str, since: float) -> Optional[psutil.Process]:
     """A ``python -m orchestrator.launch ... run.name=<run_name>`` on this host started at or after ``since``."""
-    for proc in psutil.process_iter(["cmdline", "create_time"]):
-        cmd = proc.info["cmdline"] or []
-        if ("orchestrator.launch" in cmd and f"run.name={run_name}" in cmd and (proc.info["create_time"] or 0)
-                >= since - 1.0 and _running(proc)):
-            return proc
+    for proc in psutil.process_iter(["cmdline"]):
+        if f"run.name={run_name}" not in (proc.info["cmdline"] or []):
+            continue
+        try:
+            if _launcher_of(proc, run_name, since) and _running(proc):
+                return proc
+        except psutil.Error:
+            continue
     return None
 
 
@@ -102,8 +116,8 @@ class AdoptedLauncher:
     def poll(self) -> Union[int, str, None]:
         if _running(self.process):
             return None
-        ledger = Ledger(self.store, self.run_name).load()
-        return _CODES.get(ledger.get("status") if isinstance(ledger, dict) else None, GONE)
+        ledger = trial_ledger(self.store, self.run_name)  # TrialRefused when it is not a ledger
+        return _CODES.get(ledger.get("status"), GONE)
 
 
 class _Submitting:
@@ -160,13 +174,13 @@ class SubmittedTrial:
         return self._from_ledger()
 
     def _from_ledger(self) -> Union[int, str, None]:
-        ledger = Ledger(self.store, self.run_name).load()
-        attempts = ledger.get("attempts") if isinstance(ledger, dict) else None
-        if not isinstance(attempts, list) or len(attempts) <= self.before:
+        ledger = trial_ledger(self.store, self.run_name)  # TrialRefused when it is not a ledger
+        attempts = ledger.get("attempts") or []
+        if len(attempts) <= self.before:
             if self.expires_at is not None and time.time() >= self.expires_at:
                 return GONE  # the dead driver never submitted it
             return None  # queued: no attempt of this submission yet
-        if any(not isinstance(a, dict) or a.get("exit_class") == exitcodes.RUNNING for a in attempts[self.before:]):
+        if any(a.get("exit_class") == exitcodes.RUNNING for a in attempts[self.before:]):
             self._failed_since = None
             return None
         status = ledger.get("status")

@@ -15,8 +15,9 @@ def run_sweep(argv: list[str], compose_for_launch) -> int:
     from orchestrator.sweep.plan import plan_sweep
     from orchestrator.sweep.tracking import SweepTracking
 
+    plan = None
     try:
-        plan = plan_sweep(argv, compose_for_launch)
+        plan = plan_sweep(argv, compose_for_launch)  # takes the sweep's lease: one driver at a time
         print(f"sweep {plan.state.name}: {plan.n_trials} trials, {plan.max_parallel} at once, budget "
               f"${plan.budget_usd:g}; state in {plan.state.uri}; trial logs in {plan.log_dir}", flush=True)
         tracking = SweepTracking.open(plan)
@@ -27,8 +28,22 @@ def run_sweep(argv: list[str], compose_for_launch) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    finally:
+        _release(plan)
     print(format_sweep(doc, spent=_spent(plan)), flush=True)
     return code
+
+
+def _release(plan) -> None:
+    """The lease given up at the driver's end, so a rerun takes the sweep at once (a failure here is only logged:
+    the lease then expires, or is taken over once this process is gone)."""
+    if plan is None:
+        return
+    try:
+        plan.state.release()
+    except Exception as err:  # the sweep's outcome is already decided; storage may be down
+        log.warning("sweep %s: could not give up the driver's lease (%s: %s)", plan.state.name,
+                    type(err).__name__, str(err)[:200])
 
 
 def _spent(plan) -> dict[str, float]:
@@ -41,6 +56,7 @@ def _spent(plan) -> dict[str, float]:
 
 def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
     """Trials (parameters, rungs reached, metric per rung, status, spend), the leader, spend on pruned trials."""
+    from orchestrator.attempt.capacity_contract import stored_text
     from orchestrator.sweep.decide import bracket, leader, reached, rung_steps
 
     settings = doc["settings"]
@@ -49,10 +65,12 @@ def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
              f"{settings['metric']} ({settings['direction']})"]
     for t in doc["trials"]:
         values = " ".join(f"r{r}={v:.4f}" for r, v in sorted(t["values"].items(), key=lambda kv: int(kv[0])))
-        params = " ".join(f"{k}={v}" for k, v in sorted(t["params"].items()))
+        params = stored_text(" ".join(f"{k}={v}" for k, v in sorted(t["params"].items())))  # from the bucket
         where = f"bracket {bracket(settings, t['number'])} " if settings["pruner"] == "hyperband" else ""
         lines.append(f"  t{t['number']:<3} {t['status']:<9} {where}rung {t['rung']}  "
                      f"${spent.get(t['run_name'], 0.0):.4f}  {values or '-'}  {params}")
+        if t.get("refused"):
+            lines.append(f"       refused: {stored_text(t['refused'])}")
     best = leader(doc["trials"], settings)
     total = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"])
     pruned = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"] if t["status"] == "pruned")

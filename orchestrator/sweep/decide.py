@@ -23,7 +23,7 @@ import math
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from orchestrator.sweep.space import SearchSpace
+from orchestrator.sweep.space import SearchSpace, in_domain
 
 FINISHED = ("pruned", "completed", "failed", "stopped")
 
@@ -102,8 +102,8 @@ def _frozen(trial: dict, space: SearchSpace, steps: list[int], grid: bool):
     import optuna
     from optuna.trial import TrialState
 
-    dists = space.distributions()
-    params = {k: v for k, v in trial["params"].items() if k in dists}
+    dists = space.distributions()  # a stored value outside the space (narrowed since, or forged) is not told
+    params = {k: v for k, v in trial["params"].items() if k in dists and in_domain(space, k, v)}
     values = {int(r): v for r, v in trial["values"].items()}
     marks = {f"completed_rung_{r}": v for r, v in values.items()}
     if grid:  # GridSampler's own marks: which grid point the trial took
@@ -176,7 +176,7 @@ def _replay(study, trial: dict, steps: list[int], rung: int) -> bool:
     decided them (the pruner keeps its own rung marks); whether the pruner's last verdict was to prune."""
     live, pruned = study.ask(), False
     for r in range(rung + 1):
-        if str(r) not in trial["values"]:
+        if r >= len(steps) or str(r) not in trial["values"]:
             break
         live.report(trial["values"][str(r)], steps[r])
         pruned = live.should_prune()

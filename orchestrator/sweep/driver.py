@@ -27,9 +27,9 @@ from typing import Callable, Optional
 
 from orchestrator.core import exitcodes
 from orchestrator.process import warm_start
-from orchestrator.records.ledger import Ledger
-from orchestrator.sweep import backends, decide
+from orchestrator.sweep import backends, decide, trust
 from orchestrator.sweep.space import override
+from orchestrator.sweep.state import trial_run_name as trial_name
 from orchestrator.storage.base import finite_number
 
 log = logging.getLogger(__name__)
@@ -37,151 +37,42 @@ log = logging.getLogger(__name__)
 Events = Callable[[str, dict, dict], None]
 
 
-class Driver:
-    def __init__(self, plan, *, events: Optional[Events] = None, poll_seconds: float = 0.5,
-                 python: str = sys.executable, submit_grace: float = backends.SUBMIT_GRACE_SECONDS):
-        self.plan, self.state, self.settings = plan, plan.state, plan.settings
-        self.events = events or (lambda kind, trial, doc: None)
-        self.poll_seconds, self.python = poll_seconds, python
-        self.procs: dict[int, subprocess.Popen] = {}  # or what backends.py waits on, with the same poll()
-        self.relaunch: set[int] = set()  # trials whose earlier launch is gone: launch, do not adopt
-        self.submit_grace = submit_grace
-        self.logs = Path(plan.log_dir)
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self._pending = [0.0, 0.0]  # slot-seconds and idle slot-seconds not yet in the record
-        self.submits = backends.submits(plan.cfg)  # slurm, skypilot, kubernetes: wait on the trial's ledger
-        self.forks = None if self.submits else warm_start.Forks(plan.cfg, launchers=True)  # local trials only
-
-    # ---- the loop -------------------------------------------------------------------
-    def run(self) -> int:
-        doc = self.state.load()
-        last = time.monotonic()
-        while True:
-            doc = self._reap(doc)
-            doc = self._decide(doc)
-            doc = self._fill(doc)
-            if not self.procs and (not self._launchable(doc) or out_of_budget(self.plan, self._launchable(doc))):
-                break
-            time.sleep(self.poll_seconds)
-            now = time.monotonic()
-            self._usage(now - last)
-            last = now
-            if self._pending[0] >= 10 * self.plan.max_parallel:  # usage reaches the record every ~10 s
-                self._flush_usage()
-        self._flush_usage()
-        return 0
-
-    def _usage(self, dt: float) -> None:
-        n = self.plan.max_parallel
-        self._pending[0] += dt * n
-        self._pending[1] += dt * (n - len(self.procs))
-
-    def _flush_usage(self) -> None:
-        slot, idle = self._pending
-        self._pending = [0.0, 0.0]
-        if slot:
-            self.state.update(lambda d: d["usage"].update(slot_seconds=d["usage"]["slot_seconds"] + slot,
-                                                          idle_seconds=d["usage"]["idle_seconds"] + idle))
+class _Outcomes:
+    """What the driver records of its trials: a rung result, a refusal, a decision (``Driver``'s part that
+    writes outcomes; it reads ``self.plan``, ``self.state``, ``self.settings``, ``self.procs`` and ``self.events``)."""
 
     def _step(self, trial: dict) -> int:
-        """The step trial's current rung ends at: its bracket's rungs (``decide.trial_steps``)."""
+        """The step trial's current rung ends at: its bracket's rungs (``decide.trial_steps``); TrialRefused when the
+        record puts it (or a result of it) past its schedule."""
+        problem = trust.rung_problem(self.settings, trial)
+        if problem:
+            raise trust.TrialRefused(problem)
         return decide.trial_steps(self.settings, trial["number"])[trial["rung"]]
 
-    # ---- what a free worker takes -------------------------------------------------------
-    def _launchable(self, doc: dict) -> list[dict]:
-        """Trials that should be training and have no process: promoted, or left running by a driver that died."""
-        return [t for t in doc["trials"] if t["status"] in ("running", "paused") and t["number"] not in self.procs
-                and str(t["rung"]) not in t["values"]]
+    def _refuse(self, trial: dict, err: Exception) -> dict:
+        """A trial whose record or ledger cannot be used: failed, with why, never launched again; the sweep's other
+        trials go on."""
+        from orchestrator.attempt.capacity_contract import stored_text
 
-    def _fill(self, doc: dict) -> dict:
-        while len(self.procs) < self.plan.max_parallel:
-            waiting = self._launchable(doc)
-            if waiting and self._adopt(waiting[0]):
-                continue
-            if waiting:
-                trial = waiting[0]
-            elif len(doc["trials"]) < self.plan.n_trials and room_for_a_new_trial(self.plan):
-                params = decide.sample(self.plan.space, self.settings, doc["trials"], len(doc["trials"]))
-                trial = self.state.new_trial(params)
-                log.info("sweep %s: trial %d samples %s", self.state.name, trial["number"], params)
-            else:
-                break
-            if budget_spent(self.plan):
-                break
-            code = self._already_at_rung(trial)
-            doc = self._launch(trial) if code is None else self._ended(trial, code)
-        return self.state.load()
+        number, why = trial["number"], stored_text(err)[:500]  # it quotes the record: no control characters
+        self.procs.pop(number, None)
+        log.warning("sweep %s: trial %d (%s) is refused: %s. It is not launched again; the sweep's other trials go "
+                    "on.", self.state.name, number, trial["run_name"], why)
 
-    def _adopt(self, trial: dict) -> bool:
-        """A trial a dead driver launched that still runs (its launcher alive on this host, or its submission to
-        a scheduler): wait on it instead of starting it twice (``backends.adoptable``)."""
-        if trial["status"] != "running" or trial["number"] in self.relaunch:
-            return False
-        watch = backends.adoptable(trial, self.plan.store, submits=self.submits,
-                                   log_path=self.logs / f"t{trial['number']}.log", grace=self.submit_grace)
-        if watch is None:
-            return False
-        self.procs[trial["number"]] = watch
-        log.info("sweep %s: trial %d was launched by an earlier driver and still runs; waiting on it",
-                 self.state.name, trial["number"])
-        return True
-
-    def _already_at_rung(self, trial: dict) -> Optional[int]:
-        """A trial that reached its rung while no driver watched (the driver died after it paused): its exit code
-        as the ledger tells it, so it is not launched again (it would train a step past its rung)."""
-        ledger = Ledger(self.plan.store, trial["run_name"]).load()
-        evals = (ledger.get("quality") or {}).get("evals") or {}
-        if str(self._step(trial)) not in evals or ledger.get("status") not in ("budget_exhausted", "completed"):
-            return None
-        return exitcodes.COMPLETED if ledger["status"] == "completed" else exitcodes.BUDGET_EXHAUSTED
-
-    def _launch(self, trial: dict) -> dict:
-        number, rung, step = trial["number"], trial["rung"], self._step(trial)
-        command = [self.python, "-m", "orchestrator.launch", *self.plan.fixed,
-                   *(override(k, v) for k, v in sorted(trial["params"].items())),
-                   f"run.name={trial['run_name']}", f"train.pause_at_step={step}",
-                   f"train.eval_steps={decide.eval_every(self.settings, number)}",
-                   *self.plan.trial_overrides, *startup_override(self.plan)]
-        before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
-        path = self.logs / f"t{number}.log"
-        offset = path.stat().st_size if path.exists() else 0
-
-        def intent(d: dict) -> None:  # recorded before the launch: a driver killed in between is seen on relaunch
+        def fn(d: dict) -> None:
             t = d["trials"][number]
-            t.update(status="running", launches=t["launches"] + 1, submitted=before, launched_at=time.time(),
-                     log_offset=offset, launcher=None)
+            if t["status"] in ("running", "paused"):
+                t.update(status="failed", refused=why)
 
-        self.state.update(intent)
-        self.relaunch.discard(number)
-        with open(path, "ab") as out:
-            proc = start_trial(command, out, self.forks)
-        self.procs[number] = proc if before is None else backends.SubmittedTrial(proc, self.plan.store,
-                                                                                 trial["run_name"], before)
-        doc = self.state.update(lambda d: d["trials"][number].update(launcher=backends.launcher_identity(proc.pid)))
-        log.info("sweep %s: trial %d runs to rung %d (step %d)", self.state.name, number, rung, step)
-        self.events("launched", doc["trials"][number], doc)
+        doc = self.state.update(fn)
+        self.events("ended", doc["trials"][number], doc)
         return doc
 
-    # ---- a trial's process ended ----------------------------------------------------------
-    def _reap(self, doc: dict) -> dict:
-        for number, proc in list(self.procs.items()):
-            code = proc.poll()
-            if code is None:
-                continue
-            del self.procs[number]
-            if code == backends.GONE:  # nothing runs it any more (killed with its launcher, or never submitted)
-                log.warning("sweep %s: trial %d has no process or submission left; launching it again",
-                            self.state.name, number)
-                self.relaunch.add(number)
-                continue
-            doc = self._ended(doc["trials"][number], code)
-        return doc
 
     def _ended(self, trial: dict, code: int) -> dict:
         number, rung, step = trial["number"], trial["rung"], self._step(trial)
-        ledger = Ledger(self.plan.store, trial["run_name"]).load()
-        evals = (ledger.get("quality") or {}).get("evals") or {}
-        value = (evals.get(str(step)) or {}).get(self.settings["metric"])
+        ledger = trust.trial_ledger(self.plan.store, trial["run_name"])
+        value = trust.rung_value(ledger, step, self.settings["metric"])
         if value is not None and not finite_number(value):  # read from storage: untrusted
             log.warning("sweep %s: trial %d's %s at step %d is %r, not a finite number; no result at this rung",
                         self.state.name, number, self.settings["metric"], step, value)
@@ -235,6 +126,161 @@ class Driver:
         return doc
 
 
+class Driver(_Outcomes):
+    def __init__(self, plan, *, events: Optional[Events] = None, poll_seconds: float = 0.5,
+                 python: str = sys.executable, submit_grace: float = backends.SUBMIT_GRACE_SECONDS):
+        self.plan, self.state, self.settings = plan, plan.state, plan.settings
+        self.events = events or (lambda kind, trial, doc: None)
+        self.poll_seconds, self.python = poll_seconds, python
+        self.procs: dict[int, subprocess.Popen] = {}  # or what backends.py waits on, with the same poll()
+        self.relaunch: set[int] = set()  # trials whose earlier launch is gone: launch, do not adopt
+        self.submit_grace = submit_grace
+        self.logs = Path(plan.log_dir)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._pending = [0.0, 0.0]  # slot-seconds and idle slot-seconds not yet in the record
+        self.submits = backends.submits(plan.cfg)  # slurm, skypilot, kubernetes: wait on the trial's ledger
+        self.forks = None if self.submits else warm_start.Forks(plan.cfg, launchers=True)  # local trials only
+
+    # ---- the loop -------------------------------------------------------------------
+    def run(self) -> int:
+        doc = self.state.load()
+        last = time.monotonic()
+        while True:
+            doc = self._reap(doc)
+            doc = self._decide(doc)
+            doc = self._fill(doc)
+            if not self.procs and (not self._launchable(doc) or out_of_budget(self.plan, self._launchable(doc))):
+                break
+            time.sleep(self.poll_seconds)
+            now = time.monotonic()
+            self._usage(now - last)
+            last = now
+            if self._pending[0] >= 10 * self.plan.max_parallel:  # usage reaches the record every ~10 s
+                self._flush_usage()
+        self._flush_usage()
+        return 0
+
+    def _usage(self, dt: float) -> None:
+        n = self.plan.max_parallel
+        self._pending[0] += dt * n
+        self._pending[1] += dt * (n - len(self.procs))
+
+    def _flush_usage(self) -> None:
+        slot, idle = self._pending
+        self._pending = [0.0, 0.0]
+        if slot:
+            self.state.update(lambda d: d["usage"].update(slot_seconds=d["usage"]["slot_seconds"] + slot,
+                                                          idle_seconds=d["usage"]["idle_seconds"] + idle))
+
+    # ---- what a free worker takes -------------------------------------------------------
+    def _launchable(self, doc: dict) -> list[dict]:
+        """Trials that should be training and have no process: promoted, or left running by a driver that died."""
+        return [t for t in doc["trials"] if t["status"] in ("running", "paused") and t["number"] not in self.procs
+                and str(t["rung"]) not in t["values"]]
+
+    def _fill(self, doc: dict) -> dict:
+        while len(self.procs) < self.plan.max_parallel:
+            waiting = self._launchable(doc)
+            if waiting and self._adopt(waiting[0]):
+                continue
+            if waiting:
+                trial = waiting[0]
+            elif len(doc["trials"]) < self.plan.n_trials and room_for_a_new_trial(self.plan):
+                trial = self.state.new_trial(lambda trials: decide.sample(self.plan.space, self.settings, trials,
+                                                                          len(trials)))
+                doc = self.state.load()
+                log.info("sweep %s: trial %d samples %s", self.state.name, trial["number"],
+                         trust.stored_params(trial["params"]))
+                trial = doc["trials"][trial["number"]]
+            else:
+                break
+            if budget_spent(self.plan):
+                break
+            try:
+                code = self._already_at_rung(trial)
+                doc = self._launch(trial, doc) if code is None else self._ended(trial, code)
+            except trust.TrialRefused as err:
+                doc = self._refuse(trial, err)
+        return self.state.load()
+
+    def _adopt(self, trial: dict) -> bool:
+        """A trial a dead driver launched that still runs (its launcher alive on this host, or its submission to
+        a scheduler): wait on it instead of starting it twice (``backends.adoptable``)."""
+        if trial["status"] != "running" or trial["number"] in self.relaunch:
+            return False
+        watch = backends.adoptable(trial, self.plan.store, submits=self.submits,
+                                   log_path=self.logs / f"t{trial['number']}.log", grace=self.submit_grace)
+        if watch is None:
+            return False
+        self.procs[trial["number"]] = watch
+        log.info("sweep %s: trial %d was launched by an earlier driver and still runs; waiting on it",
+                 self.state.name, trial["number"])
+        return True
+
+    def _already_at_rung(self, trial: dict) -> Optional[int]:
+        """A trial that reached its rung while no driver watched (the driver died after it paused): its exit code
+        as the ledger tells it, so it is not launched again (it would train a step past its rung). TrialRefused when
+        the ledger is not one, or says a start-up took over a week (its supervisor would hold that much)."""
+        ledger = trust.trial_ledger(self.plan.store, trial["run_name"])
+        trust.start_ups(ledger, self.plan.store.get_uri(f"{trial['run_name']}/ledger.json"))
+        if not trust.evaluated_at(ledger, self._step(trial)) or ledger.get("status") not in ("budget_exhausted",
+                                                                                            "completed"):
+            return None
+        return exitcodes.COMPLETED if ledger["status"] == "completed" else exitcodes.BUDGET_EXHAUSTED
+
+    def _launch(self, trial: dict, doc: dict) -> dict:
+        """Launch trial ``trial`` to its rung: its parameters are the sweep's own (``trust.launch_params``: what the
+        space and the seeded sampler give it; TrialRefused when the stored ones are not), its run name derived."""
+        number, rung, step = trial["number"], trial["rung"], self._step(trial)
+        params = trust.launch_params(self.plan.space, self.settings, trial, since=doc.get("space_since", 0))
+        command = [self.python, "-m", "orchestrator.launch", *self.plan.fixed,
+                   *(override(k, v) for k, v in sorted(params.items())),
+                   f"run.name={trial_name(self.state.name, number)}", f"train.pause_at_step={step}",
+                   f"train.eval_steps={decide.eval_every(self.settings, number)}",
+                   *self.plan.trial_overrides, *startup_override(self.plan)]
+        before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
+        path = self.logs / f"t{number}.log"
+        offset = path.stat().st_size if path.exists() else 0
+
+        def intent(d: dict) -> None:  # recorded before the launch: a driver killed in between is seen on relaunch
+            t = d["trials"][number]
+            t.update(status="running", launches=t["launches"] + 1, submitted=before, launched_at=time.time(),
+                     log_offset=offset, launcher=None)
+
+        self.state.update(intent)
+        self.relaunch.discard(number)
+        with open(path, "ab") as out:
+            proc = start_trial(command, out, self.forks)
+        self.procs[number] = proc if before is None else backends.SubmittedTrial(proc, self.plan.store,
+                                                                                 trial["run_name"], before)
+        doc = self.state.update(lambda d: d["trials"][number].update(launcher=backends.launcher_identity(proc.pid)))
+        log.info("sweep %s: trial %d runs to rung %d (step %d)", self.state.name, number, rung, step)
+        self.events("launched", doc["trials"][number], doc)
+        return doc
+
+    # ---- a trial's process ended ----------------------------------------------------------
+    def _reap(self, doc: dict) -> dict:
+        for number, proc in list(self.procs.items()):
+            try:
+                code = proc.poll()
+            except trust.TrialRefused as err:
+                doc = self._refuse(doc["trials"][number], err)
+                continue
+            if code is None:
+                continue
+            del self.procs[number]
+            if code == backends.GONE:  # nothing runs it any more (killed with its launcher, or never submitted)
+                log.warning("sweep %s: trial %d has no process or submission left; launching it again",
+                            self.state.name, number)
+                self.relaunch.add(number)
+                continue
+            try:
+                doc = self._ended(doc["trials"][number], code)
+            except trust.TrialRefused as err:
+                doc = self._refuse(doc["trials"][number], err)
+        return doc
+
+
 def live_index(plan) -> dict:
     """The spend index with the holds of trials that are gone settled at their ledger cost (``spend_leases``);
     a fresh parse, released in place, never written back from here."""
@@ -257,11 +303,22 @@ def startup_override(plan) -> list[str]:
 
 
 def longest_start_up_s(plan) -> float:
-    """The longest start-up (process start to first step) the sweep's trials' ledgers measured; 0 before any."""
-    from orchestrator.policy.history import restart_seconds_measured
+    """The longest start-up (process start to first step) the sweep's trials' ledgers measured; 0 before any. A
+    trial's ledger that is unreadable, or says a start-up took over a week, counts for nothing here (a warning,
+    once; the driver refuses that trial when it next launches or reaps it)."""
+    measured = [0.0]
+    for t in plan.state.load()["trials"]:
+        try:
+            ledger = trust.trial_ledger(plan.store, t["run_name"])
+            measured += trust.start_ups(ledger, plan.store.get_uri(f"{t['run_name']}/ledger.json"))
+        except trust.TrialRefused as err:
+            if (plan.state.name, t["number"], str(err)) not in _WARNED:
+                _WARNED.add((plan.state.name, t["number"], str(err)))
+                log.warning("sweep %s: trial %d's start-up is not counted: %s", plan.state.name, t["number"], err)
+    return max(measured)
 
-    return max((s for t in plan.state.load()["trials"] for s in restart_seconds_measured(
-        Ledger(plan.store, t["run_name"]).load().get("attempts") or [])), default=0.0)
+
+_WARNED: set = set()
 
 
 def room_for_a_new_trial(plan) -> bool:

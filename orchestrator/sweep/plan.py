@@ -138,7 +138,7 @@ def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:
     from orchestrator.sweep.state import SweepState
 
     settings, n_trials = _settings(cfg, space)
-    name = str(cfg.sweep.name or cfg.run.name)
+    name = checked_name(cfg, n_trials)
     fixed = [o for o in final if not o.startswith(("sweep", "run.name="))]
     given_experiment = any(o.startswith("tracking.experiment=") for o in fixed)
     experiment = str(cfg.tracking.experiment) if given_experiment else name
@@ -153,6 +153,23 @@ def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:
                      state=state, store=store, experiment=experiment, budget_usd=float(cfg.sweep.budget_usd),
                      max_parallel=int(cfg.sweep.max_parallel), n_trials=n_trials,
                      log_dir=str(Path(cfg.run.work_dir) / "sweeps" / name))
+
+
+def checked_name(cfg, n_trials: int) -> str:
+    """``sweep.name`` (default ``run.name``), held to ``run.name``'s rule (``orchestrator.core.names.RUN_NAME``) with its
+    trials' run names (``<name>-t<k>``) too, so no trial fails on its name and the record's folder is one plain
+    name (no ``/``, no ``..``): ConfigError, exit 4, before anything is written."""
+    from orchestrator.core.names import RUN_NAME
+
+    given = cfg.sweep.name
+    name = str(given if given is not None and str(given) != "" else cfg.run.name)
+    key = "sweep.name" if given is not None and str(given) != "" else "run.name"
+    last = f"{name}-t{max(n_trials, 1) - 1}"
+    if not RUN_NAME.fullmatch(name) or not RUN_NAME.fullmatch(last):
+        raise ConfigError(f"{key}={name!r} cannot name a sweep: it and its trials' run names ({last!r} is the last) "
+                          "must each be 1-63 letters, digits, '.', '_' or '-', starting and ending with a letter or "
+                          f"digit, as run.name; give a shorter plain name, e.g. sweep.name=lr-search.")
+    return name
 
 
 def _redacted(item: str) -> str:

@@ -71,6 +71,21 @@ def override(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
+def in_domain(space, key: str, value: Any) -> bool:
+    """Whether ``value`` is one the space gives ``key`` (a choice of its own type, or a number within its interval)."""
+    spec = space.specs.get(key)
+    if spec is None:
+        return False
+    if spec[0] != "interval":
+        return any(type(value) is type(c) and value == c for c in _values(spec))
+    _, low, high, _log = spec
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    if isinstance(low, int) and isinstance(high, int) and not isinstance(value, int):
+        return False
+    return low <= value <= high
+
+
 def distribution(key: str, spec: tuple):
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 

@@ -17,21 +17,30 @@ Shape::
                  "log_offset": the trial log's size then, "launcher": {"host": str, "pid": int, "started": float}
                  or None (sweep/backends.py: how a relaunched driver adopts it)}],
      "decisions": [{"trial": k, "rung": r, "value": float, "decision": "promote" | "prune" | "complete"}],
-     "usage": {"slot_seconds": float, "idle_seconds": float}, "mlflow_run_id": str (once MLflow has the parent run)}
+     "usage": {"slot_seconds": float, "idle_seconds": float}, "mlflow_run_id": str (once MLflow has the parent run),
+     "space_since": the first trial sampled under the current space and sampler (``trust.launch_params``),
+     "fence": int, "driver": {"host", "pid", "started", "renewed_at"} or None (``lease``: one driver at a time),
+     "signature": HMAC-SHA256 (with ``ORCH_MANIFEST_HMAC_KEY`` set; ``trust.sign``)}
+
+The record names its sweep (``name``) and every trial's run name is ``<name>-t<number>``: a record copied under
+another name is refused. A swept secret is stored redacted (``trust.stored_params``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import re
+from typing import Any, Callable, Optional, Union
 
 from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.core.exitcodes import ExitClass
 from orchestrator.storage.transact import transact
 from orchestrator.storage.base import ObjectStore, checked_json, finite_number
+from orchestrator.sweep import lease, trust
 
 VERSION = 1
 STATUSES = ("running", "paused", "pruned", "completed", "failed", "stopped")
 DECISIONS = ("promote", "prune", "complete")
 LIVE = ("running", "paused")  # a trial that may still train
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # an MLflow run id (it reaches the trials' command lines)
 
 
 class SweepStateCorrupt(UserError):
@@ -66,15 +75,21 @@ def state_problem(doc: Any) -> Optional[str]:
         if not isinstance(doc.get(field), kind):
             return f"{field} is {doc.get(field)!r}, not a {kind.__name__}"
     for i, trial in enumerate(doc["trials"]):
-        problem = _trial_problem(trial, i)
+        problem = _trial_problem(trial, i) or (None if trial["run_name"] == trial_run_name(doc["name"], i) else
+                                               f"run_name is {trial['run_name']!r}, not {trial_run_name(doc['name'], i)!r}")
         if problem:
             return f"trials[{i}]: {problem}"
     for i, d in enumerate(doc["decisions"]):
         if not (isinstance(d, dict) and d.get("decision") in DECISIONS and isinstance(d.get("trial"), int)
                 and isinstance(d.get("rung"), int) and finite_number(d.get("value"))):
             return f"decisions[{i}] is {d!r}, not a decision"
-    if not isinstance(doc.get("mlflow_run_id", ""), str):
+    if "mlflow_run_id" in doc and not (isinstance(doc["mlflow_run_id"], str) and RUN_ID.fullmatch(doc["mlflow_run_id"])):
         return f"mlflow_run_id is {doc['mlflow_run_id']!r}, not a run id"
+    since = doc.get("space_since", 0)
+    if not isinstance(since, int) or isinstance(since, bool) or not 0 <= since <= len(doc["trials"]):
+        return f"space_since is {since!r}, not a trial number"
+    if lease.lease_problem(doc):
+        return lease.lease_problem(doc)
     if not all(finite_number(v) and v >= 0 for v in doc["usage"].values()):
         return f"usage holds {doc['usage']!r}, not finite non-negative numbers"
     return None
@@ -107,15 +122,25 @@ def _trial_problem(trial: Any, i: int) -> Optional[str]:
 
 
 class SweepState:
-    """The stored record of sweep ``name`` under ``store``; every change is one conditional write."""
+    """The stored record of sweep ``name`` under ``store``; every change is one conditional write, and once this
+    driver holds the sweep's lease (``open``) every write checks and renews it (``lease``)."""
 
     def __init__(self, store: ObjectStore, name: str):
         self.store, self.name = store, name
         self.key = state_key(name)
         self.uri = store.get_uri(self.key)
+        self.fence: Optional[int] = None  # the lease's fence while this driver holds it
+        self.holder: Optional[dict] = None
 
     def _decode(self, raw: bytes) -> dict:
-        return parse_state(raw, self.uri)
+        doc = parse_state(raw, self.uri)
+        problem = (f"it names the sweep {doc['name']!r}, not {self.name!r} (a record copied from another sweep)"
+                   if doc["name"] != self.name else trust.signature_problem(doc))
+        if problem:
+            raise SweepStateCorrupt(f"the sweep state {self.uri} is refused: {problem}. Restore it from a copy, or "
+                                    "start the sweep again under a new sweep.name (its trials' checkpoints are "
+                                    "untouched).")
+        return doc
 
     def load(self) -> Optional[dict]:
         try:
@@ -123,45 +148,74 @@ class SweepState:
         except FileNotFoundError:
             return None
 
+    def _write(self, mutate: Callable[[Optional[dict]], Optional[dict]]) -> dict:
+        def signed(doc: Optional[dict]) -> Optional[dict]:
+            out = mutate(doc)
+            return None if out is None else trust.sign(out)
+
+        return transact(self.store, self.key, signed, decode=self._decode)
+
     def update(self, fn: Callable[[dict], Any]) -> dict:
-        """Apply ``fn`` to the stored record (it must exist) and write it back conditionally."""
+        """Apply ``fn`` to the stored record (it must exist) and write it back conditionally; SweepLeaseLost,
+        nothing written, when this driver held the lease and another driver has taken it over."""
         def mutate(doc: Optional[dict]) -> dict:
             if doc is None:
                 raise SweepStateCorrupt(f"the sweep state {self.uri} vanished while the sweep ran")
+            if self.fence is not None:
+                lease.renew(doc, self.holder, self.fence, self.uri)
             fn(doc)
             return doc
 
-        return transact(self.store, self.key, mutate, decode=self._decode)
+        return self._write(mutate)
 
     def open(self, *, space: dict, fixed: list[str], settings: dict, allow_changes: bool) -> dict:
-        """The record, created on the first launch; a relaunch whose space, overrides or settings differ is
-        refused with the difference (ConfigError, exit 4) unless ``allow_changes``, which records the new ones."""
-        def mutate(doc: Optional[dict]) -> Optional[dict]:
+        """The record, created on the first launch, and this driver's lease on it (``lease.take``: SweepBusy,
+        exit 6, while another driver lives); a relaunch whose space, overrides or settings differ is refused with
+        the difference (ConfigError, exit 4) unless ``allow_changes``, which records the new ones (trials sampled
+        before keep theirs: ``space_since``)."""
+        space = trust.stored_space(space)
+        holder = lease.me()
+
+        def mutate(doc: Optional[dict]) -> dict:
             if doc is None:
-                return {"version": VERSION, "name": self.name, "space": space, "fixed": fixed, "settings": settings,
-                        "trials": [], "decisions": [], "usage": {"slot_seconds": 0.0, "idle_seconds": 0.0}}
+                doc = {"version": VERSION, "name": self.name, "space": space, "fixed": fixed, "settings": settings,
+                       "trials": [], "decisions": [], "usage": {"slot_seconds": 0.0, "idle_seconds": 0.0},
+                       "space_since": 0}
+            fence.clear()
+            fence.append(lease.take(doc, holder, self.uri))
             changes = describe_changes(doc, space=space, fixed=fixed, settings=settings)
-            if not changes:
-                return None
-            if not allow_changes:
+            if changes and not allow_changes:
                 raise ConfigError(f"sweep {self.name!r} ({self.uri}) was started with another search space or "
                                   f"overrides: {'; '.join(changes)}. Rerun it as it was, give a new sweep.name, or "
                                   "add sweep.allow_changes=true to go on with the new ones (past trials keep theirs).")
+            if any(not line.startswith("override ") for line in changes):  # the space or the sampler changed
+                doc["space_since"] = len(doc["trials"])
             doc.update(space=space, fixed=fixed, settings=settings)
             return doc
 
-        return transact(self.store, self.key, mutate, decode=self._decode)
+        fence: list[int] = []
+        doc = self._write(mutate)
+        self.fence, self.holder = fence[0], holder
+        return doc
 
-    def new_trial(self, params: dict) -> dict:
-        """Number the next trial (one conditional write: numbering continues across drivers)."""
+    def release(self) -> None:
+        """Give this driver's lease up (at its end), so the next driver takes the sweep at once."""
+        if self.fence is not None:
+            fence, holder, self.fence = self.fence, self.holder, None
+            self._write(lambda doc: doc if doc is not None and lease.release(doc, holder, fence) else None)
+
+    def new_trial(self, params: Union[dict, Callable[[list], dict]]) -> dict:
+        """Number the next trial (one conditional write: numbering continues across drivers). ``params``: its
+        parameters, or a function of the stored trials that gives them (the sampler, asked inside the write)."""
         made: dict = {}
 
         def fn(doc: dict) -> None:
             number = len(doc["trials"])
+            values = params(doc["trials"]) if callable(params) else params
             made.clear()
-            made.update(number=number, run_name=trial_run_name(self.name, number), params=params, rung=0,
+            made.update(number=number, run_name=trial_run_name(self.name, number), params=values, rung=0,
                         status="running", values={}, launches=0)
-            doc["trials"].append(dict(made))
+            doc["trials"].append(dict(made, params=trust.stored_params(values)))
 
         self.update(fn)
         return made
