@@ -17,8 +17,9 @@ azure: which spot node label to select; other values select none; with ``run.dea
 job's ledger says on-demand, see ``orchestrator.backends.capacity``),
 ``preemption.grace``, ``requeue.*``, and from ``backend.extra``: ``namespace`` (default "default"),
 ``secret_name`` (default "spot-orchestrator": the Secret holding the variables
-that secrets are read from, one key per variable: ``budget.webhook_url_env``
-and ``${oc.env:NAME}`` given for a secret key; a literal secret in the
+that secrets are read from, one key per variable: ``budget.webhook_url_env``,
+``${oc.env:NAME}`` given for a secret key, and ``HF_TOKEN`` for a job that reads from the hub
+when the launcher has it set; a literal secret in the
 overrides is refused, since the manifest would carry it in clear),
 ``service_account`` (for workload identity to the bucket), ``cpu``,
 ``memory`` (resource requests, e.g. "8", "64Gi"), ``shm_size`` (cap on the

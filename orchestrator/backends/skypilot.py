@@ -17,7 +17,8 @@ replacing the default one).
 
 Secrets never enter the YAML: an override holding one reads
 ``${oc.env:ORCH_SECRET_<KEY>}``; every variable a secret is read from
-(those, ``budget.webhook_url_env``) is listed under ``secrets:`` with no value
+(those, ``budget.webhook_url_env``, ``HF_TOKEN`` for a job that reads from the hub
+when the launcher has it) is listed under ``secrets:`` with no value
 and ``submit`` passes ``--secret NAME``, which SkyPilot fills from the
 launcher's environment. The image (``ORCH_CONTAINER_IMAGE``) or, without one,
 the launch directory's git commit (``ORCH_GIT_COMMIT``) travels in ``envs``
