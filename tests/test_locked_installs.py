@@ -87,3 +87,17 @@ def test_the_image_installs_every_package_under_the_constraints():
     for args in installs:
         assert "-c /tmp/constraints.txt" in args or args.startswith("--no-deps"), args
     assert text.index("COPY constraints.txt") < text.index("pip install -c")
+
+
+@pytest.mark.parametrize("image,warned", [("registry.example/orch:0.1", True),
+                                          ("registry.example:5000/orch@sha256:" + "a" * 64, False)])
+def test_an_image_a_recovery_may_pull_again_is_warned_about_unless_pinned_by_digest(image, warned, caplog):
+    import logging
+
+    from orchestrator.config.compose import compose_config
+
+    with caplog.at_level(logging.WARNING, logger="orchestrator.config.image_pin"):
+        compose_config(["backend=kubernetes", f"backend.image={image}", "storage.uri=s3://bucket/runs"])
+    assert ("is not pinned by digest" in caplog.text) is warned, caplog.text
+    if warned:
+        assert "registry.example/orch@sha256:<digest>" in caplog.text

@@ -19,6 +19,7 @@ from orchestrator.distributed import configured_world_size
 from orchestrator.config.durations import parse_deadline, parse_duration
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.config.hub_access import check_hub_model
+from orchestrator.config.image_pin import warn_unpinned_image
 from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.evaluation import spec as bench_spec
 from orchestrator.multinode import checks as multinode_checks
@@ -430,4 +431,4 @@ CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _chec
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS,
-          *multinode_checks.CHECKS, check_hub_model)
+          *multinode_checks.CHECKS, check_hub_model, warn_unpinned_image)
