@@ -84,7 +84,7 @@ def test_skypilot_passes_hf_token_as_a_secret_by_name(tools, tmp_path):
     path.write_text(task_text)
     check = ("import json, sys, yaml, sky\n"
              "t = sky.Task.from_yaml_config(yaml.safe_load(open(sys.argv[1])), secrets_overrides=[('HF_TOKEN', sys.argv[2])])\n"
-             "print(json.dumps(t.secrets))\n")
+             "print(json.dumps({k: v.get_secret_value() for k, v in t.secrets.items()}))\n")  # pydantic SecretStr
     done = subprocess.run([SKYPILOT_PYTHON, "-c", check, str(path), TOKEN], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
