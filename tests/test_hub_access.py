@@ -66,22 +66,20 @@ def test_a_misspelt_model_is_refused_asking_to_fix_the_name(hub):
         _compose("Qwen/Qwen2.5-0.5")
 
 
-def test_a_revision_the_model_does_not_have_is_refused(hub, monkeypatch):
-    # the stand-in serves every revision; the hub's answer for a missing one is RevisionNotFound
-    def no_revision(repo_id, revision, *, token):
-        from huggingface_hub.errors import RevisionNotFoundError
-
-        return RevisionNotFoundError("404 Client Error. Revision Not Found", response=_response(404))
-
-    monkeypatch.setattr("orchestrator.config.hub_access.fetch_error", no_revision)
+def test_a_revision_the_model_does_not_have_is_refused(hub):
     with pytest.raises(ConfigError, match=r"model.revision=v9 is not a branch, tag or commit of Qwen/Qwen2.5-0.5B"):
         _compose(PUBLIC, "model.revision=v9")
 
 
-def _response(code: int):
-    import httpx2
+def test_a_repository_without_config_json_is_refused_as_not_a_transformers_model(monkeypatch, tmp_path):
+    from huggingface_hub import constants
 
-    return httpx2.Response(code, request=httpx2.Request("HEAD", "http://hub/x"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with FakeHub(no_config=["TheBloke/Llama-2-7B-GGUF"]) as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        with pytest.raises(ConfigError, match=r"TheBloke/Llama-2-7B-GGUF has no config.json, so transformers cannot"):
+            _compose("TheBloke/Llama-2-7B-GGUF")
 
 
 def test_an_unreachable_hub_warns_and_the_launch_goes_on(hub, monkeypatch, caplog):

@@ -4,7 +4,8 @@ Repositories: ``public`` ones serve their files to anyone; ``gated`` ones to ``B
 401 with ``X-Error-Code: GatedRepo`` without a token, 403 with that code for another token (an account that has
 not accepted the licence), as huggingface.co answers; any other id is 404 ``X-Error-Code: RepoNotFound``. The
 model API (``/api/models/<id>[/revision/<rev>]``, what ``HfApi.model_info`` asks, used to pin revisions) answers
-for public and gated repositories alike (a gated repository's card is public). ``requests`` lists each request's
+for public and gated repositories alike (a gated repository's card is public). A revision other than ``main``
+or ``COMMIT`` is 404 ``RevisionNotFound``; a ``no_config`` repository has no config.json (404 ``EntryNotFound``). ``requests`` lists each request's
 path and whether it carried a token.
 """
 from __future__ import annotations
@@ -15,13 +16,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GOOD_TOKEN = "hf_sekrit"
 COMMIT = "c" * 40
+REVISIONS = ("main", COMMIT)  # the revisions every repository has; another is 404 RevisionNotFound
 CONFIG = json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
                      "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}).encode()
 
 
 class FakeHub:
-    def __init__(self, public=(), gated=()):
-        self.public, self.gated = set(public), set(gated)
+    def __init__(self, public=(), gated=(), no_config=()):
+        self.public, self.gated, self.no_config = set(public) | set(no_config), set(gated), set(no_config)
         self.requests: list[tuple[str, str, bool]] = []
         hub = self
 
@@ -70,7 +72,10 @@ class FakeHub:
                        f"Access to model {repo} is restricted. You must have access to it and be authenticated.")
             return self._send(handler, code, {"X-Error-Code": "GatedRepo", "X-Error-Message": message},
                               message.encode(), body)
-        if len(parts) >= 5 and parts[2] == "resolve" and parts[-1] == "config.json":
+        if len(parts) >= 5 and parts[2] == "resolve" and parts[3] not in REVISIONS:
+            return self._send(handler, 404, {"X-Error-Code": "RevisionNotFound",
+                                             "X-Error-Message": "Invalid rev id"}, b"Invalid rev id", body)
+        if len(parts) >= 5 and parts[2] == "resolve" and parts[-1] == "config.json" and repo not in self.no_config:
             return self._send(handler, 200, {"X-Repo-Commit": COMMIT, "ETag": f'"{COMMIT[:20]}"',
                                              "Content-Type": "application/json"}, CONFIG, body)
         return self._send(handler, 404, {"X-Error-Code": "EntryNotFound", "X-Error-Message": "Entry not found"},
