@@ -16,7 +16,7 @@ What is not a config error is a warning, and the launch goes on: the hub unreach
 timeout, a 5xx or 429), or ``HF_HUB_OFFLINE`` set with the model not in the local cache (a model in the cache
 passes offline, silently). Local folders, ``builtin:`` and ``s3://`` models are not hub models
 (``orchestrator.hub_pins.hub_inputs``). On SkyPilot and Kubernetes the job reads the token from the variable
-``HF_TOKEN`` only (``orchestrator.backends.hub_token``), so a gated model reached with ``hf auth login``'s token
+``HF_TOKEN`` only (``orchestrator.backends.hub_token_names``), so a gated model reached with ``hf auth login``'s token
 alone is refused there, asking for ``export HF_TOKEN``.
 """
 from __future__ import annotations
