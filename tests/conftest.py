@@ -5,6 +5,12 @@ import os
 
 import pytest
 
+# The suite never reaches the real Hugging Face hub: the launch check of a hub model (orchestrator/app/hub_access.py)
+# and the revision pins ask HF_ENDPOINT, which a test that needs a hub sets to its stand-in (tests/helpers/fake_hub.py).
+# Elsewhere nothing listens here, so they warn and go on, as they do without a network; with one, a test's made-up
+# commit would be asked of huggingface.co (and refused). Set before any test imports huggingface_hub.
+os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
+
 # The longest tests, longest first (seconds in a whole-suite run of stop 38, four workers on two cores,
 # `--durations=25`): pytest-xdist hands tests out in collection order, so these start first, one per worker in
 # turn, instead of being the run's tail. The ones that mostly wait (a start-up delay, an outage) lead: their

@@ -20,6 +20,8 @@ from orchestrator.core.numbers import check_finite, check_ranges
 from orchestrator.core.ranks import configured_world_size
 from orchestrator.core.durations import parse_deadline, parse_duration
 from orchestrator.core.errors import ConfigError, UserError
+from orchestrator.app.hub_access import check_hub_model
+from orchestrator.app.image_pin import warn_unpinned_image
 from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.evaluation import spec as bench_spec
 from orchestrator.process.multinode import checks as multinode_checks
@@ -399,4 +401,4 @@ CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _chec
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS,
-          *multinode_checks.CHECKS)
+          *multinode_checks.CHECKS, check_hub_model, warn_unpinned_image)

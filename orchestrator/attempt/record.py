@@ -140,15 +140,16 @@ class AttemptRecord:
         self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).setdefault("evals", {}).setdefault(
             str(step), {}).update(metrics))  # merged: the held-out numbers and the benchmark scores of one step
 
-    def record_repro(self, record: dict) -> dict:
-        """Store this attempt's reproducibility record (and the job's, on the first attempt); returns the first's."""
+    def record_repro(self, record: dict, installed: Optional[dict] = None) -> dict:
+        """Store this attempt's reproducibility record (and the job's, on the first attempt, with ``installed``: every
+        installed distribution's version, which later attempts name their changes against); returns the first's."""
         first: dict = {}
 
         def fn(ledger):
             nonlocal first
             first = ledger.get("repro") or {}
             if not first:
-                ledger["repro"] = record
+                ledger["repro"] = {**record, INSTALLED: installed} if installed else record
             self.ledger.current_attempt(ledger)["extra"]["repro"] = record
 
         self.ledger.update(fn)
@@ -226,7 +227,7 @@ class FollowerRecord:
     def record_eval(self, step: int, metrics: dict) -> None:
         return None
 
-    def record_repro(self, record: dict) -> dict:
+    def record_repro(self, record: dict, installed: Optional[dict] = None) -> dict:
         return {}
 
     def end(self, *args, **kwargs) -> dict:
@@ -245,16 +246,52 @@ def record_repro(resolved: dict, record: Any, tracking: Any) -> list[str]:
         return []
     from orchestrator.records.repro import collect_record, diff_records
 
-    this = collect_record(resolved)
-    first = record.record_repro(this)
-    differences = diff_records(first, this) if first else []
+    this = collect_record(resolved)  # packages_sha256: the digest of every installed name==version
+    installed = installed_versions()
+    first = record.record_repro(this, installed)
+    differences = name_package_changes(diff_records(first, this), first, installed) if first else []
     for line in differences:
         log.warning("this attempt differs from the first one: %s", line)
-    tracking.log_dict(this, f"repro/attempt-{record.fence}.json")
+    tracking.log_dict({**this, INSTALLED: installed}, f"repro/attempt-{record.fence}.json")
     if differences:
         tracking.set_tags({"repro_differs": "true"})
         tracking.log_text("\n".join(differences), f"repro/attempt-{record.fence}-differences.txt")
     return differences
+
+
+INSTALLED = "installed"  # the first attempt's record: {distribution: version} of everything installed
+NAMED_CHANGES = 25  # a warning names this many changed packages, then counts the rest
+
+
+def installed_versions() -> dict[str, str]:
+    """Every installed distribution (canonical name) and its version, as ``packages_sha256`` digests them."""
+    import importlib.metadata as metadata
+    import re
+
+    from orchestrator.records.repro import name_and_version
+
+    out: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name, version = name_and_version(dist)
+        if name:
+            out.setdefault(re.sub(r"[-_.]+", "-", name).lower(), str(version))
+    return dict(sorted(out.items()))
+
+
+def name_package_changes(differences: list[str], first: dict, installed: dict) -> list[str]:
+    """``differences`` with its package lines (key packages by name, the rest by digest only) replaced by one
+    line naming every package that changed since the first attempt, when the first attempt's record lists them
+    (records written before it did keep the digest line)."""
+    before = first.get(INSTALLED)
+    if not isinstance(before, dict) or before == installed:
+        return differences
+    names = sorted(set(before) | set(installed))
+    changed = [f"{n} {before.get(n, '(none)')} -> {installed.get(n, '(removed)')}"
+               for n in names if before.get(n) != installed.get(n)]
+    more = f", and {len(changed) - NAMED_CHANGES} more" if len(changed) > NAMED_CHANGES else ""
+    kept = [d for d in differences if not d.startswith(("package ", "other installed packages changed"))]
+    return kept + [f"installed packages ({len(changed)} changed; a resume is bit-for-bit on the first attempt's "
+                   f"versions only): {', '.join(changed[:NAMED_CHANGES])}{more}"]
 
 
 def _attempt_costs(attempts) -> dict:

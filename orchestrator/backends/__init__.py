@@ -176,8 +176,8 @@ class WorkerInvocation:
         backend hands them to the engine through the submitting process's
         environment (never through the generated text).
     secret_names: every environment variable the worker reads a secret from: the
-        moved ones, ``budget.webhook_url_env``, and ``${oc.env:NAME}`` given by the
-        user for a secret key.
+        moved ones, ``budget.webhook_url_env``, ``${oc.env:NAME}`` given by the
+        user for a secret key, and ``HF_TOKEN`` (``hub_token_names``).
     env: plain (non-secret) variables for the attempt: ``ORCH_CONTAINER_IMAGE``
         (recorded in the ledger's reproducibility record).
     """
@@ -233,6 +233,7 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
             moved_keys.append(key)
     if cfg.budget.webhook_url_env:
         names.append(str(cfg.budget.webhook_url_env))
+    names += hub_token_names(cfg)
     env = {}
     if cfg.backend.image:
         from orchestrator.records.repro import CONTAINER_IMAGE_ENV
@@ -240,6 +241,20 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
         env[CONTAINER_IMAGE_ENV] = str(cfg.backend.image)
     return WorkerInvocation(overrides=safe, secret_values=values, secret_names=list(dict.fromkeys(names)), env=env,
                             secret_keys=moved_keys)
+
+
+HUB_TOKEN_ENV = "HF_TOKEN"
+
+
+def hub_token_names(cfg: Any) -> list[str]:
+    """``["HF_TOKEN"]`` when the job downloads from the hub (``orchestrator.config.hub.hub_inputs``) and the launcher has the
+    variable set: a secret passed by name like the others (Slurm: ``--export`` of the name, SkyPilot:
+    ``secrets:``/``--secret``, Kubernetes: a ``secretKeyRef``), never its value in a generated file."""
+    import os
+
+    from orchestrator.config.hub import hub_inputs
+
+    return [HUB_TOKEN_ENV] if os.environ.get(HUB_TOKEN_ENV) and hub_inputs(cfg) else []
 
 
 def refuse_secrets_in_text(cfg: Any, text: str, what: str) -> str:

@@ -13,12 +13,13 @@ ledger check (exit 5) has the last word whoever retries.
 Settings read from the config: ``run.name``, ``backend.image`` (required; also
 passed as ``ORCH_CONTAINER_IMAGE`` for the reproducibility record),
 ``compute.gpus_per_node``, ``compute.spot``, ``compute.cloud`` (gcp | aws |
-azure: which spot node label to select; other values select none; with ``run.deadline``, none when the
-job's ledger says on-demand, see ``orchestrator.attempt.capacity_contract``),
+azure: which spot node label to select; any: a node affinity on any of them, see ``spot_placement``; with
+``run.deadline``, none when the job's ledger says on-demand, see ``orchestrator.attempt.capacity_contract``),
 ``preemption.grace``, ``requeue.*``, and from ``backend.extra``: ``namespace`` (default "default"),
 ``secret_name`` (default "spot-orchestrator": the Secret holding the variables
-that secrets are read from, one key per variable: ``budget.webhook_url_env``
-and ``${oc.env:NAME}`` given for a secret key; a literal secret in the
+that secrets are read from, one key per variable: ``budget.webhook_url_env``,
+``${oc.env:NAME}`` given for a secret key, and ``HF_TOKEN`` for a job that reads from the hub
+when the launcher has it set; a literal secret in the
 overrides is refused, since the manifest would carry it in clear),
 ``service_account`` (for workload identity to the bucket), ``cpu``,
 ``memory`` (resource requests, e.g. "8", "64Gi"), ``shm_size`` (cap on the
@@ -26,6 +27,7 @@ memory-backed ``/dev/shm`` the pod gets for checkpoint snapshots).
 """
 from __future__ import annotations
 
+import copy
 import re
 import tempfile
 from pathlib import Path
@@ -67,6 +69,27 @@ SPOT_TOLERATIONS = {
         {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
     ],
 }
+
+
+# compute.cloud=any: a spot node of whichever managed Kubernetes the cluster is (the terms of a node affinity are
+# ORed), Karpenter's capacity label (EKS clusters that provision with Karpenter) among them
+ANY_CLOUD_SPOT_LABELS = (*SPOT_NODE_LABELS.values(), ("karpenter.sh/capacity-type", "spot"))
+
+
+def spot_placement(cloud: str) -> dict:
+    """The pod spec's fields that put a spot job on spot nodes: ``compute.cloud``'s spot label as a
+    ``nodeSelector`` (and its spot taint's toleration); for ``any``, a required node affinity on any of the known
+    clouds' spot labels, tolerating each one's spot taint. A spot job is budgeted at spot prices, so it must not
+    land on an on-demand node unselected."""
+    if cloud in SPOT_NODE_LABELS:
+        key, value = SPOT_NODE_LABELS[cloud]
+        return {"nodeSelector": {key: value}, **({"tolerations": copy.deepcopy(SPOT_TOLERATIONS[cloud])}
+                                                 if SPOT_TOLERATIONS[cloud] else {})}
+    terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+             for key, value in ANY_CLOUD_SPOT_LABELS]
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": terms}}},
+            "tolerations": [copy.deepcopy(t) for cloud_taints in SPOT_TOLERATIONS.values() for t in cloud_taints]}
 
 
 def job_name(run_name: str) -> str:
@@ -187,12 +210,8 @@ def _pod_spec(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
     service_account = backend_settings(cfg).service_account
     if service_account:
         pod_spec["serviceAccountName"] = service_account
-    cloud = str(cfg.compute.cloud).lower()
-    if capacity == SPOT and cloud in SPOT_NODE_LABELS:
-        key, value = SPOT_NODE_LABELS[cloud]
-        pod_spec["nodeSelector"] = {key: value}
-        if SPOT_TOLERATIONS[cloud]:
-            pod_spec["tolerations"] = SPOT_TOLERATIONS[cloud]
+    if capacity == SPOT:
+        pod_spec.update(spot_placement(str(cfg.compute.cloud).lower()))
     if int(cfg.compute.gpus_per_node) > 0:
         # GPU node pools are commonly tainted so that only GPU pods land there
         pod_spec.setdefault("tolerations", []).append(

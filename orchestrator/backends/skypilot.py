@@ -10,14 +10,17 @@ Settings read from the config: ``run.name``, ``compute.gpu_type``,
 ``compute.gpus_per_node``, ``compute.spot`` (with ``run.deadline``: on-demand when the
 job's ledger says so, see ``orchestrator.attempt.capacity_contract``), ``compute.cloud``,
 ``backend.image`` (a Docker image with the project installed; without one the
-project is synced as ``workdir`` and installed by ``setup``),
+project is synced as ``workdir`` and installed by ``setup`` with the locked versions:
+``pip install -c constraints.txt "torch==<TORCH_VERSION>" -e .``, so every VM a recovery lands on runs the
+same packages; ``submit`` refuses a workdir without constraints.txt),
 ``requeue.max_failures``, and from
 ``backend.extra``: ``region``, ``disk_size`` (GB), ``setup`` (a command
 replacing the default one).
 
 Secrets never enter the YAML: an override holding one reads
 ``${oc.env:ORCH_SECRET_<KEY>}``; every variable a secret is read from
-(those, ``budget.webhook_url_env``) is listed under ``secrets:`` with no value
+(those, ``budget.webhook_url_env``, ``HF_TOKEN`` for a job that reads from the hub
+when the launcher has it) is listed under ``secrets:`` with no value
 and ``submit`` passes ``--secret NAME``, which SkyPilot fills from the
 launcher's environment. The image (``ORCH_CONTAINER_IMAGE``) or, without one,
 the launch directory's git commit (``ORCH_GIT_COMMIT``) travels in ``envs``
@@ -29,6 +32,7 @@ With ``distributed.nodes`` > 1: ``num_nodes``, and the run script gives every no
 """
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import tempfile
@@ -51,9 +55,21 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.gpus import skypilot_name
 from orchestrator.policy.deadline import SPOT
 
+log = logging.getLogger(__name__)
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"
 LAUNCH_TIMEOUT_SECONDS = 1800  # sky jobs launch waits for the controller, which may need provisioning
-DEFAULT_SETUP = "pip install -e ."
+# the workdir installed with the versions the project is tested with (constraints.txt, and torch, which scripts/setup.sh
+# and containers/Dockerfile install first): plain ``pip install -e .`` takes the newest torch, transformers, TRL and
+# PEFT the ranges allow, another set on each VM a recovery lands on, and a resume is bit-for-bit on one set only
+TORCH_VERSION = "2.13.0"
+CONSTRAINTS = "constraints.txt"
+LOCK_PYTHON = (3, 11)  # the lock's packages (numpy 2.4, pandas 3) need Python 3.11 or later
+DEFAULT_SETUP = (
+    f"python -c 'import sys; sys.exit(sys.version_info < {LOCK_PYTHON})' || {{ echo \"setup: the locked versions "
+    f"({CONSTRAINTS}) need Python {LOCK_PYTHON[0]}.{LOCK_PYTHON[1]} or later, and this VM has $(python -V 2>&1): set "
+    f"backend.image (containers/Dockerfile) or a VM image with a newer python\" >&2; exit 1; }}\n"
+    f'python -m pip install -c {CONSTRAINTS} "torch=={TORCH_VERSION}" -e .\n'
+)
 LOST_PEER = 128 + 9  # SIGKILL: how a node ends whose peer was lost (restart-the-world)
 
 def accelerator(cfg: Any) -> str | None:
@@ -96,6 +112,10 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
     else:
         task["workdir"] = os.getcwd()
         task["setup"] = backend_settings(cfg).setup or DEFAULT_SETUP
+        if not backend_settings(cfg).setup and not workdir_has_lock():
+            log.warning("backend=skypilot: %s has no %s, which the setup installs the locked versions with on the VM: "
+                        "launch from the repository root, or set backend.image or backend.extra.setup",
+                        os.getcwd(), CONSTRAINTS)
     return task
 
 
@@ -160,6 +180,11 @@ def _code_commit_env(cfg: Any) -> dict:
     return {GIT_COMMIT_ENV: commit, **({} if dirty is None else {GIT_DIRTY_ENV: "true" if dirty else "false"})}
 
 
+def workdir_has_lock() -> bool:
+    """Whether the folder synced as the workdir (this one) holds the constraints the default setup installs with."""
+    return (Path.cwd() / CONSTRAINTS).is_file()
+
+
 def _mount_source(source: str) -> str:
     """A file mount's source as SkyPilot reads it: a bucket URI as given, a local path absolute."""
     return source if "://" in source else str(Path(source).expanduser().resolve())
@@ -177,6 +202,11 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     Raises:
         ConfigError: the sky CLI is missing or the launch failed (its output included).
     """
+    if not cfg.backend.image and not backend_settings(cfg).setup and not workdir_has_lock():
+        raise ConfigError(
+            f"backend=skypilot syncs {os.getcwd()} to the VM and installs it there with the locked versions "
+            f"(pip install -c {CONSTRAINTS} -e .), but it has no {CONSTRAINTS}: launch from the repository root, "
+            "or set backend.image (containers/README.md), or backend.extra.setup=<your install command>.")
     text = render(cfg, overrides)
     invocation = worker_invocation(cfg, overrides)
     env = {**os.environ, **invocation.secret_values}  # --secret NAME reads the value from here

@@ -13,8 +13,10 @@ with the rendezvous store on the first host (``orchestrator.backends.slurm_nodes
 
 Secrets never enter the script: an override holding one reads
 ``${oc.env:ORCH_SECRET_<KEY>}`` instead, and ``submit`` puts the value in the
-environment of ``sbatch``, which exports it to the job (its default
-``--export=ALL``; Slurm keeps it for requeues). ``backend.image``, when set (a
+environment of ``sbatch``, which exports it to the job (``#SBATCH
+--export=ALL,<names>``: the variables by name, never a value; Slurm keeps them for
+requeues). ``HF_TOKEN``, when set where the launcher runs and the job reads from
+the hub, is one of them. ``backend.image``, when set (a
 job you run in a container through ``sbatch_args``, e.g. pyxis's
 ``--container-image``), is exported as ``ORCH_CONTAINER_IMAGE`` for the
 reproducibility record.
@@ -216,7 +218,11 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         options.append(f"--partition={chosen}")
     if int(cfg.compute.gpus_per_node) > 0:
         options.append(f"--gpus-per-node={int(cfg.compute.gpus_per_node)}")
-    options.extend(_sbatch_args(cfg, invocation.secret_names))
+    user_args = _sbatch_args(cfg, invocation.secret_names)
+    if invocation.secret_names and not any(a.startswith("--export") for a in user_args):
+        # the names, never the values: sbatch exports each from the submitting environment (ALL: the rest too)
+        options.append("--export=" + ",".join(["ALL", *invocation.secret_names]))
+    options.extend(user_args)
 
     header = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(opt)}" for opt in options)]
     header.append(f"# submitted by: {submitted_by('slurm', str(cfg.run.name))}")
