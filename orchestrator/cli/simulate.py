@@ -21,6 +21,9 @@ from orchestrator.planning.spot_traces import Trace, load_traces
 def _parser() -> Parser:
     p = Parser(prog="orchestrator simulate", description=model.__doc__.split("\n\n")[0])
     p.add_argument("--traces", required=True, help="a trace file or a folder of them (data/spot-traces/...)")
+    p.add_argument("--available-value", type=int, choices=(0, 1),
+                   help="the value that means spot capacity in every trace read (default: each set's declared "
+                        "convention, conventions.json beside the traces or above them; undeclared sets are refused)")
     p.add_argument("--job-hours", type=float, required=True, help="useful training the job needs, in hours")
     p.add_argument("--deadline-hours", type=float, help="deadline from the job's start (deadline, late-switch need it)")
     p.add_argument("--restart-minutes", type=float, default=6.0, help="one restart: start to first step (default 6)")
@@ -104,7 +107,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         job = _job_from_args(args)
-        traces = load_traces(args.traces)
+        traces = load_traces(args.traces, args.available_value)
         policies = [args.policy] if args.policy != "all" else \
             [p for p in POLICIES if job.deadline_seconds is not None or p not in DEADLINE_POLICIES]
         if job.deadline_seconds is None and set(policies) & set(DEADLINE_POLICIES):
@@ -119,16 +122,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         doc = [r.as_json() for r in results]
         out: object = doc[0] if len(doc) == 1 else doc
         if per_trace or sweeps:
-            out = {"results": doc, "per_trace": {k: [r.as_json() for r in v] for k, v in per_trace.items()},
-                   "sweeps": sweeps}
+            share = {tr.name: round(tr.available_share, 4) for tr in traces}
+            out = {"results": doc, "per_trace": {k: [{**r.as_json(), "available_share": share[k]} for r in v]
+                                                 for k, v in per_trace.items()}, "sweeps": sweeps}
         print(json.dumps(out, indent=1))
         return 0
     print(_describe(job, traces, args.windows))
     print(HEADER)
     for r in results:
         print(_row(r))
+    shares = {tr.name: tr.available_share for tr in traces}
     for name, rows in per_trace.items():
-        print(f"{Path(name).name}:")
+        print(f"{Path(name).name}: spot capacity {shares[name]:.1%} of the time")
         for r in rows:
             print(_row(r))
     if sweeps:

@@ -58,7 +58,7 @@ class Job:
     every: str | float = AUTO  # AUTO or a fixed interval in seconds of training between checkpoints
     deadline_seconds: Optional[float] = None
     notice_share: float = 0.0
-    prior_per_hour: float = 0.64
+    prior_per_hour: float = 0.44  # money.cost.DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
     min_every_seconds: float = parse_duration(MIN_EVERY)  # auto's bounds, the job's defaults
     max_every_seconds: float = parse_duration(MAX_EVERY)
     spot_usd: float = SPOT_USD
