@@ -32,6 +32,7 @@ from orchestrator.policy import placement as pl
 from orchestrator.planning.spot_traces import Trace
 
 ZONE_POLICIES = ("placement", "single-zone", "oracle")
+SINGLE_ZONE_REVIEW_TICKS = 5  # held to one zone, holding capacity, far from the deadline: decide every 5 ticks
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class _Replay:
         self.hits = [0] * len(grid.names)
         self.last_hit: list[Optional[float]] = [None] * len(grid.names)
         self.out = ZoneOutcome(None, 0.0, 0.0)
+        self.review_at = 0  # single zone: the tick of the next decision while the zone held stays up
 
     def _name(self, zone) -> Optional[str]:
         return self.g.names[zone] if isinstance(zone, int) else zone
@@ -135,6 +137,11 @@ class _Replay:
                          None if self.last_hit[z] is None else now - self.last_hit[z]) for z in self.allowed]
         state = self._state(now)
         choice = pl.choose(zones, state)
+        if len(self.allowed) == 1:  # nothing to compare: decide again at an event, before the deadline's margin
+            # (which shrinks by at most two ticks a tick: one of time, one more at risk) could be crossed, and at
+            # least every SINGLE_ZONE_REVIEW_TICKS (on-demand is safe to stay on that long)
+            margin = (choice.slack_seconds - choice.reserve_seconds) / (2 * self.g.gap_seconds)
+            self.review_at = int(now / self.g.gap_seconds) + max(1, int(min(SINGLE_ZONE_REVIEW_TICKS, margin)))
         if choice.zone == state.current:
             self.interval = choice.interval_seconds
         if choice.zone == pl.WAIT or choice.zone == state.current:
@@ -185,7 +192,8 @@ class _Replay:
             i, now = (self.start + k) % g.ticks, k * g.gap_seconds
             if isinstance(self.zone, int) and not g.available[self.zone][i]:
                 self._preempted(now)
-            self._decide(i, now)
+            if self.zone is None or k >= self.review_at:
+                self._decide(i, now)
             if self.zone is None:
                 continue
             used = self._train(g.gap_seconds)
