@@ -11,7 +11,8 @@ the same instant) are read as a grid of zones x ticks. A job of ``work`` seconds
   best single zone is reported too (a choice only hindsight makes);
 - ``oracle``: the hindsight-optimal schedule, a dynamic program over (tick, zone, progress in ticks) that knows
   every zone's future: a move (any start) loses one tick, paid; nothing else is lost (it leaves before a
-  preemption); on-demand (the cheapest) is always there; the deadline is never missed. The physical limit.
+  preemption); on-demand (the cheapest) is always there; the deadline is never missed (with no deadline, it
+  looks among finishes within twice the work). The physical limit.
 
 The replay's model (seconds, as ``planning.simulate``): a start costs the restart (plus the transfer of the
 checkpoint when it lies in another zone, plus a checkpoint when it leaves capacity it trains on); a checkpoint
@@ -224,7 +225,8 @@ def oracle(grid: ZoneGrid, job: ZoneJob, starts: Sequence[int]) -> list[ZoneOutc
 
     gap, zones, w = grid.gap_seconds, len(grid.names), len(starts)
     need = int(math.ceil(job.work_seconds / gap - 1e-9))
-    horizon = grid.ticks if job.deadline_seconds is None else int(job.deadline_seconds // gap)
+    # no deadline: the optimum is looked for among finishes within twice the work (or the trace's length)
+    horizon = min(grid.ticks, 2 * need + 1) if job.deadline_seconds is None else int(job.deadline_seconds // gap)
     if horizon < need + 1:
         raise ValueError(f"the deadline leaves {horizon} ticks of {gap:g} s for {need} ticks of work and a start")
     lags = horizon - need + 1
