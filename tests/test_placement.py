@@ -65,6 +65,8 @@ def test_the_deadline_takes_on_demand_when_spot_can_no_longer_make_it_and_waits_
 
 def test_on_demand_when_spot_is_dearer_per_useful_hour():
     assert pl.choose([zone("a", 2.9, prior_per_hour=3.0)], JOB).zone == pl.ON_DEMAND
+    # and waiting for that spot to come back would be pointless
+    assert pl.choose([zone("a", 2.9, prior_per_hour=3.0, available=False)], JOB).zone == pl.ON_DEMAND
 
 
 def _grid(available: list[list[int]], usd: list[float], on_demand: float = 10.0) -> zs.ZoneGrid:

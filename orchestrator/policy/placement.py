@@ -164,6 +164,11 @@ def _decide(zones: Sequence[Zone], job: JobState, priced: list, od_usd: float, o
         return Placement(ON_DEMAND, od_usd, od_t, f"the deadline: {slack / 60:.0f} min of slack left, under the "
                                                    f"{reserve / 60:.0f} min spot needs in reserve")
     if not priced:
+        best_spot = min((usd_per_useful_hour(z.name, z.spot_usd, preemption_rate(z), job)[0] for z in zones),
+                        default=math.inf)
+        if od_usd < best_spot:
+            return Placement(ON_DEMAND, od_usd, od_t, "no spot capacity, and on-demand is cheaper per useful hour "
+                                                       "than spot would be anyway")
         # waiting burns slack one for one: keep what spot's expected waste on the work left will need
         rate = min((preemption_rate(z) for z in zones), default=0.0)
         u, _ = useful_share(rate, job)
