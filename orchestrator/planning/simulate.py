@@ -1,7 +1,8 @@
 """``orchestrator simulate``: replay spot traces through the job's policies, with no training, in seconds.
 
-A trace (``data/spot-traces/``: ``{"metadata": {"gap_seconds": G}, "data": [0, 1, ...]}``, 0 = spot capacity
-at that tick) is read as a cycle of availability intervals. A job of ``work`` seconds of useful training is
+A trace (``data/spot-traces/``: ``{"metadata": {"gap_seconds": G}, "data": [0, 1, ...]}``, read with its set's
+declared convention, ``planning.spot_traces``: 1 = spot capacity at that tick in the public sets) is read as a
+cycle of availability intervals. A job of ``work`` seconds of useful training is
 started at many points (windows) of each trace and run through the decisions the runner makes:
 
 - the checkpoint interval: a fixed one, or ``auto``: Young/Daly (``policy.interval``) re-derived at every
