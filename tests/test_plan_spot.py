@@ -98,8 +98,10 @@ def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatc
     doc = json.loads(plan.plan_text(cfg, as_json=True))
     spot = next(o for o in doc["options"] if o["capacity"] == "spot")
     assert spot["restart_source"] == "measured" and spot["restart_seconds"] == 300
-    # Gamma-Poisson: (0.64/h x 4 h + 4 preemptions) / (4 h + 2 h of training) = 1.09/h
-    assert spot["preemptions_per_hour"] == pytest.approx((0.64 * 4 + 4) / 6, rel=1e-3)
+    from orchestrator.money.cost import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR as prior
+
+    # Gamma-Poisson: (0.44/h prior x 4 h + 4 preemptions) / (4 h + 2 h of training) = 0.96/h
+    assert spot["preemptions_per_hour"] == pytest.approx((prior * 4 + 4) / 6, rel=1e-3)
 
 
 def test_the_plan_reads_the_jobs_history_without_waiting_out_a_storage_outage(monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -16,11 +17,15 @@ from orchestrator.policy.interval import AUTO, MAX_EVERY, MIN_EVERY
 from orchestrator.planning.simulate import (DEADLINE_POLICIES, ON_DEMAND_USD, POLICIES, SPOT_USD, Job, Summary,
                                    interval_sweep, simulate)
 from orchestrator.planning.spot_traces import Trace, load_traces
+from orchestrator.planning.zones import ZONE_POLICIES
 
 
 def _parser() -> Parser:
     p = Parser(prog="orchestrator simulate", description=model.__doc__.split("\n\n")[0])
     p.add_argument("--traces", required=True, help="a trace file or a folder of them (data/spot-traces/...)")
+    p.add_argument("--available-value", type=int, choices=(0, 1),
+                   help="the value that means spot capacity in every trace read (default: each set's declared "
+                        "convention, conventions.json beside the traces or above them; undeclared sets are refused)")
     p.add_argument("--job-hours", type=float, required=True, help="useful training the job needs, in hours")
     p.add_argument("--deadline-hours", type=float, help="deadline from the job's start (deadline, late-switch need it)")
     p.add_argument("--restart-minutes", type=float, default=6.0, help="one restart: start to first step (default 6)")
@@ -28,8 +33,15 @@ def _parser() -> Parser:
     p.add_argument("--checkpoint-every", default=AUTO, help="auto (Young/Daly, re-derived per attempt) or a duration")
     p.add_argument("--min-every", default=MIN_EVERY, help=f"auto's lower bound (default {MIN_EVERY})")
     p.add_argument("--max-every", default=MAX_EVERY, help=f"auto's upper bound (default {MAX_EVERY})")
-    p.add_argument("--policy", choices=POLICIES + ("all",), default="all",
-                   help="capacity policy (all: every policy the options allow)")
+    p.add_argument("--policy", default="all",
+                   help=f"capacity policy: {', '.join(POLICIES)} or all (every one the options allow); with --zones "
+                        f"a comma list of {', '.join(ZONE_POLICIES)} (default: all three)")
+    p.add_argument("--zones", help="place the job over the time-aligned traces of several zones: all, or a comma "
+                                   "list of zone names (us-west-2a,us-east-1c)")
+    p.add_argument("--transfer-minutes", type=float, default=1.0,
+                   help="with --zones: moving the checkpoint (and weights) to another zone (default 1)")
+    p.add_argument("--cooldown-minutes", type=float, default=10.0,
+                   help="with --zones: a zone that just preempted the job is avoided this long (default 10)")
     p.add_argument("--notice-share", type=float, default=0.0, help="share of preemptions with an honoured notice")
     p.add_argument("--preemptions-per-hour", type=float, help="auto's prior rate (default: the catalog's prior)")
     p.add_argument("--max-preemptions", type=int, help="requeue.max_preemptions (default: the config's)")
@@ -48,7 +60,8 @@ OPTION_RANGES = {"job_hours": (0.0, False, None, False), "deadline_hours": (0.0,
                  "restart_minutes": (0.0, True, None, False), "checkpoint_cost_seconds": (0.0, True, None, False),
                  "notice_share": (0.0, True, 1.0, True), "preemptions_per_hour": (0.0, True, None, False),
                  "max_preemptions": (0, True, None, False), "spot_price": (0.0, True, None, False),
-                 "on_demand_price": (0.0, False, None, False), "windows": (1, True, None, False)}
+                 "on_demand_price": (0.0, False, None, False), "windows": (1, True, None, False),
+                 "transfer_minutes": (0.0, True, None, False), "cooldown_minutes": (0.0, True, None, False)}
 
 
 def _job_from_args(a: argparse.Namespace) -> Job:
@@ -104,7 +117,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         job = _job_from_args(args)
-        traces = load_traces(args.traces)
+        traces = load_traces(args.traces, args.available_value)
+        if args.zones:
+            return _zones_main(args, job, traces)
+        if args.policy not in POLICIES + ("all",):
+            raise ValueError(f"--policy {args.policy}: choose one of {', '.join(POLICIES)} or all (with --zones: "
+                             f"{', '.join(ZONE_POLICIES)})")
         policies = [args.policy] if args.policy != "all" else \
             [p for p in POLICIES if job.deadline_seconds is not None or p not in DEADLINE_POLICIES]
         if job.deadline_seconds is None and set(policies) & set(DEADLINE_POLICIES):
@@ -119,16 +137,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         doc = [r.as_json() for r in results]
         out: object = doc[0] if len(doc) == 1 else doc
         if per_trace or sweeps:
-            out = {"results": doc, "per_trace": {k: [r.as_json() for r in v] for k, v in per_trace.items()},
-                   "sweeps": sweeps}
+            share = {tr.name: round(tr.available_share, 4) for tr in traces}
+            out = {"results": doc, "per_trace": {k: [{**r.as_json(), "available_share": share[k]} for r in v]
+                                                 for k, v in per_trace.items()}, "sweeps": sweeps}
         print(json.dumps(out, indent=1))
         return 0
     print(_describe(job, traces, args.windows))
     print(HEADER)
     for r in results:
         print(_row(r))
+    shares = {tr.name: tr.available_share for tr in traces}
     for name, rows in per_trace.items():
-        print(f"{Path(name).name}:")
+        print(f"{Path(name).name}: spot capacity {shares[name]:.1%} of the time")
         for r in rows:
             print(_row(r))
     if sweeps:
@@ -137,6 +157,47 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"  {Path(s['trace']).name:<24} auto {s['auto']:.3f} | {s['best_minutes']:g}m {s['best']:.3f} "
                   f"(auto {100 * (s['auto'] - s['best']):+.1f} pts) | 30m {s['fixed_30m']:.3f} "
                   f"(auto {100 * (s['auto'] - s['fixed_30m']):+.1f} pts)")
+    return 0
+
+
+def _zones_main(args: argparse.Namespace, job: Job, traces: Sequence[Trace]) -> int:
+    """``--zones``: the job placed over several zones' aligned traces (``planning.zones``)."""
+    from orchestrator.planning import zones as zs
+
+    wanted = [w.strip() for w in args.zones.split(",") if w.strip()]
+    if wanted != ["all"]:
+        names = {Path(t.name).stem: t for t in traces}
+        unknown = [w for w in wanted if not any(n == w or n.startswith(w + "_") for n in names)]
+        if unknown:
+            raise ValueError(f"--zones {','.join(unknown)}: not among the traces' zones "
+                             f"({', '.join(sorted(names))}); give all or some of them")
+        traces = [t for n, t in names.items() if any(n == w or n.startswith(w + "_") for w in wanted)]
+    policies = list(ZONE_POLICIES) if args.policy == "all" else [p.strip() for p in args.policy.split(",")]
+    bad = [p for p in policies if p not in ZONE_POLICIES]
+    if bad:
+        raise ValueError(f"--policy {','.join(bad)}: with --zones choose from {', '.join(ZONE_POLICIES)}")
+    grid = zs.zone_grid(traces, job.spot_usd, job.on_demand_usd)
+    zone_job = zs.ZoneJob(work_seconds=job.work_seconds, deadline_seconds=job.deadline_seconds,
+                          restart_seconds=job.restart_seconds, transfer_seconds=args.transfer_minutes * 60,
+                          checkpoint_cost_seconds=job.checkpoint_cost_seconds, notice_share=job.notice_share,
+                          prior_per_hour=job.prior_per_hour, cooldown_seconds=args.cooldown_minutes * 60)
+    rows = zs.simulate_zones(grid, zone_job, policies, args.windows)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"simulate --zones: {len(grid.names)} zones x {args.windows} windows of {grid.gap_seconds:g} s ticks; job "
+          f"{job.work_seconds / 3600:g} h" + (f", deadline {job.deadline_seconds / 3600:g} h" if job.deadline_seconds
+                                              else "") +
+          f", restart {job.restart_seconds:g}s, transfer {zone_job.transfer_seconds:g}s, checkpoint "
+          f"{job.checkpoint_cost_seconds:g}s, {job.notice_share:.0%} noticed, prior {job.prior_per_hour:g}/h")
+    print(f"  {'policy':<13}{'windows':>8}{'misses':>8}{'cost/OD':>9}{'vs oracle':>11}{'goodput':>9}{'preempt':>9}"
+          f"{'OD h':>7}")
+    for r in rows:
+        print(f"  {r['policy']:<13}{r['windows']:>8}{r['deadline_misses']:>8}{r['cost_vs_on_demand']:>9.3f}"
+              f"{r.get('vs_oracle', math.nan):>11.3f}{r['goodput']:>9.3f}{r['preemptions']:>9.2f}"
+              f"{r['on_demand_hours']:>7.2f}")
+        if "best_zone" in r:
+            print(f"  {'':<13}best single zone in hindsight: {r['best_zone']} {r['best_zone_cost_vs_on_demand']:.3f}")
     return 0
 
 

@@ -143,8 +143,14 @@ def price_for(compute_cfg: Any, catalog: Mapping[str, Any]) -> Price:
 
 # Spot preemptions per hour of held capacity when neither the catalog's spot entry (`preemptions_per_hour`)
 # nor compute.preemptions_per_hour says: the median over the 13 public 1x V100 AWS traces in data/spot-traces/
-# (preemptions / hours available per zone: 0.28-1.24, median 0.64).
-DEFAULT_SPOT_PREEMPTIONS_PER_HOUR = 0.64
+# (the 9 zones of availability/1-node/aws-02-15-2023 and the 4 of preemption/1-node/aws-04-22-2023), each read
+# with its declared convention (1 = available): `available -> not` edges per available hour, 0.10-1.39 per zone,
+# median 0.439. Measured with (docs/spot-economics.md):
+#   python -c "import statistics as s; from orchestrator.planning.spot_traces import load_traces as L; print(s.median(
+#   t.preemptions_per_available_hour for d in ('availability/1-node/aws-02-15-2023', 'preemption/1-node/aws-04-22-2023')
+#   for t in L('data/spot-traces/' + d)))"
+# (0.64 before issue 43 was the same median with every trace read upside down, 0 = available.)
+DEFAULT_SPOT_PREEMPTIONS_PER_HOUR = 0.44
 
 
 def preemption_prior_per_hour(compute_cfg: Any, catalog: Mapping[str, Any]) -> tuple[float, str]:

@@ -1,7 +1,8 @@
 """``orchestrator simulate``: replay spot traces through the job's policies, with no training, in seconds.
 
-A trace (``data/spot-traces/``: ``{"metadata": {"gap_seconds": G}, "data": [0, 1, ...]}``, 0 = spot capacity
-at that tick) is read as a cycle of availability intervals. A job of ``work`` seconds of useful training is
+A trace (``data/spot-traces/``: ``{"metadata": {"gap_seconds": G}, "data": [0, 1, ...]}``, read with its set's
+declared convention, ``planning.spot_traces``: 1 = spot capacity at that tick in the public sets) is read as a
+cycle of availability intervals. A job of ``work`` seconds of useful training is
 started at many points (windows) of each trace and run through the decisions the runner makes:
 
 - the checkpoint interval: a fixed one, or ``auto``: Young/Daly (``policy.interval``) re-derived at every
@@ -58,7 +59,7 @@ class Job:
     every: str | float = AUTO  # AUTO or a fixed interval in seconds of training between checkpoints
     deadline_seconds: Optional[float] = None
     notice_share: float = 0.0
-    prior_per_hour: float = 0.64
+    prior_per_hour: float = 0.44  # money.cost.DEFAULT_SPOT_PREEMPTIONS_PER_HOUR
     min_every_seconds: float = parse_duration(MIN_EVERY)  # auto's bounds, the job's defaults
     max_every_seconds: float = parse_duration(MAX_EVERY)
     spot_usd: float = SPOT_USD
