@@ -44,6 +44,12 @@ USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "distributed=ddp", "dist
 SKYPILOT_PYTHON = os.environ.get("SKYPILOT_PYTHON", str(Path(__file__).resolve().parents[1] / ".venv-skypilot" / "bin" / "python"))
 
 
+# the groups the auto settings derive from (orchestrator.config.defaults): a copy with one of them changed would keep
+# the base's derived values, where the launcher derives them again
+DERIVING = ("compute.gpu_type=", "compute.gpus_per_node=", "model.name_or_path=", "model.dtype=", "recipe.name=",
+            "recipe.peft=", "distributed.name=")
+
+
 def compose(backend: str, *extra: str):
     """The composed config for ``backend`` plus ``extra`` overrides, and the override list.
 
@@ -52,6 +58,8 @@ def compose(backend: str, *extra: str):
     ``key=value`` settings) is applied to a copy.
     """
     overrides = [*USER_OVERRIDES, f"backend={backend}", *extra]
+    if any(item.startswith(DERIVING) for item in extra):  # the auto settings derive from these: compose for real
+        return _composed(tuple(overrides)), overrides
     cfg = copy.deepcopy(_composed((*USER_OVERRIDES, f"backend={backend}")))
     for item in extra:
         key, _, value = item.partition("=")

@@ -53,7 +53,7 @@ def test_an_option_that_cannot_run_is_refused_at_launch_with_the_fix(overrides, 
 
 
 def test_an_unknown_mixed_precision_word_is_a_choice_error():
-    with pytest.raises(ConfigError, match="train.mixed_precision='bf32' is not a valid choice; choose one of: no, bf16, fp16"):
+    with pytest.raises(ConfigError, match="train.mixed_precision='bf32' is not a valid choice; choose one of: auto, no, bf16, fp16"):
         compose_config(["train.mixed_precision=bf32"])
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.config import aliases
+from orchestrator.config import aliases, defaults
 from orchestrator.config.schema import RECIPE_SCHEMAS, RecipeConfig, register_configs
 from orchestrator.core.errors import ConfigError
 
@@ -80,6 +80,10 @@ def _compose(overrides: list[str]) -> DictConfig:
         GlobalHydra.instance().clear()
     recipe_schema = RECIPE_SCHEMAS.get(str(cfg.recipe.name), RecipeConfig)
     aliases.check_added(overrides, recipe_schema, lambda key: (conf_dir() / key).is_dir())
+    try:
+        defaults.fill_auto(cfg)  # what auto (null) settings mean for this job, settled once
+    except OmegaConfBaseException:
+        pass  # an unset or unresolvable value it reads: check_resolvable names it
     return cfg
 
 

@@ -117,7 +117,7 @@ class TrainConfig:
     num_epochs: float = 1.0  # used when max_steps <= 0
     per_device_batch_size: int = 8  # micro-batch per process
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
-    learning_rate: float = 5e-3  # peak learning rate (high for the built-in tiny model; ~1e-4 to 2e-4 for real models with LoRA)
+    learning_rate: Optional[float] = None  # peak learning rate; null: auto, TRL's choice for the recipe and adapters (2e-4 LoRA SFT, 2e-5 full, 5e-6 DPO LoRA, ...; 5e-3 for the built-in tiny model): config/defaults.py
     lr_scheduler: str = "linear"  # a transformers scheduler name: linear, cosine, constant, ...
     warmup_steps: int = 0  # linear warm-up steps
     warmup_ratio: Optional[float] = None  # TRL's: warm-up as a fraction of the training steps, in [0, 1) (instead of warmup_steps)
@@ -131,11 +131,11 @@ class TrainConfig:
     early_stopping_metric: Optional[str] = None  # what early stopping and checkpoint.final=best select on: null (the quality metric) or bench/<task>/<metric> (beyond noise)
     trial_steps: int = 0  # >0: run this many steps, print plan vs measurement, stop
     pause_at_step: int = 0  # >0: stop with a checkpoint at this optimizer step, exit 3 (a sweep's rung; relaunch with a larger one to go on)
-    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    gradient_checkpointing: Optional[bool] = None  # recompute activations in backward: less memory, ~30% slower; null: auto, on (as TRL) except for the built-in tiny model
     packing: bool = False  # TRL's packing (sft, qlora): several examples per row of data.max_length tokens, no padding
     packing_strategy: PackingStrategy = PackingStrategy.bfd  # TRL's: bfd (best fit, padding-free, cuts overflow) | bfd_split (splits it) | wrapped
     padding_free: bool = False  # TRL's: one flattened sequence per batch, no pad tokens (on with bfd packing; sft only)
-    mixed_precision: MixedPrecision = MixedPrecision.no  # no | bf16 | fp16 (accelerate's): autocast compute; fp16 adds loss scaling (CUDA only)
+    mixed_precision: MixedPrecision = MixedPrecision.auto  # auto | no | bf16 | fp16 (accelerate's): autocast compute; fp16 adds loss scaling (CUDA only); auto: bf16 on a GPU with it, fp16 on one without, no on CPU
     tf32: Optional[bool] = None  # CUDA Ampere+: TF32 matmuls for float32 compute (None: torch's default, off)
     optim: str = "adamw_torch_fused"  # the Trainer's optimizer name (its default here): adamw_torch, paged_adamw_8bit, ...
     max_grad_norm: float = 1.0  # gradient clipping by global norm (0: off)
@@ -240,7 +240,7 @@ class BackendConfig:
 @dataclass
 class DistributedConfig:
     name: Distributed = Distributed.none  # none | ddp | zero2 | zero3 | fsdp
-    processes_per_node: int = 1  # training processes per machine (one per GPU)
+    processes_per_node: Optional[int] = None  # training processes per machine; null: auto, one per GPU of compute (2 on a CPU machine, the demo), 1 for none
     nodes: int = 1  # machines (one worker per node, restarted together: docs/scale-out.md); equals compute.nodes
     heartbeat_timeout: str = "auto"  # multi-node: a node silent this long ends the attempt as vanished (auto: from measured step and save times)
     cpu_offload: bool = False  # ZeRO/FSDP: keep optimizer state (zero3/fsdp: also params) in CPU memory

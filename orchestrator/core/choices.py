@@ -59,9 +59,9 @@ class MixSource(StrEnum):
 
 
 class MixedPrecision(StrEnum):
-    """``train.mixed_precision``: accelerate's autocast."""
+    """``train.mixed_precision``: accelerate's autocast; ``auto`` is settled at compose (``config.defaults``)."""
 
-    no, bf16, fp16 = auto(), auto(), auto()
+    auto, no, bf16, fp16 = auto(), auto(), auto(), auto()
 
 
 class PackingStrategy(StrEnum):
