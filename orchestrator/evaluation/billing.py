@@ -21,7 +21,7 @@ from orchestrator.core.errors import BudgetExhausted
 
 log = logging.getLogger(__name__)
 
-EVAL_SUFFIX = ":eval"
+from orchestrator.money.spend_repair import EVAL_SUFFIX  # the index entry of a job's evaluations
 
 
 def training_cost_until(ledger: dict, when: Optional[float]) -> Optional[float]:
