@@ -19,9 +19,9 @@ from typing import Any, Callable, Optional
 
 from orchestrator.core.errors import BudgetExhausted
 
-log = logging.getLogger(__name__)
-
 from orchestrator.money.spend_repair import EVAL_SUFFIX  # the index entry of a job's evaluations
+
+log = logging.getLogger(__name__)
 
 
 def training_cost_until(ledger: dict, when: Optional[float]) -> Optional[float]:
