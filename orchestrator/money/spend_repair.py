@@ -59,11 +59,20 @@ def _old_index(raw: Optional[bytes]) -> dict:
     return old if isinstance(old, dict) else {}
 
 
-def _experiment(ledger: dict, old_job) -> Optional[str]:
+def ledger_experiment(ledger: dict) -> Optional[str]:
+    """The experiment the job's newest attempt that recorded one was charged to (None: none did)."""
     for attempt in reversed(ledger.get("attempts") or []):
-        name = ((attempt or {}).get("extra") or {}).get("experiment")
-        if isinstance(name, str):
+        extra = attempt.get("extra") if isinstance(attempt, dict) else None
+        name = extra.get("experiment") if isinstance(extra, dict) else None
+        if isinstance(name, str) and name:
             return name
+    return None
+
+
+def _experiment(ledger: dict, old_job) -> Optional[str]:
+    name = ledger_experiment(ledger)
+    if name is not None:
+        return name
     name = old_job.get("experiment") if isinstance(old_job, dict) else None
     return name if isinstance(name, str) else None
 
