@@ -217,9 +217,8 @@ class ResultStore:
         except BadResult as err:
             problem = str(err)
         if problem:
-            where = self.store.get_uri(key) if hasattr(self.store, "get_uri") else key
-            self.refused.append(f"{where}: {problem}")
-            log.warning("benchmark result %s ignored (%s); it is evaluated again", where, problem)
+            self.refused.append(f"{key}: {problem}")
+            log.warning("benchmark result %s ignored (%s); it is evaluated again", key, problem)
             return None
         return result.record()
 
