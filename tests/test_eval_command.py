@@ -141,3 +141,14 @@ def test_a_storage_outage_ends_the_evaluation_like_a_preemption_with_its_bill_se
     (bill,) = json.loads(store.get_bytes("job1/ledger.json"))["evaluations"]
     assert bill["status"] == "storage_outage"
     assert json.loads(store.get_bytes(INDEX_KEY))["jobs"]["job1:eval"]["open"] == {}
+
+
+def test_a_local_copy_of_the_jobs_model_is_taken_with_a_warning(tmp_path, captured, caplog):
+    from orchestrator.storage import open_store
+
+    store = open_store(str(tmp_path / "runs"))
+    _checkpoint(store, tmp_path, "job1", ["model.hidden_size=32"])
+    copy = tmp_path / "tiny-copy"
+    copy.mkdir()
+    assert eval_command.main([str(tmp_path / "runs" / "job1"), TASKS, f"model.name_or_path={copy}"]) == 0
+    assert captured["cfg"].model.name_or_path == str(copy) and "taken as a copy" in caplog.text

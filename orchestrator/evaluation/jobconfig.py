@@ -5,7 +5,8 @@ Every checkpoint's manifest (and ``final/``'s) records the config fields that sh
 newest sound one gives the evaluation its model (name, revision, dtype, attention, the tiny model's shape) and
 its recipe (name, peft, quantization): an override changes only what the user names. A model that is not the
 checkpoint's (another name, revision or shape) is refused with one message, instead of a PEFT size-mismatch
-traceback from loading one model's adapter into another.
+traceback from loading one model's adapter into another; a local folder named instead of the job's hub model is
+taken as its copy (with a warning: not checked).
 
 Storage is untrusted: the fields are decoded once (``JobConfig.decode``: types, choices, no interpolation), and a
 manifest that is not sound is skipped for the next older one (with a warning naming it).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.core.choices import Dtype, Peft, Quantization, Recipe
@@ -101,6 +103,11 @@ class JobConfig:
     def mismatch(self, cfg: Any) -> Optional[str]:
         """Why ``cfg``'s model is not the one the job's checkpoints hold (None: it is)."""
         keys = ["model.name_or_path", "model.revision"]
+        given_name = str(cfg.model.name_or_path)
+        if given_name != self.values.get("model.name_or_path") and Path(given_name).expanduser().is_dir():
+            log.warning("model.name_or_path=%s is a local folder, taken as a copy of the job's %r (not checked)",
+                        given_name, self.values.get("model.name_or_path"))
+            return None
         if str(self.values.get("model.name_or_path", "")).startswith(BUILTIN):
             keys += list(TINY_SHAPE)
         for key in keys:
@@ -117,7 +124,6 @@ class JobConfig:
 
 def _newest_manifests(store: Any, run_name: str) -> list[str]:
     import tempfile
-    from pathlib import Path
 
     from orchestrator.checkpoint.store import CheckpointStore
 
