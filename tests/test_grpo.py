@@ -312,3 +312,11 @@ def test_a_non_finite_batch_in_flight_in_a_sound_checkpoint_is_generated_again_n
     load_generation_state(trainer, folder)
     assert trainer._step == 5 and trainer._buffered_inputs is None  # TRL generates the batch again
     assert "grpo_buffer_rank0.safetensors" in caplog.text and "generated again" in caplog.text
+
+
+def test_a_numpy_reward_is_still_cached():
+    import numpy as np
+
+    from orchestrator.checkpoint.reward_cache import _as_float
+
+    assert _as_float(np.float32(0.5)) == 0.5 and _as_float(True) is None and _as_float(np.float64(2e6)) is None

@@ -44,6 +44,17 @@ def cacheable(value: Any) -> bool:
             and abs(value) <= REWARD_BOUND)
 
 
+def _as_float(value: Any) -> Optional[float]:
+    """A reward function's value (a float, NumPy's or a 0-d tensor's) as the cache keeps it; None if it keeps none."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if cacheable(number) else None
+
+
 class RewardCache:
     """Args:
         checkpoints: the job's ``CheckpointStore`` (its commit protocol; ``.store`` to read).
@@ -72,8 +83,8 @@ class RewardCache:
 
     def put(self, func: str, values: dict) -> None:
         """Keep ``values`` ({(prompt id, completion hash): reward}) and queue them as one shard (``flush`` waits)."""
-        fresh = {(func, *key): float(v) for key, v in values.items()
-                 if cacheable(v)}  # None/NaN/beyond the bound: not a result to keep
+        fresh = {(func, *key): number for key, number in ((k, _as_float(v)) for k, v in values.items())
+                 if number is not None}  # None/NaN/beyond the bound: not a result to keep
         self.values.update(fresh)
         if fresh and self.main:
             fence = int(self.fence())
