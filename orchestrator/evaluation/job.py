@@ -1,7 +1,7 @@
 """Score a job's committed checkpoints and final weights (``orchestrator eval``: ``orchestrator.cli.evaluate``).
 
-The overrides are the training job's (at least the model and the ``eval.*`` keys); they are composed and
-checked like a launch (exit 4 with the fix). Every committed checkpoint (and ``final/``) without a sound result
+The config is the job's own (its model and recipe from its newest manifest: ``jobconfig``) with the command's
+overrides (at least the ``eval.*`` keys), composed and checked like a launch (exit 4 with the fix). Every committed checkpoint (and ``final/``) without a sound result
 for this task set is downloaded, verified (hashes, weights-only loads) and evaluated with the harness's ``hf``
 model (full weights, or the base with the checkpoint's adapter through ``peft=``); each result is stored as soon
 as it exists, so a rerun skips what is done and a SIGKILL loses at most the evaluation in flight.
