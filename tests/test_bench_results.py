@@ -243,8 +243,9 @@ def test_results_of_another_eval_seed_are_stored_beside_not_over_the_jobs(tmp_pa
 def test_a_metric_that_is_not_a_fraction_is_not_reported_as_points():
     """A stored score is a fraction in [0, 1] (its gain is in points): a perplexity is left out at the source,
     never stored to be refused at every read."""
-    output = {"results": {"t": {"acc,none": 0.5, "word_perplexity,none": 37.2, "acc_stderr,none": 0.1}},
+    output = {"results": {"t": {"acc,none": 0.5, "word_perplexity,none": 37.2, "acc_stderr,none": 0.1,
+                                "word_perplexity_stderr,none": 0.5}, "u": {"bleu,none": 31.0}},
               "samples": {"t": [{"doc_id": 0, "filter": "none", "acc": 1.0, "word_perplexity": 37.2},
                                 {"doc_id": 1, "filter": "none", "acc": 0.0, "word_perplexity": 37.2}]}}
-    parsed = parse_results(output, ["t"])
-    assert parsed.scores == {"t": {"acc": {"value": 0.5, "stderr": 0.1}}}
+    parsed = parse_results(output, ["t", "u"])
+    assert parsed.scores == {"t": {"acc": {"value": 0.5, "stderr": 0.1}}}  # no stderr without its score

@@ -87,6 +87,8 @@ def parse_results(output: dict, names: list[str]) -> Evaluation:
                 continue
             scores.setdefault(task, {}).setdefault(parsed[0], {})[parsed[1]] = _number(value)
             origin[(task, parsed[0])] = parsed[2:]
+    scores = {task: kept for task, metrics in scores.items()
+              if (kept := {m: score for m, score in metrics.items() if "value" in score})}  # a stderr alone: none
     for task, items in (output.get("samples") or {}).items():
         for metric in scores.get(task, {}):
             name, filt = origin[(task, metric)]
