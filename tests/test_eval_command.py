@@ -152,3 +152,45 @@ def test_a_local_copy_of_the_jobs_model_is_taken_with_a_warning(tmp_path, captur
     copy.mkdir()
     assert eval_command.main([str(tmp_path / "runs" / "job1"), TASKS, f"model.name_or_path={copy}"]) == 0
     assert captured["cfg"].model.name_or_path == str(copy) and "taken as a copy" in caplog.text
+
+
+def test_another_seeds_evaluation_logs_no_items_over_the_runs(tmp_path, monkeypatch):
+    """Issue 42.5: a rerun with another ``eval.seed`` overwrote the job's per-item files: the run's points stayed
+    those of the first seed, its items became another seed's. Items are logged only with the scores they belong to."""
+    from types import SimpleNamespace
+
+    import mlflow
+
+    from orchestrator.app.compose import compose_config
+    from orchestrator.evaluation.job import log_to_run
+    from orchestrator.storage import open_store
+
+    store = open_store(str(tmp_path / "runs"))
+    _ledger(store, "job1")
+    ledger = json.loads(store.get_bytes("job1/ledger.json"))
+    store.put_bytes("job1/ledger.json", json.dumps(dict(ledger, mlflow_run_id="r1")).encode())
+    logged, artifacts = {}, {}
+
+    class Client:
+        def __init__(self, **_kwargs):
+            pass
+
+        def get_metric_history(self, run_id, key):
+            return [SimpleNamespace(step=s) for s in logged.get(key, [])]
+
+        def log_batch(self, run_id, metrics):
+            for m in metrics:
+                logged.setdefault(m.key, []).append(m.step)
+
+        def log_dict(self, run_id, payload, path):
+            artifacts[path] = payload
+
+    monkeypatch.setattr(mlflow, "MlflowClient", Client)
+    cfg = compose_config([TASKS, "tracking.enabled=true", f"tracking.uri={tmp_path}/mlruns"])
+    for seed, items in ((1234, [1.0, 0.0]), (7, [1.0, 1.0])):
+        record = {"scores": {"tiny_arith_mc": {"acc": {"value": sum(items) / 2}}},
+                  "samples": {"tiny_arith_mc": {"acc": items}}}
+        log_to_run(cfg, store, "job1", record, 5, None, {"harness_version": "0.4.13", "task_hash": "ab", "seed": seed})
+    assert logged["bench/tiny_arith_mc/acc"] == [5]
+    (payload,) = artifacts.values()
+    assert payload["items_of"].endswith("/1234") and payload["samples"]["tiny_arith_mc"]["acc"] == [1.0, 0.0]
