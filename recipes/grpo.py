@@ -150,8 +150,14 @@ def load_generation_state(trainer, folder: Path) -> None:
     trainer._buffered_inputs = None
     trainer._metrics["train"].update(read_metrics(state.get("metrics") or {}))
     if step % generate_every(trainer) and path.exists() and state.get("buffer") is not None:
-        trainer._buffered_inputs = read_buffer(folder / f"grpo_buffer_rank{rank}.safetensors", state["buffer"],
-                                               int(trainer.args.steps_per_generation), trainer.accelerator.device)
+        buffer = folder / f"grpo_buffer_rank{rank}.safetensors"
+        try:
+            trainer._buffered_inputs = read_buffer(buffer, state["buffer"], int(trainer.args.steps_per_generation),
+                                                   trainer.accelerator.device)
+        except (ValueError, OSError) as err:  # sound hashes, unusable values (a NaN): TRL generates it again
+            log.warning("the batch in flight in %s is unusable (%s); it is generated again from micro-step %d (the "
+                        "resume is not bit-exact for the rest of that batch)", buffer.name, err, step)
+            return
         log.info("resumed inside a generation batch: micro-step %d, the batch in flight restored from the checkpoint",
                  step)
 

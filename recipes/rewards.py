@@ -251,8 +251,12 @@ class CachedReward:
             if len(values) != len(first):
                 raise ValueError(f"reward function {self.path} returned {len(values)} rewards for {len(first)} "
                                  "completions; return one per completion")
-            self.cache.put(self.path, {keys[i]: v for i, v in zip(first, values)})
-        return [self.cache.get(self.path, key) for key in keys]
+            computed = {keys[i]: v for i, v in zip(first, values)}
+            self.cache.put(self.path, computed)  # what it keeps: finite rewards within reward_cache.REWARD_BOUND
+        else:
+            computed = {}
+        # a value just computed is the function's own (as uncached); a cached one passed the cache's checks
+        return [computed[key] if key in computed else self.cache.get(self.path, key) for key in keys]
 
 
 def uncached(fn):

@@ -94,3 +94,34 @@ def test_bench_points_at_the_evaluated_steps_once_each_across_sigkills(s3_server
     assert calm["final"]["scores"] == results["final"]["scores"], (calm["final"]["scores"], results["final"]["scores"])
     at_10 = [r for r in results.values() if r["step"] == 10]
     assert [r["samples"] for r in calm.values() if r["step"] == 10] == [at_10[0]["samples"]]
+
+
+@pytest.mark.e2e
+def test_a_shared_base_score_stored_as_a_string_is_evaluated_again_not_a_crash_of_every_job(tmp_path):
+    """Issue 41: a score stored as a string in the shared ``_bench/<key>/base.json`` (its digest recomputed)
+    crashed every job on that model and task set at train begin, retried as a crash. The job now refuses that
+    result with a warning naming it, evaluates the base again and completes."""
+    import hashlib
+
+    from orchestrator.app.compose import compose_config
+    from orchestrator.evaluation import spec
+    from orchestrator.evaluation.watch import base_key
+
+    runs = tmp_path / "runs"
+    overrides = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps"))] + [
+        "eval.tasks=[tiny_arith_mc]", "eval.every=0", "eval.limit=10", "checkpoint.every=off",
+        "checkpoint.every_steps=0", "train.max_steps=4", f"storage.uri={runs}", "run.name=victim"]
+    cfg = compose_config(overrides)
+    tasks = spec.resolve(cfg.eval)
+    body = {"version": 1, "checkpoint": "base", "step": 0, "manifest_sha256": f"base:{base_key(cfg, tasks)}",
+            "harness_version": tasks.harness_version, "task_hash": tasks.config_hash, "seed": int(cfg.eval.seed),
+            "scores": {"tiny_arith_mc": {"acc": {"value": "0.35", "stderr": 0.1}}}, "samples": {},
+            "seconds": 1.0, "cost_usd": None}
+    body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    key = runs / "_bench" / base_key(cfg, tasks) / "base.json"
+    key.parent.mkdir(parents=True)
+    key.write_text(json.dumps(body))
+    done = jobs.run_job(overrides, tmp_path, env=jobs.job_env(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "score tiny_arith_mc/acc is '0.35', not a finite number" in done.stdout + done.stderr
+    assert isinstance(json.loads(key.read_text())["scores"]["tiny_arith_mc"]["acc"]["value"], float)

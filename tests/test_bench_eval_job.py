@@ -127,3 +127,23 @@ def test_eval_job_is_billed_to_the_jobs_ledger_and_spend_index_and_a_spent_cap_r
     assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "orchestrator eval of 'trained' not started:" in refused.stderr and "capped" in refused.stderr, refused.stderr
     assert len(list(runs.glob("trained/bench/*/"))) == 1  # nothing evaluated for the new task set
+
+
+@pytest.mark.e2e
+def test_eval_job_without_the_jobs_overrides_scores_the_jobs_own_model(tmp_path):
+    """Issue 44.11: ``orchestrator eval <uri>/<run> 'eval.tasks=[...]'`` without restating a job's model loaded
+    the default tiny model under the job's adapter and crashed with a PEFT size-mismatch traceback. The job's
+    checkpoints hold its config: the evaluation scores its model; another model is refused with one message."""
+    runs = tmp_path / "runs"
+    fast = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps"))]
+    model = ["model.hidden_size=32", "model.num_layers=1"]
+    done = jobs.run_job(fast + TRAIN + model + [f"storage.uri={runs}", "run.name=trained"], tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cmd = [jobs.PYTHON, "-m", "orchestrator.cli.main", "eval", f"{runs}/trained", "eval.tasks=[tiny_arith_mc]",
+           "eval.limit=10"]
+    scored = jobs.run_cmd(cmd, tmp_path, env=jobs.job_env(tmp_path), timeout=600)
+    assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
+    assert "trained: 3 evaluated, 0 already done, 0 unusable" in scored.stdout, scored.stdout[-2000:]
+    refused = jobs.run_cmd(cmd + ["model.hidden_size=64"], tmp_path, env=jobs.job_env(tmp_path), timeout=600)
+    assert refused.returncode == 4, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "job 'trained' was trained on model.hidden_size=32" in refused.stderr and "Traceback" not in refused.stderr

@@ -153,3 +153,99 @@ def test_the_eval_deadline_starts_an_evaluation_only_if_the_longest_so_far_ends_
     now[0] = 111.0
     assert not deadline.allows_another()  # would end past it
     assert EvalDeadline(None, clock=lambda: 1e12).allows_another()
+
+
+def _rewrite(path, edit):
+    """An edit in storage with its digest recomputed (what anyone who can write the bucket can do)."""
+    import hashlib
+
+    record = json.loads(path.read_text())
+    edit(record)
+    body = {k: v for k, v in record.items() if k not in ("sha256", "signature")}
+    record["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    path.write_text(json.dumps(record))
+
+
+def _base_store(tmp_path) -> ResultStore:
+    return ResultStore(open_store(str(tmp_path / "runs")), "_bench/k1", harness_version="0.4.13",
+                       task_hash="abc" * 10, seed=1234)
+
+
+def _acc(record, value):
+    record["scores"]["tiny_arith_mc"]["acc"]["value"] = value
+
+
+@pytest.mark.parametrize("edit,reason", [
+    (lambda r: _acc(r, "0.75"), "score tiny_arith_mc/acc is '0.75', not a finite number"),
+    (lambda r: _acc(r, 1e300), "outside [0, 1]"),
+    (lambda r: _acc(r, None), "not a finite number"),
+    (lambda r: r["scores"].update(t=[1]), "not a table of tasks and metrics"),
+    (lambda r: r.update(step="ten"), "step is 'ten', not a count"),
+    # the score moved and its items left as they were: the report's "0.350 -> 0.350" beside "+65.0 points"
+    (lambda r: _acc(r, 0.25), "score tiny_arith_mc/acc 0.25 is not the mean of its 4 items (0.75)"),
+    (lambda r: r["samples"]["tiny_arith_mc"].update(acc=[1.0, "1", 0.0, 1.0]), "an item of tiny_arith_mc/acc"),
+])
+def test_a_shared_base_score_edited_with_its_digest_recomputed_is_evaluated_again_never_a_crash(
+        tmp_path, caplog, edit, reason):
+    """Issue 41/42.3: ``_bench/<key>/base.json`` with a score as a string (its digest recomputed) crashed every
+    job on that model and task set at train begin; a score unlike its items gave a gain the items do not hold."""
+    base = _base_store(tmp_path)
+    base.save("base", step=0, manifest_sha256="base:k1", evaluation=_evaluation(0.75))
+    _rewrite(tmp_path / "runs/_bench/k1/base.json", edit)
+    with caplog.at_level("WARNING"):
+        assert base.load("base", manifest_sha256="base:k1") is None
+    assert reason in base.refused[-1] and "_bench/k1/base.json" in base.refused[-1]
+    assert "_bench/k1/base.json" in caplog.text and "evaluated again" in caplog.text
+
+
+def test_with_a_signing_key_results_are_signed_and_an_edited_one_refused(tmp_path, monkeypatch):
+    """Issue 42.3: an edited base score was accepted with ORCH_MANIFEST_HMAC_KEY set (results were never signed):
+    one job reported +35 points at $0.00047 a point against a true +0.0."""
+    monkeypatch.setenv("ORCH_MANIFEST_HMAC_KEY", "k" * 32)
+    base = _base_store(tmp_path)
+    base.save("base", step=0, manifest_sha256="base:k1", evaluation=_evaluation(0.75))
+    assert base.load("base", manifest_sha256="base:k1")["scores"]["tiny_arith_mc"]["acc"]["value"] == 0.75
+    path = tmp_path / "runs/_bench/k1/base.json"
+    signed = path.read_text()
+    _rewrite(path, lambda r: (_acc(r, 0.4), r["samples"]["tiny_arith_mc"].update(acc=[1.0, 0.0, 0.0, 0.6])))
+    assert base.load("base", manifest_sha256="base:k1") is None
+    assert "the result's signature does not match" in base.refused[-1]
+    _rewrite(path, lambda r: r.pop("signature"))
+    assert base.load("base", manifest_sha256="base:k1") is None
+    assert "the result is not signed, and ORCH_MANIFEST_HMAC_KEY is set" in base.refused[-1]
+    path.write_text(signed)
+    monkeypatch.setenv("ORCH_MANIFEST_HMAC_KEY", "another key")
+    assert base.load("base", manifest_sha256="base:k1") is None and "signature does not match" in base.refused[-1]
+
+
+def test_a_gain_is_paired_only_over_items_its_scores_are_the_mean_of():
+    """An items file unlike its score (edited, or another evaluation's) pairs with nothing: the gain is the two
+    standard errors' (the report printed "0.350 -> 0.350" beside "+65.0 points ... still gaining")."""
+    before, after = [0.0] * 13 + [1.0] * 7, [1.0] * 20
+    g = stats.gain({"value": 0.35, "stderr": 0.11}, {"value": 0.35, "stderr": 0.11}, after, before)
+    assert not g.paired and g.points == pytest.approx(0.0)
+    assert stats.gain({"value": 1.0, "stderr": 0.0}, {"value": 0.35, "stderr": 0.11}, after, before).paired
+
+
+def test_results_of_another_eval_seed_are_stored_beside_not_over_the_jobs(tmp_path):
+    """Issue 42.5: a rerun of ``orchestrator eval`` with another ``eval.seed`` overwrote the job's results."""
+    from types import SimpleNamespace
+
+    store = open_store(str(tmp_path / "runs"))
+    tasks = SimpleNamespace(config_hash="ab" * 32, harness_version="0.4.13")
+    ResultStore.for_run(store, "job", tasks, 1234).save("final", step=9, manifest_sha256="f",
+                                                        evaluation=_evaluation(0.75))
+    ResultStore.for_run(store, "job", tasks, 7).save("final", step=9, manifest_sha256="f", evaluation=_evaluation(0.5))
+    assert ResultStore.for_run(store, "job", tasks, 1234).load("final", manifest_sha256="f")["scores"][
+        "tiny_arith_mc"]["acc"]["value"] == 0.75
+
+
+def test_a_metric_that_is_not_a_fraction_is_not_reported_as_points():
+    """A stored score is a fraction in [0, 1] (its gain is in points): a perplexity is left out at the source,
+    never stored to be refused at every read."""
+    output = {"results": {"t": {"acc,none": 0.5, "word_perplexity,none": 37.2, "acc_stderr,none": 0.1,
+                                "word_perplexity_stderr,none": 0.5}, "u": {"bleu,none": 31.0}},
+              "samples": {"t": [{"doc_id": 0, "filter": "none", "acc": 1.0, "word_perplexity": 37.2},
+                                {"doc_id": 1, "filter": "none", "acc": 0.0, "word_perplexity": 37.2}]}}
+    parsed = parse_results(output, ["t", "u"])
+    assert parsed.scores == {"t": {"acc": {"value": 0.5, "stderr": 0.1}}}  # no stderr without its score

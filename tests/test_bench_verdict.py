@@ -119,3 +119,21 @@ def test_stored_results_become_points_the_base_at_zero_dollars(tmp_path):
     assert series == {"t/acc": [Point(0, 0.0, 0.3, 0.02), Point(10, 0.01, 0.4, 0.02), Point(20, 0.02, 0.5, 0.02)]}
     out = tmp_path / "c.png"
     assert curve.plot(series, str(out)) == 3 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_items_file_unlike_its_score_is_left_out_of_the_report_with_a_warning(caplog):
+    """Issue 42.3: the report printed "0.350 -> 0.350" beside "+65.0 points ... still gaining": the per-item
+    file of a step was not the items of its score. It is now checked against the score before any gain uses it."""
+    from types import SimpleNamespace as M
+
+    history = {"bench/t/acc": [M(step=0, value=0.35, timestamp=1), M(step=10, value=0.35, timestamp=2)],
+               "bench/t/acc_stderr": [M(step=0, value=0.107, timestamp=1), M(step=10, value=0.107, timestamp=2)],
+               "cost_usd": [M(step=10, value=0.01, timestamp=2)]}
+    base_items, edited = tuple([1.0] * 7 + [0.0] * 13), tuple([1.0] * 20)
+    items = {0: (ITEMS, {"t/acc": base_items}), 10: (ITEMS, {"t/acc": edited})}
+    with caplog.at_level("WARNING"):
+        series = curve.from_history(history, items)
+    verdict = curve.judge(series["t/acc"], window=1)
+    assert "+0.0" in verdict.reason and "from the two standard errors" in verdict.reason, verdict
+    assert verdict.decision != "continue"
+    assert "bench/items/step_000000010.json" in caplog.text and "not those of its score" in caplog.text

@@ -186,3 +186,22 @@ def test_a_preemption_signal_during_the_evaluation_exits_75_for_the_backend_to_r
     assert eval_command.main([str(tmp_path / "runs" / "exp1"), "eval.tasks=[tiny_arith_mc]"]) == 75
     assert charged[-1] == "preempted"
     assert signal.getsignal(signal.SIGTERM) is not job._raise_preempted  # the handler is put back
+
+
+def test_the_eval_job_passes_the_storage_group_as_overrides_its_command_opens_the_store_from(capsys):
+    """Issue 42.5: the renders passed only ``--endpoint-url``; the remote command ignored region, profile, checksum
+    and retry overrides. Every storage setting now travels as an override, and ``--endpoint-url`` (anywhere on the
+    command line) as ``storage.endpoint_url``."""
+    code = eval_command.main([RUN_URI, "--endpoint-url", "http://minio:9000", "eval.tasks=[tiny_arith_mc]",
+                              "storage.region=eu-west-1", "storage.retry_for=10m", "backend=slurm",
+                              "backend.dry_run=true", "backend.partition=spot"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    argv = _slurm_eval_argv(out.out)
+    assert argv[1:5] == EVAL_ARGV and "--endpoint-url" not in argv
+    assert {"storage.region=eu-west-1", "storage.retry_for=10m", "storage.endpoint_url=http://minio:9000"} <= set(argv)
+    # and the remote command composes them into the store it opens
+    from orchestrator.cli.evaluate import parse_args
+
+    args = parse_args(argv[4:])
+    assert args.run_uri == RUN_URI and "storage.region=eu-west-1" in args.overrides

@@ -305,3 +305,64 @@ def test_vllm_rollouts_after_a_resume_need_a_push_of_the_restored_step_first():
         gen.sync_weights()
     with pytest.raises(StaleGenerationWeights):  # a push that failed leaves no version behind
         gen.generate(prompts=[])
+
+
+def test_a_reward_of_huge_magnitude_in_the_cache_is_refused_and_computed_again(tmp_path, caplog):
+    """Issue 41: a reward of 1e300 in a (soundly committed) shard passed the finite check and trained on inf
+    (its square overflows in the advantages' std). Beyond +-1e6 a cached reward is refused, its shard's rewards
+    computed again."""
+    from orchestrator.checkpoint.reward_cache import REWARD_BOUND, parse_entries
+    from recipes.rewards import CachedReward
+
+    cache, _ = _cache(tmp_path)
+    cache._commit("00000-000099", 0, {("f", "a" * 32, "b" * 32): 1e300})  # a shard as a writer of the bucket makes it
+    cache.put("f", {("c" * 32, "d" * 32): 0.5})
+    cache.flush()
+    resumed, _ = _cache(tmp_path)
+    assert resumed.get("f", ("a" * 32, "b" * 32)) is None and resumed.get("f", ("c" * 32, "d" * 32)) == 0.5
+    assert "00000-000099 is unusable" in caplog.text and "beyond" in caplog.text
+    assert REWARD_BOUND == 1e6
+    with pytest.raises(ValueError, match="beyond"):
+        parse_entries({"entries": [["f", "a" * 32, "b" * 32, -2e6]]})
+    # a reward function's own huge value is what it returned (TRL's to use), never kept in the cache
+    calls = []
+
+    def huge(prompts, completions, **kwargs):
+        calls.append(len(completions))
+        return [1e7 for _ in completions]
+
+    reward = CachedReward(huge, "m:huge", resumed)
+    assert reward(["p"], ["x"]) == [1e7] and reward(["p"], ["x"]) == [1e7] and calls == [1, 1]
+
+
+def test_a_non_finite_batch_in_flight_in_a_sound_checkpoint_is_generated_again_not_a_crash(tmp_path, caplog):
+    """Issue 41: a NaN in the stored generation batch (its checkpoint's hashes sound) crashed every attempt; the
+    batch is now generated again from the restored step (as after a checkpoint at a batch boundary)."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import save_file
+
+    from recipes.grpo import STATE_FILE, load_generation_state
+
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    save_file({"0/advantages": torch.tensor([math.nan, 0.5]), "1/advantages": torch.tensor([1.0, 0.0])},
+              str(folder / "grpo_buffer_rank0.safetensors"))
+    (folder / STATE_FILE).write_text(json.dumps({"step": 5, "generate_every": 4, "buffer": [{}, {}],
+                                                 "metrics": {"reward": [0.5]}}))
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(process_index=0, device="cpu"), num_iterations=1,
+                              args=SimpleNamespace(steps_per_generation=4), _step=0, _buffered_inputs=[{}],
+                              _metrics={"train": {}})
+    trainer.args.steps_per_generation, trainer.num_iterations = 2, 2
+    load_generation_state(trainer, folder)
+    assert trainer._step == 5 and trainer._buffered_inputs is None  # TRL generates the batch again
+    assert "grpo_buffer_rank0.safetensors" in caplog.text and "generated again" in caplog.text
+
+
+def test_a_numpy_reward_is_still_cached():
+    import numpy as np
+
+    from orchestrator.checkpoint.reward_cache import _as_float
+
+    assert _as_float(np.float32(0.5)) == 0.5 and _as_float(True) is None and _as_float(np.float64(2e6)) is None

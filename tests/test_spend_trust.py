@@ -135,3 +135,42 @@ def test_a_spent_cap_still_refuses_with_the_numbers(s3_store):
     refusal = _watch(s3_store, monthly=1.0, run="b").start_refusal()
     assert isinstance(refusal, BudgetExhausted) and not isinstance(refusal, SpendIndexCorrupt)
     assert "monthly spend cap reached" in str(refusal)
+
+
+def _bill_eval(store, run, entry_ms, cost, status):
+    """An ``orchestrator eval`` bill in the job's ledger, as ``evaluation.billing.EvalBill`` records it."""
+    from orchestrator.records.ledger import LEDGER_FILENAME, add_evaluation, decode_ledger
+    from orchestrator.storage.transact import transact
+
+    entry = {"id": f"eval-{entry_ms}", "host": "h", "pid": 1, "started_at": entry_ms / 1000, "seconds": 1.0,
+             "cost_usd": cost, "evaluated": 1, "status": status}
+    transact(store, f"{run}/{LEDGER_FILENAME}", lambda led: (add_evaluation(led, entry), led)[1], decode=decode_ledger)
+
+
+def test_repair_spend_counts_the_eval_bills_of_every_ledger(s3_server, s3_store, capsys):
+    """Issue 42.2: the rebuilt index holds the ``orchestrator eval`` spend the ledgers hold (the caps count it),
+    a finished evaluation settled under ``<run>:eval`` with the job's experiment, a running one open."""
+    import time
+
+    from orchestrator.cli.storage import main as storage_main
+    from orchestrator.money.spend import experiment_total_usd, month_of
+
+    _ledger_with(s3_store, "a", [(0.25, "completed")], experiment="exp-a")
+    now_ms = int(time.time() * 1000)
+    _bill_eval(s3_store, "a", now_ms - 5000, 0.0019, "completed")
+    _bill_eval(s3_store, "a", now_ms, 0.001, "running")
+    s3_store.put_bytes(INDEX_KEY, CORRUPT["truncated"])
+    assert storage_main(["repair-spend", s3_store.uri, "--endpoint-url", s3_server.endpoint_url]) == 0
+    index = parse_index(s3_store.get_bytes(INDEX_KEY), "w", "s")
+    month = month_of(time.time())
+    assert month_total_usd(index, month) == pytest.approx(0.25 + 0.0019 + 0.001)
+    assert experiment_total_usd(index, "exp-a") == pytest.approx(0.2529)
+    evals = index["jobs"]["a:eval"]
+    assert evals["experiment"] == "exp-a" and evals["months"] == {month: pytest.approx(0.0019)}
+    assert list(evals["open"]) == [str(now_ms)]  # the running evaluation goes on charging its own entry
+    # that evaluation settles its entry into the rebuilt index when it ends
+    from orchestrator.money.spend import Caps, SpendIndex
+
+    SpendIndex(s3_store, Caps("a:eval", "exp-a")).settle(now_ms, 0.002)
+    after = parse_index(s3_store.get_bytes(INDEX_KEY), "w", "s")
+    assert after["jobs"]["a:eval"]["months"][month] == pytest.approx(0.0039) and not after["jobs"]["a:eval"]["open"]

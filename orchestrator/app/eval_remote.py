@@ -11,15 +11,16 @@ training job's (a Kubernetes Job of the same name, a SkyPilot managed job of the
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 EVAL_JOB_SUFFIX = "-eval"
 EVAL_MODULE_ARGV = ("-m", "orchestrator", "eval")
 
 
-def eval_argv(run_uri: str, endpoint_url: Optional[str]) -> list[str]:
-    """The module argv of the remote eval command, before its overrides."""
-    return [*EVAL_MODULE_ARGV, run_uri, *(["--endpoint-url", endpoint_url] if endpoint_url else [])]
+def eval_argv(run_uri: str) -> list[str]:
+    """The module argv of the remote eval command, before its overrides (``storage.*`` among them: the remote
+    command opens the store from its composed ``storage`` group, as the local one does)."""
+    return [*EVAL_MODULE_ARGV, run_uri]
 
 
 def eval_job_config(cfg: Any) -> Any:
@@ -32,7 +33,7 @@ def eval_job_config(cfg: Any) -> Any:
     return job
 
 
-def submit_eval(cfg: Any, overrides: Sequence[str], endpoint_url: Optional[str] = None) -> int:
+def submit_eval(cfg: Any, overrides: Sequence[str]) -> int:
     """Render (``backend.dry_run``: print) or submit the eval job of ``cfg`` (the composed training config with
     ``storage.uri`` and ``run.name`` of the job to evaluate) through ``cfg.backend.name``; the launcher's code.
 
@@ -45,5 +46,5 @@ def submit_eval(cfg: Any, overrides: Sequence[str], endpoint_url: Optional[str] 
     run_uri = f"{str(cfg.storage.uri).rstrip('/')}/{cfg.run.name}"
     job = eval_job_config(cfg)
     # its user errors are final as a job's config errors are: 2 (the URI, the store) beside 3, 4 (and 5, 6)
-    with job_entry(eval_argv(run_uri, endpoint_url), final_codes=(USAGE_ERROR,)):
+    with job_entry(eval_argv(run_uri), final_codes=(USAGE_ERROR,)):
         return run_backend(job, list(overrides))

@@ -171,25 +171,39 @@ def _signature(manifest: dict, key: bytes) -> str:
     return hmac.new(key, canonical, hashlib.sha256).hexdigest()
 
 
-def check_signature(manifest: dict) -> None:
-    """With ``ORCH_MANIFEST_HMAC_KEY`` set, the manifest must carry its HMAC-SHA256. Raises CorruptCheckpoint."""
+def signature_problem(document: dict, what: str = "the manifest") -> str | None:
+    """With ``ORCH_MANIFEST_HMAC_KEY`` set, why ``document`` (a manifest, or any stored JSON object signed with
+    ``signed``: its ``signature`` over the rest) is not soundly signed; None when it is, or no key is set."""
     key = _signing_key()
     if key is None:
-        return
-    given = manifest.get("signature")
+        return None
+    given = document.get("signature")
     if not isinstance(given, str):
-        raise CorruptCheckpoint(f"the manifest is not signed, and {SIGNING_KEY_VARIABLE} is set")
-    if not hmac.compare_digest(given, _signature(manifest, key)):
-        raise CorruptCheckpoint("the manifest's signature does not match (changed after signing, or signed with another key)")
+        return f"{what} is not signed, and {SIGNING_KEY_VARIABLE} is set"
+    if not hmac.compare_digest(given, _signature(document, key)):
+        return f"{what}'s signature does not match (changed after signing, or signed with another key)"
+    return None
+
+
+def signed(document: dict) -> dict:
+    """``document`` with its ``signature`` when ``ORCH_MANIFEST_HMAC_KEY`` is set (else without one)."""
+    key = _signing_key()
+    body = {k: v for k, v in document.items() if k != "signature"}
+    if key is not None:
+        body["signature"] = _signature(body, key)
+    return body
+
+
+def check_signature(manifest: dict) -> None:
+    """With ``ORCH_MANIFEST_HMAC_KEY`` set, the manifest must carry its HMAC-SHA256. Raises CorruptCheckpoint."""
+    problem = signature_problem(manifest)
+    if problem:
+        raise CorruptCheckpoint(problem)
 
 
 def dumps(manifest: dict) -> bytes:
     """The manifest as stored; signed when ``ORCH_MANIFEST_HMAC_KEY`` is set."""
-    key = _signing_key()
-    body = {k: v for k, v in manifest.items() if k != "signature"}
-    if key is not None:
-        body["signature"] = _signature(body, key)
-    return json.dumps(body, indent=1, sort_keys=True).encode()
+    return json.dumps(signed(manifest), indent=1, sort_keys=True).encode()
 
 
 def loads(data: bytes) -> dict:

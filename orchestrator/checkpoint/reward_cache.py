@@ -12,8 +12,10 @@ shard: its batch is regenerated on resume (it comes after the newest checkpoint)
 
 Storage is untrusted: a shard's manifest must be this job's and name this shard, its one file must
 match the manifest's size and SHA-256 before it is parsed (JSON, never a pickle), and every entry
-must be three hex ids and a finite number. A shard that fails any check is reported and skipped:
-its rewards are computed again, nothing else is lost.
+must be three hex ids and a finite number of magnitude at most ``REWARD_BOUND`` (1e6: a reward is a score of
+one completion, and GRPO squares rewards in the advantages' standard deviation, so 1e300 trains on inf). A
+shard that fails any check is reported and skipped: its rewards are computed again, nothing else is lost. A
+reward function's own value beyond the bound (or not finite) is never kept in the cache.
 """
 from __future__ import annotations
 
@@ -33,6 +35,24 @@ log = logging.getLogger(__name__)
 
 FILE = "rewards.json"
 _ID = re.compile(r"[0-9a-f]{32}")
+REWARD_BOUND = 1e6  # the largest magnitude of a cached reward (docs/grpo.md)
+
+
+def cacheable(value: Any) -> bool:
+    """A reward the cache keeps and serves: a finite number (not a bool) of magnitude at most REWARD_BOUND."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and abs(value) <= REWARD_BOUND)
+
+
+def _as_float(value: Any) -> Optional[float]:
+    """A reward function's value (a float, NumPy's or a 0-d tensor's) as the cache keeps it; None if it keeps none."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if cacheable(number) else None
 
 
 class RewardCache:
@@ -63,8 +83,8 @@ class RewardCache:
 
     def put(self, func: str, values: dict) -> None:
         """Keep ``values`` ({(prompt id, completion hash): reward}) and queue them as one shard (``flush`` waits)."""
-        fresh = {(func, *key): float(v) for key, v in values.items()
-                 if v is not None and math.isfinite(float(v))}  # None/NaN: not a result to keep
+        fresh = {(func, *key): number for key, number in ((k, _as_float(v)) for k, v in values.items())
+                 if number is not None}  # None/NaN/beyond the bound: not a result to keep
         self.values.update(fresh)
         if fresh and self.main:
             fence = int(self.fence())
@@ -147,5 +167,7 @@ def parse_entries(body: Any) -> dict:
         value = entry[3]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"reward {value!r} is not a finite number")
+        if not cacheable(value):
+            raise ValueError(f"reward {value!r} is beyond +-{REWARD_BOUND:g} (reward_cache.REWARD_BOUND)")
         out[(entry[0], entry[1], entry[2])] = float(value)
     return out

@@ -1,6 +1,7 @@
 """What ``orchestrator eval`` costs, billed like an attempt of its job: metered at the price of ``compute`` (the
 machine it runs on) from its start, recorded in the job's ledger (``evaluations``, counted in its ``cost_usd``)
-and in the store's spend index under ``<run>:eval``, so the monthly and experiment caps count it.
+and in the store's spend index under ``<run>:eval``, so the monthly and experiment caps count it: under the
+job's own experiment (its ledger's), not the composed ``tracking.experiment``.
 
 It is no attempt of the training job (it takes no fence and fences nothing: it may run while the job trains), so
 it has its own entry in the spend index: a training attempt's reservation never settles it. The index is written
@@ -19,9 +20,9 @@ from typing import Any, Callable, Optional
 
 from orchestrator.core.errors import BudgetExhausted
 
-log = logging.getLogger(__name__)
+from orchestrator.money.spend_repair import EVAL_SUFFIX  # the index entry of a job's evaluations
 
-EVAL_SUFFIX = ":eval"
+log = logging.getLogger(__name__)
 
 
 def training_cost_until(ledger: dict, when: Optional[float]) -> Optional[float]:
@@ -43,6 +44,19 @@ def training_cost_until(ledger: dict, when: Optional[float]) -> Optional[float]:
     return total if seen else None
 
 
+def job_experiment(store: Any, run_name: str) -> Optional[str]:
+    """The experiment the job's training was charged to (its ledger's), so that experiment's cap (and a sweep's,
+    whose trials share it) counts its evaluations too; None without a ledger that records one."""
+    from orchestrator.money.spend_repair import ledger_experiment
+    from orchestrator.records.ledger import Ledger
+
+    try:
+        return ledger_experiment(Ledger(store, run_name).load())
+    except ValueError as err:  # unreadable: the composed tracking.experiment, said so
+        log.warning("%s/ledger.json unreadable (%s); the evaluation is billed to tracking.experiment", run_name, err)
+        return None
+
+
 class EvalBill:
     def __init__(self, cfg: Any, store: Any, run_name: str, *, clock: Callable[[], float] = time.time):
         from orchestrator.money.cost import load_catalog, price_for
@@ -53,7 +67,8 @@ class EvalBill:
         self.started = clock()
         self.index_entry = int(self.started * 1000)  # this evaluation's entry in the spend index
         self.id = f"eval-{self.index_entry}"
-        caps = Caps(f"{run_name}{EVAL_SUFFIX}", str(cfg.tracking.experiment),
+        self.experiment = job_experiment(store, run_name) or str(cfg.tracking.experiment)
+        caps = Caps(f"{run_name}{EVAL_SUFFIX}", self.experiment,
                     monthly_max_usd=cfg.budget.monthly_max_usd,
                     experiment_max_usd=cfg.budget.experiment_max_usd)
         self.index = SpendIndex(store, caps)

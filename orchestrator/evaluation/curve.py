@@ -16,11 +16,14 @@ threshold or None):
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from orchestrator.evaluation.stats import Z95, gain
+from orchestrator.evaluation.stats import Z95, gain, items_agree
+
+log = logging.getLogger(__name__)
 
 CHART_ARTIFACT = "bench/score_vs_usd.png"
 ITEMS_FOLDER = "bench/items"  # per evaluated step, its per-item values: what makes the report's gains paired
@@ -124,6 +127,11 @@ def from_history(history: dict[str, list], items: Optional[dict[int, tuple]] = N
             if m.step == 0 or near is not None:
                 of, values = items.get(m.step, (None, {}))
                 mine = values.get(key[len("bench/"):])
+                if mine and not items_agree(m.value, mine):  # not the items this score is the mean of
+                    log.warning("%s: the %d per-item values of %s (mean %.4f) are not those of its score %.4f; "
+                                "its gains are not paired over them", items_artifact(m.step), len(mine), key,
+                                sum(mine) / len(mine), m.value)
+                    mine = None
                 points.append(Point(m.step, 0.0 if m.step == 0 else near.value, m.value, stderr.get(m.step), mine,
                                     of if mine else None))
         out[key[len("bench/"):]] = points

@@ -72,7 +72,8 @@ def _number(value: Any) -> Optional[float]:
 
 
 def parse_results(output: dict, names: list[str]) -> Evaluation:
-    """The harness's output as scores with their standard errors and per-item values (for paired intervals)."""
+    """The harness's output as scores with their standard errors and per-item values (for paired intervals); only
+    fraction-valued metrics (accuracy, exact match: in [0, 1]), what a gain in points and a stored result are."""
     scores, samples, origin = {}, {}, {}
     for task, metrics in (output.get("results") or {}).items():
         if task not in names:
@@ -81,8 +82,13 @@ def parse_results(output: dict, names: list[str]) -> Evaluation:
             parsed = _metric_name(key)
             if parsed is None or _number(value) is None:
                 continue
+            if not 0.0 <= _number(value) <= 1.0:  # gains are points of a fraction; a stored result holds fractions
+                log.warning("benchmark %s %s = %s is not a fraction in [0, 1]; not reported", task, key, value)
+                continue
             scores.setdefault(task, {}).setdefault(parsed[0], {})[parsed[1]] = _number(value)
             origin[(task, parsed[0])] = parsed[2:]
+    scores = {task: kept for task, metrics in scores.items()
+              if (kept := {m: score for m, score in metrics.items() if "value" in score})}  # a stderr alone: none
     for task, items in (output.get("samples") or {}).items():
         for metric in scores.get(task, {}):
             name, filt = origin[(task, metric)]

@@ -1,7 +1,7 @@
 """Score a job's committed checkpoints and final weights (``orchestrator eval``: ``orchestrator.cli.evaluate``).
 
-The overrides are the training job's (at least the model and the ``eval.*`` keys); they are composed and
-checked like a launch (exit 4 with the fix). Every committed checkpoint (and ``final/``) without a sound result
+The config is the job's own (its model and recipe from its newest manifest: ``jobconfig``) with the command's
+overrides (at least the ``eval.*`` keys), composed and checked like a launch (exit 4 with the fix). Every committed checkpoint (and ``final/``) without a sound result
 for this task set is downloaded, verified (hashes, weights-only loads) and evaluated with the harness's ``hf``
 model (full weights, or the base with the checkpoint's adapter through ``peft=``); each result is stored as soon
 as it exists, so a rerun skips what is done and a SIGKILL loses at most the evaluation in flight.
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from orchestrator.storage.base import finite_number
+from orchestrator.storage.base import TransientStorageError, finite_number
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
             counts["unusable"] += 1
             continue
         result = harness.run(task_set, cfg.eval, model_args=model_args(cfg, Path(folder)))
-        results.save(name, step=step, manifest_sha256=digest, evaluation=result)
-        log_to_run(cfg, store, run_name, result, step, _finite(manifest.get("created_at")), results.identity)
+        record = results.save(name, step=step, manifest_sha256=digest, evaluation=result)
+        log_to_run(cfg, store, run_name, record, step, _finite(manifest.get("created_at")), results.identity)
         counts["evaluated"] += 1
         print(f"{name} (step {step}): " + ", ".join(
             f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
@@ -124,13 +124,14 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     return counts
 
 
-def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, committed_at: Optional[float],
+def log_to_run(cfg: Any, store: Any, run_name: str, record: dict, step: int, committed_at: Optional[float],
                identity: dict) -> int:
-    """``result``'s ``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's MLflow run (the
-    ledger's), with ``cost_usd`` beside them: the training's cost up to the checkpoint's commit
+    """``record``'s (a stored result's) ``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's
+    MLflow run (the ledger's), with ``cost_usd`` beside them: the training's cost up to the checkpoint's commit
     (``billing.training_cost_until``); each (metric, step) only if the run does not have it yet, so a rerun logs
     nothing twice and a step the training logged its own cost at keeps that one. Its per-item values go to
-    ``bench/items/`` (the report's paired verdict) with ``identity`` (the result store's: which items they are).
+    ``bench/items/`` (the report's paired verdict) with ``identity`` (the result store's: which items they are),
+    only with scores logged now: the items of another ``eval.seed`` never replace those of the run's scores.
     Returns the points logged."""
     from orchestrator.evaluation.billing import training_cost_until
     from orchestrator.records.ledger import Ledger
@@ -148,7 +149,7 @@ def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, comm
     quiet_telemetry()
     client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking))
     now_ms, points = int(time.time() * 1000), []
-    for task, metrics in result.scores.items():
+    for task, metrics in record["scores"].items():
         for metric, score in metrics.items():
             for key, value in ((f"bench/{task}/{metric}", score.get("value")),
                                (f"bench/{task}/{metric}_stderr", score.get("stderr"))):
@@ -156,12 +157,13 @@ def log_to_run(cfg: Any, store: Any, run_name: str, result: Any, step: int, comm
                     points.append(Metric(key, float(value), now_ms, int(step)))
     if cost_usd is not None and step not in {m.step for m in client.get_metric_history(run_id, "cost_usd")}:
         points.append(Metric("cost_usd", float(cost_usd), now_ms, int(step)))
+    scored = any(p.key.startswith("bench/") for p in points)
     if points:
         client.log_batch(run_id, metrics=points)
-    if result.samples:
+    if record["samples"] and scored:
         from orchestrator.evaluation import curve
 
-        client.log_dict(run_id, curve.items_payload(step, result.samples, identity), curve.items_artifact(step))
+        client.log_dict(run_id, curve.items_payload(step, record["samples"], identity), curve.items_artifact(step))
     return len(points)
 
 
@@ -177,7 +179,8 @@ def _raise_preempted(signum: int, _frame: Any) -> None:
 
 def billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float]:
     """``evaluate_run`` billed to the job (``billing.EvalBill``); a preemption signal closes the bill and raises
-    EvalPreempted."""
+    EvalPreempted; a storage outage past ``storage.retry_for`` closes it if storage is back (``storage_outage``) and
+    raises TransientStorageError (the command exits 75, as for a preemption)."""
     from orchestrator.evaluation.billing import EvalBill
     from orchestrator.core.exitcodes import PREEMPTION_SIGNALS
 
@@ -190,6 +193,13 @@ def billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float]
             counts = evaluate_run(cfg, store, run_name, Path(work), bill)
     except EvalPreempted:
         bill.close(bill.evaluated, status="preempted")
+        raise
+    except TransientStorageError:  # past storage.retry_for: settled if storage is back by now (retried again)
+        try:
+            bill.close(bill.evaluated, status="storage_outage")
+        except TransientStorageError as err:
+            log.warning("the evaluation's bill is left open (%s); the job's next orchestrator eval settles its spend "
+                        "index entry", err)
         raise
     finally:
         for sig, handler in previous.items():

@@ -11,6 +11,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 Z95 = 1.959963984540054
+ITEMS_TOLERANCE = 1e-6  # a score and the mean of its per-item values: the same number up to float rounding
+
+
+def items_agree(value, items) -> bool:
+    """Whether ``value`` is the mean of ``items`` (the harness's per-item values of an accuracy-like metric):
+    per-item values that are not those the score was computed from are not paired with anything."""
+    if not items or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(sum(float(v) for v in items) / len(items) - float(value)) <= ITEMS_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -43,8 +52,10 @@ class Gain:
 
 
 def gain(after: dict, before: dict, after_items: Optional[list] = None, before_items: Optional[list] = None) -> Gain:
-    """``after``/``before``: ``{"value", "stderr"}``; ``*_items``: per-item values over the same items."""
-    if after_items and before_items and len(after_items) == len(before_items) and len(after_items) > 1:
+    """``after``/``before``: ``{"value", "stderr"}``; ``*_items``: per-item values over the same items, used only
+    where each score is their mean (``items_agree``: else the per-item values are not that score's evidence)."""
+    if (after_items and before_items and len(after_items) == len(before_items) and len(after_items) > 1
+            and items_agree(after.get("value"), after_items) and items_agree(before.get("value"), before_items)):
         diffs = [a - b for a, b in zip(after_items, before_items)]
         n = len(diffs)
         mean = sum(diffs) / n

@@ -10,6 +10,9 @@ job refuses to start (exit 3) and this command writes a new one:
   which that attempt, if it is alive, goes on extending (and the job's next attempt settles if not);
 - each job's experiment comes from its ledger (``extra.experiment``), else from the old index when
   that part of it still parses, else ``tracking.experiment``'s default (said in the summary);
+- each job's ``orchestrator eval`` bills (the ledger's ``evaluations``) go under ``<run>:eval`` with the job's
+  experiment, as ``orchestrator.evaluation.billing`` charges them: a finished one settled into the month it
+  ended in, one still marked running kept open under its own entry (``eval-<entry>``), which it settles;
 - the caps' alert marks are kept when the old index has readable ones (else an alert may be sent again).
 
 The new index replaces the old one by a conditional write, so a job writing meanwhile is not overwritten.
@@ -22,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.core.exitcodes import RUNNING
-from orchestrator.records.ledger import LEDGER_FILENAME, decode_ledger
+from orchestrator.records.ledger import LEDGER_FILENAME, decode_ledger, evaluations
 from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
 from orchestrator.storage.base import ObjectStore, PreconditionFailed
 
+EVAL_SUFFIX = ":eval"  # evaluation.billing's (a floor above this one)
 DEFAULT_EXPERIMENT = "spot-orchestrator"  # TrackingConfig.experiment's default
 MAX_ROUNDS = 5
 
@@ -55,11 +59,20 @@ def _old_index(raw: Optional[bytes]) -> dict:
     return old if isinstance(old, dict) else {}
 
 
-def _experiment(ledger: dict, old_job) -> Optional[str]:
+def ledger_experiment(ledger: dict) -> Optional[str]:
+    """The experiment the job's newest attempt that recorded one was charged to (None: none did)."""
     for attempt in reversed(ledger.get("attempts") or []):
-        name = ((attempt or {}).get("extra") or {}).get("experiment")
-        if isinstance(name, str):
+        extra = attempt.get("extra") if isinstance(attempt, dict) else None
+        name = extra.get("experiment") if isinstance(extra, dict) else None
+        if isinstance(name, str) and name:
             return name
+    return None
+
+
+def _experiment(ledger: dict, old_job) -> Optional[str]:
+    name = ledger_experiment(ledger)
+    if name is not None:
+        return name
     name = old_job.get("experiment") if isinstance(old_job, dict) else None
     return name if isinstance(name, str) else None
 
@@ -81,6 +94,30 @@ def _job_entry(ledger: dict, experiment: str, problems: list[str]) -> dict:
         if attempt.get("exit_class") == RUNNING and attempt.get("fence") == newest:
             job["open"][str(attempt["fence"])] = {"month": month, "base": 0.0, "spent": cost, "through": cost,
                                                   "updated_at": seen}
+        else:
+            job["months"][month] = job["months"].get(month, 0.0) + cost
+    return job
+
+
+def _eval_entry(ledger: dict, experiment: str, problems: list[str]) -> Optional[dict]:
+    """The index entry of the job's ``orchestrator eval`` bills (None: it has none)."""
+    bills = evaluations(ledger)  # [] unless a list of bills with finite, non-negative costs
+    if not bills:
+        if ledger.get("evaluations"):
+            problems.append("its evaluations are not a list of bills with a finite, non-negative cost")
+        return None
+    job: dict = {"experiment": experiment, "months": {}, "open": {}}
+    for bill in bills:
+        started, seconds = _cost(bill.get("started_at")), _cost(bill.get("seconds") or 0.0)
+        if started is None or seconds is None:
+            problems.append(f"evaluation {str(bill.get('id'))[:40]!r}: time not a number")
+            continue
+        cost, month = float(bill["cost_usd"]), month_of(started + seconds)
+        ident = str(bill.get("id", ""))
+        entry = ident[len("eval-"):] if ident.startswith("eval-") and ident[5:].isdigit() else str(int(started * 1000))
+        if bill.get("status") == "running":
+            job["open"][entry] = {"month": month, "base": 0.0, "spent": cost, "through": cost,
+                                  "updated_at": started + seconds}
         else:
             job["months"][month] = job["months"].get(month, 0.0) + cost
     return job
@@ -109,6 +146,9 @@ def rebuild_index(store: ObjectStore, old_raw: Optional[bytes] = None) -> Repair
             repair.guessed_experiment.append(run)
         problems: list[str] = []
         repair.index["jobs"][run] = _job_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems)
+        billed = _eval_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems)
+        if billed is not None:
+            repair.index["jobs"][run + EVAL_SUFFIX] = billed
         repair.skipped += [f"{store.get_uri(key)}: {p}" for p in problems]
         repair.ledgers += 1
     return repair
