@@ -5,6 +5,10 @@ import os
 
 import pytest
 
+# The plan never fetches current prices in a test (as HF_HUB_OFFLINE: the answer would move with the market);
+# tests/test_prices.py turns it off against its local fake of the clouds' price APIs.
+os.environ.setdefault("ORCH_PRICES_OFFLINE", "1")
+
 # The longest tests, longest first (seconds in a whole-suite run of stop 38, four workers on two cores,
 # `--durations=25`): pytest-xdist hands tests out in collection order, so these start first, one per worker in
 # turn, instead of being the run's tail. The ones that mostly wait (a start-up delay, an outage) lead: their

@@ -64,3 +64,4 @@ def test_the_readme_plan_ranks_gpus_by_whole_machine_prices(tmp_path, monkeypatc
         assert float(hourly) == pytest.approx(min(q["usd"] for q in machines), abs=0.005), (gpu_type, hourly)
     first, hourly = rows[0]
     assert float(hourly) > 0.14, f"{first} ranked first at ${hourly}/h: GCP's T4 alone"
+    assert re.search(r"^prices: shipped catalog of \d{4}-\d{2}, \d+ days old", text, re.M), text
