@@ -182,3 +182,16 @@ def test_a_bad_max_age_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="pricing.max_age"):
         price_refresh.current_catalog(_job(tmp_path, "pricing.max_age=soon"), now=NOW, refresh=False)
 
+
+def test_cli_refresh_caches_prices_and_refuses_an_unknown_cloud(fake, tmp_path, monkeypatch, capsys):
+    from orchestrator.cli.main import main
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", fake.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", fake.url)
+    monkeypatch.setattr(price_sources, "AZURE_RETAIL_URL", fake.endpoints["azure"])
+    assert main(["prices", "refresh", "--storage-uri", str(tmp_path), "--clouds", "aws,azure", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["cache"].endswith("_prices/catalog.json") and len(doc["prices"]) == 12
+    assert len(prices.read_cache(LocalStore(tmp_path))) == 12
+    assert main(["prices", "refresh", "--storage-uri", str(tmp_path), "--clouds", "aws,oracle"]) == 2
+    assert "error: --clouds 'aws,oracle'" in capsys.readouterr().err
