@@ -195,3 +195,18 @@ def test_cli_refresh_caches_prices_and_refuses_an_unknown_cloud(fake, tmp_path, 
     assert len(prices.read_cache(LocalStore(tmp_path))) == 12
     assert main(["prices", "refresh", "--storage-uri", str(tmp_path), "--clouds", "aws,oracle"]) == 2
     assert "error: --clouds 'aws,oracle'" in capsys.readouterr().err
+
+
+def test_a_price_is_the_catalog_regions_median_zone_when_that_region_was_fetched():
+    def spot(region, zone, usd):
+        return prices.FetchedPrice("l40s", "aws", "spot", region, zone, "g6e.xlarge", 1, usd, NOW, "aws test")
+
+    east = [spot("us-east-1", "us-east-1a", 0.9), spot("us-east-1", "us-east-1b", 1.1), spot("us-east-1", "us-east-1c", 1.0)]
+    west = [spot("us-west-2", "us-west-2a", 0.3)]
+    catalog = load_catalog()
+    quoted = prices.overlay(catalog, east + west, NOW)["l40s"]["clouds"]["aws"]["spot"]
+    assert quoted["usd"] == pytest.approx(1.0) and quoted["region"] == "us-east-1"
+    assert "median of 3 zones ($0.9-$1.1)" in quoted["source"]
+    quoted = prices.overlay(catalog, west, NOW)["l40s"]["clouds"]["aws"]["spot"]
+    assert quoted["usd"] == pytest.approx(0.3) and quoted["region"] == "us-west-2"
+    assert catalog["l40s"]["clouds"]["aws"]["spot"]["usd"] == 0.8, "the shipped catalog is not changed"

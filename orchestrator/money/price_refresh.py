@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 from typing import Any, Callable, Mapping, Optional
 
 from orchestrator.money.price_sources import fetch_prices
@@ -16,6 +17,7 @@ from orchestrator.money.prices import (CACHE_KEY, CLOUDS, DEFAULT_MAX_AGE_SECOND
                                        merge, overlay, provenance, read_cache, targets, write_cache)
 
 log = logging.getLogger("orchestrator.money.prices")
+PLAN_TIMEOUT_SECONDS = 5.0  # each connection and read of a refresh the plan makes
 
 
 Fetcher = Callable[..., tuple[list[FetchedPrice], list[str]]]
@@ -47,6 +49,7 @@ def current_catalog(cfg: Any, *, now: Optional[float] = None, refresh: Optional[
         log.warning("prices: storage %s unavailable (%s); using the shipped catalog", cfg.storage.uri, err)
         return shipped, provenance(shipped, [], now)
     if not fresh(cached, now, max_age) and allowed:
+        fetcher = fetcher or partial(fetch_prices, timeout=PLAN_TIMEOUT_SECONDS)  # the plan waits seconds, not minutes
         cached = refresh_cache(store, shipped, cached, fetcher=fetcher, now=now)
     used = fresh(cached, now, max_age)
     return overlay(shipped, used, now), provenance(shipped, used, now)

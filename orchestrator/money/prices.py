@@ -181,7 +181,8 @@ def fresh(prices: Iterable[FetchedPrice], now: float, max_age: float) -> list[Fe
 
 def overlay(catalog: Mapping[str, Any], prices: Iterable[FetchedPrice], now: float) -> dict[str, Any]:
     """A copy of ``catalog`` with each (GPU type, cloud, capacity) that ``prices`` has priced at the median of its
-    zones' whole-machine prices / GPUs, its source saying so (zones, range, fetch time)."""
+    zones' whole-machine prices / GPUs (the catalog entry's region's zones when they were fetched), its source
+    saying so (zones, range, fetch time)."""
     out = copy.deepcopy(dict(catalog))
     groups: dict[tuple[str, str, str], list[FetchedPrice]] = {}
     for p in prices:
@@ -190,6 +191,8 @@ def overlay(catalog: Mapping[str, Any], prices: Iterable[FetchedPrice], now: flo
         figures = (out.get(gpu_type) or {}).get("clouds", {}).get(cloud)
         if figures is None:
             continue
+        home = [p for p in found if p.region == (figures.get(capacity) or {}).get("region")]
+        found = home or found  # the catalog's region when it was fetched, else the regions that were
         machine_usd = statistics.median(p.usd_per_hour for p in found)
         low, high = min(p.usd_per_hour for p in found), max(p.usd_per_hour for p in found)
         first, newest = found[0], max(p.fetched_at for p in found)
