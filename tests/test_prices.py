@@ -12,10 +12,10 @@ from functools import partial
 import pytest
 
 from orchestrator.config.schema import ComputeConfig
-from orchestrator.money import price_refresh, price_sources, prices
+from orchestrator.money import price_gcp, price_refresh, price_sources, prices
 from orchestrator.money.cost import load_catalog, price_for
 from orchestrator.storage import LocalStore
-from tests.helpers.fake_prices import FakePrices
+from tests.helpers.fake_prices import TOKEN, FakePrices
 
 NOW = datetime(2026, 12, 7, 22, 0, tzinfo=timezone.utc).timestamp()
 # the newest entry per zone in the recorded DescribeSpotPriceHistory pages (an older one for us-east-1a is on page 1)
@@ -71,6 +71,23 @@ def test_azure_reads_every_page_and_keeps_linux_pay_as_you_go_and_spot(fake):
 def test_gcp_without_credentials_is_skipped_with_one_note(fake):
     got, notes = _fetch(fake, ["gcp"])
     assert got == [] and len(notes) == 1 and notes[0].startswith("gcp: skipped")
+
+
+def test_gcp_with_credentials_sums_the_gpu_vcpus_and_memory_of_each_machine(fake, tmp_path, monkeypatch):
+    key = tmp_path / "adc.json"
+    key.write_text("{}")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    monkeypatch.setattr(price_gcp, "access_token", lambda: TOKEN)
+    got, notes = _fetch(fake, ["gcp"])
+    # T4 + 4 vCPU + 15 GiB (n1-standard-4); L4 + 8 vCPU + 32 GiB (g2-standard-8): us-central1's SKUs, both pages,
+    # not the T4's Virtual Workstation SKU, not a commitment, not Belgium's L4
+    assert _by(got, "gcp", "on_demand", "n1-standard-4 + 1x T4") == {"us-central1": pytest.approx(0.35 + 4 * 0.031611 + 15 * 0.004237)}
+    assert _by(got, "gcp", "spot", "n1-standard-4 + 1x T4") == {"us-central1": pytest.approx(0.14 + 4 * 0.00698 + 15 * 0.000936)}
+    assert _by(got, "gcp", "on_demand", "g2-standard-8") == {"us-central1": pytest.approx(0.56 + 8 * 0.024988 + 32 * 0.002927)}
+    assert _by(got, "gcp", "spot", "g2-standard-8") == {"us-central1": pytest.approx(0.224 + 8 * 0.009996 + 32 * 0.001171)}
+    assert fake.requests == ["gcp.skus", "gcp.skus"]
+    assert notes == ["gcp: machine types sold whole (A2, A3) are not read from the Cloud Billing Catalog; their "
+                     "shipped prices stand"]
 
 
 def test_the_cache_round_trips_as_typed_records(fake, tmp_path):

@@ -7,8 +7,8 @@
 - Azure: the public Retail Prices API (no credentials): ``type`` Consumption, ``unitOfMeasure`` 1 Hour, Linux
   (a ``productName`` without Windows); a ``skuName`` with Spot is the spot price, Low Priority (Batch's older
   offer, not a VM's) is skipped. Azure prices a region, not a zone.
-- GCP: the Cloud Billing Catalog needs credentials; without them GCP is skipped with a note, and with them too
-  (its SKU sums are not read yet): the shipped catalog's GCP machine prices stand (docs/pricing.md).
+- GCP (``orchestrator.money.price_gcp``): the Cloud Billing Catalog, with Application Default Credentials
+  only (else skipped with a note): an N1 or G2 machine as the sum of its GPU, vCPU and memory SKUs.
 
 Each fetcher returns (prices, notes): a note is a one-line reason some prices are missing; nothing here raises
 for a cloud that does not answer.
@@ -16,14 +16,13 @@ for a cloud that does not answer.
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.parse
 import urllib.request
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from orchestrator.money.price_gcp import fetch_gcp
 from orchestrator.money.prices import FetchedPrice, MachineTarget
 
 AZURE_RETAIL_URL = "https://prices.azure.com/api/retail/prices"
@@ -65,10 +64,14 @@ def _aws_client(service: str, region: str, endpoint: Optional[str], timeout: flo
     return boto3.session.Session().client(service, region_name=region, endpoint_url=endpoint, config=config)
 
 
-def _aws_error(err: Exception) -> str:
+def _no_credentials(err: Exception) -> bool:
     from botocore.exceptions import NoCredentialsError
 
-    if isinstance(err, NoCredentialsError):
+    return isinstance(err, NoCredentialsError)
+
+
+def _aws_error(err: Exception) -> str:
+    if _no_credentials(err):
         return "no AWS credentials (the standard chain: environment, profile, instance role)"
     return f"{type(err).__name__}: {str(err)[:200]}"
 
@@ -84,7 +87,7 @@ def fetch_aws(machines: list[MachineTarget], *, now: float, endpoints: Mapping[s
             prices += aws_spot(group, region, now=now, endpoint=endpoints.get("ec2"), timeout=timeout)
         except Exception as err:  # noqa: BLE001 - one line per cloud and region, the rest goes on
             notes.append(f"aws spot in {region}: {_aws_error(err)}")
-            if "credentials" in notes[-1]:
+            if _no_credentials(err):
                 return prices, notes  # the on-demand call would say the same
         try:
             prices += aws_on_demand(group, region, now=now, endpoint=endpoints.get("pricing"), timeout=timeout)
@@ -231,24 +234,3 @@ def azure_prices(machines: list[MachineTarget], region: str, *, now: float, url:
         out.append(FetchedPrice(machine.gpu_type, "azure", capacity, region, None, sku, machine.gpus, usd, now,
                                 f"{AZURE_SOURCE} (effective {start[:10] or '?'})"))
     return out
-
-
-# ---------------------------------------------------------------- GCP
-
-
-def google_credentials() -> Optional[str]:
-    """Where Application Default Credentials would come from, or None when there are none."""
-    named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    if named:
-        return named
-    default = Path(os.environ.get("CLOUDSDK_CONFIG", Path.home() / ".config" / "gcloud")) / "application_default_credentials.json"
-    return str(default) if default.is_file() else None
-
-
-def fetch_gcp(machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str],
-              timeout: float) -> tuple[list[FetchedPrice], list[str]]:
-    if google_credentials() is None:
-        return [], ["gcp: skipped (no Google credentials for the Cloud Billing Catalog); the shipped catalog's "
-                    "GCP machine prices stand"]
-    return [], ["gcp: the Cloud Billing Catalog's SKU sums are not read yet; the shipped catalog's GCP machine "
-                "prices stand"]

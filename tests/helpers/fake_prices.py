@@ -1,7 +1,7 @@
 """A local HTTP server answering as the clouds' price APIs do, from responses recorded in their real shapes
 (tests/fixtures/prices/): EC2's DescribeSpotPriceHistory (query protocol, XML, two pages by nextToken), the
-Price List API's GetProducts (JSON protocol, PriceList of JSON strings) and Azure's Retail Prices API (JSON,
-paged by NextPageLink). boto3 reaches it through ``endpoint_url``; the Azure reader through its URL.
+Price List API's GetProducts (JSON protocol, PriceList of JSON strings), Azure's Retail Prices API (JSON,
+paged by NextPageLink) and GCP's Cloud Billing Catalog SKUs (JSON, paged by nextPageToken, bearer token). boto3 reaches it through ``endpoint_url``; the Azure reader through its URL.
 
 moto's describe_spot_price_history answers one constant price, so it cannot test which zone's entry wins.
 """
@@ -15,6 +15,8 @@ from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "prices"
 AZURE_HOST = "https://prices.azure.com:443"
+GCP_SKUS = "/v1/services/6F81-5844-456A/skus"
+TOKEN = "test-token"  # what a test's stand-in for Google's credentials hands the Cloud Billing Catalog
 
 
 class FakePrices:
@@ -54,6 +56,12 @@ class FakePrices:
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
+                if url.path == GCP_SKUS:
+                    owner.requests.append("gcp.skus")
+                    if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                        return self._answer(b'{"error": {"code": 401, "status": "UNAUTHENTICATED"}}', "application/json", 401)
+                    page = 2 if urllib.parse.parse_qs(url.query).get("pageToken") else 1
+                    return self._answer((FIXTURES / f"gcp-billing-skus-page{page}.json").read_bytes(), "application/json")
                 if url.path != "/api/retail/prices":
                     return self._answer(b"not found", "text/plain", 404)
                 owner.requests.append("azure.retail")
@@ -69,7 +77,8 @@ class FakePrices:
 
     @property
     def endpoints(self) -> dict[str, str]:
-        return {"ec2": self.url, "pricing": self.url, "azure": f"{self.url}/api/retail/prices"}
+        return {"ec2": self.url, "pricing": self.url, "azure": f"{self.url}/api/retail/prices",
+                "gcp": f"{self.url}{GCP_SKUS}"}
 
     def __enter__(self) -> "FakePrices":
         self.thread.start()
