@@ -227,3 +227,12 @@ def test_a_price_is_the_catalog_regions_median_zone_when_that_region_was_fetched
     quoted = prices.overlay(catalog, west, NOW)["l40s"]["clouds"]["aws"]["spot"]
     assert quoted["usd"] == pytest.approx(0.3) and quoted["region"] == "us-west-2"
     assert catalog["l40s"]["clouds"]["aws"]["spot"]["usd"] == 0.8, "the shipped catalog is not changed"
+
+
+def test_a_catalog_of_ones_own_is_named_and_an_undated_one_said_so(tmp_path, monkeypatch):
+    own = tmp_path / "mine.yaml"
+    own.write_text("x1:\n  memory_gb: 8\n  clouds:\n    aws:\n      on_demand: {usd: 2.0}\n      spot: {usd: 1.0}\n")
+    cfg = _job(tmp_path)
+    monkeypatch.setenv("ORCH_PRICING_FILE", str(own))
+    _, line = price_refresh.current_catalog(cfg, now=NOW, refresh=False)
+    assert line.startswith(f"prices: catalog {own} ($ORCH_PRICING_FILE) (undated)"), line

@@ -29,11 +29,14 @@ def current_catalog(cfg: Any, *, now: Optional[float] = None, refresh: Optional[
     ``cfg.storage`` priced within ``pricing.max_age`` at those prices. When nothing cached is fresh and
     ``pricing.refresh`` (default; ``refresh`` overrides it; ``$ORCH_PRICES_OFFLINE=1`` forbids it), the prices are
     fetched first (``fetcher``: ``price_sources.fetch_prices``) and cached; a failure is a warning.
-    Never raises for prices: the plan and the launch go on with the shipped catalog."""
-    from orchestrator.money.cost import load_catalog
+    Raises ConfigError for a bad ``pricing.max_age``, never for the prices themselves: the plan and the launch go
+    on with the shipped catalog."""
+    from orchestrator.money.cost import PRICING_FILE_ENV, load_catalog
 
     now = time.time() if now is None else now
     shipped = load_catalog()
+    own = os.environ.get(PRICING_FILE_ENV)
+    name = f"catalog {own} (${PRICING_FILE_ENV})" if own else "shipped catalog"
     pricing = getattr(cfg, "pricing", None)
     max_age = _max_age_seconds(pricing)
     allowed = bool(getattr(pricing, "refresh", True)) if refresh is None else refresh
@@ -47,12 +50,12 @@ def current_catalog(cfg: Any, *, now: Optional[float] = None, refresh: Optional[
         cached = read_cache(store, now=now)
     except Exception as err:  # noqa: BLE001 - a store that cannot be opened: the shipped catalog
         log.warning("prices: storage %s unavailable (%s); using the shipped catalog", cfg.storage.uri, err)
-        return shipped, provenance(shipped, [], now)
+        return shipped, provenance(shipped, [], now, name=name)
     if not fresh(cached, now, max_age) and allowed:
         fetcher = fetcher or partial(fetch_prices, timeout=PLAN_TIMEOUT_SECONDS)  # the plan waits seconds, not minutes
         cached = refresh_cache(store, shipped, cached, fetcher=fetcher, now=now)
     used = fresh(cached, now, max_age)
-    return overlay(shipped, used, now), provenance(shipped, used, now)
+    return overlay(shipped, used, now), provenance(shipped, used, now, name=name)
 
 
 def _max_age_seconds(pricing: Any) -> float:

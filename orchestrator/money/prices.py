@@ -228,13 +228,14 @@ def shipped_age_days(as_of: str, now: float) -> Optional[int]:
     return None if when is None else max(0, int((now - when) // 86400))
 
 
-def provenance(shipped: Mapping[str, Any], used: Iterable[FetchedPrice], now: float) -> str:
+def provenance(shipped: Mapping[str, Any], used: Iterable[FetchedPrice], now: float, *,
+               name: str = "shipped catalog") -> str:
     """The plan's line on where its prices come from: ``prices: fetched 12 min ago from aws`` or ``prices:
-    shipped catalog of 2025-06, 550 days old``."""
+    shipped catalog of 2025-06, 550 days old`` (``name``: a catalog of one's own, ``$ORCH_PRICING_FILE``)."""
     used = list(used)
-    as_of = shipped_as_of(shipped) or "?"
-    days = shipped_age_days(as_of, now) if as_of != "?" else None
-    old = f"shipped catalog of {as_of}" + (f", {days} days old" if days is not None else "")
+    as_of = shipped_as_of(shipped)
+    days = shipped_age_days(as_of, now) if as_of else None
+    old = f"{name} of {as_of}" + (f", {days} days old" if days is not None else "") if as_of else f"{name} (undated)"
     if not used:
         return f"prices: {old} (whole-machine list prices; `orchestrator prices refresh` fetches current ones)"
     clouds = ", ".join(sorted({p.cloud for p in used}))
