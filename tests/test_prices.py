@@ -53,7 +53,9 @@ def test_aws_spot_is_the_newest_price_of_each_zone_and_on_demand_the_listed_one(
     # the on-demand term's price, not the reserved one in the same product (0.331)
     assert _by(got, "aws", "on_demand", "g4dn.xlarge") == {"us-east-1": 0.526}
     assert fake.requests.count("ec2.DescribeSpotPriceHistory") == 2, "both pages read"
-    assert not notes
+    # the machines the recorded answers do not price are said, one line each, and keep the catalog's price
+    assert "aws spot g5.xlarge in us-east-1: no price in the answer; the catalog's stands" in notes
+    assert not [n for n in notes if "g4dn.xlarge" in n or "g6e.xlarge" in n], notes
 
 
 def test_azure_reads_every_page_and_keeps_linux_pay_as_you_go_and_spot(fake):
@@ -65,7 +67,8 @@ def test_azure_reads_every_page_and_keeps_linux_pay_as_you_go_and_spot(fake):
     assert _by(got, "azure", "spot", "Standard_NC24ads_A100_v4") == {"eastus": 1.3498}
     assert fake.requests.count("azure.retail") == 2
     assert "armRegionName eq 'eastus'" in fake.azure_filters[0] and "Standard_NC4as_T4_v3" in fake.azure_filters[0]
-    assert not notes
+    assert notes == [f"azure {c} Standard_NC40ads_H100_v5 in eastus: no price in the answer; the catalog's stands"
+                     for c in ("spot", "on_demand")]
 
 
 def test_gcp_without_credentials_is_skipped_with_one_note(fake):

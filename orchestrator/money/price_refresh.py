@@ -84,8 +84,10 @@ def refresh_cache(store: Any, shipped: Mapping[str, Any], cached: list[FetchedPr
         log.warning("prices: no current prices fetched (%s); keeping %s", "; ".join(notes) or "nothing to price",
                     "the cached ones" if cached else "the shipped catalog")
         return cached
-    for note in notes:
+    for note in notes[:3]:  # the plan's output stays readable; `orchestrator prices refresh` prints them all
         log.warning("prices: %s", note)
+    if len(notes) > 3:
+        log.warning("prices: %d more notes (`orchestrator prices refresh` prints them all)", len(notes) - 3)
     merged = merge(cached, got)
     try:
         write_cache(store, merged)

@@ -49,8 +49,15 @@ def fetch_prices(machines: Iterable[MachineTarget], *, now: Optional[float] = No
         if cloud in by_cloud:
             got, said = fetch(by_cloud[cloud], now=now, endpoints=endpoints, timeout=timeout)
             prices += got
-            notes += said
+            notes += said + (unanswered(by_cloud[cloud], got) if got and cloud != "gcp" else [])  # gcp: its own
     return prices, notes
+
+
+def unanswered(machines: Iterable[MachineTarget], got: Iterable[FetchedPrice]) -> list[str]:
+    """A note for each machine a cloud that did answer gave no price for (not offered there, or not matched)."""
+    priced = {(p.machine, p.region, p.capacity) for p in got}
+    return [f"{m.cloud} {capacity} {m.machine} in {m.region}: no price in the answer; the catalog's stands"
+            for m in machines for capacity in ("spot", "on_demand") if (m.machine, m.region, capacity) not in priced]
 
 
 # ---------------------------------------------------------------- AWS
