@@ -67,6 +67,7 @@ def test_azure_reads_every_page_and_keeps_linux_pay_as_you_go_and_spot(fake):
     assert _by(got, "azure", "spot", "Standard_NC24ads_A100_v4") == {"eastus": 1.3498}
     assert fake.requests.count("azure.retail") == 2
     assert "armRegionName eq 'eastus'" in fake.azure_filters[0] and "Standard_NC4as_T4_v3" in fake.azure_filters[0]
+    assert fake.raw_queries[0].startswith("$filter=serviceName%20eq%20%27Virtual%20Machines%27"), fake.raw_queries[0]
     assert notes == [f"azure {c} Standard_NC40ads_H100_v5 in eastus: no price in the answer; the catalog's stands"
                      for c in ("spot", "on_demand")]
 

@@ -223,7 +223,8 @@ def azure_capacity(item: Mapping[str, Any]) -> Optional[str]:
 def azure_prices(machines: list[MachineTarget], region: str, *, now: float, url: str = AZURE_RETAIL_URL,
                  timeout: float = TIMEOUT_SECONDS) -> list[FetchedPrice]:
     by_sku = {m.machine: m for m in machines}
-    query = url + ("&" if "?" in url else "?") + urllib.parse.urlencode({"$filter": azure_query(by_sku, region)})
+    # "$filter" as the API documents it (a literal $), its OData expression percent-encoded
+    query = url + ("&" if "?" in url else "?") + "$filter=" + urllib.parse.quote(azure_query(by_sku, region))
     best: dict[tuple[str, str], tuple[str, float]] = {}
     for item in azure_items(query, timeout=timeout):
         capacity, sku = azure_capacity(item), item.get("armSkuName")

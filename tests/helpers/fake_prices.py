@@ -25,6 +25,7 @@ class FakePrices:
     def __init__(self) -> None:
         self.requests: list[str] = []
         self.azure_filters: list[str] = []
+        self.raw_queries: list[str] = []
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -65,6 +66,7 @@ class FakePrices:
                 if url.path != "/api/retail/prices":
                     return self._answer(b"not found", "text/plain", 404)
                 owner.requests.append("azure.retail")
+                owner.raw_queries.append(url.query)
                 query = urllib.parse.parse_qs(url.query)
                 owner.azure_filters += query.get("$filter", [])
                 page = 2 if query.get("$skip") else 1
