@@ -10,6 +10,9 @@ import pytest
 # Elsewhere nothing listens here, so they warn and go on, as they do without a network; with one, a test's made-up
 # commit would be asked of huggingface.co (and refused). Set before any test imports huggingface_hub.
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
+# The plan never fetches current prices in a test (as HF_HUB_OFFLINE: the answer would move with the market);
+# tests/test_prices.py turns it off against its local fake of the clouds' price APIs.
+os.environ.setdefault("ORCH_PRICES_OFFLINE", "1")
 
 # The longest tests, longest first (seconds in a whole-suite run of stop 38, four workers on two cores,
 # `--durations=25`): pytest-xdist hands tests out in collection order, so these start first, one per worker in

@@ -47,7 +47,7 @@ def test_top_level_usage_errors(capsys, argv):
     assert err.splitlines()[-1].startswith("error: "), err
 
 
-@pytest.mark.parametrize("name", COMMANDS + ["storage init", "storage repair-spend"])
+@pytest.mark.parametrize("name", COMMANDS + ["storage init", "storage repair-spend", "prices refresh"])
 def test_each_command_help_exits_0(capsys, name):
     code, out, err = _run(capsys, *name.split(), "--help")
     assert code == 0, err
@@ -55,7 +55,8 @@ def test_each_command_help_exits_0(capsys, name):
 
 
 @pytest.mark.parametrize("argv", [["launch"], ["status", "x/y"], ["report"], ["plan"], ["simulate", "--traces", "t", "--job-hours", "1"],
-                                  ["checkpoints", "x/y"], ["storage", "init", "s3://b"], ["eval", "x/y"]], ids=COMMANDS)
+                                  ["checkpoints", "x/y"], ["storage", "init", "s3://b"], ["eval", "x/y"],
+                                  ["prices", "refresh"]], ids=COMMANDS)
 def test_each_command_refuses_an_unknown_flag(capsys, argv):
     code, out, err = _run(capsys, *argv, "--no-such-flag")
     assert code == 2, err
@@ -78,6 +79,7 @@ def user_errors(tmp_path, monkeypatch) -> dict[str, tuple[list[str], int, str]]:
         "checkpoints": (["checkpoints", "s3://"], 2, "s3://"),
         "storage": (["storage", "init", str(tmp_path)], 2, "applies to S3 URIs"),
         "eval": (["eval", f"{tmp_path}/job", "eval.tasks=[]"], 4, "eval.tasks is empty"),
+        "prices": (["prices", "refresh", "--storage-uri", str(tmp_path), "--clouds", "oracle"], 2, "--clouds 'oracle'"),
     }
 
 

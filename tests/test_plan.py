@@ -273,7 +273,7 @@ def test_cli_plans_qlora_llama_8b_on_l40s_offline():
 @pytest.mark.e2e
 def test_cli_lists_the_gpu_types_in_the_order_it_says_on_a_job_of_unknown_duration():
     """The default job runs on compute=cpu (duration unknown); every GPU type's run rounds to $0.00, so the
-    list is by the hour: t4 ($0.35/h) before l40s ($1.86/h), as the heading says."""
+    list is by the hour: t4 ($0.526/h) before l40s ($1.861/h), as the heading says."""
     import itertools
     import re
 

@@ -21,6 +21,7 @@ COMMANDS = {
     "checkpoints": ("orchestrator.cli.checkpoints", "list a job's committed checkpoints; --verify restores each"),
     "storage": ("orchestrator.cli.storage", "storage init: lifecycle rules for a bucket; storage repair-spend: rebuild the spend index"),
     "eval": ("orchestrator.cli.evaluate", "benchmark scores of a job's committed checkpoints (lm-evaluation-harness)"),
+    "prices": ("orchestrator.cli.prices", "prices refresh: current spot and on-demand prices per zone, cached in storage for the plan and the meter"),
 }
 
 

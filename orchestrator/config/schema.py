@@ -169,6 +169,12 @@ class StorageConfig:
 
 
 @dataclass
+class PricingConfig:
+    max_age: str = "1h"  # fetched prices (<storage.uri>/_prices/catalog.json) older than this are stale: the plan refreshes them, else prices with conf/pricing.yaml
+    refresh: bool = True  # the plan fetches current prices (AWS, Azure; `orchestrator prices refresh`) when the cached ones are stale; false: never
+
+
+@dataclass
 class CheckpointConfig:
     every: str = "15m"  # wall-clock interval: 90s, 15m, 1h; "0" or "off" disables; auto: Young/Daly from the measured checkpoint cost and the preemption rate
     min_every: str = MIN_EVERY  # checkpoint.every=auto: the shortest interval it may choose
@@ -287,6 +293,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    pricing: PricingConfig = field(default_factory=PricingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     requeue: RequeueConfig = field(default_factory=RequeueConfig)

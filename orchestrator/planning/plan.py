@@ -30,9 +30,10 @@ def _gb(n: float) -> str:
 
 
 def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], options: list[GpuOption],
-                cost: Optional[CostEstimate], headroom: float = 0.1) -> str:
+                cost: Optional[CostEstimate], headroom: float = 0.1, prices: Optional[str] = None) -> str:
     """The plan as text: breakdown table, fit verdict (a WARNING line when it will not
-    fit), GPU types that fit, and the run's estimated cost, spot vs on-demand."""
+    fit), where the prices come from and how old they are (``prices``), GPU types that fit, and the run's
+    estimated cost, spot vs on-demand."""
     spread = f" = {plan.nodes} nodes x {plan.world_size // plan.nodes}" if plan.nodes > 1 else ""
     lines = [f"plan: {plan.describe}",
              f"  world size {plan.world_size}{spread} (distributed={plan.sharding}), {plan.tokens_per_step:,} tokens per "
@@ -64,6 +65,8 @@ def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], 
                          "data.max_length, shard (distributed=zero3), or pick a GPU type below.")
     if str(gpu_type).lower() in NO_BF16_GPUS and plan.dtype == "bfloat16":
         lines.append(f"WARNING: {gpu_type} has no bfloat16 support; set model.dtype=float16 (or pick an Ampere+ GPU).")
+    if prices:
+        lines.append(prices)
     if options:
         lines.append("GPU types that fit (cheapest run first, to the cent; then cheapest hour):"
                      if any(o.run_usd is not None for o in options) else "GPU types that fit (cheapest hour first):")
@@ -95,14 +98,15 @@ def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
     only the capacity plan (spot against on-demand), as JSON."""
     from omegaconf import OmegaConf
 
-    from orchestrator.money.cost import load_catalog, price_for
+    from orchestrator.money.cost import price_for
+    from orchestrator.money.price_refresh import current_catalog
 
     # the schemas' dataclasses: the 2 x N variants (each GPU type, spot and on-demand) are dataclasses.replace
     # copies, not OmegaConf merges of the whole tree (0.47 s of a launch's CPU before)
     cfg = OmegaConf.to_object(cfg) if OmegaConf.is_config(cfg) else cfg
     model_config = load_model_config(cfg.model.name_or_path, cfg.model.preset, model_cfg=cfg.model)
     plan = estimate_memory(cfg, model_config)
-    catalog = load_catalog()
+    catalog, prices = current_catalog(cfg)  # fetched prices while fresh (refreshed when stale), else the shipped
     try:
         price = price_for(cfg.compute, catalog)
     except ValueError as err:
@@ -116,9 +120,9 @@ def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
     spot = plan_spot.capacity_plan(cfg, plan, catalog, [o.gpu_type for o in options], variant=with_gpu,
                                    work_hours=lambda c, p: estimate_cost(c, p, model_config=model_config).hours)
     if as_json:
-        return json.dumps(spot)
-    return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom) \
-        + "\n" + plan_spot.format_capacity_plan(spot)
+        return json.dumps({**spot, "prices": prices})
+    return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom,
+                       prices=prices) + "\n" + plan_spot.format_capacity_plan(spot)
 
 
 # ---------------------------------------------------------------- trial: estimate vs measurement
