@@ -88,16 +88,22 @@ def test_the_jobs_own_history_sets_the_restart_and_the_rate(tmp_path, monkeypatc
     from orchestrator.app.compose import compose_config
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    attempts = [{"started_at": 1000.0 * i, "ended_at": 1000.0 * i + 1800 + 300, "exit_class": cls, "spot": True,
-                 "extra": {"start_to_first_step_s": first}}
+    attempts = [{"fence": i + 1, "started_at": 1000.0 * i, "ended_at": 1000.0 * i + 1800 + 300, "exit_class": cls,
+                 "spot": True, "extra": {"start_to_first_step_s": first}}
                 for i, (cls, first) in enumerate([("vanished", 300), ("preempted", 200), ("vanished", 400),
                                                   ("vanished", 300)])]
     (tmp_path / "runs" / "hist").mkdir(parents=True)
-    (tmp_path / "runs" / "hist" / "ledger.json").write_text(json.dumps({"attempts": attempts}))
     cfg = compose_config([*JOB, "train.max_steps=5000", f"storage.uri={tmp_path / 'runs'}", "run.name=hist"])
+    trained = {"attempts": attempts, "repro": {"model_input": f"{cfg.model.name_or_path}@0123abc"}}
+    (tmp_path / "runs" / "hist" / "ledger.json").write_text(json.dumps(trained))
     doc = json.loads(plan.plan_text(cfg, as_json=True))
     spot = next(o for o in doc["options"] if o["capacity"] == "spot")
     assert spot["restart_source"] == "measured" and spot["restart_seconds"] == 300
+    # the same run.name's ledger of another model (the tiny demo's, under the default name) is not this job's
+    (tmp_path / "runs" / "hist" / "ledger.json").write_text(json.dumps(dict(trained, repro={"model_input": "builtin:tiny-llama"})))
+    other = next(o for o in json.loads(plan.plan_text(cfg, as_json=True))["options"] if o["capacity"] == "spot")
+    assert other["restart_source"] == "estimated"
+    (tmp_path / "runs" / "hist" / "ledger.json").write_text(json.dumps(trained))
     from orchestrator.money.cost import DEFAULT_SPOT_PREEMPTIONS_PER_HOUR as prior
 
     # Gamma-Poisson: (0.44/h prior x 4 h + 4 preemptions) / (4 h + 2 h of training) = 0.96/h

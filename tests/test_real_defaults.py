@@ -48,3 +48,18 @@ def test_what_the_user_gives_wins_and_reaches_trls_config(tmp_path):
                                    "train.mixed_precision=no", "compute=a100-80gb-spot"], launch_checks=False)
     assert (given.train.learning_rate, given.train.gradient_checkpointing, str(given.train.mixed_precision)) == \
         (1e-5, False, "no")
+
+
+def test_the_plan_says_when_it_prices_the_demos_placeholder_data(monkeypatch, tmp_path):
+    """``plan model=llama-3.1-8b ...`` priced 300 steps of the built-in arithmetic data as "~$0.01 for the run",
+    silently: it says so now, and the demo's own plan and a job with its own data do not."""
+    from orchestrator.planning.plan import plan_text
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the shipped preset's shape, no hub
+    real = compose_config(["model=llama-3.1-8b", "recipe=qlora", "compute=l40s-spot"], launch_checks=False)
+    assert "WARNING: these figures price 300 steps of the built-in arithmetic data" in plan_text(real)
+    assert "WARNING" not in plan_text(compose_config([], launch_checks=False))
+    (tmp_path / "train.jsonl").write_text('{"prompt": "a", "completion": "b"}\n')
+    own = compose_config(["model=llama-3.1-8b", "recipe=qlora", "compute=l40s-spot", "data=jsonl",
+                          f"data.path={tmp_path / 'train.jsonl'}"], launch_checks=False)
+    assert "built-in arithmetic data" not in plan_text(own)

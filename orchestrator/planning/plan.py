@@ -119,10 +119,24 @@ def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
 
     spot = plan_spot.capacity_plan(cfg, plan, catalog, [o.gpu_type for o in options], variant=with_gpu,
                                    work_hours=lambda c, p: estimate_cost(c, p, model_config=model_config).hours)
+    placeholder = placeholder_note(cfg)
     if as_json:
-        return json.dumps({**spot, "prices": prices})
+        return json.dumps({**spot, "prices": prices, "placeholder": placeholder})
     return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom,
-                       prices=prices) + "\n" + plan_spot.format_capacity_plan(spot)
+                       prices=prices) + "\n" + plan_spot.format_capacity_plan(spot) + \
+        (f"\nWARNING: {placeholder}" if placeholder else "")
+
+
+def placeholder_note(cfg: Any) -> Optional[str]:
+    """What the plan prices that is the CPU demo's, not the job's: the built-in arithmetic data under a real model
+    (its steps are a placeholder too), or None."""
+    from orchestrator.config.defaults import is_builtin
+
+    if str(cfg.data.source) != "synthetic" or is_builtin(cfg):
+        return None
+    return (f"these figures price {cfg.train.max_steps} steps of the built-in arithmetic data (data=synthetic), "
+            "the CPU demo's placeholder, not your job: give your data (data=jsonl data.path=... or data=hub "
+            "data.path=...) and its length (train.max_steps or train.num_epochs) for the run's real cost.")
 
 
 # ---------------------------------------------------------------- trial: estimate vs measurement

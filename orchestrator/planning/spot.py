@@ -57,15 +57,22 @@ class CapacityOption:
 
 def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
     """The job's spot lifetimes and measured restarts from its ledger; none when it has no ledger (or none can be
-    read: the plan is advice and never stops a launch, nor waits out a storage outage). A restart is an attempt's start to first step
-    (``policy.history``)."""
+    read: the plan is advice and never stops a launch, nor waits out a storage outage), or when the ledger under
+    this run.name is of another model (a 70B plan under the default run.name is not the tiny demo's 58 s restart).
+    A restart is an attempt's start to first step (``policy.history``)."""
     try:
         from orchestrator.records.ledger import Ledger
+        from orchestrator.records.ledger_record import LedgerRecord
         from orchestrator.storage import store_from_config
 
-        attempts = Ledger(store_from_config(cfg.storage, retry=False), str(cfg.run.name)).load().get("attempts") or []
+        ledger = Ledger(store_from_config(cfg.storage, retry=False), str(cfg.run.name))
+        raw = ledger.load()
+        record = LedgerRecord.decode(raw, ledger.uri) if raw else None
     except Exception:  # noqa: BLE001 - no history is a valid answer
         return [], []
+    if record is None or not record.trained(str(cfg.model.name_or_path)):
+        return [], []
+    attempts = raw["attempts"]  # policy.history reads each attempt's measurements field by field
     return list(spot_lifetimes(attempts)), restart_seconds_measured(attempts)
 
 

@@ -138,6 +138,7 @@ class LedgerRecord:
     created_at: Optional[float]
     capacity: tuple[CapacityDecision, ...]
     repro: Mapping[str, Any]
+    model_input: Optional[str]  # the model the job trained, ``name@revision`` (its reproducibility record)
 
     @classmethod
     def decode(cls, doc: Any, where: str) -> "LedgerRecord":
@@ -153,7 +154,12 @@ class LedgerRecord:
             alerts={str(k): Fields(alerts, f"{where} alerts").time(k, 0.0) for k in alerts},
             mlflow_run_id=f.text("mlflow_run_id", None), cost_usd=f.usd("cost_usd"),
             step=f.whole("step", high=MAX_STEPS, default=0), created_at=f.time("created_at"),
-            capacity=tuple(CapacityDecision.decode(d) for d in f.objects("capacity")), repro=f.mapping("repro"))
+            capacity=tuple(CapacityDecision.decode(d) for d in f.objects("capacity")), repro=f.mapping("repro"),
+            model_input=Fields(f.mapping("repro"), f"{where} repro").text("model_input", None))
+
+    def trained(self, model: str) -> bool:
+        """Whether the job trained ``model`` (a hub id or a path), as its reproducibility record says."""
+        return self.model_input is not None and (self.model_input == model or self.model_input.startswith(model + "@"))
 
     @property
     def newest_fence(self) -> int:
