@@ -240,3 +240,24 @@ def test_a_catalog_of_ones_own_is_named_and_an_undated_one_said_so(tmp_path, mon
     monkeypatch.setenv("ORCH_PRICING_FILE", str(own))
     _, line = price_refresh.current_catalog(cfg, now=NOW, refresh=False)
     assert line.startswith(f"prices: catalog {own} ($ORCH_PRICING_FILE) (undated)"), line
+
+
+def test_an_attempt_is_billed_at_the_fresh_cached_price_and_at_the_shipped_one_without(tmp_path, monkeypatch):
+    """The meter of an attempt (``attempt.build.attempt_price``, as the builder and the supervisor's start-up holds
+    call it) prices with the cache's fresh prices, read, never fetched; with no fresh cache, the shipped catalog."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    from orchestrator.attempt.build import attempt_price
+    from orchestrator.money.cost import load_catalog
+
+    store = LocalStore(tmp_path)
+    cfg = _job(tmp_path, "compute=l40s-spot", "compute.cloud=aws")
+    shipped = price_for(OmegaConf.to_object(cfg.compute), load_catalog()).usd_per_hour_total
+    current, _ = price_refresh.current_catalog(cfg, refresh=False, store=store)
+    assert attempt_price(OmegaConf.to_object(cfg.compute), {}, current)[3].usd_per_hour_total == pytest.approx(shipped)
+    fresh = prices.FetchedPrice("l40s", "aws", "spot", "us-east-1", "us-east-1a", "g6e.xlarge", 1, 0.77, time.time(), "t")
+    prices.write_cache(store, [fresh])
+    current, _ = price_refresh.current_catalog(cfg, refresh=False, store=store)
+    assert attempt_price(OmegaConf.to_object(cfg.compute), {}, current)[3].usd_per_hour_total == pytest.approx(0.77)

@@ -47,6 +47,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     from orchestrator.policy.requeue import RequeuePolicy
     from orchestrator.storage import store_from_config
 
+    from orchestrator.money.price_refresh import current_catalog
     from orchestrator.tracking.progress import quiet_data_progress
 
     quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
@@ -54,8 +55,10 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     run_name = job_name(cfg)
     resolved = resolve(cfg)  # config.yaml, the repro record and MLflow's params: one resolved dict
     settings = Settings.of(cfg)  # the groups parts only read, as dataclasses
-    capacity, compute, catalog, price = attempt_price(settings.compute, environ)
     store = store_from_config(settings.storage)
+    # the prices the cache in storage holds while fresh (never fetched here: the launch and the plan fetch)
+    current, _ = current_catalog(cfg, refresh=False, store=store)
+    capacity, compute, catalog, price = attempt_price(settings.compute, environ, current)
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
     spend = spend_watch(settings, store, run_name, money, hold=environ.get(HOLD_ENV)) if main else None
@@ -96,14 +99,15 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
                   quality=quality, preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
 
 
-def attempt_price(configured: ComputeConfig, environ) -> tuple:
+def attempt_price(configured: ComputeConfig, environ, catalog=None) -> tuple:
     """(capacity, compute, catalog, price) of this attempt, from the job's ``compute``: a backend may run a spot
-    job on-demand (run.deadline); ``compute``: the ``ComputeConfig`` it runs on."""
+    job on-demand (run.deadline); ``compute``: the ``ComputeConfig`` it runs on. ``catalog``: the prices to use
+    (``money.price_refresh.current_catalog``: fetched ones while fresh), else the shipped catalog."""
     from orchestrator.money.cost import load_catalog, price_for
 
     capacity = attempt_capacity(configured, environ)
     compute = attempt_compute(configured, capacity)
-    catalog = load_catalog()
+    catalog = load_catalog() if catalog is None else catalog
     try:
         return capacity, compute, catalog, price_for(compute, catalog)
     except ValueError as err:

@@ -298,7 +298,10 @@ def start_holds(cfg, store):
     from orchestrator.attempt.build import attempt_price, job_name
     from orchestrator.money.spend_holds import StartHolds
 
-    _capacity, compute, _catalog, price = attempt_price(OmegaConf.to_object(cfg.compute), os.environ)
+    from orchestrator.money.price_refresh import current_catalog
+
+    current, _ = current_catalog(cfg, refresh=False, store=store)  # the cache's fresh prices, as the attempt's meter
+    _capacity, compute, _catalog, price = attempt_price(OmegaConf.to_object(cfg.compute), os.environ, current)
     return StartHolds(cfg, store, job_name(cfg), usd_per_second=price.usd_per_hour_total / 3600.0,
                       restart_seconds=compute.restart_seconds)
 
