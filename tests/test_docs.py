@@ -12,35 +12,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.main import COMMANDS
+from tests.helpers.pages import shell_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SHELL_FENCES = {"bash", "sh", "shell", "console"}
 # commands whose arguments are Hydra overrides of a job's config
 JOB_COMMANDS = ("python -m orchestrator.launch", "bash scripts/run.sh", ".venv/bin/python -m orchestrator.launch",
                 "orchestrator launch")
-
-
-def shell_commands(page: Path) -> list[str]:
-    """The commands of the page's shell fences (continuation lines joined, comments and prompts dropped)."""
-    commands, fence, pending = [], None, ""
-    for line in page.read_text().splitlines():
-        marker = re.match(r"^```(\w*)\s*$", line)
-        if marker:
-            fence = None if fence is not None else marker.group(1)
-            continue
-        if fence is None or fence not in SHELL_FENCES:
-            continue
-        line = re.sub(r"(^|\s)#\s.*$", "", line).strip()
-        if not line or line.startswith("#"):
-            continue
-        pending += " " + line.removeprefix("$ ")
-        if pending.endswith("\\"):
-            pending = pending[:-1]
-            continue
-        commands.append(pending.strip())
-        pending = ""
-    return commands
 
 
 def _words(command: str) -> list[str]:

@@ -192,8 +192,9 @@ def _mount_source(source: str) -> str:
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
     """The task YAML that ``submit`` hands to ``sky jobs launch`` (``render_yaml``: ConfigError for a secret in it)."""
-    return render_yaml(cfg, "sky jobs launch -y", lambda capacity: task_config(cfg, overrides, capacity),
-                       "the SkyPilot task YAML")
+    names = worker_invocation(cfg, overrides).secret_names  # as submit passes them: names only, values from the env
+    command = " ".join(["sky jobs launch -y", *(f"--secret {name}" for name in names)])
+    return render_yaml(cfg, command, lambda capacity: task_config(cfg, overrides, capacity), "the SkyPilot task YAML")
 
 
 def submit(cfg: Any, overrides: Sequence[str]) -> str:
