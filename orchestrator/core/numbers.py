@@ -23,6 +23,7 @@ from orchestrator.core.errors import ConfigError
 RANGES = {
     "recipe.lora_dropout": (0.0, True, 1.0, False, "0.05"),
     "recipe.dpo_beta": (0.0, False, None, False, "0.1"),
+    "recipe.temperature": (0.0, False, None, False, "1.0 (GRPO's sampling temperature)"),
     "data.eval_fraction": (0.0, True, 1.0, False, "0.1"),
     "train.learning_rate": (0.0, True, None, False, "5e-3"),
     "train.weight_decay": (0.0, True, None, False, "0.0"),
@@ -36,7 +37,9 @@ RANGES = {
 def _float_hint(hint) -> str | None:
     """'float' for ``float``/``Optional[float]``, 'list' for ``list[float]``, 'node' for a schema, else None."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if hint is float or (typing.get_origin(hint) in (typing.Union, types.UnionType) and args == [float]):
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        return _float_hint(args[0])  # Optional[X] is X where it is set (an optional list of weights too)
+    if hint is float:
         return "float"
     if typing.get_origin(hint) is list and args:
         inner = _float_hint(args[0])

@@ -58,12 +58,27 @@ def _local_paths(tasks: list[str]) -> tuple[list[Path], list[str], list[Path]]:
         if not path.exists():
             raise ConfigError(f"eval.tasks: {entry!r} does not exist. Give a harness task name (e.g. tiny_arith_mc, "
                               "arc_easy), a task YAML file, or a folder of them.")
-        if path.is_dir():
+        if path.is_dir():  # a folder of task YAMLs: every task in it (the harness's include_path is recursive)
             folders.append(path)
+            found = sorted(path.rglob("*.yaml")) + sorted(path.rglob("*.yml"))
+            tasks_in = [f for f in found if _names_a_task(f)]
+            if not tasks_in:
+                raise ConfigError(f"eval.tasks: the folder {entry!r} holds no task YAML (a file with a `task:` or "
+                                  "`group:` name). Give the folder of your task files, or the files themselves.")
+            files.extend(tasks_in)
         else:
             files.append(path)
             folders.append(path.parent)
     return folders, names, files
+
+
+def _names_a_task(path: Path) -> bool:
+    """Whether ``path`` is a task or group YAML (a file of shared settings for ``include:`` is neither)."""
+    try:
+        doc = _load_yaml(path)
+    except ConfigError:
+        return False
+    return isinstance(doc.get("task") or doc.get("group"), str)
 
 
 def _load_yaml(path: Path) -> dict:

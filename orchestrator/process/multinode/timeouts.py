@@ -20,6 +20,7 @@ DEFAULT_S = 30.0
 FLOOR_S = 10.0
 CEILING_S = 300.0
 COLLECTIVE_FLOOR_S = 120.0
+MAX_HEARTBEAT_S = 86400.0
 
 
 def heartbeat_timeout_s(value, attempts: Iterable = ()) -> float:
@@ -33,6 +34,10 @@ def heartbeat_timeout_s(value, attempts: Iterable = ()) -> float:
         if seconds <= 0:
             raise ValueError(f"distributed.heartbeat_timeout={value!r} must be positive: a silent node would never "
                              "be noticed. Use auto or a duration such as 30s.")
+        if seconds > MAX_HEARTBEAT_S:  # the ranks' collective timeout is 4x it: past a day, no world waits it out
+            raise ValueError(f"distributed.heartbeat_timeout={value!r} is more than {MAX_HEARTBEAT_S / 3600:g} h: a "
+                             "node silent that long is lost, and the world's collective timeout (4x it) would "
+                             "never end. Use auto or a duration such as 30s.")
         return seconds
     attempts = list(attempts)
     step, save = steady_seconds_per_step(attempts), measured_cost_seconds(attempts)
