@@ -311,7 +311,31 @@ def test_a_changed_data_object_is_a_changed_trajectory(s3_server, s3_bucket, tmp
     _put(s3_server, data, _jsonl(synthetic_rows("sft", 120, 8)).encode())  # same key, other rows
     resumed = jobs.run_job(jobs.with_overrides(args, "requeue.max_failures=3"), tmp_path)
     assert resumed.returncode == exitcodes.CONFIG_ERROR, resumed.stderr[-3000:]
-    assert "the training data changed since checkpoint" in resumed.stderr, resumed.stderr[-3000:]
+    # found when the attempt lists the object, before it downloads it (the dataset's fingerprint would refuse later)
+    assert f"{data} changed since the job's first attempt" in resumed.stderr, resumed.stderr[-3000:]
+
+
+@pytest.mark.e2e
+def test_a_model_swapped_under_its_s3_key_between_attempts_stops_the_job(s3_server, s3_bucket, tmp_path):
+    """An s3:// model swapped between attempts was resumed on silently (eval_loss 15.1 against 0.90): the first
+    attempt records a digest of what it listed under the key, and a later attempt that lists others stops before
+    downloading them (exit 4, never requeued), naming the input."""
+    bucket = s3_bucket.split("/")[2]
+    storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
+    model = f"s3://{bucket}/models/{uuid.uuid4().hex[:6]}/"
+    _upload_folder(s3_server, _tiny_model(), model)
+    args = [*SMALL, *storage.overrides(), "run.name=swapped", "recipe=sft", f"model.name_or_path={model}",
+            "requeue.max_failures=0"]
+    crashed = jobs.run_job(args, tmp_path, env=jobs.job_env(tmp_path, {"ORCH_FAULT_AFTER_STEPS": "9"}))
+    assert crashed.returncode not in (0, exitcodes.PREEMPTED), crashed.stderr[-3000:]
+    assert jobs.committed_steps(storage, "swapped") == [4, 8]
+
+    config = json.loads((_tiny_model() / "config.json").read_text())
+    _put(s3_server, f"{model}config.json", json.dumps(dict(config, note="another upload")).encode())
+    resumed = jobs.run_job(jobs.with_overrides(args, "requeue.max_failures=3"), tmp_path)
+    assert resumed.returncode == exitcodes.CONFIG_ERROR, resumed.stderr[-3000:]
+    assert f"{model} changed since the job's first attempt" in resumed.stderr, resumed.stderr[-3000:]
+    assert len(jobs.ledger(storage, "swapped")["attempts"]) == 2  # stopped, not requeued
 
 
 def test_skypilot_file_mounts_and_mix_sources_are_given_as_the_vm_sees_them(project, tmp_path, monkeypatch, capsys):

@@ -6,6 +6,7 @@ object with those capabilities left out, never a mutated config.
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.attempt.capacity_contract import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
 from orchestrator.core.durations import parse_duration
 from orchestrator.config.schema import ComputeConfig
-from orchestrator.core.errors import ConfigError
+from orchestrator.core.errors import ConfigError, DataError
 from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.interval import interval_bounds, is_auto
 
@@ -66,7 +67,8 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
                             budget_max_usd=settings.budget.max_usd, spend=spend) if main else FollowerRecord())
 
     token, work = attempt_folder(cfg, run_name, environ)
-    inputs.use(settings.storage, work / "inputs")  # s3:// data, templates and weights land here, once per attempt
+    # s3:// data, templates and weights land here, once per attempt; the main rank holds each to the first attempt's
+    inputs.use(settings.storage, work / "inputs", on_listed=functools.partial(pin_input, ledger) if main else None)
     checkpoints = CheckpointController(
         CheckpointStore(store, run_name, keep_last=cfg.checkpoint.keep_last, staging_dir=work / "staging"), record,
         main=main, work=work, token=token, snapshot_dir=cfg.checkpoint.snapshot_dir,
@@ -112,6 +114,16 @@ def attempt_price(configured: ComputeConfig, environ, catalog=None) -> tuple:
         return capacity, compute, catalog, price_for(compute, catalog)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def pin_input(ledger: Any, uri: str, digest: str) -> None:
+    """Hold an ``s3://`` input to what the job's first attempt listed under it (``Ledger.pin_input``): a model or
+    data swapped under the same key between attempts stops the job (exit 4, never requeued), not resumed on."""
+    earlier = ledger.pin_input(uri, digest)
+    if earlier is not None:
+        raise DataError(f"{uri} changed since the job's first attempt: its objects (paths, sizes, ETags) digest "
+                        f"{digest[:12]} now, {earlier[:12]} then, so this job's checkpoints were trained on other "
+                        "inputs. Put the original objects back, or start over under a new run.name.")
 
 
 def attempt_folder(cfg: Any, run_name: str, environ) -> tuple[str, Path]:

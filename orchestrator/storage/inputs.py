@@ -20,7 +20,7 @@ import json
 import logging
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from orchestrator.core.errors import DataError
 
@@ -88,6 +88,13 @@ def verify(path: Path, size: int, etag: str, uri: str) -> None:
         raise DataError(f"{uri}: the downloaded bytes do not match the object's ETag {etag}; run the job again.")
 
 
+def listing_digest(listed: list[tuple[str, str, int, str]]) -> str:
+    """SHA-256 of what a listing names (each object's path under the URI, size and ETag): another upload under the
+    same key, a file added or removed, gives another digest."""
+    rows = sorted((relative, size, etag.strip('"')) for _, relative, size, etag in listed)
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
 def _safe_join(folder: Path, relative: str, uri: str) -> Path:
     parts = PurePosixPath(relative).parts
     if not parts or relative.startswith("/") or any(p in ("..", ".") for p in parts) or "\\" in relative:
@@ -99,10 +106,13 @@ def _safe_join(folder: Path, relative: str, uri: str) -> Path:
 class InputFiles:
     """Downloads of ``s3://`` inputs into ``folder``, once per folder (per attempt)."""
 
-    def __init__(self, storage_cfg: Any, folder: Path):
+    def __init__(self, storage_cfg: Any, folder: Path, on_listed: Optional[Callable[[str, str], None]] = None):
         self.storage_cfg = storage_cfg
         self.folder = Path(folder)
         self._stores: dict[str, Any] = {}
+        # told (uri, digest of its listing) before anything is downloaded: the attempt holds an input to what the
+        # job's first attempt trained on (a model swapped under the same key is refused, not resumed on)
+        self.on_listed = on_listed
 
     def _store(self, bucket: str):
         if bucket not in self._stores:
@@ -153,6 +163,8 @@ class InputFiles:
         target.mkdir(parents=True, exist_ok=True)
         with _locked(target / ".lock"):
             listed = self.listing(uri)
+            if self.on_listed is not None:
+                self.on_listed(uri, listing_digest(listed))
             bucket = split(uri)[0]
             paths = []
             for key, relative, size, etag in listed:
@@ -187,9 +199,10 @@ def _locked(path: Path) -> Iterator[None]:
 _ACTIVE: dict[str, Optional[InputFiles]] = {"files": None}
 
 
-def use(storage_cfg: Any, folder: Path) -> InputFiles:
-    """Make ``folder`` this process's download folder for ``s3://`` inputs (the attempt's builder calls it)."""
-    _ACTIVE["files"] = InputFiles(storage_cfg, folder)
+def use(storage_cfg: Any, folder: Path, on_listed: Optional[Callable[[str, str], None]] = None) -> InputFiles:
+    """Make ``folder`` this process's download folder for ``s3://`` inputs (the attempt's builder calls it);
+    ``on_listed``: see ``InputFiles``."""
+    _ACTIVE["files"] = InputFiles(storage_cfg, folder, on_listed)
     return _ACTIVE["files"]
 
 
