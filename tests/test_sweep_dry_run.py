@@ -1,7 +1,10 @@
 """A sweep with ``backend.dry_run=true`` prints what each trial of its first round would submit (the trial's own
 sampled values, through the backend's own dry-run printing) and writes nothing: no sweep record, no trial ledger,
 no spend reservation, no trial log. It exits 0 in seconds; it used to wait forever on trials a dry run never
-starts, with its record in the folder of the job named like the sweep."""
+starts, with its record in the folder of the job named like the sweep.
+
+A sweep named like a finished ordinary job (its ledger under that name) is refused before anything is written:
+the sweep's record would land in the job's folder."""
 from __future__ import annotations
 
 import re
@@ -114,3 +117,18 @@ def test_a_dry_run_sweep_on_a_cloud_backend_leaves_its_bucket_as_it_was(backend,
     found = trials(result.stdout, backend, "lr")
     assert sorted(learning_rate(text) for text in found.values()) == [1e-4, 2e-4]
     assert listing() == before and files(tmp_path) == local
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_sweep_named_like_a_finished_job_is_refused_before_anything_is_written(dry, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    existing_job(str(runs))
+    before = files(tmp_path)
+    code = launch.main([*GRID, f"storage.uri={runs}", f"run.work_dir={tmp_path / 'work'}",
+                        *(["backend.dry_run=true"] if dry else [])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 4
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    for needle in ("run.name='default'", "ordinary job", str(runs / "default" / "ledger.json"), "sweep.name="):
+        assert needle in err[0], (needle, err[0])
+    assert files(tmp_path) == before

@@ -146,6 +146,7 @@ def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:
     if not given_experiment:
         trial_overrides.append(f"tracking.experiment={name}")
     store = store_from_config(cfg.storage)
+    refuse_a_jobs_folder(store, name, _name_key(cfg))
     state = SweepState(store, name)
     if not cfg.backend.dry_run:  # a dry run writes nothing: no record, no lease (orchestrator.sweep.dryrun)
         state.open(space=space.to_json(), fixed=[_redacted(o) for o in fixed], settings=settings,
@@ -176,6 +177,19 @@ def _name_key(cfg) -> str:
     """The key that names the sweep: ``sweep.name`` when given, else ``run.name``."""
     given = cfg.sweep.name
     return "sweep.name" if given is not None and str(given) != "" else "run.name"
+
+
+def refuse_a_jobs_folder(store, name: str, key: str) -> None:
+    """ConfigError (exit 4), before anything is written, when ``<name>/`` is an ordinary job's folder (its
+    ledger is there): the sweep's record would go in beside that job's ledger and checkpoints (a sweep's own
+    folder holds no ledger: its trials are ``<name>-t<k>``)."""
+    from orchestrator.records.ledger import LEDGER_FILENAME
+
+    ledger = f"{name}/{LEDGER_FILENAME}"
+    if store.exists(ledger):
+        raise ConfigError(f"{key}={name!r} names an ordinary job ({store.get_uri(ledger)} is its ledger): the "
+                          f"sweep's record would go into that job's folder. Give the sweep a name of its own, e.g. "
+                          f"sweep.name={name}-sweep.")
 
 
 def _redacted(item: str) -> str:
