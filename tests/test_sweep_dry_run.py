@@ -45,6 +45,7 @@ def trials(stdout: str, backend: str, name: str) -> dict[int, str]:
     for number, text in out.items():
         assert text.count(RENDERED[backend]) == 1, (backend, number, text)  # the backend's own rendering, once
         assert f"run.name={name}-t{number}" in text, text
+        assert "backend.dry_run" not in text, text  # the commands a run would run, not the dry run's
     return out
 
 

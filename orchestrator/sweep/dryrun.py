@@ -43,10 +43,14 @@ def print_first_round(plan, compose_for_launch) -> int:
         cfg, final = compose_for_launch(command[3:])  # what the trial's launcher composes and checks
         shown = " ".join(f"{k}={v}" for k, v in sorted(trust.stored_params(params).items()))
         print(f"\n# trial {number} of sweep {name}: {shown}, to its first rung (train.pause_at_step={step})")
-        run = [item for item in command if not item.startswith("backend.dry_run=")]  # as a run launches it
-        print(f"# the sweep's driver runs: {_scrubbed(cfg, shlex.join(run))}", flush=True)
-        run_backend(cfg, final)  # backend.dry_run=true: prints what it would submit
+        print(f"# the sweep's driver runs: {_scrubbed(cfg, shlex.join(_as_run(command)))}", flush=True)
+        run_backend(cfg, _as_run(final))  # cfg's backend.dry_run: it prints what a run's launcher hands the backend
     return 0
+
+
+def _as_run(items: list[str]) -> list[str]:
+    """A command or overrides as a run (not this dry run) has them: without ``backend.dry_run=...``."""
+    return [item for item in items if not item.startswith("backend.dry_run=")]
 
 
 def _scrubbed(cfg, text: str) -> str:
