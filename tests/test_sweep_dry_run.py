@@ -133,3 +133,21 @@ def test_a_sweep_named_like_a_finished_job_is_refused_before_anything_is_written
     for needle in ("run.name='default'", "ordinary job", str(runs / "default" / "ledger.json"), "sweep.name="):
         assert needle in err[0], (needle, err[0])
     assert files(tmp_path) == before
+
+
+def test_a_dry_run_beside_a_live_driver_neither_waits_for_it_nor_touches_its_record(tmp_path):
+    """A dry run takes no lease: it runs while the sweep's driver lives (a run would exit 6) and says the record is
+    there, which a run would resume."""
+    from orchestrator.sweep.plan import plan_sweep
+
+    plan = plan_sweep([*GRID, "sweep.name=lr", f"storage.uri={tmp_path / '.cache' / 'runs'}"],
+                      launch.compose_for_launch)  # this test is the sweep's live driver: it holds the lease
+    try:
+        before = files(tmp_path)
+        result, seconds = dry_run([*GRID, "backend=slurm", "sweep.name=lr"], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "sweep lr already has a record" in result.stdout and "a run resumes it" in result.stdout
+        assert sorted(trials(result.stdout, "slurm", "lr")) == [0, 1]
+        assert files(tmp_path) == before
+    finally:
+        plan.state.release()
