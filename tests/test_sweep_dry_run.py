@@ -151,3 +151,19 @@ def test_a_dry_run_beside_a_live_driver_neither_waits_for_it_nor_touches_its_rec
         assert files(tmp_path) == before
     finally:
         plan.state.release()
+
+
+def test_a_dry_run_renders_where_the_store_cannot_be_read(tmp_path, monkeypatch):
+    """As a job's dry run, a sweep's renders on a machine without the bucket's credentials: it says what it could
+    not check there (a run checks it), and does not wait out storage.retry_for."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    result, seconds = dry_run([*GRID, "backend=kubernetes", "backend.image=x", "storage.uri=s3://no-such-bucket/runs",
+                               "sweep.name=lr"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert seconds < 60
+    assert "s3://no-such-bucket/runs could not be read" in result.stdout and "no AWS credentials" in result.stdout
+    assert sorted(trials(result.stdout, "kubernetes", "lr")) == [0, 1]

@@ -235,7 +235,8 @@ class Driver(_Outcomes):
         space and the seeded sampler give it; TrialRefused when the stored ones are not), its run name derived."""
         number, rung, step = trial["number"], trial["rung"], self._step(trial)
         params = trust.launch_params(self.plan.space, self.settings, trial, since=doc.get("space_since", 0))
-        command = trial_command(self.plan, number, params, step, python=self.python)
+        command = trial_command(self.plan, number, params, step, startup=startup_override(self.plan),
+                                python=self.python)
         before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
         path = self.logs / f"t{number}.log"
         offset = path.stat().st_size if path.exists() else 0
@@ -279,13 +280,14 @@ class Driver(_Outcomes):
         return doc
 
 
-def trial_command(plan, number: int, params: dict, step: int, *, python: str = sys.executable) -> list[str]:
+def trial_command(plan, number: int, params: dict, step: int, *, startup: list[str],
+                  python: str = sys.executable) -> list[str]:
     """What runs trial ``number`` with ``params`` to ``step`` (its rung's): ``python -m orchestrator.launch`` with
-    the sweep's fixed overrides, the trial's parameters, its run name, its rung and the sweep's cap."""
+    the sweep's fixed overrides, the trial's parameters, its run name, its rung, the sweep's cap and ``startup``
+    (``startup_override``)."""
     return [python, "-m", "orchestrator.launch", *plan.fixed, *(override(k, v) for k, v in sorted(params.items())),
             f"run.name={trial_name(plan.state.name, number)}", f"train.pause_at_step={step}",
-            f"train.eval_steps={decide.eval_every(plan.settings, number)}", *plan.trial_overrides,
-            *startup_override(plan)]
+            f"train.eval_steps={decide.eval_every(plan.settings, number)}", *plan.trial_overrides, *startup]
 
 
 def live_index(plan) -> dict:
@@ -314,7 +316,7 @@ def longest_start_up_s(plan) -> float:
     trial's ledger that is unreadable, or says a start-up took over a week, counts for nothing here (a warning,
     once; the driver refuses that trial when it next launches or reaps it)."""
     measured = [0.0]
-    for t in (plan.state.load() or {"trials": []})["trials"]:  # none yet in a dry run's plan
+    for t in plan.state.load()["trials"]:
         try:
             ledger = trust.trial_ledger(plan.store, t["run_name"])
             measured += trust.start_ups(ledger, plan.store.get_uri(f"{t['run_name']}/ledger.json"))

@@ -12,9 +12,11 @@ sweep record, lease, trial ledger, spend reservation or trial log. Results decid
 from __future__ import annotations
 
 import shlex
+from typing import Optional
 
+from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.sweep import decide, trust
-from orchestrator.sweep.driver import trial_command
+from orchestrator.sweep.driver import startup_override, trial_command
 from orchestrator.sweep.state import trial_run_name
 
 
@@ -24,28 +26,50 @@ def print_first_round(plan, compose_for_launch) -> int:
     from orchestrator.backends import run_backend
 
     name = plan.state.name
+    existing, unread = _read_store(plan)  # before any output: a run's refusal is this one's
     print(f"sweep {name} (dry run: nothing is launched or written): {plan.n_trials} trials, {plan.max_parallel} at "
           f"once, budget ${plan.budget_usd:g}; each trial at its first rung as backend={plan.cfg.backend.name} "
           f"would get it", flush=True)
-    existing = plan.state.load()
+    if unread:
+        print(f"# note: the store {plan.store.uri} could not be read from here ({unread}); a run checks there that "
+              f"sweep {name} names no ordinary job, and resumes its record if it has one.")
     if existing is not None:
         print(f"# note: sweep {name} already has a record ({plan.state.uri}, {len(existing['trials'])} trials); a run "
               "resumes it instead of starting this round. Shown: the first round of the sweep from scratch.")
     if plan.settings["sampler"] == "tpe":
         print("# note: sweep.sampler=tpe samples each trial from the results before it; shown as sampled with none.")
+    startup = startup_override(plan) if existing is not None else []  # measured by the record's trials, if any
     trials: list[dict] = []
     for number in range(plan.n_trials):
         params = decide.sample(plan.space, plan.settings, trials, number)
         trials.append({"number": number, "run_name": trial_run_name(name, number), "rung": 0, "status": "running",
                        "values": {}, "launches": 1, "params": trust.stored_params(params)})
         step = decide.trial_steps(plan.settings, number)[0]
-        command = trial_command(plan, number, params, step)
+        command = trial_command(plan, number, params, step, startup=startup)
         cfg, final = compose_for_launch(command[3:])  # what the trial's launcher composes and checks
         shown = " ".join(f"{k}={v}" for k, v in sorted(trust.stored_params(params).items()))
         print(f"\n# trial {number} of sweep {name}: {shown}, to its first rung (train.pause_at_step={step})")
         print(f"# the sweep's driver runs: {_scrubbed(cfg, shlex.join(_as_run(command)))}", flush=True)
         run_backend(cfg, _as_run(final))  # cfg's backend.dry_run: it prints what a run's launcher hands the backend
     return 0
+
+
+def _read_store(plan) -> tuple[Optional[dict], Optional[str]]:
+    """What a run checks in the store, read once: ConfigError when the sweep's name is an ordinary job's folder
+    (``plan.refuse_a_jobs_folder``), SweepStateCorrupt for a record a run would refuse; else (the sweep's record
+    or None, None). A store this machine cannot read (no credentials, no network): (None, why), and the trials are
+    rendered all the same, as a job's dry run renders without reading the store."""
+    from orchestrator.storage.base import TransientStorageError
+    from orchestrator.sweep.plan import name_key, refuse_a_jobs_folder
+    from orchestrator.sweep.state import SweepStateCorrupt
+
+    try:
+        refuse_a_jobs_folder(plan.store, plan.state.name, name_key(plan.cfg))
+        return plan.state.load(), None
+    except (ConfigError, SweepStateCorrupt):
+        raise
+    except (UserError, OSError, TransientStorageError) as err:
+        return None, str(err)[:300]
 
 
 def _as_run(items: list[str]) -> list[str]:

@@ -145,10 +145,10 @@ def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:
     trial_overrides = [f"budget.experiment_max_usd={float(cfg.sweep.budget_usd)!r}"]
     if not given_experiment:
         trial_overrides.append(f"tracking.experiment={name}")
-    store = store_from_config(cfg.storage)
-    refuse_a_jobs_folder(store, name, _name_key(cfg))
+    store = store_from_config(cfg.storage, retry=not cfg.backend.dry_run)  # a dry run waits out no outage
     state = SweepState(store, name)
     if not cfg.backend.dry_run:  # a dry run writes nothing: no record, no lease (orchestrator.sweep.dryrun)
+        refuse_a_jobs_folder(store, name, name_key(cfg))
         state.open(space=space.to_json(), fixed=[_redacted(o) for o in fixed], settings=settings,
                    allow_changes=bool(cfg.sweep.allow_changes))
     return SweepPlan(cfg=cfg, space=space, fixed=fixed, trial_overrides=trial_overrides, settings=settings,
@@ -163,7 +163,7 @@ def checked_name(cfg, n_trials: int) -> str:
     name (no ``/``, no ``..``): ConfigError, exit 4, before anything is written."""
     from orchestrator.core.names import RUN_NAME
 
-    key = _name_key(cfg)
+    key = name_key(cfg)
     name = str(cfg.sweep.name if key == "sweep.name" else cfg.run.name)
     last = f"{name}-t{max(n_trials, 1) - 1}"
     if not RUN_NAME.fullmatch(name) or not RUN_NAME.fullmatch(last):
@@ -173,7 +173,7 @@ def checked_name(cfg, n_trials: int) -> str:
     return name
 
 
-def _name_key(cfg) -> str:
+def name_key(cfg) -> str:
     """The key that names the sweep: ``sweep.name`` when given, else ``run.name``."""
     given = cfg.sweep.name
     return "sweep.name" if given is not None and str(given) != "" else "run.name"
