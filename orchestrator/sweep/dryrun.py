@@ -6,7 +6,8 @@ with its parameters, the command the driver runs for it (``driver.trial_command`
 launcher prints with ``backend.dry_run=true`` (the trial composed and checked as its launcher would
 (``compose_for_launch``), then ``orchestrator.backends.run_backend``: the sbatch script, the SkyPilot task, the
 Kubernetes manifest, the local supervisor's worker command). Nothing is launched and nothing is written: no
-sweep record, lease, trial ledger, spend reservation or trial log. Results decide what follows the first rung
+sweep record, lease, trial ledger, spend reservation or trial log; the store is read once, without retries, for
+what a run would refuse there (``_read_store``). Results decide what follows the first rung
 (promotions, and under ``sweep.sampler=tpe`` the later trials' values), so a dry run cannot show it.
 """
 from __future__ import annotations
