@@ -78,10 +78,11 @@ def test_a_relaunched_driver_launches_a_never_submitted_trial_again_under_its_nu
     from orchestrator.sweep.driver import Driver
     from orchestrator.sweep.plan import plan_sweep
 
-    args = ["-m", "backend=slurm", "backend.dry_run=true", "sweep.budget_usd=1", "sweep.n_trials=1",
+    args = ["-m", "backend=slurm", "sweep.budget_usd=1", "sweep.n_trials=1",
             "train.learning_rate=1e-4,2e-4", f"storage.uri={tmp_path / 'runs'}", f"run.work_dir={tmp_path / 'work'}",
             "tracking.enabled=false"]
     plan = plan_sweep(args, launch.compose_for_launch)
+    plan.fixed.append("backend.dry_run=true")  # the trial's launcher prints its sbatch script instead of running sbatch
     plan.state.new_trial(lambda trials: decide.sample(plan.space, plan.settings, trials, len(trials)))
     # the killed driver wrote the launch into the record, then died before its launcher ran sbatch
     plan.state.update(lambda d: d["trials"][0].update(submitted=0, launched_at=time.time() - 3600, log_offset=0,

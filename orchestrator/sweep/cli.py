@@ -1,5 +1,6 @@
-"""``python -m orchestrator.launch -m ...`` / ``sweep=asha``: plan, drive, print the result; and the sweep's
-part of ``orchestrator status <storage.uri>/<sweep.name>``."""
+"""``python -m orchestrator.launch -m ...`` / ``sweep=asha``: plan, drive, print the result (``backend.dry_run=true``:
+print the first round's submissions, ``dryrun``); and the sweep's part of ``orchestrator status
+<storage.uri>/<sweep.name>``."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +19,10 @@ def run_sweep(argv: list[str], compose_for_launch) -> int:
     plan = None
     try:
         plan = plan_sweep(argv, compose_for_launch)  # takes the sweep's lease: one driver at a time
+        if plan.cfg.backend.dry_run:  # the record was not opened: print the trials, write nothing
+            from orchestrator.sweep.dryrun import print_first_round
+
+            return print_first_round(plan, compose_for_launch)
         print(f"sweep {plan.state.name}: {plan.n_trials} trials, {plan.max_parallel} at once, budget "
               f"${plan.budget_usd:g}; state in {plan.state.uri}; trial logs in {plan.log_dir}", flush=True)
         tracking = SweepTracking.open(plan)

@@ -129,6 +129,8 @@ class _Outcomes:
 class Driver(_Outcomes):
     def __init__(self, plan, *, events: Optional[Events] = None, poll_seconds: float = 0.5,
                  python: str = sys.executable, submit_grace: float = backends.SUBMIT_GRACE_SECONDS):
+        if plan.cfg.backend.dry_run:  # its trials would only print: nothing would ever end (sweep/dryrun.py)
+            raise ValueError("a dry run's sweep launches no trial: orchestrator.sweep.dryrun prints them")
         self.plan, self.state, self.settings = plan, plan.state, plan.settings
         self.events = events or (lambda kind, trial, doc: None)
         self.poll_seconds, self.python = poll_seconds, python
@@ -233,11 +235,8 @@ class Driver(_Outcomes):
         space and the seeded sampler give it; TrialRefused when the stored ones are not), its run name derived."""
         number, rung, step = trial["number"], trial["rung"], self._step(trial)
         params = trust.launch_params(self.plan.space, self.settings, trial, since=doc.get("space_since", 0))
-        command = [self.python, "-m", "orchestrator.launch", *self.plan.fixed,
-                   *(override(k, v) for k, v in sorted(params.items())),
-                   f"run.name={trial_name(self.state.name, number)}", f"train.pause_at_step={step}",
-                   f"train.eval_steps={decide.eval_every(self.settings, number)}",
-                   *self.plan.trial_overrides, *startup_override(self.plan)]
+        command = trial_command(self.plan, number, params, step, startup=startup_override(self.plan),
+                                python=self.python)
         before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
         path = self.logs / f"t{number}.log"
         offset = path.stat().st_size if path.exists() else 0
@@ -279,6 +278,16 @@ class Driver(_Outcomes):
             except trust.TrialRefused as err:
                 doc = self._refuse(doc["trials"][number], err)
         return doc
+
+
+def trial_command(plan, number: int, params: dict, step: int, *, startup: list[str],
+                  python: str = sys.executable) -> list[str]:
+    """What runs trial ``number`` with ``params`` to ``step`` (its rung's): ``python -m orchestrator.launch`` with
+    the sweep's fixed overrides, the trial's parameters, its run name, its rung, the sweep's cap and ``startup``
+    (``startup_override``)."""
+    return [python, "-m", "orchestrator.launch", *plan.fixed, *(override(k, v) for k, v in sorted(params.items())),
+            f"run.name={trial_name(plan.state.name, number)}", f"train.pause_at_step={step}",
+            f"train.eval_steps={decide.eval_every(plan.settings, number)}", *plan.trial_overrides, *startup]
 
 
 def live_index(plan) -> dict:

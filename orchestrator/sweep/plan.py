@@ -145,10 +145,12 @@ def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:
     trial_overrides = [f"budget.experiment_max_usd={float(cfg.sweep.budget_usd)!r}"]
     if not given_experiment:
         trial_overrides.append(f"tracking.experiment={name}")
-    store = store_from_config(cfg.storage)
+    store = store_from_config(cfg.storage, retry=not cfg.backend.dry_run)  # a dry run waits out no outage
     state = SweepState(store, name)
-    state.open(space=space.to_json(), fixed=[_redacted(o) for o in fixed], settings=settings,
-               allow_changes=bool(cfg.sweep.allow_changes))
+    if not cfg.backend.dry_run:  # a dry run writes nothing: no record, no lease (orchestrator.sweep.dryrun)
+        refuse_a_jobs_folder(store, name, name_key(cfg))
+        state.open(space=space.to_json(), fixed=[_redacted(o) for o in fixed], settings=settings,
+                   allow_changes=bool(cfg.sweep.allow_changes))
     return SweepPlan(cfg=cfg, space=space, fixed=fixed, trial_overrides=trial_overrides, settings=settings,
                      state=state, store=store, experiment=experiment, budget_usd=float(cfg.sweep.budget_usd),
                      max_parallel=int(cfg.sweep.max_parallel), n_trials=n_trials,
@@ -161,15 +163,33 @@ def checked_name(cfg, n_trials: int) -> str:
     name (no ``/``, no ``..``): ConfigError, exit 4, before anything is written."""
     from orchestrator.core.names import RUN_NAME
 
-    given = cfg.sweep.name
-    name = str(given if given is not None and str(given) != "" else cfg.run.name)
-    key = "sweep.name" if given is not None and str(given) != "" else "run.name"
+    key = name_key(cfg)
+    name = str(cfg.sweep.name if key == "sweep.name" else cfg.run.name)
     last = f"{name}-t{max(n_trials, 1) - 1}"
     if not RUN_NAME.fullmatch(name) or not RUN_NAME.fullmatch(last):
         raise ConfigError(f"{key}={name!r} cannot name a sweep: it and its trials' run names ({last!r} is the last) "
                           "must each be 1-63 letters, digits, '.', '_' or '-', starting and ending with a letter or "
                           f"digit, as run.name; give a shorter plain name, e.g. sweep.name=lr-search.")
     return name
+
+
+def name_key(cfg) -> str:
+    """The key that names the sweep: ``sweep.name`` when given, else ``run.name``."""
+    given = cfg.sweep.name
+    return "sweep.name" if given is not None and str(given) != "" else "run.name"
+
+
+def refuse_a_jobs_folder(store, name: str, key: str) -> None:
+    """ConfigError (exit 4), before anything is written, when ``<name>/`` is an ordinary job's folder (its
+    ledger is there): the sweep's record would go in beside that job's ledger and checkpoints (a sweep's own
+    folder holds no ledger: its trials are ``<name>-t<k>``)."""
+    from orchestrator.records.ledger import LEDGER_FILENAME
+
+    ledger = f"{name}/{LEDGER_FILENAME}"
+    if store.exists(ledger):
+        raise ConfigError(f"{key}={name!r} names an ordinary job ({store.get_uri(ledger)} is its ledger): the "
+                          f"sweep's record would go into that job's folder. Give the sweep a name of its own, e.g. "
+                          f"sweep.name={name}-sweep.")
 
 
 def _redacted(item: str) -> str:
