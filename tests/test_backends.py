@@ -11,8 +11,6 @@
 """
 from __future__ import annotations
 
-import copy
-import functools
 import json
 import os
 import shlex
@@ -25,9 +23,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
 
-from orchestrator.core import exitcodes
+from orchestrator.app.compose import compose_config
 from orchestrator.backends import (
     get_backend,
     run_backend,
@@ -35,41 +32,9 @@ from orchestrator.backends import (
     worker_invocation,
     worker_overrides,
 )
-from orchestrator.app.compose import compose_config
+from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
-
-USER_OVERRIDES = ["recipe=sft", "compute=h100-x8-spot", "distributed=ddp", "distributed.processes_per_node=8", "run.name=exp1", "storage.uri=s3://bucket/runs",
-                  "storage.endpoint_url=http://minio:9000", "preemption.grace=30s"]
-# scripts/test.sh builds .venv-skypilot (SkyPilot pins an older click than the project's stack needs)
-SKYPILOT_PYTHON = os.environ.get("SKYPILOT_PYTHON", str(Path(__file__).resolve().parents[1] / ".venv-skypilot" / "bin" / "python"))
-
-
-# the groups the auto settings derive from (orchestrator.config.defaults): a copy with one of them changed would keep
-# the base's derived values, where the launcher derives them again
-DERIVING = ("compute.gpu_type=", "compute.gpus_per_node=", "model.name_or_path=", "model.dtype=", "recipe.name=",
-            "recipe.peft=", "distributed.name=")
-
-
-def compose(backend: str, *extra: str):
-    """The composed config for ``backend`` plus ``extra`` overrides, and the override list.
-
-    Composing costs about a second on a small machine, so the base config is
-    composed once per backend with the real launcher code, and ``extra`` (plain
-    ``key=value`` settings) is applied to a copy.
-    """
-    overrides = [*USER_OVERRIDES, f"backend={backend}", *extra]
-    if any(item.startswith(DERIVING) for item in extra):  # the auto settings derive from these: compose for real
-        return _composed(tuple(overrides)), overrides
-    cfg = copy.deepcopy(_composed((*USER_OVERRIDES, f"backend={backend}")))
-    for item in extra:
-        key, _, value = item.partition("=")
-        OmegaConf.update(cfg, key.lstrip("+"), yaml.safe_load(value), force_add=True)
-    return cfg, overrides
-
-
-@functools.lru_cache(maxsize=None)
-def _composed(overrides: tuple[str, ...]):
-    return compose_config(list(overrides))
+from tests.helpers.backends import SKYPILOT_PYTHON, USER_OVERRIDES, compose, composed
 
 
 @pytest.mark.slurm
@@ -168,7 +133,7 @@ def fake_slurm(tmp_path):
     def start(mode: str, restart_count: int = 0, extra: tuple = ()) -> subprocess.Popen:
         overrides = [*USER_OVERRIDES, "backend=slurm", f"+backend.extra.python={bin_dir / 'worker'}",
                      "requeue.max_failures=2", "requeue.max_preemptions=3", *extra]
-        cfg = _composed(tuple(overrides))
+        cfg = composed(tuple(overrides))
         script = tmp_path / "job.sbatch"
         script.write_text(get_backend("slurm").render(cfg, overrides))
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
@@ -350,7 +315,7 @@ NOTE = "+run.notes.note='" + NASTY.replace("'", "\\'") + "'"  # as a Hydra overr
 
 def _render(backend: str, *extra: str) -> str:
     overrides = [*USER_OVERRIDES, f"backend={backend}", *extra]
-    cfg = _composed(tuple(overrides))
+    cfg = composed(tuple(overrides))
     return get_backend(backend).render(cfg, overrides)
 
 
@@ -365,7 +330,7 @@ def _slurm_worker_argv(script: str) -> list[str]:
 def test_worker_invocation_passes_secrets_by_variable_name(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_x")  # the launcher resolves the config, so a named variable must be set
     overrides = [*USER_OVERRIDES, "backend=slurm", *SECRET_OVERRIDES, "+run.notes.hf_token=${oc.env:HF_TOKEN}"]
-    cfg = _composed(tuple(overrides))
+    cfg = composed(tuple(overrides))
     inv = worker_invocation(cfg, overrides)
     text = " ".join(inv.overrides)
     for secret in (SLACK_PATH_SECRET, QUERY_TOKEN, LIST_SECRET):
@@ -401,7 +366,7 @@ def test_slurm_and_skypilot_text_holds_no_secret(backend):
 @pytest.mark.e2e
 def test_skypilot_passes_secrets_as_skypilot_secrets(tmp_path):
     overrides = [*USER_OVERRIDES, "backend=skypilot", *SECRET_OVERRIDES]
-    cfg = _composed(tuple(overrides))
+    cfg = composed(tuple(overrides))
     task = yaml.safe_load(get_backend("skypilot").render(cfg, overrides))
     names = worker_invocation(cfg, overrides).secret_names
     assert task["secrets"] == {name: None for name in names}

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from orchestrator.backends import get_backend
-from tests.test_backends import SKYPILOT_PYTHON, compose
+from tests.helpers.backends import SKYPILOT_PYTHON, compose
 
 TOKEN = "hf_sekrit"
 HUB_MODEL = "model.name_or_path=meta-llama/Llama-3.1-8B"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.backends import get_backend
-from tests.test_backends import compose
+from tests.helpers.backends import compose
 
 IMAGE = "backend.image=registry.example/orch:1"
 SPOT_LABELS = {("cloud.google.com/gke-spot", "true"), ("eks.amazonaws.com/capacityType", "SPOT"),

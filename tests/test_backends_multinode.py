@@ -22,7 +22,7 @@ import yaml
 from orchestrator.core import exitcodes
 from orchestrator.backends import get_backend
 from orchestrator.core.errors import ConfigError
-from tests.test_backends import SKYPILOT_PYTHON, USER_OVERRIDES, _composed, compose
+from tests.helpers.backends import SKYPILOT_PYTHON, USER_OVERRIDES, composed, compose
 
 TWO_NODES = ("compute.nodes=2", "distributed.nodes=2")
 SHARED = "run.work_dir=/mnt/shared/work"  # nodes of their own share rank 0's folder through a volume
@@ -92,7 +92,7 @@ def two_node_slurm(tmp_path):
     def run(node0: int, node1: int, restart_count: int = 0) -> subprocess.CompletedProcess:
         overrides = [*USER_OVERRIDES, "backend=slurm", *TWO_NODES, f"+backend.extra.python={bin_dir / 'python'}"]
         script = tmp_path / "job.sbatch"
-        script.write_text(get_backend("slurm").render(_composed(tuple(overrides)), overrides))
+        script.write_text(get_backend("slurm").render(composed(tuple(overrides)), overrides))
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
                "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_RESTART_COUNT": str(restart_count), "TMPDIR": str(tmp_path),
                "FAKE_DIR": str(tmp_path), "FAKE_EXIT_0": str(node0), "FAKE_EXIT_1": str(node1)}
@@ -220,7 +220,7 @@ def _jobset_verdict(spec: dict, nodes_job, *, exit_code: int, disrupted: bool = 
                                          for c in rule.on_pod_conditions or [])
         if by_code or by_condition:
             assert rule.action == "FailJob"
-            what = (f"Pod ns/exp1-nodes-0-1-x has condition DisruptionTarget" if by_condition else
+            what = ("Pod ns/exp1-nodes-0-1-x has condition DisruptionTarget" if by_condition else
                     f"Container worker for pod ns/exp1-nodes-0-1-x failed with exit code {exit_code}")
             reason, message = "PodFailurePolicy", f"{what} matching FailJob rule at index {index}"
             break

@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator.cli import evaluate as eval_command
 from orchestrator.evaluation import job
-from tests.test_backends import SKYPILOT_PYTHON
+from tests.helpers.backends import SKYPILOT_PYTHON
 
 RUN_URI = "s3://bucket/runs/exp1"
 OVERRIDES = ["eval.tasks=[tiny_arith_mc]", "eval.limit=50", "compute=t4-spot", "storage.endpoint_url=http://minio:9000"]

@@ -18,7 +18,7 @@ import yaml
 
 from orchestrator.backends import get_backend, skypilot
 from orchestrator.core.errors import ConfigError
-from tests.test_backends import compose
+from tests.helpers.backends import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_PYTHON = """#!/bin/bash

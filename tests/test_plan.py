@@ -20,28 +20,13 @@ from orchestrator.planning import memory as plan_memory
 from orchestrator.config.schema import Config
 from orchestrator.money.cost import Price
 from orchestrator.core.errors import ConfigError
+from tests.helpers.plans import LLAMA_7B, LLAMA_70B, full, job
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-LLAMA_7B = json.loads((FIXTURES / "llama-7b-config.json").read_text())
-LLAMA_70B = json.loads((FIXTURES / "llama-70b-config.json").read_text())
 
 
 def preset(name: str) -> dict:
     return json.loads((model_config.PRESETS_DIR / f"{name}.json").read_text())
-
-
-def job(**groups) -> OmegaConf:
-    """A composed-like config: schema defaults plus the given group values."""
-    base = {"recipe": {"name": "sft"}, "model": {"name_or_path": "some/model", "dtype": "bfloat16"},
-            "compute": {"gpu_type": "a100-80gb", "gpus_per_node": 1}}
-    for group, values in groups.items():
-        base.setdefault(group, {}).update(values)
-    return OmegaConf.merge(OmegaConf.structured(Config), base)
-
-
-def full(**extra):
-    return job(recipe={"name": "sft", "peft": "full"}, **extra)
 
 
 def qlora(**extra):

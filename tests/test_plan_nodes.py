@@ -12,8 +12,7 @@ from orchestrator.planning import plan
 from orchestrator.planning import memory as plan_memory
 from orchestrator.money.cost import load_catalog, preemption_prior_per_hour
 from orchestrator.planning.nodes import break_even_nodes, spot_break_even
-from tests.test_plan import LLAMA_70B, full
-from tests.test_plan_spot import _plan
+from tests.helpers.plans import LLAMA_70B, full, run_plan
 
 H100 = {"gpu_type": "h100-80gb", "gpus_per_node": 8}
 
@@ -74,13 +73,13 @@ def test_plan_says_when_n_spot_nodes_cost_more_than_on_demand(tmp_path):
     job = ["model=llama-3.1-8b", "recipe=sft", "compute=l40s-spot", "distributed=ddp",
            "distributed.processes_per_node=1", "train.max_steps=5000",
            "compute.restart_seconds=900", f"storage.uri={tmp_path}", "--json"]
-    one = json.loads(_plan(*job).stdout)
+    one = json.loads(run_plan(*job).stdout)
     gpu = one["recommendation"]["gpu_type"]
     assert one["recommendation"]["capacity"] == "spot"
     limit = one["nodes"]["break_even_nodes"]
     assert limit and limit > 1 and f"from {limit} nodes on-demand would" in one["nodes"]["text"]
     for nodes, spot_dearer in ((limit - 1, False), (limit, True)):
-        done = _plan(*job, f"compute.nodes={nodes}", f"distributed.nodes={nodes}")
+        done = run_plan(*job, f"compute.nodes={nodes}", f"distributed.nodes={nodes}")
         assert done.returncode == 0, done.stderr
         many = json.loads(done.stdout)
         pair = {o["capacity"]: o for o in many["options"] if o["gpu_type"] == gpu}

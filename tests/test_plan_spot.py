@@ -3,14 +3,12 @@ long one on calm capacity, with the numbers behind each (``orchestrator plan --j
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.planning.spot import CapacityOption, recommend
+from tests.helpers.plans import run_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ["model=llama-3.1-8b", "recipe=qlora", "compute=l40s-spot"]
@@ -19,19 +17,13 @@ FIELDS = {"gpu_type", "capacity", "expected_wall_hours", "expected_preemptions",
           "restart_seconds", "restart_source"}
 
 
-def _plan(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "orchestrator", "plan", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
 def _by(doc: dict, gpu: str) -> dict:
     return {o["capacity"]: o for o in doc["options"] if o["gpu_type"] == gpu}
 
 
 @pytest.mark.e2e
 def test_short_job_on_volatile_capacity_with_a_slow_restart_is_cheaper_on_demand(tmp_path):
-    done = _plan(*JOB, "train.max_steps=5000", "compute.preemptions_per_hour=2", "compute.restart_seconds=900",
+    done = run_plan(*JOB, "train.max_steps=5000", "compute.preemptions_per_hour=2", "compute.restart_seconds=900",
                  f"storage.uri={tmp_path}", "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -51,7 +43,7 @@ def test_short_job_on_volatile_capacity_with_a_slow_restart_is_cheaper_on_demand
 
 @pytest.mark.e2e
 def test_an_on_demand_job_that_says_how_often_it_is_preempted_is_priced_so(tmp_path):
-    done = _plan(*JOB, "compute.spot=false", "train.max_steps=5000", "compute.preemptions_per_hour=2",
+    done = run_plan(*JOB, "compute.spot=false", "train.max_steps=5000", "compute.preemptions_per_hour=2",
                  f"storage.uri={tmp_path}", "--json")
     assert done.returncode == 0, done.stderr
     od = _by(json.loads(done.stdout), "l40s")["on_demand"]
@@ -61,13 +53,13 @@ def test_an_on_demand_job_that_says_how_often_it_is_preempted_is_priced_so(tmp_p
 @pytest.mark.e2e
 def test_long_job_on_calm_capacity_is_cheaper_on_spot_and_the_plan_prints_why(tmp_path):
     args = [*JOB, "train.max_steps=500000", "compute.preemptions_per_hour=0.2", f"storage.uri={tmp_path}"]
-    doc = json.loads(_plan(*args, "--json").stdout)
+    doc = json.loads(run_plan(*args, "--json").stdout)
     rec = doc["recommendation"]
     assert rec["capacity"] == "spot"
     spot, od = _by(doc, rec["gpu_type"])["spot"], _by(doc, rec["gpu_type"])["on_demand"]
     assert spot["expected_preemptions"] > 1 and spot["expected_cost_usd"] < od["expected_cost_usd"]
     assert spot["cost_per_useful_step_usd"] == pytest.approx(spot["expected_cost_usd"] / 500000)
-    text = _plan(*args).stdout
+    text = run_plan(*args).stdout
     assert "interruptions priced" in text and f"recommendation: spot on {rec['gpu_type']}" in text
 
 

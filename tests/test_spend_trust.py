@@ -15,25 +15,12 @@ import pytest
 
 from orchestrator.attempt.money import SpendWatch
 from orchestrator.core.errors import BudgetExhausted
-from orchestrator.records.ledger import Ledger
 from orchestrator.money.spend import INDEX_KEY, Caps, SpendIndex, SpendIndexCorrupt, month_total_usd, parse_index
+from orchestrator.records.ledger import Ledger
+from tests.helpers.corrupt_index import CORRUPT
 
 DEC = calendar.timegm((2026, 12, 15, 12, 0, 0))
 GOOD = {"jobs": {"a": {"experiment": "x", "months": {"2026-12": 1.0}, "open": {}}}, "alerts": {}}
-
-# what a truncated write, a careless edit or an attacker leaves at _spend/index.json
-CORRUPT = {
-    "truncated": b'{"jobs": {"a": {"experiment": "x", "mon',
-    "nan month": b'{"jobs": {"a": {"experiment": "x", "months": {"2026-12": NaN}, "open": {}}}, "alerts": {}}',
-    "negative": json.dumps({"jobs": {"a": {"experiment": "x", "months": {"2026-12": -100.0}}}}).encode(),
-    "infinite through": b'{"jobs": {"a": {"experiment": "x", "months": {}, "open": {"1": {"month": "2026-12", '
-                        b'"base": 0, "spent": 0, "through": Infinity, "updated_at": 1}}}}}',
-    "string amount": json.dumps({"jobs": {"a": {"experiment": "x", "months": {"2026-12": "lots"}}}}).encode(),
-    "jobs a list": json.dumps({"jobs": [1, 2]}).encode(),
-    "job not an object": json.dumps({"jobs": {"a": 3}}).encode(),
-    "not an object": b"[]",
-    "boolean amount": json.dumps({"jobs": {"a": {"experiment": "x", "months": {"2026-12": True}}}}).encode(),
-}
 
 
 @pytest.mark.parametrize("name", sorted(CORRUPT))

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
 from tests.helpers import jobs
-from tests.test_spend_trust import CORRUPT
+from tests.helpers.corrupt_index import CORRUPT
 
 PRICE = ["compute.price_per_hour=36"]  # $0.01 per second of an attempt
 CAP_USD = 0.05

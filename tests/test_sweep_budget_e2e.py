@@ -15,7 +15,7 @@ from orchestrator.app.compose import compose_config
 from orchestrator.money.cost import load_catalog, price_for
 from orchestrator.money.spend import INDEX_KEY, job_total_usd
 from tests.helpers import jobs
-from tests.test_sweep_e2e import SWEEP, kill_each_trial_once, state
+from tests.helpers.sweeps import SWEEP, kill_each_trial_once, state
 
 pytestmark = pytest.mark.e2e
 

@@ -197,7 +197,7 @@ def _child(request: dict) -> None:
 
 
 def serve(socket_path: str) -> None:
-    from orchestrator.process import training_stack, warm_start
+    from orchestrator.process import training_stack, warm_start  # noqa: F401 - warm_start imported ahead of the forks
     from orchestrator.app.compose import compose_config
 
     training_stack.import_stack(compose_config([]))
