@@ -16,6 +16,7 @@ from orchestrator.records.ledger import attempts_cost_usd
 from orchestrator.core.errors import BudgetExhausted, Fenced
 from orchestrator.core.exitcodes import ExitClass
 from orchestrator.records.ledger import Ledger
+from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.policy.history import last_restart_seconds
 from orchestrator.policy.requeue import RequeuePolicy, start_refusal
 from orchestrator.policy.restart import start_up_seconds
@@ -56,11 +57,11 @@ class AttemptRecord:
         from the spend index, then its first reservation). Returns the new attempt."""
         compute = self.compute
 
-        def refuse(ledger: dict):
-            refusal = start_refusal(ledger, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
+        def refuse(record: LedgerRecord):
+            refusal = start_refusal(record, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
             if refusal is not None or self.spend is None:
                 return refusal
-            return self.spend.start_refusal(vanished_usd=_attempt_costs(ledger.get("attempts") or []))
+            return self.spend.start_refusal(vanished_usd={str(a.fence): a.cost_usd for a in record.attempts})
 
         attempt = self.ledger.begin_attempt(
             host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,

@@ -77,6 +77,16 @@ class AttemptEntry:
             launched_by=f.text("launched_by", None), nodes=tuple(NodeEntry.decode(n) for n in f.objects("nodes")),
             extra=f.mapping("extra"))
 
+    @classmethod
+    def unrecorded(cls, exit_class: str, step: int = 0) -> "AttemptEntry":
+        """An attempt that left no entry in the ledger, as its requeue policy counts it: a worker that died before
+        it opened the ledger (the supervisor saw it end with ``exit_class`` at ``step``), a simulated attempt
+        (``orchestrator.planning.simulate``). Fence 0: it never took one."""
+        return cls(fence=0, exit_class=exit_class, host="-", pid=None, started_at=None, ended_at=None, last_seen=None,
+                   step_start=step, step_end=step, checkpoint_step_at_start=step, checkpoint_step_end=None,
+                   cost_usd=0.0, instance_type=None, gpu_type=None, gpus=0, spot=False, launched_by=None, nodes=(),
+                   extra={})
+
     @property
     def running(self) -> bool:
         return self.exit_class == RUNNING
@@ -154,6 +164,11 @@ class LedgerRecord:
             mlflow_run_id=f.text("mlflow_run_id", None), cost_usd=f.usd("cost_usd"),
             step=f.whole("step", high=MAX_STEPS, default=0), created_at=f.time("created_at"),
             capacity=tuple(CapacityDecision.decode(d) for d in f.objects("capacity")), repro=f.mapping("repro"))
+
+    @property
+    def attempts_cost_usd(self) -> float:
+        """What the job's attempts cost together, as the ledger bills them (``records.ledger.attempts_cost_usd``)."""
+        return float(sum(a.cost_usd for a in self.attempts))
 
     @property
     def newest_fence(self) -> int:
