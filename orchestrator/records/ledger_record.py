@@ -122,12 +122,13 @@ class CapacityDecision:
     time: Optional[float]
     fence: int
     step: int
+    locked: bool = False  # on-demand for good: the deadline leaves no room for another spot attempt
 
     @classmethod
     def decode(cls, f: Fields) -> "CapacityDecision":
         return cls(capacity=f.text("capacity", "?"), previous=f.text("previous", None), reason=f.text("reason", ""),
                    action=f.text("action", None), time=f.time("time"), fence=f.whole("fence", default=0),
-                   step=f.whole("step", default=0))
+                   step=f.whole("step", default=0), locked=f.flag("locked"))
 
 
 @dataclass(frozen=True)
