@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.money.cost import Price
-from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.money.report import (
     JobFigures,
     build_report,
@@ -12,6 +11,7 @@ from orchestrator.money.report import (
     quality_gain_points,
     usd_per_quality_point,
 )
+from orchestrator.records.ledger_record import LedgerRecord
 
 SPOT = Price(usd_per_hour_total=3.6, usd_per_gpu_hour=3.6, on_demand_usd_per_hour_total=10.8, source="test", gpus=1,
              spot=True)

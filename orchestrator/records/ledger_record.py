@@ -8,6 +8,15 @@ sweep, the cost report): an attempt without a whole fence, a cost of 1e300 or a 
 
 ``extra`` (an attempt's measurements) and ``repro`` stay JSON objects: their own readers check what they read
 (``orchestrator.policy.history``, ``orchestrator.records.repro``).
+
+A job whose OWN ledger does not decode stops, at the start of its attempt, and nothing is written to the ledger:
+``Ledger.begin_attempt`` decodes it inside its conditional write, before it marks or appends anything, so the
+worker's ``AttemptRecord.begin`` raises ``CorruptRecord``. That is a DataError: the worker prints it as one
+``error:`` paragraph (the ledger's URI, the field, and the fix: move the ledger aside, which starts its record
+afresh, or restore it from a copy), no traceback, and exits 4 (``config_error``: final, never requeued: a retry
+reads the same bytes). The local supervisor stops on that exit; its own reading of the ledger (``_ledger_attempts``) only
+warns. Another job's ledger that does not decode (the spend index's dead-hold sweep, a sweep's trials) is skipped
+with a warning naming it, and its neighbours go on.
 """
 from __future__ import annotations
 
@@ -15,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
 from orchestrator.core.exitcodes import RUN_STATUSES, RUNNING, ExitClass
-from orchestrator.records.fields import MAX_STEPS, CorruptRecord, Fields  # noqa: F401 - CorruptRecord: the readers'
 from orchestrator.records.fencing import upgraded_ledger
+from orchestrator.records.fields import MAX_STEPS, CorruptRecord, Fields  # noqa: F401 - CorruptRecord: the readers'
 
 EXIT_CLASSES = frozenset({RUNNING, *(c.value for c in ExitClass)})
 MAX_PID = 2**31 - 1
