@@ -89,9 +89,10 @@ CONVERTED = {
     # the writer's read-modify-writes (``Ledger.update``'s functions: record_repro, quality) are not readers
     "orchestrator/attempt/record.py": ("record_restart", "record_repro", "update_quality", "record_eval"),
     "orchestrator/policy/history.py": ("from_ledger", "claimed_restart_seconds"),  # the raw entry, checked there
+    "orchestrator/money/spend_holds.py": (),
+    "orchestrator/process/multinode/timeouts.py": (),
 }
-STILL_RAW = ("orchestrator/money/spend_holds.py", "orchestrator/planning/spot.py", "orchestrator/launch.py",
-             "orchestrator/process/multinode/timeouts.py", "orchestrator/process/multinode/records.py",
+STILL_RAW = ("orchestrator/planning/spot.py", "orchestrator/launch.py", "orchestrator/process/multinode/records.py",
              "orchestrator/attempt/capacity_contract.py", "orchestrator/attempt/reporting.py",
              "orchestrator/evaluation/job.py", "orchestrator/evaluation/billing.py", "orchestrator/sweep/trust.py")
 _RAW_READ = re.compile(r"""(?:\.get\(\s*|\[\s*)["'](%s)["']""" % "|".join(LEDGER_KEYS))
