@@ -92,7 +92,8 @@ class AttemptHistory:
 
     @property
     def ended(self) -> bool:
-        return self.exit_class != RUNNING and self.started_at is not None and self.ended_at is not None
+        """It ended, at a time it held (an attempt held longer than ``MAX_HELD_SECONDS`` is read as not ended)."""
+        return self.exit_class != RUNNING and self.held_seconds is not None
 
     @property
     def held_seconds(self) -> Optional[float]:
