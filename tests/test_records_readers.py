@@ -3,17 +3,22 @@ does not decode stops at its attempt's start with exit 4 and the fix (issue 41).
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from orchestrator.core.exitcodes import ExitClass
-from orchestrator.records.fields import CorruptRecord
+from orchestrator.records.fields import MAX_USD, CorruptRecord
 from orchestrator.records.ledger import Ledger
+from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.storage import LocalStore
 from tests.helpers import jobs
+from tests.test_records import GOOD, GOOD_ATTEMPT, JUNK, WHERE
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "corrupt-own"
@@ -65,6 +70,41 @@ def test_a_job_whose_own_ledger_does_not_decode_stops_at_its_attempt_start_with_
     assert f"{ledger.uri} attempts[0] is corrupt: 'cost_usd' is 1e+300" in errors[0], errors
     assert "move it aside" in errors[0] and "restore it from a copy" in errors[0], errors
     assert store.get_bytes(f"{RUN}/ledger.json") == raw  # the bytes stay for a person to look at
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(GOOD_ATTEMPT)), JUNK, st.sampled_from(["preempted", "crashed", "running", "completed"]))
+def test_every_converted_reader_runs_on_any_ledger_that_decodes(key, value, last_class):
+    """A ledger either is one CorruptRecord at its decode, or every reader converted to it runs on it: no KeyError,
+    TypeError or overflow deep in a policy, a figure or a sweep."""
+    from orchestrator.config.schema import RequeueConfig
+    from orchestrator.money.cost import Price
+    from orchestrator.money.report import JobFigures, build_report
+    from orchestrator.money.spend_leases import _dead_cost
+    from orchestrator.policy.history import read_attempts, spot_lifetimes, steady_seconds_per_step
+    from orchestrator.policy.requeue import RequeuePolicy, start_refusal
+
+    doc = json.loads(json.dumps(GOOD))
+    doc["attempts"] = [dict(GOOD_ATTEMPT, **{key: value}), dict(GOOD_ATTEMPT, fence=2, exit_class=last_class)]
+    try:
+        record = LedgerRecord.decode(doc, WHERE)
+    except CorruptRecord as err:
+        assert str(err).startswith(WHERE)
+        return
+    policy = RequeuePolicy(RequeueConfig())
+    policy.decide(record.attempts)
+    policy.refuse_reason(record)
+    start_refusal(record, policy, max_usd=1.0, final_uri="s3://b/job/final/")
+    price = Price(usd_per_hour_total=1.0, usd_per_gpu_hour=1.0, on_demand_usd_per_hour_total=3.0, source="test")
+    figures = JobFigures(price, record.attempts, step_at_start=40, fallback_tokens_per_step=10)
+    out = figures.figures(step=50, attempt_cost_usd=0.1, attempt_gpu_hours=0.0, mean_step_seconds=1.0)
+    assert all(math.isfinite(v) for v in out.values())
+    build_report(job="job", status=record.status, ledger=record, price=price, figures=out, quality_metric="q",
+                 quality=None, tokens_per_step=10, tokens_measured=False)
+    read_attempts(record.attempts), list(spot_lifetimes(record.attempts)), steady_seconds_per_step(record.attempts)
+    for a in record.attempts:
+        cost = _dead_cost(a, record.newest_fence, now=1.8e9)
+        assert cost is None or 0 <= cost <= MAX_USD
 
 
 # ---- the converted readers stay converted ----------------------------------------------------------------------
