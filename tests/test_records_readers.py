@@ -107,6 +107,16 @@ def test_every_converted_reader_runs_on_any_ledger_that_decodes(key, value, last
         assert cost is None or 0 <= cost <= MAX_USD
 
 
+def test_a_spot_attempt_held_past_a_year_has_no_lifetime_rather_than_a_type_error():
+    """Found by the property test above: started at 0 (1970) and ended now, it is read as not ended."""
+    from orchestrator.policy.history import AttemptHistory, spot_lifetimes
+
+    doc = dict(GOOD, attempts=[dict(GOOD_ATTEMPT, started_at=0)])
+    entry = LedgerRecord.decode(doc, WHERE).attempts[0]
+    assert AttemptHistory.from_entry(entry).lifetime is None and list(spot_lifetimes([entry])) == []
+    assert list(spot_lifetimes(doc["attempts"])) == []  # the raw reading too
+
+
 # ---- the converted readers stay converted ----------------------------------------------------------------------
 # The ledger's stored keys (``orchestrator.records.ledger``'s shape): outside the records package, the modules below
 # read them as ``LedgerRecord`` / ``AttemptEntry`` attributes, never as ``.get("<key>")`` / ``["<key>"]`` of a raw
