@@ -221,7 +221,7 @@ def test_a_restart_its_budget_cannot_carry_through_its_start_up_stops_before_spe
     it takes its fence, naming the numbers and the fix, before it loads anything; one the budget carries starts."""
     ledger = Ledger(store, "job")
     first = AttemptRecord(ledger, RequeuePolicy(RequeueConfig()), compute=ComputeConfig(), budget_max_usd=1.0)
-    fence = first.begin(0)["fence"]
+    fence = first.begin(0).fence
     first.record_restart({"total_s": 10.0})  # process start to first step, as the runner reports it
     ledger.end_attempt(ExitClass.PREEMPTED, 4, 0.95)
 
@@ -233,7 +233,7 @@ def test_a_restart_its_budget_cannot_carry_through_its_start_up_stops_before_spe
     with pytest.raises(BudgetExhausted, match=r"budget nearly spent: \$0.030000 left of budget.max_usd=\$1.0, less "
                                               r"than the start-up still ahead of this attempt \(\$0.080000: 10.0 s"):
         restart(1.0)  # $0.95 spent before, $0.02 since this process started (2 s), 8 s of start-up to come
-    assert restart(1.2)["fence"] > fence  # $0.23 left carries the $0.08
+    assert restart(1.2).fence > fence  # $0.23 left carries the $0.08
 
 
 def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store):

@@ -11,6 +11,7 @@ from orchestrator.money.report import (
     quality_gain_points,
     usd_per_quality_point,
 )
+from orchestrator.records.ledger_record import LedgerRecord
 
 SPOT = Price(usd_per_hour_total=3.6, usd_per_gpu_hour=3.6, on_demand_usd_per_hour_total=10.8, source="test", gpus=1,
              spot=True)
@@ -22,8 +23,14 @@ PRIOR = [  # killed at step 30 after a checkpoint at 20, then preempted cleanly 
 ]
 
 
+def decoded(ledger: dict) -> LedgerRecord:
+    """A test's ledger as the worker hands it to the figures and the report: decoded."""
+    return LedgerRecord.decode(ledger, "test")
+
+
 def _figures(**kw):
-    return JobFigures(SPOT, PRIOR, step_at_start=50, fallback_tokens_per_step=1000, **kw)
+    return JobFigures(SPOT, decoded({"attempts": PRIOR}).attempts, step_at_start=50, fallback_tokens_per_step=1000,
+                      **kw)
 
 
 def test_running_totals_span_all_attempts():
@@ -50,7 +57,7 @@ def test_spot_savings_go_negative_when_restarts_and_lost_work_outweigh_the_disco
     attempts = [{"fence": i + 1, "exit_class": "vanished", "started_at": 200.0 * i, "ended_at": 200.0 * i + 100,
                  "checkpoint_step_at_start": 10 * i, "step_end": 10 * i + 25, "cost_usd": 0.1, "gpus": 1}
                 for i in range(5)]
-    figures = JobFigures(SPOT, attempts, step_at_start=50, fallback_tokens_per_step=1000)
+    figures = JobFigures(SPOT, decoded({"attempts": attempts}).attempts, step_at_start=50, fallback_tokens_per_step=1000)
     out = figures.figures(step=60, attempt_cost_usd=0.1, attempt_gpu_hours=100 / 3600, mean_step_seconds=1.0)
     assert out["cost_usd"] == pytest.approx(0.6)
     # on demand, uninterrupted: one start-up and its 10 steps (this attempt's 100 s) + 50 steps x 1 s
@@ -100,7 +107,7 @@ def test_report_lists_each_attempt_and_the_totals():
                                     "checkpoint_step_at_start": 50, "step_end": 60, "cost_usd": 0.1}], "step": 60}
     figures = _figures().figures(step=60, attempt_cost_usd=0.1, attempt_gpu_hours=0.0, mean_step_seconds=2.0,
                                  total_cost_usd=0.3, attempts=3, preemptions=2)
-    report = build_report(job="exp1", status="completed", ledger=ledger, price=SPOT, figures=figures,
+    report = build_report(job="exp1", status="completed", ledger=decoded(ledger), price=SPOT, figures=figures,
                           quality_metric="eval_accuracy", quality=0.5, tokens_per_step=1000, tokens_measured=False,
                           quality_before=0.3)
     assert [a["exit_class"] for a in report["attempts"]] == ["vanished", "preempted", "completed"]
@@ -125,7 +132,7 @@ def test_grpo_logs_usd_per_1k_rollouts_counting_each_generation_batch_once():
     sft = JobFigures(SPOT, [], step_at_start=0, fallback_tokens_per_step=1000).figures(
         step=250, attempt_cost_usd=4.0, attempt_gpu_hours=1.0)
     assert "usd_per_1k_rollouts" not in sft
-    report = build_report(job="g", status="completed", ledger={"attempts": [], "step": 250}, price=SPOT, figures=out,
+    report = build_report(job="g", status="completed", ledger=decoded({"attempts": [], "step": 250}), price=SPOT, figures=out,
                           quality_metric="eval_accuracy", quality=None, tokens_per_step=1000, tokens_measured=True)
     assert "per 1k rollouts: $2.0000 (2000 rollouts" in format_report(report)
     assert "per 1k rollouts" not in format_report(dict(report, totals=dict(report["totals"], usd_per_1k_rollouts=None)))

@@ -73,8 +73,8 @@ def test_refuse_hook_raises_caps_reached_and_adds_no_attempt(store):
     _begin(ledger)
     ledger.end_attempt(ExitClass.PREEMPTED, step=10, cost_usd=0.5, status="preempted")
 
-    def refuse(record: dict):
-        preemptions = sum(a["exit_class"] in ("preempted", "vanished") for a in record["attempts"])
+    def refuse(record):  # the ledger decoded (a LedgerRecord), with the vanished marks
+        preemptions = sum(a.exit_class in ("preempted", "vanished") for a in record.attempts)
         return f"requeue caps spent: {preemptions}/1 preemptions" if preemptions >= 1 else None
 
     second = Ledger(store, "capped")

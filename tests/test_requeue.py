@@ -7,6 +7,19 @@ import pytest
 
 from orchestrator.config.schema import RequeueConfig
 from orchestrator.policy.requeue import RequeuePolicy
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
+
+
+def decoded(ledger: dict) -> LedgerRecord:
+    """A test's ledger as the policy reads it: decoded (``LedgerRecord.decode``); an attempt without a fence gets
+    its place in the list (1, 2, ...), as ``begin_attempt`` numbers them."""
+    attempts = [dict(a, fence=a.get("fence") or n) for n, a in enumerate(ledger.get("attempts") or [], 1)]
+    return LedgerRecord.decode(dict(ledger, attempts=attempts), "test")
+
+
+def entries(attempts: list[dict]) -> tuple[AttemptEntry, ...]:
+    """A test's attempts (dicts) decoded, as the supervisor hands them to ``decide``."""
+    return decoded({"attempts": attempts}).attempts
 
 
 def attempt(exit_class: str, start: int = 0, end: int | None = None, fence: int = 0) -> dict:
@@ -27,7 +40,7 @@ def run_job(policy: RequeuePolicy, outcomes) -> tuple[list[dict], list]:
     rng = random.Random(0)
     for n in range(1000):
         attempts.append(outcomes(n))
-        decisions.append(policy.decide(attempts, rng=rng))
+        decisions.append(policy.decide(entries(attempts), rng=rng))
         if not decisions[-1].requeue:
             return attempts, decisions
     raise AssertionError("the policy never stopped the job")
@@ -41,7 +54,7 @@ def test_always_crashing_job_runs_exactly_max_failures_attempts():
     assert len(attempts) == 3
     assert [d.log_line.split(":")[0] for d in decisions] == ["requeue [1/3]", "requeue [2/3]", "not requeued"]
     assert decisions[-1].log_line == "not requeued: 3 failures reached requeue.max_failures=3"
-    assert policy.refuse_reason({"attempts": attempts}) is not None  # a person re-running it is refused too
+    assert policy.refuse_reason(decoded({"attempts": attempts})) is not None  # a person re-running it is refused too
 
 
 @pytest.mark.e2e
@@ -61,7 +74,7 @@ def test_out_of_memory_stops_at_the_first_with_the_fix():
     assert "requeue.max_oom_retries=0" in reason
     for fix in ("train.per_device_batch_size", "train.gradient_checkpointing=true", "orchestrator plan"):
         assert fix in reason, reason
-    refused = policy.refuse_reason({"attempts": attempts})  # an engine or a person restarting it is refused too
+    refused = policy.refuse_reason(decoded({"attempts": attempts}))  # an engine or a person restarting it is refused too
     assert refused and "requeue.max_oom_retries=1" in refused
 
 
@@ -78,11 +91,11 @@ def test_preemptions_do_not_count_against_failures():
     # five preemptions and one crash, all making progress: the job goes on
     history = [attempt("preempted" if i != 2 else "crashed", start=i * 10, end=i * 10 + 5) for i in range(6)]
     history[-1]["exit_class"] = "vanished"
-    decision = policy.decide(history, rng=random.Random(0))
+    decision = policy.decide(entries(history), rng=random.Random(0))
     assert decision.requeue
     assert decision.delay_seconds == 0
     assert decision.log_line == "requeue [5/50]: vanished; no charge against failures"
-    assert policy.refuse_reason({"attempts": history}) is None
+    assert policy.refuse_reason(decoded({"attempts": history})) is None
 
 
 @pytest.mark.e2e
@@ -91,7 +104,7 @@ def test_preemption_cap_stops_the_job():
     attempts, decisions = run_job(policy, lambda n: attempt("preempted", start=n, end=n + 1))
     assert len(attempts) == 4
     assert decisions[-1].log_line == "not requeued: 4 preemptions reached requeue.max_preemptions=4"
-    assert "requeue.max_preemptions=14" in policy.refuse_reason({"attempts": attempts})
+    assert "requeue.max_preemptions=14" in policy.refuse_reason(decoded({"attempts": attempts}))
 
 
 @pytest.mark.e2e
@@ -110,15 +123,15 @@ def test_crash_loop_breaker_trips_on_failures_that_make_no_progress():
     assert len(attempts) == 6  # 1 with progress + 3 crashes and 2 preemptions without
     assert decisions[-1].log_line.startswith("not requeued: crash loop: the last 3 attempts made no progress")
     assert "step 40" in decisions[-1].reason
-    refused = policy.refuse_reason({"attempts": attempts})
+    refused = policy.refuse_reason(decoded({"attempts": attempts}))
     assert refused and "crash_loop_threshold=4" in refused
 
 
 def test_progress_resets_the_crash_loop_count():
     policy = RequeuePolicy(RequeueConfig(max_failures=10, crash_loop_threshold=3))
     history = [attempt("crashed", 0, 0), attempt("crashed", 0, 0), attempt("crashed", 0, 25), attempt("crashed", 20, 20)]
-    assert policy.no_progress_streak(history) == 1
-    assert policy.decide(history, rng=random.Random(0)).requeue
+    assert policy.no_progress_streak(entries(history)) == 1
+    assert policy.decide(entries(history), rng=random.Random(0)).requeue
 
 
 def test_attempt_that_never_recorded_its_last_step_counts_as_no_progress():
@@ -126,8 +139,8 @@ def test_attempt_that_never_recorded_its_last_step_counts_as_no_progress():
     history = [attempt("crashed", 30), attempt("crashed", 30)]
     for a in history:
         a["step_end"] = None
-    assert policy.no_progress_streak(history) == 2
-    assert not policy.decide(history).requeue
+    assert policy.no_progress_streak(entries(history)) == 2
+    assert not policy.decide(entries(history)).requeue
 
 
 def test_preemptions_while_loading_never_trip_the_crash_loop_breaker():
@@ -135,10 +148,10 @@ def test_preemptions_while_loading_never_trip_the_crash_loop_breaker():
     # its first checkpoint. That is the preemption cap's business, not a crash loop.
     policy = RequeuePolicy(RequeueConfig(max_preemptions=20, crash_loop_threshold=3))
     history = [attempt(["preempted", "vanished", "running"][i % 3], start=0, end=0) for i in range(9)]
-    assert policy.no_progress_streak(history) == 0
-    decision = policy.decide(history)
+    assert policy.no_progress_streak(entries(history)) == 0
+    decision = policy.decide(entries(history))
     assert decision.requeue and decision.log_line == "requeue [9/20]: vanished; no charge against failures"
-    assert policy.refuse_reason({"attempts": history}) is None
+    assert policy.refuse_reason(decoded({"attempts": history})) is None
 
 
 @pytest.mark.e2e
@@ -162,8 +175,8 @@ def test_machines_lost_while_loading_in_a_real_ledger_are_not_a_crash_loop(tmp_p
     record = Ledger(store, "big").load()
     assert [a["exit_class"] for a in record["attempts"]] == ["vanished"] * 3 + ["running"]
     policy = RequeuePolicy(RequeueConfig(crash_loop_threshold=3))
-    assert policy.refuse_reason(record) is None
-    assert policy.decide(record["attempts"]).requeue
+    assert policy.refuse_reason(decoded(record)) is None
+    assert policy.decide(decoded(record).attempts).requeue
 
 
 @pytest.mark.parametrize(
@@ -171,14 +184,14 @@ def test_machines_lost_while_loading_in_a_real_ledger_are_not_a_crash_loop(tmp_p
 )
 def test_final_classes_are_never_requeued(final):
     policy = RequeuePolicy(RequeueConfig(max_failures=100, max_preemptions=100))
-    decision = policy.decide([attempt(final, 0, 10)])
+    decision = policy.decide(entries([attempt(final, 0, 10)]))
     assert not decision.requeue
     assert decision.log_line.startswith("not requeued: ")
 
 
 def test_config_error_is_not_requeued_even_with_caps_left():
     policy = RequeuePolicy(RequeueConfig(max_failures=100))
-    decision = policy.decide([attempt("crashed", 0, 5), attempt("config_error", 5, 5)])
+    decision = policy.decide(entries([attempt("crashed", 0, 5), attempt("config_error", 5, 5)]))
     assert not decision.requeue and "config or data error" in decision.reason
 
 
@@ -197,28 +210,28 @@ def test_backoff_grows_exponentially_with_full_jitter_and_is_capped():
 def test_failure_decision_carries_the_backoff_delay():
     policy = RequeuePolicy(RequeueConfig(max_failures=5, backoff_base_seconds=5, backoff_max_seconds=300, crash_loop_threshold=100))
     history = [attempt("crashed", i, i + 1) for i in range(3)]
-    decision = policy.decide(history, rng=random.Random(7))
+    decision = policy.decide(entries(history), rng=random.Random(7))
     assert decision.requeue and 0 <= decision.delay_seconds <= 20
     assert decision.log_line == f"requeue [3/5]: crashed; retrying in {decision.delay_seconds:.1f}s"
 
 
 def test_refuse_reason_allows_a_fresh_or_healthy_job():
     policy = RequeuePolicy(RequeueConfig())
-    assert policy.refuse_reason({"attempts": []}) is None
-    assert policy.refuse_reason({}) is None
-    assert policy.refuse_reason({"attempts": [attempt("preempted", 0, 50), attempt("crashed", 50, 60)]}) is None
+    assert policy.refuse_reason(decoded({"attempts": []})) is None
+    assert policy.refuse_reason(decoded({})) is None
+    assert policy.refuse_reason(decoded({"attempts": [attempt("preempted", 0, 50), attempt("crashed", 50, 60)]})) is None
 
 
 def test_raising_the_cap_lets_a_person_go_on():
     history = [attempt("crashed", i, i + 1) for i in range(3)]
-    assert RequeuePolicy(RequeueConfig(max_failures=3)).refuse_reason({"attempts": history})
-    assert RequeuePolicy(RequeueConfig(max_failures=4)).refuse_reason({"attempts": history}) is None
+    assert RequeuePolicy(RequeueConfig(max_failures=3)).refuse_reason(decoded({"attempts": history}))
+    assert RequeuePolicy(RequeueConfig(max_failures=4)).refuse_reason(decoded({"attempts": history})) is None
 
 
 def test_zero_failures_allowed_means_one_attempt():
     policy = RequeuePolicy(RequeueConfig(max_failures=0))
-    assert not policy.decide([attempt("crashed", 0, 5)]).requeue
-    assert policy.refuse_reason({"attempts": []}) is None
+    assert not policy.decide(entries([attempt("crashed", 0, 5)])).requeue
+    assert policy.refuse_reason(decoded({"attempts": []})) is None
 
 
 def test_invalid_config_is_refused_with_the_key():
@@ -230,8 +243,8 @@ def test_invalid_config_is_refused_with_the_key():
         RequeuePolicy(RequeueConfig(max_oom_retries=-1))
 
 
-def _ledger(status: str, attempts: list[dict]) -> dict:
-    return {"run_name": "exp", "status": status, "attempts": attempts}
+def _ledger(status: str, attempts: list[dict]) -> LedgerRecord:
+    return decoded({"run_name": "exp", "status": status, "attempts": attempts})
 
 
 def test_start_refusal_of_a_completed_job_is_a_success_naming_the_final_weights():

@@ -182,9 +182,9 @@ def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: Checkpoin
         # an earlier attempt SIGKILLed before its points left it: its split is in the ledger, logged here at
         # its own step (a step the run already has is dropped, so nothing is logged twice)
         for earlier in record.prior_attempts:
-            logged = (earlier.get("extra") or {}).get("restart")
-            if logged:
-                tracking.log_metrics({f"restart_{k}": v for k, v in logged.items()}, int(earlier["step_start"]) + 1)
+            logged = earlier.extra.get("restart")  # an AttemptEntry; its extra is a JSON object, read as it is
+            if isinstance(logged, dict) and logged:
+                tracking.log_metrics({f"restart_{k}": v for k, v in logged.items()}, earlier.step_start + 1)
         tracking.log_metrics({f"restart_{k}": v for k, v in split.items()}, step)
 
     cache = PreparedDataCache(checkpoints.checkpoints, work=work) if cache_wanted(cfg) else None

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 from transformers import TrainerCallback
 
-from orchestrator.attempt.capacity_contract import MOVE, RESUBMIT, label, latest_decision
+from orchestrator.attempt.capacity_contract import MOVE, RESUBMIT, label
 from orchestrator.core.durations import parse_deadline
 from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity, reserve_seconds
 from orchestrator.policy.history import (AttemptHistory, first_start, measured_cost_seconds, read_attempts,
@@ -73,7 +73,7 @@ class CapacityWatch(TrainerCallback):
         self.request_file, self.restart_override, self.webhook = request_file, restart_override, webhook
         self.heartbeat_seconds = heartbeat_seconds
         self.clock, self.monotonic = clock, monotonic
-        self.latest: Optional[dict] = None
+        self.latest: Optional[tuple[str, bool]] = None  # the newest decision's (capacity, locked)
         self.stopping = False
         self._last_check = monotonic()
         self._prior: list[AttemptHistory] = []
@@ -84,14 +84,15 @@ class CapacityWatch(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         from orchestrator.policy.restart import restart_seconds
 
-        ledger = self.record.load()
-        attempts = read_attempts(ledger.get("attempts") or [])
+        decoded = self.record.decode(self.record.load())
+        attempts = read_attempts(decoded.attempts)
         self._prior = [a for a in attempts if a.fence != self.record.fence]
         self.first_start = first_start(attempts) or self.clock()
         self.deadline_s = deadline_seconds(self.deadline, self.first_start)
-        self.latest = latest_decision(ledger)
-        self.decisions = len(ledger.get("capacity") or [])
-        sizes = [int(c.get("size") or 0) for c in ledger.get("checkpoints") or []]
+        newest = decoded.capacity[-1] if decoded.capacity else None
+        self.latest = (newest.capacity, newest.locked) if newest is not None else None
+        self.decisions = len(decoded.capacity)
+        sizes = [c.size for c in decoded.checkpoints]
         self.restart_s, self.restart_source = restart_seconds(
             override=self.restart_override, checkpoint_bytes=sizes[-1] if sizes else 0.0,
             measured=restart_seconds_measured(self._prior))
@@ -113,7 +114,7 @@ class CapacityWatch(TrainerCallback):
 
     # ---- deciding and acting -----------------------------------------------------------
     def standing(self, step: int, max_steps: int, seconds_per_step: float) -> DeadlineState:
-        current = self.latest["capacity"] if self.latest else self.capacity
+        current = self.latest[0] if self.latest else self.capacity
         every = self.interval.seconds or 0.0  # none yet (off, or auto not decided): no interval's work at risk
         stalls = self.steps.save_stall_seconds
         cost = sum(stalls) / len(stalls) if stalls else (measured_cost_seconds(self._prior) or 0.0)
@@ -129,7 +130,7 @@ class CapacityWatch(TrainerCallback):
             work_done_seconds=step * seconds_per_step, work_total_seconds=max_steps * seconds_per_step,
             restart_seconds=self.restart_s,
             # what the job follows: the newest decision (an attempt that cannot move follows it by advice)
-            current=current, locked=bool(self.latest and self.latest.get("locked")))
+            current=current, locked=bool(self.latest and self.latest[1]))
 
     def decide(self, step: int, max_steps: int, seconds_per_step: float) -> CapacityDecision:
         decision = decide_capacity(self.standing(step, max_steps, seconds_per_step))
@@ -138,19 +139,19 @@ class CapacityWatch(TrainerCallback):
         if not self.spot_job:
             return decision
         latest = self.latest
-        if latest and latest["capacity"] == decision.capacity and bool(latest.get("locked")) == decision.locked:
+        if latest and latest == (decision.capacity, bool(decision.locked)):
             if self.action == MOVE and decision.capacity != self.capacity:  # decided before, not yet moved
                 log.warning("%s (%s)", f"capacity [{label(self.capacity)} -> {label(decision.capacity)}]: "
                             f"{decision.reason}", self.act(decision, "as decided earlier"))
             return decision  # nothing new to record
-        previous = latest["capacity"] if latest else self.capacity
+        previous = latest[0] if latest else self.capacity
         line = f"capacity [{label(previous)} -> {label(decision.capacity)}]: {decision.reason}"
         action = self.act(decision, line)
         entry = dict(capacity=decision.capacity, previous=previous, reason=decision.reason, locked=decision.locked,
                      at_risk=decision.at_risk, action=action, step=step, restart_s=self.restart_s,
                      restart_source=self.restart_source, seconds_per_step=seconds_per_step)
         self.record.record_capacity(entry)
-        self.latest = entry
+        self.latest = (decision.capacity, bool(decision.locked))
         log.warning("%s (%s)", line, action)
         self.decisions += 1
         n = self.decisions

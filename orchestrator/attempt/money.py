@@ -52,8 +52,9 @@ class MoneyWatch:
         self.guard = guard
         self.spend = spend
 
-    def start(self, prior_attempts: list[dict], prior_cost_usd: float, step_at_start: int) -> None:
-        """After the ledger's begin and the restore: the job's earlier attempts and where this one starts."""
+    def start(self, prior_attempts: list, prior_cost_usd: float, step_at_start: int) -> None:
+        """After the ledger's begin and the restore: the job's earlier attempts (``AttemptEntry``) and where this
+        one starts."""
         self.prior_cost_usd = prior_cost_usd
         self.figures = JobFigures(self.price, prior_attempts, step_at_start=step_at_start,
                                   fallback_tokens_per_step=self.fallback_tokens_per_step,
@@ -105,16 +106,16 @@ class MoneyWatch:
         return self.guard is None or self.guard.wait_for_delivery()
 
     def cost_figures(self, step: int, *, steps: Any, upload_seconds: float,
-                     window_step_seconds: Optional[float] = None, ledger: Optional[dict] = None) -> dict:
+                     window_step_seconds: Optional[float] = None, ledger: Any = None) -> dict:
         """Cost, GPU-hours, tokens, lost work, savings and checkpoint time at ``step``; ``steps`` (the attempt's
         ``StepClock``) has the step timing and the save stalls. With ``ledger`` (after the attempt ended) the
-        totals are the ledger's."""
+        totals are the ledger's (a ``LedgerRecord``: ``AttemptRecord.end``)."""
         stall = sum(steps.save_stall_seconds)
         overrides = {}
         if ledger is not None:
-            attempts = ledger["attempts"]
-            overrides = dict(total_cost_usd=float(ledger["cost_usd"]), attempts=len(attempts),
-                             preemptions=sum(a["exit_class"] in INTERRUPTED_CLASSES for a in attempts))
+            attempts = ledger.attempts
+            overrides = dict(total_cost_usd=ledger.cost_usd, attempts=len(attempts),
+                             preemptions=sum(a.exit_class in INTERRUPTED_CLASSES for a in attempts))
         return self.figures.figures(
             step=step, attempt_cost_usd=self.meter.attempt_cost_usd(), attempt_gpu_hours=self.meter.gpu_hours(),
             mean_step_seconds=steps.steady_seconds_per_step(), window_step_seconds=window_step_seconds,

@@ -12,10 +12,10 @@ import socket
 from typing import Any, Optional
 
 from orchestrator.attempt.money import start_up_refusal
-from orchestrator.records.ledger import attempts_cost_usd
 from orchestrator.core.errors import BudgetExhausted, Fenced
 from orchestrator.core.exitcodes import ExitClass
 from orchestrator.records.ledger import Ledger
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 from orchestrator.policy.history import last_restart_seconds
 from orchestrator.policy.requeue import RequeuePolicy, start_refusal
 from orchestrator.policy.restart import start_up_seconds
@@ -44,45 +44,48 @@ class AttemptRecord:
         self.compute = compute
         self.budget_max_usd = budget_max_usd
         self.prior_cost_usd = 0.0
-        self.prior_attempts: list[dict] = []
+        self.prior_attempts: list[AttemptEntry] = []  # the job's attempts before this one, decoded
 
     @property
     def fence(self) -> Optional[int]:
         return self.ledger.fence
 
-    def begin(self, newest_checkpoint_step: int, *, final_uri: str = "") -> dict:
+    def begin(self, newest_checkpoint_step: int, *, final_uri: str = "") -> AttemptEntry:
         """Take the next fence (fencing older attempts) or raise why not: AlreadyCompleted (exit 0),
         CapsReached, BudgetExhausted (``orchestrator.policy.requeue.start_refusal``; a spent monthly or experiment cap,
-        from the spend index, then its first reservation). Returns the new attempt."""
+        from the spend index, then its first reservation), or CorruptRecord (exit 4: the job's own ledger does not
+        decode, ``LedgerRecord``). Returns the new attempt, decoded."""
         compute = self.compute
 
-        def refuse(ledger: dict):
-            refusal = start_refusal(ledger, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
+        def refuse(record: LedgerRecord):
+            refusal = start_refusal(record, self.policy, max_usd=self.budget_max_usd, final_uri=final_uri)
             if refusal is not None or self.spend is None:
                 return refusal
-            return self.spend.start_refusal(vanished_usd=_attempt_costs(ledger.get("attempts") or []))
+            return self.spend.start_refusal(vanished_usd=_attempt_costs(record.attempts))
 
-        attempt = self.ledger.begin_attempt(
+        self.ledger.begin_attempt(
             host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
             gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
             checkpoint_step=newest_checkpoint_step, refuse=refuse,
             # the spend index can be rebuilt from the ledgers (orchestrator storage repair-spend)
             extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None)
-        stored = self.ledger.load()
-        self.prior_attempts = [a for a in stored["attempts"] if a["fence"] != attempt["fence"]]
-        self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
+        fence = self.ledger.fence  # the one begin_attempt took
+        stored = LedgerRecord.decode(self.ledger.load(), self.ledger.uri)
+        attempt = next(a for a in stored.attempts if a.fence == fence)
+        self.prior_attempts = [a for a in stored.attempts if a.fence != fence]
+        self.prior_cost_usd = float(sum(a.cost_usd for a in self.prior_attempts))
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
-            startup_s = self.startup_seconds(stored.get("attempts") or [])
+            startup_s = self.startup_seconds(stored.attempts)
             # the caps' first reservation holds a start-up even before one is measured (the start prior)
-            self.spend.begin(attempt["fence"], startup_s=start_up_seconds(startup_s, self.compute.restart_seconds),
+            self.spend.begin(fence, startup_s=start_up_seconds(startup_s, self.compute.restart_seconds),
                              vanished_usd=_attempt_costs(self.prior_attempts))
             # budget.max_usd must carry the start-up ahead too: a step is the first moment the guard can stop it
             refusal = start_up_refusal(self.budget_max_usd, prior_usd=self.prior_cost_usd, spent_usd=self.spend.spent(),
                                        usd_per_second=self.spend.usd_per_second, startup_s=startup_s)
             if refusal:
                 raise BudgetExhausted(refusal)
-        log.info("attempt with fence %d of job %r on %s (newest checkpoint: step %d)", attempt["fence"],
-                 self.ledger.run_name, attempt["host"], newest_checkpoint_step)
+        log.info("attempt with fence %d of job %r on %s (newest checkpoint: step %d)", fence,
+                 self.ledger.run_name, attempt.host, newest_checkpoint_step)
         return attempt
 
     def startup_seconds(self, attempts: list) -> float:
@@ -92,6 +95,10 @@ class AttemptRecord:
 
     def load(self) -> dict:
         return self.ledger.load()
+
+    def decode(self, ledger: dict) -> LedgerRecord:
+        """``ledger`` (as ``load`` gave it) decoded; CorruptRecord (exit 4) names this job's ledger."""
+        return LedgerRecord.decode(ledger, self.ledger.uri)
 
     def heartbeat(self, step: int, cost_usd: float) -> Optional[Exception]:
         """Record progress; returns the fencing error when another attempt took over (else None)."""
@@ -113,7 +120,7 @@ class AttemptRecord:
 
     def set_mlflow_run_id(self, run_id: Optional[str]) -> None:
         """Remember the job's MLflow run (when it is new) so every attempt logs into the same one."""
-        if run_id and run_id != self.load().get("mlflow_run_id"):
+        if run_id and run_id != self.decode(self.load()).mlflow_run_id:
             self.ledger.set_mlflow_run_id(run_id)
 
     def note(self, **fields: Any) -> None:
@@ -155,11 +162,12 @@ class AttemptRecord:
         self.ledger.update(fn)
         return first
 
-    def end(self, exit_class: ExitClass, step: int, cost_usd: float) -> dict:
-        """Close the attempt (its status: ``exitcodes.OUTCOMES``); settle its spend; returns the ledger as written."""
+    def end(self, exit_class: ExitClass, step: int, cost_usd: float) -> LedgerRecord:
+        """Close the attempt (its status: ``exitcodes.OUTCOMES``); settle its spend; returns the ledger as written,
+        decoded (the cost report's and the closing figures' reading)."""
         self.ledger.end_attempt(exit_class, step, cost_usd)
         self._settle(cost_usd)
-        return self.ledger.load()
+        return LedgerRecord.decode(self.ledger.load(), self.ledger.uri)
 
     def _settle(self, cost_usd: float) -> None:
         if self.spend is None:
@@ -193,6 +201,9 @@ class FollowerRecord:
 
     def load(self) -> dict:
         return {}
+
+    def decode(self, ledger: dict) -> LedgerRecord:
+        return LedgerRecord.decode(ledger, "the ledger")
 
     def heartbeat(self, step: int, cost_usd: float) -> None:
         return None
@@ -295,5 +306,5 @@ def name_package_changes(differences: list[str], first: dict, installed: dict) -
 
 
 def _attempt_costs(attempts) -> dict:
-    """fence -> the ledger's cost of each attempt (what settles its open entry in the spend index)."""
-    return {str(a.get("fence")): a.get("cost_usd") for a in attempts}
+    """fence -> the ledger's cost of each (decoded) attempt (what settles its open entry in the spend index)."""
+    return {str(a.fence): a.cost_usd for a in attempts}

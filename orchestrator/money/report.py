@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Optional
 from orchestrator.money import cost as costs
 from orchestrator.core.ranks import configured_world_size
 from orchestrator.core.exitcodes import INTERRUPTED_CLASSES
-from orchestrator.records.ledger import attempts_cost_usd
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 
 SECONDS_PER_HOUR = costs.SECONDS_PER_HOUR
 
@@ -51,10 +51,17 @@ def rollouts_per_step(cfg: Any) -> float:
 
 
 def attempt_seconds(attempt: Mapping[str, Any]) -> float:
-    """Wall seconds of one ledger attempt (to its end, else its last heartbeat)."""
+    """Wall seconds of one raw ledger attempt (to its end, else its last heartbeat): for a reader that has not
+    decoded the ledger (``entry_seconds`` for one that has)."""
     started = float(attempt.get("started_at") or 0.0)
     ended = attempt.get("ended_at") or attempt.get("last_seen") or started
     return max(0.0, float(ended) - started)
+
+
+def entry_seconds(attempt: AttemptEntry) -> float:
+    """Wall seconds of one decoded ledger attempt (to its end, else its last heartbeat)."""
+    started = attempt.started_at or 0.0
+    return max(0.0, (attempt.end or started) - started)
 
 
 def quality_gain_points(quality: Optional[float], before: Optional[float]) -> Optional[float]:
@@ -79,24 +86,24 @@ class JobFigures:
 
     Args:
         price: this attempt's ``cost.Price``.
-        prior_attempts: the ledger's attempts before this one, in the order they ran.
+        prior_attempts: the ledger's attempts before this one (decoded: ``LedgerRecord.decode``), in the order
+            they ran.
         step_at_start: the step this attempt restored (0 for a fresh job).
         fallback_tokens_per_step: used until the trainer logs ``num_tokens``.
         rollouts_per_step: GRPO's (``rollouts_per_step``), for ``usd_per_1k_rollouts``; 0 for other recipes.
     """
 
-    def __init__(self, price: costs.Price, prior_attempts: Iterable[Mapping[str, Any]], *, step_at_start: int,
+    def __init__(self, price: costs.Price, prior_attempts: Iterable[AttemptEntry], *, step_at_start: int,
                  fallback_tokens_per_step: int, rollouts_per_step: float = 0.0):
         self.price = price
         self.rollouts_per_step = float(rollouts_per_step)
-        self.prior_attempts = [dict(a) for a in prior_attempts]
+        self.prior_attempts = list(prior_attempts)
         self.step_at_start = int(step_at_start)
         self.fallback_tokens_per_step = int(fallback_tokens_per_step)
         self.measured_tokens_per_step: Optional[float] = None
-        self.prior_cost_usd = attempts_cost_usd(self.prior_attempts)
-        self.prior_gpu_hours = sum(attempt_seconds(a) / SECONDS_PER_HOUR * int(a.get("gpus") or 0)
-                                   for a in self.prior_attempts)
-        self.preemptions = sum(a.get("exit_class") in INTERRUPTED_CLASSES for a in self.prior_attempts)
+        self.prior_cost_usd = float(sum(a.cost_usd for a in self.prior_attempts))
+        self.prior_gpu_hours = sum(entry_seconds(a) / SECONDS_PER_HOUR * a.gpus for a in self.prior_attempts)
+        self.preemptions = sum(a.exit_class in INTERRUPTED_CLASSES for a in self.prior_attempts)
 
     def observe_logs(self, logs: Mapping[str, Any], step: int) -> None:
         """Take the trainer's cumulative ``num_tokens`` (this attempt's) when it logs one."""
@@ -108,7 +115,7 @@ class JobFigures:
     @property
     def ran_on_spot(self) -> bool:
         """Whether any attempt of the job ran on spot: a job that never did has no spot savings."""
-        return self.price.spot or any(a.get("spot") for a in self.prior_attempts)
+        return self.price.spot or any(a.spot for a in self.prior_attempts)
 
     @property
     def tokens_per_step(self) -> float:
@@ -163,21 +170,23 @@ class JobFigures:
         return out
 
     def lost_work(self, step: int, seconds_per_step: float) -> costs.LostWork:
+        steps = [{"checkpoint_step_at_start": a.checkpoint_step_at_start, "step_end": a.step_end}
+                 for a in self.prior_attempts]
         current = {"checkpoint_step_at_start": self.step_at_start, "step_end": step}
-        return costs.lost_work(self.prior_attempts + [current], seconds_per_step=seconds_per_step,
+        return costs.lost_work(steps + [current], seconds_per_step=seconds_per_step,
                                usd_per_hour=self.price.usd_per_hour_total)
 
 
-def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: costs.Price, figures: Mapping[str, float],
+def build_report(*, job: str, status: str, ledger: LedgerRecord, price: costs.Price, figures: Mapping[str, float],
                  quality_metric: str, quality: Optional[float], tokens_per_step: float,
                  tokens_measured: bool, quality_before: Optional[float] = None) -> dict:
-    """The cost report (JSON-ready): price, each attempt, totals, lost work, savings, checkpointing, quality."""
+    """The cost report (JSON-ready): price, each attempt, totals, lost work, savings, checkpointing, quality.
+    ``ledger``: the job's ledger, decoded (``LedgerRecord.decode``)."""
     attempts = [
-        {"fence": a.get("fence"), "exit_class": a.get("exit_class"), "host": a.get("host"),
-         "duration_s": round(attempt_seconds(a), 3), "cost_usd": float(a.get("cost_usd") or 0.0),
-         "checkpoint_step_at_start": a.get("checkpoint_step_at_start"), "step_end": a.get("step_end"),
-         "spot": a.get("spot"), "instance_type": a.get("instance_type")}
-        for a in ledger.get("attempts", [])
+        {"fence": a.fence, "exit_class": a.exit_class, "host": a.host, "duration_s": round(entry_seconds(a), 3),
+         "cost_usd": a.cost_usd, "checkpoint_step_at_start": a.checkpoint_step_at_start, "step_end": a.step_end,
+         "spot": a.spot, "instance_type": a.instance_type}
+        for a in ledger.attempts
     ]
     get = figures.get
     return {
@@ -187,14 +196,14 @@ def build_report(*, job: str, status: str, ledger: Mapping[str, Any], price: cos
                   "spot": price.spot, "cloud": price.cloud, "gpus": price.gpus, "source": price.source},
         "attempts": attempts,
         "totals": {"cost_usd": get("cost_usd"), "gpu_hours": get("gpu_hours"), "attempts": len(attempts),
-                   "preemptions": get("preemptions"), "steps": ledger.get("step"),
+                   "preemptions": get("preemptions"), "steps": ledger.step,
                    "tokens_trained": get("tokens_trained"), "tokens_per_step": tokens_per_step,
                    "tokens_counted": "trainer num_tokens" if tokens_measured else "batch x grad-accum x world x max_length",
                    "usd_per_step": get("usd_per_step"), "usd_per_million_tokens": get("usd_per_million_tokens"),
                    "rollouts": get("rollouts"), "usd_per_1k_rollouts": get("usd_per_1k_rollouts")},
         "lost_work": {"steps": get("lost_work_steps"), "seconds": get("lost_work_seconds"), "usd": get("lost_work_usd")},
         "spot": {"on_demand_cost_usd": get("on_demand_cost_usd"), "savings_usd": get("spot_savings_usd"),
-                 "ran_on_spot": price.spot or any(bool(a.get("spot")) for a in ledger.get("attempts", []))},
+                 "ran_on_spot": price.spot or any(a.spot for a in ledger.attempts)},
         "checkpointing_this_attempt": {"stall_s": get("attempt_checkpoint_stall_s"),
                                        "upload_s": get("attempt_checkpoint_upload_s")},
         "evaluation_this_attempt": {"seconds": get("attempt_evaluation_s"), "usd": get("attempt_evaluation_usd")},

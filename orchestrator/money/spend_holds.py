@@ -132,12 +132,13 @@ class StartHolds:
         from orchestrator.core.errors import BudgetExhausted
         from orchestrator.policy.history import last_restart_seconds
         from orchestrator.policy.restart import start_up_seconds
+        from orchestrator.records.ledger_record import LedgerRecord
 
         if self.index is None:
             return None, None
         key = hold_key(number, pid=os.getpid())
         try:
-            attempts = self.ledger.load().get("attempts") or []
+            attempts = LedgerRecord.decode(self.ledger.load(), self.ledger.uri).attempts  # corrupt: as storage down
             ask = HoldAsk(start_up_seconds(last_restart_seconds(attempts), self.override), self.usd_per_second)
             refusal = take_hold(self.index, key, ask)
         except BudgetExhausted as err:  # the spend index is unreadable: a cap it cannot check

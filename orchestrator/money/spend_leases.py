@@ -51,18 +51,13 @@ def _gone(pid) -> bool:
     return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and not psutil.pid_exists(pid)
 
 
-def _dead_cost(attempt: dict, newest_fence: int, now: float) -> Optional[float]:
-    """The ledger cost of an attempt that is gone, or None while it may be alive."""
-    from orchestrator.storage.base import finite_number
-
-    cost = attempt.get("cost_usd")
-    cost = float(cost) if finite_number(cost) and cost >= 0 else None
-    if attempt.get("exit_class") != "running" or attempt["fence"] < newest_fence:
-        return cost
-    last_seen = attempt.get("last_seen")
-    stale = finite_number(last_seen) and now - float(last_seen) > LEASE_S
-    here = attempt.get("host") == socket.gethostname() and _gone(attempt.get("pid"))
-    return cost if (stale or here) else None
+def _dead_cost(attempt, newest_fence: int, now: float) -> Optional[float]:
+    """The ledger cost of an attempt (a decoded ``AttemptEntry``) that is gone, or None while it may be alive."""
+    if not attempt.running or attempt.fence < newest_fence:
+        return attempt.cost_usd
+    stale = attempt.last_seen is not None and now - attempt.last_seen > LEASE_S
+    here = attempt.host == socket.gethostname() and _gone(attempt.pid)
+    return attempt.cost_usd if (stale or here) else None
 
 
 def _dead_hold(key: str, entry: dict, now: float) -> bool:
@@ -71,22 +66,11 @@ def _dead_hold(key: str, entry: dict, now: float) -> bool:
     return (host == socket.gethostname() and _gone(pid)) or now - float(entry["updated_at"]) > LEASE_S
 
 
-def _fenced_attempts(attempts) -> list:
-    """A ledger's attempts, each a record with a whole fence >= 1; raises ValueError naming the first that is not
-    (another job's ledger is untrusted input: it degrades that job's holds, never this job's start)."""
-    if not isinstance(attempts, list):
-        raise ValueError(f"'attempts' is a {type(attempts).__name__}, not a list")
-    for n, attempt in enumerate(attempts):
-        fence = attempt.get("fence") if isinstance(attempt, dict) else None
-        if not isinstance(fence, int) or isinstance(fence, bool) or fence < 1:
-            raise ValueError(f"attempt {n} has no whole fence >= 1 (found {fence!r})")
-    return attempts
-
-
 def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
     """{run: {fence: ledger cost}} of other jobs' open entries whose attempt is gone (the rules above)."""
     from orchestrator.core.errors import UserError
     from orchestrator.records.ledger import Ledger
+    from orchestrator.records.ledger_record import LedgerRecord
 
     out: dict = {}
     for run, job in (index.get("jobs") or {}).items():
@@ -97,13 +81,15 @@ def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
                 out.setdefault(run, {})[key] = float(entry["through"])
         if all(is_hold(key) for key in job["open"]):
             continue
-        try:
-            attempts = _fenced_attempts(Ledger(store, run).load().get("attempts") or [])
-        except (UserError, ValueError, AttributeError) as err:  # an unreadable ledger proves nothing: keep its holds
+        ledger = Ledger(store, run)
+        try:  # another job's ledger is untrusted input: it degrades that job's holds, never this job's start
+            record = LedgerRecord.decode(ledger.load(), ledger.uri)
+        except (UserError, ValueError) as err:  # an unreadable ledger proves nothing: keep its holds (CorruptRecord
+            # is a UserError; ValueError: bytes that are not JSON)
             log.warning("spend index: job %r's ledger is unreadable (%s); its reservations stay held", run, err)
             continue
-        newest = max((int(a["fence"]) for a in attempts), default=0)
-        by_fence = {str(a["fence"]): a for a in attempts}
+        newest = record.newest_fence
+        by_fence = {str(a.fence): a for a in record.attempts}
         for fence in (key for key in job["open"] if not is_hold(key)):
             attempt = by_fence.get(fence)
             cost = _dead_cost(attempt, newest, now) if attempt is not None else None

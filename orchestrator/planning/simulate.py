@@ -36,6 +36,7 @@ from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_
 from orchestrator.policy.interval import (AUTO, MAX_EVERY, MIN_EVERY, Lifetime, checkpoint_interval,
                                           estimate_preemptions)
 from orchestrator.planning.spot_traces import Trace
+from orchestrator.records.ledger_record import AttemptEntry
 
 POLICIES = ("deadline", "late-switch", "spot", "on-demand")
 DEADLINE_POLICIES = ("deadline", "late-switch")
@@ -115,7 +116,7 @@ class _Run:
         self.paid = {SPOT: 0.0, ON_DEMAND: 0.0}
         self.lost, self.preemptions, self.switches, self.first_step_at = 0.0, 0, 0, None
         self.lifetimes: list[Lifetime] = []
-        self.attempts: list[dict] = []
+        self.attempts: list[AttemptEntry] = []  # as the requeue policy reads them
         self.locked = False
         self.intervals: list[float] = []
         self.stopped = ""
@@ -223,7 +224,7 @@ class _Run:
             self.done = self.committed
         self.lifetimes.append(self._lifetime(preempted=True, noticed=noticed))
         self.capacity, self.phase, self.switch_to = None, "wait", None
-        self.attempts.append({"exit_class": "preempted" if noticed else "vanished"})
+        self.attempts.append(AttemptEntry.unrecorded("preempted" if noticed else "vanished"))
         decision = self.requeue.decide(self.attempts)
         if not decision.requeue:
             self.stopped = decision.reason

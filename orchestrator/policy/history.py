@@ -21,6 +21,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from orchestrator.core.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
 from orchestrator.policy.interval import Lifetime
+from orchestrator.records.ledger_record import AttemptEntry
 
 
 # Physical bounds of what an attempt can have measured: a figure past them is corrupt (storage is not trusted),
@@ -71,25 +72,28 @@ class AttemptHistory:
 
     @classmethod
     def from_ledger(cls, entry: Mapping) -> "AttemptHistory":
-        extra = entry.get("extra") if isinstance(entry.get("extra"), Mapping) else {}
-        split = extra.get("restart") if isinstance(extra.get("restart"), Mapping) else {}
-        restart = _number(split.get("total_s"))
-        if restart is None:  # ledgers written before the restart split was the one record
-            restart = _number(extra.get("start_to_first_step_s"))
-        chosen = extra.get("checkpoint_interval") if isinstance(extra.get("checkpoint_interval"), Mapping) else {}
-        cost = _number(chosen.get("checkpoint_cost_s")) if chosen.get("cost_source") == "measured" else None
+        """A raw ledger entry (a JSON object), each field checked here (a reader that has not decoded the ledger)."""
+        restart, cost, switch = _measured(entry.get("extra"))
         return cls(fence=_count(entry.get("fence")), exit_class=str(entry.get("exit_class") or ""),
                    spot=bool(entry.get("spot")), started_at=_number(entry.get("started_at")),
                    ended_at=_number(entry.get("ended_at")) or _number(entry.get("last_seen")),
                    step_start=_count(entry.get("step_start")), step_end=_count(entry.get("step_end")),
-                   checkpoint_step_end=_count(entry.get("checkpoint_step_end")),
-                   restart_seconds=_within(restart, 0.0, MAX_RESTART_SECONDS),
-                   checkpoint_cost_seconds=_within(cost, 0.0, MAX_CHECKPOINT_COST_SECONDS),
-                   capacity_switch=bool(extra.get("capacity_switch")))
+                   checkpoint_step_end=_count(entry.get("checkpoint_step_end")), restart_seconds=restart,
+                   checkpoint_cost_seconds=cost, capacity_switch=switch)
+
+    @classmethod
+    def from_entry(cls, entry: AttemptEntry) -> "AttemptHistory":
+        """A decoded ledger entry (``LedgerRecord.decode``); its ``extra`` is still checked field by field here."""
+        restart, cost, switch = _measured(entry.extra)
+        return cls(fence=entry.fence, exit_class=entry.exit_class, spot=entry.spot, started_at=entry.started_at,
+                   ended_at=entry.end, step_start=entry.step_start, step_end=entry.step_end,
+                   checkpoint_step_end=entry.checkpoint_step_end or 0, restart_seconds=restart,
+                   checkpoint_cost_seconds=cost, capacity_switch=switch)
 
     @property
     def ended(self) -> bool:
-        return self.exit_class != RUNNING and self.started_at is not None and self.ended_at is not None
+        """It ended, at a time it held (an attempt held longer than ``MAX_HELD_SECONDS`` is read as not ended)."""
+        return self.exit_class != RUNNING and self.held_seconds is not None
 
     @property
     def held_seconds(self) -> Optional[float]:
@@ -114,10 +118,32 @@ class AttemptHistory:
                         noticed=preempted and noticed)
 
 
+def _measured(extra: Any) -> tuple[Optional[float], Optional[float], bool]:
+    """(restart seconds, measured checkpoint cost C, a capacity switch) from an attempt's ``extra``, each checked
+    (it stays a JSON object after the ledger's decode: a figure that is not finite or past its bound is not recorded)."""
+    extra = extra if isinstance(extra, Mapping) else {}
+    split = extra.get("restart") if isinstance(extra.get("restart"), Mapping) else {}
+    restart = _number(split.get("total_s"))
+    if restart is None:  # ledgers written before the restart split was the one record
+        restart = _number(extra.get("start_to_first_step_s"))
+    chosen = extra.get("checkpoint_interval") if isinstance(extra.get("checkpoint_interval"), Mapping) else {}
+    cost = _number(chosen.get("checkpoint_cost_s")) if chosen.get("cost_source") == "measured" else None
+    return (_within(restart, 0.0, MAX_RESTART_SECONDS), _within(cost, 0.0, MAX_CHECKPOINT_COST_SECONDS),
+            bool(extra.get("capacity_switch")))
+
+
 def read_attempts(attempts: Iterable[Any]) -> list[AttemptHistory]:
-    """The ledger's attempt entries, typed (entries that are not objects are left out)."""
-    return [a if isinstance(a, AttemptHistory) else AttemptHistory.from_ledger(a)
-            for a in attempts if isinstance(a, (Mapping, AttemptHistory))]
+    """The ledger's attempt entries, typed: decoded ones (``AttemptEntry``) or raw JSON objects (entries that are
+    neither are left out)."""
+    out = []
+    for a in attempts:
+        if isinstance(a, AttemptHistory):
+            out.append(a)
+        elif isinstance(a, AttemptEntry):
+            out.append(AttemptHistory.from_entry(a))
+        elif isinstance(a, Mapping):
+            out.append(AttemptHistory.from_ledger(a))
+    return out
 
 
 def claimed_restart_seconds(attempts: Iterable[Any]) -> list[float]:

@@ -15,14 +15,17 @@ caps reached, fenced) are never requeued.
 The same counts guard the start of every attempt (``refuse_reason``), so the
 caps hold whoever restarts the job: the supervisor, Slurm, SkyPilot,
 Kubernetes, or a person re-running the command.
+
+The policy reads the ledger decoded (``orchestrator.records.ledger_record``): attempts are ``AttemptEntry``
+values, the ledger a ``LedgerRecord``, each field typed and bounded before it gets here.
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from orchestrator.records.ledger import attempts_cost_usd
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 from orchestrator.core.errors import (
     AlreadyCompleted,
     BudgetExhausted,
@@ -54,13 +57,13 @@ class Decision:
     log_line: str
 
 
-def attempt_class(attempt: Mapping[str, Any]) -> Optional[ExitClass]:
+def attempt_class(attempt: AttemptEntry) -> Optional[ExitClass]:
     """The ExitClass of a ledger attempt; None for an unknown class.
 
     An attempt still marked "running" is counted as VANISHED: once a new
     decision is being made, nothing will ever record its end.
     """
-    value = attempt.get("exit_class")
+    value = attempt.exit_class
     if value == RUNNING:
         return ExitClass.VANISHED
     try:
@@ -69,18 +72,17 @@ def attempt_class(attempt: Mapping[str, Any]) -> Optional[ExitClass]:
         return None
 
 
-def _made_no_progress(attempt: Mapping[str, Any]) -> bool:
+def _made_no_progress(attempt: AttemptEntry) -> bool:
     """True when the attempt ended no further than the checkpoint it started from.
 
     Progress is the newest checkpoint it committed (``checkpoint_step_end``):
     steps trained past it are lost when the attempt dies, so an attempt that
     crashes before its first checkpoint made none. Attempts recorded without
     that field fall back to ``step_end``; one that never recorded its last
-    step is taken as having made none.
+    step (decoded as 0) is taken as having made none.
     """
-    start = attempt.get("checkpoint_step_at_start") or 0
-    end = attempt.get("checkpoint_step_end", attempt.get("step_end"))
-    return end is None or end <= start
+    end = attempt.checkpoint_step_end if attempt.checkpoint_step_end is not None else attempt.step_end
+    return end <= attempt.checkpoint_step_at_start
 
 
 class RequeuePolicy:
@@ -116,7 +118,7 @@ class RequeuePolicy:
     # -- counting ---------------------------------------------------------
 
     @staticmethod
-    def count(attempts: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    def count(attempts: Sequence[AttemptEntry]) -> tuple[int, int]:
         """(preemptions, failures) among ``attempts``; out-of-memory attempts are failures."""
         classes = [attempt_class(a) for a in attempts]
         return (
@@ -125,11 +127,11 @@ class RequeuePolicy:
         )
 
     @staticmethod
-    def count_oom(attempts: Sequence[Mapping[str, Any]]) -> int:
+    def count_oom(attempts: Sequence[AttemptEntry]) -> int:
         """Attempts that ran out of memory (host or accelerator)."""
         return sum(attempt_class(a) == ExitClass.OUT_OF_MEMORY for a in attempts)
 
-    def no_progress_streak(self, attempts: Sequence[Mapping[str, Any]]) -> int:
+    def no_progress_streak(self, attempts: Sequence[AttemptEntry]) -> int:
         """How many of the latest failures in a row made no progress.
 
         Walks back from the newest attempt: a completed attempt or one that made
@@ -155,7 +157,7 @@ class RequeuePolicy:
         ceiling = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** max(0, failures - 1))
         return (rng or random).uniform(0.0, ceiling)
 
-    def _oom_reason(self, attempts: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    def _oom_reason(self, attempts: Sequence[AttemptEntry]) -> Optional[str]:
         ooms = self.count_oom(attempts)
         if ooms == 0 or ooms <= self.max_oom_retries:
             return None
@@ -164,11 +166,11 @@ class RequeuePolicy:
                 f"Fix: {out_of_memory_fix()}; "
                 f"or raise requeue.max_oom_retries={ooms} if the memory was taken by something else")
 
-    def _crash_loop_reason(self, attempts: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    def _crash_loop_reason(self, attempts: Sequence[AttemptEntry]) -> Optional[str]:
         streak = self.no_progress_streak(attempts)
         if streak < self.crash_loop_threshold:
             return None
-        step = attempts[-1].get("checkpoint_step_at_start") or 0
+        step = attempts[-1].checkpoint_step_at_start
         return (
             f"crash loop: the last {streak} attempts made no progress past the checkpoint at step {step} "
             f"(requeue.crash_loop_threshold={self.crash_loop_threshold}); see the last attempt's log"
@@ -176,11 +178,11 @@ class RequeuePolicy:
 
     # -- decisions --------------------------------------------------------
 
-    def decide(self, attempts: Sequence[Mapping[str, Any]], *, rng: Optional[random.Random] = None) -> Decision:
+    def decide(self, attempts: Sequence[AttemptEntry], *, rng: Optional[random.Random] = None) -> Decision:
         """Decide after the last of ``attempts`` ended.
 
         Args:
-            attempts: the ledger's attempts, oldest first; the last one is the
+            attempts: the ledger's attempts (decoded), oldest first; the last one is the
                 attempt that just ended. Earlier ones still "running" count as vanished.
             rng: source of the backoff jitter (``random`` module when None).
 
@@ -193,7 +195,7 @@ class RequeuePolicy:
         last = attempts[-1]
         last_class = attempt_class(last)
         if last_class is None:
-            return _stop(f"unknown exit class {last.get('exit_class')!r}")
+            return _stop(f"unknown exit class {last.exit_class!r}")
         if last_class in FINAL_CLASSES:
             return _stop(_FINAL_REASONS[last_class])
 
@@ -218,18 +220,18 @@ class RequeuePolicy:
         reason = f"{last_class.value}; retrying in {delay:.1f}s"
         return Decision(True, reason, delay, f"requeue [{failures}/{self.max_failures}]: {reason}")
 
-    def refuse_reason(self, ledger: Mapping[str, Any]) -> Optional[str]:
+    def refuse_reason(self, ledger: LedgerRecord) -> Optional[str]:
         """Why a new attempt must not start, or None when it may.
 
         Args:
-            ledger: the run's ledger; only ``ledger["attempts"]`` is read.
+            ledger: the run's ledger, decoded; only its ``attempts`` are read.
                 Call this before recording the new attempt.
 
     Returns a reason when a cap is already spent or the crash-loop breaker
         has tripped, with what to change to go on anyway. ``start_refusal``
         turns it into CapsReached (exit ``exitcodes.CAPS_REACHED``).
         """
-        attempts = list(ledger.get("attempts") or [])
+        attempts = list(ledger.attempts)
         preemptions, failures = self.count(attempts)
         if preemptions >= self.max_preemptions and preemptions > 0:
             return (
@@ -267,7 +269,7 @@ def _stop(reason: str) -> Decision:
     return Decision(False, reason, 0.0, f"not requeued: {reason}")
 
 
-def start_refusal(ledger: Mapping[str, Any], policy: RequeuePolicy, *, max_usd: Optional[float] = None,
+def start_refusal(ledger: LedgerRecord, policy: RequeuePolicy, *, max_usd: Optional[float] = None,
                   final_uri: str = "") -> Optional[UserError]:
     """Why a new attempt of the job in ``ledger`` must not start, as the error to raise; None when it may.
 
@@ -277,19 +279,19 @@ def start_refusal(ledger: Mapping[str, Any], policy: RequeuePolicy, *, max_usd: 
     applied) as ``Ledger.begin_attempt``'s ``refuse`` hook.
 
     Args:
-        ledger: the run's ledger as ``begin_attempt`` sees it.
+        ledger: the run's ledger as ``begin_attempt`` sees it, decoded.
         policy: the job's requeue caps.
         max_usd: ``budget.max_usd`` (None: no budget).
         final_uri: where the job's final weights are (``<storage.uri>/<run.name>/final/``).
     """
-    if ledger.get("status") == "completed":
+    if ledger.status == "completed":
         where = f"; its final weights are at {final_uri}" if final_uri else ""
-        return AlreadyCompleted(f"job {ledger.get('run_name', '?')!r} is already complete{where}. "
+        return AlreadyCompleted(f"job {ledger.run_name!r} is already complete{where}. "
                                 "Nothing to do; use a new run.name to train again.")
     reason = policy.refuse_reason(ledger)
     if reason:
         return CapsReached(reason)
-    spent = attempts_cost_usd(ledger.get("attempts") or [])
+    spent = ledger.attempts_cost_usd
     if max_usd is not None and spent >= max_usd:
         return BudgetExhausted(f"budget spent: ${spent:.4f} of budget.max_usd=${max_usd}; "
                                "raise budget.max_usd to let the job go on from its last checkpoint")

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -40,6 +41,7 @@ from orchestrator.core.errors import out_of_memory_fix
 from orchestrator.money.cost import bigger_gpus
 from orchestrator.core.exitcodes import ExitClass, classify_exit
 from orchestrator.records.ledger import LAUNCHED_BY_ENV
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.requeue import attempt_class
 
@@ -136,7 +138,7 @@ class Supervisor:
         self.child = None  # the attempt running: a subprocess.Popen, or a warm_start.ForkedAttempt
         self._forks = None  # orchestrator.process.warm_start.Forks, made before the first attempt
         self.signalled: int | None = None
-        self._unrecorded: list[dict] = []
+        self._unrecorded: list[AttemptEntry] = []  # attempts whose worker died before it opened the ledger
 
     def _forward(self, signum, _frame) -> None:
         # The machine (or a person) is stopping us: pass it on, then stop requeueing.
@@ -246,14 +248,16 @@ class Supervisor:
             except InterruptedError:  # a forwarded signal interrupted the wait
                 continue
 
-    def _ledger_attempts(self) -> list[dict]:
+    def _ledger_attempts(self) -> list[AttemptEntry]:
+        """The ledger's attempts, decoded; none when it cannot be read (storage down) or does not decode (its
+        worker stops on that at its start, exit 4: ``LedgerRecord``)."""
         try:
-            return list(self.ledger.load().get("attempts", []))
+            return list(LedgerRecord.decode(self.ledger.load(), self.ledger.uri).attempts)
         except Exception as err:  # noqa: BLE001 - storage down: decide on what we saw
             log.warning("could not read the ledger (%s)", err)
             return []
 
-    def _attempts_with(self, exit_class: ExitClass, token: str) -> tuple[list[dict], ExitClass]:
+    def _attempts_with(self, exit_class: ExitClass, token: str) -> tuple[list[AttemptEntry], ExitClass]:
         """The ledger's attempts with what this supervisor saw of its child's; and the child's class.
 
         The child's attempt is the one whose ``launched_by`` is ``token``. If
@@ -265,20 +269,19 @@ class Supervisor:
         so the failure cap still counts them.
         """
         attempts = self._ledger_attempts()
-        mine = next((i for i in range(len(attempts) - 1, -1, -1) if attempts[i].get("launched_by") == token), None)
+        mine = next((i for i in range(len(attempts) - 1, -1, -1) if attempts[i].launched_by == token), None)
         if mine is not None:
             attempt = attempts[mine]
-            if attempt.get("exit_class") == exitcodes.RUNNING:
-                self._close(attempt["fence"], exit_class)
-                attempts[mine] = dict(attempt, exit_class=exit_class.value, ended_at=attempt.get("last_seen"))
+            if attempt.running:
+                self._close(attempt.fence, exit_class)
+                attempts[mine] = replace(attempt, exit_class=exit_class.value, ended_at=attempt.last_seen)
             elif exit_class != ExitClass.FENCED:
                 # a fenced child stepped aside on its own; the newer attempt had already marked it
                 # vanished in the ledger, which must not make this supervisor requeue it
                 exit_class = attempt_class(attempt) or exit_class
         else:
-            step = int(attempts[-1].get("step_end", 0)) if attempts else 0
-            self._unrecorded.append({"exit_class": exit_class.value, "step_start": step, "step_end": step,
-                                     "checkpoint_step_at_start": step})
+            step = attempts[-1].step_end if attempts else 0
+            self._unrecorded.append(AttemptEntry.unrecorded(exit_class.value, step))
         return attempts + self._unrecorded, exit_class
 
     def _close(self, fence: int, exit_class: ExitClass) -> None:

@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable, Mapping
 from orchestrator.core.env import RDZV_ID_ENV
 from orchestrator.core.errors import CapsReached, Fenced, UserError
 from orchestrator.records.fencing import upgraded_ledger
+from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.core.exitcodes import (
     FINAL_RUN_STATUSES,
     RUN_STATUSES,
@@ -162,13 +163,15 @@ class Ledger:
     # -- the one write path ------------------------------------------------
     # -- attempts ------------------------------------------------------------
     def begin_attempt(self, *, host: str, pid: int, instance_type: str | None, gpu_type: str | None, gpus: int,
-                      spot: bool, checkpoint_step: int, refuse: Callable[[dict], UserError | str | None] | None = None,
+                      spot: bool, checkpoint_step: int,
+                      refuse: Callable[[LedgerRecord], UserError | str | None] | None = None,
                       extra: dict | None = None) -> dict:
         """Start a new attempt and take the next fence, in one conditional write.
 
-        Creates the ledger if absent; marks any attempt still "running" as
-        "vanished" (ended at its last heartbeat); then asks ``refuse(ledger)``
-        (which sees the vanished marks) for a reason to stop. If it returns a
+        Creates the ledger if absent; decodes it (``LedgerRecord.decode``: a ledger that does not decode raises
+        ``CorruptRecord``, a DataError, and nothing is written); marks any attempt still "running" as
+        "vanished" (ended at its last heartbeat); then asks ``refuse(record)``
+        (the ledger decoded, with the vanished marks) for a reason to stop. If it returns a
         UserError (or a string: CapsReached of it), no attempt is added and that
         error is raised; the vanished marks are still written and, unless the
         job already had a final status, the status becomes the error's
@@ -176,7 +179,7 @@ class Ledger:
         bumps the fence, appends the attempt, sets status "running", and
         remembers the fence on this instance.
 
-        Returns the new attempt dict. Raises the refusal (a UserError).
+        Returns the new attempt dict. Raises the refusal (a UserError), or CorruptRecord.
         """
         refused: list[UserError] = []
         fields = dict(host=host, pid=pid, instance_type=instance_type, gpu_type=gpu_type, gpus=gpus, spot=spot,
@@ -187,8 +190,9 @@ class Ledger:
             created = ledger is None
             ledger = new_ledger(self.run_name) if created else ledger
             refused.clear()
+            LedgerRecord.decode(ledger, self.uri)  # the job's own ledger: one that does not decode stops it here
             marked = _mark_vanished(ledger)
-            reason = refuse(ledger) if refuse is not None else None
+            reason = refuse(LedgerRecord.decode(ledger, self.uri)) if refuse is not None else None
             if reason:
                 error = reason if isinstance(reason, UserError) else CapsReached(str(reason))
                 refused.append(error)

@@ -8,6 +8,15 @@ sweep, the cost report): an attempt without a whole fence, a cost of 1e300 or a 
 
 ``extra`` (an attempt's measurements) and ``repro`` stay JSON objects: their own readers check what they read
 (``orchestrator.policy.history``, ``orchestrator.records.repro``).
+
+A job whose OWN ledger does not decode stops, at the start of its attempt, and nothing is written to the ledger:
+``Ledger.begin_attempt`` decodes it inside its conditional write, before it marks or appends anything, so the
+worker's ``AttemptRecord.begin`` raises ``CorruptRecord``. That is a DataError: the worker prints it as one
+``error:`` paragraph (the ledger's URI, the field, and the fix: move the ledger aside, which starts its record
+afresh, or restore it from a copy), no traceback, and exits 4 (``config_error``: final, never requeued: a retry
+reads the same bytes). The local supervisor stops on that exit; its own reading of the ledger (``_ledger_attempts``) only
+warns. Another job's ledger that does not decode (the spend index's dead-hold sweep, a sweep's trials) is skipped
+with a warning naming it, and its neighbours go on.
 """
 from __future__ import annotations
 
@@ -15,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
 from orchestrator.core.exitcodes import RUN_STATUSES, RUNNING, ExitClass
-from orchestrator.records.fields import MAX_STEPS, CorruptRecord, Fields  # noqa: F401 - CorruptRecord: the readers'
 from orchestrator.records.fencing import upgraded_ledger
+from orchestrator.records.fields import MAX_STEPS, CorruptRecord, Fields  # noqa: F401 - CorruptRecord: the readers'
 
 EXIT_CLASSES = frozenset({RUNNING, *(c.value for c in ExitClass)})
 MAX_PID = 2**31 - 1
@@ -77,6 +86,16 @@ class AttemptEntry:
             launched_by=f.text("launched_by", None), nodes=tuple(NodeEntry.decode(n) for n in f.objects("nodes")),
             extra=f.mapping("extra"))
 
+    @classmethod
+    def unrecorded(cls, exit_class: str, step: int = 0) -> "AttemptEntry":
+        """An attempt that left no entry in the ledger, as its requeue policy counts it: a worker that died before
+        it opened the ledger (the supervisor saw it end with ``exit_class`` at ``step``), a simulated attempt
+        (``orchestrator.planning.simulate``). Fence 0: it never took one."""
+        return cls(fence=0, exit_class=exit_class, host="-", pid=None, started_at=None, ended_at=None, last_seen=None,
+                   step_start=step, step_end=step, checkpoint_step_at_start=step, checkpoint_step_end=None,
+                   cost_usd=0.0, instance_type=None, gpu_type=None, gpus=0, spot=False, launched_by=None, nodes=(),
+                   extra={})
+
     @property
     def running(self) -> bool:
         return self.exit_class == RUNNING
@@ -112,12 +131,13 @@ class CapacityDecision:
     time: Optional[float]
     fence: int
     step: int
+    locked: bool = False  # on-demand for good: the deadline leaves no room for another spot attempt
 
     @classmethod
     def decode(cls, f: Fields) -> "CapacityDecision":
         return cls(capacity=f.text("capacity", "?"), previous=f.text("previous", None), reason=f.text("reason", ""),
                    action=f.text("action", None), time=f.time("time"), fence=f.whole("fence", default=0),
-                   step=f.whole("step", default=0))
+                   step=f.whole("step", default=0), locked=f.flag("locked"))
 
 
 @dataclass(frozen=True)
@@ -160,6 +180,11 @@ class LedgerRecord:
     def trained(self, model: str) -> bool:
         """Whether the job trained ``model`` (a hub id or a path), as its reproducibility record says."""
         return self.model_input is not None and (self.model_input == model or self.model_input.startswith(model + "@"))
+
+    @property
+    def attempts_cost_usd(self) -> float:
+        """What the job's attempts cost together, as the ledger bills them (``records.ledger.attempts_cost_usd``)."""
+        return float(sum(a.cost_usd for a in self.attempts))
 
     @property
     def newest_fence(self) -> int:

@@ -54,10 +54,12 @@ def collective_timeout_s(heartbeat_s: float, attempts: Sequence = ()) -> float:
 def job_attempts(cfg) -> list:
     """The job's earlier attempts from its ledger ([] when it cannot be read: the defaults apply)."""
     from orchestrator.records.ledger import Ledger
+    from orchestrator.records.ledger_record import LedgerRecord
     from orchestrator.storage import store_from_config
 
     try:
-        return list(Ledger(store_from_config(cfg.storage), cfg.run.name).load().get("attempts", []))
+        ledger = Ledger(store_from_config(cfg.storage), cfg.run.name)
+        return list(LedgerRecord.decode(ledger.load(), ledger.uri).attempts)  # one that does not decode: defaults
     except Exception as err:  # noqa: BLE001 - storage down: the timeouts fall back to their defaults
         log.warning("could not read the ledger for the heartbeat timeout (%s); using the defaults", err)
         return []
