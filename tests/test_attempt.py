@@ -9,7 +9,6 @@ real tiny TRL trainer: logic that whole jobs prove too, each proven here in seco
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -19,72 +18,46 @@ import pytest
 from orchestrator.attempt.build import build_attempt
 from orchestrator.attempt.checkpoints import CheckpointController
 from orchestrator.attempt.money import MoneyWatch, SpendWatch
-from orchestrator.money.spend import Caps, SpendIndex
 from orchestrator.attempt.record import AttemptRecord
 from orchestrator.checkpoint.store import CheckpointStore
-from orchestrator.app.compose import compose_config
 from orchestrator.config.schema import ComputeConfig, RequeueConfig
-from orchestrator.money.cost import Price
 from orchestrator.core.errors import (
+    AlreadyCompleted,
     BudgetExhausted,
     CapsReached,
     Fenced,
-    AlreadyCompleted,
 )
 from orchestrator.core.exitcodes import ExitClass
-from orchestrator.records.ledger import Ledger
+from orchestrator.money.cost import Price
+from orchestrator.money.spend import Caps, SpendIndex
 from orchestrator.policy.requeue import RequeuePolicy
+from orchestrator.records.ledger import Ledger
 from orchestrator.storage import LocalStore
 from tests.helpers import jobs
-
-IN_PROCESS = ["train.max_steps=16", "train.logging_steps=4", "data.num_examples=120", "checkpoint.every=off",
-              "checkpoint.every_steps=5", "preemption.provider=none", "tracking.enabled=false",
-              "recipe.lora_dropout=0.1"]
-
-
-def _weights_digest(store, run: str) -> str:
-    manifest = json.loads(store.get_bytes(f"{run}/final/manifest.json"))
-    h = hashlib.sha256()
-    for entry in sorted(manifest["files"], key=lambda e: e["path"]):
-        if entry["path"].endswith(".safetensors"):
-            h.update(store.get_bytes(f"{run}/final/{entry['path']}"))
-    return h.hexdigest()
-
-
-def _cfg(tmp_path: Path, run: str, *extra: str):
-    return compose_config(IN_PROCESS + [f"storage.uri={tmp_path / 'runs'}", f"run.name={run}",
-                                        f"run.work_dir={tmp_path / 'work'}", *extra])
-
-
-def crash_after_step_12(tmp_path: Path, run: str) -> None:
-    """Attempt 1 of ``run`` crashes after step 12 (its newest checkpoint: step 10) and records it."""
-    crashing = build_attempt(_cfg(tmp_path, run), environ={"ORCH_FAULT_AFTER_STEPS": "12"})
-    with pytest.raises(RuntimeError, match="injected fault"):
-        crashing.run()
-    crashing.fail(ExitClass.CRASHED)
+from tests.helpers.attempts import attempt_cfg, crash_after_step_12, weights_digest
 
 
 # ---- the runner -----------------------------------------------------------------
 @pytest.mark.e2e
 def test_an_attempt_that_crashed_is_resumed_by_the_next_and_ends_bit_identical(tmp_path):
     store = LocalStore(tmp_path / "runs")
-    assert build_attempt(_cfg(tmp_path, "clean")).run() == 0
+    assert build_attempt(attempt_cfg(tmp_path, "clean")).run() == 0
 
     crash_after_step_12(tmp_path, "crashy")
     assert jobs.committed_steps(jobs.Storage(str(tmp_path / "runs")), "crashy")[-1] == 10
 
-    resumed = build_attempt(_cfg(tmp_path, "crashy"))
+    resumed = build_attempt(attempt_cfg(tmp_path, "crashy"))
     assert resumed.run() == 0
     assert resumed.step_at_start == 10
     ledger = Ledger(store, "crashy").load()
     assert [a["exit_class"] for a in ledger["attempts"]] == ["crashed", "completed"]
-    assert _weights_digest(store, "crashy") == _weights_digest(store, "clean")
+    assert weights_digest(store, "crashy") == weights_digest(store, "clean")
 
     # the final folder was committed through the store's protocol: manifest last, every file listed and present
     manifest = json.loads(store.get_bytes("crashy/final/manifest.json"))
     assert {"config.yaml", "adapter_model.safetensors"} <= {e["path"] for e in manifest["files"]}
     with pytest.raises(AlreadyCompleted):
-        build_attempt(_cfg(tmp_path, "crashy")).run()
+        build_attempt(attempt_cfg(tmp_path, "crashy")).run()
 
 
 # ---- the record -------------------------------------------------------------------
@@ -237,8 +210,8 @@ def test_a_restart_its_budget_cannot_carry_through_its_start_up_stops_before_spe
 
 
 def test_the_budget_stops_the_attempt_once_spent_and_each_alert_fires_once(store):
-    from orchestrator.money.budget import BudgetGuard
     from orchestrator.config.schema import BudgetConfig
+    from orchestrator.money.budget import BudgetGuard
 
     record = _record(store)
     record.begin(0)

@@ -13,10 +13,10 @@ import pytest
 
 from orchestrator.attempt.build import build_attempt
 from orchestrator.checkpoint import manifest as mf
-from orchestrator.records.ledger import Ledger
 from orchestrator.money.spend_repair import rebuild_index
+from orchestrator.records.ledger import Ledger
 from orchestrator.storage import LocalStore
-from tests.test_attempt import _cfg, _weights_digest, crash_after_step_12
+from tests.helpers.attempts import attempt_cfg, crash_after_step_12, weights_digest
 
 
 def _legacy(record: dict) -> dict:
@@ -41,19 +41,19 @@ def _to_legacy_storage(store: LocalStore, run: str) -> int:
 @pytest.mark.e2e
 def test_a_job_stored_before_the_rename_resumes_bit_identical(tmp_path):
     store = LocalStore(tmp_path / "runs")
-    assert build_attempt(_cfg(tmp_path, "clean")).run() == 0
+    assert build_attempt(attempt_cfg(tmp_path, "clean")).run() == 0
     crash_after_step_12(tmp_path, "old")
     assert _to_legacy_storage(store, "old") >= 2
     stored = json.loads(store.get_bytes("old/ledger.json"))
     assert "fence" not in json.dumps(stored) and stored["epoch"] == 1 and stored["checkpoints"][-1]["epoch"] == 1
 
-    resumed = build_attempt(_cfg(tmp_path, "old"))
+    resumed = build_attempt(attempt_cfg(tmp_path, "old"))
     assert resumed.run() == 0
     assert resumed.step_at_start == 10
     ledger = Ledger(store, "old").load()
     assert ledger["fence"] == 2
     assert [(a["fence"], a["exit_class"]) for a in ledger["attempts"]] == [(1, "crashed"), (2, "completed")]
-    assert _weights_digest(store, "old") == _weights_digest(store, "clean")
+    assert weights_digest(store, "old") == weights_digest(store, "clean")
 
 
 def test_the_spend_index_rebuilt_from_a_legacy_ledger_keeps_its_running_attempt_open(tmp_path):

@@ -221,3 +221,16 @@ def test_the_launcher_composes_validates_and_plans_without_the_training_stack(tm
     assert out.returncode == 0, out.stderr[-2000:]
     assert "plan: sft" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_no_test_module_imports_another_test_modules_names():
+    """What several test modules share lives in tests/helpers/: a test module importing another's names runs that
+    module's collection side effects and ties the two together (move one, and the other breaks)."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.test_"):
+                found.append(f"{path.name}: from {node.module} import ...")
+            elif isinstance(node, ast.Import) and any(a.name.startswith("tests.test_") for a in node.names):
+                found.append(f"{path.name}: import {', '.join(a.name for a in node.names)}")
+    assert found == [], found

@@ -18,7 +18,7 @@ from orchestrator.records.ledger import Ledger
 from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.storage import LocalStore
 from tests.helpers import jobs
-from tests.test_records import GOOD, GOOD_ATTEMPT, JUNK, WHERE
+from tests.helpers.ledgers import GOOD, GOOD_ATTEMPT, JUNK, WHERE
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "corrupt-own"

@@ -47,8 +47,6 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     from orchestrator.attempt.preemption import PreemptionHandler
     from orchestrator.policy.requeue import RequeuePolicy
     from orchestrator.storage import store_from_config
-
-    from orchestrator.money.price_refresh import current_catalog
     from orchestrator.tracking.progress import quiet_data_progress
 
     quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
@@ -57,9 +55,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     resolved = resolve(cfg)  # config.yaml, the repro record and MLflow's params: one resolved dict
     settings = Settings.of(cfg)  # the groups parts only read, as dataclasses
     store = store_from_config(settings.storage)
-    # the prices the cache in storage holds while fresh (never fetched here: the launch and the plan fetch)
-    current, _ = current_catalog(cfg, refresh=False, store=store)
-    capacity, compute, catalog, price = attempt_price(settings.compute, environ, current)
+    capacity, compute, catalog, price = attempt_price(settings.compute, environ, cached_catalog(cfg, store))
     ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
     spend = spend_watch(settings, store, run_name, money, hold=environ.get(HOLD_ENV)) if main else None
@@ -101,6 +97,14 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
                   quality=quality, preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
 
 
+def cached_catalog(cfg: Any, store: Any) -> dict:
+    """The prices the cache in ``store`` holds while fresh, over the shipped catalog (read, never fetched here: the
+    launch and the plan fetch): what an attempt's meter and the supervisor's start-up holds price with."""
+    from orchestrator.money.price_refresh import current_catalog
+
+    return current_catalog(cfg, refresh=False, store=store)[0]
+
+
 def attempt_price(configured: ComputeConfig, environ, catalog=None) -> tuple:
     """(capacity, compute, catalog, price) of this attempt, from the job's ``compute``: a backend may run a spot
     job on-demand (run.deadline); ``compute``: the ``ComputeConfig`` it runs on. ``catalog``: the prices to use
@@ -117,9 +121,11 @@ def attempt_price(configured: ComputeConfig, environ, catalog=None) -> tuple:
 
 
 def pin_input(ledger: Any, uri: str, digest: str) -> None:
-    """Hold an ``s3://`` input to what the job's first attempt listed under it (``Ledger.pin_input``): a model or
+    """Hold an ``s3://`` input to what the job's first attempt listed under it (``records.ledger.pin_input``): a model or
     data swapped under the same key between attempts stops the job (exit 4, never requeued), not resumed on."""
-    earlier = ledger.pin_input(uri, digest)
+    from orchestrator.records.ledger import pin_input as pin
+
+    earlier = pin(ledger, uri, digest)
     if earlier is not None:
         raise DataError(f"{uri} changed since the job's first attempt: its objects (paths, sizes, ETags) digest "
                         f"{digest[:12]} now, {earlier[:12]} then, so this job's checkpoints were trained on other "

@@ -298,13 +298,11 @@ def start_holds(cfg, store):
     """The supervisor's start-up holds (``orchestrator.money.spend_holds``), at the attempt's price."""
     from omegaconf import OmegaConf
 
-    from orchestrator.attempt.build import attempt_price, job_name
+    from orchestrator.attempt.build import attempt_price, cached_catalog, job_name
     from orchestrator.money.spend_holds import StartHolds
 
-    from orchestrator.money.price_refresh import current_catalog
-
-    current, _ = current_catalog(cfg, refresh=False, store=store)  # the cache's fresh prices, as the attempt's meter
-    _capacity, compute, _catalog, price = attempt_price(OmegaConf.to_object(cfg.compute), os.environ, current)
+    _capacity, compute, _catalog, price = attempt_price(OmegaConf.to_object(cfg.compute), os.environ,
+                                                        cached_catalog(cfg, store))  # as the attempt's meter
     return StartHolds(cfg, store, job_name(cfg), usd_per_second=price.usd_per_hour_total / 3600.0,
                       restart_seconds=compute.restart_seconds)
 

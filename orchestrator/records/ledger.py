@@ -305,26 +305,27 @@ class Ledger:
         """Append a capacity decision (``run.deadline``) to the job's ``capacity`` list, stamped with this attempt."""
         return self.update(lambda ledger: _append_capacity(ledger, dict(decision, time=time.time(), fence=self.fence)))
 
-    def pin_input(self, uri: str, digest: str) -> str | None:
-        """Record ``digest`` as input ``uri``'s the first time an attempt of the job lists it (``inputs``); the
-        digest recorded before when it is another (the objects under ``uri`` changed since), else None."""
-        recorded: dict = {}
-
-        def fn(ledger: dict) -> None:
-            inputs = ledger.get("inputs")
-            if not isinstance(inputs, dict):
-                inputs = ledger["inputs"] = {}
-            earlier = inputs.get(uri)
-            if not isinstance(earlier, str):  # the first lister's (a value that is no digest is replaced)
-                inputs[uri] = earlier = digest
-            recorded["earlier"] = earlier
-
-        self.update(fn)
-        return recorded["earlier"] if recorded["earlier"] != digest else None
-
     def set_mlflow_run_id(self, run_id: str) -> dict:
         """Remember the job's MLflow run so every attempt logs into the same one."""
         return self.update(lambda ledger: ledger.__setitem__("mlflow_run_id", run_id))
+
+
+def pin_input(ledger: Ledger, uri: str, digest: str) -> str | None:
+    """Record ``digest`` as input ``uri``'s in the job's ledger the first time an attempt lists it (``inputs``); the
+    digest recorded before when it is another (the objects under ``uri`` changed since), else None."""
+    recorded: dict = {}
+
+    def fn(doc: dict) -> None:
+        inputs = doc.get("inputs")
+        if not isinstance(inputs, dict):
+            inputs = doc["inputs"] = {}
+        earlier = inputs.get(uri)
+        if not isinstance(earlier, str):  # the first lister's (a value that is no digest is replaced)
+            inputs[uri] = earlier = digest
+        recorded["earlier"] = earlier
+
+    ledger.update(fn)
+    return recorded["earlier"] if recorded["earlier"] != digest else None
 
 
 # ---- the ledger's changes, as functions of the ledger dict (the Ledger writes them conditionally) ----
