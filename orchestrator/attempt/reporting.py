@@ -159,6 +159,7 @@ class AttemptTracking:
         since (fraction-valued metrics only: a loss has no percentage points)."""
         if self.tracker is None:
             return
+        from orchestrator.tracking.names import HEADLINE_SCORE
         from orchestrator.money.report import (
             build_report,
             format_report,
@@ -171,7 +172,8 @@ class AttemptTracking:
             per_point = usd_per_quality_point(figures["cost_usd"], quality, quality_before)
             extra = {"quality_gain_points": gain, "usd_per_quality_point": per_point}
             figures = dict(figures, **{k: v for k, v in extra.items() if v is not None})
-        self.log_metrics(figures, step)
+        # the headline figures (``tracking.names``): cost_usd is among the figures, the score beside it
+        self.log_metrics(figures if quality is None else dict(figures, **{HEADLINE_SCORE: quality}), step)
         report = build_report(job=job, status=status, ledger=ledger, price=money.price, figures=figures,
                               quality_metric=quality_metric, quality=quality, quality_before=quality_before,
                               tokens_per_step=money.figures.tokens_per_step,

@@ -2,9 +2,9 @@
 
 Reads MLflow only. Each job is one run (tagged ``job``) carrying:
     tags     recipe, model, quality_metric (the name of its main quality metric)
-    metrics  cost_usd, attempts, preemptions, and the metric named by quality_metric
-             (a fraction in [0, 1], e.g. eval_accuracy or eval_reward_accuracy), usd_per_quality_point
-             (the cost over the points gained since before training)
+    metrics  cost_usd, ops/attempts, ops/preemptions, and the metric named by quality_metric
+             (a fraction in [0, 1], e.g. eval_accuracy or eval_reward_accuracy), usd_per_point
+             (the cost over the points gained since before training); names: ``orchestrator.tracking.names``
 
 The chart (cost against quality, one labelled point per job) is written to
 ``--out`` and logged as ``cost_vs_quality.png`` to one run named "report"
@@ -29,6 +29,7 @@ from typing import Optional
 from orchestrator.cli.common import Parser, fail
 from orchestrator.evaluation import curve
 from orchestrator.evaluation.stats import report_cell
+from orchestrator.tracking.names import metric_name
 from orchestrator.tracking.run import JOB_TAG, KIND_TAG
 from orchestrator.core.redaction import scrub_text
 
@@ -63,8 +64,11 @@ class JobRow:
 
 
 def _number(run, key: str) -> Optional[float]:
-    if key in run.data.metrics:
-        return float(run.data.metrics[key])
+    """The metric ``key`` (its MLflow name, ``tracking.names.metric_name``: ``attempts`` is ``ops/attempts``),
+    else the metric or tag of that plain name (a run logged before the metrics had sections)."""
+    for name in (metric_name(key), key):
+        if name in run.data.metrics:
+            return float(run.data.metrics[name])
     try:
         return float(run.data.tags[key])
     except (KeyError, ValueError):
@@ -94,7 +98,7 @@ def collect_jobs(client, experiment_id: str, *, window: int = curve.DEFAULT_WIND
                 cost_usd=_number(run, "cost_usd"),
                 quality_metric=quality_metric,
                 quality=_number(run, quality_metric) if quality_metric else None,
-                usd_per_point=_number(run, "usd_per_quality_point"),
+                usd_per_point=_number(run, "usd_per_quality_point"),  # the headline usd_per_point
                 benchmarks=report_cell(run.data.metrics),
                 bench=_bench_points(client, run, window=window),
             )

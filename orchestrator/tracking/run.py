@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.core.redaction import _URL_USERINFO, redact, scrub_text
 from orchestrator.tracking.delivery import MetricsDelivery, is_permanent
+from orchestrator.tracking.names import metric_name
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,8 @@ class JobTracker:
     # -- logging (never blocks, never raises) ---------------------------------
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
-        """Queue numeric ``metrics`` at ``step``; steps at or below a key's last logged step are dropped."""
+        """Queue numeric ``metrics`` at ``step``, named for MLflow's sections (``names.metric_name``); steps at or
+        below a key's last logged step are dropped."""
         if not self.enabled or self._delivery is None:  # not started
             return
         from mlflow.entities import Metric
@@ -281,6 +283,7 @@ class JobTracker:
                 number = float(value)
             except (TypeError, ValueError):
                 continue  # strings and None are not metrics
+            key = metric_name(key)
             if step <= self._last_step.get(key, -math.inf):
                 continue
             points.append(Metric(key, number, timestamp_ms, int(step)))

@@ -1,0 +1,68 @@
+"""What a user sees of a job in MLflow's own UI: the metrics in sections, the headline figures at the top
+level, the verdict in the description, the committed checkpoints as a table, system metrics on a GPU job.
+
+Against a local SQLite store (the same MlflowClient calls as against a server), so no server is started."""
+from __future__ import annotations
+
+import json
+import types
+import uuid
+
+import pytest
+from mlflow import MlflowClient
+
+from orchestrator.attempt.reporting import AttemptTracking
+from orchestrator.config.schema import TrackingConfig
+from orchestrator.money.cost import Price
+from orchestrator.tracking.run import JobTracker
+
+
+@pytest.fixture
+def store_uri(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def _tracker(uri: str, **tags) -> JobTracker:
+    tracker = JobTracker(TrackingConfig(uri=uri, experiment=f"ui-{uuid.uuid4().hex[:8]}"), job_name="job-a",
+                         tags={"quality_metric": "eval_accuracy", **tags})
+    tracker.start()
+    return tracker
+
+
+def _money() -> types.SimpleNamespace:
+    price = Price(usd_per_hour_total=2.0, usd_per_gpu_hour=2.0, on_demand_usd_per_hour_total=4.0, spot=True, cloud="aws", gpus=1,
+                  source="test")
+    return types.SimpleNamespace(price=price, figures=types.SimpleNamespace(tokens_per_step=100.0,
+                                                                           measured_tokens_per_step=None))
+
+
+def _close(tracking: AttemptTracking, **extra) -> None:
+    ledger = {"step": 60, "attempts": [{"fence": 1, "exit_class": "completed", "cost_usd": 1.5}]}
+    figures = {"cost_usd": 1.5, "attempts": 1, "preemptions": 0, "gpu_hours": 0.75, "step_time_s": 0.2,
+               "attempt_checkpoint_stall_s": 0.1}
+    tracking.close_with_report(job="job-a", step=60, status="completed", tracker_status="FINISHED", ledger=ledger,
+                               figures=figures, money=_money(), quality_metric="eval_accuracy", quality=0.8,
+                               quality_before=0.5, config_yaml="a: 1\n", **extra)
+
+
+def test_the_jobs_own_metrics_sit_in_sections_and_the_headline_figures_at_the_top(store_uri, capsys):
+    tracker = _tracker(store_uri)
+    tracking = AttemptTracking(tracker)
+    tracking.on_trainer_log({"loss": 1.2, "learning_rate": 1e-4, "eval_loss": 0.9}, 10, closing=False,
+                            job_figures=lambda closing: {"step_time_s": 0.2, "peak_memory_bytes": 10,
+                                                         "cost_usd": 0.5, "usd_per_step": 0.05})
+    tracking.log_metrics({"restart_total_s": 3.0, "checkpoint_interval_s": 60.0}, 10)
+    _close(tracking)
+    metrics = MlflowClient(store_uri).get_run(tracker.run_id).data.metrics
+    # the Trainer's keep TRL's names; ours are grouped
+    assert {"loss", "learning_rate", "eval_loss"} <= set(metrics)
+    assert {"ops/step_time_s", "ops/peak_memory_bytes", "ops/restart_total_s", "ops/checkpoint_interval_s",
+            "ops/attempts", "ops/preemptions", "ops/attempt_checkpoint_stall_s", "cost/usd_per_step",
+            "cost/gpu_hours"} <= set(metrics), sorted(metrics)
+    assert not {"step_time_s", "gpu_hours", "attempts", "usd_per_quality_point"} & set(metrics), sorted(metrics)
+    # the headline: the final cost, the score, what a point of it cost
+    assert metrics["cost_usd"] == pytest.approx(1.5)
+    assert metrics["score"] == pytest.approx(0.8)
+    assert metrics["score_gain_points"] == pytest.approx(30.0)
+    assert metrics["usd_per_point"] == pytest.approx(1.5 / 30)
