@@ -85,8 +85,9 @@ def resolve_tracking_uri(tracking_cfg: Any) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def _experiment_id(client, name: str, uri: str) -> str:
-    """The experiment ``name`` (created when missing; artifacts beside a local SQLite store)."""
+def ensure_experiment(client, name: str, uri: str) -> str:
+    """The experiment ``name``'s id (created when missing, in MLflow's model-training view; artifacts beside a
+    local SQLite store)."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):  # made before this tag was set; a user's choice stays
@@ -106,6 +107,9 @@ def _experiment_id(client, name: str, uri: str) -> str:
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+_experiment_id = ensure_experiment  # the name orchestrator.sweep.tracking imports
 
 
 def _find_or_create_run(client, experiment_id: str, job_name: str, run_id: Optional[str], uri: str):
@@ -200,7 +204,7 @@ class JobTracker:
         self.uri = resolve_tracking_uri(self.cfg)
         self.client = MlflowClient(tracking_uri=self.uri)
         try:
-            experiment_id = _experiment_id(self.client, self.cfg.experiment, self.uri)
+            experiment_id = ensure_experiment(self.client, self.cfg.experiment, self.uri)
             self.experiment_id = experiment_id
             run, resumed = _find_or_create_run(self.client, experiment_id, self.job_name, self.run_id, self.uri)
             self.run_id = run.info.run_id
@@ -356,6 +360,26 @@ class JobTracker:
             _log_file(self.client, self.run_id, op[1], op[2])
         elif op[0] == "inputs":
             self.client.log_inputs(self.run_id, datasets=op[1])
+
+
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # MLflow's list of a run's table artifacts, which its UI draws
+
+
+def table_json(table: Mapping[str, list]) -> bytes:
+    """``{column: values}`` as the JSON ``MlflowClient.log_table`` writes (pandas' ``split`` orient)."""
+    columns = list(table)
+    rows = [list(row) for row in zip(*(table[c] for c in columns))]
+    return json.dumps({"columns": columns, "data": rows}, default=str).encode()
+
+
+def log_table(client, run_id: str, table: Mapping[str, list], artifact_file: str) -> None:
+    """``table`` as the run's table artifact ``artifact_file`` (a ``.json``), replacing one of that name:
+    ``MlflowClient.log_table`` would append its rows to it, so a table logged again would repeat them."""
+    _log_file(client, run_id, table_json(table), artifact_file)
+    listed = json.loads(client.get_run(run_id).data.tags.get(LOGGED_ARTIFACTS_TAG, "[]"))
+    entry = {"path": artifact_file, "type": "table"}
+    if entry not in listed:
+        client.set_tag(run_id, LOGGED_ARTIFACTS_TAG, json.dumps(listed + [entry]))
 
 
 def _log_file(client, run_id: str, data: bytes, artifact_file: str) -> None:
