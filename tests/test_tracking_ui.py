@@ -66,3 +66,33 @@ def test_the_jobs_own_metrics_sit_in_sections_and_the_headline_figures_at_the_to
     assert metrics["score"] == pytest.approx(0.8)
     assert metrics["score_gain_points"] == pytest.approx(30.0)
     assert metrics["usd_per_point"] == pytest.approx(1.5 / 30)
+
+
+def _job_cfg(gpus: int, system_metrics) -> tuple:
+    cfg = types.SimpleNamespace(recipe=types.SimpleNamespace(name="sft"), model=types.SimpleNamespace(name_or_path="m"),
+                                compute=types.SimpleNamespace(gpu_type="h100" if gpus else "none", gpus_per_node=gpus,
+                                                              spot=True))
+    return cfg, TrackingConfig(experiment=f"ui-{uuid.uuid4().hex[:8]}", log_system_metrics=system_metrics,
+                               system_metrics_every="1s")
+
+
+@pytest.mark.parametrize("gpus,setting,sampled", [(1, None, True), (0, None, False), (1, False, False),
+                                                  (0, True, True)])
+def test_system_metrics_are_on_for_a_gpu_job_unless_turned_off(store_uri, monkeypatch, gpus, setting, sampled):
+    import time
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
+    cfg, tracking_cfg = _job_cfg(gpus, setting)
+    tracking = AttemptTracking.from_config(cfg, tracking_cfg, main=True, run_name="job-a", ledger={}, params={},
+                                           quality_metric="eval_accuracy", job_metrics_every_s=0)
+    tracking.start()
+    client = MlflowClient(store_uri)
+    deadline = time.monotonic() + (15 if sampled else 0)
+    while True:
+        logged = [k for k in client.get_run(tracking.tracker.run_id).data.metrics if k.startswith("system/")]
+        if logged or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    tracking.close("FINISHED")
+    assert bool(logged) == sampled, logged
+    assert (tracking.tracker._system_monitor is not None) == sampled

@@ -59,8 +59,10 @@ class AttemptTracking:
                 **source_tags()}
         if tracking_cfg.parent_run_id:  # a sweep's trial: MLflow's nested runs
             tags["mlflow.parentRunId"] = str(tracking_cfg.parent_run_id)
-        tracker = JobTracker(tracking_cfg, job_name=run_name, tags=tags,
-                             params=params, run_id=ledger.get("mlflow_run_id"))
+        system = tracking_cfg.log_system_metrics  # unset: on for a GPU job (its utilisation and memory beside the cost)
+        tracker = JobTracker(tracking_cfg, job_name=run_name, tags=tags, params=params,
+                             run_id=ledger.get("mlflow_run_id"),
+                             system_metrics=bool(cfg.compute.gpus_per_node) if system is None else system)
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)
 
     def start(self) -> Optional[str]:

@@ -169,9 +169,11 @@ class JobTracker:
         job_name: ``run.name``; tagged ``job=<job_name>`` and used as the run name.
         tags, params: set on the run, redacted (params: the resolved config, nested or flat, flattened).
         run_id: the run recorded in the ledger, if any.
+        system_metrics: MLflow's system metrics on or off; None: ``tracking_cfg.log_system_metrics`` (unset: off).
     """
 
-    def __init__(self, tracking_cfg: Any, *, job_name: str, tags: Optional[dict] = None, params: Optional[dict] = None, run_id: Optional[str] = None):
+    def __init__(self, tracking_cfg: Any, *, job_name: str, tags: Optional[dict] = None, params: Optional[dict] = None,
+                 run_id: Optional[str] = None, system_metrics: Optional[bool] = None):
         self.cfg = tracking_cfg
         self.enabled = bool(tracking_cfg.enabled)
         self.job_name = job_name
@@ -185,6 +187,7 @@ class JobTracker:
         self._last_step: dict[str, int] = {}
         self._delivery: Optional[MetricsDelivery] = None  # started with the run
         self._system_monitor = None
+        self.system_metrics = bool(tracking_cfg.log_system_metrics if system_metrics is None else system_metrics)
 
     # -- opening the run ---------------------------------------------------
 
@@ -224,7 +227,7 @@ class JobTracker:
         if self.run_url():
             log.info("MLflow run page: %s", self.run_url())
         self._delivery = MetricsDelivery(self._send)
-        if self.cfg.log_system_metrics:
+        if self.system_metrics:
             self._start_system_metrics(resumed)
         return self.run_id
 
