@@ -96,3 +96,28 @@ def test_system_metrics_are_on_for_a_gpu_job_unless_turned_off(store_uri, monkey
     tracking.close("FINISHED")
     assert bool(logged) == sampled, logged
     assert (tracking.tracker._system_monitor is not None) == sampled
+
+
+def test_the_description_carries_the_verdict_and_the_checkpoints_are_a_table(store_uri, tmp_path, capsys):
+    tracker = _tracker(store_uri)
+    checkpoints = [{"step": 20, "fence": 1, "time": 1765000000.0, "size": 1000, "key": "job-a/checkpoints/a"},
+                   {"step": 40, "fence": 2, "time": 1765000060.0, "size": 2000, "key": "job-a/checkpoints/b"}]
+    records = [{"step": s, "cost_usd": 0.01 * i, "scores": {"tiny": {"acc": {"value": v, "stderr": 0.03}}}}
+               for i, (s, v) in enumerate([(0, 0.30), (20, 0.45), (40, 0.60), (60, 0.75)])]
+    ledger = {"step": 60, "checkpoints": checkpoints,
+              "attempts": [{"fence": 1, "exit_class": "preempted", "cost_usd": 0.5},
+                           {"fence": 2, "exit_class": "completed", "cost_usd": 1.0}]}
+    AttemptTracking(tracker).close_with_report(
+        job="job-a", step=60, status="completed", tracker_status="FINISHED", ledger=ledger,
+        figures={"cost_usd": 1.5, "attempts": 2, "preemptions": 1}, money=_money(), quality_metric="eval_accuracy",
+        quality=0.8, quality_before=0.5, config_yaml="a: 1\n", bench_records=records)
+    client = MlflowClient(store_uri)
+    run = client.get_run(tracker.run_id)
+    note = run.data.tags["mlflow.note.content"]
+    assert "| verdict | continue: tiny/acc: +45.0" in note, note
+    assert run.data.tags["verdict"] == "continue"
+    assert {"path": "checkpoints.json", "type": "table"} in json.loads(run.data.tags["mlflow.loggedArtifacts"])
+    table = json.loads(open(client.download_artifacts(tracker.run_id, "checkpoints.json", str(tmp_path))).read())
+    assert table["columns"] == ["step", "fence", "time", "size_bytes", "path"]
+    assert table["data"] == [[20, 1, "2025-12-06T05:46:40Z", 1000, "job-a/checkpoints/a"],
+                             [40, 2, "2025-12-06T05:47:40Z", 2000, "job-a/checkpoints/b"]]

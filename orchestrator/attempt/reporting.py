@@ -26,6 +26,8 @@ SOURCE_NAME_TAG = "mlflow.source.name"
 SOURCE_TYPE_TAG = "mlflow.source.type"
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 DATASET_CONTEXT_TAG = "mlflow.data.context"
+VERDICT_TAG = "verdict"  # continue | stop | change, from the job's benchmark scores against its dollars
+CHECKPOINTS_TABLE = "checkpoints.json"
 
 
 class AttemptTracking:
@@ -154,11 +156,14 @@ class AttemptTracking:
     def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: dict,
                           figures: dict, money: Any,
                           quality_metric: str, quality: Optional[float], config_yaml: str,
-                          quality_before: Optional[float] = None, quality_is_fraction: bool = True) -> None:
-        """The attempt's closing figures, the cost report (printed too), the redacted config; tag and close the run.
+                          quality_before: Optional[float] = None, quality_is_fraction: bool = True,
+                          bench_records: Optional[list] = None) -> None:
+        """The attempt's closing figures, the cost report (printed too), the redacted config, the committed
+        checkpoints as a table; tag, describe and close the run.
 
         ``quality_before``: the metric before training; USD per quality point is the cost over the points gained
-        since (fraction-valued metrics only: a loss has no percentage points)."""
+        since (fraction-valued metrics only: a loss has no percentage points). ``bench_records``: the benchmark
+        results so far (``evaluation.watch``), whose verdict (``curve.job_verdict``) the description carries."""
         if self.tracker is None:
             return
         from orchestrator.tracking.names import HEADLINE_SCORE
@@ -186,8 +191,11 @@ class AttemptTracking:
         self.log_dict(report, "cost_report.json")
         self.log_text(text, "cost_report.txt")
         self.log_text(config_yaml, "config.yaml")
+        self.tracker.log_table_artifact(checkpoints_table(ledger), CHECKPOINTS_TABLE)
+        verdict = bench_verdict(bench_records)
         self.set_tags({"status": status, "attempts": str(figures["attempts"]), "preemptions": str(figures["preemptions"]),
-                       RUN_NOTE_TAG: run_description(report)})
+                       RUN_NOTE_TAG: run_description(report, verdict),
+                       **({VERDICT_TAG: verdict[0]} if verdict else {})})
         self.close(tracker_status)
 
     def close(self, status: str, *, flush_timeout_s: float = 60.0) -> None:
@@ -258,7 +266,31 @@ def dataset_input(train_dataset: Any, fingerprint: str, data_cfg: Any):
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(DATASET_CONTEXT_TAG, "train")])
 
 
-def run_description(report: dict) -> str:
+def checkpoints_table(ledger: dict) -> dict[str, list]:
+    """The ledger's committed checkpoints (the newest ``checkpoint.keep_last``) as table columns: step, fence,
+    time (UTC), size in bytes, path in storage."""
+    from datetime import datetime, timezone
+
+    def when(t) -> Optional[str]:
+        return None if t is None else datetime.fromtimestamp(float(t), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    rows = ledger.get("checkpoints") or []
+    return {"step": [c.get("step") for c in rows], "fence": [c.get("fence") for c in rows],
+            "time": [when(c.get("time")) for c in rows], "size_bytes": [c.get("size") for c in rows],
+            "path": [c.get("key") for c in rows]}
+
+
+def bench_verdict(records: Optional[list]) -> Optional[tuple[str, str]]:
+    """(continue | stop | change, its numbers) of the benchmark results so far, as ``orchestrator report`` judges
+    them with its defaults; None without two evaluations to compare."""
+    if not records:
+        return None
+    from orchestrator.evaluation import curve
+
+    return curve.job_verdict(curve.from_records(records))
+
+
+def run_description(report: dict, verdict: Optional[tuple[str, str]] = None) -> str:
     """The run's description (markdown) from the cost report (``cost_report.build_report``): outcome, cost,
     spot savings, lost work and quality, so the run page answers "what did it cost, what did it buy"."""
     def usd(value, digits=4) -> str:
@@ -278,6 +310,8 @@ def run_description(report: dict) -> str:
                                 f"({usd(quality['usd_per_point'], 6)} per percentage point)"))
     else:
         rows.append(("quality", f"{quality['metric']}: not measured in this attempt"))
+    if verdict is not None:
+        rows.append(("verdict", f"{verdict[0]}: {verdict[1]}"))
     head = (f"**{report['job']}**: {report['status']} at step {totals['steps']} after {totals['attempts']} attempt(s), "
             f"{totals['preemptions']} preemption(s).")
     return "\n".join([head, "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])

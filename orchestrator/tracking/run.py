@@ -324,6 +324,11 @@ class JobTracker:
         if self.enabled and self._delivery is not None:
             self._delivery.add_op(("file", bytes(data), artifact_file))
 
+    def log_table_artifact(self, table: Mapping[str, list], artifact_file: str) -> None:
+        """Queue ``{column: values}`` as the table artifact ``artifact_file`` (``log_table``), redacted."""
+        if self.enabled and self._delivery is not None:
+            self._delivery.add_op(("table", redact(dict(table), self._secrets), artifact_file))
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""
         if not self.enabled or self._delivery is None:
@@ -351,18 +356,25 @@ class JobTracker:
         return delivered
 
     def _send(self, batch: list, op: Optional[tuple]) -> None:
-        if batch:
-            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
-        elif op[0] == "tags":
-            self.client.log_batch(self.run_id, tags=op[1], synchronous=True)
-        elif op[0] == "text":
-            self.client.log_text(self.run_id, op[1], op[2])
-        elif op[0] == "dict":
-            self.client.log_dict(self.run_id, op[1], op[2])
-        elif op[0] == "file":
-            _log_file(self.client, self.run_id, op[1], op[2])
-        elif op[0] == "inputs":
-            self.client.log_inputs(self.run_id, datasets=op[1])
+        send(self.client, self.run_id, batch, op)
+
+
+def send(client, run_id: str, batch: list, op: Optional[tuple]) -> None:
+    """Deliver a batch of metric points, or (``batch`` empty) one queued operation, to the run."""
+    if batch:
+        client.log_batch(run_id, metrics=batch, synchronous=True)
+    elif op[0] == "tags":
+        client.log_batch(run_id, tags=op[1], synchronous=True)
+    elif op[0] == "text":
+        client.log_text(run_id, op[1], op[2])
+    elif op[0] == "dict":
+        client.log_dict(run_id, op[1], op[2])
+    elif op[0] == "file":
+        _log_file(client, run_id, op[1], op[2])
+    elif op[0] == "table":
+        log_table(client, run_id, op[1], op[2])
+    elif op[0] == "inputs":
+        client.log_inputs(run_id, datasets=op[1])
 
 
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # MLflow's list of a run's table artifacts, which its UI draws
