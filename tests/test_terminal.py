@@ -30,3 +30,99 @@ def test_the_launch_plan_is_five_lines_pointing_at_the_whole_one():
 def test_a_plan_that_will_not_fit_keeps_its_warning_in_the_short_plan():
     short = plan.short_plan_text(_job(gpu_type="t4", memory_gb=0.001)).splitlines()
     assert any(line.startswith("WARNING: will NOT fit on t4") for line in short), short
+
+
+@pytest.fixture
+def console(tmp_path):
+    """The job's logging as a worker sets it up: the console (a buffer here) and the job's log file."""
+    import io
+
+    from orchestrator.core import logsetup
+
+    clock = [1000.0]
+    stream = io.StringIO()
+    logsetup.setup_logging(stream=stream, clock=lambda: clock[0])
+    path = logsetup.log_to_file(tmp_path / "run" / "job.log")
+    yield stream, path, clock
+    logsetup.reset_logging()
+
+
+def test_lm_evals_own_logging_goes_to_the_job_log_and_the_console_gets_one_line_per_evaluation(console):
+    stream, path, _ = console
+    for i in range(30):
+        logging.getLogger("lm_eval.api.task").info("Building contexts for tiny_arith_mc on rank 0... %d", i)
+        logging.getLogger("lm_eval.evaluator").warning("generation_kwargs: no until specified %d", i)
+    logging.getLogger("orchestrator.evaluation.harness").info("benchmark evaluation took 1.20s: {'tiny': 0.5}")
+    logging.getLogger("lm_eval.evaluator").error("the task failed")
+    shown = stream.getvalue().splitlines()
+    assert len(shown) == 2 and "benchmark evaluation took 1.20s" in shown[0] and "the task failed" in shown[1], shown
+    kept = path.read_text()
+    assert kept.count("Building contexts") == 30 and kept.count("no until specified") == 30
+    assert "benchmark evaluation took" in kept
+
+
+def test_checkpoint_lines_reach_the_console_at_most_once_a_minute_and_all_reach_the_log(console):
+    stream, path, clock = console
+    store = logging.getLogger("orchestrator.checkpoint.store")
+    callback = logging.getLogger("orchestrator.checkpoint.callback")
+    for second in range(0, 180, 3):  # a save every 3 s for three minutes: 60 saves, two lines each
+        clock[0] = 1000.0 + second
+        callback.info("checkpoint save at step %d stalled training for 0.05s", second)
+        store.info("checkpoint ckpt-%d committed (step %d, 1.0 MB, 0.10s)", second, second)
+    store.warning("checkpoint ckpt-x has no manifest (an upload was interrupted)")
+    shown = stream.getvalue().splitlines()
+    assert len(shown) == 4, shown  # one a minute, and every warning
+    assert "step 0 stalled" in shown[0] and "step 60 stalled" in shown[1] and "step 120 stalled" in shown[2]
+    assert "no manifest" in shown[3]
+    kept = path.read_text()
+    assert kept.count("stalled training") == 60 and kept.count("committed (step") == 60
+
+
+def test_without_a_terminal_the_trainers_log_dicts_go_to_the_job_log_not_the_console(console):
+    from transformers.trainer_callback import PrinterCallback
+
+    from orchestrator.config.schema import TrackingConfig
+    from orchestrator.tracking.progress import attach_progress
+
+    stream, path, _ = console
+
+    class Trainer:
+        def __init__(self):
+            self.callbacks = [PrinterCallback]
+
+        def remove_callback(self, cb):
+            self.callbacks = [c for c in self.callbacks if c is not cb and not isinstance(c, cb)]
+
+        def add_callback(self, cb):
+            self.callbacks.append(cb)
+
+    trainer = Trainer()
+    progress = attach_progress(trainer, TrackingConfig(progress="lines"), main=True, dollars=lambda s, t: (0.01, 0.02))
+    assert PrinterCallback not in trainer.callbacks and progress in trainer.callbacks
+    state = type("S", (), {"global_step": 10, "max_steps": 60, "is_world_process_zero": True})()
+    progress.on_log(None, state, None, logs={"loss": 1.2345, "learning_rate": 1e-4})
+    progress.on_step_end(None, state, None)
+    shown = stream.getvalue()
+    assert "{'loss'" not in shown and "'learning_rate'" not in shown, shown
+    assert "progress: step 10/60" in shown and "loss 1.234" in shown, shown
+    assert "'loss': 1.2345" in path.read_text()
+
+
+@pytest.mark.e2e
+def test_a_job_with_benchmark_evaluations_keeps_its_console_short_and_its_log_whole(tmp_path):
+    from tests.helpers import jobs
+
+    overrides = [o for o in jobs.FAST if not o.startswith(("checkpoint.every", "train.max_steps"))] + [
+        "run.name=quiet", f"storage.uri={tmp_path / 'runs'}", f"run.work_dir={tmp_path / 'work'}",
+        "eval.tasks=[tiny_arith_mc]", "eval.every=2", "eval.limit=20", "checkpoint.every=off",
+        "checkpoint.every_steps=5", "train.max_steps=20", "tracking.progress=lines"]
+    done = jobs.run_job(overrides, tmp_path, timeout=600)
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-4000:]
+    whole = (tmp_path / "work" / "quiet" / "job.log").read_text()
+    assert "lm_eval" not in console and "lm_eval" in whole, console[-4000:]
+    evaluations = console.count("benchmark evaluation took")
+    assert evaluations >= 2 and whole.count("benchmark evaluation took") == evaluations
+    assert "{'loss'" not in console and "'loss':" in whole
+    assert console.count("committed (step") <= 2 < whole.count("committed (step"), console[-4000:]
+    assert "progress: step" in console and str(tmp_path / "work" / "quiet" / "job.log") in console

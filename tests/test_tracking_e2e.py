@@ -288,8 +288,9 @@ def test_mlflow_server_down_mid_run_loses_no_point(storage, mlflow_server, clien
     _assert_progress_lines(log, max_steps=max_steps, every_s=2.0, final_cost_usd=jobs.ledger(storage, run)["cost_usd"])
 
 
-_PROGRESS = re.compile(r"^\S+ (\d\d):(\d\d):(\d\d),(\d+) INFO orchestrator\.progress: progress: step (\d+)/(\d+) \(\d+%\), "
-                       r"(-|[\d.]+) steps/s, ETA (-|[\d:]+), cost so far \$([\d.,]+), projected total (-|\$[\d.,]+)$", re.M)
+_PROGRESS = re.compile(r"^\S+ (\d\d):(\d\d):(\d\d),(\d+) INFO orchestrator\.tracking\.progress: progress: step (\d+)/(\d+) "
+                       r"\(\d+%\), (-|[\d.]+) steps/s, ETA (-|[\d:]+), cost so far \$([\d.,]+), projected total "
+                       r"(-|\$[\d.,]+)(?:, loss [-\d.e+]+)?$", re.M)
 
 
 def _assert_progress_lines(log: str, *, max_steps: int, every_s: float, final_cost_usd: float) -> None:
