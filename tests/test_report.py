@@ -51,6 +51,8 @@ def test_report_lists_jobs_and_logs_the_chart(mlflow_server, tmp_path, capsys, m
     # a job that logged no gain (no "before" value) has no price per point
     assert "eval_reward_accuracy=0.650" in lines["dpo-run"] and lines["dpo-run"].split()[-1] == "-"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "View run" not in table  # MLflow's own link, without the training view; the report's has it
+    assert f"-reports': {mlflow_server.uri}/#/experiments/" in table and "?workflowType=machine_learning" in table
 
     # A second report reuses the one "report" run, in an experiment of its own: it is never among the jobs.
     assert report.main(argv) == 0

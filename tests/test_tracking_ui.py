@@ -5,6 +5,7 @@ Against a local SQLite store (the same MlflowClient calls as against a server), 
 from __future__ import annotations
 
 import json
+import re
 import types
 import uuid
 
@@ -121,3 +122,21 @@ def test_the_description_carries_the_verdict_and_the_checkpoints_are_a_table(sto
     assert table["columns"] == ["step", "fence", "time", "size_bytes", "path"]
     assert table["data"] == [[20, 1, "2025-12-06T05:46:40Z", 1000, "job-a/checkpoints/a"],
                              [40, 2, "2025-12-06T05:47:40Z", 2000, "job-a/checkpoints/b"]]
+
+
+@pytest.mark.e2e
+@pytest.mark.mlflow
+def test_the_only_run_link_printed_opens_the_training_view(mlflow_server, monkeypatch, capfd):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
+    tracker = JobTracker(TrackingConfig(uri=mlflow_server.uri, experiment=f"ui-{uuid.uuid4().hex[:8]}"),
+                         job_name="job-a")
+    tracker.start()
+    tracker.close()
+    printed = capfd.readouterr()
+    # MLflow's own "View run ... at" link has no view in it: MLflow 3.17 would open it in its GenAI view
+    links = re.findall(r"/runs/\w+\S*", printed.out + printed.err)
+    assert all(link.endswith("?workflowType=machine_learning") for link in links), printed
+    assert tracker.run_url().endswith("?workflowType=machine_learning")
+    experiment = MlflowClient(mlflow_server.uri).get_experiment(tracker.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"

@@ -35,7 +35,7 @@ from orchestrator.cli.common import Parser, fail
 from orchestrator.evaluation import curve
 from orchestrator.evaluation.stats import report_cell
 from orchestrator.tracking.names import metric_name
-from orchestrator.tracking.run import JOB_TAG, KIND_TAG, log_table
+from orchestrator.tracking.run import JOB_TAG, KIND_TAG, log_table, run_page_url
 from orchestrator.core.redaction import scrub_text
 
 log = logging.getLogger(__name__)
@@ -233,17 +233,17 @@ def plot_cost_vs_quality(rows: list[JobRow], out_path: str) -> int:
     return len(points)
 
 
-def _report_run_id(client, experiment: str, uri: str) -> str:
-    """The one report run of ``experiment``'s jobs, in ``<experiment>-reports``."""
+def _report_run_id(client, experiment: str, uri: str) -> tuple[str, str]:
+    """(experiment id, run id) of the one report run of ``experiment``'s jobs, in ``<experiment>-reports``."""
     from orchestrator.tracking.run import ensure_experiment
 
     experiment_id = ensure_experiment(client, experiment + REPORTS_EXPERIMENT_SUFFIX, uri)
     found = client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = '{REPORT_KIND}'", max_results=1)
     if found:
-        return found[0].info.run_id
+        return experiment_id, found[0].info.run_id
     run = client.create_run(experiment_id, tags={KIND_TAG: REPORT_KIND}, run_name=REPORT_RUN_NAME)
     client.set_terminated(run.info.run_id)
-    return run.info.run_id
+    return experiment_id, run.info.run_id
 
 
 def unreachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> Optional[str]:
@@ -318,7 +318,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     print(format_table(rows))
     plotted = plot_cost_vs_quality(rows, args.out)
-    run_id = _report_run_id(client, args.experiment, uri)
+    reports_id, run_id = _report_run_id(client, args.experiment, uri)
 
     def log_chart(path: str, name: str, table: Optional[dict] = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -334,8 +334,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         client.log_artifact(run_id, chart)
     if sweep_lines:
         print("\n" + "\n".join(sweep_lines))
+    page = run_page_url(uri, reports_id, run_id)
     print(f"\nchart of {plotted} job(s): {args.out} (also logged to MLflow run {run_id!r}, named {REPORT_RUN_NAME!r}, "
-          f"in the experiment {args.experiment + REPORTS_EXPERIMENT_SUFFIX!r})")
+          f"in the experiment {args.experiment + REPORTS_EXPERIMENT_SUFFIX!r}{': ' + page if page else ''})")
     bench_section(rows, args, log_chart)
     return 0
 

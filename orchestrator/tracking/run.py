@@ -45,6 +45,9 @@ MLFLOW_HTTP_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+    # MLflow prints its own "View run ... at" link when a run ends; without the view in it, MLflow 3.17's UI
+    # opens it in the GenAI view. The job prints its own link (run_page_url), with the training view.
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 # A training job does not phone home: TRL reports every trainer it builds to the Hugging Face
 # Hub, and MLflow 3 sends usage data, each from a background thread of the job's process. Both
