@@ -121,6 +121,8 @@ def test_a_job_with_benchmark_evaluations_keeps_its_console_short_and_its_log_wh
     assert done.returncode == 0, console[-4000:]
     whole = (tmp_path / "work" / "quiet" / "job.log").read_text()
     assert "lm_eval" not in console and "lm_eval" in whole, console[-4000:]
+    # the harness's own progress bars too (tqdm on stderr, not logging)
+    assert "Running loglikelihood requests" not in console and "Running loglikelihood requests" in whole
     evaluations = console.count("benchmark evaluation took")
     assert evaluations >= 2 and whole.count("benchmark evaluation took") == evaluations
     assert "{'loss'" not in console and "'loss':" in whole

@@ -5,7 +5,8 @@ The console (stderr) leaves out what buries the progress bar: the records of ``F
 ERROR (lm-evaluation-harness's own, a hundred lines an evaluation; the Trainer's raw log dicts), once a log
 file takes them, and shows the ``THROTTLED`` ones (every checkpoint's save, commit and retention lines) at
 most once per ``THROTTLE_SECONDS``; warnings always. The job's log file (``log_to_file``, the worker's
-``<run.work_dir>/<run.name>/job.log``) gets every record.
+``<run.work_dir>/<run.name>/job.log``) gets every record, and, during a benchmark evaluation, what the
+harness writes to stderr (its progress bars: ``library_output_to_file``).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import logging
 import os
 import sys
 import time
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # the loggers whose records below ERROR go to the job's log file only (once there is one)
@@ -85,6 +87,19 @@ def log_to_file(path: Path) -> Path:
         if isinstance(f, ConsoleFilter):
             f.file_takes_the_rest = True
     return path
+
+
+@contextmanager
+def library_output_to_file() -> Iterator[None]:
+    """Meanwhile, what is written to ``sys.stderr`` (a library's progress bars, its prints) goes to the job's log
+    file, when there is one; the console's log lines still reach the console (their handler keeps its stream)."""
+    if _file is None or _file.stream is None:
+        yield
+        return
+    _file.flush()
+    with redirect_stderr(_file.stream):
+        yield
+    _file.stream.flush()
 
 
 def reset_logging() -> None:
