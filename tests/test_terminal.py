@@ -128,3 +128,22 @@ def test_a_job_with_benchmark_evaluations_keeps_its_console_short_and_its_log_wh
     assert "{'loss'" not in console and "'loss':" in whole
     assert console.count("committed (step") <= 2 < whole.count("committed (step"), console[-4000:]
     assert "progress: step" in console and str(tmp_path / "work" / "quiet" / "job.log") in console
+
+
+def test_a_bar_on_a_terminal_with_stdout_redirected_writes_no_log_dicts_to_stdout(console, monkeypatch):
+    import io
+
+    from orchestrator.tracking.progress import TrainingProgress
+
+    _, path, _ = console
+    stdout = io.StringIO()  # `orchestrator.launch ... > out.txt`: the bar on the terminal's stderr, stdout a file
+    monkeypatch.setattr("sys.stdout", stdout)
+    progress = TrainingProgress(lambda step, total: (0.01, 0.02), bar=True, every_s=30)
+    state = type("S", (), {"global_step": 10, "max_steps": 60, "is_world_process_zero": True,
+                           "is_local_process_zero": True})()
+    progress.on_train_begin(None, state, None)
+    progress.training_bar.fp = io.StringIO()
+    progress.on_log(None, state, None, logs={"loss": 1.2345})
+    progress.on_train_end(None, state, None)
+    assert "loss" not in stdout.getvalue(), stdout.getvalue()
+    assert "'loss': 1.2345" in path.read_text()

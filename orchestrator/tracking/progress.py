@@ -9,9 +9,9 @@ that ``disable_tqdm=True`` installs is taken out.
 Anywhere else (Slurm, Kubernetes, a file; or ``lines``): one line through the
 ``orchestrator.tracking.progress`` logger at the attempt's first step, then at most every
 ``tracking.job_metrics_every``, with the same figures and the latest loss -- a bar redrawn with
-carriage returns is unreadable in a log file. The Trainer's raw log dicts (its ``PrinterCallback``)
-go through the ``orchestrator.tracking.trainer_logs`` logger instead, which reaches the job's log file,
-not the console (``orchestrator.core.logsetup``).
+carriage returns is unreadable in a log file. The Trainer's raw log dicts (its ``PrinterCallback``;
+above the bar, were stdout a terminal) go through the ``orchestrator.tracking.trainer_logs`` logger
+instead, which reaches the job's log file, not the console (``orchestrator.core.logsetup``).
 
 The dollars come from the attempt's money watch (``orchestrator/attempt/money.py``:
 its meter and the budget's projection); nothing here prices anything.
@@ -141,7 +141,7 @@ class TrainingProgress(ProgressCallback):
 
     # the bar's own hooks; in line mode there is no bar to feed
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.bar:
+        if self.bar and _is_tty(sys.stdout):  # above the bar (tqdm.write: stdout)
             super().on_log(args, state, control, logs=logs, **kwargs)
         elif state.is_world_process_zero and logs:
             loss = logs.get("loss")
@@ -160,13 +160,16 @@ class TrainingProgress(ProgressCallback):
             self._redirect = None
 
 
+def _is_tty(stream) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
 def wants_bar(mode: str, stream=None) -> Optional[bool]:
     """``tracking.progress`` -> a bar (True), lines (False), or nothing (None); ``auto``: a bar on a terminal."""
     if mode == "off":
         return None
     if mode == "auto":
-        stream = sys.stderr if stream is None else stream
-        return bool(getattr(stream, "isatty", lambda: False)())
+        return _is_tty(sys.stderr if stream is None else stream)
     return mode == "bar"
 
 
