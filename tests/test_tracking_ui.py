@@ -5,6 +5,7 @@ Against a local SQLite store (the same MlflowClient calls as against a server), 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import types
 import uuid
@@ -140,3 +141,15 @@ def test_the_only_run_link_printed_opens_the_training_view(mlflow_server, monkey
     assert tracker.run_url().endswith("?workflowType=machine_learning")
     experiment = MlflowClient(mlflow_server.uri).get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_a_gpu_job_without_nvidia_ml_py_is_told_its_gpu_is_not_sampled(monkeypatch, caplog):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pynvml" else real(name, *a))
+    cfg, tracking_cfg = _job_cfg(1, None)
+    with caplog.at_level(logging.WARNING):
+        AttemptTracking.from_config(cfg, tracking_cfg, main=True, run_name="job-a", ledger={}, params={},
+                                    quality_metric="eval_accuracy", job_metrics_every_s=0)
+    assert "pip install nvidia-ml-py" in caplog.text

@@ -62,9 +62,11 @@ class AttemptTracking:
         if tracking_cfg.parent_run_id:  # a sweep's trial: MLflow's nested runs
             tags["mlflow.parentRunId"] = str(tracking_cfg.parent_run_id)
         system = tracking_cfg.log_system_metrics  # unset: on for a GPU job (its utilisation and memory beside the cost)
+        system = bool(cfg.compute.gpus_per_node) if system is None else system
+        if system and cfg.compute.gpus_per_node and not _has_module("pynvml"):
+            log.warning("MLflow's system metrics sample no GPU without NVIDIA's NVML bindings: pip install nvidia-ml-py")
         tracker = JobTracker(tracking_cfg, job_name=run_name, tags=tags, params=params,
-                             run_id=ledger.get("mlflow_run_id"),
-                             system_metrics=bool(cfg.compute.gpus_per_node) if system is None else system)
+                             run_id=ledger.get("mlflow_run_id"), system_metrics=system)
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)
 
     def start(self) -> Optional[str]:
@@ -201,6 +203,12 @@ class AttemptTracking:
     def close(self, status: str, *, flush_timeout_s: float = 60.0) -> None:
         if self.tracker is not None:
             self.tracker.close(status, flush_timeout_s=flush_timeout_s)
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int) -> Optional[str]:
