@@ -147,3 +147,32 @@ def test_a_bar_on_a_terminal_with_stdout_redirected_writes_no_log_dicts_to_stdou
     progress.on_train_end(None, state, None)
     assert "loss" not in stdout.getvalue(), stdout.getvalue()
     assert "'loss': 1.2345" in path.read_text()
+
+
+def test_with_progress_off_and_stdout_not_a_terminal_the_log_dicts_still_go_to_the_file(console, monkeypatch):
+    import io
+
+    from transformers.trainer_callback import PrinterCallback
+
+    from orchestrator.config.schema import TrackingConfig
+    from orchestrator.tracking.progress import attach_progress
+
+    _, path, _ = console
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+
+    class Trainer:
+        callbacks = [PrinterCallback]
+
+        def remove_callback(self, cb):
+            self.callbacks = [c for c in self.callbacks if c is not cb]
+
+        def add_callback(self, cb):
+            self.callbacks = self.callbacks + [cb]
+
+    trainer = Trainer()
+    assert attach_progress(trainer, TrackingConfig(progress="off"), main=True, dollars=lambda s, t: (0, 0)) is None
+    assert PrinterCallback not in trainer.callbacks
+    state = type("S", (), {"global_step": 5, "is_world_process_zero": True})()
+    for cb in trainer.callbacks:
+        cb.on_log(None, state, None, logs={"loss": 2.5})
+    assert "'loss': 2.5" in path.read_text()

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
 
 log = logging.getLogger(__name__)
 trainer_logs = logging.getLogger("orchestrator.tracking.trainer_logs")  # the job's log file only (core.logsetup)
@@ -160,6 +160,14 @@ class TrainingProgress(ProgressCallback):
             self._redirect = None
 
 
+class LogsToFile(TrainerCallback):
+    """The Trainer's log dicts to the job's log file (``trainer_logs``), where ``PrinterCallback`` printed them."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            trainer_logs.info("%s", logs)
+
+
 def _is_tty(stream) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
@@ -180,6 +188,9 @@ def attach_progress(trainer: Any, tracking_cfg: Any, *, main: bool,
     from orchestrator.core.durations import parse_duration
 
     bar = wants_bar(tracking_cfg.progress)
+    if bar is None and main and not _is_tty(sys.stdout):  # no display, but no raw log dicts in a log either
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(LogsToFile())
     if bar is None or not main:
         return None
     progress = TrainingProgress(dollars, bar=bar, every_s=parse_duration(tracking_cfg.job_metrics_every,
