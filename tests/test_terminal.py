@@ -61,7 +61,7 @@ def test_lm_evals_own_logging_goes_to_the_job_log_and_the_console_gets_one_line_
     assert "benchmark evaluation took" in kept
 
 
-def test_checkpoint_lines_reach_the_console_at_most_once_a_minute_and_all_reach_the_log(console):
+def test_checkpoint_lines_reach_the_console_at_most_once_a_minute_and_all_reach_the_log(console, tmp_path):
     stream, path, clock = console
     store = logging.getLogger("orchestrator.checkpoint.store")
     callback = logging.getLogger("orchestrator.checkpoint.callback")
@@ -70,10 +70,13 @@ def test_checkpoint_lines_reach_the_console_at_most_once_a_minute_and_all_reach_
         callback.info("checkpoint save at step %d stalled training for 0.05s", second)
         store.info("checkpoint ckpt-%d committed (step %d, 1.0 MB, 0.10s)", second, second)
     store.warning("checkpoint ckpt-x has no manifest (an upload was interrupted)")
+    from orchestrator.checkpoint.store import announce_restore
+
+    announce_restore(tmp_path / "ckpt-177", {"step": 177, "files": []})  # the next attempt's, within the minute
     shown = stream.getvalue().splitlines()
-    assert len(shown) == 4, shown  # one a minute, and every warning
+    assert len(shown) == 5, shown  # one a minute, every warning, the restore
     assert "step 0 stalled" in shown[0] and "step 60 stalled" in shown[1] and "step 120 stalled" in shown[2]
-    assert "no manifest" in shown[3]
+    assert "no manifest" in shown[3] and "restoring checkpoint ckpt-177" in shown[4]
     kept = path.read_text()
     assert kept.count("stalled training") == 60 and kept.count("committed (step") == 60
 

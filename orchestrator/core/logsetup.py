@@ -4,7 +4,7 @@ the job's log file with everything.
 The console (stderr) leaves out what buries the progress bar: the records of ``FILE_ONLY`` loggers below
 ERROR (lm-evaluation-harness's own, a hundred lines an evaluation; the Trainer's raw log dicts), once a log
 file takes them, and shows the ``THROTTLED`` ones (every checkpoint's save, commit and retention lines) at
-most once per ``THROTTLE_SECONDS``; warnings always. The job's log file (``log_to_file``, the worker's
+most once per ``THROTTLE_SECONDS``; warnings and the attempt's restore always. The job's log file (``log_to_file``, the worker's
 ``<run.work_dir>/<run.name>/job.log``) gets every record, and, during a benchmark evaluation, what the
 harness writes to stderr (its progress bars: ``library_output_to_file``).
 """
@@ -25,6 +25,8 @@ FILE_ONLY_BELOW = logging.ERROR
 # the loggers whose INFO lines reach the console at most once per THROTTLE_SECONDS, all of them together
 THROTTLED = ("orchestrator.checkpoint",)
 THROTTLE_SECONDS = 60.0
+# ...but the attempt's restore (``checkpoint.store.announce_restore``), once an attempt, always shows
+ALWAYS_SHOWN = ("announce_restore",)
 
 
 def _under(name: str, prefixes: tuple) -> bool:
@@ -44,7 +46,7 @@ class ConsoleFilter(logging.Filter):
         name = record.name
         if self.file_takes_the_rest and record.levelno < FILE_ONLY_BELOW and _under(name, FILE_ONLY):
             return False
-        if record.levelno >= logging.WARNING or not _under(name, THROTTLED):
+        if record.levelno >= logging.WARNING or not _under(name, THROTTLED) or record.funcName in ALWAYS_SHOWN:
             return True
         now = self.clock()
         if self._last_throttled is not None and now - self._last_throttled < self.every_s:
