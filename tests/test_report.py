@@ -229,3 +229,17 @@ def test_only_the_compared_evaluations_per_item_values_are_downloaded(mlflow_ser
     assert sorted(fetched) == [curve.items_artifact(s) for s in (0, 30, 50)], fetched
     assert [p.items is not None for p in points] == [True, False, False, True, False, True]
     assert "paired over 100 items" in curve.judge(points, window=2).reason
+
+
+def test_a_run_logged_before_the_metric_sections_is_still_read(tmp_path, monkeypatch):
+    from mlflow.entities import Metric
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("old", artifact_location=(tmp_path / "art").as_uri())
+    run = client.create_run(experiment, tags={"job": "old-job", "quality_metric": "eval_accuracy"}).info.run_id
+    client.log_batch(run, metrics=[Metric(k, v, 0, 10) for k, v in {
+        "cost_usd": 2.0, "attempts": 3, "preemptions": 2, "eval_accuracy": 0.7, "usd_per_quality_point": 0.1}.items()],
+                     synchronous=True)
+    (row,) = report.collect_jobs(client, experiment)
+    assert (row.attempts, row.preemptions, row.cost_usd, row.quality, row.usd_per_point) == (3, 2, 2.0, 0.7, 0.1)
