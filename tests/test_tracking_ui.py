@@ -119,6 +119,14 @@ def test_the_description_carries_the_verdict_and_the_checkpoints_are_a_table(sto
     assert "| verdict | continue: tiny/acc: +45.0" in note, note
     assert run.data.tags["verdict"] == "continue"
     assert {"path": "checkpoints.json", "type": "table"} in json.loads(run.data.tags["mlflow.loggedArtifacts"])
+    # the score against dollars as a table MLflow draws (beside the chart's PNG)
+    scores = json.loads(open(client.download_artifacts(tracker.run_id, "bench/score_vs_usd.json",
+                                                       str(tmp_path))).read())
+    assert scores["columns"] == ["metric", "step", "cost_usd", "score", "stderr"]
+    assert scores["data"] == [["tiny/acc", s, pytest.approx(usd), v, 0.03] for s, usd, v in
+                              [(0, 0.0, 0.30), (20, 0.01, 0.45), (40, 0.02, 0.60), (60, 0.03, 0.75)]]
+    assert {"path": "bench/score_vs_usd.json", "type": "table"} in json.loads(
+        run.data.tags["mlflow.loggedArtifacts"])
     table = json.loads(open(client.download_artifacts(tracker.run_id, "checkpoints.json", str(tmp_path))).read())
     assert table["columns"] == ["step", "fence", "time", "size_bytes", "path"]
     assert table["data"] == [[20, 1, "2025-12-06T05:46:40Z", 1000, "job-a/checkpoints/a"],

@@ -28,6 +28,7 @@ GIT_COMMIT_TAG = "mlflow.source.git.commit"
 DATASET_CONTEXT_TAG = "mlflow.data.context"
 VERDICT_TAG = "verdict"  # continue | stop | change, from the job's benchmark scores against its dollars
 CHECKPOINTS_TABLE = "checkpoints.json"
+SCORES_TABLE = "bench/score_vs_usd.json"  # beside the chart evaluation.watch draws, bench/score_vs_usd.png
 
 
 class AttemptTracking:
@@ -194,6 +195,8 @@ class AttemptTracking:
         self.log_text(text, "cost_report.txt")
         self.log_text(config_yaml, "config.yaml")
         self.tracker.log_table_artifact(checkpoints_table(ledger), CHECKPOINTS_TABLE)
+        if bench_records:
+            self.tracker.log_table_artifact(scores_table(bench_records), SCORES_TABLE)
         verdict = bench_verdict(bench_records)
         self.set_tags({"status": status, "attempts": str(figures["attempts"]), "preemptions": str(figures["preemptions"]),
                        RUN_NOTE_TAG: run_description(report, verdict),
@@ -286,6 +289,17 @@ def checkpoints_table(ledger: dict) -> dict[str, list]:
     return {"step": [c.get("step") for c in rows], "fence": [c.get("fence") for c in rows],
             "time": [when(c.get("time")) for c in rows], "size_bytes": [c.get("size") for c in rows],
             "path": [c.get("key") for c in rows]}
+
+
+def scores_table(records: list) -> dict[str, list]:
+    """Every benchmark point so far as table columns (metric, step, cost_usd, score, stderr): the score against
+    dollars as a table MLflow draws itself."""
+    from orchestrator.evaluation import curve
+
+    points = [(key, p) for key, series in curve.from_records(records).items() for p in series]
+    return {"metric": [k for k, _ in points], "step": [p.step for _, p in points],
+            "cost_usd": [p.usd for _, p in points], "score": [p.value for _, p in points],
+            "stderr": [p.stderr for _, p in points]}
 
 
 def bench_verdict(records: Optional[list]) -> Optional[tuple[str, str]]:
