@@ -36,6 +36,20 @@ def start_delay(environ=os.environ) -> None:
         time.sleep(seconds)
 
 
+def job_log(cfg) -> Path:
+    """Every record of this process also to the job's log file, ``<run.work_dir>/<run.name>/job.log`` (another
+    rank's: ``job.rank<N>.log``), where the lines the console leaves out go (``core.logsetup``)."""
+    import logging
+
+    from orchestrator.core.logsetup import log_to_file
+    from orchestrator.core.ranks import rank
+
+    name = "job.log" if rank() == 0 else f"job.rank{rank()}.log"
+    path = log_to_file(Path(cfg.run.work_dir).expanduser().resolve() / str(cfg.run.name) / name)
+    logging.getLogger(__name__).info("the whole log (the evaluation harness's, every checkpoint's lines): %s", path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     code = _run(argv)
     dist.report_exit(code)  # under torchrun, the launcher reads rank 0's code from here
@@ -54,6 +68,7 @@ def _run(argv: list[str] | None = None) -> int:
     job = None
     try:
         cfg = compose_config(overrides, launch_checks=False)  # validated at launch; resolved here
+        job_log(cfg)
         skip_unused_quantisation_stack(cfg)
         skip_unused_deepspeed(cfg)
         if dist.needs_launcher(cfg):

@@ -154,8 +154,8 @@ def test_the_run_page_shows_cost_quality_dataset_and_commit_in_a_real_browser(fi
     # the model-training view (its side bar: Runs, Models, Model registry), not the GenAI one (Judges, Evaluation runs)
     assert "Model registry" in text and "Judges" not in text and "Evaluation runs" not in text, text[:1500]
     # cost and quality (a 10-step job gains no accuracy, so it has no USD per point: that is over the gain)
-    for key in ("cost_usd", "usd_per_step", "eval_accuracy", "eval_perplexity", "quality_gain_points"):
-        assert re.search(rf"\b{key} [-0-9.e]+", text), f"metric {key} not shown with a value: {text[:3000]}"
+    for key in ("cost_usd", "cost/usd_per_step", "eval_accuracy", "eval_perplexity", "score", "score_gain_points"):
+        assert re.search(rf"(?<![\w/]){key} [-0-9.e]+", text), f"metric {key} not shown with a value: {text[:3000]}"
     assert f"synthetic-arithmetic ({data_fp[:36]}) train" in text.replace("Train", "train"), text[:3000]
     assert "completed at step 10 after 1 attempt(s)" in text and f"cost ${metrics['cost_usd']:,.4f}" in text
     assert f"orchestrator.worker {head[:7]}" in text, text[:3000]  # the source and its commit

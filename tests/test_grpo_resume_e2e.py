@@ -164,8 +164,8 @@ def test_grpo_sigkilled_five_times_ends_bit_identical_with_no_reward_called_twic
     exp = client.get_experiment_by_name(experiment)
     (mlrun,) = client.search_runs([exp.experiment_id], filter_string="tags.job = 'grpo-chaos'")
     rollouts = 30 * 4 / 2  # steps x rows a step / num_iterations: each generation batch counted once
-    assert mlrun.data.metrics["rollouts"] == rollouts
-    assert mlrun.data.metrics["usd_per_1k_rollouts"] == pytest.approx(mlrun.data.metrics["cost_usd"] / rollouts * 1000)
+    assert mlrun.data.metrics["cost/rollouts"] == rollouts
+    assert mlrun.data.metrics["cost/usd_per_1k_rollouts"] == pytest.approx(mlrun.data.metrics["cost_usd"] / rollouts * 1000)
     assert "per 1k rollouts: $" in log
     assert "resumed inside a generation batch" in log, (killed_at, log[-3000:])
 

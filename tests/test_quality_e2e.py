@@ -59,7 +59,7 @@ def test_chat_data_quality_rises_with_training_and_usd_per_point_counts_the_gain
         assert {0, 40, 80, 120} <= set(steps), (key, steps)
 
     cost = mlrun.data.metrics["cost_usd"]
-    per_point = mlrun.data.metrics["usd_per_quality_point"]
+    per_point = mlrun.data.metrics["usd_per_point"]
     assert per_point == pytest.approx(cost / ((after - before) * 100))
     assert per_point != pytest.approx(cost / (after * 100))  # not over the absolute value
     assert "before training: " in result.stdout and "points); $" in result.stdout

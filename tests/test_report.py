@@ -1,8 +1,12 @@
 """`orchestrator report` against a real MLflow server: the table lists every job, the chart is written and logged."""
 from __future__ import annotations
 
-import pytest
+import json
+import time
 import uuid
+
+import pandas
+import pytest
 
 from mlflow import MlflowClient
 
@@ -47,15 +51,32 @@ def test_report_lists_jobs_and_logs_the_chart(mlflow_server, tmp_path, capsys, m
     # a job that logged no gain (no "before" value) has no price per point
     assert "eval_reward_accuracy=0.650" in lines["dpo-run"] and lines["dpo-run"].split()[-1] == "-"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "View run" not in table  # MLflow's own link, without the training view; the report's has it
+    assert f"-reports': {mlflow_server.uri}/#/experiments/" in table and "?workflowType=machine_learning" in table
 
-    # A second report reuses the one "report" run, which never shows up as a job.
+    # A second report reuses the one "report" run, in an experiment of its own: it is never among the jobs.
     assert report.main(argv) == 0
     assert "report " not in capsys.readouterr().out.split("\n\n")[0]
     client = MlflowClient(mlflow_server.uri)
     exp = client.get_experiment_by_name(experiment)
-    report_runs = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == report.REPORT_RUN_NAME]
-    assert len(report_runs) == 1
+    assert sorted(r.info.run_name for r in client.search_runs([exp.experiment_id])) == ["dpo-run", "sft-run"]
+    reports = client.get_experiment_by_name(f"{experiment}-reports")
+    assert reports.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow's training view
+    report_runs = client.search_runs([reports.experiment_id])
+    assert [r.info.run_name for r in report_runs] == [report.REPORT_RUN_NAME]
     assert [a.path for a in client.list_artifacts(report_runs[0].info.run_id)] == ["cost_vs_quality.png"]
+
+
+def test_a_wrong_tracking_uri_fails_within_seconds_naming_it(capsys, monkeypatch):
+    from tests.helpers.net import free_port
+
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    uri = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    assert report.main(["--tracking-uri", uri, "--experiment", "any"]) == 2
+    assert time.monotonic() - started < 10
+    assert uri in capsys.readouterr().err
 
 
 @pytest.mark.e2e
@@ -107,14 +128,25 @@ def test_report_gives_each_job_a_verdict_with_its_numbers_and_charts_score_again
     }
     assert "benchmark chart of 12 evaluation(s)" in out and bench.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     client = MlflowClient(mlflow_server.uri)
-    exp = client.get_experiment_by_name(experiment)
-    (report_run,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == report.REPORT_RUN_NAME]
+    exp = client.get_experiment_by_name(f"{experiment}-reports")
+    (report_run,) = client.search_runs([exp.experiment_id])
     assert sorted(a.path for a in client.list_artifacts(report_run.info.run_id)) == [
-        "bench_vs_usd.png", "cost_vs_quality.png"]
+        "bench_vs_usd.json", "bench_vs_usd.png", "cost_vs_quality.png"]
+    # the score against dollars also as a table MLflow draws itself (a chart of its own in the run's view)
+    assert {"path": "bench_vs_usd.json", "type": "table"} in json.loads(
+        client.get_run(report_run.info.run_id).data.tags["mlflow.loggedArtifacts"])
+    table = pandas.read_json(client.download_artifacts(report_run.info.run_id, "bench_vs_usd.json", str(tmp_path)),
+                             orient="split")
+    gaining = table[table["job"] == "gaining"]
+    assert list(gaining["cost_usd"]) == pytest.approx([0.0, 0.01, 0.02, 0.03])
+    assert list(gaining["score"]) == pytest.approx([0.30, 0.45, 0.60, 0.75])
 
-    # a threshold on dollars per point stops the job still gaining
+    # a threshold on dollars per point stops the job still gaining; the table is replaced, not appended to
     assert report.main(argv + ["--max-usd-per-point", "0.0005"]) == 0
     assert "verdict gaining: stop (" in capsys.readouterr().out
+    again = pandas.read_json(client.download_artifacts(report_run.info.run_id, "bench_vs_usd.json",
+                                                       str(tmp_path / "again")), orient="split")
+    assert len(again) == len(table) == 12
 
 
 def _items_job(uri, experiment, name, runs, *, items: bool):
@@ -197,3 +229,17 @@ def test_only_the_compared_evaluations_per_item_values_are_downloaded(mlflow_ser
     assert sorted(fetched) == [curve.items_artifact(s) for s in (0, 30, 50)], fetched
     assert [p.items is not None for p in points] == [True, False, False, True, False, True]
     assert "paired over 100 items" in curve.judge(points, window=2).reason
+
+
+def test_a_run_logged_before_the_metric_sections_is_still_read(tmp_path, monkeypatch):
+    from mlflow.entities import Metric
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("old", artifact_location=(tmp_path / "art").as_uri())
+    run = client.create_run(experiment, tags={"job": "old-job", "quality_metric": "eval_accuracy"}).info.run_id
+    client.log_batch(run, metrics=[Metric(k, v, 0, 10) for k, v in {
+        "cost_usd": 2.0, "attempts": 3, "preemptions": 2, "eval_accuracy": 0.7, "usd_per_quality_point": 0.1}.items()],
+                     synchronous=True)
+    (row,) = report.collect_jobs(client, experiment)
+    assert (row.attempts, row.preemptions, row.cost_usd, row.quality, row.usd_per_point) == (3, 2, 2.0, 0.7, 0.1)

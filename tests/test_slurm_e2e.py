@@ -242,7 +242,7 @@ def test_slurm_deadline_moves_the_job_to_the_on_demand_partition(tmp_path, mlflo
     tags = mlrun[0].data.tags
     assert tags["capacity"] == "on_demand" and tags["capacity.reason"] == decision["reason"], tags
     assert "capacity [spot -> on-demand]" in tags["capacity.decision.1"], tags
-    assert "checkpoint_interval_s" in mlrun[0].data.metrics, mlrun[0].data.metrics
+    assert "ops/checkpoint_interval_s" in mlrun[0].data.metrics, mlrun[0].data.metrics
     texts = [b["text"] for b in receiver.bodies]
     assert any("capacity [spot -> on-demand]" in t and "two restarts" in t for t in texts), texts
     assert jobs.final_digest(storage, run) == references.digest(jobs.FAST), "the moved job's weights differ"

@@ -124,18 +124,19 @@ def test_interrupted_three_times_one_run_cost_matches_ledger_no_duplicate_points
     _assert_no_duplicate_points(histories)
     final_cost = _last_point(histories["cost_usd"]).value
     assert final_cost == pytest.approx(ledger["cost_usd"], rel=0.01), (final_cost, ledger["cost_usd"])
-    assert _last_point(histories["attempts"]).value == 4
-    assert _last_point(histories["preemptions"]).value == 3
-    for key in ("gpu_hours", "usd_per_step", "usd_per_million_tokens", "tokens_per_second", "lost_work_seconds",
-                "lost_work_usd", "attempt_checkpoint_stall_s", "eval_accuracy", "loss"):
+    assert _last_point(histories["ops/attempts"]).value == 4
+    assert _last_point(histories["ops/preemptions"]).value == 3
+    for key in ("cost/gpu_hours", "cost/usd_per_step", "cost/usd_per_million_tokens", "ops/tokens_per_second",
+                "cost/lost_work_seconds", "cost/lost_work_usd", "ops/attempt_checkpoint_stall_s", "eval_accuracy",
+                "loss", "score"):
         assert key in histories, f"metric {key!r} was not logged; logged: {sorted(histories)}"
-    assert "spot_savings_usd" not in histories  # compute=cpu is on-demand: no spot savings to show
+    assert "cost/spot_savings_usd" not in histories  # compute=cpu is on-demand: no spot savings to show
     assert any(k.startswith("system/") for k in histories), "tracking.log_system_metrics=true logged no system/ metric"
     # every attempt measured its restart overhead, split by phase, into its ledger entry and the run
     restarts = [a["extra"].get("restart") or {} for a in ledger["attempts"]]
     assert all(r.get("total_s", 0) > 0 and "restore_s" in r and "model_load_s" in r for r in restarts), restarts
-    assert len(histories["restart_total_s"]) == 4, histories["restart_total_s"]
-    assert {f"restart_{k}" for k in restarts[-1]} <= set(histories)
+    assert len(histories["ops/restart_total_s"]) == 4, histories["ops/restart_total_s"]
+    assert {f"ops/restart_{k}" for k in restarts[-1]} <= set(histories)
 
     files = {p.name: p for p in _download_artifacts(client, mlrun.info.run_id, tmp_path / "artifacts")}
     report = json.loads(files["cost_report.json"].read_text())
@@ -287,8 +288,9 @@ def test_mlflow_server_down_mid_run_loses_no_point(storage, mlflow_server, clien
     _assert_progress_lines(log, max_steps=max_steps, every_s=2.0, final_cost_usd=jobs.ledger(storage, run)["cost_usd"])
 
 
-_PROGRESS = re.compile(r"^\S+ (\d\d):(\d\d):(\d\d),(\d+) INFO orchestrator\.progress: progress: step (\d+)/(\d+) \(\d+%\), "
-                       r"(-|[\d.]+) steps/s, ETA (-|[\d:]+), cost so far \$([\d.,]+), projected total (-|\$[\d.,]+)$", re.M)
+_PROGRESS = re.compile(r"^\S+ (\d\d):(\d\d):(\d\d),(\d+) INFO orchestrator\.tracking\.progress: progress: step (\d+)/(\d+) "
+                       r"\(\d+%\), (-|[\d.]+) steps/s, ETA (-|[\d:]+), cost so far \$([\d.,]+), projected total "
+                       r"(-|\$[\d.,]+)(?:, loss [-\d.e+]+)?$", re.M)
 
 
 def _assert_progress_lines(log: str, *, max_steps: int, every_s: float, final_cost_usd: float) -> None:

@@ -26,6 +26,9 @@ SOURCE_NAME_TAG = "mlflow.source.name"
 SOURCE_TYPE_TAG = "mlflow.source.type"
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 DATASET_CONTEXT_TAG = "mlflow.data.context"
+VERDICT_TAG = "verdict"  # continue | stop | change, from the job's benchmark scores against its dollars
+CHECKPOINTS_TABLE = "checkpoints.json"
+SCORES_TABLE = "bench/score_vs_usd.json"  # beside the chart evaluation.watch draws, bench/score_vs_usd.png
 
 
 class AttemptTracking:
@@ -59,8 +62,12 @@ class AttemptTracking:
                 **source_tags()}
         if tracking_cfg.parent_run_id:  # a sweep's trial: MLflow's nested runs
             tags["mlflow.parentRunId"] = str(tracking_cfg.parent_run_id)
-        tracker = JobTracker(tracking_cfg, job_name=run_name, tags=tags,
-                             params=params, run_id=ledger.get("mlflow_run_id"))
+        system = tracking_cfg.log_system_metrics  # unset: on for a GPU job (its utilisation and memory beside the cost)
+        system = bool(cfg.compute.gpus_per_node) if system is None else system
+        if system and cfg.compute.gpus_per_node and not _has_module("pynvml"):
+            log.warning("MLflow's system metrics sample no GPU without NVIDIA's NVML bindings: pip install nvidia-ml-py")
+        tracker = JobTracker(tracking_cfg, job_name=run_name, tags=tags, params=params,
+                             run_id=ledger.get("mlflow_run_id"), system_metrics=system)
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)
 
     def start(self) -> Optional[str]:
@@ -152,13 +159,17 @@ class AttemptTracking:
     def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: dict,
                           figures: dict, money: Any,
                           quality_metric: str, quality: Optional[float], config_yaml: str,
-                          quality_before: Optional[float] = None, quality_is_fraction: bool = True) -> None:
-        """The attempt's closing figures, the cost report (printed too), the redacted config; tag and close the run.
+                          quality_before: Optional[float] = None, quality_is_fraction: bool = True,
+                          bench_records: Optional[list] = None) -> None:
+        """The attempt's closing figures, the cost report (printed too), the redacted config, the committed
+        checkpoints as a table; tag, describe and close the run.
 
         ``quality_before``: the metric before training; USD per quality point is the cost over the points gained
-        since (fraction-valued metrics only: a loss has no percentage points)."""
+        since (fraction-valued metrics only: a loss has no percentage points). ``bench_records``: the benchmark
+        results so far (``evaluation.watch``), whose verdict (``curve.job_verdict``) the description carries."""
         if self.tracker is None:
             return
+        from orchestrator.tracking.names import HEADLINE_SCORE
         from orchestrator.money.report import (
             build_report,
             format_report,
@@ -171,7 +182,8 @@ class AttemptTracking:
             per_point = usd_per_quality_point(figures["cost_usd"], quality, quality_before)
             extra = {"quality_gain_points": gain, "usd_per_quality_point": per_point}
             figures = dict(figures, **{k: v for k, v in extra.items() if v is not None})
-        self.log_metrics(figures, step)
+        # the headline figures (``tracking.names``): cost_usd is among the figures, the score beside it
+        self.log_metrics(figures if quality is None else dict(figures, **{HEADLINE_SCORE: quality}), step)
         report = build_report(job=job, status=status, ledger=ledger, price=money.price, figures=figures,
                               quality_metric=quality_metric, quality=quality, quality_before=quality_before,
                               tokens_per_step=money.figures.tokens_per_step,
@@ -182,13 +194,24 @@ class AttemptTracking:
         self.log_dict(report, "cost_report.json")
         self.log_text(text, "cost_report.txt")
         self.log_text(config_yaml, "config.yaml")
+        self.tracker.log_table_artifact(checkpoints_table(ledger), CHECKPOINTS_TABLE)
+        if bench_records:
+            self.tracker.log_table_artifact(scores_table(bench_records), SCORES_TABLE)
+        verdict = bench_verdict(bench_records)
         self.set_tags({"status": status, "attempts": str(figures["attempts"]), "preemptions": str(figures["preemptions"]),
-                       RUN_NOTE_TAG: run_description(report)})
+                       RUN_NOTE_TAG: run_description(report, verdict),
+                       **({VERDICT_TAG: verdict[0]} if verdict else {})})
         self.close(tracker_status)
 
     def close(self, status: str, *, flush_timeout_s: float = 60.0) -> None:
         if self.tracker is not None:
             self.tracker.close(status, flush_timeout_s=flush_timeout_s)
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int) -> Optional[str]:
@@ -254,7 +277,42 @@ def dataset_input(train_dataset: Any, fingerprint: str, data_cfg: Any):
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(DATASET_CONTEXT_TAG, "train")])
 
 
-def run_description(report: dict) -> str:
+def checkpoints_table(ledger: dict) -> dict[str, list]:
+    """The ledger's committed checkpoints (the newest ``checkpoint.keep_last``) as table columns: step, fence,
+    time (UTC), size in bytes, path in storage."""
+    from datetime import datetime, timezone
+
+    def when(t) -> Optional[str]:
+        return None if t is None else datetime.fromtimestamp(float(t), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    rows = ledger.get("checkpoints") or []
+    return {"step": [c.get("step") for c in rows], "fence": [c.get("fence") for c in rows],
+            "time": [when(c.get("time")) for c in rows], "size_bytes": [c.get("size") for c in rows],
+            "path": [c.get("key") for c in rows]}
+
+
+def scores_table(records: list) -> dict[str, list]:
+    """Every benchmark point so far as table columns (metric, step, cost_usd, score, stderr): the score against
+    dollars as a table MLflow draws itself."""
+    from orchestrator.evaluation import curve
+
+    points = [(key, p) for key, series in curve.from_records(records).items() for p in series]
+    return {"metric": [k for k, _ in points], "step": [p.step for _, p in points],
+            "cost_usd": [p.usd for _, p in points], "score": [p.value for _, p in points],
+            "stderr": [p.stderr for _, p in points]}
+
+
+def bench_verdict(records: Optional[list]) -> Optional[tuple[str, str]]:
+    """(continue | stop | change, its numbers) of the benchmark results so far, as ``orchestrator report`` judges
+    them with its defaults; None without two evaluations to compare."""
+    if not records:
+        return None
+    from orchestrator.evaluation import curve
+
+    return curve.job_verdict(curve.from_records(records))
+
+
+def run_description(report: dict, verdict: Optional[tuple[str, str]] = None) -> str:
     """The run's description (markdown) from the cost report (``cost_report.build_report``): outcome, cost,
     spot savings, lost work and quality, so the run page answers "what did it cost, what did it buy"."""
     def usd(value, digits=4) -> str:
@@ -274,6 +332,8 @@ def run_description(report: dict) -> str:
                                 f"({usd(quality['usd_per_point'], 6)} per percentage point)"))
     else:
         rows.append(("quality", f"{quality['metric']}: not measured in this attempt"))
+    if verdict is not None:
+        rows.append(("verdict", f"{verdict[0]}: {verdict[1]}"))
     head = (f"**{report['job']}**: {report['status']} at step {totals['steps']} after {totals['attempts']} attempt(s), "
             f"{totals['preemptions']} preemption(s).")
     return "\n".join([head, "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])

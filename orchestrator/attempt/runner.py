@@ -263,7 +263,7 @@ class Runner:
         self.tracking.close_with_report(
             job=self.run_name, step=self.step, status=row.ledger_status, tracker_status=row.mlflow_status, ledger=ledger,
             figures=self.cost_figures(self.step, ledger=ledger), money=self.money, **self.quality.report(final_metrics),
-            config_yaml=self.resolved.yaml)
+            config_yaml=self.resolved.yaml, bench_records=None if self.bench is None else list(self.bench.records.values()))
 
     @property
     def began(self) -> bool:  # it took a fence in the ledger, so its end may be recorded

@@ -2,15 +2,20 @@
 
 Reads MLflow only. Each job is one run (tagged ``job``) carrying:
     tags     recipe, model, quality_metric (the name of its main quality metric)
-    metrics  cost_usd, attempts, preemptions, and the metric named by quality_metric
-             (a fraction in [0, 1], e.g. eval_accuracy or eval_reward_accuracy), usd_per_quality_point
-             (the cost over the points gained since before training)
+    metrics  cost_usd, ops/attempts, ops/preemptions, and the metric named by quality_metric
+             (a fraction in [0, 1], e.g. eval_accuracy or eval_reward_accuracy), usd_per_point
+             (the cost over the points gained since before training); names: ``orchestrator.tracking.names``
 
 The chart (cost against quality, one labelled point per job) is written to
 ``--out`` and logged as ``cost_vs_quality.png`` to one run named "report"
-(tagged ``orchestrator.kind=report``) in the same experiment, reused by each
-invocation, so the latest chart sits beside the jobs it describes and no job's
-run is touched after it ended. That run is left out of the table.
+(tagged ``orchestrator.kind=report``) in an experiment of its own, ``<experiment>-reports``, reused by
+each invocation, so the latest chart is one click from the jobs it describes, no job's run is touched
+after it ended, and the jobs' runs table lists only jobs. The benchmark scores against dollars go there
+too, as the chart ``bench_vs_usd.png`` and the table ``bench_vs_usd.json`` (a table artifact, as
+``MlflowClient.log_table`` writes one, which MLflow's UI draws).
+
+A URI that does not answer fails within seconds, naming it (a TCP probe first; MLflow's own HTTP
+retries would hold the command for minutes).
 
 A sweep's parent run (``orchestrator.kind=sweep``) is not a job: it gets a line and its own chart, best-so-far
 score against cumulative dollars, ``<out stem>_sweep_<name>.png`` (``orchestrator.sweep.report``), logged
@@ -29,7 +34,8 @@ from typing import Optional
 from orchestrator.core.console import Parser, fail
 from orchestrator.evaluation import curve
 from orchestrator.evaluation.stats import report_cell
-from orchestrator.tracking.run import JOB_TAG, KIND_TAG
+from orchestrator.tracking.names import metric_name
+from orchestrator.tracking.run import JOB_TAG, KIND_TAG, log_table, run_page_url
 from orchestrator.core.redaction import scrub_text
 
 log = logging.getLogger(__name__)
@@ -38,6 +44,9 @@ REPORT_RUN_NAME = "report"
 REPORT_KIND = "report"
 CHART_ARTIFACT = "cost_vs_quality.png"
 BENCH_CHART_ARTIFACT = "bench_vs_usd.png"
+BENCH_TABLE_ARTIFACT = "bench_vs_usd.json"
+REPORTS_EXPERIMENT_SUFFIX = "-reports"
+PROBE_TIMEOUT_S = 5.0
 DEFAULT_EXPERIMENT = "spot-orchestrator"
 COLUMNS = ("job", "recipe", "model", "status", "attempts", "preemptions", "cost_usd", "quality", "usd_per_point",
            "benchmarks")
@@ -63,8 +72,11 @@ class JobRow:
 
 
 def _number(run, key: str) -> Optional[float]:
-    if key in run.data.metrics:
-        return float(run.data.metrics[key])
+    """The metric ``key`` (its MLflow name, ``tracking.names.metric_name``: ``attempts`` is ``ops/attempts``),
+    else the metric or tag of that plain name (a run logged before the metrics had sections)."""
+    for name in (metric_name(key), key):
+        if name in run.data.metrics:
+            return float(run.data.metrics[name])
     try:
         return float(run.data.tags[key])
     except (KeyError, ValueError):
@@ -94,7 +106,7 @@ def collect_jobs(client, experiment_id: str, *, window: int = curve.DEFAULT_WIND
                 cost_usd=_number(run, "cost_usd"),
                 quality_metric=quality_metric,
                 quality=_number(run, quality_metric) if quality_metric else None,
-                usd_per_point=_number(run, "usd_per_quality_point"),
+                usd_per_point=_number(run, "usd_per_quality_point"),  # the headline usd_per_point
                 benchmarks=report_cell(run.data.metrics),
                 bench=_bench_points(client, run, window=window),
             )
@@ -167,8 +179,20 @@ def bench_section(rows: list[JobRow], args, log_chart) -> None:
     print("\n" + "\n".join(verdict_lines(rows, window=args.plateau_evaluations,
                                         max_usd_per_point=args.max_usd_per_point)))
     drawn = curve.plot(series, args.bench_out)
-    log_chart(args.bench_out, BENCH_CHART_ARTIFACT)
+    log_chart(args.bench_out, BENCH_CHART_ARTIFACT, table=bench_table(rows))
     print(f"benchmark chart of {drawn} evaluation(s): {args.bench_out}")
+
+
+def bench_table(rows: list[JobRow]) -> dict[str, list]:
+    """Every job's benchmark points as columns (job, metric, step, cost_usd, score, stderr): the table MLflow
+    draws score against dollars from."""
+    table: dict[str, list] = {"job": [], "metric": [], "step": [], "cost_usd": [], "score": [], "stderr": []}
+    for r in rows:
+        for key, points in r.bench.items():
+            for p in points:
+                for column, value in zip(table, (r.job, key, p.step, p.usd, p.value, p.stderr)):
+                    table[column].append(value)
+    return table
 
 
 def format_table(rows: list[JobRow]) -> str:
@@ -209,13 +233,58 @@ def plot_cost_vs_quality(rows: list[JobRow], out_path: str) -> int:
     return len(points)
 
 
-def _report_run_id(client, experiment_id: str) -> str:
+def _report_run_id(client, experiment: str, uri: str) -> tuple[str, str]:
+    """(experiment id, run id) of the one report run of ``experiment``'s jobs, in ``<experiment>-reports``."""
+    from orchestrator.tracking.run import ensure_experiment
+
+    experiment_id = ensure_experiment(client, experiment + REPORTS_EXPERIMENT_SUFFIX, uri)
     found = client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = '{REPORT_KIND}'", max_results=1)
     if found:
-        return found[0].info.run_id
+        return experiment_id, found[0].info.run_id
     run = client.create_run(experiment_id, tags={KIND_TAG: REPORT_KIND}, run_name=REPORT_RUN_NAME)
     client.set_terminated(run.info.run_id)
-    return run.info.run_id
+    return experiment_id, run.info.run_id
+
+
+def unreachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> Optional[str]:
+    """Why an ``http(s)`` tracking URI's host does not accept a connection within ``timeout_s`` (None: it does,
+    or the URI is not a server's)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as err:
+        return f"{type(err).__name__}: {err}"
+
+
+def _open(uri: str, experiment: str):
+    """(client, experiment) or the exit code of the error, printed."""
+    from mlflow import MlflowClient
+
+    from orchestrator.tracking.run import MLFLOW_HTTP_ENV_DEFAULTS
+
+    why = unreachable(uri)
+    if why is not None:
+        return fail(f"cannot reach MLflow at {scrub_text(uri)} ({scrub_text(why)}). "
+                    "Check --tracking-uri or MLFLOW_TRACKING_URI.")
+    for name, value in MLFLOW_HTTP_ENV_DEFAULTS.items():  # a server that answers, slowly, fails in seconds too
+        os.environ.setdefault(name, value)
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        found = client.get_experiment_by_name(experiment)
+    except Exception as err:
+        return fail(f"cannot reach MLflow at {scrub_text(uri)} ({type(err).__name__}). "
+                    "Check --tracking-uri or MLFLOW_TRACKING_URI.")
+    if found is None:
+        return fail(f"no experiment {experiment!r} at {scrub_text(uri)}. "
+                    "Pass --experiment with the name your jobs used (tracking.experiment).")
+    return client, found
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -231,22 +300,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="verdict stop when the last K evaluations cost more than this per point gained")
     args = parser.parse_args(argv)
 
-    from mlflow import MlflowClient
-
     from orchestrator.config.schema import TrackingConfig
     from orchestrator.tracking.run import resolve_tracking_uri
 
     # An explicit --tracking-uri beats the environment; otherwise the same rule as jobs use.
     uri = args.tracking_uri or resolve_tracking_uri(TrackingConfig())
-    try:
-        client = MlflowClient(tracking_uri=uri)
-        experiment = client.get_experiment_by_name(args.experiment)
-    except Exception as err:
-        return fail(f"cannot reach MLflow at {scrub_text(uri)} ({type(err).__name__}). "
-                    "Check --tracking-uri or MLFLOW_TRACKING_URI.")
-    if experiment is None:
-        return fail(f"no experiment {args.experiment!r} at {scrub_text(uri)}. "
-                    "Pass --experiment with the name your jobs used (tracking.experiment).")
+    opened = _open(uri, args.experiment)
+    if isinstance(opened, int):
+        return opened
+    client, experiment = opened
     from orchestrator.sweep.report import report_sweeps
 
     rows = collect_jobs(client, experiment.experiment_id, window=args.plateau_evaluations)
@@ -256,21 +318,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     print(format_table(rows))
     plotted = plot_cost_vs_quality(rows, args.out)
-    run_id = _report_run_id(client, experiment.experiment_id)
+    reports_id, run_id = _report_run_id(client, args.experiment, uri)
 
-    def log_chart(path: str, name: str) -> None:
+    def log_chart(path: str, name: str, table: Optional[dict] = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             # Logged under a fixed name whatever --out says, so the report run holds one current chart.
             staged = os.path.join(tmp, name)
             shutil.copyfile(path, staged)
             client.log_artifact(run_id, staged)
+        if table is not None:
+            log_table(client, run_id, table, BENCH_TABLE_ARTIFACT)
 
     log_chart(args.out, CHART_ARTIFACT)
     for chart in sweep_charts:
         client.log_artifact(run_id, chart)
     if sweep_lines:
         print("\n" + "\n".join(sweep_lines))
-    print(f"\nchart of {plotted} job(s): {args.out} (also logged to MLflow run {run_id!r}, named {REPORT_RUN_NAME!r})")
+    page = run_page_url(uri, reports_id, run_id)
+    print(f"\nchart of {plotted} job(s): {args.out} (also logged to MLflow run {run_id!r}, named {REPORT_RUN_NAME!r}, "
+          f"in the experiment {args.experiment + REPORTS_EXPERIMENT_SUFFIX!r}{': ' + page if page else ''})")
     bench_section(rows, args, log_chart)
     return 0
 

@@ -225,7 +225,7 @@ class TrackingConfig:
     uri: Optional[str] = None  # None: embedded SQLite under .cache/mlflow
     experiment: str = "spot-orchestrator"  # MLflow experiment name
     parent_run_id: Optional[str] = None  # MLflow run this job's run nests under (a sweep's parent run; the driver sets it)
-    log_system_metrics: bool = False  # MLflow's own CPU/GPU/memory sampling
+    log_system_metrics: Optional[bool] = None  # MLflow's own CPU/GPU/memory sampling (system/); None: on for a GPU job
     system_metrics_every: str = "30s"  # MLflow's sampling interval; 0: MLflow's 10 s (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL wins)
     job_metrics_every: str = "30s"  # the orchestrator's own metrics (cost, lost work, throughput) at most this often; 0: every log
     log_final_weights: bool = False  # also upload the final weights (adapter) to MLflow as the run's logged model

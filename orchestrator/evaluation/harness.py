@@ -140,7 +140,10 @@ def run(task_set: Any, eval_cfg: Any, *, model: Any = None, tokenizer: Any = Non
     common = dict(tasks=list(task_set.specs), task_manager=task_set.manager, num_fewshot=eval_cfg.num_fewshot,
                   limit=eval_cfg.limit, batch_size=int(eval_cfg.batch_size), log_samples=True, random_seed=seed,
                   numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=1000)
-    with preserved_state(model), _no_probes_of_the_machine(task_set.harness_version):
+    from orchestrator.core.logsetup import library_output_to_file
+
+    # its progress bars (stderr) to the job's log file with its logging (core.logsetup): the console gets one line
+    with preserved_state(model), _no_probes_of_the_machine(task_set.harness_version), library_output_to_file():
         if model is not None:
             from lm_eval.models.huggingface import HFLM
 

@@ -139,6 +139,18 @@ def placeholder_note(cfg: Any) -> Optional[str]:
             "data.path=...) and its length (train.max_steps or train.num_epochs) for the run's real cost.")
 
 
+SHORT_PLAN_PREFIXES = ("fit:", "WARNING", "cost:", "recommendation:")
+
+
+def short_plan_text(cfg: Any, headroom: float = 0.1) -> str:
+    """The plan a launch prints: five lines of ``plan_text`` -- what is trained, whether it fits (with every
+    WARNING), the cost, the capacity recommendation -- and where the whole plan is (``orchestrator plan``)."""
+    lines = plan_text(cfg, headroom).splitlines()
+    kept = [lines[0], *(line for line in lines[1:] if line.startswith(SHORT_PLAN_PREFIXES))]
+    return "\n".join(kept + ["the whole plan (memory per component, every GPU type, spot against on-demand): "
+                              "orchestrator plan with the same overrides"])
+
+
 # ---------------------------------------------------------------- trial: estimate vs measurement
 
 

@@ -44,7 +44,7 @@ class MetricsDelivery:
     def __init__(self, send):
         self._send = send
         self._metrics: deque = deque()
-        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text", text, file) | ("dict", obj, file) | ("inputs", [DatasetInput])
+        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text"|"dict"|"file"|"table", data, file) | ("inputs", [...])
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._in_flight = False

@@ -8,8 +8,10 @@ that ``disable_tqdm=True`` installs is taken out.
 
 Anywhere else (Slurm, Kubernetes, a file; or ``lines``): one line through the
 ``orchestrator.tracking.progress`` logger at the attempt's first step, then at most every
-``tracking.job_metrics_every``, with the same figures -- a bar redrawn with
-carriage returns is unreadable in a log file.
+``tracking.job_metrics_every``, with the same figures and the latest loss -- a bar redrawn with
+carriage returns is unreadable in a log file. The Trainer's raw log dicts (its ``PrinterCallback``;
+above the bar, were stdout a terminal) go through the ``orchestrator.tracking.trainer_logs`` logger
+instead, which reaches the job's log file, not the console (``orchestrator.core.logsetup``).
 
 The dollars come from the attempt's money watch (``orchestrator/attempt/money.py``:
 its meter and the budget's projection); nothing here prices anything.
@@ -22,9 +24,10 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
 
 log = logging.getLogger(__name__)
+trainer_logs = logging.getLogger("orchestrator.tracking.trainer_logs")  # the job's log file only (core.logsetup)
 
 MODES = ("auto", "bar", "lines", "off")
 # (step, total steps) -> (dollars so far, projected total or None while there is too little to project from)
@@ -49,14 +52,16 @@ def format_duration(seconds: Optional[float]) -> str:
 
 
 def progress_line(*, step: int, total: int, steps_per_second: Optional[float], spent_usd: float,
-                  projected_usd: Optional[float]) -> str:
+                  projected_usd: Optional[float], loss: Optional[float] = None) -> str:
     """The figures of a progress line, e.g.
-    ``step 40/100 (40%), 4.00 steps/s, ETA 00:15, cost so far $0.0100, projected total $0.0250``."""
+    ``step 40/100 (40%), 4.00 steps/s, ETA 00:15, cost so far $0.0100, projected total $0.0250`` (``, loss 1.234``
+    once the Trainer has logged one)."""
     eta = (max(0, total - step) / steps_per_second) if steps_per_second and total > 0 else None
     share = f" ({step / total:.0%})" if total > 0 else ""
     rate = "-" if steps_per_second is None else f"{steps_per_second:.2f}"
     return (f"step {step}/{total if total > 0 else '?'}{share}, {rate} steps/s, ETA {format_duration(eta)}, "
-            f"cost so far {format_usd(spent_usd)}, projected total {format_usd(projected_usd)}")
+            f"cost so far {format_usd(spent_usd)}, projected total {format_usd(projected_usd)}"
+            + ("" if loss is None else f", loss {loss:.4g}"))
 
 
 def quiet_data_progress(show: bool, environ=os.environ) -> bool:
@@ -89,6 +94,7 @@ class TrainingProgress(ProgressCallback):
         self._first: Optional[tuple[int, float]] = None  # (step, time) at the end of this attempt's first step
         self._last_line: Optional[float] = None
         self._redirect = None  # tqdm's logging redirect while the bar is up
+        self._loss: Optional[float] = None  # the Trainer's latest, for the lines
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.current_step = state.global_step
@@ -130,12 +136,17 @@ class TrainingProgress(ProgressCallback):
         first_step, first_time = self._first or (step, now)
         rate = (step - first_step) / (now - first_time) if step > first_step and now > first_time else None
         spent, projected = self.dollars(step, total)
-        return progress_line(step=step, total=total, steps_per_second=rate, spent_usd=spent, projected_usd=projected)
+        return progress_line(step=step, total=total, steps_per_second=rate, spent_usd=spent, projected_usd=projected,
+                             loss=self._loss)
 
     # the bar's own hooks; in line mode there is no bar to feed
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.bar:
+        if self.bar and _is_tty(sys.stdout):  # above the bar (tqdm.write: stdout)
             super().on_log(args, state, control, logs=logs, **kwargs)
+        elif state.is_world_process_zero and logs:
+            loss = logs.get("loss")
+            self._loss = float(loss) if isinstance(loss, (int, float)) else self._loss
+            trainer_logs.info("%s", logs)  # what PrinterCallback printed, to the job's log file
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
         if self.bar:
@@ -149,13 +160,24 @@ class TrainingProgress(ProgressCallback):
             self._redirect = None
 
 
+class LogsToFile(TrainerCallback):
+    """The Trainer's log dicts to the job's log file (``trainer_logs``), where ``PrinterCallback`` printed them."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            trainer_logs.info("%s", logs)
+
+
+def _is_tty(stream) -> bool:
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
 def wants_bar(mode: str, stream=None) -> Optional[bool]:
     """``tracking.progress`` -> a bar (True), lines (False), or nothing (None); ``auto``: a bar on a terminal."""
     if mode == "off":
         return None
     if mode == "auto":
-        stream = sys.stderr if stream is None else stream
-        return bool(getattr(stream, "isatty", lambda: False)())
+        return _is_tty(sys.stderr if stream is None else stream)
     return mode == "bar"
 
 
@@ -166,12 +188,15 @@ def attach_progress(trainer: Any, tracking_cfg: Any, *, main: bool,
     from orchestrator.core.durations import parse_duration
 
     bar = wants_bar(tracking_cfg.progress)
+    if bar is None and main and not _is_tty(sys.stdout):  # no display, but no raw log dicts in a log either
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(LogsToFile())
     if bar is None or not main:
         return None
     progress = TrainingProgress(dollars, bar=bar, every_s=parse_duration(tracking_cfg.job_metrics_every,
                                                                          key="tracking.job_metrics_every"))
     trainer.remove_callback(ProgressCallback)  # the Trainer's own bar, were disable_tqdm off: one display only
-    if bar:
-        trainer.remove_callback(PrinterCallback)  # the bar writes the Trainer's logs above itself
+    # the bar writes the Trainer's logs above itself; the lines carry the loss and the log file the rest
+    trainer.remove_callback(PrinterCallback)
     trainer.add_callback(progress)
     return progress

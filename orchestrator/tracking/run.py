@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.core.redaction import _URL_USERINFO, redact, scrub_text
 from orchestrator.tracking.delivery import MetricsDelivery, is_permanent
+from orchestrator.tracking.names import metric_name
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ MLFLOW_HTTP_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+    # MLflow prints its own "View run ... at" link when a run ends; without the view in it, MLflow 3.17's UI
+    # opens it in the GenAI view. The job prints its own link (run_page_url), with the training view.
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 # A training job does not phone home: TRL reports every trainer it builds to the Hugging Face
 # Hub, and MLflow 3 sends usage data, each from a background thread of the job's process. Both
@@ -84,8 +88,9 @@ def resolve_tracking_uri(tracking_cfg: Any) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def _experiment_id(client, name: str, uri: str) -> str:
-    """The experiment ``name`` (created when missing; artifacts beside a local SQLite store)."""
+def ensure_experiment(client, name: str, uri: str) -> str:
+    """The experiment ``name``'s id (created when missing, in MLflow's model-training view; artifacts beside a
+    local SQLite store)."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):  # made before this tag was set; a user's choice stays
@@ -105,6 +110,9 @@ def _experiment_id(client, name: str, uri: str) -> str:
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+_experiment_id = ensure_experiment  # the name orchestrator.sweep.tracking imports
 
 
 def _find_or_create_run(client, experiment_id: str, job_name: str, run_id: Optional[str], uri: str):
@@ -164,9 +172,11 @@ class JobTracker:
         job_name: ``run.name``; tagged ``job=<job_name>`` and used as the run name.
         tags, params: set on the run, redacted (params: the resolved config, nested or flat, flattened).
         run_id: the run recorded in the ledger, if any.
+        system_metrics: MLflow's system metrics on or off; None: ``tracking_cfg.log_system_metrics`` (unset: off).
     """
 
-    def __init__(self, tracking_cfg: Any, *, job_name: str, tags: Optional[dict] = None, params: Optional[dict] = None, run_id: Optional[str] = None):
+    def __init__(self, tracking_cfg: Any, *, job_name: str, tags: Optional[dict] = None, params: Optional[dict] = None,
+                 run_id: Optional[str] = None, system_metrics: Optional[bool] = None):
         self.cfg = tracking_cfg
         self.enabled = bool(tracking_cfg.enabled)
         self.job_name = job_name
@@ -180,6 +190,7 @@ class JobTracker:
         self._last_step: dict[str, int] = {}
         self._delivery: Optional[MetricsDelivery] = None  # started with the run
         self._system_monitor = None
+        self.system_metrics = bool(tracking_cfg.log_system_metrics if system_metrics is None else system_metrics)
 
     # -- opening the run ---------------------------------------------------
 
@@ -199,7 +210,7 @@ class JobTracker:
         self.uri = resolve_tracking_uri(self.cfg)
         self.client = MlflowClient(tracking_uri=self.uri)
         try:
-            experiment_id = _experiment_id(self.client, self.cfg.experiment, self.uri)
+            experiment_id = ensure_experiment(self.client, self.cfg.experiment, self.uri)
             self.experiment_id = experiment_id
             run, resumed = _find_or_create_run(self.client, experiment_id, self.job_name, self.run_id, self.uri)
             self.run_id = run.info.run_id
@@ -219,7 +230,7 @@ class JobTracker:
         if self.run_url():
             log.info("MLflow run page: %s", self.run_url())
         self._delivery = MetricsDelivery(self._send)
-        if self.cfg.log_system_metrics:
+        if self.system_metrics:
             self._start_system_metrics(resumed)
         return self.run_id
 
@@ -267,7 +278,8 @@ class JobTracker:
     # -- logging (never blocks, never raises) ---------------------------------
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
-        """Queue numeric ``metrics`` at ``step``; steps at or below a key's last logged step are dropped."""
+        """Queue numeric ``metrics`` at ``step``, named for MLflow's sections (``names.metric_name``); steps at or
+        below a key's last logged step are dropped."""
         if not self.enabled or self._delivery is None:  # not started
             return
         from mlflow.entities import Metric
@@ -281,6 +293,7 @@ class JobTracker:
                 number = float(value)
             except (TypeError, ValueError):
                 continue  # strings and None are not metrics
+            key = metric_name(key)
             if step <= self._last_step.get(key, -math.inf):
                 continue
             points.append(Metric(key, number, timestamp_ms, int(step)))
@@ -314,6 +327,11 @@ class JobTracker:
         if self.enabled and self._delivery is not None:
             self._delivery.add_op(("file", bytes(data), artifact_file))
 
+    def log_table_artifact(self, table: Mapping[str, list], artifact_file: str) -> None:
+        """Queue ``{column: values}`` as the table artifact ``artifact_file`` (``log_table``), redacted."""
+        if self.enabled and self._delivery is not None:
+            self._delivery.add_op(("table", redact(dict(table), self._secrets), artifact_file))
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Retry now and wait up to ``timeout_s`` for everything queued to be delivered."""
         if not self.enabled or self._delivery is None:
@@ -341,18 +359,45 @@ class JobTracker:
         return delivered
 
     def _send(self, batch: list, op: Optional[tuple]) -> None:
-        if batch:
-            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
-        elif op[0] == "tags":
-            self.client.log_batch(self.run_id, tags=op[1], synchronous=True)
-        elif op[0] == "text":
-            self.client.log_text(self.run_id, op[1], op[2])
-        elif op[0] == "dict":
-            self.client.log_dict(self.run_id, op[1], op[2])
-        elif op[0] == "file":
-            _log_file(self.client, self.run_id, op[1], op[2])
-        elif op[0] == "inputs":
-            self.client.log_inputs(self.run_id, datasets=op[1])
+        send(self.client, self.run_id, batch, op)
+
+
+def send(client, run_id: str, batch: list, op: Optional[tuple]) -> None:
+    """Deliver a batch of metric points, or (``batch`` empty) one queued operation, to the run."""
+    if batch:
+        client.log_batch(run_id, metrics=batch, synchronous=True)
+    elif op[0] == "tags":
+        client.log_batch(run_id, tags=op[1], synchronous=True)
+    elif op[0] == "text":
+        client.log_text(run_id, op[1], op[2])
+    elif op[0] == "dict":
+        client.log_dict(run_id, op[1], op[2])
+    elif op[0] == "file":
+        _log_file(client, run_id, op[1], op[2])
+    elif op[0] == "table":
+        log_table(client, run_id, op[1], op[2])
+    elif op[0] == "inputs":
+        client.log_inputs(run_id, datasets=op[1])
+
+
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # MLflow's list of a run's table artifacts, which its UI draws
+
+
+def table_json(table: Mapping[str, list]) -> bytes:
+    """``{column: values}`` as the JSON ``MlflowClient.log_table`` writes (pandas' ``split`` orient)."""
+    columns = list(table)
+    rows = [list(row) for row in zip(*(table[c] for c in columns))]
+    return json.dumps({"columns": columns, "data": rows}, default=str).encode()
+
+
+def log_table(client, run_id: str, table: Mapping[str, list], artifact_file: str) -> None:
+    """``table`` as the run's table artifact ``artifact_file`` (a ``.json``), replacing one of that name:
+    ``MlflowClient.log_table`` would append its rows to it, so a table logged again would repeat them."""
+    _log_file(client, run_id, table_json(table), artifact_file)
+    listed = json.loads(client.get_run(run_id).data.tags.get(LOGGED_ARTIFACTS_TAG, "[]"))
+    entry = {"path": artifact_file, "type": "table"}
+    if entry not in listed:
+        client.set_tag(run_id, LOGGED_ARTIFACTS_TAG, json.dumps(listed + [entry]))
 
 
 def _log_file(client, run_id: str, data: bytes, artifact_file: str) -> None:
