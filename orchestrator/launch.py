@@ -31,7 +31,7 @@ def print_plan(cfg: DictConfig) -> None:
     """The pre-flight estimate; a planner failure never stops a launch."""
     try:
         from orchestrator.planning import plan
-        print(plan.plan_text(cfg), flush=True)
+        print(plan.short_plan_text(cfg), flush=True)
     except Exception as err:  # noqa: BLE001 - the plan is advice, not a gate
         log.warning("pre-flight plan unavailable: %s", err)
 

@@ -1,6 +1,6 @@
 """The environment variables by which the orchestrator's processes hand each other their place.
 
-A multi-node world's backend gives each node these (``orchestrator.multinode`` is the contract); they are
+A multi-node world's backend gives each node these (``orchestrator.process.multinode`` is the contract); they are
 named here, on the lowest floor, because the ledger (which node an attempt's record came from) and the
 ranks' process group (the collective timeout) read them too.
 """
