@@ -17,6 +17,7 @@ from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.config.schema import TrackingConfig
 from orchestrator.money.cost import Price
 from orchestrator.tracking.run import JobTracker
+from orchestrator.records.ledger_record import LedgerRecord
 
 
 @pytest.fixture
@@ -40,7 +41,8 @@ def _money() -> types.SimpleNamespace:
 
 
 def _close(tracking: AttemptTracking, **extra) -> None:
-    ledger = {"step": 60, "attempts": [{"fence": 1, "exit_class": "completed", "cost_usd": 1.5}]}
+    ledger = LedgerRecord.decode({"step": 60, "attempts": [{"fence": 1, "exit_class": "completed", "cost_usd": 1.5}]},
+                                 "job-a/ledger.json")
     figures = {"cost_usd": 1.5, "attempts": 1, "preemptions": 0, "gpu_hours": 0.75, "step_time_s": 0.2,
                "attempt_checkpoint_stall_s": 0.1}
     tracking.close_with_report(job="job-a", step=60, status="completed", tracker_status="FINISHED", ledger=ledger,
@@ -106,9 +108,10 @@ def test_the_description_carries_the_verdict_and_the_checkpoints_are_a_table(sto
                    {"step": 40, "fence": 2, "time": 1765000060.0, "size": 2000, "key": "job-a/checkpoints/b"}]
     records = [{"step": s, "cost_usd": 0.01 * i, "scores": {"tiny": {"acc": {"value": v, "stderr": 0.03}}}}
                for i, (s, v) in enumerate([(0, 0.30), (20, 0.45), (40, 0.60), (60, 0.75)])]
-    ledger = {"step": 60, "checkpoints": checkpoints,
-              "attempts": [{"fence": 1, "exit_class": "preempted", "cost_usd": 0.5},
-                           {"fence": 2, "exit_class": "completed", "cost_usd": 1.0}]}
+    ledger = LedgerRecord.decode({"step": 60, "checkpoints": checkpoints,
+                                  "attempts": [{"fence": 1, "exit_class": "preempted", "cost_usd": 0.5},
+                                               {"fence": 2, "exit_class": "completed", "cost_usd": 1.0}]},
+                                 "job-a/ledger.json")
     AttemptTracking(tracker).close_with_report(
         job="job-a", step=60, status="completed", tracker_status="FINISHED", ledger=ledger,
         figures={"cost_usd": 1.5, "attempts": 2, "preemptions": 1}, money=_money(), quality_metric="eval_accuracy",

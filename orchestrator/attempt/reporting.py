@@ -277,18 +277,17 @@ def dataset_input(train_dataset: Any, fingerprint: str, data_cfg: Any):
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(DATASET_CONTEXT_TAG, "train")])
 
 
-def checkpoints_table(ledger: dict) -> dict[str, list]:
+def checkpoints_table(ledger: Any) -> dict[str, list]:
     """The ledger's committed checkpoints (the newest ``checkpoint.keep_last``) as table columns: step, fence,
-    time (UTC), size in bytes, path in storage."""
+    time (UTC), size in bytes, path in storage. ``ledger``: decoded (``LedgerRecord``)."""
     from datetime import datetime, timezone
 
     def when(t) -> Optional[str]:
         return None if t is None else datetime.fromtimestamp(float(t), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    rows = ledger.get("checkpoints") or []
-    return {"step": [c.get("step") for c in rows], "fence": [c.get("fence") for c in rows],
-            "time": [when(c.get("time")) for c in rows], "size_bytes": [c.get("size") for c in rows],
-            "path": [c.get("key") for c in rows]}
+    rows = ledger.checkpoints
+    return {"step": [c.step for c in rows], "fence": [c.fence for c in rows], "time": [when(c.time) for c in rows],
+            "size_bytes": [c.size for c in rows], "path": [c.key for c in rows]}
 
 
 def scores_table(records: list) -> dict[str, list]:

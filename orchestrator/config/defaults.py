@@ -3,7 +3,7 @@
 A real model fine-tuned with the CPU demo's settings diverges or runs out of memory: a learning rate of 5e-3
 (right for the built-in ~100k-parameter Llama, ruinous for an 8B model under LoRA), activations kept for the
 backward pass, float32 compute on a GPU with bfloat16. So ``train.learning_rate``, ``train.gradient_checkpointing``,
-``train.mixed_precision`` and ``distributed.processes_per_node`` default to auto, and each composed config gets the
+``train.mixed_precision``, ``distributed.processes_per_node`` and ``tracking.log_system_metrics`` default to auto, and each composed config gets the
 value that fits its recipe, adapter, model and GPU, here, once; what the job runs, prints (``--cfg job``), logs and
 fingerprints is that value, and any value given on the command line or in a preset wins.
 
@@ -12,7 +12,7 @@ LoRA and QLoRA adapters (TRL's PEFT examples); DPOConfig's 1e-6, 5e-6 with adapt
 adapters. Gradient checkpointing is on, as TRL's configs default it, except for the built-in tiny model (the CPU
 demo, where recomputing is pure cost). Mixed precision is bf16 on a GPU that has it, fp16 (with loss scaling) on one
 that does not and whose weights are not stored as bfloat16, and off on a CPU. Training processes are one per GPU of a
-node; on a CPU machine, two (the CPU demonstration of DDP and ZeRO).
+node; on a CPU machine, two (the CPU demonstration of DDP and ZeRO). MLflow's system metrics are on for a GPU job.
 """
 from __future__ import annotations
 
@@ -70,3 +70,5 @@ def fill_auto(cfg: Any) -> None:
         train.mixed_precision = mixed_precision(cfg)
     if cfg.distributed.processes_per_node is None:
         cfg.distributed.processes_per_node = processes_per_node(cfg)
+    if cfg.tracking.log_system_metrics is None:  # MLflow's CPU/GPU sampling: beside the cost of a GPU job
+        cfg.tracking.log_system_metrics = int(cfg.compute.gpus_per_node or 0) > 0
