@@ -220,6 +220,21 @@ def test_a_key_that_would_leave_the_download_folder_is_refused(s3_server, s3_buc
     assert not list(tmp_path.rglob("escape.txt"))
 
 
+def test_a_key_that_is_both_an_object_and_a_folder_is_refused_naming_both(s3_server, s3_bucket, tmp_path):
+    """S3 holds ``m/weights`` and ``m/weights/part-1`` side by side; a folder cannot: the download crashed on it.
+    Now the listing is refused, naming the two keys, before anything is downloaded."""
+    from orchestrator.storage.inputs import InputFiles
+
+    bucket = s3_bucket.split("/")[2]
+    _put(s3_server, f"s3://{bucket}/m/config.json", b"{}")
+    _put(s3_server, f"s3://{bucket}/m/weights", b"file")
+    _put(s3_server, f"s3://{bucket}/m/weights/part-1", b"part")
+    files = InputFiles(_storage_cfg(s3_server), tmp_path / "inputs")
+    with pytest.raises(DataError, match=r"m/weights is an object and also a folder of m/weights/part-1"):
+        files.folder_of(f"s3://{bucket}/m")
+    assert not [p for p in (tmp_path / "inputs").rglob("*") if p.is_file() and not p.name.startswith(".")]
+
+
 def test_bytes_that_do_not_match_the_listed_size_or_etag_are_refused(tmp_path):
     from orchestrator.storage.inputs import verify
 

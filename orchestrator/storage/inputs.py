@@ -88,6 +88,19 @@ def verify(path: Path, size: int, etag: str, uri: str) -> None:
         raise DataError(f"{uri}: the downloaded bytes do not match the object's ETag {etag}; run the job again.")
 
 
+def _refuse_file_and_folder(uri: str, listed: list[tuple[str, str, int, str]]) -> None:
+    """S3 keys are names, not paths: ``a/b`` and ``a/b/c`` can both be objects, but no folder can hold both a file
+    ``b`` and a folder ``b``. Such a listing is refused naming the two keys, before anything is downloaded."""
+    files = {relative: key for key, relative, _, _ in listed}
+    for key, relative, _, _ in listed:
+        parts = relative.split("/")
+        for n in range(1, len(parts)):
+            parent = "/".join(parts[:n])
+            if parent in files:
+                raise DataError(f"{uri}: {files[parent]} is an object and also a folder of {key}: the two cannot "
+                                "both be downloaded. Rename or delete one of them in the bucket.")
+
+
 def listing_digest(listed: list[tuple[str, str, int, str]]) -> str:
     """SHA-256 of what a listing names (each object's path under the URI, size and ETag): another upload under the
     same key, a file added or removed, gives another digest."""
@@ -152,6 +165,7 @@ class InputFiles:
         if not out:
             raise DataError(f"{uri}: no such object in the bucket (nor objects under it). Upload it (aws s3 cp FILE "
                             f"{uri}), or fix the path; storage.endpoint_url says which store is read.")
+        _refuse_file_and_folder(uri, out)
         return out
 
     def _target(self, uri: str) -> Path:
