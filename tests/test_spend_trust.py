@@ -161,3 +161,30 @@ def test_repair_spend_counts_the_eval_bills_of_every_ledger(s3_server, s3_store,
     SpendIndex(s3_store, Caps("a:eval", "exp-a")).settle(now_ms, 0.002)
     after = parse_index(s3_store.get_bytes(INDEX_KEY), "w", "s")
     assert after["jobs"]["a:eval"]["months"][month] == pytest.approx(0.0039) and not after["jobs"]["a:eval"]["open"]
+
+
+def test_an_uncapped_eval_runs_on_a_corrupt_index_and_a_capped_one_is_refused(s3_store, caplog):
+    """``orchestrator eval`` as a job: with no spend cap, a corrupt index is said once and the evaluation is billed
+    to the job's ledger only (it was refused); with a cap it cannot check, it is refused (exit 3)."""
+    import json
+
+    from orchestrator.app.compose import compose_config
+    from orchestrator.evaluation.billing import EvalBill
+    from orchestrator.money.spend import SpendIndexCorrupt
+    from orchestrator.records.ledger import Ledger
+
+    s3_store.put_bytes(INDEX_KEY, CORRUPT["nan month"])
+    Ledger(s3_store, "job").begin_attempt(host="h", pid=1, instance_type="cpu", gpu_type=None, gpus=0, spot=False,
+                                          checkpoint_step=0)
+    bill = EvalBill(compose_config(["run.name=job"]), s3_store, "job")
+    with caplog.at_level("WARNING"):
+        bill.open()
+        bill.charge(1)
+        spent = bill.close(1)
+    assert caplog.text.count("This evaluation has no spend cap") == 1
+    evaluations = json.loads(s3_store.get_bytes("job/ledger.json"))["evaluations"]
+    assert [(e["evaluated"], e["status"], e["cost_usd"]) for e in evaluations] == [(1, "completed", spent)]
+    assert s3_store.get_bytes(INDEX_KEY) == CORRUPT["nan month"]  # nothing written over the evidence
+    capped = EvalBill(compose_config(["run.name=job", "budget.monthly_max_usd=5"]), s3_store, "job")
+    with pytest.raises(SpendIndexCorrupt):
+        capped.open()

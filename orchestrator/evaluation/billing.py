@@ -72,14 +72,33 @@ class EvalBill:
                     monthly_max_usd=cfg.budget.monthly_max_usd,
                     experiment_max_usd=cfg.budget.experiment_max_usd)
         self.index = SpendIndex(store, caps)
+        self.unreadable: Optional[str] = None  # uncapped under a corrupt index: why it stopped writing there
         self.evaluated = 0  # evaluations charged so far (what a preempted run closes with)
+
+    def _index(self, call: Callable[[], Any]) -> Any:
+        """``call()`` on the spend index. A corrupt index refuses an evaluation with a cap (SpendIndexCorrupt, exit
+        3: it cannot check it); one with none is said once and runs on, billed to the job's ledger only, as an
+        uncapped job does (``attempt.money.SpendWatch``)."""
+        from orchestrator.money.spend import SpendIndexCorrupt
+
+        if self.unreadable is not None:
+            return None
+        try:
+            return call()
+        except SpendIndexCorrupt as err:
+            caps = self.index.caps
+            if caps.monthly_max_usd is not None or caps.experiment_max_usd is not None:
+                raise
+            self.unreadable = str(err)
+            log.warning("%s. This evaluation has no spend cap, so it runs on, billed to the job's ledger only", err)
+            return None
 
     def spent(self) -> float:
         return max(0.0, self.clock() - self.started) * self.usd_per_second
 
     def open(self) -> None:
         """Refuses (BudgetExhausted) when a cap is already spent; else opens the entries."""
-        refusal = self.index.refusal()
+        refusal = self._index(self.index.refusal)
         if refusal:
             raise BudgetExhausted(f"orchestrator eval of {self.run_name!r} not started: {refusal}")
         self.charge(0, status="running")
@@ -88,16 +107,16 @@ class EvalBill:
         """What it has spent so far, into the spend index and the ledger; BudgetExhausted once a cap is reached."""
         self.evaluated = int(evaluated)
         spent = self.spent()
-        grant = self.index.reserve(self.index_entry, spent, spent)
+        grant = self._index(lambda: self.index.reserve(self.index_entry, spent, spent))
         self._record(spent, evaluated, status)
-        if grant.refusal and status == "running":
+        if grant is not None and grant.refusal and status == "running":
             self.close(evaluated, status="budget_exhausted")
             raise BudgetExhausted(f"orchestrator eval of {self.run_name!r} stopped after {evaluated} evaluation(s) "
                                   f"(${spent:.6f}): {grant.refusal}")
 
     def close(self, evaluated: int, *, status: str = "completed") -> float:
         spent = self.spent()
-        self.index.settle(self.index_entry, spent)
+        self._index(lambda: self.index.settle(self.index_entry, spent))
         self._record(spent, evaluated, status)
         return spent
 
