@@ -96,3 +96,18 @@ def pytest_collection_finish(session):
         warm = jobs.zygote()
         if warm is not None:
             warm.launch()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_as_it_was():
+    """A command run in-process (``orchestrator eval``'s ``logging.basicConfig``, the launcher's log set-up) leaves
+    the root logger a handler on that test's captured stderr, closed once the test ends; a later test's log line
+    would then print "--- Logging error ---" with a traceback into its own output. Each test gets the root logger
+    back as it found it."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -54,8 +54,9 @@ def test_a_setting_an_attempt_would_refuse_exits_4_at_launch(bad, needles, tmp_p
         # eight GPUs billed, one process trains
         (["compute=h100-x8-spot"], ["compute=h100-x8-spot bills 8 GPUs", "distributed=none starts 1 training process",
                                     "distributed.processes_per_node=8", "compute.allow_idle_gpus=true"]),
-        # two processes, one GPU
-        (["compute=h100-spot", "distributed=ddp"], ["bills 1 GPUs", "starts 2 training processes",
+        # two processes, one GPU (asked for: the default is one process per GPU, config/defaults.py)
+        (["compute=h100-spot", "distributed=ddp", "distributed.processes_per_node=2"],
+         ["bills 1 GPUs", "starts 2 training processes",
                                                     "distributed.processes_per_node=1"]),
     ],
 )

@@ -160,13 +160,14 @@ def check_listed(cfg: Any, key: str, uri: str) -> None:
     import tempfile
 
     from orchestrator.core.errors import DataError
+    from orchestrator.storage.base import TransientStorageError
     from orchestrator.storage.inputs import InputFiles
 
     try:
         InputFiles(cfg.storage, Path(tempfile.gettempdir())).listing(uri)
     except DataError as err:
         raise ConfigError(f"{key}: {err}") from None
-    except (UserError, OSError) as err:
+    except (UserError, OSError, TransientStorageError) as err:  # no credentials, no route to the bucket from here
         log.warning("%s=%s could not be listed from here (%s); the worker reads it with its own credentials",
                     key, uri, err)
 
