@@ -17,6 +17,8 @@ CLEAN = [
     "orchestrator/storage",
     "orchestrator/records",
     "orchestrator/policy",
+    "orchestrator/money",
+    "orchestrator/checkpoint",
 ]
 
 
