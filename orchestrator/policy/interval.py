@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
-from orchestrator.core.durations import MAX_EVERY, MIN_EVERY, parse_duration  # noqa: F401 - auto's bounds, this policy's
+from orchestrator.core.durations import MAX_EVERY as MAX_EVERY  # auto's bounds, this policy's (re-exported)
+from orchestrator.core.durations import MIN_EVERY as MIN_EVERY
+from orchestrator.core.durations import parse_duration
 
 PRIOR_WEIGHT_HOURS = 4.0  # how many hours of the job's own history weigh as much as the catalog's prior
 
