@@ -138,7 +138,7 @@ class CheckpointStore:
     # ---- commit --------------------------------------------------------------
     def commit_async(self, local_folder: Path, *, step: int, fence: int, meta: dict,
                      may_commit: Callable[[], None], on_committed: Callable[[CommitResult, dict], None],
-                     extra_files: tuple = ()) -> str:
+                     extra_files: Sequence[Any] = ()) -> str:
         """Take ownership of ``local_folder`` and commit it in the background. ``may_commit`` is called just before
         the manifest is written and raises (e.g. Fenced) when this attempt may no longer commit; ``on_committed``
         runs after the manifest is written. ``extra_files``: manifest entries other nodes already uploaded
