@@ -1,5 +1,7 @@
 """The type checker (pyproject's [tool.mypy]) holds on the paths below: the default strictness over the product's
-code, mypy's strict flags on core, records and policy. The list grows as packages are made clean; CI runs it."""
+code, mypy's strict flags on core, records and policy. What is not listed is still checked where the listed code
+imports it, its own errors not reported: orchestrator/tracking and the four modules left out below, being changed
+elsewhere, join the list when that lands."""
 from __future__ import annotations
 
 import os
@@ -8,7 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / ".cache" / "mypy"
+CACHE = ROOT / ".cache" / "mypy"  # ignored by git; the first run (no cache) takes about a minute
+
 
 def _package_except(package: str, *left_out: str) -> list[str]:
     """``orchestrator/<package>``'s modules but ``left_out`` (being changed elsewhere: they join when that lands)."""
@@ -18,7 +21,7 @@ def _package_except(package: str, *left_out: str) -> list[str]:
 
 # The paths mypy must find nothing in (strict ones: those pyproject's override names).
 CLEAN = [
-    "orchestrator/core",
+    *_package_except("core", "logsetup.py"),
     "orchestrator/config",
     "orchestrator/storage",
     "orchestrator/records",
@@ -30,6 +33,14 @@ CLEAN = [
     "orchestrator/planning",
     *_package_except("attempt", "reporting.py"),
     "orchestrator/process",
+    "orchestrator/backends",
+    "orchestrator/sweep",
+    "orchestrator/app",
+    "orchestrator/launch.py",
+    "orchestrator/worker.py",
+    "orchestrator/__init__.py",
+    "orchestrator/__main__.py",
+    *_package_except("cli", "report.py"),
 ]
 
 
