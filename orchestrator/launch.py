@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import cast
 
 from omegaconf import DictConfig
 
@@ -72,7 +73,7 @@ def compose_for_launch(overrides: list[str], resolve=resolve_commit) -> tuple[Di
     final = pin_revisions(cfg, with_default_storage(cfg, overrides), resolve=resolve)
     added = [item for item in final if item not in overrides]  # plain key=value of existing string keys
     try:  # a new config: the composed one is not changed in place; values as given (a commit stays a string)
-        cfg = OmegaConf.merge(cfg, dotlist_tree(added))
+        cfg = cast(DictConfig, OmegaConf.merge(cfg, dotlist_tree(added)))
     except OmegaConfBaseException as err:
         raise ConfigError(f"{' '.join(added)}: {err}") from None
     validate(cfg)

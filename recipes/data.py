@@ -11,6 +11,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 from orchestrator.core.choices import MixSource, choices
 from orchestrator.core.errors import DataError
@@ -226,7 +227,7 @@ def trl_templates_dir() -> Path:
     """TRL's shipped templates, found without importing TRL (seconds at launch)."""
     import importlib.util
 
-    spec = importlib.util.find_spec("trl")
+    spec: Any = importlib.util.find_spec("trl")  # None: the AttributeError of a missing TRL
     return Path(next(iter(spec.submodule_search_locations))).resolve() / "chat_templates"
 
 

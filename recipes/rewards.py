@@ -22,6 +22,7 @@ import keyword
 import math
 import re
 import sys
+from typing import Any
 
 from orchestrator.core.errors import ConfigError
 
@@ -114,7 +115,8 @@ def trl_named(name: str):
     except Exception as err:  # noqa: BLE001 - a package the reward imports is missing here
         raise ConfigError(f"recipe.reward_funcs entry {name!r} cannot be loaded from trl.rewards "
                           f"({type(err).__name__}: {str(err).splitlines()[0]}). Install what it needs.") from None
-    return fn(**TRL_NAMED[name]) if TRL_NAMED[name] else fn
+    kwargs = TRL_NAMED[name]
+    return fn(**kwargs) if kwargs else fn
 
 
 def check_signature(fn, path: str, columns: set[str] | None = None) -> None:
@@ -130,7 +132,7 @@ def check_signature(fn, path: str, columns: set[str] | None = None) -> None:
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         raise ConfigError(f"recipe.reward_funcs entry {path!r} takes no **kwargs, but TRL passes the dataset's "
                           f"columns and {', '.join(TRL_KWARGS)} as keyword arguments. {fix}")
-    given = {"prompts": [], "completions": [], **{k: None for k in TRL_KWARGS}}
+    given: dict[str, Any] = {"prompts": [], "completions": [], **{k: None for k in TRL_KWARGS}}
     if columns is None:
         given.update({p.name: None for p in params if p.default is p.empty and p.name not in given
                       and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)})

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import yaml
 
 from orchestrator.core.console import Parser
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PROG = "python -m orchestrator.launch"
 # Hydra's flags this launcher does not take -> what to use instead
@@ -62,7 +66,7 @@ def parse(argv: list[str], prog: str = PROG) -> argparse.Namespace:
     return args
 
 
-def config_defaults(conf: "Path") -> list[tuple[str, str]]:  # noqa: F821 - pathlib's, annotation only
+def config_defaults(conf: Path) -> list[tuple[str, str]]:
     """``(group, default option)`` of ``conf/config.yaml``'s defaults list, in its order."""
     doc = yaml.safe_load((conf / "config.yaml").read_text()) or {}
     out = []

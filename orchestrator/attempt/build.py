@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from orchestrator.core import ranks as dist
 from orchestrator.storage import inputs
@@ -83,13 +83,13 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     if main:
         sinks = default_sinks(settings.budget, set_tag=tracking.set_tag if tracking.active else None)
         money.watch_budget(BudgetGuard(settings.budget, record_alert=record.record_alert, job_name=run_name,
-                                       sinks=sinks), spend.with_alerts(settings.budget, sinks))
+                                       sinks=sinks), cast(Any, spend).with_alerts(settings.budget, sinks))
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
     preemption = PreemptionHandler.from_config(settings.preemption, watch_cloud=main)
     quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
     recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
     hooks = TestHooks.from_environ(environ)
-    parts = dict(record=record, tracking=tracking, interval=checkpoint_interval(cfg), steps=StepClock())
+    parts: dict[str, Any] = dict(record=record, tracking=tracking, interval=checkpoint_interval(cfg), steps=StepClock())
     steer = steering(cfg, parts, store=store, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
                      compute=compute, capacity=capacity, catalog=catalog, hooks=hooks,
                      environ=environ) if main and cfg.train.trial_steps <= 0 else []

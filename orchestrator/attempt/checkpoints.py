@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from orchestrator.core import ranks as dist
 from orchestrator.checkpoint import pernode, safe_load, snapshot
@@ -194,7 +194,7 @@ class CheckpointController:
                 restored, manifest = self._prefetch.result()
                 if manifest is not None:
                     check(manifest)
-                    announce_restore(restored, manifest)
+                    announce_restore(cast(Path, restored), manifest)  # a manifest: restored from a folder
             except UserError as err:
                 dist.broadcast(("error", str(err)))
                 raise
@@ -318,7 +318,7 @@ def use_snapshot_root(ctl: "CheckpointController", trainer) -> None:
     into ``/dev/shm`` it is serialisation into memory. Rank 0 decides, every
     rank of the attempt uses the same folder.
     """
-    chosen = (None, False)
+    chosen: Any = (None, False)  # (the root, whether it is the work folder), then as rank 0 chose it
     if ctl.main:
         estimate = snapshot.estimate_snapshot_bytes(trainer.model, full_model=ctl.full_model)
         root, why = snapshot.choose_root(ctl.snapshot_dir, run_name=ctl.run_name, token=ctl.token,

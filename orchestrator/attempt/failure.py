@@ -109,7 +109,7 @@ def _raising_module(err: BaseException) -> str:
     return str(tb.tb_frame.f_globals.get("__name__", ""))
 
 
-def _chain(err: BaseException) -> Iterator[BaseException]:
+def _chain(err: Optional[BaseException]) -> Iterator[BaseException]:
     """``err`` and the exceptions it was raised from or during (a wrapped OOM is still an OOM)."""
     seen = set()
     while err is not None and id(err) not in seen:

@@ -8,7 +8,7 @@ rank's decision reaches them through the callback's broadcast).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence, cast
 
 from orchestrator.money.cost import CostMeter, Price
 from orchestrator.money.report import JobFigures, estimated_tokens_per_step, rollouts_per_step
@@ -37,7 +37,7 @@ class MoneyWatch:
         self.fallback_tokens_per_step = fallback_tokens_per_step
         self.rollouts_per_step = rollouts_per_step
         self.guard = None  # the budget guard, main rank only: set by watch_budget()
-        self.spend = None  # the hold on the spend index (monthly/experiment caps), main rank only: watch_budget()
+        self.spend: Optional[SpendWatch] = None  # the hold on the spend index (monthly/experiment caps), main rank only: watch_budget()
         self.prior_cost_usd = 0.0
         self.budget_stopped = False
         self.figures: Optional[JobFigures] = None
@@ -116,7 +116,7 @@ class MoneyWatch:
             attempts = ledger.attempts
             overrides = dict(total_cost_usd=ledger.cost_usd, attempts=len(attempts),
                              preemptions=sum(a.exit_class in INTERRUPTED_CLASSES for a in attempts))
-        return self.figures.figures(
+        return cast(JobFigures, self.figures).figures(  # set by begin
             step=step, attempt_cost_usd=self.meter.attempt_cost_usd(), attempt_gpu_hours=self.meter.gpu_hours(),
             mean_step_seconds=steps.steady_seconds_per_step(), window_step_seconds=window_step_seconds,
             checkpoint_stall_seconds=stall, checkpoint_upload_seconds=upload_seconds, **overrides)
@@ -168,7 +168,7 @@ class SpendWatch:
     """
 
     def __init__(self, index: Any, *, usd_per_second: float, window_s: float, spent: Callable[[], float],
-                 guards: list = (), hold: Optional[str] = None):
+                 guards: Sequence[Any] = (), hold: Optional[str] = None):
         self.index = index
         self.hold = hold
         self.usd_per_second = max(0.0, float(usd_per_second))
@@ -270,8 +270,12 @@ class SpendWatch:
             subject = (f"every job under {self.index.where} in {scope} (UTC)" if kind == "monthly"
                        else f"experiment {scope!r} under {self.index.where}")
             limits = BudgetConfig(max_usd=max_usd, alert_thresholds=list(budget_cfg.alert_thresholds), projection_alert=False)
+
+            def record_alert(name: str, scope: Any = scope) -> Any:
+                return self.index.record_alert(scope, name)
+
             self.guards.append((kind, BudgetGuard(
-                limits, record_alert=lambda name, scope=scope: self.index.record_alert(scope, name), sinks=sinks,
+                limits, record_alert=record_alert, sinks=sinks,
                 job_name=caps.run_name, prefix=f"{kind}_cap", subject=subject, budget_key=key)))
         return self
 

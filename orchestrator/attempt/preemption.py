@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from orchestrator.core.durations import parse_duration
 from orchestrator.core.exitcodes import PREEMPTION_SIGNALS
@@ -191,7 +191,7 @@ class AzureWatcher:
         return None
 
 
-WATCHERS = {"aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}
+WATCHERS: dict[str, Any] = {"aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}
 
 
 def probe_provider(metadata_url: Optional[str] = None, timeout_seconds: float = PROBE_TIMEOUT_SECONDS):
@@ -306,7 +306,7 @@ class PreemptionHandler:
             deadline = min(deadline, now + max(0.0, seconds_left))
         with self._lock:
             if self._requested:
-                if deadline < self._deadline:
+                if deadline < cast(float, self._deadline):  # set with the flag
                     self._deadline = deadline
                     log.warning(
                         "preemption: %s brings the save deadline forward to %.0f s from now", reason, deadline - now

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from orchestrator.attempt.money import start_up_refusal
 from orchestrator.core.errors import BudgetExhausted, Fenced
@@ -88,7 +88,7 @@ class AttemptRecord:
                  self.ledger.run_name, attempt.host, newest_checkpoint_step)
         return attempt
 
-    def startup_seconds(self, attempts: list) -> float:
+    def startup_seconds(self, attempts: Sequence[Any]) -> float:
         """Process start to first step, as this attempt's first reservation counts it: the job's last measured,
         else ``compute.restart_seconds`` (a sweep's driver sets it from its trials' ledgers), else 0 (unknown)."""
         return last_restart_seconds(attempts) or float(self.compute.restart_seconds or 0.0)

@@ -31,7 +31,7 @@ class ResolvedConfig:
 def resolve(cfg: Any) -> ResolvedConfig:
     from orchestrator.core.redaction import redact
 
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain: Any = OmegaConf.to_container(cfg, resolve=True)
     redacted = redact(plain)
     return ResolvedConfig(plain=plain, redacted=redacted, yaml=OmegaConf.to_yaml(redacted))
 
@@ -51,4 +51,5 @@ class Settings:
 
     @classmethod
     def of(cls, cfg: Any) -> "Settings":
-        return cls(**{group.name: OmegaConf.to_object(cfg[group.name]) for group in fields(cls)})
+        groups: dict[str, Any] = {group.name: OmegaConf.to_object(cfg[group.name]) for group in fields(cls)}
+        return cls(**groups)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from transformers import TrainerCallback
 
@@ -66,7 +66,7 @@ def forked() -> bool:
 def inherited_source() -> str:
     from orchestrator.attempt.start_up import inherited
 
-    return inherited().source if inherited() else ""
+    return cast(Any, inherited()).source if inherited() else ""
 
 
 class RestartClock:

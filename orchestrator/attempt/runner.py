@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from orchestrator.core import exitcodes
 from orchestrator.attempt.measure import peak_memory_bytes
@@ -56,6 +56,8 @@ class TestHooks:
 class StopReason(str):
     """Why training stops early (the text users read), with the outcome it leads to."""
 
+    exit_class: ExitClass
+
     def __new__(cls, text: str, exit_class: ExitClass):
         obj = super().__new__(cls, text)
         obj.exit_class = exit_class
@@ -93,7 +95,7 @@ class Runner:
         self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
         self.beat = Heartbeat(record, money, preemption, every_seconds=hooks.heartbeat_seconds)
-        self.callback = None  # the Trainer callback, made in build()
+        self.callback: Any = None  # the Trainer callback (an OrchestratorCallback), made in build()
 
     # ---- the sequence ---------------------------------------------------------
     def run(self) -> int:
@@ -227,7 +229,7 @@ class Runner:
         self.end(reason.exit_class)
         if reason.exit_class is ExitClass.BUDGET_EXHAUSTED and self.main:
             print(f"stopped: {reason}; the final checkpoint is committed and the job will not be requeued", flush=True)
-        return exitcodes.outcome(reason.exit_class).exit_code
+        return cast(int, exitcodes.outcome(reason.exit_class).exit_code)  # a stop: preempted or budget
 
     def finish(self, trainer, eval_ds) -> int:
         """5. Final weights committed, held-out evaluation, the attempt closed as completed."""

@@ -39,7 +39,7 @@ REDERIVE_WHEN_CHANGED = 0.25  # re-derive T when the measured C moves this much 
 class CheckpointCost:
     """C as measured in this attempt: mean save stall + the upload's slowdown of training, per checkpoint."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.stalls: list[float] = []
         self._busy = [0, 0.0]  # steps taken while an upload was in flight, their seconds
         self._idle = [0, 0.0]

@@ -1,6 +1,8 @@
 """``train.trial_steps=N``: print the plan beside what N steps measured; log both to MLflow."""
 from __future__ import annotations
 
+from typing import Any
+
 from orchestrator.attempt.measure import gradient_bytes, peak_memory_bytes
 
 
@@ -11,7 +13,7 @@ def finish_trial(cfg, trainer, *, steps, money, tracking, step: int) -> None:
     from orchestrator.planning import memory as plan_memory
     from orchestrator.money.report import estimated_tokens_per_step
 
-    measured = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
+    measured: dict[str, Any] = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
     measured["grads"] = gradient_bytes(trainer)  # the Trainer frees gradients after each step
     timing = steps.timing_metrics(reset=False, whole_run=True)
     measured.update(peak_memory_bytes=peak_memory_bytes(), step_time_s=timing.get("step_time_s"),

@@ -28,14 +28,15 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, cast
 
-from orchestrator.core.choices import Backend, choices
+from orchestrator.core.choices import Backend as BackendChoice
+from orchestrator.core.choices import choices
 from orchestrator.process.distributed import worker_argv
 from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import ConfigError
 
-BACKEND_NAMES = choices(Backend)
+BACKEND_NAMES = choices(BackendChoice)
 WORKER_PYTHON = "python"  # inside an image or a provisioned VM, the environment's own python
 
 
@@ -87,7 +88,8 @@ def run_backend(cfg: Any, overrides: Sequence[str]) -> int:
         return 0
     if backend.run is not None:
         return int(backend.run(cfg, list(overrides)))
-    job_id = backend.submit(cfg, list(overrides))
+    submit = cast(Callable[[Any, Sequence[str]], str], backend.submit)  # a backend without run has submit
+    job_id = submit(cfg, list(overrides))
     print(f"submitted {cfg.run.name!r} to {backend.name}: job {job_id}", flush=True)
     return 0
 
@@ -268,7 +270,8 @@ def refuse_secrets_in_text(cfg: Any, text: str, what: str) -> str:
     from orchestrator.tracking.run import flatten
     from orchestrator.core.redaction import secrets_in
 
-    for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
+    plain: Any = OmegaConf.to_container(cfg, resolve=True)
+    for key, value in flatten(plain).items():
         if any(secret in text for secret in secrets_in({key.rsplit(".", 1)[-1]: value})):
             raise ConfigError(
                 f"{key} holds a secret that would be written into {what}. Pass it through an environment "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import subprocess
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.storage.inputs import is_remote
@@ -151,7 +151,7 @@ def check_placement(cfg: Any) -> None:
             problems.append(_kubernetes_problem(key, value))
     problems = [p for p in problems if p]
     if problems:
-        raise ConfigError(" ".join(problems))
+        raise ConfigError(" ".join(cast("list[str]", problems)))
 
 
 def check_listed(cfg: Any, key: str, uri: str) -> None:
@@ -182,7 +182,8 @@ def _mix_override(cfg: Any, workdir: Path, mounts: dict[str, Path]) -> str:
     from omegaconf import OmegaConf
 
     entries = []
-    for src in OmegaConf.to_container(cfg.data.mix, resolve=True):
+    mix: Any = OmegaConf.to_container(cfg.data.mix, resolve=True)
+    for src in mix:
         if src.get("source") == "jsonl" and src.get("path") and not is_remote(src["path"]):
             src["path"] = _on_vm(src["path"], workdir, mounts)
         fields = [f"{k}:{_hydra_value(v)}" for k, v in src.items()]

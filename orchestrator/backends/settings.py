@@ -82,7 +82,7 @@ def backend_settings(cfg: Any):
 
     name = str(cfg.backend.name)
     schema = SETTINGS[name]
-    given = OmegaConf.to_container(cfg.backend.extra, resolve=True)
+    given: Any = OmegaConf.to_container(cfg.backend.extra, resolve=True)
     fields = {f.name: f for f in dataclasses.fields(schema)}
     for key, value in given.items():  # a mapping holds paths: OmegaConf would turn a list in it into text
         if key in fields and isinstance(value, dict) and not all(isinstance(v, str) for v in value.values()):

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from orchestrator.core import exitcodes
 from orchestrator.backends import (
@@ -152,7 +152,7 @@ def partition(cfg: Any) -> tuple[Optional[str], str]:
 
     capacity, decision = planned_capacity(cfg)
     if capacity == ON_DEMAND:
-        return str(on_demand), f"on-demand, as the ledger's newest capacity decision says: {stored_text(decision['reason'])}"
+        return str(on_demand), f"on-demand, as the ledger's newest capacity decision says: {stored_text(cast(Any, decision)['reason'])}"
     return cfg.backend.partition, ""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -40,7 +41,8 @@ def trajectory_config(cfg) -> dict:
     as its string, as before the choices were ``Enum`` fields (checkpoints of then still resume)."""
     out = {}
     for group in ("recipe", "model", "data", "train"):
-        for key, value in OmegaConf.to_container(cfg[group], resolve=True, enum_to_str=True).items():
+        fields: Any = OmegaConf.to_container(cfg[group], resolve=True, enum_to_str=True)
+        for key, value in fields.items():
             if key not in _NON_TRAJECTORY.get(group, set()) and not (group == "model" and key == "preset"):
                 out[f"{group}.{key}"] = _stored_form(key, value)
     out["distributed.name"] = str(cfg.distributed.name)

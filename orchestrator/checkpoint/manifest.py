@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from orchestrator.records.fencing import upgraded
 
@@ -81,7 +81,7 @@ def listed_path(manifest: dict, path: object, *, named_by: str) -> str:
         raise CorruptCheckpoint(f"{named_by} names an unsafe path {path!r}") from None
     if path not in {entry["path"] for entry in manifest["files"]}:
         raise CorruptCheckpoint(f"{named_by} names {path!r}, a file the manifest does not list")
-    return path
+    return cast(str, path)  # check_path passed: a string
 
 
 def check_entries(manifest: dict) -> None:

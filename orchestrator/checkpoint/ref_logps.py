@@ -84,7 +84,7 @@ class RefLogProbStore:
 
     def _check_owner(self, manifest: dict, key: str) -> None:
         """The entry is this job's, for this key: a signed entry copied from another key or job is signed too."""
-        meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
+        meta: Any = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
         if meta.get("key") != key or manifest.get("run_name") != self.checkpoints.run_name:
             raise mf.CorruptCheckpoint(f"its manifest is that of job {manifest.get('run_name')!r}, key "
                                        f"{str(meta.get('key'))[:12]!r}, not of job {self.checkpoints.run_name!r}, "

@@ -142,7 +142,7 @@ class RewardCache:
         shutil.rmtree(local, ignore_errors=True)
         try:
             manifest = mf.loads(self.store.get_bytes(f"{self.prefix}{name}/{mf.MANIFEST_NAME}"))
-            meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
+            meta: Any = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
             if meta.get("shard") != name or manifest.get("run_name") != self.checkpoints.run_name:
                 raise mf.CorruptCheckpoint(f"its manifest is that of job {manifest.get('run_name')!r}, shard "
                                            f"{meta.get('shard')!r}")

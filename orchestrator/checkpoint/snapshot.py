@@ -101,7 +101,7 @@ def _alive(pid: int) -> bool:
 
 def remove_orphans(parent: Path) -> list[Path]:
     """Remove snapshot roots under ``parent`` whose owner process is gone (a killed attempt's)."""
-    removed = []
+    removed: list[Path] = []
     if not parent.is_dir():
         return removed
     for root in parent.iterdir():

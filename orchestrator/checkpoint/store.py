@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.storage.base import ObjectStore
@@ -138,7 +138,7 @@ class CheckpointStore:
     # ---- commit --------------------------------------------------------------
     def commit_async(self, local_folder: Path, *, step: int, fence: int, meta: dict,
                      may_commit: Callable[[], None], on_committed: Callable[[CommitResult, dict], None],
-                     extra_files: tuple = ()) -> str:
+                     extra_files: Sequence[Any] = ()) -> str:
         """Take ownership of ``local_folder`` and commit it in the background. ``may_commit`` is called just before
         the manifest is written and raises (e.g. Fenced) when this attempt may no longer commit; ``on_committed``
         runs after the manifest is written. ``extra_files``: manifest entries other nodes already uploaded
@@ -216,7 +216,7 @@ class CheckpointStore:
             shutil.rmtree(staged, ignore_errors=True)
 
     def _upload(self, folder: Path, key_prefix: str, *, step: int, fence: int, meta: dict,
-                may_commit: Callable[[], None] = lambda: None, extra_files: list = ()) -> dict:
+                may_commit: Callable[[], None] = lambda: None, extra_files: Sequence[Any] = ()) -> dict:
         """Hash and upload every file of ``folder`` under ``key_prefix``, then (if ``may_commit()`` does not
         raise) the manifest, last, listing ``extra_files`` (uploaded by other nodes) too: the one commit protocol.
         Returns the manifest."""

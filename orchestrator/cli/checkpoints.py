@@ -16,6 +16,7 @@ import sys
 import tempfile
 from argparse import Namespace
 from pathlib import Path
+from typing import cast
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.inspect import describe, verify_one
 from orchestrator.checkpoint.store import CheckpointStore
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.verify:
                     if not args.json:
                         print(f"verifying {ckpt.name} ...", flush=True)
-                    reason = error or verify_one(checkpoints, ckpt, manifest)
+                    reason = error or verify_one(checkpoints, ckpt, cast(dict, manifest))  # no error: read
                     row.update(ok=reason is None, reason=reason)
                 rows.append(row)
     except (ValueError, UserError) as err:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Optional
+from typing import Optional, cast
 
 from orchestrator.core.console import USAGE_ERROR, Parser, fail
 from orchestrator.app.compose import compose_config
@@ -72,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               "the backend to requeue, a rerun skips the stored results", flush=True)
         return PREEMPTED
     except BudgetExhausted as err:  # a cap of budget.* spent: the budget's code, as a job's
-        return fail(err, outcome(err.exit_class).exit_code)
+        return fail(err, cast(int, outcome(err.exit_class).exit_code))
     except (ConfigError, DataError) as err:  # the job's config: the code a launch gives (docs/cli.md)
         return fail(err, err.exit_code)
     except (ValueError, UserError) as err:  # the URI, the store

@@ -8,7 +8,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 from orchestrator.planning import simulate as model
 from orchestrator.core.console import Parser, fail
@@ -75,7 +75,7 @@ def _job_from_args(a: argparse.Namespace) -> Job:
                          "no capacity can meet it; give a later deadline.")
     every: str | float = AUTO if str(a.checkpoint_every).strip().lower() == AUTO else \
         parse_duration(a.checkpoint_every, key="--checkpoint-every")
-    if every != AUTO and every <= 0:
+    if every != AUTO and cast(float, every) <= 0:
         raise ValueError("--checkpoint-every must be auto or a positive duration (15m, 900s)")
     low, high = parse_duration(a.min_every, key="--min-every"), parse_duration(a.max_every, key="--max-every")
     if low <= 0 or high < low:

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 import time
-from typing import Mapping
+from typing import Any, Mapping, Optional
 
 from orchestrator.core.console import Parser, fail, format_bytes
 from orchestrator.core.errors import UserError
@@ -112,7 +112,7 @@ def _node_table(attempts) -> list[str]:
 def explain_decisions(ledger: LedgerRecord) -> list[str]:
     """Why the job checkpoints as often as it does (checkpoint.every=auto) and runs where it runs (run.deadline)."""
     out = []
-    chosen = next(((a.fence, a.extra.get("checkpoint_interval")) for a in reversed(ledger.attempts)
+    chosen: Optional[tuple[int, Any]] = next(((a.fence, a.extra.get("checkpoint_interval")) for a in reversed(ledger.attempts)
                    if isinstance(a.extra.get("checkpoint_interval"), Mapping)), None)
     if chosen:
         fence, interval = chosen

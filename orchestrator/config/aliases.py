@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+from typing import Any, Optional, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -146,7 +147,7 @@ FIELD, FREE = "field", "free"
 def lookup(key: str, recipe_schema) -> str | DictConfig | None:
     """Where ``key`` lands in the schema: ``FIELD`` (a field), ``FREE`` (below a free-form dict or list, which
     holds anything), else the structured node that lacks it (None: below a plain value)."""
-    node = _schema_tree(recipe_schema)
+    node: Any = _schema_tree(recipe_schema)
     for part in key.split("."):
         if isinstance(node, ListConfig) or (isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict):
             return FREE
@@ -175,7 +176,7 @@ def check_added(overrides: list[str], recipe_schema, is_group) -> None:
             continue
         where = lookup(key, recipe_schema)
         if where not in (FIELD, FREE):
-            raise ConfigError(unread_message(item, key, where))
+            raise ConfigError(unread_message(item, key, cast(Optional[DictConfig], where)))
 
 
 def unread_message(item: str, key: str, parent: DictConfig | None) -> str:
@@ -189,9 +190,10 @@ def unread_message(item: str, key: str, parent: DictConfig | None) -> str:
     if owners:
         fix = f"Did you mean {owners[0]}=...?"
     else:
-        close = difflib.get_close_matches(leaf, list(parent.keys()) if parent is not None else [], n=3)
+        keys: list[str] = cast("list[str]", list(parent.keys())) if parent is not None else []
+        close = difflib.get_close_matches(leaf, keys, n=3)
         base = key.rpartition(".")[0]
         fix = (f"Did you mean {', '.join(f'{base}.{c}' if base else c for c in close)}? " if close else "") + (
-            f"The keys at that level: {', '.join(parent.keys())}." if parent is not None else "")
+            f"The keys at that level: {', '.join(keys)}." if parent is not None else "")
     return (f"{item}: nothing reads {key} (no such option; Hydra's '+' adds a key the job then ignores). {fix} "
             "Free-form values go under run.notes (+run.notes.NAME=VALUE).").replace("  ", " ")

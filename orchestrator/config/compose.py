@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -148,7 +149,7 @@ def _schema_keys(path: str) -> list[str] | None:
     sub = OmegaConf.select(node, path) if path else node
     if not isinstance(sub, DictConfig):
         return None
-    return list(sub.keys())
+    return cast("list[str]", list(sub.keys()))
 
 
 # paths the launcher pins to its own directory, so the supervisor, every attempt, every rank and every
@@ -194,7 +195,8 @@ def split_sweep_overrides(overrides: list[str]) -> tuple[list[str], dict[str, tu
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
-    fixed, space = [], {}
+    fixed: list[str] = []
+    space: dict[str, tuple[Any, ...]] = {}
     for item in overrides:
         try:
             override = parser.parse_override(item)
@@ -205,7 +207,7 @@ def split_sweep_overrides(overrides: list[str]) -> tuple[list[str], dict[str, tu
         if not override.is_sweep_override():
             fixed.append(item)
             continue
-        value = override.value()
+        value: Any = override.value()
         key = override.key_or_group
         if override.is_choice_sweep():
             space[key] = ("choice", list(value.list))
@@ -236,7 +238,7 @@ def check_resolvable(cfg: DictConfig) -> None:
         ) from None
 
 
-def choice_message(err: Exception) -> str | None:
+def choice_message(err: BaseException) -> str | None:
     """The message for an invalid choice of an ``Enum`` field (OmegaConf's ``ValidationError``), else None."""
     m = re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", str(err))
     key = getattr(err, "full_key", None)

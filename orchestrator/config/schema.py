@@ -305,7 +305,7 @@ class Config:
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
-GROUP_SCHEMAS = {
+GROUP_SCHEMAS: dict[str, Any] = {
     "recipe": RecipeConfig,
     "model": ModelConfig,
     "data": DataConfig,
@@ -324,7 +324,7 @@ GROUP_SCHEMAS = {
 }
 
 
-RECIPE_SCHEMAS = {"dpo": DpoRecipeConfig, "grpo": GrpoRecipeConfig}
+RECIPE_SCHEMAS: dict[str, Any] = {"dpo": DpoRecipeConfig, "grpo": GrpoRecipeConfig}
 
 
 def register_configs() -> None:

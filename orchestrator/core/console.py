@@ -14,7 +14,8 @@ import argparse
 import sys
 from typing import NoReturn
 
-from orchestrator.core.exitcodes import FAILED, USAGE_ERROR  # noqa: F401 - the commands' codes
+from orchestrator.core.exitcodes import FAILED as FAILED  # the commands' codes, re-exported
+from orchestrator.core.exitcodes import USAGE_ERROR as USAGE_ERROR
 
 GB = 1e9
 

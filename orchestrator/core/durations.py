@@ -31,7 +31,7 @@ def parse_duration(text: str | int | float, *, key: str = "duration") -> float:
     return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
 
 
-def parse_deadline(text) -> tuple[str, float]:
+def parse_deadline(text: object) -> tuple[str, float]:
     """``run.deadline``: ("after", seconds from the job's first attempt) for ``52h``; ("at", unix time) for an
     ISO-8601 time (UTC when it names no zone). Raises ValueError with the accepted forms."""
     from datetime import datetime, timezone

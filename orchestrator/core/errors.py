@@ -7,7 +7,7 @@ bugs keep theirs. What any exception that ends an attempt means is
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from orchestrator.core import exitcodes
 from orchestrator.core.exitcodes import ExitClass
@@ -20,7 +20,7 @@ class UserError(Exception):
 
     @property
     def exit_code(self) -> int:
-        return exitcodes.outcome(self.exit_class).exit_code
+        return cast(int, exitcodes.outcome(self.exit_class).exit_code)  # every UserError class has one
 
 
 class ConfigError(UserError):

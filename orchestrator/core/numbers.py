@@ -11,7 +11,7 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -34,7 +34,7 @@ RANGES = {
 }
 
 
-def _float_hint(hint) -> str | None:
+def _float_hint(hint: Any) -> str | None:
     """'float' for ``float``/``Optional[float]``, 'list' for ``list[float]``, 'node' for a schema, else None."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
@@ -98,13 +98,13 @@ def check_ranges(cfg: DictConfig) -> None:
         raise ConfigError(". ".join(problems) + ".")
 
 
-def _inside(value: float, low, low_in: bool, high, high_in: bool) -> bool:
+def _inside(value: float, low: Optional[float], low_in: bool, high: Optional[float], high_in: bool) -> bool:
     above = low is None or value > low or (low_in and value == low)
     below = high is None or value < high or (high_in and value == high)
     return above and below
 
 
-def _describe(low, low_in: bool, high, high_in: bool) -> str:
+def _describe(low: Optional[float], low_in: bool, high: Optional[float], high_in: bool) -> str:
     parts = []
     if low is not None:
         parts.append(f"at least {low:g}" if low_in else f"more than {low:g}")
@@ -113,7 +113,7 @@ def _describe(low, low_in: bool, high, high_in: bool) -> str:
     return " and ".join(parts)
 
 
-def check_options(args, ranges: dict[str, tuple]) -> None:
+def check_options(args: Any, ranges: dict[str, tuple[Any, ...]]) -> None:
     """A command line's number options: every float finite, each one in ``ranges`` inside its range.
 
     ``ranges`` maps an attribute of ``args`` to (low, low included, high, high included); raises

@@ -7,6 +7,7 @@ function here is the identity, or rank 0's answer, when the job runs one process
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 def rank() -> int:
@@ -21,7 +22,7 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def configured_world_size(cfg) -> int:
+def configured_world_size(cfg: Any) -> int:
     """Training processes the config asks for (one GPU each): distributed.processes_per_node x nodes;
     1 for distributed=none. The planner, the fingerprint and the cost figures all use this."""
     d = cfg.distributed
@@ -30,7 +31,7 @@ def configured_world_size(cfg) -> int:
     return max(1, int(d.processes_per_node)) * max(1, int(d.nodes))
 
 
-def broadcast(obj):
+def broadcast(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank (identity when not distributed)."""
     import torch.distributed as dist
 
@@ -41,7 +42,7 @@ def broadcast(obj):
     return box[0]
 
 
-def gather(obj) -> list:
+def gather(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank (``[obj]`` when not distributed)."""
     import torch.distributed as dist
 

@@ -7,7 +7,7 @@ secrets and those shapes from free text; ``secrets_in`` lists what a config hold
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 REDACTED = "***"
 
@@ -48,8 +48,7 @@ def is_secret_key(key: str) -> bool:
     words = [w.lower() for w in _WORD_SPLIT.split(str(key)) if w]
     if len(words) > 1 and words[-1] in _POINTER_WORDS:
         return False  # "secret_name", "hf_token_env", "key_file": says where a secret is, holds none
-    words = set(words)
-    return bool(words & _SECRET_KEY_WORDS) or str(key).lower().endswith(("password", "secret", "token", "apikey"))
+    return bool(set(words) & _SECRET_KEY_WORDS) or str(key).lower().endswith(("password", "secret", "token", "apikey"))
 
 
 def is_webhook_key(key: str) -> bool:
@@ -62,7 +61,7 @@ def is_env_reference(value: Any) -> bool:
     return isinstance(value, str) and bool(_ENV_REFERENCE.match(value.strip()))
 
 
-def _remember(found: Optional[set], secret: str) -> None:
+def _remember(found: Optional[set[str]], secret: str) -> None:
     if found is None or not secret or secret == REDACTED:
         return
     found.add(secret)
@@ -70,35 +69,35 @@ def _remember(found: Optional[set], secret: str) -> None:
     found.update(part for part in secret.split() if len(part) >= 8 and part != secret)
 
 
-def _redact_url_rest(text: str, found: Optional[set]) -> str:
+def _redact_url_rest(text: str, found: Optional[set[str]]) -> str:
     """Every URL in ``text`` cut to scheme://host[:port]/*** (a webhook: the path and query are the secret)."""
-    def cut(m: re.Match) -> str:
+    def cut(m: re.Match[str]) -> str:
         rest = m.group("rest")
         if not rest or rest in ("/", "/" + REDACTED):
             return m.group(0)
         _remember(found, rest.lstrip("/"))
-        return m.group("base") + "/" + REDACTED
+        return cast(str, m.group("base") + "/" + REDACTED)
 
     return _URL.sub(cut, text)
 
 
-def _scrub_patterns(text: str, found: Optional[set] = None) -> str:
+def _scrub_patterns(text: str, found: Optional[set[str]] = None) -> str:
     """``text`` with secret-shaped parts replaced; each replaced part is added to ``found``."""
-    def userinfo(m: re.Match) -> str:
+    def userinfo(m: re.Match[str]) -> str:
         _remember(found, m.group(0)[len(m.group("scheme")):-1])
-        return m.group("scheme") + REDACTED + "@"
+        return cast(str, m.group("scheme") + REDACTED + "@")
 
-    def known_webhook(m: re.Match) -> str:
+    def known_webhook(m: re.Match[str]) -> str:
         _remember(found, m.group("rest").lstrip("/"))
-        return m.group("base") + "/" + REDACTED
+        return cast(str, m.group("base") + "/" + REDACTED)
 
-    def query(m: re.Match) -> str:
+    def query(m: re.Match[str]) -> str:
         if not (_words(m.group("name")) & _SECRET_PARAM_WORDS or is_secret_key(m.group("name"))):
             return m.group(0)
         _remember(found, m.group("value"))
         return f"{m.group('pre')}{m.group('name')}={REDACTED}"
 
-    def assignment(m: re.Match) -> str:
+    def assignment(m: re.Match[str]) -> str:
         key, value = m.group("key"), m.group("value")
         if is_env_reference(value) or value.strip("'\"") == REDACTED:
             return m.group(0)
@@ -110,7 +109,7 @@ def _scrub_patterns(text: str, found: Optional[set] = None) -> str:
             return f"{key}={REDACTED}"
         return m.group(0)
 
-    def pattern(m: re.Match) -> str:
+    def pattern(m: re.Match[str]) -> str:
         _remember(found, m.group(0))
         return REDACTED
 
@@ -122,7 +121,7 @@ def _scrub_patterns(text: str, found: Optional[set] = None) -> str:
     return _AWS_SECRET.sub(pattern, text)
 
 
-def _redact_whole(value: Any, found: Optional[set]) -> Any:
+def _redact_whole(value: Any, found: Optional[set[str]]) -> Any:
     """A value under a secret key: every scalar in it replaced (lists and dicts keep their shape)."""
     if isinstance(value, Mapping):
         return {k: _redact_whole(v, found) for k, v in value.items()}
@@ -135,7 +134,7 @@ def _redact_whole(value: Any, found: Optional[set]) -> Any:
     return REDACTED
 
 
-def redact(obj: Any, _found: Optional[set] = None) -> Any:
+def redact(obj: Any, _found: Optional[set[str]] = None) -> Any:
     """A copy of ``obj`` (dicts, lists, scalars) with secrets replaced by ``"***"``.
 
     Replaced: values of keys whose words include key/secret/token/password/

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, cast
 
 from orchestrator.evaluation.stats import Z95, gain, items_agree
 
@@ -132,7 +132,7 @@ def from_history(history: dict[str, list], items: Optional[dict[int, tuple]] = N
                                 "its gains are not paired over them", items_artifact(m.step), len(mine), key,
                                 sum(mine) / len(mine), m.value)
                     mine = None
-                points.append(Point(m.step, 0.0 if m.step == 0 else near.value, m.value, stderr.get(m.step), mine,
+                points.append(Point(m.step, 0.0 if m.step == 0 else cast(Any, near).value, m.value, stderr.get(m.step), mine,
                                     of if mine else None))
         out[key[len("bench/"):]] = points
     return out

@@ -82,7 +82,7 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     task_set = spec.resolve(cfg.eval)
     results = ResultStore.for_run(store, run_name, task_set, cfg.eval.seed)
     checkpoints = CheckpointStore(store, run_name, keep_last=10**6, staging_dir=work / "staging")
-    todo = [(c.name, c.step, c.manifest_key) for c in checkpoints.committed()]
+    todo: list[tuple[str, Optional[int], str]] = [(c.name, c.step, c.manifest_key) for c in checkpoints.committed()]
     final_key = f"{run_name}/final/manifest.json"
     if store.exists(final_key):
         todo.append(("final", None, final_key))

@@ -18,7 +18,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.evaluation.stats import items_agree
@@ -93,7 +93,7 @@ def _samples(raw: Any, scores: dict) -> dict:
         for metric, items in metrics.items():
             if not isinstance(items, list) or not items:
                 raise BadResult(f"the items of {task}/{metric} are not a list of values")
-            values = [_fraction(v, f"an item of {task}/{metric}") for v in items]
+            values = [cast(float, _fraction(v, f"an item of {task}/{metric}")) for v in items]
             score = (scores.get(task) or {}).get(metric)
             if score is None:
                 raise BadResult(f"it holds items of {task}/{metric} but no such score")
@@ -150,7 +150,8 @@ class BenchResult:
         if doc.get("sha256") != _digest(body):
             raise BadResult("its content does not match its hash (edited or corrupt)")
         scores = _scores(doc.get("scores"))
-        seconds, cost = doc.get("seconds"), doc.get("cost_usd")
+        seconds: Any = doc.get("seconds")
+        cost: Any = doc.get("cost_usd")
         if not finite_number(seconds) or seconds < 0 or (cost is not None and (not finite_number(cost) or cost < 0)):
             raise BadResult("its seconds or cost_usd is not a finite non-negative number")
         return cls(checkpoint=_name(doc.get("checkpoint"), "checkpoint"), step=_count(doc.get("step"), "step"),
@@ -179,7 +180,7 @@ class ResultStore:
     def __init__(self, store: Any, prefix: str, *, harness_version: str, task_hash: str, seed: int):
         self.store = store
         self.prefix = prefix.rstrip("/") + "/"
-        self.identity = {"harness_version": harness_version, "task_hash": task_hash, "seed": int(seed)}
+        self.identity: dict[str, Any] = {"harness_version": harness_version, "task_hash": task_hash, "seed": int(seed)}
         self.refused: list[str] = []  # what was found and not trusted, for the report
 
     @classmethod

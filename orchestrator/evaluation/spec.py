@@ -14,7 +14,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from orchestrator.core.errors import ConfigError
 
@@ -140,14 +140,15 @@ def resolve(eval_cfg: Any) -> TaskSet:
         raise ConfigError(f"eval.tasks: {', '.join(map(repr, unknown))} is not a task lm-evaluation-harness knows"
                           f"{' (close: ' + ', '.join(close) + ')' if close else ''}. Give a task name (`lm_eval ls "
                           "tasks` lists them; tiny_arith_mc and tiny_arith_gen ship here), or a task YAML path.")
-    specs, described = [], []
+    specs: list[Any] = []
+    described: list[dict[str, Any]] = []
     for name in names:
         entry = manager.task_index[name]
         yaml_path = Path(entry.yaml_path) if getattr(entry, "yaml_path", None) else None
         local = yaml_path is not None and any(_inside(yaml_path, f) for f in folders) and getattr(
             entry.kind, "name", "") == "TASK"
         if local:
-            cfg, data = _resolved_config(yaml_path)
+            cfg, data = _resolved_config(cast(Path, yaml_path))
             specs.append(cfg)
             described.append({"task": name, "config": cfg, "data": data})
         else:

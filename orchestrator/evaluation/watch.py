@@ -58,7 +58,8 @@ class BenchWatch(TrainerCallback):
         self.records: dict[int, dict] = {}  # step -> the result logged at it (the base's at 0): the chart's points
         name = cfg.train.early_stopping_metric
         # early stopping / checkpoint.final=best on a benchmark metric; the reason training ended early on it
-        self.select, self.early_stop_reason = (name if selection.is_bench_metric(name) else None), None
+        self.select = name if selection.is_bench_metric(name) else None
+        self.early_stop_reason: Optional[str] = None
 
     # ---- the Trainer's hooks --------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
@@ -266,7 +267,7 @@ def read_progress(store: Any, key: str) -> list[list[int]]:
         data = json.loads(store.get_bytes(key))
     except (FileNotFoundError, KeyError, ValueError):
         return []
-    entries = data.get("saves") if isinstance(data, dict) else None
+    entries: Any = data.get("saves") if isinstance(data, dict) else None
     ok = isinstance(entries, list) and all(
         isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v >= 0 for v in e) for e in entries)
     return entries if ok else []

@@ -14,7 +14,7 @@ import os
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, cast
 
 from orchestrator.money.prices import FetchedPrice, MachineTarget
 
@@ -103,7 +103,7 @@ def machine_price(catalog: list[Mapping[str, Any]], machine: MachineTarget, capa
              part_price(catalog, machine.region, capacity, "", gpu) if gpu else None]
     if any(p is None for p in parts):
         return None
-    core, ram, gpu_usd = parts
+    core, ram, gpu_usd = cast("list[float]", parts)
     return gpu_usd * machine.gpus + core * vcpus + ram * gib
 
 

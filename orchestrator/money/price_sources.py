@@ -20,7 +20,7 @@ import time
 import urllib.parse
 import urllib.request
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, cast
 
 from orchestrator.money.price_gcp import fetch_gcp
 from orchestrator.money.prices import FetchedPrice, MachineTarget
@@ -163,7 +163,7 @@ def on_demand_usd(product: Mapping[str, Any]) -> list[float]:
             if dimension.get("unit") not in ("Hrs", "Hours"):
                 continue
             try:
-                usd = float((dimension.get("pricePerUnit") or {}).get("USD"))
+                usd = float(cast(Any, (dimension.get("pricePerUnit") or {}).get("USD")))  # None: TypeError
             except (TypeError, ValueError):
                 continue
             if usd > 0:
@@ -204,7 +204,7 @@ def azure_items(url: str, *, timeout: float) -> Iterable[Mapping[str, Any]]:
         if not isinstance(page, dict) or not isinstance(page.get("Items"), list):
             raise ValueError("the answer has no Items list")
         yield from (item for item in page["Items"] if isinstance(item, dict))
-        url = page.get("NextPageLink")
+        url = cast(str, page.get("NextPageLink"))
         if not url:
             return
     raise ValueError(f"more than {MAX_PAGES} pages")

@@ -137,8 +137,9 @@ def decode_cache(raw: bytes, *, now: Optional[float] = None) -> list[FetchedPric
         problem = _entry_problem(raw_entry, now)
         if problem:
             raise ValueError(problem)
-        fields = {**raw_entry, "fetched_at": _epoch(raw_entry["fetched_at"]), "usd_per_hour": float(raw_entry["usd_per_hour"])}
-        out.append(FetchedPrice(**{k: fields.get(k) for k in FetchedPrice.__dataclass_fields__}))
+        fields: dict[str, Any] = {**raw_entry, "fetched_at": _epoch(raw_entry["fetched_at"]), "usd_per_hour": float(raw_entry["usd_per_hour"])}
+        known: dict[str, Any] = {k: fields.get(k) for k in FetchedPrice.__dataclass_fields__}
+        out.append(FetchedPrice(**known))
     return out
 
 

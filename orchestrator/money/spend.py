@@ -40,7 +40,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, cast
 
 from orchestrator.core.errors import BudgetExhausted
 from orchestrator.money.spend_leases import dead_holds, release
@@ -75,7 +75,7 @@ def parse_index(raw: bytes, where: str, store_uri: str) -> dict:
         raise SpendIndexCorrupt(f"the spend index {where} is unreadable: {problem}. Caps on it "
                                 f"(budget.monthly_max_usd, budget.experiment_max_usd) cannot be checked; "
                                 f"{repair_hint(store_uri)}")
-    return index
+    return cast("dict[str, Any]", index)
 
 
 def _amount_problem(value, where: str) -> Optional[str]:
@@ -292,7 +292,8 @@ class SpendIndex:
         now = self.clock()
         month = month_of(now)
         out: list[Grant] = []
-        dead, released = self.dead_holds(), []
+        dead = self.dead_holds()
+        released: list[str] = []
 
         def mutate(index: Optional[dict]) -> dict:
             index = _fresh(index)

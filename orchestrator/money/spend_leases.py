@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Optional
+from typing import Any, Optional
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def release(index: dict, dead: dict) -> list[str]:
     """Settle the ``dead`` holds still open in ``index`` (in place) at their ledger cost; what was released."""
     released = []
     for run, fences in dead.items():
-        job = (index.get("jobs") or {}).get(run)
+        job: Any = (index.get("jobs") or {}).get(run)
         for fence, cost in fences.items():
             entry = (job or {}).get("open", {}).pop(fence, None)
             if entry is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from orchestrator.core.exitcodes import RUNNING
 from orchestrator.records.ledger import LEDGER_FILENAME, decode_ledger, evaluations
@@ -79,7 +79,7 @@ def _experiment(ledger: dict, old_job) -> Optional[str]:
 
 def _job_entry(ledger: dict, experiment: str, problems: list[str]) -> dict:
     """One job's index entry from its ledger."""
-    job = {"experiment": experiment, "months": {}, "open": {}}
+    job: dict[str, Any] = {"experiment": experiment, "months": {}, "open": {}}
     newest = ledger.get("fence")
     for attempt in ledger.get("attempts") or []:
         if not isinstance(attempt, dict):
@@ -126,8 +126,8 @@ def _eval_entry(ledger: dict, experiment: str, problems: list[str]) -> Optional[
 def rebuild_index(store: ObjectStore, old_raw: Optional[bytes] = None) -> Repair:
     """The spend index the ledgers under ``store`` give (``old_raw``: the old index's bytes, for hints)."""
     old = _old_index(old_raw)
-    old_jobs = old.get("jobs") if isinstance(old.get("jobs"), dict) else {}
-    alerts = old.get("alerts") if isinstance(old.get("alerts"), dict) else {}
+    old_jobs: Any = old.get("jobs") if isinstance(old.get("jobs"), dict) else {}
+    alerts: Any = old.get("alerts") if isinstance(old.get("alerts"), dict) else {}
     alerts = {k: v for k, v in alerts.items() if _cost(v) is not None}
     repair = Repair({"jobs": {}, "alerts": alerts})
     for key in store.list():

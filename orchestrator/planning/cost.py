@@ -106,7 +106,8 @@ def with_gpu(cfg: Any, gpu_type: str) -> Any:
     gpus = max(int(cfg.compute.gpus_per_node or 0), world_size(cfg) // max(1, int(cfg.compute.nodes or 1)), 1)
     change = {"gpu_type": gpu_type, "gpus_per_node": gpus, "price_per_hour": None, "memory_gb": None}
     if dataclasses.is_dataclass(cfg):
-        return dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, **change))
+        node: Any = cfg
+        return dataclasses.replace(node, compute=dataclasses.replace(node.compute, **change))
     from omegaconf import OmegaConf
 
     return OmegaConf.merge(cfg, {"compute": change})

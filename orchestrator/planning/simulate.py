@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, cast
 
 from orchestrator.core.durations import parse_duration
 from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity, reserve_seconds
@@ -114,7 +114,8 @@ class _Run:
         self.done = self.committed = 0.0
         self.interval = math.inf
         self.paid = {SPOT: 0.0, ON_DEMAND: 0.0}
-        self.lost, self.preemptions, self.switches, self.first_step_at = 0.0, 0, 0, None
+        self.lost, self.preemptions, self.switches = 0.0, 0, 0
+        self.first_step_at: Optional[float] = None
         self.lifetimes: list[Lifetime] = []
         self.attempts: list[AttemptEntry] = []  # as the requeue policy reads them
         self.locked = False
@@ -131,14 +132,14 @@ class _Run:
             return SPOT
         if self.policy == "on-demand":
             return ON_DEMAND
-        job = self.job
+        job, deadline = self.job, cast(float, self.job.deadline_seconds)  # set: the deadline policies require it
         elapsed, work_left = self.t - self.t0, job.work_seconds - self.done
         if self.policy == "late-switch":
-            if not self.locked and job.deadline_seconds - elapsed < self._late_switch_needs(work_left):
+            if not self.locked and deadline - elapsed < self._late_switch_needs(work_left):
                 self.locked = True
             return ON_DEMAND if self.locked else SPOT
         decision = decide_capacity(DeadlineState(
-            elapsed_seconds=elapsed, deadline_seconds=job.deadline_seconds, work_done_seconds=self.done,
+            elapsed_seconds=elapsed, deadline_seconds=deadline, work_done_seconds=self.done,
             work_total_seconds=job.work_seconds, restart_seconds=job.restart_seconds,
             current=self.capacity or SPOT, locked=self.locked, spot_available=self._spot()[0],
             reserve_seconds=self._reserve(work_left)))
@@ -150,7 +151,7 @@ class _Run:
         return reserve_seconds(at_risk_seconds=self.done - self.committed if self.capacity == SPOT else 0.0,
                                work_left_seconds=work_left, checkpoint_cost_seconds=self.job.checkpoint_cost_seconds,
                                on_demand_every_seconds=self._interval_for(ON_DEMAND),
-                               until_next_decision_seconds=self.trace.gap_seconds)
+                               until_next_decision_seconds=cast(Trace, self.trace).gap_seconds)
 
     def _late_switch_needs(self, work_left: float) -> float:
         """The baseline's latest safe move, to be fair to it: the work left with its checkpoints on on-demand,
@@ -158,7 +159,7 @@ class _Run:
         job, od_every = self.job, self._interval_for(ON_DEMAND)
         overhead = job.checkpoint_cost_seconds / od_every if 0 < od_every < math.inf else 0.0
         move = job.checkpoint_cost_seconds if self.capacity == SPOT and self.phase == "train" else 0.0
-        return work_left * (1 + overhead) + job.restart_seconds + move + self.trace.gap_seconds
+        return work_left * (1 + overhead) + job.restart_seconds + move + cast(Trace, self.trace).gap_seconds
 
     def _interval_for(self, capacity: str) -> float:
         job = self.job

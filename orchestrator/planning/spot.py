@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, cast
 
 from orchestrator.policy.history import restart_seconds_measured, spot_lifetimes
 from orchestrator.policy.interval import (Lifetime, checkpoint_interval, estimate_preemptions,
@@ -143,7 +143,8 @@ def _with_spot(compute: Any, spot: bool) -> Any:
     import dataclasses
 
     if dataclasses.is_dataclass(compute):
-        return dataclasses.replace(compute, spot=spot)
+        node: Any = compute
+        return dataclasses.replace(node, spot=spot)
     from omegaconf import OmegaConf
 
     return OmegaConf.merge(compute, {"spot": spot})
@@ -156,7 +157,7 @@ def capacity_plan(cfg: Any, memory_plan: Any, catalog: Mapping[str, Any], gpu_ty
     options = [o for g in gpu_types for cap in (SPOT, ON_DEMAND)
                if (o := price_option(cfg, g, cap, memory_plan, catalog, history, variant=variant,
                                      work_hours=work_hours)) is not None]
-    doc = {"options": [asdict(o) for o in options], "recommendation": recommend(options)}
+    doc: dict[str, Any] = {"options": [asdict(o) for o in options], "recommendation": recommend(options)}
     if doc["recommendation"] and str(cfg.distributed.name) != "none":
         from orchestrator.planning.nodes import spot_break_even
 
@@ -179,8 +180,9 @@ def with_nodes(cfg: Any, nodes: int) -> Any:
     compute = {"nodes": nodes, "preemptions_per_hour": None if rate is None
                else float(rate) * nodes / max(1, int(cfg.compute.nodes or 1))}
     if dataclasses.is_dataclass(cfg):
-        return dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, **compute),
-                                   distributed=dataclasses.replace(cfg.distributed, nodes=nodes))
+        node: Any = cfg
+        return dataclasses.replace(node, compute=dataclasses.replace(node.compute, **compute),
+                                   distributed=dataclasses.replace(node.distributed, nodes=nodes))
     from omegaconf import OmegaConf
 
     return OmegaConf.merge(cfg, {"compute": compute, "distributed": {"nodes": nodes}})
@@ -190,7 +192,7 @@ def recommend(options: list[CapacityOption]) -> Optional[dict]:
     priced = [o for o in options if o.expected_cost_usd is not None]
     if not priced:
         return None
-    best = min(priced, key=lambda o: o.expected_cost_usd)
+    best = min(priced, key=lambda o: cast(float, o.expected_cost_usd))
     same = {o.capacity: o for o in options if o.gpu_type == best.gpu_type}
     spot, od = same.get(SPOT), same.get(ON_DEMAND)
     if best.capacity == ON_DEMAND:

@@ -27,7 +27,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 from orchestrator.policy import placement as pl
 from orchestrator.planning.spot_traces import Trace
@@ -135,7 +135,7 @@ class _Replay:
     def _decide(self, i: int, now: float) -> None:
         zones = [pl.Zone(self.g.names[z], self.g.spot_usd[z][i], self.g.available[z][i], self.job.prior_per_hour,
                          self.held[z] / 3600.0, self.hits[z],
-                         None if self.last_hit[z] is None else now - self.last_hit[z]) for z in self.allowed]
+                         None if self.last_hit[z] is None else now - cast(float, self.last_hit[z])) for z in self.allowed]
         state = self._state(now)
         choice = pl.choose(zones, state)
         if len(self.allowed) == 1:  # nothing to compare: decide again at an event, before the deadline's margin
@@ -156,7 +156,7 @@ class _Replay:
         self.zone, self.ckpt_zone, self.interval, self.since = target, target, choice.interval_seconds, 0.0
 
     def _preempted(self, now: float) -> None:
-        z, n, share = self.zone, self.out.preemptions, self.job.notice_share
+        z, n, share = cast(int, self.zone), self.out.preemptions, self.job.notice_share  # a zone: on spot
         self.out.preemptions += 1
         self.hits[z] += 1
         self.last_hit[z] = now
@@ -198,13 +198,13 @@ class _Replay:
             if self.zone is None:
                 continue
             used = self._train(g.gap_seconds)
-            usd = g.cheapest_on_demand if self.zone == pl.ON_DEMAND else g.spot_usd[self.zone][i]
+            usd = g.cheapest_on_demand if self.zone == pl.ON_DEMAND else g.spot_usd[cast(int, self.zone)][i]
             out.paid_seconds += used
             out.cost_usd += used * usd / 3600.0
             if self.zone == pl.ON_DEMAND:
                 out.on_demand_seconds += used
             else:
-                self.held[self.zone] += used
+                self.held[cast(int, self.zone)] += used
             if self.done >= job.work_seconds - 1e-9:
                 out.finished_at = now + used
                 break

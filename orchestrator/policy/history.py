@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, cast
 
 from orchestrator.core.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
 from orchestrator.policy.interval import Lifetime
@@ -71,7 +71,7 @@ class AttemptHistory:
     capacity_switch: bool  # it stopped to move to other capacity (it lost no machine)
 
     @classmethod
-    def from_ledger(cls, entry: Mapping) -> "AttemptHistory":
+    def from_ledger(cls, entry: Mapping[str, Any]) -> "AttemptHistory":
         """A raw ledger entry (a JSON object), each field checked here (a reader that has not decoded the ledger)."""
         restart, cost, switch = _measured(entry.get("extra"))
         return cls(fence=_count(entry.get("fence")), exit_class=str(entry.get("exit_class") or ""),
@@ -114,7 +114,7 @@ class AttemptHistory:
             return Lifetime(0.0, preempted=False)
         preempted = self.exit_class in INTERRUPTED_CLASSES and not self.capacity_switch
         noticed = self.exit_class == ExitClass.PREEMPTED.value and self.checkpoint_step_end >= self.step_end
-        return Lifetime(seconds=max(0.0, self.held_seconds - self.restart_seconds), preempted=preempted,
+        return Lifetime(seconds=max(0.0, cast(float, self.held_seconds) - self.restart_seconds), preempted=preempted,
                         noticed=preempted and noticed)
 
 
@@ -152,8 +152,9 @@ def claimed_restart_seconds(attempts: Iterable[Any]) -> list[float]:
     checks against ``MAX_RESTART_SECONDS``."""
     claimed = []
     for entry in attempts:
-        extra = entry.get("extra") if isinstance(entry, Mapping) and isinstance(entry.get("extra"), Mapping) else {}
-        split = extra.get("restart") if isinstance(extra.get("restart"), Mapping) else {}
+        extra: Any = (entry.get("extra") if isinstance(entry, Mapping) and isinstance(entry.get("extra"), Mapping)
+                      else {})
+        split: Any = extra.get("restart") if isinstance(extra.get("restart"), Mapping) else {}
         value = _number(split.get("total_s"))
         if value is None:
             value = _number(extra.get("start_to_first_step_s"))

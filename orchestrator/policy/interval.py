@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
-from orchestrator.core.durations import MAX_EVERY, MIN_EVERY, parse_duration  # noqa: F401 - auto's bounds, this policy's
+from orchestrator.core.durations import MAX_EVERY as MAX_EVERY  # auto's bounds, this policy's (re-exported)
+from orchestrator.core.durations import MIN_EVERY as MIN_EVERY
+from orchestrator.core.durations import parse_duration
 
 PRIOR_WEIGHT_HOURS = 4.0  # how many hours of the job's own history weigh as much as the catalog's prior
 
@@ -30,11 +32,11 @@ SNAPSHOT_WRITE_BYTES_PER_SECOND = 200e6
 SNAPSHOT_BASE_SECONDS = 0.25
 
 
-def is_auto(every) -> bool:
+def is_auto(every: object) -> bool:
     return str(every).strip().lower() == AUTO
 
 
-def interval_bounds(checkpoint_cfg) -> tuple[float, float]:
+def interval_bounds(checkpoint_cfg: Any) -> tuple[float, float]:
     """(``checkpoint.min_every``, ``checkpoint.max_every``) in seconds. Raises ValueError naming the keys."""
     low = parse_duration(checkpoint_cfg.min_every, key="checkpoint.min_every")
     high = parse_duration(checkpoint_cfg.max_every, key="checkpoint.max_every")
@@ -179,7 +181,7 @@ def _least_waste_interval(c: float, lifetimes: Sequence[Lifetime], estimate: Pre
         own = sum(lifetime_waste_seconds(t, c, lt) for lt in lifetimes)
         return (own + prior_seconds * (c / t + prior_lossy * t / 2.0)) / (seen + prior_seconds)
 
-    grid = [lo * (hi / lo) ** (i / (points - 1)) for i in range(points)]
+    grid: list[float] = [lo * (hi / lo) ** (i / (points - 1)) for i in range(points)]
     return min(grid, key=waste)
 
 

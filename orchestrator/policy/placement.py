@@ -148,7 +148,7 @@ def _candidates(zones: Sequence[Zone], job: JobState) -> list[Zone]:
 def choose(zones: Sequence[Zone], job: JobState) -> Placement:
     """The placement of least expected dollars per useful hour (ties: the zone held now, then by name)."""
     od_usd, od_t = usd_per_useful_hour(ON_DEMAND, job.on_demand_usd, 0.0, job)
-    priced = []
+    priced: list[tuple[float, bool, str, float]] = []
     for z in _candidates(zones, job):
         cost, t = usd_per_useful_hour(z.name, z.spot_usd, preemption_rate(z), job)
         priced.append((cost, z.name != job.current, z.name, t))
@@ -158,8 +158,8 @@ def choose(zones: Sequence[Zone], job: JobState) -> Placement:
                      reserve)
 
 
-def _decide(zones: Sequence[Zone], job: JobState, priced: list, od_usd: float, od_t: float, slack: float,
-            reserve: float) -> Placement:
+def _decide(zones: Sequence[Zone], job: JobState, priced: list[tuple[float, bool, str, float]], od_usd: float,
+            od_t: float, slack: float, reserve: float) -> Placement:
     if slack < reserve:
         return Placement(ON_DEMAND, od_usd, od_t, f"the deadline: {slack / 60:.0f} min of slack left, under the "
                                                    f"{reserve / 60:.0f} min spot needs in reserve")

@@ -16,6 +16,7 @@ import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from orchestrator.core.exitcodes import PREEMPTION_SIGNALS
 from orchestrator.core.ranks import rank, world_size
@@ -55,7 +56,7 @@ def init_process_group() -> None:
 
     # a multi-node world's launcher sets the collective timeout (never NCCL's 600 s or gloo's 30 min)
     limit = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
-    timeout = {"timeout": timedelta(seconds=float(limit))} if limit else {}
+    timeout: dict[str, Any] = {"timeout": timedelta(seconds=float(limit))} if limit else {}
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl", **timeout)

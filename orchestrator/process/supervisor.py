@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from orchestrator.core import exitcodes
 from orchestrator.process.distributed import worker_argv
@@ -135,8 +135,8 @@ class Supervisor:
         self.ledger = Ledger(store_from_config(cfg.storage), cfg.run.name)
         self.holds = start_holds(cfg, self.ledger.store)
         self.policy = RequeuePolicy(cfg.requeue)
-        self.child = None  # the attempt running: a subprocess.Popen, or a warm_start.ForkedAttempt
-        self._forks = None  # orchestrator.process.warm_start.Forks, made before the first attempt
+        self.child: Any = None  # the attempt running: a subprocess.Popen, or a warm_start.ForkedAttempt
+        self._forks: Any = None  # orchestrator.process.warm_start.Forks, made before the first attempt
         self.signalled: int | None = None
         self._unrecorded: list[AttemptEntry] = []  # attempts whose worker died before it opened the ledger
 

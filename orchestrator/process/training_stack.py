@@ -22,7 +22,7 @@ def skip_unused_quantisation_stack(cfg) -> None:
     from recipes.common import quantisation_stack_needed
 
     if not quantisation_stack_needed(cfg) and "bitsandbytes" not in sys.modules:
-        sys.modules["bitsandbytes"] = None  # importlib.util.find_spec -> None; import -> ImportError
+        sys.modules["bitsandbytes"] = None  # type: ignore[assignment]  # importlib.util.find_spec -> None; import -> ImportError
 
 
 def skip_unused_deepspeed(cfg) -> None:
@@ -33,7 +33,7 @@ def skip_unused_deepspeed(cfg) -> None:
     attempt's start-up on this stack, for nothing. Same mechanism as ``skip_unused_quantisation_stack``.
     """
     if str(cfg.distributed.name) not in ("zero2", "zero3") and "deepspeed" not in sys.modules:
-        sys.modules["deepspeed"] = None
+        sys.modules["deepspeed"] = None  # type: ignore[assignment]
 
 
 def settle_deepspeed(cfg) -> None:

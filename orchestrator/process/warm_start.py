@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import IO, Any, Iterable, Optional
+from typing import IO, Any, Iterable, Optional, cast
 
 from orchestrator.process import training_stack
 from orchestrator.attempt.start_up import Inherited
@@ -142,7 +142,8 @@ class ForkedAttempt:
     ``send_signal``, ``returncode`` (negative: the signal that ended it)."""
 
     def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
+        self.pid = pid
+        self.returncode: Optional[int] = None
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
@@ -162,7 +163,7 @@ class ForkedAttempt:
                 if time.monotonic() > deadline:
                     raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
                 time.sleep(0.05)
-            return self.returncode
+            return cast(int, self.returncode)  # poll() saw it
         while self.returncode is None:
             try:
                 _pid, status = os.waitpid(self.pid, 0)

@@ -7,12 +7,14 @@ that comes back cannot write over its successor (``Fenced``). It is not the trai
 """
 from __future__ import annotations
 
+from typing import Any
+
 FENCE_KEY = "fence"
 LEGACY_FENCE_KEY = "epoch"  # stored by versions before the rename
 _LEDGER_LISTS = ("attempts", "checkpoints", "capacity")  # the ledger's records that carry a fence
 
 
-def upgraded(record):
+def upgraded(record: Any) -> Any:
     """``record`` (a dict read from storage) with a legacy ``"epoch"`` renamed ``"fence"``, in place.
 
     Anything else is returned as it is: the readers check what they read."""
@@ -21,7 +23,7 @@ def upgraded(record):
     return record
 
 
-def upgraded_ledger(ledger):
+def upgraded_ledger(ledger: Any) -> Any:
     """A ledger read from storage, its own fence and its records' (attempts, checkpoints, capacity) upgraded."""
     upgraded(ledger)
     for name in _LEDGER_LISTS:

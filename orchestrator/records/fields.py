@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Collection, Mapping, Optional
 
 from orchestrator.core.errors import DataError
 
@@ -80,10 +80,12 @@ class Fields:
 
     def time(self, key: str, default: Any = None) -> Optional[float]:
         """A unix time, or ``default`` when absent."""
-        return self.number(key, high=LATEST_TIME, default=default)
+        value: Optional[float] = self.number(key, high=LATEST_TIME, default=default)
+        return value
 
     def usd(self, key: str, default: Any = 0.0) -> float:
-        return self.number(key, high=MAX_USD, default=default)
+        value: float = self.number(key, high=MAX_USD, default=default)
+        return value
 
     def flag(self, key: str, default: bool = False) -> bool:
         value = self._get(key, default)
@@ -103,7 +105,7 @@ class Fields:
             raise self.fail(key, f"is {len(value)} characters long (at most {limit})")
         return _CONTROL.sub("?", value)
 
-    def choice(self, key: str, choices, default: Any = _MISSING) -> Any:
+    def choice(self, key: str, choices: Collection[str], default: Any = _MISSING) -> Any:
         value = self.text(key, default)
         if value is not default and value not in choices:
             raise self.fail(key, f"is {value!r}, not one of: {', '.join(sorted(choices))}")
@@ -116,7 +118,7 @@ class Fields:
             raise self.fail(key, f"is a JSON {type(value).__name__}, not a list")
         return [Fields(item, f"{self.where} {key}[{n}]") for n, item in enumerate(value)]
 
-    def mapping(self, key: str) -> Mapping:
+    def mapping(self, key: str) -> Mapping[Any, Any]:
         """A JSON object kept as it is (absent: empty); its own reader checks what it reads."""
         value = self._get(key, {})
         if not isinstance(value, Mapping):

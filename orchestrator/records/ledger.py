@@ -43,7 +43,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, cast
 
 from orchestrator.core.env import RDZV_ID_ENV
 from orchestrator.core.errors import CapsReached, Fenced, UserError
@@ -72,12 +72,13 @@ def attempts_cost_usd(attempts: Iterable[Mapping[str, Any]]) -> float:
     return float(sum(float(a.get("cost_usd") or 0.0) for a in attempts))
 
 
-def decode_ledger(raw: bytes) -> dict:
+def decode_ledger(raw: bytes) -> dict[str, Any]:
     """A ledger as stored, parsed; one written before the rename (``orchestrator.records.fencing``) reads as today's."""
-    return upgraded_ledger(json.loads(raw))
+    ledger: dict[str, Any] = upgraded_ledger(json.loads(raw))
+    return ledger
 
 
-def new_ledger(run_name: str) -> dict:
+def new_ledger(run_name: str) -> dict[str, Any]:
     """An empty ledger for ``run_name``, before any attempt."""
     return {
         "run_name": run_name,
@@ -95,22 +96,22 @@ def new_ledger(run_name: str) -> dict:
     }
 
 
-def _total_cost(ledger: dict) -> float:
+def _total_cost(ledger: dict[str, Any]) -> float:
     """The attempts' cost and that of the job's ``orchestrator eval`` runs (``evaluations``)."""
     return attempts_cost_usd(ledger["attempts"]) + attempts_cost_usd(evaluations(ledger))
 
 
-def evaluations(ledger: dict) -> list:
+def evaluations(ledger: dict[str, Any]) -> list[Any]:
     """The ``orchestrator eval`` runs billed to the job (``orchestrator.evaluation.billing``); none when the
     stored list is not one of dicts with a finite, non-negative cost (storage is untrusted)."""
     entries = ledger.get("evaluations")
     ok = isinstance(entries, list) and all(
         isinstance(e, dict) and isinstance(e.get("cost_usd"), (int, float)) and not isinstance(e.get("cost_usd"), bool)
         and math.isfinite(e["cost_usd"]) and e["cost_usd"] >= 0 for e in entries)
-    return entries if ok else []
+    return cast("list[Any]", entries) if ok else []
 
 
-def add_evaluation(ledger: dict, entry: dict) -> None:
+def add_evaluation(ledger: dict[str, Any], entry: dict[str, Any]) -> None:
     """Add (or update, by ``id``) one ``orchestrator eval`` run's bill; the ledger's ``cost_usd`` counts it."""
     kept = [e for e in evaluations(ledger) if e.get("id") != entry["id"]]
     ledger["evaluations"] = kept + [entry]
@@ -146,18 +147,18 @@ class Ledger:
         return self.store.get_uri(self.key)
 
     # -- reading -----------------------------------------------------------
-    def load(self) -> dict:
+    def load(self) -> dict[str, Any]:
         """The stored ledger, or {} when the job has never started."""
         try:
             return decode_ledger(self.store.get_bytes(self.key))
         except FileNotFoundError:
             return {}
 
-    def current_attempt(self, ledger: dict) -> dict:
+    def current_attempt(self, ledger: dict[str, Any]) -> dict[str, Any]:
         """This instance's attempt in ``ledger``. Raises KeyError if absent."""
         for attempt in reversed(ledger.get("attempts", [])):
             if attempt["fence"] == self.fence:
-                return attempt
+                return cast("dict[str, Any]", attempt)
         raise KeyError(f"no attempt with fence {self.fence} in {self.uri}")
 
     # -- the one write path ------------------------------------------------
@@ -165,7 +166,7 @@ class Ledger:
     def begin_attempt(self, *, host: str, pid: int, instance_type: str | None, gpu_type: str | None, gpus: int,
                       spot: bool, checkpoint_step: int,
                       refuse: Callable[[LedgerRecord], UserError | str | None] | None = None,
-                      extra: dict | None = None) -> dict:
+                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start a new attempt and take the next fence, in one conditional write.
 
         Creates the ledger if absent; decodes it (``LedgerRecord.decode``: a ledger that does not decode raises
@@ -186,9 +187,9 @@ class Ledger:
                       extra=dict(extra or {}), launched_by=os.environ.get(LAUNCHED_BY_ENV),
                       rdzv_id=os.environ.get(RDZV_ID_ENV))
 
-        def mutate(ledger: dict | None) -> dict | None:
+        def mutate(ledger: dict[str, Any] | None) -> dict[str, Any] | None:
             created = ledger is None
-            ledger = new_ledger(self.run_name) if created else ledger
+            ledger = new_ledger(self.run_name) if ledger is None else ledger
             refused.clear()
             LedgerRecord.decode(ledger, self.uri)  # the job's own ledger: one that does not decode stops it here
             marked = _mark_vanished(ledger)
@@ -205,9 +206,9 @@ class Ledger:
         if refused:
             raise refused[0]
         self.fence = ledger["fence"]
-        return ledger["attempts"][-1]
+        return cast("dict[str, Any]", ledger["attempts"][-1])
 
-    def update(self, fn: Callable[[dict], Any]) -> dict:
+    def update(self, fn: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
         """Fenced read-modify-write: ``fn(ledger)`` changes the ledger in place.
 
         ``fn`` may run more than once (once per lost race), each time on a
@@ -216,7 +217,7 @@ class Ledger:
         attempt holds a newer fence.
         """
 
-        def mutate(ledger: dict | None) -> dict:
+        def mutate(ledger: dict[str, Any] | None) -> dict[str, Any]:
             ledger = require_fence(ledger, self.fence, self.uri)
             fn(ledger)
             ledger["cost_usd"] = _total_cost(ledger)
@@ -228,10 +229,10 @@ class Ledger:
         """Raise Fenced if another attempt has taken over; writes nothing."""
         require_fence(self.load() or None, self.fence, self.uri)
 
-    def heartbeat(self, step: int, cost_usd: float) -> dict:
+    def heartbeat(self, step: int, cost_usd: float) -> dict[str, Any]:
         """Record that this attempt is alive at ``step`` having cost ``cost_usd`` so far."""
 
-        def fn(ledger: dict) -> None:
+        def fn(ledger: dict[str, Any]) -> None:
             attempt = self.current_attempt(ledger)
             attempt["last_seen"] = time.time()
             attempt["step_end"] = step
@@ -240,7 +241,7 @@ class Ledger:
 
         return self.update(fn)
 
-    def record_checkpoint(self, step: int, key: str, size: int, cost_usd: float | None = None) -> dict:
+    def record_checkpoint(self, step: int, key: str, size: int, cost_usd: float | None = None) -> dict[str, Any]:
         """Add a committed checkpoint (``key`` relative to the store) to the ledger.
 
         With ``cost_usd`` (the attempt's cost so far) it is also the attempt's heartbeat:
@@ -252,7 +253,8 @@ class Ledger:
         return self.update(lambda ledger: _add_checkpoint(ledger, self.current_attempt(ledger), record,
                                                           keep=self.keep_checkpoints, cost_usd=cost_usd))
 
-    def end_attempt(self, exit_class: ExitClass | str, step: int, cost_usd: float, status: str | None = None) -> dict:
+    def end_attempt(self, exit_class: ExitClass | str, step: int, cost_usd: float,
+                    status: str | None = None) -> dict[str, Any]:
         """Close this attempt with ``exit_class`` and set the job's ``status`` (one of RUN_STATUSES).
 
         ``status`` defaults to the one ``exitcodes.OUTCOMES`` gives ``exit_class``.
@@ -262,7 +264,7 @@ class Ledger:
         if status not in RUN_STATUSES:
             raise ValueError(f"ledger status {status!r} is not one of {', '.join(RUN_STATUSES)}")
 
-        def fn(ledger: dict) -> None:
+        def fn(ledger: dict[str, Any]) -> None:
             now = time.time()
             attempt = self.current_attempt(ledger)
             attempt.update(ended_at=now, last_seen=now, exit_class=exit_value, step_end=step, cost_usd=float(cost_usd))
@@ -285,7 +287,7 @@ class Ledger:
         status = outcome(exit_class).ledger_status
         closed: list[bool] = []
 
-        def mutate(ledger: dict | None) -> dict | None:
+        def mutate(ledger: dict[str, Any] | None) -> dict[str, Any] | None:
             closed[:] = [_close_lost(ledger, self.fence, exit_value, status)]
             return ledger if closed[0] else None
 
@@ -297,15 +299,15 @@ class Ledger:
         return record_once(lambda mutate: transact(self.store, self.key, mutate, decode=decode_ledger),
                            lambda ledger: require_fence(ledger, self.fence, self.uri), name, time.time)
 
-    def set_attempt_extra(self, **fields: Any) -> dict:
+    def set_attempt_extra(self, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into this attempt's ``extra`` (its measurements and decisions)."""
         return self.update(lambda ledger: self.current_attempt(ledger)["extra"].update(fields))
 
-    def record_capacity(self, decision: dict) -> dict:
+    def record_capacity(self, decision: dict[str, Any]) -> dict[str, Any]:
         """Append a capacity decision (``run.deadline``) to the job's ``capacity`` list, stamped with this attempt."""
         return self.update(lambda ledger: _append_capacity(ledger, dict(decision, time=time.time(), fence=self.fence)))
 
-    def set_mlflow_run_id(self, run_id: str) -> dict:
+    def set_mlflow_run_id(self, run_id: str) -> dict[str, Any]:
         """Remember the job's MLflow run so every attempt logs into the same one."""
         return self.update(lambda ledger: ledger.__setitem__("mlflow_run_id", run_id))
 
@@ -313,9 +315,9 @@ class Ledger:
 def pin_input(ledger: Ledger, uri: str, digest: str) -> str | None:
     """Record ``digest`` as input ``uri``'s in the job's ledger the first time an attempt lists it (``inputs``); the
     digest recorded before when it is another (the objects under ``uri`` changed since), else None."""
-    recorded: dict = {}
+    recorded: dict[str, Any] = {}
 
-    def fn(doc: dict) -> None:
+    def fn(doc: dict[str, Any]) -> None:
         inputs = doc.get("inputs")
         if not isinstance(inputs, dict):
             inputs = doc["inputs"] = {}
@@ -329,11 +331,11 @@ def pin_input(ledger: Ledger, uri: str, digest: str) -> str | None:
 
 
 # ---- the ledger's changes, as functions of the ledger dict (the Ledger writes them conditionally) ----
-def _append_capacity(ledger: dict, entry: dict) -> None:
+def _append_capacity(ledger: dict[str, Any], entry: dict[str, Any]) -> None:
     ledger["capacity"] = (list(ledger.get("capacity") or []) + [entry])[-MAX_CAPACITY_DECISIONS:]
 
 
-def _mark_vanished(ledger: dict) -> bool:
+def _mark_vanished(ledger: dict[str, Any]) -> bool:
     """Attempts still "running" when a new one begins are gone: ended at their last heartbeat."""
     marked = False
     for attempt in ledger["attempts"]:
@@ -347,7 +349,7 @@ def _mark_vanished(ledger: dict) -> bool:
     return marked
 
 
-def _set_refused_status(ledger: dict, error: UserError) -> bool:
+def _set_refused_status(ledger: dict[str, Any], error: UserError) -> bool:
     """A refused start sets the job's status from the refusal, unless the job already ended for good."""
     status = outcome(error.exit_class).ledger_status
     if ledger["status"] in FINAL_RUN_STATUSES or not status or ledger["status"] == status:
@@ -356,7 +358,7 @@ def _set_refused_status(ledger: dict, error: UserError) -> bool:
     return True
 
 
-def _append_attempt(ledger: dict, checkpoint_step: int, fields: dict) -> None:
+def _append_attempt(ledger: dict[str, Any], checkpoint_step: int, fields: dict[str, Any]) -> None:
     now = time.time()
     ledger["fence"] = int(ledger["fence"]) + 1
     ledger["attempts"].append({
@@ -375,7 +377,8 @@ def _append_attempt(ledger: dict, checkpoint_step: int, fields: dict) -> None:
     ledger["cost_usd"] = _total_cost(ledger)
 
 
-def _add_checkpoint(ledger: dict, attempt: dict, record: dict, *, keep: int, cost_usd: float | None) -> None:
+def _add_checkpoint(ledger: dict[str, Any], attempt: dict[str, Any], record: dict[str, Any], *, keep: int,
+                    cost_usd: float | None) -> None:
     """Record a commit: the newest ``keep`` records by step stay, every commit is counted; the attempt's progress."""
     now = time.time()
     records = ledger.get("checkpoints") or []
@@ -393,7 +396,7 @@ def _add_checkpoint(ledger: dict, attempt: dict, record: dict, *, keep: int, cos
     ledger["step"] = max(int(ledger.get("step") or 0), step)
 
 
-def _close_lost(ledger: dict | None, fence: int | None, exit_value: str, status: str | None) -> bool:
+def _close_lost(ledger: dict[str, Any] | None, fence: int | None, exit_value: str, status: str | None) -> bool:
     """Close attempt ``fence`` at its last heartbeat, if it still holds the job and has not ended."""
     if not ledger or int(ledger.get("fence", 0)) != fence:
         return False
@@ -407,7 +410,7 @@ def _close_lost(ledger: dict | None, fence: int | None, exit_value: str, status:
     return True
 
 
-def require_fence(ledger: dict | None, fence: int | None, uri: str) -> dict:
+def require_fence(ledger: dict[str, Any] | None, fence: int | None, uri: str) -> dict[str, Any]:
     """``ledger`` when attempt ``fence`` still holds the job; raises Fenced when another took it (or it is gone)."""
     if fence is None:
         raise RuntimeError("Ledger.update called before begin_attempt (or without a fence)")
@@ -415,7 +418,7 @@ def require_fence(ledger: dict | None, fence: int | None, uri: str) -> dict:
         raise Fenced(f"the ledger {uri} was deleted; this attempt (fence {fence}) stops")
     stored = int(ledger.get("fence", 0))
     if stored != fence:
-        newer = next((a for a in ledger.get("attempts", []) if a["fence"] == stored), {})
+        newer: dict[str, Any] = next((a for a in ledger.get("attempts", []) if a["fence"] == stored), {})
         raise Fenced(
             f"another attempt (fence {stored}, host {newer.get('host', '?')}) took over this job; "
             f"this attempt (fence {fence}) stops"

@@ -21,7 +21,7 @@ with a warning naming it, and its neighbours go on.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 from orchestrator.core.exitcodes import RUN_STATUSES, RUNNING, ExitClass
 from orchestrator.records.fencing import upgraded_ledger
@@ -171,7 +171,7 @@ class LedgerRecord:
             where=where, run_name=f.text("run_name", "?"), status=f.choice("status", RUN_STATUSES, RUNNING),
             fence=f.whole("fence", default=0), attempts=attempts, checkpoints=checkpoints,
             checkpoints_committed=f.whole("checkpoints_committed", default=len(checkpoints)),
-            alerts={str(k): Fields(alerts, f"{where} alerts").time(k, 0.0) for k in alerts},
+            alerts={str(k): cast(float, Fields(alerts, f"{where} alerts").time(k, 0.0)) for k in alerts},
             mlflow_run_id=f.text("mlflow_run_id", None), cost_usd=f.usd("cost_usd"),
             step=f.whole("step", high=MAX_STEPS, default=0), created_at=f.time("created_at"),
             capacity=tuple(CapacityDecision.decode(d) for d in f.objects("capacity")), repro=f.mapping("repro"),

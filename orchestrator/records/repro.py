@@ -96,7 +96,7 @@ def name_and_version(dist: metadata.Distribution) -> tuple[Optional[str], Option
 
 def package_versions() -> tuple[dict[str, Optional[str]], str, int]:
     """(key package -> version or None, sha256 over every installed ``name==version`` sorted, count)."""
-    installed: dict[str, str] = {}
+    installed: dict[str, Optional[str]] = {}
     for dist in metadata.distributions():
         name, version = name_and_version(dist)
         if name:
@@ -173,7 +173,7 @@ def inputs_record(cfg_resolved: Mapping[str, Any]) -> dict[str, Any]:
         return f"{src.get('source')}:{src.get('path')}" + (f"@{src['revision']}" if src.get("revision") else "")
 
     if data.get("source") == "mix":
-        data_input = " + ".join(f"{named(s)} x{s.get('weight')}" for s in data.get("mix") or [])
+        data_input: Optional[str] = " + ".join(f"{named(s)} x{s.get('weight')}" for s in data.get("mix") or [])
     else:
         data_input = named(data)
     name = model.get("name_or_path")

@@ -20,7 +20,7 @@ import json
 import logging
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, cast
 
 from orchestrator.core.errors import DataError
 
@@ -217,7 +217,7 @@ def use(storage_cfg: Any, folder: Path, on_listed: Optional[Callable[[str, str],
     """Make ``folder`` this process's download folder for ``s3://`` inputs (the attempt's builder calls it);
     ``on_listed``: see ``InputFiles``."""
     _ACTIVE["files"] = InputFiles(storage_cfg, folder, on_listed)
-    return _ACTIVE["files"]
+    return cast(InputFiles, _ACTIVE["files"])
 
 
 def active() -> InputFiles:
@@ -226,7 +226,7 @@ def active() -> InputFiles:
         from types import SimpleNamespace
 
         _ACTIVE["files"] = InputFiles(SimpleNamespace(), Path(tempfile.mkdtemp(prefix="orch-inputs-")))
-    return _ACTIVE["files"]
+    return cast(InputFiles, _ACTIVE["files"])
 
 
 def local_files(value: str) -> list[Path]:

@@ -199,7 +199,7 @@ class S3Store(ObjectStore):
 
     def list(self, prefix: str = "") -> list[str]:
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
-        keys = []
+        keys: list[str] = []
         with self.translate_errors(prefix):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full_prefix):
                 keys.extend(self._rel(obj["Key"]) for obj in page.get("Contents", []))

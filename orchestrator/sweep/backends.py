@@ -23,7 +23,7 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 import psutil
 
@@ -117,7 +117,7 @@ class AdoptedLauncher:
         if _running(self.process):
             return None
         ledger = trial_ledger(self.store, self.run_name)  # TrialRefused when it is not a ledger
-        return _CODES.get(ledger.get("status"), GONE)
+        return _CODES.get(cast(str, ledger.get("status")), GONE)
 
 
 class _Submitting:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any, cast
 
 from orchestrator.core.errors import UserError
 
@@ -16,7 +17,7 @@ def run_sweep(argv: list[str], compose_for_launch) -> int:
     from orchestrator.sweep.plan import plan_sweep
     from orchestrator.sweep.tracking import SweepTracking
 
-    plan = None
+    plan: Any = None  # the SweepPlan, once planned
     try:
         plan = plan_sweep(argv, compose_for_launch)  # takes the sweep's lease: one driver at a time
         if plan.cfg.backend.dry_run:  # the record was not opened: print the trials, write nothing
@@ -83,7 +84,7 @@ def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
     idle = usage["idle_seconds"] / usage["slot_seconds"] if usage["slot_seconds"] else 0.0
     lines.append(f"spent ${total:.4f} (on pruned trials ${pruned:.4f}); workers idle {idle:.1%} of slot time")
     if best is not None:
-        step, value = reached(settings, best)
+        step, value = cast("tuple[int, float]", reached(settings, best))  # the leader has a result
         lines.append(f"leader: t{best['number']} ({best['run_name']}) {settings['metric']}={value:.4f} at step {step}")
     return "\n".join(lines)
 

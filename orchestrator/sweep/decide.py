@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from orchestrator.sweep.space import SearchSpace, in_domain
 
@@ -35,7 +35,7 @@ def rung_steps(settings: dict) -> list[int]:
         return [max_steps]
     first = max(1, round(max_steps * float(settings["min_fraction"])))
     eta = int(settings["reduction_factor"])
-    steps = []
+    steps: list[int] = []
     while not steps or steps[-1] < max_steps:
         steps.append(min(max_steps, first * eta ** len(steps)))
     return steps
@@ -82,7 +82,7 @@ def reached(settings: dict, trial: dict) -> Optional[tuple[int, float]]:
     return None if rung is None else (steps[rung], trial["values"][str(rung)])
 
 
-def _direction(settings: dict) -> str:
+def _direction(settings: dict) -> Literal["minimize", "maximize"]:
     return "minimize" if settings["direction"] == "minimize" else "maximize"
 
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from orchestrator.core import exitcodes
 from orchestrator.process import warm_start
@@ -40,6 +40,12 @@ Events = Callable[[str, dict, dict], None]
 class _Outcomes:
     """What the driver records of its trials: a rung result, a refusal, a decision (``Driver``'s part that
     writes outcomes; it reads ``self.plan``, ``self.state``, ``self.settings``, ``self.procs`` and ``self.events``)."""
+
+    plan: Any  # a SweepPlan
+    state: Any  # its SweepState
+    settings: dict[str, Any]
+    procs: dict[int, Any]  # a subprocess.Popen, or what backends.py waits on, with the same poll()
+    events: Events
 
     def _step(self, trial: dict) -> int:
         """The step trial's current rung ends at: its bracket's rungs (``decide.trial_steps``); TrialRefused when the
@@ -134,7 +140,7 @@ class Driver(_Outcomes):
         self.plan, self.state, self.settings = plan, plan.state, plan.settings
         self.events = events or (lambda kind, trial, doc: None)
         self.poll_seconds, self.python = poll_seconds, python
-        self.procs: dict[int, subprocess.Popen] = {}  # or what backends.py waits on, with the same poll()
+        self.procs = {}
         self.relaunch: set[int] = set()  # trials whose earlier launch is gone: launch, do not adopt
         self.submit_grace = submit_grace
         self.logs = Path(plan.log_dir)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import socket
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from orchestrator.core.errors import UserError
 from orchestrator.core.exitcodes import ExitClass
@@ -80,7 +80,7 @@ def alive(who: Optional[dict], now: float) -> bool:
 def take(doc: dict, holder: dict, where: str, now: Optional[float] = None) -> int:
     """Take (or keep) the lease in ``doc`` for ``holder``; its fence. Raises SweepBusy while another holder lives."""
     now = time.time() if now is None else now
-    who = doc.get("driver")
+    who: Any = doc.get("driver")
     if same(who, holder):
         who["renewed_at"] = now
         doc["fence"] = int(doc.get("fence", 0))
@@ -98,7 +98,7 @@ def take(doc: dict, holder: dict, where: str, now: Optional[float] = None) -> in
 def renew(doc: dict, holder: dict, fence: int, where: str) -> None:
     """Before a write of the holder of ``fence``: check the lease is still its own and renew it; SweepLeaseLost
     (nothing written) when another driver took it over."""
-    who = doc.get("driver")
+    who: Any = doc.get("driver")
     if doc.get("fence") != fence or not same(who, holder):
         other = f"pid {who['pid']} on host {who['host']}" if isinstance(who, dict) else "no driver"
         raise SweepLeaseLost(f"the sweep {where} was taken over by another driver ({other}) while this one was "

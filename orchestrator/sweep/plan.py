@@ -74,7 +74,7 @@ def plan_sweep(argv: list[str], compose_for_launch) -> SweepPlan:
 
 def _settings(cfg, space: SearchSpace) -> tuple[dict, int]:
     s = cfg.sweep
-    logged = _LOGGED.get(cfg.recipe.name, _DEFAULT_LOGGED)
+    logged: tuple[str, ...] = _LOGGED.get(cfg.recipe.name, _DEFAULT_LOGGED)
     if cfg.recipe.name != "dpo" and cfg.recipe.eval_metric == "none":
         logged = ("eval_loss", "eval_perplexity")
     metric = logged[0] if s.metric == "auto" else s.metric

@@ -28,7 +28,7 @@ another name is refused. A swept secret is stored redacted (``trust.stored_param
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.core.exitcodes import ExitClass
@@ -62,7 +62,7 @@ def parse_state(raw: bytes, where: str) -> dict:
     if problem:
         raise SweepStateCorrupt(f"the sweep state {where} is unreadable: {problem}. Restore it from a copy, or start "
                                 "the sweep again under a new sweep.name (its trials' checkpoints are untouched).")
-    return doc
+    return cast("dict[str, Any]", doc)
 
 
 def state_problem(doc: Any) -> Optional[str]:
@@ -162,7 +162,7 @@ class SweepState:
             if doc is None:
                 raise SweepStateCorrupt(f"the sweep state {self.uri} vanished while the sweep ran")
             if self.fence is not None:
-                lease.renew(doc, self.holder, self.fence, self.uri)
+                lease.renew(doc, cast("dict[str, Any]", self.holder), self.fence, self.uri)  # set with the fence
             fn(doc)
             return doc
 
@@ -201,7 +201,7 @@ class SweepState:
     def release(self) -> None:
         """Give this driver's lease up (at its end), so the next driver takes the sweep at once."""
         if self.fence is not None:
-            fence, holder, self.fence = self.fence, self.holder, None
+            fence, holder, self.fence = self.fence, cast("dict[str, Any]", self.holder), None  # set with the fence
             self._write(lambda doc: doc if doc is not None and lease.release(doc, holder, fence) else None)
 
     def new_trial(self, params: Union[dict, Callable[[list], dict]]) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Optional
+from typing import Optional, cast
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class SweepTracking:
         metrics = [Metric("spent_usd", float(spent), now, step), Metric("decisions", len(doc["decisions"]), now, step),
                    Metric("rung_results", sum(len(t["values"]) for t in doc["trials"]), now, step)]
         if best is not None:
-            at_step, value = reached(settings, best)
+            at_step, value = cast("tuple[int, float]", reached(settings, best))  # the leader has a result
             metrics += [Metric(f"best_{settings['metric']}", float(value), now, step),
                         Metric("best_trial", best["number"], now, step), Metric("best_step", at_step, now, step)]
         self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)

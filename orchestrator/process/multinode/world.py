@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 from orchestrator.process.distributed import die_with_parent
 from orchestrator.process.multinode import NodeEnv
@@ -83,7 +83,7 @@ class LocalWorld:
             node = NodeEnv(rank=rank, nnodes=nnodes, host=host, port=port, rdzv_id=self.rdzv_id,
                            addr=f"127.0.0.{rank + 1}")
             proc = start(list(command), dict(env, **node.as_env()))
-            self.nodes.append(NodeProcess(rank, node.addr, proc))
+            self.nodes.append(NodeProcess(rank, cast(str, node.addr), proc))
         self.pid = self.nodes[0].proc.pid
         self.returncode: Optional[int] = None
 
