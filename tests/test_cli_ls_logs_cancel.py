@@ -296,3 +296,32 @@ def test_cancel_without_a_record_finds_the_supervisor_in_the_ledger(tmp_path, mo
                                         spot=True, checkpoint_step=0)
     assert cancel_cli.main([f"{store.uri}/exp1"]) == 1
     assert "on gpu-box-7 (pid 4321), not on this host" in capsys.readouterr().err
+
+
+def test_logs_follows_a_local_job_log_until_its_supervisor_ends(tmp_path):
+    log = tmp_path / "work" / "exp1" / "job.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("first\n")
+    supervisor = subprocess.Popen(["sleep", "60"])  # stands in for the launcher: the record names its pid
+    try:
+        store = LocalStore(tmp_path / "runs")
+        write_submission(store, SubmissionRecord(run_name="exp1", backend="local", job_id=str(supervisor.pid),
+                                                 host=socket.gethostname(), pid=supervisor.pid, submitted_at=time.time(),
+                                                 pid_started=process_started(supervisor.pid), job_log=str(log)))
+        following = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "-f", f"{store.uri}/exp1"],
+                                     cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2.0)
+        with open(log, "a") as f:
+            f.write("second\n")
+        time.sleep(1.0)
+        assert following.poll() is None, "it follows while the supervisor lives"
+        with open(log, "a") as f:
+            f.write("last\n")
+        supervisor.kill()
+        supervisor.wait()
+        out, err = following.communicate(timeout=30)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    assert following.returncode == 0, err
+    assert out == "first\nsecond\nlast\n" and f"==> {log} (the worker's log, local job {supervisor.pid}" in err
