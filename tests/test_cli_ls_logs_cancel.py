@@ -242,7 +242,8 @@ def test_logs_tails_a_slurm_output_on_this_machine_else_names_it(tmp_path, capsy
 
 
 @pytest.mark.e2e
-def test_cancel_stops_a_local_job_which_is_not_requeued(tmp_path):
+@pytest.mark.parametrize("found_by", ["record", "ledger"])
+def test_cancel_stops_a_local_job_which_is_not_requeued(tmp_path, found_by):
     storage = jobs.Storage(str(tmp_path / "runs"))
     overrides = jobs.with_overrides(jobs.FAST, "train.max_steps=2000", *storage.overrides(), "run.name=slow",
                                     f"run.work_dir={tmp_path / 'work'}")
@@ -253,6 +254,8 @@ def test_cancel_stops_a_local_job_which_is_not_requeued(tmp_path):
         assert (record.backend, record.pid, record.host) == ("local", proc.pid, socket.gethostname())
         assert record.pid_started == process_started(proc.pid)
         assert record.job_log == str(tmp_path / "work" / "slow" / "job.log")
+        if found_by == "ledger":  # a job launched before the record existed: its running attempt names the supervisor
+            storage.store().delete("slow/submission.json")
         done = _cli("cancel", f"{storage.uri}/slow")
         assert done.returncode == 0, done.stderr
         assert f"sent SIGTERM to its supervisor, pid {proc.pid}" in done.stdout
@@ -266,7 +269,8 @@ def test_cancel_stops_a_local_job_which_is_not_requeued(tmp_path):
     assert ledger["status"] == "preempted" and ledger["step"] < 2000
     assert "not requeued: this supervisor received SIGTERM" in jobs.log_text(tmp_path)
     again = _cli("cancel", f"{storage.uri}/slow")
-    assert again.returncode == 0 and "nothing to cancel" in again.stdout and "has ended" in again.stdout
+    assert again.returncode == 0 and "nothing to cancel" in again.stdout, again.stdout
+    assert ("has ended" if found_by == "record" else "no local supervisor is recorded as running") in again.stdout
 
 
 def test_cancel_a_local_job_on_another_host_or_gone(tmp_path, capsys):
@@ -325,3 +329,19 @@ def test_logs_follows_a_local_job_log_until_its_supervisor_ends(tmp_path):
             supervisor.kill()
     assert following.returncode == 0, err
     assert out == "first\nsecond\nlast\n" and f"==> {log} (the worker's log, local job {supervisor.pid}" in err
+
+
+def test_cancel_by_the_ledger_signals_only_an_orchestrator_process(tmp_path, monkeypatch, capsys):
+    """A pid from the ledger alone, now held by a process that is not the orchestrator's: never signalled."""
+    store = LocalStore(tmp_path / "runs")
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        monkeypatch.setenv("ORCH_SUPERVISOR_TOKEN", f"{socket.gethostname()}:{sleeper.pid}:1")
+        Ledger(store, "exp1").begin_attempt(host=socket.gethostname(), pid=sleeper.pid, instance_type=None,
+                                            gpu_type="a10g", gpus=1, spot=True, checkpoint_step=0)
+        assert cancel_cli.main([f"{store.uri}/exp1"]) == 0
+        assert "nothing to cancel" in capsys.readouterr().out
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()

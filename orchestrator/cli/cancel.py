@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Optional
 
 from orchestrator.core.console import Parser, fail
@@ -86,8 +87,13 @@ def alive(pid: int, started: Optional[int]) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return started is None  # someone else's process: not ours to signal unless nothing says otherwise
-    return started is None or process_started(pid) in (None, started)
+        pass  # it runs, as another user: its start time still tells whether it is the one recorded
+    if started is not None:
+        return process_started(pid) in (None, started)
+    try:  # known by its pid alone (a ledger's launched_by): it must at least be an orchestrator process
+        return b"orchestrator" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return not Path("/proc/self").exists()  # no /proc (macOS): the pid is all there is to go by
 
 
 def cancel_local(job: Job) -> int:
@@ -105,7 +111,14 @@ def cancel_local(job: Job) -> int:
         status = job.ledger.status if job.ledger else "no attempt yet"
         print(f"nothing to cancel: the local supervisor of {job.run_name!r} (pid {pid}) has ended (status: {status})")
         return 0
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        print(f"nothing to cancel: the local supervisor of {job.run_name!r} (pid {pid}) has just ended")
+        return 0
+    except PermissionError:
+        return fail(f"not permitted to signal the supervisor of {job.run_name!r} (pid {pid} on {host}): it runs as "
+                    f"another user; run `kill -TERM {pid}` as that user", 1)
     print(f"cancelled {job.run_name!r} (local): sent SIGTERM to its supervisor, pid {pid} on {host}. The worker "
           "commits a checkpoint and stops, and no further attempt starts; `orchestrator status` shows the attempt "
           "as preempted.")
