@@ -232,6 +232,8 @@ def test_logs_tails_a_slurm_output_on_this_machine_else_names_it(tmp_path, capsy
     said = capsys.readouterr().out
     assert str(out) in said and "not on this machine" in said and f"tail -n 40 {out}" in said
     out.parent.mkdir(parents=True)
+    assert logs_cli.main([uri]) == 1
+    assert f"no log at {out} or " in capsys.readouterr().out  # its folder is here: not written yet
     out.write_text("".join(f"line {i}\n" for i in range(100)))
     assert logs_cli.main([uri, "-n", "3"]) == 0
     printed = capsys.readouterr()
@@ -254,6 +256,8 @@ def test_cancel_stops_a_local_job_which_is_not_requeued(tmp_path, found_by):
         assert (record.backend, record.pid, record.host) == ("local", proc.pid, socket.gethostname())
         assert record.pid_started == process_started(proc.pid)
         assert record.job_log == str(tmp_path / "work" / "slow" / "job.log")
+        shown = _cli("logs", f"{storage.uri}/slow", "-n", "5")  # the worker's job.log, or where it will be
+        assert str(tmp_path / "work" / "slow" / "job.log") in shown.stdout + shown.stderr, shown
         if found_by == "ledger":  # a job launched before the record existed: its running attempt names the supervisor
             storage.store().delete("slow/submission.json")
         done = _cli("cancel", f"{storage.uri}/slow")

@@ -13,7 +13,8 @@ Where the log is comes from the job's submission record (``<run.name>/submission
 
 ``-f`` follows a file until the job ends (its ledger's status is final, or the local supervisor is gone), or
 Ctrl-C. Exit 0: the log was printed; 1: it is not on this machine and its command is printed instead; 2: no such
-job, an unreadable record or store; else the engine tool's own exit code.
+job, an unreadable record or store; else the engine tool's own exit code. A log file not there yet (its folder here,
+or a local job of this host) is said so, exit 1.
 """
 from __future__ import annotations
 
@@ -97,12 +98,24 @@ def logs_file(job: Job, *, lines: int, follow_it: bool) -> int:
             print(f"==> {path} ({which}, {record.backend} job {record.job_id}{also}) <==", file=sys.stderr)
             offset = tail(Path(path), lines)
             return follow(job, Path(path), offset) if follow_it else 0
-    host = record.host if record.backend == "local" else "the Slurm cluster (a login node)"
     named = " or ".join(p for p, _ in files) or "-"
     command = shlex.join(["tail", "-n", str(lines), *(["-f"] if follow_it else []), files[0][0]]) if files else ""
+    status = job.ledger.status if job.ledger else "no attempt yet"
+    if any(Path(p).parent.is_dir() for p, _ in files) or (record.backend == "local" and record.host == _host()):
+        print(f"{record.backend} job {record.job_id} of {job.run_name!r}: no log at {named} yet (status: {status}); "
+              "the worker writes it once it starts (a local supervisor's own lines go to the terminal that "
+              "launched it)")
+        return 1
+    host = record.host if record.backend == "local" else "the Slurm cluster (a login node)"
     print(f"{record.backend} job {record.job_id} of {job.run_name!r}: its log is {named} on {host}, not on this "
-          f"machine ({'the job may not have started yet; ' if job.ledger is None else ''}there: {command})")
+          f"machine (status: {status}; there: {command})")
     return 1
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def logs_tool(job: Job, *, lines: int, follow_it: bool) -> int:
