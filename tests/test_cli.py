@@ -56,7 +56,7 @@ def test_each_command_help_exits_0(capsys, name):
 
 @pytest.mark.parametrize("argv", [["launch"], ["status", "x/y"], ["report"], ["plan"], ["simulate", "--traces", "t", "--job-hours", "1"],
                                   ["checkpoints", "x/y"], ["storage", "init", "s3://b"], ["eval", "x/y"],
-                                  ["prices", "refresh"]], ids=COMMANDS)
+                                  ["ls", "x"], ["logs", "x/y"], ["cancel", "x/y"], ["prices", "refresh"]], ids=COMMANDS)
 def test_each_command_refuses_an_unknown_flag(capsys, argv):
     code, out, err = _run(capsys, *argv, "--no-such-flag")
     assert code == 2, err
@@ -79,6 +79,9 @@ def user_errors(tmp_path, monkeypatch) -> dict[str, tuple[list[str], int, str]]:
         "checkpoints": (["checkpoints", "s3://"], 2, "s3://"),
         "storage": (["storage", "init", str(tmp_path)], 2, "applies to S3 URIs"),
         "eval": (["eval", f"{tmp_path}/job", "eval.tasks=[]"], 4, "eval.tasks is empty"),
+        "ls": (["ls", f"{tmp_path}/nowhere"], 2, f"no store at {tmp_path}/nowhere"),
+        "logs": (["logs", f"{tmp_path}/runs/nojob"], 2, f"no job named 'nojob' under {tmp_path}/runs"),
+        "cancel": (["cancel", f"{tmp_path}/runs/nojob"], 2, f"no job named 'nojob' under {tmp_path}/runs"),
         "prices": (["prices", "refresh", "--storage-uri", str(tmp_path), "--clouds", "oracle"], 2, "--clouds 'oracle'"),
     }
 

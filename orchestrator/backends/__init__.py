@@ -87,11 +87,30 @@ def run_backend(cfg: Any, overrides: Sequence[str]) -> int:
         print(backend.render(cfg, list(overrides)), flush=True)
         return 0
     if backend.run is not None:
+        record_submission(cfg, backend.name, None)  # the supervisor is this process
         return int(backend.run(cfg, list(overrides)))
     submit = cast(Callable[[Any, Sequence[str]], str], backend.submit)  # a backend without run has submit
     job_id = submit(cfg, list(overrides))
     print(f"submitted {cfg.run.name!r} to {backend.name}: job {job_id}", flush=True)
+    record_submission(cfg, backend.name, job_id)
     return 0
+
+
+def record_submission(cfg: Any, backend: str, job_id: Optional[str]) -> None:
+    """Store the job's handle under its run's folder (``orchestrator.records.submission``) for ``orchestrator logs``
+    and ``orchestrator cancel``; a store that refuses it is only warned about (the job runs without it)."""
+    import logging
+
+    from orchestrator.backends.handles import submission_record
+    from orchestrator.records.submission import write_submission
+    from orchestrator.storage import store_from_config
+
+    try:
+        write_submission(store_from_config(cfg.storage, retry=False), submission_record(cfg, backend, job_id))
+    except Exception as err:  # noqa: BLE001 - the job is handed over already; logs and cancel then say so
+        logging.getLogger(__name__).warning("could not record the job's submission under %s (%s: %s); "
+                                            "`orchestrator logs` and `cancel` will not find it",
+                                            cfg.storage.uri, type(err).__name__, str(err)[:200])
 
 
 # -- helpers shared by the remote backends ------------------------------------

@@ -21,6 +21,9 @@ COMMANDS = {
     "checkpoints": ("orchestrator.cli.checkpoints", "list a job's committed checkpoints; --verify restores each"),
     "storage": ("orchestrator.cli.storage", "storage init: lifecycle rules for a bucket; storage repair-spend: rebuild the spend index"),
     "eval": ("orchestrator.cli.evaluate", "benchmark scores of a job's committed checkpoints (lm-evaluation-harness)"),
+    "ls": ("orchestrator.cli.ls", "list the jobs and sweeps under a store: status, attempts, step, cost"),
+    "logs": ("orchestrator.cli.logs", "print a job's log (-f follows), or the backend's command for it"),
+    "cancel": ("orchestrator.cli.cancel", "cancel a job through its backend so that it is not requeued"),
     "prices": ("orchestrator.cli.prices", "prices refresh: current spot and on-demand prices per zone, cached in storage for the plan and the meter"),
 }
 
