@@ -18,11 +18,11 @@ from typing import cast
 
 from omegaconf import DictConfig
 
+from orchestrator.app.checks import validate
 from orchestrator.app.compose import compose_config
+from orchestrator.app.hub_pins import pin_revisions, resolve_commit
 from orchestrator.config.compose import absolutize, with_default_storage
 from orchestrator.core.errors import ConfigError, UserError
-from orchestrator.app.hub_pins import pin_revisions, resolve_commit
-from orchestrator.app.checks import validate
 from orchestrator.core.logsetup import setup_logging
 
 log = logging.getLogger("orchestrator.launch")  # __name__ is "__main__" under python -m

@@ -23,8 +23,8 @@ from orchestrator.tracking.run import quiet_telemetry
 
 quiet_telemetry()  # before transformers/TRL/MLflow are imported (by the attempt's parts)
 
-from orchestrator.process import distributed as dist  # noqa: E402
 from orchestrator.attempt.failure import end_attempt_on_error  # noqa: E402
+from orchestrator.process import distributed as dist  # noqa: E402
 from orchestrator.process.training_stack import settle_deepspeed, skip_unused_deepspeed, skip_unused_quantisation_stack  # noqa: E402
 
 

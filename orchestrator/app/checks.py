@@ -13,17 +13,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.app.hub_access import check_hub_model
+from orchestrator.app.image_pin import warn_unpinned_image
 from orchestrator.config import train_options
 from orchestrator.config.compose import check_resolvable
+from orchestrator.core.durations import parse_deadline, parse_duration
+from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.core.names import RUN_NAME
 from orchestrator.core.numbers import check_finite, check_ranges
 from orchestrator.core.ranks import configured_world_size
-from orchestrator.core.durations import parse_deadline, parse_duration
-from orchestrator.core.errors import ConfigError, UserError
-from orchestrator.app.hub_access import check_hub_model
-from orchestrator.app.image_pin import warn_unpinned_image
-from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.evaluation import spec as bench_spec
+from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.process.multinode import checks as multinode_checks
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")

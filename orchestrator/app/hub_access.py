@@ -97,8 +97,14 @@ def _is_access_error(err: Optional[Exception]) -> bool:
 def describe(err: Exception, cfg: Any, repo_id: str, revision: Optional[str]) -> Optional[str]:
     """The config error's line for what the hub answered, or None when it is not a config error (unreachable)."""
     from huggingface_hub import get_token
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, HfHubHTTPError, RemoteEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     key, page = f"model.name_or_path={repo_id}", f"{hub_endpoint()}/{repo_id}"
     has_token = bool(get_token())

@@ -11,23 +11,23 @@ import os
 from pathlib import Path
 from typing import Any, cast
 
-from orchestrator.core import ranks as dist
-from orchestrator.storage import inputs
+from orchestrator.attempt.capacity_contract import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
 from orchestrator.attempt.checkpoints import CheckpointController
 from orchestrator.attempt.datacache import PreparedDataCache, cache_wanted
 from orchestrator.attempt.money import MoneyWatch, SpendWatch
 from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.quality import QualityWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
-from orchestrator.attempt.resolved import Settings, resolve
 from orchestrator.attempt.reporting import AttemptTracking
+from orchestrator.attempt.resolved import Settings, resolve
 from orchestrator.attempt.runner import Runner, TestHooks
-from orchestrator.attempt.capacity_contract import ACTION_ENV, REQUEST_FILE_ENV, attempt_capacity, attempt_compute
-from orchestrator.core.durations import parse_duration
 from orchestrator.config.schema import ComputeConfig
+from orchestrator.core import ranks as dist
+from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import ConfigError, DataError
 from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.interval import interval_bounds, is_auto
+from orchestrator.storage import inputs
 
 
 def job_name(cfg: Any) -> str:
@@ -40,12 +40,12 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
 
     clock = RestartClock()  # the start-up timeline: its parts are made from here
     clock.mark("parts")
-    from orchestrator.money.budget import BudgetGuard, default_sinks
+    from orchestrator.attempt.preemption import PreemptionHandler
     from orchestrator.checkpoint.fingerprint import trajectory_config
     from orchestrator.checkpoint.store import CheckpointStore
-    from orchestrator.records.ledger import Ledger
-    from orchestrator.attempt.preemption import PreemptionHandler
+    from orchestrator.money.budget import BudgetGuard, default_sinks
     from orchestrator.policy.requeue import RequeuePolicy
+    from orchestrator.records.ledger import Ledger
     from orchestrator.storage import store_from_config
     from orchestrator.tracking.progress import quiet_data_progress
 
@@ -153,9 +153,8 @@ def steering(cfg: Any, parts: dict, *, store: Any, run_name: str, checkpoints: C
     runner."""
     from orchestrator.attempt.capacity import CapacityWatch
     from orchestrator.attempt.schedule import CheckpointSchedule
-    from orchestrator.money.budget import WebhookSink, webhook_url
-
     from orchestrator.evaluation.watch import bench_watch
+    from orchestrator.money.budget import WebhookSink, webhook_url
 
     callbacks: list = []
     bench = bench_watch(cfg, store=store, run_name=run_name, tracking=parts["tracking"], checkpoints=checkpoints,

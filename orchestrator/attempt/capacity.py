@@ -35,8 +35,14 @@ from transformers import TrainerCallback
 from orchestrator.attempt.capacity_contract import MOVE, RESUBMIT, label
 from orchestrator.core.durations import parse_deadline
 from orchestrator.policy.deadline import ON_DEMAND, CapacityDecision, DeadlineState, decide_capacity, reserve_seconds
-from orchestrator.policy.history import (AttemptHistory, first_start, measured_cost_seconds, read_attempts,
-                                         restart_seconds_measured, steady_seconds_per_step)
+from orchestrator.policy.history import (
+    AttemptHistory,
+    first_start,
+    measured_cost_seconds,
+    read_attempts,
+    restart_seconds_measured,
+    steady_seconds_per_step,
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, cast
 
-from orchestrator.core import ranks as dist
 from orchestrator.checkpoint import pernode, safe_load, snapshot
 from orchestrator.checkpoint.store import CheckpointStore, announce_restore, checkpoint_name
+from orchestrator.core import ranks as dist
 from orchestrator.core.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)

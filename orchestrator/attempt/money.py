@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional, Sequence, cast
 
-from orchestrator.money.cost import CostMeter, Price
-from orchestrator.money.report import JobFigures, estimated_tokens_per_step, rollouts_per_step
 from orchestrator.core.errors import BudgetExhausted
 from orchestrator.core.exitcodes import INTERRUPTED_CLASSES
+from orchestrator.money.cost import CostMeter, Price
+from orchestrator.money.report import JobFigures, estimated_tokens_per_step, rollouts_per_step
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +257,8 @@ class SpendWatch:
 
     def with_alerts(self, budget_cfg: Any, sinks: list) -> "SpendWatch":
         """Add the 50/80/100% alerts (``budget.alert_thresholds``) of each cap set, once each for every job under it."""
-        from orchestrator.money.budget import BudgetGuard
         from orchestrator.config.schema import BudgetConfig
+        from orchestrator.money.budget import BudgetGuard
         from orchestrator.money.spend import month_of
 
         caps = self.index.caps

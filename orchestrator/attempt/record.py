@@ -14,11 +14,11 @@ from typing import Any, Optional, Sequence
 from orchestrator.attempt.money import start_up_refusal
 from orchestrator.core.errors import BudgetExhausted, Fenced
 from orchestrator.core.exitcodes import ExitClass
-from orchestrator.records.ledger import Ledger
-from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 from orchestrator.policy.history import last_restart_seconds
 from orchestrator.policy.requeue import RequeuePolicy, start_refusal
 from orchestrator.policy.restart import start_up_seconds
+from orchestrator.records.ledger import Ledger
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 
 log = logging.getLogger(__name__)
 

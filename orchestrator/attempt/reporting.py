@@ -169,13 +169,13 @@ class AttemptTracking:
         results so far (``evaluation.watch``), whose verdict (``curve.job_verdict``) the description carries."""
         if self.tracker is None:
             return
-        from orchestrator.tracking.names import HEADLINE_SCORE
         from orchestrator.money.report import (
             build_report,
             format_report,
             quality_gain_points,
             usd_per_quality_point,
         )
+        from orchestrator.tracking.names import HEADLINE_SCORE
 
         if quality_is_fraction:
             gain = quality_gain_points(quality, quality_before)
@@ -223,8 +223,8 @@ def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int
         return None
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
-    from orchestrator.tracking.run import JOB_TAG
     from orchestrator.core.redaction import scrub_text
+    from orchestrator.tracking.run import JOB_TAG
 
     client, model_id = tracker.client, None
     try:

@@ -13,8 +13,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from orchestrator.config.schema import (BudgetConfig, ComputeConfig, PreemptionConfig, RequeueConfig, StorageConfig,
-                                        TrackingConfig)
+from orchestrator.config.schema import (
+    BudgetConfig,
+    ComputeConfig,
+    PreemptionConfig,
+    RequeueConfig,
+    StorageConfig,
+    TrackingConfig,
+)
 
 
 @dataclass(frozen=True)

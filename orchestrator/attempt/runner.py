@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, cast
 
-from orchestrator.core import exitcodes
 from orchestrator.attempt.measure import peak_memory_bytes
 from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.record import record_repro
 from orchestrator.attempt.resolved import ResolvedConfig
 from orchestrator.attempt.trial import finish_trial
 from orchestrator.checkpoint import safe_load
+from orchestrator.core import exitcodes
 from orchestrator.core.exitcodes import ExitClass
 from orchestrator.storage.base import TransientStorageError
 

@@ -28,8 +28,13 @@ from typing import Any, Callable, Optional
 from transformers import TrainerCallback
 
 from orchestrator.policy.history import measured_cost_seconds, spot_lifetimes
-from orchestrator.policy.interval import (SNAPSHOT_WRITE_BYTES_PER_SECOND, IntervalDecision, checkpoint_interval,
-                                          estimate_preemptions, estimated_checkpoint_seconds)
+from orchestrator.policy.interval import (
+    SNAPSHOT_WRITE_BYTES_PER_SECOND,
+    IntervalDecision,
+    checkpoint_interval,
+    estimate_preemptions,
+    estimated_checkpoint_seconds,
+)
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from orchestrator.attempt.measure import gradient_bytes, peak_memory_bytes
 
 def finish_trial(cfg, trainer, *, steps, money, tracking, step: int) -> None:
     """``steps``: the attempt's ``StepClock``; ``money``: its money watch; ``tracking``: its MLflow run."""
-    from orchestrator.planning import plan
+    from orchestrator.money.report import estimated_tokens_per_step
     from orchestrator.planning import cost as plan_cost
     from orchestrator.planning import memory as plan_memory
-    from orchestrator.money.report import estimated_tokens_per_step
+    from orchestrator.planning import plan
 
     measured: dict[str, Any] = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
     measured["grads"] = gradient_bytes(trainer)  # the Trainer frees gradients after each step

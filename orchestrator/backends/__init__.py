@@ -32,9 +32,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence, cast
 
 from orchestrator.core.choices import Backend as BackendChoice
 from orchestrator.core.choices import choices
-from orchestrator.process.distributed import worker_argv
 from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import ConfigError
+from orchestrator.process.distributed import worker_argv
 
 BACKEND_NAMES = choices(BackendChoice)
 WORKER_PYTHON = "python"  # inside an image or a provisioned VM, the environment's own python
@@ -286,8 +286,8 @@ def refuse_secrets_in_text(cfg: Any, text: str, what: str) -> str:
     """
     from omegaconf import OmegaConf
 
-    from orchestrator.tracking.run import flatten
     from orchestrator.core.redaction import secrets_in
+    from orchestrator.tracking.run import flatten
 
     plain: Any = OmegaConf.to_container(cfg, resolve=True)
     for key, value in flatten(plain).items():

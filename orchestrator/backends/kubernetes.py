@@ -33,8 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-
-from orchestrator.core import exitcodes
+from orchestrator.attempt.capacity_contract import RESUBMIT, capacity_env, planned_capacity
 from orchestrator.backends import (
     entry_final_codes,
     grace_seconds,
@@ -43,11 +42,11 @@ from orchestrator.backends import (
     run_tool,
     worker_invocation,
 )
-from orchestrator.attempt.capacity_contract import RESUBMIT, capacity_env, planned_capacity
-from orchestrator.process.multinode.checks import node_count
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
+from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
 from orchestrator.policy.deadline import SPOT
+from orchestrator.process.multinode.checks import node_count
 
 KUBECTL_TIMEOUT_SECONDS = 120
 # after the worker's emergency save must commit, leave it this long to upload and exit

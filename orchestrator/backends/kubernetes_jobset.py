@@ -29,10 +29,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from orchestrator.core import exitcodes
 from orchestrator.backends.multinode import STORE_PORT, store_argv
-from orchestrator.process.multinode import NNODES_ENV, NODE_HOST_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 from orchestrator.backends.settings import backend_settings
+from orchestrator.core import exitcodes
+from orchestrator.process.multinode import NNODES_ENV, NODE_HOST_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 STORE_JOB, NODES_JOB = "store", "nodes"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import shlex
 
-
 STORE_MODULE = "orchestrator.process.multinode.store"
 STORE_PORT = 29400  # where a node has a host of its own (SkyPilot's VMs, Kubernetes pods): a fixed port
 # how long the other nodes may run on after the first one ended (Slurm's srun --wait): the emergency

@@ -39,21 +39,21 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from orchestrator.core import exitcodes
+from orchestrator.attempt.capacity_contract import RESUBMIT, capacity_env, planned_capacity
 from orchestrator.backends import (
     render_yaml,
     run_tool,
     worker_command,
     worker_invocation,
 )
-from orchestrator.attempt.capacity_contract import RESUBMIT, capacity_env, planned_capacity
 from orchestrator.backends.multinode import STORE_PORT, store_argv
-from orchestrator.process.multinode.checks import node_count
-from orchestrator.process.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
 from orchestrator.backends.settings import backend_settings
+from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.gpus import skypilot_name
 from orchestrator.policy.deadline import SPOT
+from orchestrator.process.multinode import NNODES_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
+from orchestrator.process.multinode.checks import node_count
 
 log = logging.getLogger(__name__)
 RECOVERY_STRATEGY = "EAGER_NEXT_REGION"

@@ -42,7 +42,6 @@ import shlex
 from pathlib import Path
 from typing import Any, Optional, Sequence, cast
 
-from orchestrator.core import exitcodes
 from orchestrator.backends import (
     entry_final_codes,
     grace_seconds,
@@ -52,8 +51,9 @@ from orchestrator.backends import (
     worker_command,
     worker_invocation,
 )
-from orchestrator.backends.slurm_nodes import node_options, nodes_parts, wait_loop
 from orchestrator.backends.settings import backend_settings
+from orchestrator.backends.slurm_nodes import node_options, nodes_parts, wait_loop
+from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
 
 SBATCH_TIMEOUT_SECONDS = 60

@@ -25,8 +25,8 @@ from typing import Any
 
 from orchestrator.backends import grace_seconds
 from orchestrator.backends.multinode import NODE_EXIT_MARGIN_SECONDS, store_command
-from orchestrator.process.multinode.checks import node_count
 from orchestrator.process.multinode import NNODES_ENV, NODE_HOST_ENV, NODE_RANK_ENV, RDZV_ID_ENV, STORE_ENV
+from orchestrator.process.multinode.checks import node_count
 
 NODE_EXIT_FILE_ENV = "ORCH_NODE0_EXIT_FILE"
 STORE_READY_SECONDS = 60

@@ -13,8 +13,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from orchestrator.core.ranks import configured_world_size
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.ranks import configured_world_size
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from orchestrator.core import ranks as dist
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.store import CheckpointStore, retry_transient
+from orchestrator.core import ranks as dist
 
 log = logging.getLogger(__name__)
 

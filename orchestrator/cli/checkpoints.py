@@ -10,6 +10,7 @@ restore's allow-list) to prove the checkpoint restores. A manifest listing an
 unsafe path (absolute, ``..``, empty parts) fails before anything is downloaded. Exit code 1 when any checkpoint fails, 2 for a bad argument.
 """
 from __future__ import annotations
+
 import datetime as _dt
 import json
 import sys
@@ -17,6 +18,7 @@ import tempfile
 from argparse import Namespace
 from pathlib import Path
 from typing import cast
+
 from orchestrator.checkpoint import manifest as mf
 from orchestrator.checkpoint.inspect import describe, verify_one
 from orchestrator.checkpoint.store import CheckpointStore

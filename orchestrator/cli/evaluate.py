@@ -16,8 +16,8 @@ import logging
 import sys
 from typing import Optional, cast
 
-from orchestrator.core.console import USAGE_ERROR, Parser, fail
 from orchestrator.app.compose import compose_config
+from orchestrator.core.console import USAGE_ERROR, Parser, fail
 from orchestrator.core.errors import BudgetExhausted, ConfigError, DataError, UserError
 from orchestrator.core.exitcodes import PREEMPTED, outcome
 from orchestrator.evaluation.job import EvalPreempted, billed_evaluation

@@ -13,8 +13,8 @@ import time
 from dataclasses import asdict
 from typing import Optional
 
-from orchestrator.core.console import FAILED, Parser, fail
 from orchestrator.config.schema import StorageConfig
+from orchestrator.core.console import FAILED, Parser, fail
 from orchestrator.core.errors import UserError
 from orchestrator.money import prices as price_cache
 

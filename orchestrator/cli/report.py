@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.core.console import Parser, fail
+from orchestrator.core.redaction import scrub_text
 from orchestrator.evaluation import curve
 from orchestrator.evaluation.stats import report_cell
 from orchestrator.tracking.names import metric_name
 from orchestrator.tracking.run import JOB_TAG, KIND_TAG, log_table, run_page_url
-from orchestrator.core.redaction import scrub_text
 
 log = logging.getLogger(__name__)
 

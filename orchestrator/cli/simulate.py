@@ -10,14 +10,22 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence, cast
 
-from orchestrator.planning import simulate as model
 from orchestrator.core.console import Parser, fail
 from orchestrator.core.durations import parse_duration
-from orchestrator.policy.interval import AUTO, MAX_EVERY, MIN_EVERY
-from orchestrator.planning.simulate import (DEADLINE_POLICIES, ON_DEMAND_USD, POLICIES, SPOT_USD, Job, Summary,
-                                   interval_sweep, simulate)
+from orchestrator.planning import simulate as model
+from orchestrator.planning.simulate import (
+    DEADLINE_POLICIES,
+    ON_DEMAND_USD,
+    POLICIES,
+    SPOT_USD,
+    Job,
+    Summary,
+    interval_sweep,
+    simulate,
+)
 from orchestrator.planning.spot_traces import Trace, load_traces
 from orchestrator.planning.zones import ZONE_POLICIES
+from orchestrator.policy.interval import AUTO, MAX_EVERY, MIN_EVERY
 
 
 def _parser() -> Parser:

@@ -23,7 +23,6 @@ from orchestrator.records.ledger import Ledger
 from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.storage import TransientStorageError, open_store, split_run_uri
 
-
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a text from storage reaches the terminal without them
 
 
@@ -134,7 +133,14 @@ def _capacity(value) -> str:
 def format_spend(index: dict, where: str, *, now: float | None = None) -> str:
     """The spend index as ``orchestrator status --spend`` prints it: the month's spend (UTC) and each
     experiment's (all time), by job; reservations not yet settled are included and counted apart."""
-    from orchestrator.money.spend import by_job, experiment_total_usd, job_month_usd, job_total_usd, month_of, month_total_usd
+    from orchestrator.money.spend import (
+        by_job,
+        experiment_total_usd,
+        job_month_usd,
+        job_total_usd,
+        month_of,
+        month_total_usd,
+    )
 
     month = month_of(time.time() if now is None else now)
     jobs = index.get("jobs") or {}

@@ -11,8 +11,23 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from orchestrator.core.choices import (Backend, DataSource, Distributed, Dtype, EvalMetric, FinalWeights, MixedPrecision,
-                                  MixSource, PackingStrategy, Peft, Progress, Provider, Quantization, Recipe, VllmMode)
+from orchestrator.core.choices import (
+    Backend,
+    DataSource,
+    Distributed,
+    Dtype,
+    EvalMetric,
+    FinalWeights,
+    MixedPrecision,
+    MixSource,
+    PackingStrategy,
+    Peft,
+    Progress,
+    Provider,
+    Quantization,
+    Recipe,
+    VllmMode,
+)
 from orchestrator.core.durations import MAX_EVERY, MIN_EVERY
 
 

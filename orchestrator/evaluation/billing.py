@@ -19,7 +19,6 @@ import time
 from typing import Any, Callable, Optional
 
 from orchestrator.core.errors import BudgetExhausted
-
 from orchestrator.money.spend_repair import EVAL_SUFFIX  # the index entry of a job's evaluations
 
 log = logging.getLogger(__name__)

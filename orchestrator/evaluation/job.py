@@ -181,8 +181,8 @@ def billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float]
     """``evaluate_run`` billed to the job (``billing.EvalBill``); a preemption signal closes the bill and raises
     EvalPreempted; a storage outage past ``storage.retry_for`` closes it if storage is back (``storage_outage``) and
     raises TransientStorageError (the command exits 75, as for a preemption)."""
-    from orchestrator.evaluation.billing import EvalBill
     from orchestrator.core.exitcodes import PREEMPTION_SIGNALS
+    from orchestrator.evaluation.billing import EvalBill
 
     bill = EvalBill(cfg, store, run_name)
     bill.open()

@@ -18,7 +18,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import yaml
 
-from orchestrator.core.gpus import CPU_TYPES, gpu_memory_gb  # CPU_TYPES: gpu_type values that mean "no GPU" (priced per node)
+from orchestrator.core.gpus import (  # CPU_TYPES: gpu_type values that mean "no GPU" (priced per node)
+    CPU_TYPES,
+    gpu_memory_gb,
+)
 
 PRICING_FILE_ENV = "ORCH_PRICING_FILE"
 SECONDS_PER_HOUR = 3600.0

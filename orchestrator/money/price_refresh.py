@@ -13,8 +13,20 @@ from functools import partial
 from typing import Any, Callable, Mapping, Optional
 
 from orchestrator.money.price_sources import fetch_prices
-from orchestrator.money.prices import (CACHE_KEY, CLOUDS, DEFAULT_MAX_AGE_SECONDS, OFFLINE_ENV, FetchedPrice, fresh,
-                                       merge, overlay, provenance, read_cache, targets, write_cache)
+from orchestrator.money.prices import (
+    CACHE_KEY,
+    CLOUDS,
+    DEFAULT_MAX_AGE_SECONDS,
+    OFFLINE_ENV,
+    FetchedPrice,
+    fresh,
+    merge,
+    overlay,
+    provenance,
+    read_cache,
+    targets,
+    write_cache,
+)
 
 log = logging.getLogger("orchestrator.money.prices")
 PLAN_TIMEOUT_SECONDS = 5.0  # each connection and read of a refresh the plan makes

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional
 
-from orchestrator.money import cost as costs
-from orchestrator.core.ranks import configured_world_size
 from orchestrator.core.exitcodes import INTERRUPTED_CLASSES
+from orchestrator.core.ranks import configured_world_size
+from orchestrator.money import cost as costs
 from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 
 SECONDS_PER_HOUR = costs.SECONDS_PER_HOUR

@@ -44,8 +44,8 @@ from typing import Any, Callable, Iterator, Optional, cast
 
 from orchestrator.core.errors import BudgetExhausted
 from orchestrator.money.spend_leases import dead_holds, release
-from orchestrator.storage.transact import record_once, transact
 from orchestrator.storage.base import ObjectStore, checked_json
+from orchestrator.storage.transact import record_once, transact
 
 log = logging.getLogger(__name__)
 

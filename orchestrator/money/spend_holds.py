@@ -113,8 +113,8 @@ class StartHolds:
 
     def __init__(self, cfg: Any, store: Any, run_name: str, *, usd_per_second: float,
                  restart_seconds: Optional[float]):
-        from orchestrator.records.ledger import Ledger
         from orchestrator.money.spend import Caps, SpendIndex
+        from orchestrator.records.ledger import Ledger
 
         budget = cfg.budget
         self.index = None

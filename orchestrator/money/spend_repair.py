@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from orchestrator.core.exitcodes import RUNNING
-from orchestrator.records.ledger import LEDGER_FILENAME, decode_ledger, evaluations
 from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
+from orchestrator.records.ledger import LEDGER_FILENAME, decode_ledger, evaluations
 from orchestrator.storage.base import ObjectStore, PreconditionFailed
 
 EVAL_SUFFIX = ":eval"  # evaluation.billing's (a floor above this one)

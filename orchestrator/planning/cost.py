@@ -22,8 +22,8 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.config import train_options
 from orchestrator.core.gpus import GPUS, gpu_memory_gb
-from orchestrator.planning.model_shape import _dims, count_parameters, load_model_config
 from orchestrator.planning.memory import CPU_GPU_TYPES, MemoryPlan, compute_width, fits, world_size
+from orchestrator.planning.model_shape import _dims, count_parameters, load_model_config
 
 MFU = 0.35
 QLORA_MFU = 0.25

@@ -73,11 +73,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from orchestrator.planning import grpo as plan_grpo
-
 from orchestrator.config import train_options
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.gpus import CPU_TYPES
+from orchestrator.planning import grpo as plan_grpo
 from orchestrator.planning.model_shape import _dims, count_parameters, load_model_config, lora_parameters
 
 GB = 1e9

@@ -18,9 +18,9 @@ from typing import Any, Mapping, Optional
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.gpus import GPUS, gpu_memory_gb
-from orchestrator.planning.model_shape import load_model_config
 from orchestrator.planning.cost import CostEstimate, GpuOption, estimate_cost, gpu_types_that_fit, with_gpu
 from orchestrator.planning.memory import COMPONENT_LABELS, CPU_GPU_TYPES, GB, MemoryPlan, estimate_memory, fits
+from orchestrator.planning.model_shape import load_model_config
 
 NO_BF16_GPUS = frozenset(name for name, gpu in GPUS.items() if not gpu.bf16)
 

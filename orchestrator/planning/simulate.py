@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence, cast
 
 from orchestrator.core.durations import parse_duration
-from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity, reserve_seconds
-from orchestrator.policy.interval import (AUTO, MAX_EVERY, MIN_EVERY, Lifetime, checkpoint_interval,
-                                          estimate_preemptions)
 from orchestrator.planning.spot_traces import Trace
+from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity, reserve_seconds
+from orchestrator.policy.interval import AUTO, MAX_EVERY, MIN_EVERY, Lifetime, checkpoint_interval, estimate_preemptions
 from orchestrator.records.ledger_record import AttemptEntry
 
 POLICIES = ("deadline", "late-switch", "spot", "on-demand")

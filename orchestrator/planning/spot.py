@@ -26,9 +26,15 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional, cast
 
 from orchestrator.policy.history import restart_seconds_measured, spot_lifetimes
-from orchestrator.policy.interval import (Lifetime, checkpoint_interval, estimate_preemptions,
-                                          estimated_checkpoint_seconds, expected_waste_fraction, interval_bounds,
-                                          is_auto)
+from orchestrator.policy.interval import (
+    Lifetime,
+    checkpoint_interval,
+    estimate_preemptions,
+    estimated_checkpoint_seconds,
+    expected_waste_fraction,
+    interval_bounds,
+    is_auto,
+)
 from orchestrator.policy.restart import restart_seconds
 
 SPOT, ON_DEMAND = "spot", "on_demand"

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, cast
 
-from orchestrator.policy import placement as pl
 from orchestrator.planning.spot_traces import Trace
+from orchestrator.policy import placement as pl
 
 ZONE_POLICIES = ("placement", "single-zone", "oracle")
 SINGLE_ZONE_REVIEW_TICKS = 5  # held to one zone, holding capacity, far from the deadline: decide every 5 ticks

@@ -23,7 +23,6 @@ from orchestrator.core.exitcodes import INTERRUPTED_CLASSES, RUNNING, ExitClass
 from orchestrator.policy.interval import Lifetime
 from orchestrator.records.ledger_record import AttemptEntry
 
-
 # Physical bounds of what an attempt can have measured: a figure past them is corrupt (storage is not trusted),
 # read as not recorded. A restart (process start to the end of the first step) longer than a week, a checkpoint
 # stall longer than a day did not happen; each would reach a timeout, an interval or a

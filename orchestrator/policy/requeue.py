@@ -25,7 +25,6 @@ import random
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 from orchestrator.core.errors import (
     AlreadyCompleted,
     BudgetExhausted,
@@ -40,6 +39,7 @@ from orchestrator.core.exitcodes import (
     RUNNING,
     ExitClass,
 )
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 
 
 @dataclass(frozen=True)

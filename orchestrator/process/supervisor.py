@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from orchestrator.core import exitcodes
-from orchestrator.process.distributed import worker_argv
 from orchestrator.core.errors import out_of_memory_fix
-from orchestrator.money.cost import bigger_gpus
 from orchestrator.core.exitcodes import ExitClass, classify_exit
-from orchestrator.records.ledger import LAUNCHED_BY_ENV
-from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
+from orchestrator.money.cost import bigger_gpus
 from orchestrator.money.spend_holds import HOLD_ENV
 from orchestrator.policy.requeue import attempt_class
+from orchestrator.process.distributed import worker_argv
+from orchestrator.records.ledger import LAUNCHED_BY_ENV
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,8 @@ def refine_exit_class(exit_class: ExitClass, oom_before: Optional[int], oom_afte
 
 class Supervisor:
     def __init__(self, cfg, overrides: Sequence[str], *, python: str = sys.executable):
-        from orchestrator.records.ledger import Ledger
         from orchestrator.policy.requeue import RequeuePolicy
+        from orchestrator.records.ledger import Ledger
         from orchestrator.storage import store_from_config
 
         self.cfg = cfg

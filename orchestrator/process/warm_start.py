@@ -35,8 +35,8 @@ import traceback
 from pathlib import Path
 from typing import IO, Any, Iterable, Optional, cast
 
-from orchestrator.process import training_stack
 from orchestrator.attempt.start_up import Inherited
+from orchestrator.process import training_stack
 
 log = logging.getLogger(__name__)
 

@@ -47,8 +47,6 @@ from typing import Any, Callable, Iterable, Mapping, cast
 
 from orchestrator.core.env import RDZV_ID_ENV
 from orchestrator.core.errors import CapsReached, Fenced, UserError
-from orchestrator.records.fencing import upgraded_ledger
-from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.core.exitcodes import (
     FINAL_RUN_STATUSES,
     RUN_STATUSES,
@@ -56,6 +54,8 @@ from orchestrator.core.exitcodes import (
     ExitClass,
     outcome,
 )
+from orchestrator.records.fencing import upgraded_ledger
+from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.storage.base import ObjectStore
 from orchestrator.storage.transact import record_once, transact
 

@@ -27,10 +27,10 @@ from typing import Any, Callable, Optional
 
 from orchestrator.core import exitcodes
 from orchestrator.process import warm_start
+from orchestrator.storage.base import finite_number
 from orchestrator.sweep import backends, decide, trust
 from orchestrator.sweep.space import override
 from orchestrator.sweep.state import trial_run_name as trial_name
-from orchestrator.storage.base import finite_number
 
 log = logging.getLogger(__name__)
 

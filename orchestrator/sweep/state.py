@@ -32,8 +32,8 @@ from typing import Any, Callable, Optional, Union, cast
 
 from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.core.exitcodes import ExitClass
-from orchestrator.storage.transact import transact
 from orchestrator.storage.base import ObjectStore, checked_json, finite_number
+from orchestrator.storage.transact import transact
 from orchestrator.sweep import lease, trust
 
 VERSION = 1

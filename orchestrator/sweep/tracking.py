@@ -58,7 +58,12 @@ class SweepTracking:
         cfg = plan.cfg.tracking
         if not cfg.enabled:
             return None
-        from orchestrator.tracking.run import MLFLOW_HTTP_ENV_DEFAULTS, _experiment_id, quiet_telemetry, resolve_tracking_uri
+        from orchestrator.tracking.run import (
+            MLFLOW_HTTP_ENV_DEFAULTS,
+            _experiment_id,
+            quiet_telemetry,
+            resolve_tracking_uri,
+        )
 
         for name, value in MLFLOW_HTTP_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)

@@ -19,8 +19,6 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from orchestrator.core.errors import ConfigError
-
 from orchestrator.core.env import (  # noqa: F401 - the contract's names, kept on core's floor
     COLLECTIVE_TIMEOUT_ENV,
     NNODES_ENV,
@@ -30,6 +28,7 @@ from orchestrator.core.env import (  # noqa: F401 - the contract's names, kept o
     RDZV_ID_ENV,
     STORE_ENV,
 )
+from orchestrator.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
