@@ -53,8 +53,9 @@ def submission_record(cfg: Any, backend: str, job_id: Optional[str]) -> Submissi
     """What ``run_backend`` stores for ``cfg``'s job handed to ``backend`` (``job_id``: the engine's; None for local,
     whose supervisor is this process)."""
     pid = os.getpid()
-    job_log = str(Path(cfg.run.work_dir).expanduser().resolve() / str(cfg.run.name) / "job.log")
-    kind = log = None
+    job_log: Optional[str] = str(Path(cfg.run.work_dir).expanduser().resolve() / str(cfg.run.name) / "job.log")
+    kind: Optional[str] = None
+    log: Optional[str] = None
     if backend == "kubernetes":
         from orchestrator.process.multinode.checks import node_count
 

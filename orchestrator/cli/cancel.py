@@ -28,9 +28,10 @@ from typing import Optional
 from orchestrator.core.console import Parser, fail
 from orchestrator.core.errors import UserError
 from orchestrator.core.exitcodes import FINAL_RUN_STATUSES
+from orchestrator.records.fields import CorruptRecord
 from orchestrator.records.ledger import Ledger
 from orchestrator.records.ledger_record import LedgerRecord
-from orchestrator.records.submission import CorruptRecord, SubmissionRecord, read_submission
+from orchestrator.records.submission import SubmissionRecord, read_submission
 from orchestrator.storage import TransientStorageError, open_store, split_run_uri
 
 TOOL_TIMEOUT_SECONDS = 120

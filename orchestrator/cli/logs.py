@@ -30,6 +30,7 @@ from pathlib import Path
 from orchestrator.cli.cancel import Job, alive
 from orchestrator.core.console import Parser, fail
 from orchestrator.core.errors import UserError
+from orchestrator.records.submission import SubmissionRecord
 from orchestrator.storage import TransientStorageError
 
 TAIL_WINDOW_BYTES = 4 * 1024 * 1024  # the tail is read from the last 4 MB
@@ -86,8 +87,7 @@ def follow(job: Job, path: Path, offset: int) -> int:
         return 0
 
 
-def logs_file(job: Job, *, lines: int, follow_it: bool) -> int:
-    record = job.submission
+def logs_file(job: Job, record: SubmissionRecord, *, lines: int, follow_it: bool) -> int:
     where = {"slurm": "Slurm's batch output", "local": "the worker's log"}
     files = [(p, where.get(record.backend, "the log") if p == record.log else "the worker's log")
              for p in (record.log, record.job_log) if p]
@@ -118,11 +118,12 @@ def _host() -> str:
     return socket.gethostname()
 
 
-def logs_tool(job: Job, *, lines: int, follow_it: bool) -> int:
+def logs_tool(job: Job, record: SubmissionRecord, *, lines: int, follow_it: bool) -> int:
     from orchestrator.backends.handles import logs_argv
 
-    record = job.submission
-    argv = logs_argv(record, follow=follow_it, lines=lines)
+    argv = logs_argv(record, follow=follow_it, lines=lines) or []
+    if not argv:
+        return fail(f"{record.backend} job {record.job_id} of {job.run_name!r}: no engine command prints its log")
     command = shlex.join(argv)
     if shutil.which(argv[0]) is None:
         print(f"{record.backend} job {record.job_id} of {job.run_name!r}: its log is the engine's; {argv[0]} is not "
@@ -156,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                     "it was launched before `orchestrator logs` knew where logs go. Its worker's log is "
                     f"<run.work_dir>/{job.run_name}/job.log on the machine that ran it (its newest attempt: {host})")
     if job.submission.backend in ("local", "slurm"):
-        return logs_file(job, lines=args.lines, follow_it=args.follow)
-    return logs_tool(job, lines=args.lines, follow_it=args.follow)
+        return logs_file(job, job.submission, lines=args.lines, follow_it=args.follow)
+    return logs_tool(job, job.submission, lines=args.lines, follow_it=args.follow)
 
 
 if __name__ == "__main__":

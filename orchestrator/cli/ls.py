@@ -61,7 +61,7 @@ def _sweep_row(store, name: str, spent: dict) -> Row:
     status = "running" if counts.get("running") else ("paused" if counts.get("paused") else "ended")
     if counts:
         status += " (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")"
-    driver = doc.get("driver") if isinstance(doc.get("driver"), dict) else {}
+    driver: dict = doc["driver"] if isinstance(doc.get("driver"), dict) else {}
     launched = [v for v in [t.get("launched_at") for t in trials] + [driver.get("started"), driver.get("renewed_at")]
                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return Row(name, "sweep", status, len(trials), None, sum(spent.get(t["run_name"], 0.0) for t in trials),

@@ -62,7 +62,7 @@ class SubmissionRecord:
                    job_log=f.text("job_log", None))
 
 
-def read_submission(store, run_name: str) -> Optional[SubmissionRecord]:
+def read_submission(store: Any, run_name: str) -> Optional[SubmissionRecord]:
     """The job's submission record; None when it has none. Raises CorruptRecord (bytes that do not decode)."""
     key = submission_key(run_name)
     try:
@@ -77,5 +77,5 @@ def read_submission(store, run_name: str) -> Optional[SubmissionRecord]:
     return SubmissionRecord.decode(doc, where)
 
 
-def write_submission(store, record: SubmissionRecord) -> None:
+def write_submission(store: Any, record: SubmissionRecord) -> None:
     store.put_bytes(submission_key(record.run_name), record.encode())
