@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.storage.base import finite_number
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class AttemptTracking:
             self.tracker, folder, name="final-adapter" if adapter else "final-model",
             model_type="peft-adapter" if adapter else "transformers", step=step) is not None
 
-    def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: dict,
+    def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: LedgerRecord,
                           figures: dict, money: Any,
                           quality_metric: str, quality: Optional[float], config_yaml: str,
                           quality_before: Optional[float] = None, quality_is_fraction: bool = True,

@@ -138,7 +138,7 @@ def _bench_items(client, run_id: str, steps: set[int]) -> dict[int, tuple]:
     are paired where both points have them. One that does not read back sound is left out (that gain is unpaired)."""
     import json
 
-    out = {}
+    out: dict = {}
     wanted = {curve.items_artifact(step) for step in steps}
     try:
         files = [a.path for a in client.list_artifacts(run_id, curve.ITEMS_FOLDER) if a.path in wanted]
@@ -221,6 +221,7 @@ def plot_cost_vs_quality(rows: list[JobRow], out_path: str) -> int:
     points = [r for r in rows if r.cost_usd is not None and r.quality is not None]
     fig, ax = plt.subplots(figsize=(7, 5))
     for r in points:
+        assert r.cost_usd is not None and r.quality is not None  # the points kept above have both
         ax.scatter(r.cost_usd, r.quality)
         ax.annotate(f"{r.job} ({r.recipe})", (r.cost_usd, r.quality), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.set_xlabel("cost (USD)")

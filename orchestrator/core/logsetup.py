@@ -16,7 +16,7 @@ import sys
 import time
 from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import IO, Callable, Iterator, Optional
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # the loggers whose records below ERROR go to the job's log file only (once there is one)
@@ -29,7 +29,7 @@ THROTTLE_SECONDS = 60.0
 ALWAYS_SHOWN = ("announce_restore",)
 
 
-def _under(name: str, prefixes: tuple) -> bool:
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
@@ -56,10 +56,10 @@ class ConsoleFilter(logging.Filter):
 
 
 _console: Optional[logging.Handler] = None
-_file: Optional[logging.Handler] = None
+_file: Optional[logging.FileHandler] = None
 
 
-def setup_logging(stream=None, *, clock: Callable[[], float] = time.monotonic) -> None:
+def setup_logging(stream: Optional[IO[str]] = None, *, clock: Callable[[], float] = time.monotonic) -> None:
     """The console handler on the root logger at ``$ORCH_LOG_LEVEL`` (INFO); called again, it replaces its own."""
     global _console
     root = logging.getLogger()

@@ -74,15 +74,17 @@ def _number(value: Any) -> Optional[float]:
 def parse_results(output: dict, names: list[str]) -> Evaluation:
     """The harness's output as scores with their standard errors and per-item values (for paired intervals); only
     fraction-valued metrics (accuracy, exact match: in [0, 1]), what a gain in points and a stored result are."""
-    scores, samples, origin = {}, {}, {}
+    scores: dict[str, dict] = {}
+    samples: dict[str, dict] = {}
+    origin: dict = {}
     for task, metrics in (output.get("results") or {}).items():
         if task not in names:
             continue
         for key, value in metrics.items():
-            parsed = _metric_name(key)
-            if parsed is None or _number(value) is None:
+            parsed, number = _metric_name(key), _number(value)
+            if parsed is None or number is None:
                 continue
-            if not 0.0 <= _number(value) <= 1.0:  # gains are points of a fraction; a stored result holds fractions
+            if not 0.0 <= number <= 1.0:  # gains are points of a fraction; a stored result holds fractions
                 log.warning("benchmark %s %s = %s is not a fraction in [0, 1]; not reported", task, key, value)
                 continue
             scores.setdefault(task, {}).setdefault(parsed[0], {})[parsed[1]] = _number(value)

@@ -112,7 +112,7 @@ class MetricsDelivery:
                 outcome = "dropped" if is_permanent(err) else "retry"
                 failures += 1
                 if outcome == "dropped":
-                    log.error("MLflow refused %s and it was dropped: %s", "metrics" if batch else op[0], err)
+                    log.error("MLflow refused %s and it was dropped: %s", "metrics" if batch or op is None else op[0], err)
                 elif failures == 1 or failures % 20 == 0:
                     log.warning("MLflow unreachable (%d tries, %d queued); retrying in the background: %s",
                                 failures, len(self._metrics) + len(self._ops), str(err)[:200])

@@ -186,10 +186,10 @@ class JobTracker:
         self._params = flatten(redact(dict(params or {}), self._secrets))
         self.uri: Optional[str] = None
         self.experiment_id: Optional[str] = None
-        self.client = None
+        self.client: Any = None  # an MlflowClient once the run is open (never used before)
         self._last_step: dict[str, int] = {}
         self._delivery: Optional[MetricsDelivery] = None  # started with the run
-        self._system_monitor = None
+        self._system_monitor: Any = None  # MLflow's SystemMetricsMonitor while it samples
         self.system_metrics = bool(tracking_cfg.log_system_metrics if system_metrics is None else system_metrics)
 
     # -- opening the run ---------------------------------------------------
@@ -359,14 +359,17 @@ class JobTracker:
         return delivered
 
     def _send(self, batch: list, op: Optional[tuple]) -> None:
-        send(self.client, self.run_id, batch, op)
+        send(self.client, str(self.run_id), batch, op)  # delivery starts with the run: it has its id
 
 
-def send(client, run_id: str, batch: list, op: Optional[tuple]) -> None:
+def send(client: Any, run_id: str, batch: list, op: Optional[tuple]) -> None:
     """Deliver a batch of metric points, or (``batch`` empty) one queued operation, to the run."""
     if batch:
         client.log_batch(run_id, metrics=batch, synchronous=True)
-    elif op[0] == "tags":
+        return
+    if op is None:  # nothing queued: nothing to deliver
+        return
+    if op[0] == "tags":
         client.log_batch(run_id, tags=op[1], synchronous=True)
     elif op[0] == "text":
         client.log_text(run_id, op[1], op[2])
