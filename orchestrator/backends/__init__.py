@@ -87,7 +87,8 @@ def run_backend(cfg: Any, overrides: Sequence[str]) -> int:
         print(backend.render(cfg, list(overrides)), flush=True)
         return 0
     if backend.run is not None:
-        record_submission(cfg, backend.name, None)  # the supervisor is this process
+        if int(cfg.train.trial_steps) <= 0:  # a trial (plan against measurement) writes nothing to storage
+            record_submission(cfg, backend.name, None)  # the supervisor is this process
         return int(backend.run(cfg, list(overrides)))
     submit = cast(Callable[[Any, Sequence[str]], str], backend.submit)  # a backend without run has submit
     job_id = submit(cfg, list(overrides))
