@@ -158,7 +158,8 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
     go = workdir / f"go-{name}"
     orch_log = workdir / f"{name}.log"
     full = overrides + [
-        f"run.name={name}", f"storage.uri={workdir / 'runs'}", "checkpoint.every=10s", "preemption.provider=none",
+        f"run.name={name}", f"storage.uri={workdir / 'runs'}", f"run.work_dir={workdir / 'work'}",
+        "checkpoint.every=10s", "preemption.provider=none",
         "tracking.enabled=true", f"tracking.uri={uri}", "tracking.experiment=bench-overhead",
         "tracking.log_system_metrics=true", "budget.max_usd=1000",
     ]
@@ -197,6 +198,8 @@ def run_pair(overrides: list[str], workdir: Path, uri: str, name: str, orch_core
     text = orch_log.read_text(errors="replace")
     if orch.returncode != 0:
         raise SystemExit(f"orchestrated run failed (rc={orch.returncode}):\n{text[-3000:]}")
+    job_log = workdir / "work" / name / "job.log"  # the Trainer's dicts and every checkpoint line (not the console)
+    text = job_log.read_text(errors="replace") if job_log.is_file() else text
     summary = re.search(r"'train_runtime': '?([0-9.eE+-]+)'?.*?'train_steps_per_second': '?([0-9.eE+-]+)'?", text)
     if not summary:
         raise SystemExit(f"no train_steps_per_second in the orchestrated run's output:\n{text[-3000:]}")
