@@ -68,8 +68,10 @@ class Bench:
 
     def wait_log(self, proc: subprocess.Popen, log: Path, pattern: re.Pattern, timeout_s: float):
         deadline = time.monotonic() + timeout_s
+        job_log = self.root / "work" / log.name.rsplit("-", 1)[0] / "job.log"  # every line is in the job's log
         while time.monotonic() < deadline:
-            m = pattern.search(log.read_text(errors="replace"))
+            m = pattern.search(log.read_text(errors="replace")) or (
+                pattern.search(job_log.read_text(errors="replace")) if job_log.is_file() else None)
             if m:
                 return m
             if proc.poll() is not None:
@@ -86,7 +88,8 @@ class Bench:
     def throughput(self, name: str, every: str, steps: int) -> dict:
         proc, log = self.start(name, [f"checkpoint.every={every}", f"train.max_steps={steps}"])
         rc = proc.wait()
-        text = log.read_text(errors="replace")
+        job_log = self.root / "work" / name / "job.log"  # the Trainer's dicts and every checkpoint line
+        text = log.read_text(errors="replace") + (job_log.read_text(errors="replace") if job_log.is_file() else "")
         if rc != 0:
             raise RuntimeError(f"{name} failed (rc={rc}):\n{text[-3000:]}")
         runtime = float(RUNTIME.search(text).group(1))

@@ -85,7 +85,7 @@ def job_overrides(args, endpoint: str, run: str, every: str) -> list[str]:
             "data.num_examples=400", f"checkpoint.every={every}", "preemption.provider=none", "tracking.enabled=false",
             "requeue.max_preemptions=1000", "requeue.max_failures=1000", "requeue.crash_loop_threshold=1000",
             "requeue.backoff_base_seconds=0", "storage.uri=s3://bench/runs", f"storage.endpoint_url={endpoint}",
-            f"run.name={run}"]
+            f"run.name={run}", "run.work_dir=work"]
 
 
 def env() -> dict:
@@ -160,7 +160,8 @@ def replay(args, endpoint: str, workdir: Path, lifetimes: list[float]) -> dict:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    text = log.read_text()
+    job_log = workdir / "work" / "replay" / "job.log"  # the Trainer's dicts and every checkpoint line
+    text = log.read_text() + (job_log.read_text(errors="replace") if job_log.is_file() else "")
     if rc != 0:
         sys.exit(f"replay ended with exit code {rc}; see {log}")
     firsts = [_stamp(m.group(1)) for line in text.splitlines() if (m := FIRST_STEP.match(line))]

@@ -32,7 +32,7 @@ def run(name: str, overrides: list[str], root: Path, steps: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "orchestrator.launch", *COMMON, f"train.max_steps={steps}",
-           f"storage.uri={storage}", f"run.name={name}", *overrides]
+           f"storage.uri={storage}", f"run.name={name}", f"run.work_dir={root / 'work'}", *overrides]
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.monotonic() - started
@@ -40,7 +40,9 @@ def run(name: str, overrides: list[str], root: Path, steps: int) -> dict:
         raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     attempt = json.loads((storage / name / "ledger.json").read_text())["attempts"][-1]
     first = float(attempt["extra"]["restart"]["total_s"])
-    rates = re.findall(r"'train_steps_per_second': '([0-9.]+)'", done.stdout + done.stderr)  # the Trainer's own
+    job_log = root / "work" / name / "job.log"  # the Trainer's own dicts are in the job's log file
+    logged = job_log.read_text(errors="replace") if job_log.is_file() else ""
+    rates = re.findall(r"'train_steps_per_second': '([0-9.]+)'", done.stdout + done.stderr + logged)
     return {"job": name, "start_to_first_step_s": round(first, 2), "steps_per_s": float(rates[0]) if rates else None,
             "wall_s": round(wall, 1), "nodes": len(attempt.get("nodes") or [None])}
 

@@ -116,7 +116,10 @@ class Runs:
         return self.out / f"{name}.log"
 
     def log(self, name: str) -> str:
-        return self.log_path(name).read_text(errors="replace")
+        """The job's console and its log file (the Trainer's dicts and every checkpoint line are in the file)."""
+        job_log = self.out / "work" / name / "job.log"
+        return self.log_path(name).read_text(errors="replace") + (
+            job_log.read_text(errors="replace") if job_log.is_file() else "")
 
     def finish(self, name: str, proc: subprocess.Popen) -> str:
         try:
