@@ -218,12 +218,11 @@ def plot_cost_vs_quality(rows: list[JobRow], out_path: str) -> int:
     matplotlib.use("Agg")  # no display on a training box or in CI
     import matplotlib.pyplot as plt
 
-    points = [r for r in rows if r.cost_usd is not None and r.quality is not None]
+    points = [(r.cost_usd, r.quality, r) for r in rows if r.cost_usd is not None and r.quality is not None]
     fig, ax = plt.subplots(figsize=(7, 5))
-    for r in points:
-        assert r.cost_usd is not None and r.quality is not None  # the points kept above have both
-        ax.scatter(r.cost_usd, r.quality)
-        ax.annotate(f"{r.job} ({r.recipe})", (r.cost_usd, r.quality), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    for cost, quality, r in points:
+        ax.scatter(cost, quality)
+        ax.annotate(f"{r.job} ({r.recipe})", (cost, quality), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.set_xlabel("cost (USD)")
     ax.set_ylabel("quality (each job's quality_metric)")
     ax.set_title("cost vs quality" if points else "cost vs quality (no job has both yet)")
