@@ -83,13 +83,18 @@ def _aws_error(err: Exception) -> str:
     return f"{type(err).__name__}: {str(err)[:200]}"
 
 
+def by_region(machines: list[MachineTarget]) -> dict[str, list[MachineTarget]]:
+    """The machines grouped by their catalog region, in the catalog's order: one request (or page set) each."""
+    groups: dict[str, list[MachineTarget]] = {}
+    for machine in machines:
+        groups.setdefault(machine.region, []).append(machine)
+    return groups
+
+
 def fetch_aws(machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str],
               timeout: float) -> tuple[list[FetchedPrice], list[str]]:
     prices, notes = [], []
-    by_region: dict[str, list[MachineTarget]] = {}
-    for machine in machines:
-        by_region.setdefault(machine.region, []).append(machine)
-    for region, group in by_region.items():
+    for region, group in by_region(machines).items():
         try:
             prices += aws_spot(group, region, now=now, endpoint=endpoints.get("ec2"), timeout=timeout)
         except Exception as err:  # noqa: BLE001 - one line per cloud and region, the rest goes on
@@ -177,10 +182,7 @@ def on_demand_usd(product: Mapping[str, Any]) -> list[float]:
 def fetch_azure(machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str],
                 timeout: float) -> tuple[list[FetchedPrice], list[str]]:
     prices, notes = [], []
-    by_region: dict[str, list[MachineTarget]] = {}
-    for machine in machines:
-        by_region.setdefault(machine.region, []).append(machine)
-    for region, group in by_region.items():
+    for region, group in by_region(machines).items():
         try:
             prices += azure_prices(group, region, now=now, url=endpoints.get("azure") or AZURE_RETAIL_URL,
                                    timeout=timeout)
