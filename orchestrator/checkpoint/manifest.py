@@ -7,19 +7,18 @@ restore can refuse a checkpoint that belongs to another trajectory.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
+from orchestrator.core.signing import SIGNING_KEY_VARIABLE, signature_problem, signed
 from orchestrator.records.fencing import upgraded
 
+__all__ = ["SIGNING_KEY_VARIABLE", "signature_problem", "signed"]  # the manifest's signer, re-exported
+
 MANIFEST_NAME = "manifest.json"
-# A secret shared by the machines that write and restore a job (never stored in the bucket or the config):
-# when set, manifests are signed with HMAC-SHA256 and an unsigned or badly signed one is corrupt.
-SIGNING_KEY_VARIABLE = "ORCH_MANIFEST_HMAC_KEY"
 MANIFEST_VERSION = 1
 _CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -158,40 +157,6 @@ def verify_folder(folder: Path, manifest: dict) -> None:
         digest = sha256_file(path)
         if digest != entry["sha256"]:
             raise CorruptCheckpoint(f"file {entry['path']} does not match its SHA-256 (stored data changed)")
-
-
-def _signing_key() -> bytes | None:
-    key = os.environ.get(SIGNING_KEY_VARIABLE)
-    return key.encode() if key else None
-
-
-def _signature(manifest: dict, key: bytes) -> str:
-    body = {k: v for k, v in manifest.items() if k != "signature"}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
-
-
-def signature_problem(document: dict, what: str = "the manifest") -> str | None:
-    """With ``ORCH_MANIFEST_HMAC_KEY`` set, why ``document`` (a manifest, or any stored JSON object signed with
-    ``signed``: its ``signature`` over the rest) is not soundly signed; None when it is, or no key is set."""
-    key = _signing_key()
-    if key is None:
-        return None
-    given = document.get("signature")
-    if not isinstance(given, str):
-        return f"{what} is not signed, and {SIGNING_KEY_VARIABLE} is set"
-    if not hmac.compare_digest(given, _signature(document, key)):
-        return f"{what}'s signature does not match (changed after signing, or signed with another key)"
-    return None
-
-
-def signed(document: dict) -> dict:
-    """``document`` with its ``signature`` when ``ORCH_MANIFEST_HMAC_KEY`` is set (else without one)."""
-    key = _signing_key()
-    body = {k: v for k, v in document.items() if k != "signature"}
-    if key is not None:
-        body["signature"] = _signature(body, key)
-    return body
 
 
 def check_signature(manifest: dict) -> None:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, cast
 
-from orchestrator.checkpoint import manifest as mf
+from orchestrator.core import signing
 from orchestrator.evaluation.stats import items_agree
 from orchestrator.storage.base import finite_number
 
@@ -132,7 +132,7 @@ class BenchResult:
         return dict(self.body(), sha256=_digest(self.body()))
 
     def encode(self) -> bytes:
-        return json.dumps(mf.signed(self.record()), sort_keys=True).encode()
+        return json.dumps(signing.signed(self.record()), sort_keys=True).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "BenchResult":
@@ -143,7 +143,7 @@ class BenchResult:
             raise BadResult("it is not JSON") from None
         if not isinstance(doc, dict) or doc.get("version") != RESULT_VERSION:
             raise BadResult("not a result this version writes")
-        problem = mf.signature_problem(doc, "the result")  # over the record as stored, before anything else
+        problem = signing.signature_problem(doc, "the result")  # over the record as stored, before anything else
         if problem:
             raise BadResult(problem)
         body = {k: v for k, v in doc.items() if k not in ("sha256", "signature")}

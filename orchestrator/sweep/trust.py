@@ -16,12 +16,12 @@ Whoever can write the bucket can write ``sweep.json`` and the trials' ledgers. S
 """
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Optional
 
 from orchestrator.core.errors import UserError
 from orchestrator.core.exitcodes import ExitClass
+from orchestrator.core.signing import signature_problem as core_signature_problem
+from orchestrator.core.signing import signed
 from orchestrator.policy.history import MAX_RESTART_SECONDS as WEEK_S  # a start-up longer is corrupt, not slow
 from orchestrator.sweep.space import in_domain
 
@@ -35,26 +35,15 @@ class TrialRefused(UserError):
 # ---- the record's signature ------------------------------------------------------------
 def sign(doc: dict) -> dict:
     """``doc`` as stored: with its HMAC-SHA256 when ``ORCH_MANIFEST_HMAC_KEY`` is set (the manifests' signer)."""
-    from orchestrator.checkpoint.manifest import SIGNING_KEY_VARIABLE, dumps
-
-    if not os.environ.get(SIGNING_KEY_VARIABLE):
-        doc.pop("signature", None)
-        return doc
-    signed = json.loads(dumps(doc))
+    body = signed(doc)
     doc.clear()
-    doc.update(signed)
+    doc.update(body)
     return doc
 
 
 def signature_problem(doc: dict) -> Optional[str]:
     """Why ``doc``'s signature fails (``ORCH_MANIFEST_HMAC_KEY`` set), or None."""
-    from orchestrator.checkpoint.manifest import CorruptCheckpoint, check_signature
-
-    try:
-        check_signature(doc)
-    except CorruptCheckpoint as err:
-        return str(err).replace("the manifest", "the record")
-    return None
+    return core_signature_problem(doc, "the record")
 
 
 # ---- secrets ------------------------------------------------------------------------------
