@@ -17,6 +17,7 @@ from orchestrator.app.hub_access import check_hub_model
 from orchestrator.app.image_pin import warn_unpinned_image
 from orchestrator.config import train_options
 from orchestrator.config.compose import check_resolvable
+from orchestrator.config.zones import check_zones
 from orchestrator.core.durations import parse_deadline, parse_duration
 from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.core.names import RUN_NAME
@@ -401,4 +402,4 @@ CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _chec
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS,
-          *multinode_checks.CHECKS, check_hub_model, warn_unpinned_image)
+          *multinode_checks.CHECKS, check_zones, check_hub_model, warn_unpinned_image)

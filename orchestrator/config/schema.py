@@ -170,6 +170,8 @@ class ComputeConfig:
     allow_idle_gpus: bool = False  # let a job bill more GPUs than it starts training processes for (refused otherwise)
     preemptions_per_hour: Optional[float] = None  # expected preemptions per hour of the whole job on this capacity (on-demand too: a partition that requeues); unset: spot, the catalog's per-machine prior x nodes, blended with the job's history; on-demand, none
     restart_seconds: Optional[float] = None  # one restart (start to first step after a restore); unset: measured, else estimated
+    zones: Any = None  # where the job may run: unset (the backend's default zone), auto (every zone with a fetched price for the GPU type), or [us-east-1a,us-west-2b]: each attempt goes to the zone of least expected dollars per useful hour (orchestrator.policy.placement)
+    zone_cooldown: str = "10m"  # a zone that just preempted the job is avoided this long while another has capacity
 
 
 @dataclass
