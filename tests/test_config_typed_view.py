@@ -68,3 +68,34 @@ def test_config_yaml_holds_the_old_text_line_for_line(job):
 
 if __name__ == "__main__":  # regenerate the fixture (only when the serialisation is meant to change)
     FIXTURE.write_text(json.dumps({name: serialised(o) for name, o in JOBS.items()}, indent=1, sort_keys=True) + "\n")
+
+
+def test_the_view_holds_the_groups_as_dataclasses_and_the_durations_parsed():
+    from orchestrator.config.schema import CheckpointConfig, DpoRecipeConfig
+    from orchestrator.config.typed import JobConfig
+    from orchestrator.core.durations import Every
+
+    cfg = compose_config(JOBS["spot-auto-deadline"] + ["recipe=dpo", "storage.uri=/runs", "run.work_dir=/work"])
+    job = JobConfig.of(cfg)
+    assert isinstance(job.checkpoint, CheckpointConfig) and isinstance(job.recipe, DpoRecipeConfig)
+    assert job.durations.checkpoint_every == Every(auto=True, seconds=0.0)
+    assert job.durations.checkpoint_bounds == (120.0, 2700.0)
+    assert job.durations.deadline == ("after", 52 * 3600.0)
+    assert (job.durations.storage_retry_for, job.durations.pricing_max_age, job.durations.preemption_grace) == (
+        90.0, 1800.0, 20.0)
+    fixed = JobConfig.of(compose_config(["checkpoint.every=90s", "storage.uri=/runs", "run.work_dir=/work"]))
+    assert fixed.durations.checkpoint_every == Every(auto=False, seconds=90.0)
+    off = JobConfig.of(compose_config(["checkpoint.every=off", "storage.uri=/runs", "run.work_dir=/work"]))
+    assert off.durations.checkpoint_every.off
+
+
+def test_every_bad_duration_is_named_at_launch_each_as_its_own_problem():
+    from orchestrator.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        compose_config(["checkpoint.every=soon", "storage.retry_for=a-while", "checkpoint.min_every=2h",
+                        "storage.uri=/runs", "run.work_dir=/work"])
+    text = str(err.value)
+    assert "3 problems in the config" in text, text
+    for needle in ("checkpoint.every='soon'", "storage.retry_for='a-while'", "checkpoint.min_every='2h'"):
+        assert needle in text, (needle, text)
