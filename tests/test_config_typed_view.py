@@ -99,3 +99,14 @@ def test_every_bad_duration_is_named_at_launch_each_as_its_own_problem():
     assert "3 problems in the config" in text, text
     for needle in ("checkpoint.every='soon'", "storage.retry_for='a-while'", "checkpoint.min_every='2h'"):
         assert needle in text, (needle, text)
+
+
+@pytest.mark.parametrize("override,allowed", [("sweep.sampler=bayes", "random, tpe, grid"),
+                                              ("sweep.pruner=median", "none, successive_halving, hyperband, asha"),
+                                              ("sweep.direction=up", "auto, maximize, minimize")])
+def test_a_sweep_choice_outside_its_values_is_refused_at_compose_naming_them(override, allowed):
+    from orchestrator.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        compose_config([override, "storage.uri=/runs", "run.work_dir=/work"])
+    assert err.value.exit_code == 4 and f"choose one of: {allowed}." in str(err.value), str(err.value)
