@@ -196,11 +196,10 @@ def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: Checkpoin
 
 def spend_watch(settings: JobConfig, store: Any, run_name: str, money: MoneyWatch, *, hold=None) -> SpendWatch:
     """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
-    from orchestrator.money.spend import Caps, SpendIndex
+    from orchestrator.money.budget import spend_caps
+    from orchestrator.money.spend import SpendIndex
 
-    budget = settings.budget
-    caps = Caps(run_name, str(settings.tracking.experiment), monthly_max_usd=budget.monthly_max_usd,
-                experiment_max_usd=budget.experiment_max_usd)
-    return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_hour_total / 3600.0,
+    caps = spend_caps(settings.budget, run_name, str(settings.tracking.experiment))
+    return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_second,
                       window_s=settings.durations.reserve_ahead,
                       spent=money.attempt_cost_usd, hold=hold)
