@@ -77,14 +77,14 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     tracking = AttemptTracking.from_config(
         cfg, settings.tracking, main=main, run_name=run_name,
         ledger=ledger.load() if main and settings.tracking.enabled else {}, params=resolved.plain,
-        quality_metric=quality_metric(cfg).name,
-        job_metrics_every_s=settings.durations.job_metrics_every)
+        quality_metric=quality_metric(cfg).name, job_metrics_every_s=settings.durations.job_metrics_every)
     if main:
         sinks = default_sinks(settings.budget, set_tag=tracking.set_tag if tracking.active else None)
         money.watch_budget(BudgetGuard(settings.budget, record_alert=record.record_alert, job_name=run_name,
                                        sinks=sinks), cast(Any, spend).with_alerts(settings.budget, sinks))
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
-    preemption = PreemptionHandler.from_config(settings.preemption, watch_cloud=main)
+    preemption = PreemptionHandler.from_config(settings.preemption, watch_cloud=main,
+                                               grace_seconds=settings.durations.preemption_grace)
     quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
     recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
     hooks = TestHooks.from_environ(environ)
@@ -92,7 +92,7 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     steer = steering(cfg, settings, parts, store=store, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
                      compute=compute, capacity=capacity, catalog=catalog, hooks=hooks,
                      environ=environ) if main and settings.train.trial_steps <= 0 else []
-    return Runner(cfg, resolved=resolved, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money,
+    return Runner(cfg, job=settings, resolved=resolved, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money,
                   quality=quality, preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
 
 
