@@ -100,10 +100,11 @@ def _interval(cfg: Any, durations: Durations, cost_s: float, estimate, lifetimes
 
 def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catalog: Mapping[str, Any],
                  history: tuple[list[Lifetime], list[float]], *, variant: Callable[[Any, str], Any],
-                 work_hours: Callable[[Any, Any], Optional[float]], durations: Durations) -> Optional[CapacityOption]:
+                 work_hours: Callable[[Any, Any], Optional[float]],
+                 durations: Optional[Durations] = None) -> Optional[CapacityOption]:
     """One GPU type on one capacity; None when it has no price or no throughput estimate. ``variant(cfg, gpu)``
     and ``work_hours(cfg, price)`` are the planner's (passed in: the planner imports this module); ``durations``:
-    the job's, parsed once by ``capacity_plan``."""
+    the job's, parsed once by ``capacity_plan`` (else here)."""
     from orchestrator.money.cost import preemption_prior_per_hour, price_for
 
     on_gpu = variant(cfg, gpu_type)
@@ -126,7 +127,7 @@ def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catal
     restart, source = restart_seconds(override=cfg.compute.restart_seconds, measured=measured,
                                       model_bytes=float(memory_plan.components.get("weights", 0)),
                                       checkpoint_bytes=ckpt_bytes)
-    every = _interval(cfg, durations, cost_s, estimate, lifetimes if capacity == SPOT else [])
+    every = _interval(cfg, durations or Durations.of(cfg), cost_s, estimate, lifetimes if capacity == SPOT else [])
     waste = expected_waste_fraction(every, cost_s, estimate, restart_seconds=restart)
     option = CapacityOption(gpu_type, capacity, price.usd_per_hour_total, work, None, None, estimate.per_hour, None,
                             restart, source, None, every, cost_s, None, None, None, nodes=int(compute.nodes or 1))
