@@ -58,19 +58,17 @@ def job_experiment(store: Any, run_name: str) -> Optional[str]:
 
 class EvalBill:
     def __init__(self, cfg: Any, store: Any, run_name: str, *, clock: Callable[[], float] = time.time):
+        from orchestrator.money.budget import spend_caps
         from orchestrator.money.cost import load_catalog, price_for
-        from orchestrator.money.spend import Caps, SpendIndex
+        from orchestrator.money.spend import SpendIndex
 
         self.store, self.run_name, self.clock = store, run_name, clock
-        self.usd_per_second = price_for(cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
+        self.usd_per_second = price_for(cfg.compute, load_catalog()).usd_per_second
         self.started = clock()
         self.index_entry = int(self.started * 1000)  # this evaluation's entry in the spend index
         self.id = f"eval-{self.index_entry}"
         self.experiment = job_experiment(store, run_name) or str(cfg.tracking.experiment)
-        caps = Caps(f"{run_name}{EVAL_SUFFIX}", self.experiment,
-                    monthly_max_usd=cfg.budget.monthly_max_usd,
-                    experiment_max_usd=cfg.budget.experiment_max_usd)
-        self.index = SpendIndex(store, caps)
+        self.index = SpendIndex(store, spend_caps(cfg.budget, f"{run_name}{EVAL_SUFFIX}", self.experiment))
         self.unreadable: Optional[str] = None  # uncapped under a corrupt index: why it stopped writing there
         self.evaluated = 0  # evaluations charged so far (what a preempted run closes with)
 
