@@ -141,10 +141,19 @@ CONVERTED = {
     "orchestrator/policy/history.py": ("from_ledger", "claimed_restart_seconds"),  # the raw entry, checked there
     "orchestrator/money/spend_holds.py": (),
     "orchestrator/process/multinode/timeouts.py": (),
+    # capacity_plan, format_capacity_plan: the plan document this module builds (its options, nodes), not a ledger
+    "orchestrator/planning/spot.py": ("capacity_plan", "format_capacity_plan"),
+    "orchestrator/launch.py": (),
+    "orchestrator/process/multinode/records.py": (),
+    "orchestrator/attempt/capacity_contract.py": (),
+    # replay_history: trainer_state.json's log; close_with_report, run_description: the cost figures and report
+    "orchestrator/attempt/reporting.py": ("replay_history", "close_with_report", "run_description"),
+    "orchestrator/evaluation/job.py": ("evaluate_run",),  # the checkpoint's manifest (checkpoint.manifest.loads)
+    "orchestrator/evaluation/billing.py": (),
+    "orchestrator/money/spend.py": (),
+    "orchestrator/checkpoint/reward_cache.py": (),
 }
-STILL_RAW = ("orchestrator/planning/spot.py", "orchestrator/launch.py", "orchestrator/process/multinode/records.py",
-             "orchestrator/attempt/capacity_contract.py", "orchestrator/attempt/reporting.py",
-             "orchestrator/evaluation/job.py", "orchestrator/evaluation/billing.py", "orchestrator/sweep/trust.py")
+STILL_RAW = ("orchestrator/sweep/trust.py",)
 _RAW_READ = re.compile(r"""(?:\.get\(\s*|\[\s*)["'](%s)["']""" % "|".join(LEDGER_KEYS))
 
 
