@@ -34,7 +34,7 @@ def shown(name: object) -> str:
 
 
 def _month(f: Fields, key: str) -> str:
-    value = f.text(key, limit=7)
+    value = f.text(key, limit=32)
     if not MONTH.fullmatch(value):
         raise f.fail(key, f"is {value!r}, not a month (YYYY-MM)")
     return str(value)

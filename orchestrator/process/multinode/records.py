@@ -42,12 +42,12 @@ def node_host(node: NodeEnv, environ: Mapping[str, str] = os.environ) -> str:
     return environ.get(NODE_HOST_ENV) or node.addr or socket.gethostname()
 
 
-def _attempt_of(doc: Any, rdzv_id: str, not_before: float) -> Optional[Fields]:
+def _attempt_of(doc: Any, rdzv_id: str, not_before: float, where: str) -> Optional[Fields]:
     """The newest attempt begun for ``rdzv_id`` at ``not_before`` or later (its ``doc`` is the ledger's own object);
     the ledger is untrusted: an attempt whose rendezvous fields do not decode is skipped."""
     if not isinstance(doc, dict):
         return None
-    for entry in reversed(each_object(Fields(doc, "the ledger"), "attempts")):
+    for entry in reversed(each_object(Fields(doc, where), "attempts")):
         try:
             if isinstance(entry, Fields) and RendezvousAttempt.decode(entry).is_of(rdzv_id, not_before):
                 return entry
@@ -93,7 +93,7 @@ def record_nodes(ledger, rdzv_id: str, records: list, *, fill_only: bool = False
 
     def mutate(doc):
         found.clear()
-        attempt = _attempt_of(doc, rdzv_id, not_before)
+        attempt = _attempt_of(doc, rdzv_id, not_before, ledger.uri)
         if attempt is None:
             return None
         nodes = sorted(_nodes(attempt), key=lambda n: n.node)
