@@ -77,8 +77,7 @@ def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
         return [], []
     if record is None or not record.trained(str(cfg.model.name_or_path)):
         return [], []
-    attempts = raw["attempts"]  # policy.history reads each attempt's measurements field by field
-    return list(spot_lifetimes(attempts)), restart_seconds_measured(attempts)
+    return list(spot_lifetimes(record.attempts)), restart_seconds_measured(record.attempts)
 
 
 def checkpoint_bytes(memory_plan: Any) -> float:
