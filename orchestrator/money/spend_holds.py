@@ -111,16 +111,15 @@ class StartHolds:
 
     def __init__(self, cfg: Any, store: Any, run_name: str, *, usd_per_second: float,
                  restart_seconds: Optional[float]):
-        from orchestrator.money.spend import Caps, SpendIndex
+        from orchestrator.money.budget import spend_caps
+        from orchestrator.money.spend import SpendIndex
         from orchestrator.records.ledger import Ledger
 
         budget = cfg.budget
         self.index = None
         if budget.monthly_max_usd is None and budget.experiment_max_usd is None:
             return
-        self.index = SpendIndex(store, Caps(run_name, str(cfg.tracking.experiment),
-                                            monthly_max_usd=budget.monthly_max_usd,
-                                            experiment_max_usd=budget.experiment_max_usd))
+        self.index = SpendIndex(store, spend_caps(budget, run_name, str(cfg.tracking.experiment)))
         self.ledger = Ledger(store, run_name)
         self.usd_per_second = usd_per_second
         self.override = restart_seconds
