@@ -43,6 +43,7 @@ from orchestrator.backends import (
     worker_invocation,
 )
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
+from orchestrator.backends.zones import ZONE_ENV, ZONE_LABEL, affinity_weights, zone_order
 from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
 from orchestrator.policy.deadline import SPOT
@@ -91,6 +92,14 @@ def spot_placement(cloud: str) -> dict:
             "tolerations": [copy.deepcopy(t) for cloud_taints in SPOT_TOLERATIONS.values() for t in cloud_taints]}
 
 
+def zone_preferences(zones: Sequence[str]) -> list[dict]:
+    """``compute.zones`` in the placement's order as preferred node affinity terms on the node's zone label, the
+    weights descending from 100 to 1: of the nodes that can run the pod, the scheduler prefers the first zone's."""
+    return [{"weight": weight, "preference": {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In",
+                                                                    "values": [zone]}]}}
+            for zone, weight in zip(zones, affinity_weights(len(zones)))]
+
+
 def job_name(run_name: str) -> str:
     """A DNS-1123 label from ``run.name`` (lowercase, [a-z0-9-], at most 63 characters)."""
     name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")[:63].strip("-")
@@ -110,7 +119,7 @@ def _exit_codes(codes: list[int]) -> dict:
     return {"containerName": "worker", "operator": "In", "values": list(codes)}
 
 
-def _container(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
+def _container(cfg: Any, overrides: Sequence[str], capacity: str, zoned: bool = False) -> dict:
     invocation = worker_invocation(cfg, overrides)
     if invocation.secret_values:
         raise ConfigError(
@@ -125,6 +134,10 @@ def _container(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
     # a secret by name: the value stays in the cluster's Secret object, never in this manifest
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": _secret_name(cfg), "key": name}}}
             for name in invocation.secret_names]
+    if zoned:
+        # the node's zone label, copied onto the pod when it is bound (PodTopologyLabelsAdmission, Kubernetes 1.35+;
+        # 1.33-1.34 behind its feature gate); empty where the cluster does not copy it
+        env.append({"name": ZONE_ENV, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{ZONE_LABEL}']"}}})
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     settings = backend_settings(cfg)
@@ -200,10 +213,11 @@ def manifest(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = None)
 
 def _pod_spec(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
     """The worker's pod: its container, grace, /dev/shm, service account, spot node selector and GPU toleration."""
+    zones = zone_order(cfg)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": grace_seconds(cfg) + TERMINATION_MARGIN_SECONDS,
-        "containers": [_container(cfg, overrides, capacity)],
+        "containers": [_container(cfg, overrides, capacity, zoned=bool(zones))],
         "volumes": [{"name": SHM_VOLUME, "emptyDir": _shm_volume(cfg)}],
     }
     service_account = backend_settings(cfg).service_account
@@ -211,6 +225,9 @@ def _pod_spec(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
         pod_spec["serviceAccountName"] = service_account
     if capacity == SPOT:
         pod_spec.update(spot_placement(str(cfg.compute.cloud).lower()))
+    if zones:
+        pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})[
+            "preferredDuringSchedulingIgnoredDuringExecution"] = zone_preferences([z.zone for z in zones])
     if int(cfg.compute.gpus_per_node) > 0:
         # GPU node pools are commonly tainted so that only GPU pods land there
         pod_spec.setdefault("tolerations", []).append(

@@ -48,6 +48,7 @@ from orchestrator.backends import (
 )
 from orchestrator.backends.multinode import STORE_PORT, store_argv
 from orchestrator.backends.settings import backend_settings
+from orchestrator.backends.zones import ZONE_ENV, check_zone_settings, zone_order
 from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.gpus import skypilot_name
@@ -92,14 +93,19 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
     capacity = capacity or planned_capacity(cfg)[0]
     settings = backend_settings(cfg)
     invocation = worker_invocation(cfg, overrides)
+    check_zone_settings(cfg)
+    zones = zone_order(cfg)
     envs = {"PYTHONUNBUFFERED": "1", **invocation.env, **capacity_env(cfg, capacity, RESUBMIT), **_code_commit_env(cfg)}
     task: dict[str, Any] = {
         "name": str(cfg.run.name),
         "resources": _resources(cfg, capacity, settings),
         "num_nodes": nodes,
         "envs": envs,
-        "run": _run_script(worker_command(invocation.overrides), nodes),
+        "run": _run_script(worker_command(invocation.overrides), nodes, bool(zones)),
     }
+    if zones:
+        # tried in this order at the launch and at every recovery (see the module's docstring)
+        task["resources"]["ordered"] = [{"zone": z.zone, **({"region": z.region} if z.region else {})} for z in zones]
     if invocation.secret_names:
         # null: the value is given at launch (``sky jobs launch --secret NAME`` reads it from the launcher's
         # environment) and SkyPilot keeps it out of its dashboard and logs
@@ -133,11 +139,18 @@ fi
 """
 
 
-def _run_script(command: str, nodes: int) -> str:
-    """The task's ``run``: the worker; on several nodes, first the contract's variables and the head's store."""
+# the zone SkyPilot launched this cluster in (SKYPILOT_CLUSTER_INFO, set for the task's run), for the ledger
+_ZONE_RUN = ("export {env}=\"$(python -c 'import json, os; "
+             "print(json.loads(os.environ.get(\"SKYPILOT_CLUSTER_INFO\") or \"{{}}\").get(\"zone\") or \"\")')\"\n")
+
+
+def _run_script(command: str, nodes: int, zoned: bool = False) -> str:
+    """The task's ``run``: the worker; with zones, first ``ORCH_ZONE``; on several nodes, first the contract's
+    variables and the head's store."""
+    zone = _ZONE_RUN.format(env=ZONE_ENV) if zoned else ""
     if nodes == 1:
-        return command
-    return _NODES_RUN.format(nodes=nodes, rank=NODE_RANK_ENV, nnodes=NNODES_ENV, store_env=STORE_ENV,
+        return zone + command
+    return zone + _NODES_RUN.format(nodes=nodes, rank=NODE_RANK_ENV, nnodes=NNODES_ENV, store_env=STORE_ENV,
                              rdzv=RDZV_ID_ENV, port=STORE_PORT, command=command,
                              store=shlex.join(store_argv("python", STORE_PORT)))
 
