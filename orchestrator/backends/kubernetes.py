@@ -24,6 +24,9 @@ overrides is refused, since the manifest would carry it in clear),
 ``service_account`` (for workload identity to the bucket), ``cpu``,
 ``memory`` (resource requests, e.g. "8", "64Gi"), ``shm_size`` (cap on the
 memory-backed ``/dev/shm`` the pod gets for checkpoint snapshots).
+
+With ``compute.zones``: a preferred node affinity per zone on ``topology.kubernetes.io/zone``, weights from 100 down
+to 1 in the placement's order (``zone_preferences``), and ``ORCH_ZONE`` from the pod's copy of its node's zone label.
 """
 from __future__ import annotations
 
@@ -135,8 +138,8 @@ def _container(cfg: Any, overrides: Sequence[str], capacity: str, zoned: bool = 
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": _secret_name(cfg), "key": name}}}
             for name in invocation.secret_names]
     if zoned:
-        # the node's zone label, copied onto the pod when it is bound (PodTopologyLabelsAdmission, Kubernetes 1.35+;
-        # 1.33-1.34 behind its feature gate); empty where the cluster does not copy it
+        # the node's zone label, which the PodTopologyLabels admission plugin copies onto the pod when it is bound
+        # (KEP-4742: alpha in Kubernetes 1.33, beta in 1.35); empty where the cluster does not copy it
         env.append({"name": ZONE_ENV, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{ZONE_LABEL}']"}}})
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}

@@ -27,6 +27,12 @@ the launch directory's git commit (``ORCH_GIT_COMMIT``) travels in ``envs``
 for the reproducibility record. No cloud credentials: the VM's own role or
 service account reaches the bucket.
 
+With ``compute.zones``: ``resources.ordered``, one entry per zone in the placement's order
+(``orchestrator.backends.zones``), which SkyPilot tries in that order at the launch and again, from the top, at
+every recovery of the managed job (docs/scale-out.md, "Zones", says why this and not a zone per attempt); the run
+script first exports ``ORCH_ZONE``, the zone of ``SKYPILOT_CLUSTER_INFO``. ``backend.extra.region`` beside it is
+refused.
+
 With ``distributed.nodes`` > 1: ``num_nodes``, and the run script gives every node the multi-node contract
 (``orchestrator.backends.multinode``) with the store on the head, the first of ``SKYPILOT_NODE_IPS``.
 """

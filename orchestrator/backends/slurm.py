@@ -33,7 +33,9 @@ Settings read from the config: ``run.name`` (job name), ``backend.partition``, `
 from ``backend.extra``: ``python`` (the interpreter on the compute node;
 default: this launcher's, which suits a shared filesystem), ``output`` (the log
 file; Slurm patterns like %j allowed), ``sbatch_args`` (more ``#SBATCH``
-options, e.g. ["--time=04:00:00", "--mem=64G"]).
+options, e.g. ["--time=04:00:00", "--mem=64G"]), ``zone_partitions`` (with ``compute.zones``: the partition of
+each zone's nodes; the job asks for the zones' partitions in the placement's order, ``--partition=spot-b,spot-a``,
+and ``ORCH_ZONE`` is the zone of the partition it starts in; a listed zone without one is refused at launch).
 """
 from __future__ import annotations
 
