@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.app.hub_access import check_hub_model
 from orchestrator.app.image_pin import warn_unpinned_image
+from orchestrator.backends.zones import check_zone_settings
 from orchestrator.config import train_options
 from orchestrator.config.compose import check_resolvable
 from orchestrator.config.typed import DurationErrors, Durations
@@ -391,4 +392,4 @@ CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _chec
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS,
-          *multinode_checks.CHECKS, check_zones, check_hub_model, warn_unpinned_image)
+          *multinode_checks.CHECKS, check_zones, check_zone_settings, check_hub_model, warn_unpinned_image)
