@@ -66,10 +66,8 @@ class ResultStore:
     def save(self, name: str, *, step: int, manifest_sha256: str, evaluation: Any,
              cost_usd: Optional[float] = None) -> BenchResult:
         """``cost_usd``: the job's cost when the checkpoint was evaluated (logged beside its scores)."""
-        result = BenchResult.of(checkpoint=name, step=int(step), manifest_sha256=manifest_sha256,
-                                harness_version=self.identity["harness_version"], task_hash=self.identity["task_hash"],
-                                seed=self.identity["seed"], scores=evaluation.scores,
-                                samples=kept_samples(evaluation.scores, evaluation.samples),
+        result = BenchResult.of(checkpoint=name, step=int(step), manifest_sha256=manifest_sha256, **self.identity,
+                                scores=evaluation.scores, samples=kept_samples(evaluation.scores, evaluation.samples),
                                 seconds=round(float(evaluation.seconds), 3), cost_usd=cost_usd)
         self.store.put_bytes(self.key(name), result.encode())
         return result

@@ -46,9 +46,6 @@ def split(name: str) -> tuple[str, str]:
     return task, metric
 
 
-def _score(record: BenchResult, task: str, metric: str) -> tuple[Optional[dict], Optional[tuple[float, ...]]]:
-    score = record.score(task, metric)
-    return (None if score is None else score.encode()), record.items(task, metric)
 
 
 def decide(records: Iterable[BenchResult], name: str, *, patience: int, threshold: float,
@@ -58,17 +55,17 @@ def decide(records: Iterable[BenchResult], name: str, *, patience: int, threshol
     sign = 1.0 if greater_is_better else -1.0
     state, best = Selection(), None
     for record in sorted(records, key=lambda r: r.step):
-        score, items = _score(record, task, metric)
+        score, items = record.score(task, metric), record.items(task, metric)
         if score is None or record.step <= 0:
             continue
         if best is None:
-            best, state = (score, items), Selection(record.step, record.checkpoint, score["value"])
+            best, state = (score, items), Selection(record.step, record.checkpoint, score.value)
             continue
-        g = gain(score, best[0], items, best[1])
+        g = gain(score.encode(), best[0].encode(), items, best[1])
         points, half = sign * g.points, g.half_width
         if points - half > 100 * threshold and points > 0:  # better beyond noise (and the threshold)
             best = (score, items)
-            state = Selection(record.step, record.checkpoint, score["value"], 0, g)
+            state = Selection(record.step, record.checkpoint, score.value, 0, g)
         elif points + half <= 100 * threshold:  # shown no better than the best
             state = Selection(state.best_step, state.best_name, state.best_value, state.plateau + 1, g)
         else:  # within noise: cannot tell

@@ -189,7 +189,7 @@ class BenchWatch(TrainerCallback):
         metrics = bench_points(record)
         record_scores(self.record, int(step), metrics)
         if cost:
-            metrics["cost_usd"] = record.cost_usd
+            metrics.update(cost_usd=record.cost_usd)
         self.tracking.log_metrics(metrics, step)
         log_items(self.tracking, step, record)
         if chart and getattr(self.tracking, "active", True):

@@ -198,19 +198,19 @@ class SweepState:
         """Number the next trial (one conditional write: numbering continues across drivers). ``params``: its
         parameters, or a function of the stored trials (decoded) that gives them (the sampler, asked inside the
         write). Returns the trial with its parameters as given (the record keeps a secret redacted)."""
-        made: dict = {}
+        made: list[tuple[int, dict]] = []  # this write's trial number and parameters (its last round's)
 
         def fn(doc: dict) -> None:
             number = len(doc["trials"])
             values = params(cast(SweepRecord, self._read).trials) if callable(params) else params
-            made.clear()
-            made.update(number=number, params=values)
+            made.append((number, values))
             doc["trials"].append(dict(number=number, run_name=trial_run_name(self.name, number),
                                       params=trust.stored_params(values), rung=0, status="running", values={},
                                       launches=0))
 
         record = self.update(fn)
-        return replace(record.trials[made["number"]], params=made["params"])
+        number, values = made[-1]
+        return replace(record.trials[number], params=values)
 
 
 def describe_changes(old_space: dict, old_fixed: list[str], old_settings: dict, *, space: dict, fixed: list[str],
