@@ -4,8 +4,10 @@ It holds what a driver on any machine needs to go on after a SIGKILL: the search
 overrides (a relaunch that changes them is refused unless ``sweep.allow_changes``), the settings that
 shape the decisions, every trial (number, run name, parameters, the rung it was launched to, its status
 and its metric per rung) and every decision. Trial numbers are handed out by the same conditional write,
-so two drivers never give one number twice. Every read is checked (``parse_state``): a document that is
-not this shape, or holds a number that is not finite, is one SweepStateCorrupt error naming the object.
+so two drivers never give one number twice. Every read is decoded once, in the records floor
+(``orchestrator.records.sweep_record.SweepRecord``: the signature first, then types, finiteness and bounds): a
+record that is not sound as a whole is one SweepStateCorrupt error naming the object (exit 4); a trial entry that
+is not sound refuses that trial only (it reads as failed, with why).
 
 Shape::
 
