@@ -8,6 +8,7 @@ import pytest
 from orchestrator.evaluation import stats
 from orchestrator.evaluation.harness import Evaluation, parse_results
 from orchestrator.evaluation.results import ResultStore
+from tests.helpers.bench import result
 from orchestrator.storage import open_store
 
 
@@ -24,7 +25,7 @@ def _evaluation(acc: float) -> Evaluation:
 def test_a_sound_result_is_used_and_an_edited_one_refused_with_the_reason(tmp_path):
     results = _results(tmp_path)
     results.save("000000010-0001", step=10, manifest_sha256="m1", evaluation=_evaluation(0.75))
-    assert results.load("000000010-0001", manifest_sha256="m1")["scores"]["tiny_arith_mc"]["acc"]["value"] == 0.75
+    assert results.load("000000010-0001", manifest_sha256="m1").score("tiny_arith_mc", "acc").value == 0.75
     # another checkpoint under the same name (its manifest differs): not this one's score
     assert results.load("000000010-0001", manifest_sha256="m2") is None
     assert "its manifest hash differs" in results.refused[-1]
@@ -64,8 +65,8 @@ def test_paired_items_give_the_interval_of_the_per_item_differences():
     assert g.half_width == pytest.approx(100 * stats.Z95 * (0.1 * 0.9 * 100 / 99 / 100) ** 0.5)
     assert g.usd_per_point(1.0) == pytest.approx(0.1)
     same = {"harness_version": "0.4.9", "task_hash": "ab12", "seed": 1234}  # both scored the same items
-    rows = stats.gains({"scores": {"t": {"acc": {"value": 0.1, "stderr": 0.03}}}, "samples": {"t": {"acc": after}}, **same},
-                       {"scores": {"t": {"acc": {"value": 0.0, "stderr": 0.0}}}, "samples": {"t": {"acc": before}}, **same})
+    rows = stats.gains(result(scores={"t": {"acc": {"value": 0.1, "stderr": 0.03}}}, samples={"t": {"acc": after}}, **same),
+                       result(scores={"t": {"acc": {"value": 0.0, "stderr": 0.0}}}, samples={"t": {"acc": before}}, **same))
     assert list(rows) == ["t/acc"] and rows["t/acc"].paired
 
 
@@ -207,7 +208,7 @@ def test_with_a_signing_key_results_are_signed_and_an_edited_one_refused(tmp_pat
     monkeypatch.setenv("ORCH_MANIFEST_HMAC_KEY", "k" * 32)
     base = _base_store(tmp_path)
     base.save("base", step=0, manifest_sha256="base:k1", evaluation=_evaluation(0.75))
-    assert base.load("base", manifest_sha256="base:k1")["scores"]["tiny_arith_mc"]["acc"]["value"] == 0.75
+    assert base.load("base", manifest_sha256="base:k1").score("tiny_arith_mc", "acc").value == 0.75
     path = tmp_path / "runs/_bench/k1/base.json"
     signed = path.read_text()
     _rewrite(path, lambda r: (_acc(r, 0.4), r["samples"]["tiny_arith_mc"].update(acc=[1.0, 0.0, 0.0, 0.6])))
@@ -239,8 +240,8 @@ def test_results_of_another_eval_seed_are_stored_beside_not_over_the_jobs(tmp_pa
     ResultStore.for_run(store, "job", tasks, 1234).save("final", step=9, manifest_sha256="f",
                                                         evaluation=_evaluation(0.75))
     ResultStore.for_run(store, "job", tasks, 7).save("final", step=9, manifest_sha256="f", evaluation=_evaluation(0.5))
-    assert ResultStore.for_run(store, "job", tasks, 1234).load("final", manifest_sha256="f")["scores"][
-        "tiny_arith_mc"]["acc"]["value"] == 0.75
+    assert ResultStore.for_run(store, "job", tasks, 1234).load("final", manifest_sha256="f").score(
+        "tiny_arith_mc", "acc").value == 0.75
 
 
 def test_a_metric_that_is_not_a_fraction_is_not_reported_as_points():

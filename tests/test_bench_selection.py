@@ -4,14 +4,14 @@ the best checkpoint; a score shown flat to the item stops it after the patience.
 from __future__ import annotations
 
 from orchestrator.evaluation import selection
+from tests.helpers.bench import result
 
 NAME = "bench/tiny_arith_mc/acc"
 
 
 def _record(step, acc, stderr=0.05, items=None):
-    return {"step": step, "checkpoint": f"{step:09d}-0001",
-            "scores": {"tiny_arith_mc": {"acc": {"value": acc, "stderr": stderr}}},
-            "samples": {"tiny_arith_mc": {"acc": items}} if items else {}}
+    return result(step, scores={"tiny_arith_mc": {"acc": {"value": acc, "stderr": stderr}}},
+                  samples={"tiny_arith_mc": {"acc": items}} if items else {})
 
 
 def test_changes_within_the_standard_errors_never_stop_and_keep_the_first_best():

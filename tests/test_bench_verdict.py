@@ -5,6 +5,7 @@ from __future__ import annotations
 from orchestrator.evaluation import curve
 from orchestrator.evaluation.curve import Point
 from orchestrator.evaluation.stats import gains
+from tests.helpers.bench import result
 
 IDENTITY = {"harness_version": "0.4.9", "task_hash": "ab12cd34", "seed": 1234}
 ITEMS = curve.items_of(IDENTITY)
@@ -104,16 +105,16 @@ def test_equal_counts_of_other_items_are_not_paired():
     assert "from the two standard errors" in verdict.reason and "+10.0+-13.2 points" in verdict.reason, verdict
     assert "paired over 100 items" in curve.judge([base, after], window=1).reason
     # stored results (the final gain): the same rule
-    record = lambda acc, items, **kw: {"scores": {"t": {"acc": {"value": acc, "stderr": after.stderr}}},  # noqa: E731
-                                       "samples": {"t": {"acc": list(items)}}, **IDENTITY, **kw}
+    record = lambda acc, items, **kw: result(scores={"t": {"acc": {"value": acc, "stderr": after.stderr}}},  # noqa: E731
+                                             samples={"t": {"acc": list(items)}}, **dict(IDENTITY, **kw))
     stored_after, stored_base = record(after.value, after.items), record(base.value, base.items)
     assert gains(stored_after, stored_base)["t/acc"].paired
-    assert not gains(dict(stored_after, task_hash="other-task-hash"), stored_base)["t/acc"].paired
+    assert not gains(record(after.value, after.items, task_hash="other-task-hash"), stored_base)["t/acc"].paired
 
 
 def test_stored_results_become_points_the_base_at_zero_dollars(tmp_path):
     def record(step, acc, cost):
-        return {"step": step, "cost_usd": cost, "scores": {"t": {"acc": {"value": acc, "stderr": 0.02}}}}
+        return result(step, cost_usd=cost, scores={"t": {"acc": {"value": acc, "stderr": 0.02}}})
 
     series = curve.from_records([record(20, 0.5, 0.02), record(0, 0.3, None), record(10, 0.4, 0.01)])
     assert series == {"t/acc": [Point(0, 0.0, 0.3, 0.02), Point(10, 0.01, 0.4, 0.02), Point(20, 0.02, 0.5, 0.02)]}

@@ -163,6 +163,7 @@ def test_another_seeds_evaluation_logs_no_items_over_the_runs(tmp_path, monkeypa
 
     from orchestrator.app.compose import compose_config
     from orchestrator.evaluation.job import log_to_run
+    from tests.helpers.bench import result
     from orchestrator.storage import open_store
 
     store = open_store(str(tmp_path / "runs"))
@@ -188,8 +189,8 @@ def test_another_seeds_evaluation_logs_no_items_over_the_runs(tmp_path, monkeypa
     monkeypatch.setattr(mlflow, "MlflowClient", Client)
     cfg = compose_config([TASKS, "tracking.enabled=true", f"tracking.uri={tmp_path}/mlruns"])
     for seed, items in ((1234, [1.0, 0.0]), (7, [1.0, 1.0])):
-        record = {"scores": {"tiny_arith_mc": {"acc": {"value": sum(items) / 2}}},
-                  "samples": {"tiny_arith_mc": {"acc": items}}}
+        record = result(5, scores={"tiny_arith_mc": {"acc": {"value": sum(items) / 2}}},
+                        samples={"tiny_arith_mc": {"acc": items}}, seed=seed)  # the result store's
         log_to_run(cfg, store, "job1", record, 5, None, {"harness_version": "0.4.13", "task_hash": "ab", "seed": seed})
     assert logged["bench/tiny_arith_mc/acc"] == [5]
     (payload,) = artifacts.values()

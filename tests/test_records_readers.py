@@ -152,8 +152,12 @@ CONVERTED = {
     "orchestrator/evaluation/billing.py": (),
     "orchestrator/money/spend.py": (),
     "orchestrator/checkpoint/reward_cache.py": (),
+    # a sweep reads its trials' ledgers through records.sweep_record.TrialLedger
+    "orchestrator/sweep/trust.py": (),
+    "orchestrator/sweep/backends.py": (),
+    "orchestrator/sweep/driver.py": ("fn", "intent", "launched", "add_usage"),  # the record's writes (below)
 }
-STILL_RAW = ("orchestrator/sweep/trust.py",)
+STILL_RAW: tuple[str, ...] = ()
 _RAW_READ = re.compile(r"""(?:\.get\(\s*|\[\s*)["'](%s)["']""" % "|".join(LEDGER_KEYS))
 
 
@@ -172,24 +176,70 @@ def _functions(source: str) -> list[tuple[tuple[str, ...], str]]:
     return out
 
 
-@pytest.mark.parametrize("module", sorted(CONVERTED))
-def test_a_converted_reader_reads_no_stored_ledger_key_from_a_raw_dict(module):
-    allowed = CONVERTED[module]
+def _raw_reads(module: str, allowed: tuple[str, ...], pattern: re.Pattern) -> list[str]:
     found = []
     for n, (functions, line) in enumerate(_functions((REPO / module).read_text()), 1):
         code = line.split("#", 1)[0]
         if set(functions) & set(allowed) or code.lstrip().startswith(('"', "'")):
             continue
-        for match in _RAW_READ.finditer(code):
+        for match in pattern.finditer(code):
             found.append(f"{module}:{n} ({'.'.join(functions) or 'module'}): {match.group(0)}")
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(CONVERTED))
+def test_a_converted_reader_reads_no_stored_ledger_key_from_a_raw_dict(module):
+    found = _raw_reads(module, CONVERTED[module], _RAW_READ)
     assert not found, ("read the ledger through LedgerRecord.decode and its attributes "
                        "(orchestrator/records/ledger_record.py):\n" + "\n".join(found))
+
+
+# ---- the sweep record and benchmark results (issue 41 item 2, issue 42) --------------------------------------
+# Their readers in sweep/ and evaluation/ read ``SweepRecord`` / ``TrialEntry`` / ``TrialLedger``
+# (orchestrator/records/sweep_record.py) and ``BenchResult`` (orchestrator/records/bench_result.py) attributes. The
+# functions named beside a module are the record's writes: a conditional write's function changes the record as
+# stored (``SweepState.update``), after the read decoded it.
+SWEEP_KEYS = ("version", "space", "fixed", "settings", "trials", "decisions", "usage", "mlflow_run_id", "space_since",
+              "fence", "driver", "number", "run_name", "params", "rung", "status", "values", "launches", "submitted",
+              "launched_at", "log_offset", "launcher", "refused", "slot_seconds", "idle_seconds", "renewed_at",
+              "started", "decision", "quality", "evals", "attempts", "host", "pid")
+BENCH_KEYS = ("scores", "samples", "checkpoint", "manifest_sha256", "harness_version", "task_hash", "seed", "cost_usd",
+              "seconds", "sha256", "signature", "step", "value", "stderr")
+DOCUMENT_READERS = {
+    "orchestrator/sweep/state.py": (SWEEP_KEYS, ("mutate", "fn")),
+    "orchestrator/sweep/driver.py": (SWEEP_KEYS, ("fn", "intent", "launched", "add_usage")),
+    "orchestrator/sweep/decide.py": (SWEEP_KEYS, ()),
+    "orchestrator/sweep/trust.py": (SWEEP_KEYS, ()),
+    "orchestrator/sweep/backends.py": (SWEEP_KEYS, ()),
+    "orchestrator/sweep/cli.py": (SWEEP_KEYS, ()),
+    "orchestrator/sweep/tracking.py": (SWEEP_KEYS, ("note",)),
+    "orchestrator/sweep/dryrun.py": (SWEEP_KEYS, ()),
+    # the lease changes the record inside its writes; ``me`` is this process
+    "orchestrator/sweep/lease.py": (SWEEP_KEYS, ("same", "alive", "take", "renew", "release")),
+    # kept_samples: the evaluation's tables before they are stored
+    "orchestrator/evaluation/results.py": (BENCH_KEYS, ("kept_samples",)),
+    "orchestrator/evaluation/watch.py": (BENCH_KEYS, ("read_progress",)),
+    "orchestrator/evaluation/selection.py": (BENCH_KEYS, ()),
+    # gain: two {value, stderr} pairs, whatever they are of; read_items and items_of: an MLflow artifact, checked there
+    # from_history: a run's MLflow metrics, not a stored result
+    "orchestrator/evaluation/curve.py": (BENCH_KEYS, ("read_items", "items_of", "items_payload", "from_history")),
+    "orchestrator/evaluation/stats.py": (BENCH_KEYS, ("gain", "report_cell")),
+}
+
+
+@pytest.mark.parametrize("module", sorted(DOCUMENT_READERS))
+def test_a_reader_of_the_sweep_record_or_a_benchmark_result_reads_no_stored_key_from_a_raw_dict(module):
+    keys, allowed = DOCUMENT_READERS[module]
+    found = _raw_reads(module, allowed, re.compile(r"""(?:\.get\(\s*|\[\s*)["'](%s)["']""" % "|".join(keys)))
+    assert not found, ("read the sweep record and benchmark results decoded, through their attributes "
+                       "(orchestrator/records/sweep_record.py, orchestrator/records/bench_result.py):\n"
+                       + "\n".join(found))
 
 
 def test_the_scope_of_the_reader_check_is_honest():
     """Every module named here exists, and the ones still reading raw ledgers do read them (so a conversion moves
     a module from ``STILL_RAW`` to ``CONVERTED``)."""
-    for module in (*CONVERTED, *STILL_RAW):
+    for module in (*CONVERTED, *STILL_RAW, *DOCUMENT_READERS):
         assert (REPO / module).is_file(), module
     assert not set(CONVERTED) & set(STILL_RAW)
 

@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 
 from orchestrator.core import exitcodes
+from orchestrator.records.sweep_record import Launcher, TrialEntry
 from orchestrator.storage.local import LocalStore
 from orchestrator.sweep import backends
 
@@ -27,8 +29,11 @@ def sleeper(run: str) -> subprocess.Popen:
                              f"run.name={run}"])
 
 
-def running_trial(run: str, **extra) -> dict:
-    return dict(number=0, run_name=run, params={}, rung=0, status="running", values={}, launches=1, **extra)
+def running_trial(run: str, **extra) -> TrialEntry:
+    """A running trial as the driver reads it from the record (``launcher``: a launcher's identity, as stored)."""
+    who = extra.pop("launcher", None)
+    return TrialEntry(number=0, run_name=run, params={}, rung=0, status="running", values={}, launches=1,
+                      launcher=None if who is None else Launcher(who["host"], who["pid"], who["started"]), **extra)
 
 
 def test_a_local_launcher_of_the_dead_driver_is_adopted_and_ends_with_its_ledger(tmp_path):
@@ -40,8 +45,8 @@ def test_a_local_launcher_of_the_dead_driver_is_adopted_and_ends_with_its_ledger
         watch = backends.adoptable(trial, store, submits=False, log_path=tmp_path / "t0.log")
         assert isinstance(watch, backends.AdoptedLauncher) and watch.poll() is None
         # a reused pid (another start time) or another trial's process is not the launcher
-        assert backends.alive_launcher(dict(trial, launcher=dict(trial["launcher"], started=1.0))) is None
-        assert backends.alive_launcher(dict(trial, run_name="s-t1")) is None
+        assert backends.alive_launcher(replace(trial, launcher=replace(trial.launcher, started=1.0))) is None
+        assert backends.alive_launcher(replace(trial, run_name="s-t1")) is None
         ledger(store, "s-t0", "budget_exhausted", ["budget_exhausted"])
         proc.kill()
         proc.wait()
@@ -63,13 +68,13 @@ def test_a_submission_that_never_happened_is_gone_after_the_grace_and_a_made_one
     stale = running_trial(run, submitted=0, launched_at=now - 601, log_offset=log_path.stat().st_size,
                           launcher=None)
     assert backends.adoptable(stale, store, submits=True, log_path=log_path).poll() == backends.GONE
-    fresh = dict(stale, launched_at=now)
+    fresh = replace(stale, launched_at=now)
     assert backends.adoptable(fresh, store, submits=True, log_path=log_path).poll() is None  # within the grace
     with open(log_path, "ab") as f:
         f.write(f"submitted '{run}' to slurm: job 8\n".encode())  # this launch's sbatch went through: queued, wait
     assert backends.adoptable(stale, store, submits=True, log_path=log_path).poll() is None
     ledger(store, run, "completed", ["completed"])
-    assert backends.adoptable(dict(stale, log_offset=0), store, submits=True, log_path=log_path).poll() == 0
+    assert backends.adoptable(replace(stale, log_offset=0), store, submits=True, log_path=log_path).poll() == 0
 
 
 def test_a_relaunched_driver_launches_a_never_submitted_trial_again_under_its_number(tmp_path):
@@ -89,10 +94,10 @@ def test_a_relaunched_driver_launches_a_never_submitted_trial_again_under_its_nu
                                                       launches=1, launcher=None))
     driver = Driver(plan, poll_seconds=0.1, python=sys.executable)
     doc = driver._fill(plan.state.load())
-    assert list(driver.procs) == [0] and doc["trials"][0]["launches"] == 1  # first waited on, not resubmitted
+    assert list(driver.procs) == [0] and doc.trials[0].launches == 1  # first waited on, not resubmitted
     doc = driver._fill(driver._reap(doc))  # its submission is gone: launched again
-    trial = doc["trials"][0]
-    assert len(doc["trials"]) == 1 and trial["launches"] == 2 and trial["launcher"]["pid"] > 0
+    trial = doc.trials[0]
+    assert len(doc.trials) == 1 and trial.launches == 2 and trial.launcher.pid > 0
     launcher = driver.procs[0].launcher
     assert launcher.wait(300) == 0
     text = (tmp_path / "work" / "sweeps" / "default" / "t0.log").read_text()
@@ -111,7 +116,7 @@ def test_a_launcher_started_before_the_driver_recorded_it_is_found_by_its_comman
         watch = backends.adoptable(trial, store, submits=False, log_path=tmp_path / "t0.log")
         assert isinstance(watch, backends.AdoptedLauncher) and watch.process.pid == proc.pid
         # a launcher of the same trial started before this launch is an older one: not adopted
-        assert backends.adoptable(dict(trial, launched_at=launched_at + 30), store, submits=False,
+        assert backends.adoptable(replace(trial, launched_at=launched_at + 30), store, submits=False,
                                   log_path=tmp_path / "t0.log") is None
     finally:
         proc.kill()
@@ -133,7 +138,7 @@ def test_a_driver_whose_budget_is_spent_while_a_promoted_trial_waits_ends_instea
     plan = plan_sweep(args, launch.compose_for_launch)
     trial = plan.state.new_trial({"train.learning_rate": 1e-4})
     plan.state.update(lambda d: d["trials"][0].update(status="running", rung=1, values={"0": 0.5}))
-    spent = SpendIndex(plan.store, Caps(trial["run_name"], plan.experiment, experiment_max_usd=0.01))
+    spent = SpendIndex(plan.store, Caps(trial.run_name, plan.experiment, experiment_max_usd=0.01))
     spent.reserve(1, 0.0, 0.01)
     spent.settle(1, 0.01)
     driver = Driver(plan, poll_seconds=0.05, python=sys.executable)
@@ -142,4 +147,4 @@ def test_a_driver_whose_budget_is_spent_while_a_promoted_trial_waits_ends_instea
     ended = threading.Event()
     threading.Thread(target=lambda: (driver.run(), ended.set()), daemon=True).start()
     assert ended.wait(30), "the driver kept waiting for a budget that is spent"
-    assert not driver.procs and plan.state.load()["trials"][0]["launches"] == 0
+    assert not driver.procs and plan.state.load().trials[0].launches == 0

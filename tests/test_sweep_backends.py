@@ -59,7 +59,7 @@ def test_a_refused_submission_is_the_trials_outcome_and_a_crash_waits_for_the_en
     assert trial.poll() == exitcodes.CRASHED
 
 
-@pytest.mark.parametrize("raw,needle", [(b'{"attempts": "nonsense"}', "not a list of objects"),
+@pytest.mark.parametrize("raw,needle", [(b'{"attempts": "nonsense"}', "'attempts' is a JSON str, not a list"),
                                         (b'[1, 2]', "is a JSON list, not an object"), (b'{"att', "is not JSON")])
 def test_an_unreadable_ledger_refuses_that_trial_with_a_message_naming_it(tmp_path, raw, needle):
     """Waiting on it would wait for ever, and reading it raised a traceback: the driver refuses that trial only."""

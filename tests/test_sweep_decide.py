@@ -3,10 +3,36 @@ sampling, decisions in trial order, the leader."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+from types import SimpleNamespace
 
 from orchestrator.config.compose import split_sweep_overrides
-from orchestrator.sweep import decide
+from orchestrator.records.sweep_record import SweepRecord, TrialEntry
+from orchestrator.sweep import decide as _decide
 from orchestrator.sweep.space import SearchSpace
+
+
+def _typed(value):
+    """The tests' trials (dicts as the record stores them, changed in place between questions) as the driver hands
+    them to ``decide``: decoded (``TrialEntry``)."""
+    if isinstance(value, dict) and "run_name" in value:
+        doc = {"version": 1, "name": "s", "space": {}, "fixed": [], "settings": {},
+               "trials": [dict(value, number=0, run_name="s-t0")]}
+        return replace(SweepRecord.decode(doc, "test").trials[0], number=value["number"], run_name=value["run_name"])
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return value
+
+
+def _asking(fn):
+    def call(*args):
+        out = fn(*map(_typed, args))
+        return out.encode() if isinstance(out, TrialEntry) else out
+    return call
+
+
+decide = SimpleNamespace(**{name: _asking(value) if callable(value) and not isinstance(value, type) else value
+                            for name, value in vars(_decide).items() if not name.startswith("__")})
 
 SETTINGS = dict(max_steps=36, pruner="asha", min_fraction=1 / 9, reduction_factor=3, sampler="random", seed=7,
                 direction="maximize", metric="eval_accuracy")

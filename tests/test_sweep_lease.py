@@ -65,13 +65,13 @@ def test_a_dead_drivers_lease_is_taken_over_and_it_stops_at_its_next_write(store
     other_driver.kill()
     other_driver.wait()
     second = opened(store)  # its holder's process is gone: taken over at once
-    assert second.fence == 2 and second.load()["driver"]["pid"] == lease.me()["pid"]
+    assert second.fence == 2 and second.load().driver.pid == lease.me()["pid"]
     with pytest.raises(lease.SweepLeaseLost) as err:
         first.new_trial({"train.learning_rate": 1e-4})  # the driver presumed dead writes nothing
-    assert err.value.exit_code == 6 and second.load()["trials"] == []
+    assert err.value.exit_code == 6 and second.load().trials == ()
     second.new_trial({"train.learning_rate": 1e-4})
     second.release()
-    assert second.load()["driver"] is None
+    assert second.load().driver is None
 
 
 @pytest.mark.parametrize("age,taken", [(lease.LEASE_S + 1, True), (10, False)])
@@ -82,7 +82,7 @@ def test_a_lease_of_another_host_expires_after_its_last_renewal(store, age, take
     doc["driver"] = {"host": "elsewhere", "pid": 1, "started": 1.0, "renewed_at": time.time() - age}
     store.put_bytes(state.key, json.dumps(doc).encode())
     if taken:
-        assert opened(store).load()["driver"]["host"] == socket.gethostname()
+        assert opened(store).load().driver.host == socket.gethostname()
     else:
         with pytest.raises(lease.SweepBusy, match="pid 1 on host elsewhere"):
             opened(store)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from orchestrator import launch
+from orchestrator.records.sweep_record import TrialEntry
 from orchestrator.sweep import decide, trust
 from orchestrator.sweep.space import SearchSpace
 
@@ -18,9 +19,9 @@ SPACE = SearchSpace.from_specs({"train.learning_rate": ["choice", [1e-4, 2e-4, 3
 RANDOM = {"sampler": "random", "seed": 5, "pruner": "none", "max_steps": 8, "direction": "minimize"}
 
 
-def stored(number: int, params: dict) -> dict:
-    return dict(number=number, run_name=f"s-t{number}", params=params, rung=0, status="running", values={},
-                launches=0)
+def stored(number: int, params: dict, **fields) -> TrialEntry:
+    return TrialEntry(**dict(dict(number=number, run_name=f"s-t{number}", params=params, rung=0, status="running",
+                                  values={}, launches=0), **fields))
 
 
 def test_a_trials_parameters_are_the_ones_its_seeded_sampler_gives_it():
@@ -50,7 +51,7 @@ def test_where_the_sampler_cannot_rederive_a_value_it_must_lie_in_the_space():
 
 def test_a_narrowed_choice_does_not_crash_the_sampler_and_the_old_trial_is_not_reused():
     narrowed = SearchSpace.from_specs({"train.learning_rate": ["choice", [1e-4, 2e-4]]})
-    old = dict(stored(0, {"train.learning_rate": 4e-4}), status="paused", values={"0": 0.5})
+    old = stored(0, {"train.learning_rate": 4e-4}, status="paused", values={0: 0.5})
     assert decide.sample(narrowed, RANDOM, [old], 1)["train.learning_rate"] in (1e-4, 2e-4)  # used to raise
     with pytest.raises(trust.TrialRefused, match=r"train.learning_rate=0.0004 is outside the sweep's space"):
         trust.launch_params(narrowed, RANDOM, old, since=1)
@@ -66,7 +67,7 @@ def test_a_swept_secret_is_stored_redacted_and_launched_with_its_value(store):
     state.new_trial(lambda trials: decide.sample(space, RANDOM, trials, len(trials)))
     raw = store.get_bytes(state.key).decode()
     assert "SECRET" not in raw
-    trial = state.load()["trials"][0]
+    trial = state.load().trials[0]
     assert trust.launch_params(space, RANDOM, trial, since=0) == decide.sample(space, RANDOM, [], 0)
     # a relaunch with the same space is no change; one with another secret is (the redacted forms differ)
     state.open(space=space.to_json(), fixed=[], settings=RANDOM, allow_changes=False)
@@ -82,7 +83,7 @@ def test_a_signed_record_resumes_and_an_edited_or_unsigned_one_is_one_error_nami
     state = SweepState(store, "s")
     state.open(space=space, fixed=[], settings=RANDOM, allow_changes=False)
     state.new_trial({"train.learning_rate": 1e-4})
-    assert state.load()["trials"][0]["params"] == {"train.learning_rate": 1e-4}  # signed, checked, resumed
+    assert state.load().trials[0].params == {"train.learning_rate": 1e-4}  # signed, checked, resumed
     doc = json.loads(store.get_bytes(state.key))
     doc["trials"][0]["params"]["compute.price_per_hour"] = 0.0
     store.put_bytes(state.key, json.dumps(doc).encode())
@@ -143,9 +144,9 @@ def test_bad_trials_are_refused_one_by_one_and_the_sweep_goes_on_with_its_own_va
     doc = driver._fill(plan.state.load())
     for proc in driver.procs.values():
         proc.wait(30)
-    status = [t["status"] for t in doc["trials"]]
+    status = [t.status for t in doc.trials]
     assert status == ["failed", "failed", "failed", "failed", "running"], status
-    refused = [t.get("refused", "") for t in doc["trials"]]
+    refused = [t.refused or "" for t in doc.trials]
     assert "model.trust_remote_code" in refused[0] and "is a JSON list" in refused[1]
     assert "past its schedule" in refused[2] and "1e+300 s, more than a week" in refused[3]
     assert caplog.text.count("is refused") == 4 and "\x1b" not in caplog.text + refused[0]
@@ -155,7 +156,7 @@ def test_bad_trials_are_refused_one_by_one_and_the_sweep_goes_on_with_its_own_va
     assert "refused: its ledger" in shown and "refused: its rung is 7, past its schedule" in shown
     assert "\x1b" not in shown
     argv = (tmp_path / "argv.txt").read_text().splitlines()
-    (own,) = set(grid) - {t["params"]["train.learning_rate"] for t in doc["trials"][:4]}  # the grid's last point
+    (own,) = set(grid) - {t.params["train.learning_rate"] for t in doc.trials[:4]}  # the grid's last point
     assert len(argv) == 1 and "run.name=default-t4" in argv[0] and f"train.learning_rate={own!r}" in argv[0]
     assert "trust_remote_code" not in argv[0] and "restart_seconds" not in argv[0]
 
@@ -167,6 +168,7 @@ def test_a_forged_launcher_record_is_not_waited_on(tmp_path):
     import subprocess
     import time
 
+    from orchestrator.records.sweep_record import Launcher
     from orchestrator.sweep import backends
 
     def process(*args: str) -> subprocess.Popen:
@@ -178,8 +180,8 @@ def test_a_forged_launcher_record_is_not_waited_on(tmp_path):
         now = time.time()
         for proc, launched_at, adopted in [(stranger, now - 30, False), (launcher, now + 30, False),
                                            (launcher, now - 30, True)]:
-            trial = dict(stored(0, {}), launcher=backends.launcher_identity(proc.pid), launched_at=launched_at,
-                         submitted=None)
+            who = backends.launcher_identity(proc.pid)
+            trial = stored(0, {}, launcher=Launcher(who["host"], who["pid"], who["started"]), launched_at=launched_at)
             assert (backends.alive_launcher(trial) is not None) == adopted, (proc.args, launched_at)
     finally:
         for proc in (stranger, launcher):

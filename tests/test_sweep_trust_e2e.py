@@ -90,8 +90,8 @@ def test_a_crafted_sweep_record_runs_no_code_from_the_bucket_and_spends_within_t
         return
     from orchestrator.sweep.state import SweepState
 
-    trial = SweepState(storage.store(), "evil").load()["trials"][0]
-    assert trial["status"] == "failed" and trial["launches"] == 0, trial
-    assert "compute.price_per_hour, model.name_or_path, model.trust_remote_code" in trial["refused"]
+    trial = SweepState(storage.store(), "evil").load().trials[0]
+    assert trial.status == "failed" and trial.launches == 0, trial
+    assert "compute.price_per_hour, model.name_or_path, model.trust_remote_code" in trial.refused
     assert "trial 0 (evil-t0) is refused" in text and out.returncode == 0, text
     assert not storage.store().exists("evil-t0/ledger.json")  # never launched

@@ -103,11 +103,13 @@ def test_system_metrics_are_on_for_a_gpu_job_unless_turned_off(store_uri, monkey
 
 
 def test_the_description_carries_the_verdict_and_the_checkpoints_are_a_table(store_uri, tmp_path, capsys):
+    from tests.helpers.bench import result
+
     tracker = _tracker(store_uri)
     checkpoints = [{"step": 20, "fence": 1, "time": 1765000000.0, "size": 1000, "key": "job-a/checkpoints/a"},
                    {"step": 40, "fence": 2, "time": 1765000060.0, "size": 2000, "key": "job-a/checkpoints/b"}]
-    records = [{"step": s, "cost_usd": 0.01 * i, "scores": {"tiny": {"acc": {"value": v, "stderr": 0.03}}}}
-               for i, (s, v) in enumerate([(0, 0.30), (20, 0.45), (40, 0.60), (60, 0.75)])]
+    records = [result(s, cost_usd=0.01 * i, scores={"tiny": {"acc": {"value": v, "stderr": 0.03}}})
+               for i, (s, v) in enumerate([(0, 0.30), (20, 0.45), (40, 0.60), (60, 0.75)])]  # the result store's
     ledger = LedgerRecord.decode({"step": 60, "checkpoints": checkpoints,
                                   "attempts": [{"fence": 1, "exit_class": "preempted", "cost_usd": 0.5},
                                                {"fence": 2, "exit_class": "completed", "cost_usd": 1.0}]},

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, cast
 
 from orchestrator.evaluation.stats import Z95, gain, items_agree
+from orchestrator.records.bench_result import BenchResult
 
 log = logging.getLogger(__name__)
 
@@ -91,21 +92,20 @@ class Verdict:
     reason: str
 
 
-def from_records(records: Iterable[dict]) -> dict[str, list[Point]]:
-    """Per ``task/metric``, the points of stored results (``results.ResultStore`` records), one per step."""
+def from_records(records: Iterable[BenchResult]) -> dict[str, list[Point]]:
+    """Per ``task/metric``, the points of stored results (``results.ResultStore``'s), one per step."""
     by_step: dict[str, dict[int, Point]] = {}
     for record in records:
-        step = int(record["step"])
-        usd = 0.0 if step == 0 else record.get("cost_usd")
+        step = record.step
+        usd = 0.0 if step == 0 else record.cost_usd
         if usd is None:
             continue
-        for task, scores in (record.get("scores") or {}).items():
+        for task, scores in record.scores.items():
             for metric, score in scores.items():
-                items = ((record.get("samples") or {}).get(task) or {}).get(metric)
-                if score.get("value") is not None:
-                    by_step.setdefault(f"{task}/{metric}", {})[step] = Point(
-                        step, float(usd), float(score["value"]), score.get("stderr"), tuple(items) if items else None,
-                        items_of(record) if items else None)
+                items = record.items(task, metric)
+                by_step.setdefault(f"{task}/{metric}", {})[step] = Point(
+                    step, float(usd), score.value, score.stderr, tuple(items) if items else None,
+                    items_of(record.identity) if items else None)
     return {key: [steps[s] for s in sorted(steps)] for key, steps in sorted(by_step.items())}
 
 
@@ -215,7 +215,7 @@ def plot(series: dict[str, list[Point]], out_path: str, *, title: str = "benchma
     return drawn
 
 
-def render(records: Iterable[dict], *, title: str) -> bytes:
+def render(records: Iterable[BenchResult], *, title: str) -> bytes:
     """The PNG of ``plot`` over stored results' points (a job's own chart)."""
     import tempfile
 

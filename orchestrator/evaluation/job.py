@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.records.bench_result import BenchResult
 from orchestrator.storage.base import TransientStorageError, finite_number
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     return counts
 
 
-def log_to_run(cfg: Any, store: Any, run_name: str, record: dict, step: int, committed_at: Optional[float],
+def log_to_run(cfg: Any, store: Any, run_name: str, record: BenchResult, step: int, committed_at: Optional[float],
                identity: dict) -> int:
     """``record``'s (a stored result's) ``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's
     MLflow run (the ledger's), with ``cost_usd`` beside them: the training's cost up to the checkpoint's commit
@@ -156,10 +157,9 @@ def log_to_run(cfg: Any, store: Any, run_name: str, record: dict, step: int, com
     quiet_telemetry()
     client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking))
     now_ms, points = int(time.time() * 1000), []
-    for task, metrics in record["scores"].items():
+    for task, metrics in record.scores.items():
         for metric, score in metrics.items():
-            for key, value in ((f"bench/{task}/{metric}", score.get("value")),
-                               (f"bench/{task}/{metric}_stderr", score.get("stderr"))):
+            for key, value in ((f"bench/{task}/{metric}", score.value), (f"bench/{task}/{metric}_stderr", score.stderr)):
                 if value is not None and step not in {m.step for m in client.get_metric_history(run_id, key)}:
                     points.append(Metric(key, float(value), now_ms, int(step)))
     if cost_usd is not None and step not in {m.step for m in client.get_metric_history(run_id, "cost_usd")}:
@@ -167,10 +167,10 @@ def log_to_run(cfg: Any, store: Any, run_name: str, record: dict, step: int, com
     scored = any(p.key.startswith("bench/") for p in points)
     if points:
         client.log_batch(run_id, metrics=points)
-    if record["samples"] and scored:
+    if record.samples and scored:
         from orchestrator.evaluation import curve
 
-        client.log_dict(run_id, curve.items_payload(step, record["samples"], identity), curve.items_artifact(step))
+        client.log_dict(run_id, curve.items_payload(step, record.samples_table(), identity), curve.items_artifact(step))
     return len(points)
 
 

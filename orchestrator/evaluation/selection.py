@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from orchestrator.evaluation.stats import Gain, gain
+from orchestrator.records.bench_result import BenchResult
 
 PREFIX = "bench/"
 
@@ -45,30 +46,26 @@ def split(name: str) -> tuple[str, str]:
     return task, metric
 
 
-def _score(record: dict, task: str, metric: str) -> tuple[Optional[dict], Optional[list]]:
-    score = ((record.get("scores") or {}).get(task) or {}).get(metric)
-    items = ((record.get("samples") or {}).get(task) or {}).get(metric)
-    return (score if score and score.get("value") is not None else None), items
 
 
-def decide(records: Iterable[dict], name: str, *, patience: int, threshold: float,
+def decide(records: Iterable[BenchResult], name: str, *, patience: int, threshold: float,
            greater_is_better: bool = True, max_steps: Optional[int] = None) -> Selection:
     """The best checkpoint and the plateau count after ``records`` (checkpoint results, any order)."""
     task, metric = split(name)
     sign = 1.0 if greater_is_better else -1.0
     state, best = Selection(), None
-    for record in sorted(records, key=lambda r: int(r["step"])):
-        score, items = _score(record, task, metric)
-        if score is None or int(record["step"]) <= 0:
+    for record in sorted(records, key=lambda r: r.step):
+        score, items = record.score(task, metric), record.items(task, metric)
+        if score is None or record.step <= 0:
             continue
         if best is None:
-            best, state = (score, items), Selection(int(record["step"]), record.get("checkpoint"), score["value"])
+            best, state = (score, items), Selection(record.step, record.checkpoint, score.value)
             continue
-        g = gain(score, best[0], items, best[1])
+        g = gain(score.encode(), best[0].encode(), items, best[1])
         points, half = sign * g.points, g.half_width
         if points - half > 100 * threshold and points > 0:  # better beyond noise (and the threshold)
             best = (score, items)
-            state = Selection(int(record["step"]), record.get("checkpoint"), score["value"], 0, g)
+            state = Selection(record.step, record.checkpoint, score.value, 0, g)
         elif points + half <= 100 * threshold:  # shown no better than the best
             state = Selection(state.best_step, state.best_name, state.best_value, state.plateau + 1, g)
         else:  # within noise: cannot tell
@@ -77,15 +74,15 @@ def decide(records: Iterable[dict], name: str, *, patience: int, threshold: floa
             state = Selection(state.best_step, state.best_name, state.best_value, state.plateau, g, (
                 f"{name} has been no better than its best ({state.best_value:.4f}, step {state.best_step}) beyond "
                 f"noise for {patience} evaluations (the last: {g.points:+.1f}+-{g.half_width:.1f} points); training "
-                f"ended at step {int(record['step'])}" + (f" of {max_steps}" if max_steps else "")))
+                f"ended at step {record.step}" + (f" of {max_steps}" if max_steps else "")))
             break
     return state
 
 
-def of_checkpoints(records: Iterable[dict], name: str, train_cfg) -> Selection:
+def of_checkpoints(records: Iterable[BenchResult], name: str, train_cfg) -> Selection:
     """``decide`` over a job's checkpoint results (not the base's, at step 0, nor the final weights'), with the
     job's ``train.early_stopping_patience`` and ``_threshold``."""
-    candidates = [r for r in records if int(r["step"]) > 0 and r.get("checkpoint") != "final"]
+    candidates = [r for r in records if r.step > 0 and r.checkpoint != "final"]
     return decide(candidates, name, patience=int(train_cfg.early_stopping_patience),
                   threshold=float(train_cfg.early_stopping_threshold), max_steps=int(train_cfg.max_steps))
 

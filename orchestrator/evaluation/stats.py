@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
+
+from orchestrator.records.bench_result import ITEMS_TOLERANCE, BenchResult, items_agree
 
 Z95 = 1.959963984540054
-ITEMS_TOLERANCE = 1e-6  # a score and the mean of its per-item values: the same number up to float rounding
-
-
-def items_agree(value, items) -> bool:
-    """Whether ``value`` is the mean of ``items`` (the harness's per-item values of an accuracy-like metric):
-    per-item values that are not those the score was computed from are not paired with anything."""
-    if not items or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return abs(sum(float(v) for v in items) / len(items) - float(value)) <= ITEMS_TOLERANCE
+__all__ = ["ITEMS_TOLERANCE", "Z95", "Gain", "gain", "gains", "items_agree", "report_cell"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +45,8 @@ class Gain:
         return f"{self.points:+.1f} points (+-{self.half_width:.1f}), ${per_point:.6f} per point"
 
 
-def gain(after: dict, before: dict, after_items: Optional[list] = None, before_items: Optional[list] = None) -> Gain:
+def gain(after: dict, before: dict, after_items: Optional[Sequence[float]] = None,
+         before_items: Optional[Sequence[float]] = None) -> Gain:
     """``after``/``before``: ``{"value", "stderr"}``; ``*_items``: per-item values over the same items, used only
     where each score is their mean (``items_agree``: else the per-item values are not that score's evidence)."""
     if (after_items and before_items and len(after_items) == len(before_items) and len(after_items) > 1
@@ -65,22 +60,21 @@ def gain(after: dict, before: dict, after_items: Optional[list] = None, before_i
     return Gain(points=100 * (after["value"] - before["value"]), half_width=100 * Z95 * se, paired=False)
 
 
-def gains(after: dict, before: dict) -> dict:
-    """Per ``task/metric`` of two stored results (``scores``/``samples``), the gain of ``after`` over ``before``:
-    paired only when both scored the same items (same harness version, task hash and seed)."""
-    keys = ("harness_version", "task_hash", "seed")
-    same_items = all(after.get(k) is not None and after.get(k) == before.get(k) for k in keys)
+def gains(after: BenchResult, before: BenchResult) -> dict:
+    """Per ``task/metric`` of two stored results (their scores and per-item values), the gain of ``after`` over
+    ``before``: paired only when both scored the same items (same harness version, task hash and seed)."""
+    same_items = after.identity == before.identity
     out = {}
-    for task, metrics in (after.get("scores") or {}).items():
+    for task, metrics in after.scores.items():
         for metric, score in metrics.items():
-            base = ((before.get("scores") or {}).get(task) or {}).get(metric)
-            if base is None or "value" not in score or "value" not in base:
+            base = before.score(task, metric)
+            if base is None:
                 continue
             if not same_items:
-                out[f"{task}/{metric}"] = gain(score, base)
+                out[f"{task}/{metric}"] = gain(score.encode(), base.encode())
                 continue
-            out[f"{task}/{metric}"] = gain(score, base, ((after.get("samples") or {}).get(task) or {}).get(metric),
-                                           ((before.get("samples") or {}).get(task) or {}).get(metric))
+            out[f"{task}/{metric}"] = gain(score.encode(), base.encode(), after.items(task, metric),
+                                           before.items(task, metric))
     return out
 
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from typing import Any, Optional
 
 from transformers import TrainerCallback
 
 from orchestrator.evaluation import curve, harness, selection, spec, stats
 from orchestrator.evaluation.results import ResultStore, manifest_hash
+from orchestrator.records.bench_result import BenchResult
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,11 @@ class BenchWatch(TrainerCallback):
         key = base_key(cfg, self.task_set)
         self.base_results = ResultStore(store, f"_bench/{key}", harness_version=self.task_set.harness_version,
                                         task_hash=self.task_set.config_hash, seed=cfg.eval.seed)
-        self.base: Optional[dict] = None
+        self.base: Optional[BenchResult] = None
         self.seconds = 0.0  # evaluation time this attempt
         self.evaluated: list[int] = []  # steps evaluated this attempt
         self.history: list[list[int]] = []  # [step, regular commits since the last evaluated one] per noted save
-        self.records: dict[int, dict] = {}  # step -> the result logged at it (the base's at 0): the chart's points
+        self.records: dict[int, BenchResult] = {}  # step -> the result logged at it (the base's at 0): the chart's points
         name = cfg.train.early_stopping_metric
         # early stopping / checkpoint.final=best on a benchmark metric; the reason training ended early on it
         self.select = name if selection.is_bench_metric(name) else None
@@ -109,7 +111,7 @@ class BenchWatch(TrainerCallback):
         self._decide(state, control, announce=announce)
         self._log(record, step, cost=not (self.early_stop_reason or step >= state.max_steps > 0))
 
-    def after_final(self, trainer: Any, step: int) -> Optional[dict]:
+    def after_final(self, trainer: Any, step: int) -> Optional[dict]:  # the summary's rows
         """The final weights (committed under ``<run>/final/``), then the job's benchmark summary."""
         digest = manifest_hash(self.store, f"{self.run_name}/final/manifest.json") or f"unsaved-step-{step}"
         record = self._score("final", step, digest, trainer.model, trainer.processing_class,
@@ -117,7 +119,7 @@ class BenchWatch(TrainerCallback):
         self._log(record, step, cost=False)  # the closing report logs the final total at the last step
         return self.summary(record)
 
-    def _score(self, name: str, step: int, digest: str, model, tokenizer, keep_samples: bool = False) -> dict:
+    def _score(self, name: str, step: int, digest: str, model, tokenizer, keep_samples: bool = False) -> BenchResult:
         record = self.results.load(name, manifest_sha256=digest)
         if record is not None and not keep_samples:
             return record
@@ -130,7 +132,7 @@ class BenchWatch(TrainerCallback):
         return self.results.save(name, step=step, manifest_sha256=digest, evaluation=result,
                                  cost_usd=self.money.total_cost_usd())
 
-    def _base(self, model, tokenizer) -> Optional[dict]:
+    def _base(self, model, tokenizer) -> Optional[BenchResult]:
         """The base model's scores, from ``_bench/<key>/`` or evaluated once (LoRA: the adapter switched off)."""
         identity = f"base:{base_key(self.cfg, self.task_set)}"
         cached = self.base_results.load("base", manifest_sha256=identity)
@@ -173,21 +175,21 @@ class BenchWatch(TrainerCallback):
                 continue
             digest = manifest_hash(self.store, f"{self.run_name}/checkpoints/{name}/manifest.json")
             record = self.results.load(name, manifest_sha256=digest) if digest else None  # None: retention took it
-            if record is not None and record["step"] <= restored_step:
+            if record is not None and record.step <= restored_step:
                 records.append(record)
-        for record in sorted(records, key=lambda r: r["step"]):
-            self._log(record, record["step"], cost=record.get("cost_usd") is not None, chart=False)
+        for record in sorted(records, key=lambda r: r.step):
+            self._log(record, record.step, cost=record.cost_usd is not None, chart=False)
 
-    def _log(self, record: dict, step: int, *, cost: bool = True, chart: bool = True) -> None:
+    def _log(self, record: BenchResult, step: int, *, cost: bool = True, chart: bool = True) -> None:
         """The record's points at ``step``, then (``chart``) the score-against-dollars chart redrawn from every
         point so far (replayed ones included) under one artifact name: a restart replaces it, never adds one."""
-        if cost and record.get("cost_usd") is None:
-            record = dict(record, cost_usd=self.money.total_cost_usd())
-        self.records.setdefault(int(step), dict(record, step=int(step)))  # final=best: the best's own point stays
+        if cost and record.cost_usd is None:
+            record = replace(record, cost_usd=self.money.total_cost_usd())
+        self.records.setdefault(int(step), replace(record, step=int(step)))  # final=best: the best's own point stays
         metrics = bench_points(record)
         record_scores(self.record, int(step), metrics)
         if cost:
-            metrics["cost_usd"] = record["cost_usd"]
+            metrics.update(cost_usd=record.cost_usd)
         self.tracking.log_metrics(metrics, step)
         log_items(self.tracking, step, record)
         if chart and getattr(self.tracking, "active", True):
@@ -197,7 +199,7 @@ class BenchWatch(TrainerCallback):
         if tracker is not None:  # delivered now: a SIGKILL after this loses no point
             tracker.flush(timeout_s=10.0)
 
-    def summary(self, final: dict) -> Optional[dict]:
+    def summary(self, final: BenchResult) -> Optional[dict]:
         """Per task and metric: the final score, the base's, the gain with its 95% interval, USD per point."""
         if self.base is None:
             return None
@@ -212,7 +214,7 @@ class BenchWatch(TrainerCallback):
             gain_metrics[f"bench_gain/{key}_interval"] = row["interval_points"]
             if row["usd_per_point"] is not None:
                 gain_metrics[f"bench_usd_per_point/{key}"] = row["usd_per_point"]
-        self.tracking.log_metrics(gain_metrics, int(final["step"]))
+        self.tracking.log_metrics(gain_metrics, final.step)
         lines = [f"benchmark {key}: {row['verdict']}" for key, row in rows.items()]
         if lines:
             print("\n".join(lines), flush=True)
@@ -235,14 +237,14 @@ class BenchWatch(TrainerCallback):
         return found[-1] if found and step > 0 else None
 
 
-def bench_points(record: dict) -> dict:
+def bench_points(record: BenchResult) -> dict:
     """A stored result's MLflow points: ``bench/<task>/<metric>`` and its ``_stderr`` where the harness gives one."""
-    metrics = {}
-    for task, scores in record["scores"].items():
+    metrics: dict[str, Any] = {}
+    for task, scores in record.scores.items():
         for metric, score in scores.items():
-            metrics[f"bench/{task}/{metric}"] = score.get("value")
-            if score.get("stderr") is not None:
-                metrics[f"bench/{task}/{metric}_stderr"] = score["stderr"]
+            metrics[f"bench/{task}/{metric}"] = score.value
+            if score.stderr is not None:
+                metrics[f"bench/{task}/{metric}_stderr"] = score.stderr
     return metrics
 
 
@@ -254,11 +256,11 @@ def record_scores(record: Any, step: int, metrics: dict) -> None:
         record.record_eval(step, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
 
 
-def log_items(tracking: Any, step: int, record: dict) -> None:
+def log_items(tracking: Any, step: int, record: BenchResult) -> None:
     """The record's per-item values as the run's ``bench/items/`` artifact of its step: what makes the report's
     verdict paired over the same items (MLflow's metrics hold only the score and its standard error)."""
-    if record.get("samples"):
-        tracking.log_dict(curve.items_payload(step, record["samples"], record), curve.items_artifact(step))
+    if record.samples:
+        tracking.log_dict(curve.items_payload(step, record.samples_table(), record.identity), curve.items_artifact(step))
 
 
 def read_progress(store: Any, key: str) -> list[list[int]]:

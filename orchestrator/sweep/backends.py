@@ -23,11 +23,12 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
-from typing import Optional, Union, cast
+from typing import Optional, Union
 
 import psutil
 
 from orchestrator.core import exitcodes
+from orchestrator.records.sweep_record import TrialEntry
 from orchestrator.sweep.trust import trial_ledger
 
 SUBMITTING = ("slurm", "skypilot", "kubernetes")
@@ -44,7 +45,7 @@ def submits(cfg) -> bool:
 
 def attempts_so_far(store, run_name: str) -> int:
     """The attempts in the trial's ledger (``trust.trial_ledger``: TrialRefused when it is not a ledger)."""
-    return len(trial_ledger(store, run_name).get("attempts") or [])
+    return len(trial_ledger(store, run_name).record.attempts)
 
 
 def launcher_identity(pid: int) -> dict:
@@ -56,23 +57,23 @@ def launcher_identity(pid: int) -> dict:
     return {"host": socket.gethostname(), "pid": int(pid), "started": float(started)}
 
 
-def alive_launcher(trial: dict) -> Optional[psutil.Process]:
+def alive_launcher(trial: TrialEntry) -> Optional[psutil.Process]:
     """The trial's launcher from the record, if it still runs on this host and is what a driver starts for it: the
     recorded pid and start time, a ``python -m orchestrator.launch ... run.name=<run>`` of this user, started no
     earlier than the launch the record announced (``launched_at``). A record naming another process (a stranger's,
     or one that was running before the launch) is not waited on. With none recorded (the driver died between its
     start and the record), one found by its command line."""
-    who = trial.get("launcher")
-    if who is None and trial.get("launched_at"):
-        return _launcher_started_since(trial["run_name"], float(trial["launched_at"]))
-    if not isinstance(who, dict) or who.get("host") != socket.gethostname():
+    who = trial.launcher
+    if who is None and trial.launched_at:
+        return _launcher_started_since(trial.run_name, trial.launched_at)
+    if who is None or who.host != socket.gethostname():
         return None
     try:
-        proc = psutil.Process(int(who["pid"]))
-        if abs(proc.create_time() - float(who["started"])) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+        proc = psutil.Process(who.pid)
+        if abs(proc.create_time() - who.started) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return proc if _launcher_of(proc, trial["run_name"], float(trial.get("launched_at") or 0.0)) else None
-    except (psutil.Error, KeyError, TypeError, ValueError):
+        return proc if _launcher_of(proc, trial.run_name, trial.launched_at or 0.0) else None
+    except (psutil.Error, ValueError):
         return None
 
 
@@ -117,7 +118,7 @@ class AdoptedLauncher:
         if _running(self.process):
             return None
         ledger = trial_ledger(self.store, self.run_name)  # TrialRefused when it is not a ledger
-        return _CODES.get(cast(str, ledger.get("status")), GONE)
+        return _CODES.get(ledger.status, GONE)
 
 
 class _Submitting:
@@ -140,16 +141,16 @@ def submission_logged(log_path: Path, offset: int, run_name: str) -> bool:
         return False
 
 
-def adoptable(trial: dict, store, *, submits: bool, log_path: Path, grace: float = SUBMIT_GRACE_SECONDS):
+def adoptable(trial: TrialEntry, store, *, submits: bool, log_path: Path, grace: float = SUBMIT_GRACE_SECONDS):
     """What a relaunched driver waits on for a trial the record says runs: the dead driver's launcher (local),
     its submission (a scheduler's), or None (nothing runs it: launch it)."""
     alive = alive_launcher(trial)
-    if submits and isinstance(trial.get("submitted"), int):
-        known = alive is not None or submission_logged(log_path, int(trial.get("log_offset") or 0), trial["run_name"])
-        expires = None if known else float(trial.get("launched_at") or 0.0) + grace
-        return SubmittedTrial(_Submitting(alive) if alive else None, store, trial["run_name"], trial["submitted"],
+    if submits and trial.submitted is not None:
+        known = alive is not None or submission_logged(log_path, trial.log_offset or 0, trial.run_name)
+        expires = None if known else (trial.launched_at or 0.0) + grace
+        return SubmittedTrial(_Submitting(alive) if alive else None, store, trial.run_name, trial.submitted,
                               expires_at=expires)
-    return AdoptedLauncher(alive, store, trial["run_name"]) if alive is not None and not submits else None
+    return AdoptedLauncher(alive, store, trial.run_name) if alive is not None and not submits else None
 
 
 class SubmittedTrial:
@@ -175,15 +176,15 @@ class SubmittedTrial:
 
     def _from_ledger(self) -> Union[int, str, None]:
         ledger = trial_ledger(self.store, self.run_name)  # TrialRefused when it is not a ledger
-        attempts = ledger.get("attempts") or []
+        attempts = ledger.record.attempts
         if len(attempts) <= self.before:
             if self.expires_at is not None and time.time() >= self.expires_at:
                 return GONE  # the dead driver never submitted it
             return None  # queued: no attempt of this submission yet
-        if any(a.get("exit_class") == exitcodes.RUNNING for a in attempts[self.before:]):
+        if any(a.running for a in attempts[self.before:]):
             self._failed_since = None
             return None
-        status = ledger.get("status")
+        status = ledger.status
         if status in _CODES:
             return _CODES[status]
         if status == "failed":  # the engine requeues a crash unless its restarts are spent: wait for a new attempt

@@ -8,6 +8,7 @@ import sys
 from typing import Any, cast
 
 from orchestrator.core.errors import UserError
+from orchestrator.records.sweep_record import SweepRecord
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ def run_sweep(argv: list[str], compose_for_launch) -> int:
               f"${plan.budget_usd:g}; state in {plan.state.uri}; trial logs in {plan.log_dir}", flush=True)
         tracking = SweepTracking.open(plan)
         code = Driver(plan, events=tracking.event if tracking else None).run()
-        doc = plan.state.load()
+        doc = plan.state.loaded()
         if tracking:
             tracking.finish(doc, _spent(plan), code=code)
     except UserError as err:
@@ -60,32 +61,32 @@ def _spent(plan) -> dict[str, float]:
     return {name: job_total_usd(job) for name, job in jobs.items()}
 
 
-def format_sweep(doc: dict, *, spent: dict[str, float]) -> str:
+def format_sweep(doc: SweepRecord, *, spent: dict[str, float]) -> str:
     """Trials (parameters, rungs reached, metric per rung, status, spend), the leader, spend on pruned trials."""
     from orchestrator.attempt.capacity_contract import stored_text
     from orchestrator.sweep.decide import bracket, leader, reached, rung_steps
 
-    settings = doc["settings"]
+    settings = dict(doc.settings)
     steps = rung_steps(settings)
-    lines = [f"sweep {doc['name']}: {len(doc['trials'])} trials; rungs at steps {', '.join(map(str, steps))}; "
+    lines = [f"sweep {doc.name}: {len(doc.trials)} trials; rungs at steps {', '.join(map(str, steps))}; "
              f"{settings['metric']} ({settings['direction']})"]
-    for t in doc["trials"]:
-        values = " ".join(f"r{r}={v:.4f}" for r, v in sorted(t["values"].items(), key=lambda kv: int(kv[0])))
-        params = stored_text(" ".join(f"{k}={v}" for k, v in sorted(t["params"].items())))  # from the bucket
-        where = f"bracket {bracket(settings, t['number'])} " if settings["pruner"] == "hyperband" else ""
-        lines.append(f"  t{t['number']:<3} {t['status']:<9} {where}rung {t['rung']}  "
-                     f"${spent.get(t['run_name'], 0.0):.4f}  {values or '-'}  {params}")
-        if t.get("refused"):
-            lines.append(f"       refused: {stored_text(t['refused'])}")
-    best = leader(doc["trials"], settings)
-    total = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"])
-    pruned = sum(spent.get(t["run_name"], 0.0) for t in doc["trials"] if t["status"] == "pruned")
-    usage = doc["usage"]
-    idle = usage["idle_seconds"] / usage["slot_seconds"] if usage["slot_seconds"] else 0.0
+    for t in doc.trials:
+        values = " ".join(f"r{r}={v:.4f}" for r, v in sorted(t.values.items()))
+        params = stored_text(" ".join(f"{k}={v}" for k, v in sorted(t.params.items())))  # from the bucket
+        where = f"bracket {bracket(settings, t.number)} " if settings["pruner"] == "hyperband" else ""
+        lines.append(f"  t{t.number:<3} {t.status:<9} {where}rung {t.rung}  "
+                     f"${spent.get(t.run_name, 0.0):.4f}  {values or '-'}  {params}")
+        why = t.refused or (t.rung_problem if t.live else None)
+        if why:
+            lines.append(f"       refused: {stored_text(why)}")
+    best = leader(doc.trials, settings)
+    total = sum(spent.get(t.run_name, 0.0) for t in doc.trials)
+    pruned = sum(spent.get(t.run_name, 0.0) for t in doc.trials if t.status == "pruned")
+    idle = doc.idle_seconds / doc.slot_seconds if doc.slot_seconds else 0.0
     lines.append(f"spent ${total:.4f} (on pruned trials ${pruned:.4f}); workers idle {idle:.1%} of slot time")
     if best is not None:
         step, value = cast("tuple[int, float]", reached(settings, best))  # the leader has a result
-        lines.append(f"leader: t{best['number']} ({best['run_name']}) {settings['metric']}={value:.4f} at step {step}")
+        lines.append(f"leader: t{best.number} ({best.run_name}) {settings['metric']}={value:.4f} at step {step}")
     return "\n".join(lines)
 
 
@@ -99,6 +100,6 @@ def status_text(store, name: str, *, as_json: bool = False) -> str | None:
 
     doc = SweepState(store, name).load()
     if doc is None or as_json:
-        return None if doc is None else json.dumps(doc, indent=2)
+        return None if doc is None else json.dumps(doc.encode(), indent=2)
     jobs = spend_index(store).get("jobs", {})
     return format_sweep(doc, spent={n: job_total_usd(j) for n, j in jobs.items()})

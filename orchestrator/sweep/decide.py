@@ -21,8 +21,9 @@ from __future__ import annotations
 import functools
 import math
 from types import SimpleNamespace
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
+from orchestrator.records.sweep_record import TrialEntry
 from orchestrator.sweep.space import SearchSpace, in_domain
 
 FINISHED = ("pruned", "completed", "failed", "stopped")
@@ -74,12 +75,12 @@ def eval_every(settings: dict, number: int) -> int:
     return math.gcd(*trial_steps(settings, number))
 
 
-def reached(settings: dict, trial: dict) -> Optional[tuple[int, float]]:
+def reached(settings: dict, trial: TrialEntry) -> Optional[tuple[int, float]]:
     """(the highest step ``trial`` has a result at, that result), None before any: what compares trials of
     different brackets, whose rung r is a different step."""
-    steps = trial_steps(settings, trial["number"])
-    rung = max((int(r) for r in trial["values"] if int(r) < len(steps)), default=None)
-    return None if rung is None else (steps[rung], trial["values"][str(rung)])
+    steps = trial_steps(settings, trial.number)
+    rung = max((r for r in trial.values if r < len(steps)), default=None)
+    return None if rung is None else (steps[rung], trial.values[rung])
 
 
 def _direction(settings: dict) -> Literal["minimize", "maximize"]:
@@ -97,15 +98,15 @@ def _sampler(settings: dict, space: SearchSpace, number: int):
     return optuna.samplers.RandomSampler(seed=seed)
 
 
-def _frozen(trial: dict, space: SearchSpace, steps: list[int], grid: bool):
+def _frozen(trial: TrialEntry, space: SearchSpace, steps: list[int], grid: bool):
     """A stored trial as Optuna's: its parameters, a value per rung reached, the pruner's rung marks."""
     import optuna
     from optuna.trial import TrialState
 
     dists = space.distributions()  # a stored value outside the space (narrowed since, or forged) is not told
-    params = {k: v for k, v in trial["params"].items() if k in dists and in_domain(space, k, v)}
-    values = {int(r): v for r, v in trial["values"].items()}
-    marks = {f"completed_rung_{r}": v for r, v in values.items()}
+    params = {k: v for k, v in trial.params.items() if k in dists and in_domain(space, k, v)}
+    values = dict(trial.values)
+    marks: dict[str, Any] = {f"completed_rung_{r}": v for r, v in values.items()}
     if grid:  # GridSampler's own marks: which grid point the trial took
         grid_space = space.grid()
         keys = sorted(grid_space)
@@ -114,7 +115,7 @@ def _frozen(trial: dict, space: SearchSpace, steps: list[int], grid: bool):
             marks["search_space"] = {k: grid_space[k] for k in keys}
             marks["grid_id"] = _grid_id(index, [len(grid_space[k]) for k in keys])
     state = {"completed": TrialState.COMPLETE, "running": TrialState.RUNNING, "paused": TrialState.RUNNING}.get(
-        trial["status"], TrialState.PRUNED)
+        trial.status, TrialState.PRUNED)
     last = values[max(values)] if values else None
     return optuna.trial.create_trial(
         state=state, params=params, distributions={k: dists[k] for k in params},
@@ -130,14 +131,14 @@ def _grid_id(index: list[int], sizes: list[int]) -> int:
     return gid
 
 
-def sample(space: SearchSpace, settings: dict, trials: list[dict], number: int) -> dict[str, Any]:
+def sample(space: SearchSpace, settings: dict, trials: Sequence[TrialEntry], number: int) -> dict[str, Any]:
     """Trial ``number``'s parameters, asked from Optuna's sampler with the stored trials in its study."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction=_direction(settings), sampler=_sampler(settings, space, number))
     for trial in trials:
-        steps = trial_steps(settings, trial["number"])
+        steps = trial_steps(settings, trial.number)
         study.add_trial(_frozen(trial, space, steps, settings["sampler"] == "grid"))
     asked = study.ask(space.distributions())
     return {key: _plain(asked.params[key]) for key in space.specs}
@@ -147,12 +148,11 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-def ready(settings: dict, trials: list[dict], number: int, rung: int) -> bool:
+def ready(settings: dict, trials: Sequence[TrialEntry], number: int, rung: int) -> bool:
     """Whether trial ``number``'s result at ``rung`` may be decided: every earlier trial of its bracket (its
     only competitors) reported that rung or can no longer reach it."""
     own = bracket(settings, number)
-    return all(str(rung) in t["values"] or (t["status"] in FINISHED) for t in trials[:number]
-               if bracket(settings, t["number"]) == own)
+    return all(rung in t.values or t.status in FINISHED for t in trials[:number] if bracket(settings, t.number) == own)
 
 
 STUDY_NAME = "orchestrator-sweep"  # HyperbandPruner's brackets hash the study's name with the trial's number
@@ -170,21 +170,21 @@ def _pruner(settings: dict):
                                                   min_early_stopping_rate=0, bootstrap_count=0)
 
 
-def _replay(study, trial: dict, steps: list[int], rung: int) -> bool:
+def _replay(study, trial: TrialEntry, steps: list[int], rung: int) -> bool:
     """``trial``'s results up to ``rung`` reported to ``study``'s pruner, one rung at a time as the driver
     decided them (the pruner keeps its own rung marks); whether the pruner's last verdict was to prune."""
     live, pruned = study.ask(), False
     for r in range(rung + 1):
-        if r >= len(steps) or str(r) not in trial["values"]:
+        if r >= len(steps) or r not in trial.values:
             break
-        live.report(trial["values"][str(r)], steps[r])
+        live.report(trial.values[r], steps[r])
         pruned = live.should_prune()
         if pruned:
             break
     return pruned
 
 
-def decision(settings: dict, space: SearchSpace, trials: list[dict], number: int, rung: int) -> str:
+def decision(settings: dict, space: SearchSpace, trials: Sequence[TrialEntry], number: int, rung: int) -> str:
     """``complete`` at the last rung; else the verdict of Optuna's pruner (``sweep.pruner``: its
     SuccessiveHalvingPruner, or its HyperbandPruner, whose brackets are each a SuccessiveHalvingPruner over the
     trials its hash puts there) with trials < ``number`` as the competitors: ``promote`` or ``prune``.
@@ -198,11 +198,11 @@ def decision(settings: dict, space: SearchSpace, trials: list[dict], number: int
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=STUDY_NAME, direction=_direction(settings), pruner=_pruner(settings))
     for other in trials[:number]:  # each at its own bracket's steps: Optuna's bracket study picks its competitors
-        _replay(study, other, trial_steps(settings, other["number"]), rung)
+        _replay(study, other, trial_steps(settings, other.number), rung)
     return "prune" if _replay(study, trials[number], trial_steps(settings, number), rung) else "promote"
 
 
-def leader(trials: list[dict], settings: dict) -> Optional[dict]:
+def leader(trials: Sequence[TrialEntry], settings: dict) -> Optional[TrialEntry]:
     """The best trial at the highest step any trial has a result at (ties: the lower number); steps, not rung
     indices, so trials of different Hyperband brackets compare at the same amount of training."""
     scored = [(*r, t) for t in trials if (r := reached(settings, t)) is not None]
@@ -210,4 +210,4 @@ def leader(trials: list[dict], settings: dict) -> Optional[dict]:
         return None
     top = max(step for step, _, _ in scored)
     sign = 1 if settings["direction"] == "minimize" else -1
-    return min((x for x in scored if x[0] == top), key=lambda x: (sign * x[1], x[2]["number"]))[2]
+    return min((x for x in scored if x[0] == top), key=lambda x: (sign * x[1], x[2].number))[2]

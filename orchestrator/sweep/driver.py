@@ -13,11 +13,15 @@ API for what builds on it (MLflow parent runs, reports, other backends)::
 
     driver = Driver(plan, events=callback)   # plan: SweepPlan (orchestrator.sweep.plan)
     driver.run() -> int                     # 0 when every trial is decided; the state is in plan.state
-    callback(kind, trial, doc)              # kind: "launched" | "reported" | "decided" | "ended"
+    callback(kind, trial, record)           # kind: "launched" | "reported" | "decided" | "ended"
+
+The driver reads the record decoded (``SweepRecord``, ``TrialEntry``: ``orchestrator.records.sweep_record``); its
+writes are functions of the record as stored (``SweepState.update``).
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -27,14 +31,14 @@ from typing import Any, Callable, Optional
 
 from orchestrator.core import exitcodes
 from orchestrator.process import warm_start
-from orchestrator.storage.base import finite_number
+from orchestrator.records.sweep_record import SweepRecord, TrialEntry
 from orchestrator.sweep import backends, decide, trust
 from orchestrator.sweep.space import override
 from orchestrator.sweep.state import trial_run_name as trial_name
 
 log = logging.getLogger(__name__)
 
-Events = Callable[[str, dict, dict], None]
+Events = Callable[[str, TrialEntry, SweepRecord], None]
 
 
 class _Outcomes:
@@ -47,39 +51,37 @@ class _Outcomes:
     procs: dict[int, Any]  # a subprocess.Popen, or what backends.py waits on, with the same poll()
     events: Events
 
-    def _step(self, trial: dict) -> int:
+    def _step(self, trial: TrialEntry) -> int:
         """The step trial's current rung ends at: its bracket's rungs (``decide.trial_steps``); TrialRefused when the
-        record puts it (or a result of it) past its schedule."""
-        problem = trust.rung_problem(self.settings, trial)
-        if problem:
-            raise trust.TrialRefused(problem)
-        return decide.trial_steps(self.settings, trial["number"])[trial["rung"]]
+        record puts it (or a result of it) past its schedule (``SweepRecord.within``)."""
+        if trial.rung_problem:
+            raise trust.TrialRefused(trial.rung_problem)
+        return decide.trial_steps(self.settings, trial.number)[trial.rung]
 
-    def _refuse(self, trial: dict, err: Exception) -> dict:
+    def _refuse(self, trial: TrialEntry, err: Exception) -> SweepRecord:
         """A trial whose record or ledger cannot be used: failed, with why, never launched again; the sweep's other
         trials go on."""
         from orchestrator.attempt.capacity_contract import stored_text
 
-        number, why = trial["number"], stored_text(err)[:500]  # it quotes the record: no control characters
+        number, why = trial.number, stored_text(err)[:500]  # it quotes the record: no control characters
         self.procs.pop(number, None)
         log.warning("sweep %s: trial %d (%s) is refused: %s. It is not launched again; the sweep's other trials go "
-                    "on.", self.state.name, number, trial["run_name"], why)
+                    "on.", self.state.name, number, trial.run_name, why)
 
         def fn(d: dict) -> None:
             t = d["trials"][number]
             if t["status"] in ("running", "paused"):
                 t.update(status="failed", refused=why)
 
-        doc = self.state.update(fn)
-        self.events("ended", doc["trials"][number], doc)
-        return doc
+        record = self.state.update(fn)
+        self.events("ended", record.trials[number], record)
+        return record
 
-
-    def _ended(self, trial: dict, code: int) -> dict:
-        number, rung, step = trial["number"], trial["rung"], self._step(trial)
-        ledger = trust.trial_ledger(self.plan.store, trial["run_name"])
-        value = trust.rung_value(ledger, step, self.settings["metric"])
-        if value is not None and not finite_number(value):  # read from storage: untrusted
+    def _ended(self, trial: TrialEntry, code: int) -> SweepRecord:
+        number, rung, step = trial.number, trial.rung, self._step(trial)
+        ledger = trust.trial_ledger(self.plan.store, trial.run_name)
+        value = ledger.value(step, self.settings["metric"])
+        if value is not None and not math.isfinite(value):  # a diverged metric: no result
             log.warning("sweep %s: trial %d's %s at step %d is %r, not a finite number; no result at this rung",
                         self.state.name, number, self.settings["metric"], step, value)
             value = None
@@ -98,23 +100,23 @@ class _Outcomes:
             if value is not None:
                 t["values"][str(rung)] = float(value)
 
-        doc = self.state.update(fn)
-        self.events(kind, doc["trials"][number], doc)
-        return doc
+        record = self.state.update(fn)
+        self.events(kind, record.trials[number], record)
+        return record
 
     # ---- decisions, in trial order per rung -------------------------------------------------
-    def _decide(self, doc: dict) -> dict:
-        for trial in doc["trials"]:
-            rung = trial["rung"]
-            if trial["status"] != "paused" or str(rung) not in trial["values"]:
+    def _decide(self, record: SweepRecord) -> SweepRecord:
+        for trial in record.trials:
+            rung = trial.rung
+            if trial.status != "paused" or rung not in trial.values:
                 continue
-            if not decide.ready(self.settings, doc["trials"], trial["number"], rung):
+            if not decide.ready(self.settings, record.trials, trial.number, rung):
                 continue
-            verdict = decide.decision(self.settings, self.plan.space, doc["trials"], trial["number"], rung)
-            doc = self._record(trial["number"], rung, verdict)
-        return doc
+            verdict = decide.decision(self.settings, self.plan.space, record.trials, trial.number, rung)
+            record = self._record(trial.number, rung, verdict)
+        return record
 
-    def _record(self, number: int, rung: int, verdict: str) -> dict:
+    def _record(self, number: int, rung: int, verdict: str) -> SweepRecord:
         def fn(d: dict) -> None:
             t = d["trials"][number]
             if t["status"] != "paused" or t["rung"] != rung:
@@ -126,10 +128,10 @@ class _Outcomes:
             else:
                 t["status"] = "completed" if verdict == "complete" else "pruned"
 
-        doc = self.state.update(fn)
+        record = self.state.update(fn)
         log.info("sweep %s: trial %d at rung %d: %s", self.state.name, number, rung, verdict)
-        self.events("decided", doc["trials"][number], doc)
-        return doc
+        self.events("decided", record.trials[number], record)
+        return record
 
 
 class Driver(_Outcomes):
@@ -151,7 +153,7 @@ class Driver(_Outcomes):
 
     # ---- the loop -------------------------------------------------------------------
     def run(self) -> int:
-        doc = self.state.load()
+        doc = self.state.loaded()
         last = time.monotonic()
         while True:
             doc = self._reap(doc)
@@ -177,29 +179,31 @@ class Driver(_Outcomes):
         slot, idle = self._pending
         self._pending = [0.0, 0.0]
         if slot:
-            self.state.update(lambda d: d["usage"].update(slot_seconds=d["usage"]["slot_seconds"] + slot,
-                                                          idle_seconds=d["usage"]["idle_seconds"] + idle))
+            def add_usage(d: dict) -> None:
+                d["usage"].update(slot_seconds=d["usage"]["slot_seconds"] + slot,
+                                  idle_seconds=d["usage"]["idle_seconds"] + idle)
+
+            self.state.update(add_usage)
 
     # ---- what a free worker takes -------------------------------------------------------
-    def _launchable(self, doc: dict) -> list[dict]:
+    def _launchable(self, record: SweepRecord) -> list[TrialEntry]:
         """Trials that should be training and have no process: promoted, or left running by a driver that died."""
-        return [t for t in doc["trials"] if t["status"] in ("running", "paused") and t["number"] not in self.procs
-                and str(t["rung"]) not in t["values"]]
+        return [t for t in record.trials if t.live and t.number not in self.procs and t.rung not in t.values]
 
-    def _fill(self, doc: dict) -> dict:
+    def _fill(self, doc: SweepRecord) -> SweepRecord:
         while len(self.procs) < self.plan.max_parallel:
             waiting = self._launchable(doc)
             if waiting and self._adopt(waiting[0]):
                 continue
             if waiting:
                 trial = waiting[0]
-            elif len(doc["trials"]) < self.plan.n_trials and room_for_a_new_trial(self.plan):
-                trial = self.state.new_trial(lambda trials: decide.sample(self.plan.space, self.settings, trials,
-                                                                          len(trials)))
-                doc = self.state.load()
-                log.info("sweep %s: trial %d samples %s", self.state.name, trial["number"],
-                         trust.stored_params(trial["params"]))
-                trial = doc["trials"][trial["number"]]
+            elif len(doc.trials) < self.plan.n_trials and room_for_a_new_trial(self.plan):
+                made = self.state.new_trial(lambda trials: decide.sample(self.plan.space, self.settings, trials,
+                                                                         len(trials)))
+                doc = self.state.loaded()
+                log.info("sweep %s: trial %d samples %s", self.state.name, made.number,
+                         trust.stored_params(dict(made.params)))
+                trial = doc.trials[made.number]
             else:
                 break
             if budget_spent(self.plan):
@@ -209,41 +213,41 @@ class Driver(_Outcomes):
                 doc = self._launch(trial, doc) if code is None else self._ended(trial, code)
             except trust.TrialRefused as err:
                 doc = self._refuse(trial, err)
-        return self.state.load()
+        return self.state.loaded()
 
-    def _adopt(self, trial: dict) -> bool:
+    def _adopt(self, trial: TrialEntry) -> bool:
         """A trial a dead driver launched that still runs (its launcher alive on this host, or its submission to
         a scheduler): wait on it instead of starting it twice (``backends.adoptable``)."""
-        if trial["status"] != "running" or trial["number"] in self.relaunch:
+        if trial.status != "running" or trial.number in self.relaunch:
             return False
         watch = backends.adoptable(trial, self.plan.store, submits=self.submits,
-                                   log_path=self.logs / f"t{trial['number']}.log", grace=self.submit_grace)
+                                   log_path=self.logs / f"t{trial.number}.log", grace=self.submit_grace)
         if watch is None:
             return False
-        self.procs[trial["number"]] = watch
+        self.procs[trial.number] = watch
         log.info("sweep %s: trial %d was launched by an earlier driver and still runs; waiting on it",
-                 self.state.name, trial["number"])
+                 self.state.name, trial.number)
         return True
 
-    def _already_at_rung(self, trial: dict) -> Optional[int]:
+    def _already_at_rung(self, trial: TrialEntry) -> Optional[int]:
         """A trial that reached its rung while no driver watched (the driver died after it paused): its exit code
         as the ledger tells it, so it is not launched again (it would train a step past its rung). TrialRefused when
         the ledger is not one, or says a start-up took over a week (its supervisor would hold that much)."""
-        ledger = trust.trial_ledger(self.plan.store, trial["run_name"])
-        trust.start_ups(ledger, self.plan.store.get_uri(f"{trial['run_name']}/ledger.json"))
-        if not trust.evaluated_at(ledger, self._step(trial)) or ledger.get("status") not in ("budget_exhausted",
-                                                                                            "completed"):
+        ledger = trust.trial_ledger(self.plan.store, trial.run_name)  # a start-up over a week: TrialRefused
+        if not ledger.evaluated_at(self._step(trial)) or ledger.status not in ("budget_exhausted", "completed"):
             return None
-        return exitcodes.COMPLETED if ledger["status"] == "completed" else exitcodes.BUDGET_EXHAUSTED
+        return exitcodes.COMPLETED if ledger.status == "completed" else exitcodes.BUDGET_EXHAUSTED
 
-    def _launch(self, trial: dict, doc: dict) -> dict:
+    def _launch(self, trial: TrialEntry, doc: SweepRecord) -> SweepRecord:
         """Launch trial ``trial`` to its rung: its parameters are the sweep's own (``trust.launch_params``: what the
         space and the seeded sampler give it; TrialRefused when the stored ones are not), its run name derived."""
-        number, rung, step = trial["number"], trial["rung"], self._step(trial)
-        params = trust.launch_params(self.plan.space, self.settings, trial, since=doc.get("space_since", 0))
+        number, rung, step = trial.number, trial.rung, self._step(trial)
+        if trial.params_problem:
+            raise trust.TrialRefused(trial.params_problem)
+        params = trust.launch_params(self.plan.space, self.settings, trial, since=doc.space_since)
         command = trial_command(self.plan, number, params, step, startup=startup_override(self.plan),
                                 python=self.python)
-        before = backends.attempts_so_far(self.plan.store, trial["run_name"]) if self.submits else None
+        before = backends.attempts_so_far(self.plan.store, trial.run_name) if self.submits else None
         path = self.logs / f"t{number}.log"
         offset = path.stat().st_size if path.exists() else 0
 
@@ -257,19 +261,22 @@ class Driver(_Outcomes):
         with open(path, "ab") as out:
             proc = start_trial(command, out, self.forks)
         self.procs[number] = proc if before is None else backends.SubmittedTrial(proc, self.plan.store,
-                                                                                 trial["run_name"], before)
-        doc = self.state.update(lambda d: d["trials"][number].update(launcher=backends.launcher_identity(proc.pid)))
+                                                                                 trial.run_name, before)
+        def launched(d: dict) -> None:
+            d["trials"][number].update(launcher=backends.launcher_identity(proc.pid))
+
+        doc = self.state.update(launched)
         log.info("sweep %s: trial %d runs to rung %d (step %d)", self.state.name, number, rung, step)
-        self.events("launched", doc["trials"][number], doc)
+        self.events("launched", doc.trials[number], doc)
         return doc
 
     # ---- a trial's process ended ----------------------------------------------------------
-    def _reap(self, doc: dict) -> dict:
+    def _reap(self, doc: SweepRecord) -> SweepRecord:
         for number, proc in list(self.procs.items()):
             try:
                 code = proc.poll()
             except trust.TrialRefused as err:
-                doc = self._refuse(doc["trials"][number], err)
+                doc = self._refuse(doc.trials[number], err)
                 continue
             if code is None:
                 continue
@@ -280,9 +287,9 @@ class Driver(_Outcomes):
                 self.relaunch.add(number)
                 continue
             try:
-                doc = self._ended(doc["trials"][number], code)
+                doc = self._ended(doc.trials[number], code)
             except trust.TrialRefused as err:
-                doc = self._refuse(doc["trials"][number], err)
+                doc = self._refuse(doc.trials[number], err)
         return doc
 
 
@@ -322,14 +329,13 @@ def longest_start_up_s(plan) -> float:
     trial's ledger that is unreadable, or says a start-up took over a week, counts for nothing here (a warning,
     once; the driver refuses that trial when it next launches or reaps it)."""
     measured = [0.0]
-    for t in plan.state.load()["trials"]:
+    for t in plan.state.loaded().trials:
         try:
-            ledger = trust.trial_ledger(plan.store, t["run_name"])
-            measured += trust.start_ups(ledger, plan.store.get_uri(f"{t['run_name']}/ledger.json"))
+            measured += trust.start_ups(trust.trial_ledger(plan.store, t.run_name))
         except trust.TrialRefused as err:
-            if (plan.state.name, t["number"], str(err)) not in _WARNED:
-                _WARNED.add((plan.state.name, t["number"], str(err)))
-                log.warning("sweep %s: trial %d's start-up is not counted: %s", plan.state.name, t["number"], err)
+            if (plan.state.name, t.number, str(err)) not in _WARNED:
+                _WARNED.add((plan.state.name, t.number, str(err)))
+                log.warning("sweep %s: trial %d's start-up is not counted: %s", plan.state.name, t.number, err)
     return max(measured)
 
 
@@ -358,13 +364,13 @@ def budget_spent(plan) -> bool:
     return experiment_total_usd(live_index(plan), plan.experiment) >= plan.budget_usd - 1e-9
 
 
-def out_of_budget(plan, waiting: list[dict]) -> bool:
+def out_of_budget(plan, waiting: list[TrialEntry]) -> bool:
     """Nothing runs, promoted trials (``waiting``) wait and the budget is spent: no trial can start again, so
     the sweep ends (the waiting trials keep their checkpoints) instead of waiting for money that never comes."""
     if not budget_spent(plan):
         return False
     log.warning("sweep %s: the budget ($%s) is spent; trial(s) %s keep their checkpoints and were not resumed",
-                plan.state.name, plan.budget_usd, ", ".join(str(t["number"]) for t in waiting))
+                plan.state.name, plan.budget_usd, ", ".join(str(t.number) for t in waiting))
     return True
 
 

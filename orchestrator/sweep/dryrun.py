@@ -16,6 +16,7 @@ import shlex
 from typing import Optional
 
 from orchestrator.core.errors import ConfigError, UserError
+from orchestrator.records.sweep_record import SweepRecord, TrialEntry
 from orchestrator.sweep import decide, trust
 from orchestrator.sweep.driver import startup_override, trial_command
 from orchestrator.sweep.state import trial_run_name
@@ -35,16 +36,16 @@ def print_first_round(plan, compose_for_launch) -> int:
         print(f"# note: the store {plan.store.uri} could not be read from here ({unread}); a run checks there that "
               f"sweep {name} names no ordinary job, and resumes its record if it has one.")
     if existing is not None:
-        print(f"# note: sweep {name} already has a record ({plan.state.uri}, {len(existing['trials'])} trials); a run "
+        print(f"# note: sweep {name} already has a record ({plan.state.uri}, {len(existing.trials)} trials); a run "
               "resumes it instead of starting this round. Shown: the first round of the sweep from scratch.")
     if plan.settings["sampler"] == "tpe":
         print("# note: sweep.sampler=tpe samples each trial from the results before it; shown as sampled with none.")
     startup = startup_override(plan) if existing is not None else []  # measured by the record's trials, if any
-    trials: list[dict] = []
+    trials: list[TrialEntry] = []
     for number in range(plan.n_trials):
         params = decide.sample(plan.space, plan.settings, trials, number)
-        trials.append({"number": number, "run_name": trial_run_name(name, number), "rung": 0, "status": "running",
-                       "values": {}, "launches": 1, "params": trust.stored_params(params)})
+        trials.append(TrialEntry(number=number, run_name=trial_run_name(name, number), rung=0, status="running",
+                                 values={}, launches=1, params=trust.stored_params(params)))
         step = decide.trial_steps(plan.settings, number)[0]
         command = trial_command(plan, number, params, step, startup=startup)
         cfg, final = compose_for_launch(command[3:])  # what the trial's launcher composes and checks
@@ -55,7 +56,7 @@ def print_first_round(plan, compose_for_launch) -> int:
     return 0
 
 
-def _read_store(plan) -> tuple[Optional[dict], Optional[str]]:
+def _read_store(plan) -> tuple[Optional[SweepRecord], Optional[str]]:
     """What a run checks in the store, read once: ConfigError when the sweep's name is an ordinary job's folder
     (``plan.refuse_a_jobs_folder``), SweepStateCorrupt for a record a run would refuse; else (the sweep's record
     or None, None). A store this machine cannot read (no credentials, no network): (None, why), and the trials are

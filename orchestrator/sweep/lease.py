@@ -7,11 +7,11 @@ a driver presumed dead that comes back stops (``SweepLeaseLost``) instead of lau
 second driver while the holder lives is refused (``SweepBusy``, exit 6) with the holder's host and pid. A lease
 is stale, and taken over, when its holder's process is gone (this host: no process with that pid and start
 time) or it was not renewed for ``LEASE_S`` (another host; the spend index's rule for a silent attempt,
-``orchestrator.money.spend_leases``).
+``orchestrator.money.spend_leases``). The lease's fields are decoded with the record
+(``orchestrator.records.sweep_record``); the functions here change the record as stored, inside its write.
 """
 from __future__ import annotations
 
-import math
 import socket
 import time
 from typing import Any, Optional
@@ -42,23 +42,6 @@ def me() -> dict:
 
 def same(a: Optional[dict], b: dict) -> bool:
     return isinstance(a, dict) and all(a.get(k) == b[k] for k in ("host", "pid", "started"))
-
-
-def lease_problem(doc: dict) -> Optional[str]:
-    """What is wrong with the stored lease fields, or None (absent: a record no driver has held yet)."""
-    fence, who = doc.get("fence", 0), doc.get("driver")
-    if not isinstance(fence, int) or isinstance(fence, bool) or fence < 0:
-        return f"fence is {fence!r}, not a count"
-    if who is not None and not (isinstance(who, dict) and isinstance(who.get("host"), str)
-                                and isinstance(who.get("pid"), int) and not isinstance(who["pid"], bool)
-                                and who["pid"] > 0 and _finite(who.get("started"))
-                                and _finite(who.get("renewed_at"))):
-        return f"driver is {who!r}, not a host, pid, start time and renewal time"
-    return None
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def alive(who: Optional[dict], now: float) -> bool:

@@ -4,8 +4,10 @@ It holds what a driver on any machine needs to go on after a SIGKILL: the search
 overrides (a relaunch that changes them is refused unless ``sweep.allow_changes``), the settings that
 shape the decisions, every trial (number, run name, parameters, the rung it was launched to, its status
 and its metric per rung) and every decision. Trial numbers are handed out by the same conditional write,
-so two drivers never give one number twice. Every read is checked (``parse_state``): a document that is
-not this shape, or holds a number that is not finite, is one SweepStateCorrupt error naming the object.
+so two drivers never give one number twice. Every read is decoded once, in the records floor
+(``orchestrator.records.sweep_record.SweepRecord``: the signature first, then types, finiteness and bounds): a
+record that is not sound as a whole is one SweepStateCorrupt error naming the object (exit 4); a trial entry that
+is not sound refuses that trial only (it reads as failed, with why).
 
 Shape::
 
@@ -27,20 +29,25 @@ another name is refused. A swept secret is stored redacted (``trust.stored_param
 """
 from __future__ import annotations
 
-import re
+import json
+import logging
+from dataclasses import replace
 from typing import Any, Callable, Optional, Union, cast
 
 from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.core.exitcodes import ExitClass
-from orchestrator.storage.base import ObjectStore, checked_json, finite_number
+from orchestrator.records.fields import CorruptRecord
+from orchestrator.records.sweep_record import DECISIONS, LIVE, STATUSES, VERSION, SweepRecord, TrialEntry
+from orchestrator.records.sweep_record import trial_run_name as trial_run_name
+from orchestrator.storage.base import ObjectStore
 from orchestrator.storage.transact import transact
 from orchestrator.sweep import lease, trust
 
-VERSION = 1
-STATUSES = ("running", "paused", "pruned", "completed", "failed", "stopped")
-DECISIONS = ("promote", "prune", "complete")
-LIVE = ("running", "paused")  # a trial that may still train
-RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # an MLflow run id (it reaches the trials' command lines)
+log = logging.getLogger(__name__)
+__all__ = ["DECISIONS", "LIVE", "STATUSES", "VERSION", "SweepState", "SweepStateCorrupt", "decode_state",
+           "parse_state", "state_key", "trial_run_name"]
+_FIX = ("Restore it from a copy, or start the sweep again under a new sweep.name (its trials' checkpoints are "
+        "untouched).")
 
 
 class SweepStateCorrupt(UserError):
@@ -53,77 +60,35 @@ def state_key(name: str) -> str:
     return f"{name}/sweep.json"
 
 
-def trial_run_name(name: str, number: int) -> str:
-    return f"{name}-t{number}"
+def decode_state(raw: bytes, where: str) -> SweepRecord:
+    """The stored bytes decoded (``SweepRecord.decode``: signature, shape, types, bounds); SweepStateCorrupt
+    (exit 4) naming the object and what is wrong. A trial entry that does not decode is that trial's only."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SweepStateCorrupt(f"the sweep state {where} is unreadable: it is not JSON ({str(err)[:120]}). "
+                                f"{_FIX}") from None
+    try:
+        return SweepRecord.decode(doc, where)
+    except CorruptRecord as err:
+        field = err.where[len(where):].strip()
+        raise SweepStateCorrupt(f"the sweep state {where} is unreadable: {field + ' ' if field else ''}"
+                                f"{err.problem}. {_FIX}") from None
 
 
-def parse_state(raw: bytes, where: str) -> dict:
-    doc, problem = checked_json(raw, state_problem)
-    if problem:
-        raise SweepStateCorrupt(f"the sweep state {where} is unreadable: {problem}. Restore it from a copy, or start "
-                                "the sweep again under a new sweep.name (its trials' checkpoints are untouched).")
-    return cast("dict[str, Any]", doc)
+def parse_state(raw: bytes, where: str) -> dict[str, Any]:
+    """The record as stored, decoded first (``decode_state``): for a reader of its raw shape (``orchestrator ls``)."""
+    return decode_state(raw, where).encode()
 
 
-def state_problem(doc: Any) -> Optional[str]:
-    if not isinstance(doc, dict):
-        return "the document is not an object"
-    if doc.get("version") != VERSION:
-        return f"version is {doc.get('version')!r}, not {VERSION}"
-    for field, kind in (("name", str), ("space", dict), ("fixed", list), ("settings", dict), ("trials", list),
-                        ("decisions", list), ("usage", dict)):
-        if not isinstance(doc.get(field), kind):
-            return f"{field} is {doc.get(field)!r}, not a {kind.__name__}"
-    for i, trial in enumerate(doc["trials"]):
-        problem = _trial_problem(trial, i) or (None if trial["run_name"] == trial_run_name(doc["name"], i) else
-                                               f"run_name is {trial['run_name']!r}, not {trial_run_name(doc['name'], i)!r}")
-        if problem:
-            return f"trials[{i}]: {problem}"
-    for i, d in enumerate(doc["decisions"]):
-        if not (isinstance(d, dict) and d.get("decision") in DECISIONS and isinstance(d.get("trial"), int)
-                and isinstance(d.get("rung"), int) and finite_number(d.get("value"))):
-            return f"decisions[{i}] is {d!r}, not a decision"
-    if "mlflow_run_id" in doc and not (isinstance(doc["mlflow_run_id"], str) and RUN_ID.fullmatch(doc["mlflow_run_id"])):
-        return f"mlflow_run_id is {doc['mlflow_run_id']!r}, not a run id"
-    since = doc.get("space_since", 0)
-    if not isinstance(since, int) or isinstance(since, bool) or not 0 <= since <= len(doc["trials"]):
-        return f"space_since is {since!r}, not a trial number"
-    if lease.lease_problem(doc):
-        return lease.lease_problem(doc)
-    if not all(finite_number(v) and v >= 0 for v in doc["usage"].values()):
-        return f"usage holds {doc['usage']!r}, not finite non-negative numbers"
-    return None
-
-
-def _trial_problem(trial: Any, i: int) -> Optional[str]:
-    if not isinstance(trial, dict):
-        return "not an object"
-    if trial.get("number") != i:
-        return f"number is {trial.get('number')!r}, not {i}"
-    if trial.get("status") not in STATUSES:
-        return f"status is {trial.get('status')!r}, not one of {', '.join(STATUSES)}"
-    if not isinstance(trial.get("rung"), int) or trial["rung"] < 0 or not isinstance(trial.get("launches"), int):
-        return "rung or launches is not a non-negative integer"
-    if not isinstance(trial.get("params"), dict) or not isinstance(trial.get("run_name"), str):
-        return "params or run_name is missing"
-    if not isinstance(trial.get("submitted"), (int, type(None))) or isinstance(trial.get("submitted"), bool):
-        return f"submitted is {trial.get('submitted')!r}, not a count of attempts"
-    if not all(finite_number(trial.get(k, 0)) and trial.get(k, 0) >= 0 for k in ("launched_at", "log_offset")):
-        return f"launched_at or log_offset is not a non-negative number: {trial.get('launched_at')!r}, " \
-               f"{trial.get('log_offset')!r}"
-    who = trial.get("launcher")
-    if who is not None and not (isinstance(who, dict) and isinstance(who.get("host"), str)
-                                and isinstance(who.get("pid"), int) and finite_number(who.get("started"))):
-        return f"launcher is {who!r}, not a host, pid and start time"
-    values = trial.get("values")
-    if not isinstance(values, dict) or not all(k.isdigit() and finite_number(v) for k, v in values.items()):
-        return f"values is {values!r}, not rung -> finite number"
-    return None
+_WARNED: set[tuple[str, int]] = set()
 
 
 class SweepState:
     """The stored record of sweep ``name`` under ``store``; every change is one conditional write, and once this
-    driver holds the sweep's lease (``open``) every write checks and renews it (``lease``)."""
+    driver holds the sweep's lease (``open``) every write checks and renews it (``lease``). Reads give the record
+    decoded (``SweepRecord``, its trials bounded by its space and schedule: ``trust.bounds``); a write's function
+    gets the record as stored (``SweepRecord.encode``) and changes it in place."""
 
     def __init__(self, store: ObjectStore, name: str):
         self.store, self.name = store, name
@@ -131,31 +96,57 @@ class SweepState:
         self.uri = store.get_uri(self.key)
         self.fence: Optional[int] = None  # the lease's fence while this driver holds it
         self.holder: Optional[dict] = None
+        self._read: Optional[SweepRecord] = None
 
-    def _decode(self, raw: bytes) -> dict:
-        doc = parse_state(raw, self.uri)
-        problem = (f"it names the sweep {doc['name']!r}, not {self.name!r} (a record copied from another sweep)"
-                   if doc["name"] != self.name else trust.signature_problem(doc))
-        if problem:
-            raise SweepStateCorrupt(f"the sweep state {self.uri} is refused: {problem}. Restore it from a copy, or "
-                                    "start the sweep again under a new sweep.name (its trials' checkpoints are "
-                                    "untouched).")
-        return doc
+    def _decode(self, raw: bytes) -> SweepRecord:
+        return self._checked(decode_state(raw, self.uri))
 
-    def load(self) -> Optional[dict]:
+    def _checked(self, record: SweepRecord) -> SweepRecord:
+        if record.name != self.name:
+            raise SweepStateCorrupt(f"the sweep state {self.uri} is refused: it names the sweep {record.name!r}, not "
+                                    f"{self.name!r} (a record copied from another sweep). {_FIX}")
+        for number in record.broken:
+            if (self.uri, number) not in _WARNED:
+                _WARNED.add((self.uri, number))
+                log.warning("sweep %s: trial %d (%s) is refused: %s. It is not launched again; the sweep's other "
+                            "trials go on.", self.name, number, record.trials[number].run_name,
+                            record.trials[number].refused)
+        try:
+            return record.within(trust.bounds(record))
+        except (UserError, ValueError, KeyError, TypeError) as err:
+            raise SweepStateCorrupt(f"the sweep state {self.uri} is unreadable: its space is not one "
+                                    f"({str(err)[:200]}). {_FIX}") from None
+
+    def load(self) -> Optional[SweepRecord]:
         try:
             return self._decode(self.store.get_bytes(self.key))
         except FileNotFoundError:
             return None
 
-    def _write(self, mutate: Callable[[Optional[dict]], Optional[dict]]) -> dict:
+    def loaded(self) -> SweepRecord:
+        """The record, which must exist (a driver's, after ``open``)."""
+        record = self.load()
+        if record is None:
+            raise SweepStateCorrupt(f"the sweep state {self.uri} vanished while the sweep ran")
+        return record
+
+    def _write(self, mutate: Callable[[Optional[dict]], Optional[dict]]) -> Optional[SweepRecord]:
         def signed(doc: Optional[dict]) -> Optional[dict]:
             out = mutate(doc)
-            return None if out is None else trust.sign(out)
+            if out is None:
+                return None
+            out = trust.sign(out)
+            self._checked(decode_state(json.dumps(out).encode(), self.uri))  # nothing unsound is written
+            return out
 
-        return transact(self.store, self.key, signed, decode=self._decode)
+        def decode(raw: bytes) -> dict:
+            self._read = self._decode(raw)  # what this round's ``mutate`` changes, decoded
+            return self._read.encode()
 
-    def update(self, fn: Callable[[dict], Any]) -> dict:
+        written = transact(self.store, self.key, signed, decode=decode)
+        return self._checked(decode_state(json.dumps(written).encode(), self.uri)) if written else None
+
+    def update(self, fn: Callable[[dict], Any]) -> SweepRecord:
         """Apply ``fn`` to the stored record (it must exist) and write it back conditionally; SweepLeaseLost,
         nothing written, when this driver held the lease and another driver has taken it over."""
         def mutate(doc: Optional[dict]) -> dict:
@@ -166,9 +157,9 @@ class SweepState:
             fn(doc)
             return doc
 
-        return self._write(mutate)
+        return cast(SweepRecord, self._write(mutate))
 
-    def open(self, *, space: dict, fixed: list[str], settings: dict, allow_changes: bool) -> dict:
+    def open(self, *, space: dict, fixed: list[str], settings: dict, allow_changes: bool) -> SweepRecord:
         """The record, created on the first launch, and this driver's lease on it (``lease.take``: SweepBusy,
         exit 6, while another driver lives); a relaunch whose space, overrides or settings differ is refused with
         the difference (ConfigError, exit 4) unless ``allow_changes``, which records the new ones (trials sampled
@@ -183,7 +174,8 @@ class SweepState:
                        "space_since": 0}
             fence.clear()
             fence.append(lease.take(doc, holder, self.uri))
-            changes = describe_changes(doc, space=space, fixed=fixed, settings=settings)
+            changes = describe_changes(doc["space"], doc["fixed"], doc["settings"], space=space, fixed=fixed,
+                                       settings=settings)
             if changes and not allow_changes:
                 raise ConfigError(f"sweep {self.name!r} ({self.uri}) was started with another search space or "
                                   f"overrides: {'; '.join(changes)}. Rerun it as it was, give a new sweep.name, or "
@@ -194,9 +186,9 @@ class SweepState:
             return doc
 
         fence: list[int] = []
-        doc = self._write(mutate)
+        record = cast(SweepRecord, self._write(mutate))
         self.fence, self.holder = fence[0], holder
-        return doc
+        return record
 
     def release(self) -> None:
         """Give this driver's lease up (at its end), so the next driver takes the sweep at once."""
@@ -204,30 +196,33 @@ class SweepState:
             fence, holder, self.fence = self.fence, cast("dict[str, Any]", self.holder), None  # set with the fence
             self._write(lambda doc: doc if doc is not None and lease.release(doc, holder, fence) else None)
 
-    def new_trial(self, params: Union[dict, Callable[[list], dict]]) -> dict:
+    def new_trial(self, params: Union[dict, Callable[[tuple[TrialEntry, ...]], dict]]) -> TrialEntry:
         """Number the next trial (one conditional write: numbering continues across drivers). ``params``: its
-        parameters, or a function of the stored trials that gives them (the sampler, asked inside the write)."""
-        made: dict = {}
+        parameters, or a function of the stored trials (decoded) that gives them (the sampler, asked inside the
+        write). Returns the trial with its parameters as given (the record keeps a secret redacted)."""
+        made: list[tuple[int, dict]] = []  # this write's trial number and parameters (its last round's)
 
         def fn(doc: dict) -> None:
             number = len(doc["trials"])
-            values = params(doc["trials"]) if callable(params) else params
-            made.clear()
-            made.update(number=number, run_name=trial_run_name(self.name, number), params=values, rung=0,
-                        status="running", values={}, launches=0)
-            doc["trials"].append(dict(made, params=trust.stored_params(values)))
+            values = params(cast(SweepRecord, self._read).trials) if callable(params) else params
+            made.append((number, values))
+            doc["trials"].append(dict(number=number, run_name=trial_run_name(self.name, number),
+                                      params=trust.stored_params(values), rung=0, status="running", values={},
+                                      launches=0))
 
-        self.update(fn)
-        return made
+        record = self.update(fn)
+        number, values = made[-1]
+        return replace(record.trials[number], params=values)
 
 
-def describe_changes(doc: dict, *, space: dict, fixed: list[str], settings: dict) -> list[str]:
+def describe_changes(old_space: dict, old_fixed: list[str], old_settings: dict, *, space: dict, fixed: list[str],
+                     settings: dict) -> list[str]:
     from orchestrator.sweep.space import SearchSpace
 
-    lines = SearchSpace.from_specs(space).difference(SearchSpace.from_specs(doc["space"]))
-    old_fixed, new_fixed = set(doc["fixed"]), set(fixed)
-    lines += [f"override {o} dropped" for o in sorted(old_fixed - new_fixed)]
-    lines += [f"override {o} added" for o in sorted(new_fixed - old_fixed)]
-    lines += [f"sweep.{k}: {doc['settings'].get(k)!r} -> {settings.get(k)!r}"
-              for k in sorted(set(settings) | set(doc["settings"])) if settings.get(k) != doc["settings"].get(k)]
+    lines = SearchSpace.from_specs(space).difference(SearchSpace.from_specs(old_space))
+    old, new = set(old_fixed), set(fixed)
+    lines += [f"override {o} dropped" for o in sorted(old - new)]
+    lines += [f"override {o} added" for o in sorted(new - old)]
+    lines += [f"sweep.{k}: {old_settings.get(k)!r} -> {settings.get(k)!r}"
+              for k in sorted(set(settings) | set(old_settings)) if settings.get(k) != old_settings.get(k)]
     return lines

@@ -16,6 +16,8 @@ import os
 import time
 from typing import Optional, cast
 
+from orchestrator.records.sweep_record import SweepRecord, TrialEntry
+
 log = logging.getLogger(__name__)
 
 SWEEP_TAG = "sweep"
@@ -74,20 +76,23 @@ class SweepTracking:
 
         uri = resolve_tracking_uri(cfg)
         client = MlflowClient(tracking_uri=uri)
-        doc = plan.state.load()
-        params = {f"sweep.{k}": v for k, v in doc["settings"].items()}
-        params.update({f"space.{k}": v for k, v in doc["space"].items()})
+        doc = plan.state.loaded()
+        params = {f"sweep.{k}": v for k, v in doc.settings.items()}
+        params.update({f"space.{k}": v for k, v in doc.space.items()})
         params = redact(params, set())
         try:
             experiment_id = _experiment_id(client, plan.experiment, uri)
-            run_id = _find_or_create(client, experiment_id, plan.state.name, doc.get("mlflow_run_id"), params)
+            run_id = _find_or_create(client, experiment_id, plan.state.name, doc.mlflow_run_id, params)
             client.update_run(run_id, status="RUNNING")  # a relaunch: running again until finish()
             last_step = max((m.step for m in client.get_metric_history(run_id, "spent_usd")), default=-1)
         except Exception as err:
             log.warning("MLflow at %s unavailable for the sweep's parent run (%s: %s); trials log as plain jobs",
                         scrub_text(uri), type(err).__name__, scrub_text(str(err))[:200])
             return None
-        plan.state.update(lambda d: d.update(mlflow_run_id=run_id))
+        def note(d: dict) -> None:
+            d.update(mlflow_run_id=run_id)
+
+        plan.state.update(note)
         plan.trial_overrides.append(f"tracking.parent_run_id={run_id}")
         log.info("sweep %s: MLflow parent run %s at %s", plan.state.name, run_id, scrub_text(uri))
         return cls(plan, client, run_id, last_step=last_step)
@@ -99,41 +104,42 @@ class SweepTracking:
             log.warning("sweep %s: MLflow %s failed (%s: %s); the sweep goes on", self.plan.state.name, what,
                         type(err).__name__, str(err)[:200])
 
-    def event(self, kind: str, trial: dict, doc: dict) -> None:
+    def event(self, kind: str, trial: TrialEntry, doc: SweepRecord) -> None:
         if kind in ("reported", "decided"):
             self._safe("metrics", lambda: self._log_best(doc))
 
-    def _log_best(self, doc: dict) -> None:
+    def _log_best(self, doc: SweepRecord) -> None:
         from mlflow.entities import Metric
 
         from orchestrator.money.spend import experiment_total_usd
         from orchestrator.sweep.decide import leader, reached
 
-        settings = doc["settings"]
-        best = leader(doc["trials"], settings)
+        settings = dict(doc.settings)
+        best = leader(doc.trials, settings)
         step = self.last_step + 1
         spent = experiment_total_usd(self.plan.spend_index(), self.plan.experiment, held=False)
         now = int(time.time() * 1000)
-        metrics = [Metric("spent_usd", float(spent), now, step), Metric("decisions", len(doc["decisions"]), now, step),
-                   Metric("rung_results", sum(len(t["values"]) for t in doc["trials"]), now, step)]
+        metrics = [Metric("spent_usd", float(spent), now, step), Metric("decisions", len(doc.decisions), now, step),
+                   Metric("rung_results", sum(len(t.values) for t in doc.trials), now, step)]
         if best is not None:
             at_step, value = cast("tuple[int, float]", reached(settings, best))  # the leader has a result
             metrics += [Metric(f"best_{settings['metric']}", float(value), now, step),
-                        Metric("best_trial", best["number"], now, step), Metric("best_step", at_step, now, step)]
+                        Metric("best_trial", best.number, now, step), Metric("best_step", at_step, now, step)]
         self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)
         self.last_step = step
 
-    def finish(self, doc: dict, spent: dict[str, float], *, code: int) -> None:
+    def finish(self, doc: SweepRecord, spent: dict[str, float], *, code: int) -> None:
         """The trial table and the decisions as artifacts; the run ends FINISHED (0) or FAILED."""
         def log_tables() -> None:
             from orchestrator.sweep.decide import leader
 
-            trials = [{**{k: t[k] for k in ("number", "run_name", "status", "rung", "params", "values")},
-                       "spent_usd": spent.get(t["run_name"], 0.0)} for t in doc["trials"]]
-            best = leader(doc["trials"], doc["settings"])
-            self.client.log_dict(self.run_id, {"trials": trials, "leader": best and best["run_name"]},
+            trials = [{"number": t.number, "run_name": t.run_name, "status": t.status, "rung": t.rung,
+                       "params": dict(t.params), "values": {str(r): v for r, v in sorted(t.values.items())},
+                       "spent_usd": spent.get(t.run_name, 0.0)} for t in doc.trials]
+            best = leader(doc.trials, dict(doc.settings))
+            self.client.log_dict(self.run_id, {"trials": trials, "leader": best and best.run_name},
                                  "sweep/trials.json")
-            self.client.log_dict(self.run_id, {"decisions": doc["decisions"]}, "sweep/decisions.json")
+            self.client.log_dict(self.run_id, {"decisions": [d.encode() for d in doc.decisions]}, "sweep/decisions.json")
             self._log_best(doc)
             self.client.set_terminated(self.run_id, status="FINISHED" if code == 0 else "FAILED")
 

@@ -11,8 +11,12 @@ Whoever can write the bucket can write ``sweep.json`` and the trials' ledgers. S
   ``stored_space``); its value at launch is the sampler's;
 - with ``ORCH_MANIFEST_HMAC_KEY`` set the record is signed as a checkpoint manifest is (``sign``, ``verify``:
   ``orchestrator.checkpoint.manifest``'s own HMAC);
-- what the sweep reads of a trial's ledger is checked (``trial_ledger``, ``start_ups``): a ledger that is not an
-  object, or a start-up that is not a finite number of seconds up to a week, refuses that trial only.
+- what the sweep reads of a trial's ledger is decoded once (``trial_ledger``: ``records.sweep_record.TrialLedger``,
+  the ledger's own decode and no start-up over a week): a ledger that does not decode refuses that trial only.
+
+The record itself is decoded in the records floor (``orchestrator.records.sweep_record``); ``bounds`` hands it the
+sweep's space and schedule as plain data, so a parameter outside the space or a rung past the schedule marks its
+trial there.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.exitcodes import ExitClass
 from orchestrator.core.signing import signature_problem as core_signature_problem
 from orchestrator.core.signing import signed
-from orchestrator.policy.history import MAX_RESTART_SECONDS as WEEK_S  # a start-up longer is corrupt, not slow
+from orchestrator.records.fields import CorruptRecord
+from orchestrator.records.sweep_record import SweepBounds, SweepRecord, TrialEntry, TrialLedger
 from orchestrator.sweep.space import in_domain
 
 
@@ -87,11 +92,11 @@ def rederive(space, settings: dict, number: int) -> Optional[dict]:
     return {key: _plain(asked.params[key]) for key in space.specs}
 
 
-def launch_params(space, settings: dict, trial: dict, *, since: int) -> dict:
+def launch_params(space, settings: dict, trial: TrialEntry, *, since: int) -> dict:
     """The parameters trial ``trial`` runs with: the sweep's own (see the module's docstring). Raises
     TrialRefused naming what in the stored parameters is not the sweep's."""
-    stored = trial["params"]
-    number = trial["number"]
+    stored = trial.params
+    number = trial.number
     if set(stored) != set(space.specs):
         extra, missing = sorted(set(stored) - set(space.specs)), sorted(set(space.specs) - set(stored))
         raise TrialRefused(f"its stored parameters name keys outside the sweep's space ({', '.join(extra) or '-'}) "
@@ -129,56 +134,42 @@ def _show(spec) -> str:
     return show(spec)
 
 
-# ---- rungs and ledgers ------------------------------------------------------------------------
-def rung_problem(settings: dict, trial: dict) -> Optional[str]:
-    """Why trial ``trial``'s rung or rung results cannot be its (past its schedule), or None."""
-    from orchestrator.sweep.decide import trial_steps
+# ---- bounds and ledgers ------------------------------------------------------------------------
+def bounds(record: SweepRecord) -> SweepBounds:
+    """The record's space (each key's values, as stored: a secret redacted) and each trial's number of rungs (its
+    bracket's: ``decide.trial_steps``), as plain data for ``SweepRecord.within``; no rung bound while the record's
+    settings do not name a schedule."""
+    from orchestrator.sweep.decide import PRUNERS, trial_steps
+    from orchestrator.sweep.space import SearchSpace, _values
 
-    n = len(trial_steps(settings, trial["number"]))
-    if trial["rung"] >= n:
-        return f"its rung is {trial['rung']}, past its schedule of {n} rung(s)"
-    late = sorted(r for r in trial["values"] if int(r) >= n)
-    return f"it holds results at rung(s) {', '.join(late)}, past its schedule of {n}" if late else None
+    space = SearchSpace.from_specs(dict(record.space))
+    domains = {key: ("interval", spec[1], spec[2], isinstance(spec[1], int) and isinstance(spec[2], int))
+               if spec[0] == "interval" else ("choice", tuple(_values(spec))) for key, spec in space.specs.items()}
+    settings = record.settings
+    scheduled = (settings.get("pruner") in PRUNERS and isinstance(settings.get("max_steps"), int)
+                 and (settings.get("pruner") == "none" or (isinstance(settings.get("reduction_factor"), int)
+                                                           and isinstance(settings.get("min_fraction"), (int, float)))))
+    rungs = {t.number: len(trial_steps(dict(settings), t.number)) for t in record.trials} if scheduled else {}
+    return SweepBounds(domains=domains, rungs=rungs)
 
 
-def trial_ledger(store, run_name: str) -> dict:
-    """The trial's ledger ({} before its first attempt); TrialRefused when it does not parse or is not an object."""
+def trial_ledger(store, run_name: str) -> TrialLedger:
+    """The trial's ledger decoded (empty before its first attempt); TrialRefused when it does not parse or decode
+    (``TrialLedger``: the ledger's own checks, and no start-up over a week)."""
     from orchestrator.records.ledger import Ledger
 
     ledger = Ledger(store, run_name)
     try:
-        doc = ledger.load()
+        return TrialLedger.decode(ledger.load(), ledger.uri)
     except (ValueError, UnicodeDecodeError) as err:
         raise TrialRefused(f"its ledger {ledger.uri} is not JSON ({str(err)[:80]})") from None
-    if not isinstance(doc, dict):
-        raise TrialRefused(f"its ledger {ledger.uri} is a JSON {type(doc).__name__}, not an object")
-    attempts = doc.get("attempts", [])
-    if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
-        raise TrialRefused(f"its ledger {ledger.uri} holds attempts that are not a list of objects")
-    return doc
+    except CorruptRecord as err:
+        raise TrialRefused(f"its ledger {err.where} is corrupt: {err.problem}") from None
 
 
-def rung_value(ledger: dict, step: int, metric: str) -> Any:
-    """The trial's ``metric`` at ``step`` as its ledger's ``quality.evals`` holds it (None when absent)."""
-    quality = ledger.get("quality")
-    evals = quality.get("evals") if isinstance(quality, dict) else None
-    at = evals.get(str(step)) if isinstance(evals, dict) else None
-    return at.get(metric) if isinstance(at, dict) else None
-
-
-def evaluated_at(ledger: dict, step: int) -> bool:
-    quality = ledger.get("quality")
-    evals = quality.get("evals") if isinstance(quality, dict) else None
-    return isinstance(evals, dict) and str(step) in evals
-
-
-def start_ups(ledger: dict, where: str) -> list[float]:
+def start_ups(ledger: TrialLedger) -> list[float]:
     """The start-ups (process start to first step, seconds) the ledger's attempts measured (a value that is not a
-    finite number counts as not measured, ``policy.history``); TrialRefused for one longer than a week."""
-    from orchestrator.policy.history import claimed_restart_seconds, restart_seconds_measured
+    finite number counts as not measured, ``policy.history``; one over a week refused the ledger at its decode)."""
+    from orchestrator.policy.history import restart_seconds_measured
 
-    claimed = claimed_restart_seconds(ledger.get("attempts") or [])
-    if any(s > WEEK_S for s in claimed):
-        raise TrialRefused(f"its ledger {where} says an attempt's start-up (extra.restart.total_s) took "
-                           f"{max(claimed):g} s, more than a week: the ledger is corrupt")
-    return restart_seconds_measured(ledger.get("attempts") or [])
+    return restart_seconds_measured(ledger.record.attempts)
