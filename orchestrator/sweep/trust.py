@@ -139,14 +139,15 @@ def bounds(record: SweepRecord) -> SweepBounds:
     """The record's space (each key's values, as stored: a secret redacted) and each trial's number of rungs (its
     bracket's: ``decide.trial_steps``), as plain data for ``SweepRecord.within``; no rung bound while the record's
     settings do not name a schedule."""
-    from orchestrator.sweep.decide import PRUNERS, trial_steps
+    from orchestrator.core.choices import Pruner, choices
+    from orchestrator.sweep.decide import trial_steps
     from orchestrator.sweep.space import SearchSpace, _values
 
     space = SearchSpace.from_specs(dict(record.space))
     domains = {key: ("interval", spec[1], spec[2], isinstance(spec[1], int) and isinstance(spec[2], int))
                if spec[0] == "interval" else ("choice", tuple(_values(spec))) for key, spec in space.specs.items()}
     settings = record.settings
-    scheduled = (settings.get("pruner") in PRUNERS and isinstance(settings.get("max_steps"), int)
+    scheduled = (settings.get("pruner") in choices(Pruner) and isinstance(settings.get("max_steps"), int)
                  and (settings.get("pruner") == "none" or (isinstance(settings.get("reduction_factor"), int)
                                                            and isinstance(settings.get("min_fraction"), (int, float)))))
     rungs = {t.number: len(trial_steps(dict(settings), t.number)) for t in record.trials} if scheduled else {}
