@@ -23,11 +23,11 @@ class EgressPrice:
 
 
 EGRESS = {
-    "aws": EgressPrice(0.02, "AWS data transfer between regions, $0.02/GB (aws.amazon.com/ec2/pricing/on-demand, "
-                             "Data Transfer, as of 2025-06)"),
-    "gcp": EgressPrice(0.02, "Cloud Storage data moved between regions on one continent, $0.02/GB "
+    "aws": EgressPrice(0.02, "AWS data transfer between regions (aws.amazon.com/ec2/pricing/on-demand, Data "
+                             "Transfer, as of 2025-06)"),
+    "gcp": EgressPrice(0.02, "Cloud Storage data moved between regions on one continent "
                              "(cloud.google.com/storage/pricing, Network, as of 2025-06)"),
-    "azure": EgressPrice(0.02, "Azure data transfer between regions within North America, $0.02/GB "
+    "azure": EgressPrice(0.02, "Azure data transfer between regions within North America "
                                "(azure.microsoft.com/pricing/details/bandwidth, as of 2025-06)"),
 }
 

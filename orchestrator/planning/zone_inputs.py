@@ -62,7 +62,7 @@ class ZoneInput:
         if z.move_usd > 0:
             src = egress_price(self.facts.cloud)
             parts.append(f"${z.move_usd:.2f} egress per start from the bucket's {self.facts.bucket_region} "
-                         f"({self.facts.moved_bytes / BYTES_PER_GB:.2f} GB at ${src.usd_per_gb}/GB: {src.source})")
+                         f"({self.facts.moved_bytes / BYTES_PER_GB:.2f} GB at ${src.usd_per_gb}/GB, {src.source})")
         if h.since_preempted_seconds is not None and h.since_preempted_seconds < job.cooldown_seconds:
             parts.append(f"preempted the job {h.since_preempted_seconds / 60:.0f} min ago (cooling down for "
                          f"{job.cooldown_seconds / 60:.0f} min)")
@@ -147,7 +147,7 @@ def job_inputs(cfg: Any, store: Any, record: Optional[LedgerRecord], now: float,
     from orchestrator.money.cost import preemption_prior_per_hour, price_for
     from orchestrator.money.price_refresh import current_catalog
 
-    catalog = current_catalog(cfg, refresh=False, store=store)[0]
+    catalog = current_catalog(cfg, refresh=False, store=store, now=now)[0]
     spot, on_demand = price_for(_compute(cfg, True), catalog), price_for(_compute(cfg, False), catalog)
     prior, _ = preemption_prior_per_hour(_compute(cfg, True), catalog)
     attempts = record.attempts if record else ()
