@@ -1,7 +1,7 @@
 """``compute.zones`` on a real job through the local backend, its storage on moto's S3 server: the first attempt
 runs in the cheapest zone, a preemption there sends the next attempt to another zone (the cooldown), and the
-ledger, ``orchestrator status`` and the cost report show both zones with their prices and reasons; each attempt's
-meter billed its zone's fetched price."""
+ledger, ``orchestrator status``, the cost report and the MLflow run show both zones with their prices and reasons;
+each attempt's meter billed its zone's fetched price."""
 from __future__ import annotations
 
 import random
@@ -10,10 +10,9 @@ import subprocess
 import time
 
 import pytest
+from mlflow.tracking import MlflowClient
 
-from orchestrator.money.cost import Price
 from orchestrator.money.prices import FetchedPrice, write_cache
-from orchestrator.money.report import build_report, format_report
 from orchestrator.records.ledger_record import LedgerRecord
 from tests.helpers import jobs
 
@@ -21,17 +20,21 @@ PRICES = {"us-east-1a": 0.15, "us-east-1b": 0.18}  # g4dn.xlarge spot, the whole
 
 
 @pytest.mark.e2e
-def test_a_job_preempted_in_its_zone_moves_to_the_next_and_records_both(tmp_path, s3_server, s3_bucket):
+def test_a_job_preempted_in_its_zone_moves_to_the_next_and_records_both(tmp_path, s3_server, s3_bucket,
+                                                                        mlflow_server):
     storage = jobs.Storage(s3_bucket, s3_server.endpoint_url)
     now = time.time()
     write_cache(storage.store(), [FetchedPrice("t4", "aws", "spot", "us-east-1", zone, "g4dn.xlarge", 1, usd, now - 60,
                                                "aws ec2 spot price history") for zone, usd in PRICES.items()])
     overrides = jobs.with_overrides(
-        jobs.FAST + storage.overrides(), "run.name=zones", "compute=t4-spot", "compute.cloud=aws",
+        jobs.FAST + storage.overrides(), "run.name=zones", "tracking.enabled=true", f"tracking.uri={mlflow_server.uri}",
+        "tracking.experiment=zones", "compute=t4-spot", "compute.cloud=aws",
         "train.mixed_precision=no", "train.max_steps=60", "compute.zones=[us-east-1a,us-east-1b]",
         "compute.zone_cooldown=10m", f"storage.region={s3_server.region}")
+    env = jobs.job_env(tmp_path)
+    env.pop("MLFLOW_TRACKING_URI", None)  # tracking.uri must be the one used
     rc, log, _ = jobs.interrupt_then_finish(overrides, tmp_path, storage, "zones", random.Random(7), [signal.SIGTERM],
-                                            env=jobs.job_env(tmp_path))
+                                            env=env)
     assert rc == 0, log[-4000:]
 
     raw = jobs.ledger(storage, "zones")
@@ -55,10 +58,12 @@ def test_a_job_preempted_in_its_zone_moves_to_the_next_and_records_both(tmp_path
                    f"attempt {last.fence}  us-east-1b (us-east-1)  $0.1800/h: us-east-1b: $"):
         assert needle in status.stdout, status.stdout
 
-    report = format_report(build_report(job="zones", status="completed", ledger=record,
-                                        price=Price(0.18, 0.18, 0.526, "us-east-1b", 1, "aws", True), figures={},
-                                        quality_metric="accuracy", quality=None, tokens_per_step=1.0,
-                                        tokens_measured=False))
-    rows = {line.split()[0]: line.split() for line in report.splitlines() if line.startswith("us-east-1")}
-    assert rows["us-east-1a"][1:3] == ["1", "1"] and rows["us-east-1a"][-1] == "0.1500", report
-    assert rows["us-east-1b"][2] == "0" and rows["us-east-1b"][-1] == "0.1800", report
+    # the cost report the job printed at its end (money/report.py): cost per zone
+    rows = {line.split()[0]: line.split() for line in log.splitlines() if line.startswith("us-east-1")}
+    assert rows["us-east-1a"][1:3] == ["1", "1"] and rows["us-east-1a"][-1] == "0.1500", log[-3000:]
+    assert rows["us-east-1b"][2] == "0" and rows["us-east-1b"][-1] == "0.1800", log[-3000:]
+
+    tags = MlflowClient(tracking_uri=mlflow_server.uri).get_run(record.mlflow_run_id).data.tags
+    assert tags["zone"] == "us-east-1b" and tags["zone_usd_per_hour"] == "0.1800", tags
+    assert tags["zones"] == f"1:us-east-1a {last.fence}:us-east-1b", tags
+    assert tags["zone_reason"] == last.zone_reason
