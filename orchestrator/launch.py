@@ -52,9 +52,11 @@ def check_deadline_ahead(cfg: DictConfig, now: float | None = None) -> None:
     if kind != "at" or late < 0:
         return
     from orchestrator.records.ledger import Ledger
+    from orchestrator.records.ledger_record import LedgerRecord
     from orchestrator.storage import store_from_config
 
-    if Ledger(store_from_config(cfg.storage), str(cfg.run.name)).load().get("attempts"):
+    ledger = Ledger(store_from_config(cfg.storage), str(cfg.run.name))
+    if LedgerRecord.decode(ledger.load(), ledger.uri).attempts:  # corrupt: CorruptRecord, exit 4 with the fix
         log.warning("run.deadline=%s passed %.2f h ago, while job %r ran: it runs on-demand to the end",
                     cfg.run.deadline, late / 3600, str(cfg.run.name))
         return

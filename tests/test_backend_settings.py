@@ -23,12 +23,14 @@ def test_each_backend_reads_its_own_typed_settings():
 
 @pytest.mark.parametrize("overrides,message", [
     (["backend=slurm", "+backend.extra.partiton=gpu"],
-     "backend.extra.partiton is not a setting of backend=slurm (its settings: output, python, sbatch_args)"),
+     "backend.extra.partiton is not a setting of backend=slurm (its settings: output, python, sbatch_args, zone_partitions)"),
     (["+backend.extra.python=x"], "backend.extra.python is not a setting of backend=local (its settings: none)"),
     (["backend=skypilot", "+backend.extra.disk_size=big"], "backend.extra.disk_size must be a whole number; got 'big'"),
     (["backend=slurm", "+backend.extra.sbatch_args=one-option"], "backend.extra.sbatch_args must be a list"),
     (["backend=slurm", "+backend.extra.output=[a, b]"], "backend.extra.output must be a single value"),
     (["backend=skypilot", "+backend.extra.file_mounts={/a: [1]}"], "backend.extra.file_mounts must map paths to paths"),
+    (["backend=slurm", "+backend.extra.zone_partitions={us-east-1a: [a]}"],
+     "backend.extra.zone_partitions must map zones to partitions"),
 ])
 def test_an_unknown_setting_or_a_wrong_type_is_a_config_error_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:

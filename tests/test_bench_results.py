@@ -125,11 +125,14 @@ def test_an_evaluation_starts_no_child_process_and_leaves_no_git_error_in_the_lo
 
 def test_a_checkpoints_dollars_are_the_training_paid_until_its_commit_not_the_evaluations():
     from orchestrator.evaluation.billing import training_cost_until
+    from orchestrator.records.ledger_record import LedgerRecord
 
-    ledger = {"attempts": [{"started_at": 100.0, "ended_at": 200.0, "cost_usd": 1.0},  # preempted
-                           {"started_at": 300.0, "last_seen": 400.0, "cost_usd": 2.0},  # running
-                           {"started_at": float("nan"), "ended_at": 500.0, "cost_usd": 9.0}],  # unsound: ignored
-              "evaluations": [{"started_at": 150.0, "seconds": 10.0, "cost_usd": 5.0}]}
+    doc = {"attempts": [{"fence": 1, "exit_class": "preempted", "started_at": 100.0, "ended_at": 200.0,
+                         "cost_usd": 1.0},
+                        {"fence": 2, "exit_class": "running", "started_at": 300.0, "last_seen": 400.0, "cost_usd": 2.0},
+                        {"fence": 3, "exit_class": "crashed", "ended_at": 500.0, "cost_usd": 9.0}],  # no start: none
+           "evaluations": [{"started_at": 150.0, "seconds": 10.0, "cost_usd": 5.0}]}
+    ledger = LedgerRecord.decode(doc, "ledger.json").attempts
     assert training_cost_until(ledger, 150.0) == pytest.approx(0.5)  # half of the first attempt
     assert training_cost_until(ledger, 250.0) == pytest.approx(1.0)  # between attempts: the first in full
     assert training_cost_until(ledger, 375.0) == pytest.approx(2.5)  # the second pro rata of its time

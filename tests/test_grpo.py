@@ -153,9 +153,10 @@ def test_a_tampered_reward_cache_shard_is_refused_and_its_rewards_computed_again
         store.put_bytes(shard, json.dumps(body).encode())
     elif tamper == "nan":
         from orchestrator.checkpoint.reward_cache import parse_entries
+        from orchestrator.records.fields import CorruptRecord
 
         body["entries"][0][3] = math.nan
-        with pytest.raises(ValueError, match="not a finite number"):
+        with pytest.raises(CorruptRecord, match="entry 0: reward nan is not a finite number"):
             parse_entries(json.loads(json.dumps(body)))
         return
     else:
@@ -312,6 +313,7 @@ def test_a_reward_of_huge_magnitude_in_the_cache_is_refused_and_computed_again(t
     (its square overflows in the advantages' std). Beyond +-1e6 a cached reward is refused, its shard's rewards
     computed again."""
     from orchestrator.checkpoint.reward_cache import REWARD_BOUND, parse_entries
+    from orchestrator.records.fields import CorruptRecord
     from recipes.rewards import CachedReward
 
     cache, _ = _cache(tmp_path)
@@ -322,7 +324,7 @@ def test_a_reward_of_huge_magnitude_in_the_cache_is_refused_and_computed_again(t
     assert resumed.get("f", ("a" * 32, "b" * 32)) is None and resumed.get("f", ("c" * 32, "d" * 32)) == 0.5
     assert "00000-000099 is unusable" in caplog.text and "beyond" in caplog.text
     assert REWARD_BOUND == 1e6
-    with pytest.raises(ValueError, match="beyond"):
+    with pytest.raises(CorruptRecord, match="beyond"):
         parse_entries({"entries": [["f", "a" * 32, "b" * 32, -2e6]]})
     # a reward function's own huge value is what it returned (TRL's to use), never kept in the cache
     calls = []

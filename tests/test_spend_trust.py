@@ -43,7 +43,7 @@ def test_a_capped_job_under_a_nan_index_is_refused_and_one_without_a_cap_runs_sa
     s3_store.put_bytes(INDEX_KEY, CORRUPT["nan month"])
     capped = _watch(s3_store, monthly=0.05)
     refusal = capped.start_refusal()
-    assert isinstance(refusal, SpendIndexCorrupt) and "2026-12 is nan" in str(refusal)
+    assert isinstance(refusal, SpendIndexCorrupt) and "jobs.a.months: '2026-12' is nan" in str(refusal)
     with pytest.raises(SpendIndexCorrupt):  # a capped attempt that got past the check still takes nothing
         capped.begin(1)
     assert "unreadable" in capped.stop_reason(5.0)  # and a running one stops at its next checkpoint (exit 3)

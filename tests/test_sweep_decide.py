@@ -172,4 +172,4 @@ def test_a_pruner_outside_optunas_is_refused_at_launch(tmp_path, capsys):
                         "train.learning_rate=interval(1e-5,1e-3)", f"storage.uri={tmp_path / 'runs'}",
                         f"run.work_dir={tmp_path / 'work'}", "tracking.enabled=false"])
     err = capsys.readouterr().err
-    assert code == 4 and "sweep.pruner=median" in err and "successive_halving|hyperband" in err
+    assert code == 4 and "sweep.pruner='median' is not a valid choice" in err and "successive_halving, hyperband" in err

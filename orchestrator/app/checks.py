@@ -15,16 +15,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.app.hub_access import check_hub_model
 from orchestrator.app.image_pin import warn_unpinned_image
+from orchestrator.backends.zones import check_zone_settings
 from orchestrator.config import train_options
 from orchestrator.config.compose import check_resolvable
+from orchestrator.config.typed import DurationErrors, Durations
 from orchestrator.config.zones import check_zones
-from orchestrator.core.durations import parse_deadline, parse_duration
 from orchestrator.core.errors import ConfigError, UserError
 from orchestrator.core.names import RUN_NAME
 from orchestrator.core.numbers import check_finite, check_ranges
 from orchestrator.core.ranks import configured_world_size
 from orchestrator.evaluation import spec as bench_spec
-from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.process.multinode import checks as multinode_checks
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -46,6 +46,8 @@ def validate(cfg: DictConfig) -> None:
     for check in CHECKS:
         try:
             check(cfg)
+        except DurationErrors as err:  # each duration that does not parse is its own problem
+            problems.extend(err.problems)
         except UserError as err:  # ConfigError, DataError: both exit 4
             problems.append(str(err))
     if len(problems) == 1:
@@ -137,24 +139,12 @@ def _check_data(cfg: DictConfig) -> None:
 
 
 def _check_durations(cfg: DictConfig) -> None:
-    for key in ("checkpoint.every", "preemption.grace", "tracking.system_metrics_every", "tracking.job_metrics_every",
-                "storage.retry_for"):
-        if key == "checkpoint.every" and is_auto(cfg.checkpoint.every):
-            continue
-        try:
-            parse_duration(OmegaConf.select(cfg, key), key=key)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+    """Every duration parses (``config.typed.Durations``: checkpoint.every and auto's bounds, run.deadline, ...)."""
+    Durations.of(cfg)
 
 
 def _check_schedule(cfg: DictConfig) -> None:
-    """checkpoint.every=auto's bounds, run.deadline and the partition it may move a Slurm job to."""
-    try:
-        interval_bounds(cfg.checkpoint)
-        if cfg.run.deadline is not None:
-            parse_deadline(cfg.run.deadline)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    """The partition run.deadline may move a Slurm job to; the preemption rate and restart time it plans with."""
     for key in ("preemptions_per_hour", "restart_seconds"):
         if cfg.compute[key] is not None and cfg.compute[key] < 0:
             raise ConfigError(f"compute.{key}={cfg.compute[key]} must be at least 0 (or null: measured or estimated).")
@@ -197,9 +187,9 @@ def _check_spend_caps(cfg: DictConfig) -> None:
         if value is not None and value <= 0:
             raise ConfigError(f"budget.{key}={value} must be positive (or null for no cap).")
     try:
-        window = parse_duration(cfg.budget.reserve_ahead, key="budget.reserve_ahead")
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+        window = Durations.of(cfg).reserve_ahead
+    except ConfigError:
+        return  # a duration that does not parse: _check_durations names it
     capped = cfg.budget.monthly_max_usd is not None or cfg.budget.experiment_max_usd is not None
     if capped and window <= 0:
         raise ConfigError(
@@ -402,4 +392,4 @@ CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _chec
           _check_spend_caps, _check_run_name,
           _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
           _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS,
-          *multinode_checks.CHECKS, check_zones, check_hub_model, warn_unpinned_image)
+          *multinode_checks.CHECKS, check_zones, check_zone_settings, check_hub_model, warn_unpinned_image)

@@ -19,15 +19,14 @@ from orchestrator.attempt.ports import CheckpointInterval, StepClock
 from orchestrator.attempt.quality import QualityWatch
 from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
-from orchestrator.attempt.resolved import Settings, resolve
+from orchestrator.attempt.resolved import resolve
 from orchestrator.attempt.runner import Runner, TestHooks
 from orchestrator.attempt.zone import attempt_zone
 from orchestrator.config.schema import ComputeConfig
+from orchestrator.config.typed import JobConfig
 from orchestrator.core import ranks as dist
-from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import ConfigError, DataError
 from orchestrator.money.spend_holds import HOLD_ENV
-from orchestrator.policy.interval import interval_bounds, is_auto
 from orchestrator.storage import inputs
 
 
@@ -50,51 +49,51 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     from orchestrator.storage import store_from_config
     from orchestrator.tracking.progress import quiet_data_progress
 
-    quiet_data_progress(cfg.tracking.data_progress_bars)  # before the recipe maps its data
+    settings = JobConfig.of(cfg)  # the typed view: the groups as dataclasses, the durations parsed, once
+    quiet_data_progress(settings.tracking.data_progress_bars)  # before the recipe maps its data
     main = dist.is_main()
-    run_name = job_name(cfg)
+    run_name = job_name(settings)
     resolved = resolve(cfg)  # config.yaml, the repro record and MLflow's params: one resolved dict
-    settings = Settings.of(cfg)  # the groups parts only read, as dataclasses
     store = store_from_config(settings.storage)
     capacity, compute, catalog, price, placed = placed_price(cfg, settings.compute, store, run_name, environ, main)
-    ledger = Ledger(store, run_name, keep_checkpoints=cfg.checkpoint.keep_last)
+    ledger = Ledger(store, run_name, keep_checkpoints=settings.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
     spend = spend_watch(settings, store, run_name, money, hold=environ.get(HOLD_ENV)) if main else None
     record = (AttemptRecord(ledger, RequeuePolicy(settings.requeue), compute=compute, zone=placed,
                             budget_max_usd=settings.budget.max_usd, spend=spend) if main else FollowerRecord())
 
-    token, work = attempt_folder(cfg, run_name, environ)
+    token, work = attempt_folder(settings, run_name, environ)
     # s3:// data, templates and weights land here, once per attempt; the main rank holds each to the first attempt's
     inputs.use(settings.storage, work / "inputs", on_listed=functools.partial(pin_input, ledger) if main else None)
     checkpoints = CheckpointController(
-        CheckpointStore(store, run_name, keep_last=cfg.checkpoint.keep_last, staging_dir=work / "staging"), record,
-        main=main, work=work, token=token, snapshot_dir=cfg.checkpoint.snapshot_dir,
-        full_model=cfg.recipe.peft == "full", trajectory=trajectory_config(cfg),
+        CheckpointStore(store, run_name, keep_last=settings.checkpoint.keep_last, staging_dir=work / "staging"), record,
+        main=main, work=work, token=token, snapshot_dir=settings.checkpoint.snapshot_dir,
+        full_model=settings.recipe.peft == "full", trajectory=trajectory_config(cfg),
         attempt_cost_usd=money.attempt_cost_usd, clock=clock)
 
     from recipes import recipe_for
     from recipes.evaluation import quality_metric
 
-    recipe = recipe_for(cfg.recipe.name)
+    recipe = recipe_for(settings.recipe.name)
     tracking = AttemptTracking.from_config(
         cfg, settings.tracking, main=main, run_name=run_name,
         ledger=ledger.load() if main and settings.tracking.enabled else {}, params=resolved.plain,
-        quality_metric=quality_metric(cfg).name,
-        job_metrics_every_s=parse_duration(settings.tracking.job_metrics_every, key="tracking.job_metrics_every"))
+        quality_metric=quality_metric(cfg).name, job_metrics_every_s=settings.durations.job_metrics_every)
     if main:
         sinks = default_sinks(settings.budget, set_tag=tracking.set_tag if tracking.active else None)
         money.watch_budget(BudgetGuard(settings.budget, record_alert=record.record_alert, job_name=run_name,
                                        sinks=sinks), cast(Any, spend).with_alerts(settings.budget, sinks))
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
-    preemption = PreemptionHandler.from_config(settings.preemption, watch_cloud=main)
+    preemption = PreemptionHandler.from_config(settings.preemption, watch_cloud=main,
+                                               grace_seconds=settings.durations.preemption_grace)
     quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
     recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
     hooks = TestHooks.from_environ(environ)
-    parts: dict[str, Any] = dict(record=record, tracking=tracking, interval=checkpoint_interval(cfg), steps=StepClock())
-    steer = steering(cfg, parts, store=store, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
+    parts: dict[str, Any] = dict(record=record, tracking=tracking, interval=checkpoint_interval(settings), steps=StepClock())
+    steer = steering(cfg, settings, parts, store=store, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
                      compute=compute, capacity=capacity, catalog=catalog, hooks=hooks,
-                     environ=environ) if main and cfg.train.trial_steps <= 0 else []
-    return Runner(cfg, resolved=resolved, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money,
+                     environ=environ) if main and settings.train.trial_steps <= 0 else []
+    return Runner(cfg, job=settings, resolved=resolved, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money,
                   quality=quality, preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
 
 
@@ -147,14 +146,13 @@ def attempt_folder(cfg: Any, run_name: str, environ) -> tuple[str, Path]:
     return token, Path(cfg.run.work_dir).expanduser().resolve() / run_name / token
 
 
-def checkpoint_interval(cfg: Any) -> CheckpointInterval:
+def checkpoint_interval(job: JobConfig) -> CheckpointInterval:
     """``checkpoint.every``: a fixed interval (off at 0), or ``auto``'s, which the checkpoint schedule decides."""
-    if is_auto(cfg.checkpoint.every):
-        return CheckpointInterval.derived()
-    return CheckpointInterval.fixed(parse_duration(cfg.checkpoint.every, key="checkpoint.every"))
+    every = job.durations.checkpoint_every
+    return CheckpointInterval.derived() if every.auto else CheckpointInterval.fixed(every.seconds)
 
 
-def steering(cfg: Any, parts: dict, *, store: Any, run_name: str, checkpoints: CheckpointController, money: MoneyWatch,
+def steering(cfg: Any, job: JobConfig, parts: dict, *, store: Any, run_name: str, checkpoints: CheckpointController, money: MoneyWatch,
              preemption: Any, compute: Any, capacity: str, catalog: dict, hooks: TestHooks, environ) -> list:
     """The main rank's Trainer callbacks besides the orchestrator's: the checkpoint schedule
     (``checkpoint.every=auto``), the deadline's capacity watch (``run.deadline``) and the benchmark watch
@@ -171,17 +169,17 @@ def steering(cfg: Any, parts: dict, *, store: Any, run_name: str, checkpoints: C
     if bench is not None:
         callbacks.append(bench)
     if parts["interval"].auto:
-        low, high = interval_bounds(cfg.checkpoint)
+        low, high = job.durations.checkpoint_bounds
         callbacks.append(CheckpointSchedule(**parts, full_model=checkpoints.full_model, uploading=checkpoints.uploading,
                                             compute=compute, catalog=catalog, min_seconds=low, max_seconds=high))
-    if cfg.run.deadline:
-        url = webhook_url(cfg.budget)
+    if job.run.deadline:
+        url = webhook_url(job.budget)
         callbacks.append(CapacityWatch(
             **parts, job=run_name, request_stop=preemption.request, total_cost_usd=money.total_cost_usd,
-            budget_max_usd=cfg.budget.max_usd, deadline=str(cfg.run.deadline), capacity=capacity,
+            budget_max_usd=job.budget.max_usd, deadline=str(job.run.deadline), capacity=capacity,
             action=environ.get(ACTION_ENV) or None, request_file=environ.get(REQUEST_FILE_ENV, ""),
-            restart_override=cfg.compute.restart_seconds, webhook=WebhookSink(url) if url else None,
-            heartbeat_seconds=hooks.heartbeat_seconds, spot_job=bool(cfg.compute.spot)))
+            restart_override=job.compute.restart_seconds, webhook=WebhookSink(url) if url else None,
+            heartbeat_seconds=hooks.heartbeat_seconds, spot_job=bool(job.compute.spot)))
     return callbacks
 
 
@@ -205,13 +203,12 @@ def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: Checkpoin
     return MeasuredRecipe(recipe, clock, cache=cache, data_fingerprint=lambda: checkpoints.dataset_fp, report=report)
 
 
-def spend_watch(settings: Settings, store: Any, run_name: str, money: MoneyWatch, *, hold=None) -> SpendWatch:
+def spend_watch(settings: JobConfig, store: Any, run_name: str, money: MoneyWatch, *, hold=None) -> SpendWatch:
     """The attempt's hold on the store's spend index: every job records its spend there, capped or not."""
-    from orchestrator.money.spend import Caps, SpendIndex
+    from orchestrator.money.budget import spend_caps
+    from orchestrator.money.spend import SpendIndex
 
-    budget = settings.budget
-    caps = Caps(run_name, str(settings.tracking.experiment), monthly_max_usd=budget.monthly_max_usd,
-                experiment_max_usd=budget.experiment_max_usd)
-    return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_hour_total / 3600.0,
-                      window_s=parse_duration(budget.reserve_ahead, key="budget.reserve_ahead"),
+    caps = spend_caps(settings.budget, run_name, str(settings.tracking.experiment))
+    return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_second,
+                      window_s=settings.durations.reserve_ahead,
                       spent=money.attempt_cost_usd, hold=hold)

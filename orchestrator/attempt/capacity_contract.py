@@ -21,6 +21,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any, Optional
 
 from orchestrator.policy.deadline import ON_DEMAND, SPOT
+from orchestrator.records.ledger_record import CapacityDecision
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ComputeConfig
@@ -64,9 +65,9 @@ def stored_text(value: Any) -> str:
     return " ".join("".join(map(one, str(value))).split())
 
 
-def latest_decision(ledger: dict) -> Optional[dict]:
-    decisions = ledger.get("capacity") or []
-    return decisions[-1] if decisions else None
+def latest_decision(ledger: Any) -> Optional[CapacityDecision]:
+    """The ledger's newest capacity decision (None: none): ``ledger`` decoded (``LedgerRecord``)."""
+    return ledger.capacity[-1] if ledger.capacity else None
 
 
 def planned_capacity(cfg: Any) -> tuple[str, Optional[dict]]:
@@ -77,17 +78,24 @@ def planned_capacity(cfg: Any) -> tuple[str, Optional[dict]]:
     configured = SPOT if cfg.compute.spot else ON_DEMAND
     if not (cfg.run.deadline and cfg.compute.spot):
         return configured, None
+    from orchestrator.records.fields import CorruptRecord
     from orchestrator.records.ledger import Ledger
+    from orchestrator.records.ledger_record import LedgerRecord
     from orchestrator.storage import store_from_config
 
-    decision = latest_decision(Ledger(store_from_config(cfg.storage), str(cfg.run.name)).load())
+    ledger = Ledger(store_from_config(cfg.storage), str(cfg.run.name))
+    try:
+        decision = latest_decision(LedgerRecord.decode(ledger.load(), ledger.uri))
+    except CorruptRecord as err:  # the attempt's start stops on it (exit 4); the render follows the config
+        log.warning("%s; following compute.spot", err)
+        return configured, None
     if not decision:
         return configured, None
-    if decision.get("capacity") not in (SPOT, ON_DEMAND):  # storage is untrusted: only the two known values
+    if decision.capacity not in (SPOT, ON_DEMAND):  # storage is untrusted: only the two known values
         log.warning("the ledger's newest capacity decision names %r, neither %s nor %s; following compute.spot",
-                    stored_text(decision.get("capacity"))[:40], SPOT, ON_DEMAND)
+                    stored_text(decision.capacity)[:40], SPOT, ON_DEMAND)
         return configured, None
-    return decision["capacity"], dict(decision, reason=stored_text(decision.get("reason", "")))
+    return decision.capacity, dict(dataclasses.asdict(decision), reason=stored_text(decision.reason))
 
 
 def capacity_env(cfg: Any, capacity: str, action: str) -> dict[str, str]:

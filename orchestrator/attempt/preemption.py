@@ -259,17 +259,14 @@ class PreemptionHandler:
         self.watcher_name: Optional[str] = None  # the provider the watcher settled on, once known
 
     @classmethod
-    def from_config(cls, preemption_cfg: Any, *, watch_cloud: bool = True) -> "PreemptionHandler":
-        """Build from the ``preemption`` config group (a DictConfig or PreemptionConfig).
-
-        ``watch_cloud=False`` (every rank but the main one): signals only, no spot-notice watcher.
-        """
-        return cls(
-            parse_duration(preemption_cfg.grace, key="preemption.grace"),
-            provider=preemption_cfg.provider if watch_cloud else "none",
-            metadata_url=preemption_cfg.metadata_url,
-            poll_seconds=float(preemption_cfg.poll_seconds),
-        )
+    def from_config(cls, preemption_cfg: Any, *, watch_cloud: bool = True,
+                    grace_seconds: Optional[float] = None) -> "PreemptionHandler":
+        """Build from the ``preemption`` config group (a DictConfig or PreemptionConfig); ``grace_seconds``: its grace
+        as the typed view parsed it, else parsed here. ``watch_cloud=False`` (every rank but the main one): signals
+        only, no spot-notice watcher."""
+        grace = parse_duration(preemption_cfg.grace, key="preemption.grace") if grace_seconds is None else grace_seconds
+        return cls(grace, provider=preemption_cfg.provider if watch_cloud else "none",
+                   metadata_url=preemption_cfg.metadata_url, poll_seconds=float(preemption_cfg.poll_seconds))
 
     # -- the flag ---------------------------------------------------------
 

@@ -32,6 +32,19 @@ CHECKPOINTS_TABLE = "checkpoints.json"
 SCORES_TABLE = "bench/score_vs_usd.json"  # beside the chart evaluation.watch draws, bench/score_vs_usd.png
 
 
+def _prior(ledger: Any) -> tuple[int, Optional[str]]:
+    """(attempts so far, the MLflow run id) of the job's ledger (``LedgerRecord``, or the stored JSON: decoded here);
+    (0, None) for one that does not decode: the attempt's begin, before the run opens, stops on it (exit 4)."""
+    from orchestrator.records.fields import CorruptRecord
+    from orchestrator.records.ledger_record import LedgerRecord
+
+    try:
+        record = ledger if isinstance(ledger, LedgerRecord) else LedgerRecord.decode(ledger, "the job's ledger")
+    except CorruptRecord:
+        return 0, None
+    return len(record.attempts), record.mlflow_run_id
+
+
 class AttemptTracking:
     """Args:
         tracker: the job's ``orchestrator.tracking.run.JobTracker``, or None (tracking off, or not the main rank).
@@ -48,18 +61,19 @@ class AttemptTracking:
         return self.tracker is not None
 
     @classmethod
-    def from_config(cls, cfg: Any, tracking_cfg: Any, *, main: bool, run_name: str, ledger: dict, params: dict,
+    def from_config(cls, cfg: Any, tracking_cfg: Any, *, main: bool, run_name: str, ledger: Any, params: dict,
                     quality_metric: str, job_metrics_every_s: float) -> "AttemptTracking":
         """``cfg``: the job's config (the run's tags); ``tracking_cfg``: its ``tracking`` group (a ``TrackingConfig``,
         what the tracker keeps); ``ledger``: the job's ledger before this attempt begins (its MLflow run id, its
-        attempts so far); ``params``: the resolved config (``attempt.resolved``), the run's params once redacted."""
+        attempts so far; a ``LedgerRecord`` or the stored JSON, decoded here); ``params``: the resolved config (``attempt.resolved``), the run's params once redacted."""
         from orchestrator.tracking.run import JobTracker
 
         if not (main and tracking_cfg.enabled):
             return cls(None, job_metrics_every_s=job_metrics_every_s)
+        attempts, run_id = _prior(ledger)
         tags = {"job": run_name, "recipe": cfg.recipe.name, "model": cfg.model.name_or_path,
                 "gpu_type": cfg.compute.gpu_type, "spot": str(bool(cfg.compute.spot)), "status": "running",
-                "attempts": str(len(ledger.get("attempts", [])) + 1), "quality_metric": quality_metric,
+                "attempts": str(attempts + 1), "quality_metric": quality_metric,
                 **source_tags()}
         if tracking_cfg.parent_run_id:  # a sweep's trial: MLflow's nested runs
             tags["mlflow.parentRunId"] = str(tracking_cfg.parent_run_id)
@@ -68,7 +82,7 @@ class AttemptTracking:
         if system and cfg.compute.gpus_per_node and not _has_module("pynvml"):
             log.warning("MLflow's system metrics sample no GPU without NVIDIA's NVML bindings: pip install nvidia-ml-py")
         tracker = JobTracker(tracking_cfg, job_name=run_name, tags=tags, params=params,
-                             run_id=ledger.get("mlflow_run_id"), system_metrics=system)
+                             run_id=run_id, system_metrics=system)
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)
 
     def start(self) -> Optional[str]:

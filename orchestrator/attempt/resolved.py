@@ -2,25 +2,16 @@
 
 Hydra composes the config into a ``DictConfig``; what an attempt writes of it (MLflow's params, the repro record's
 hash and inputs, ``config.yaml`` beside the final weights and in MLflow) comes from one resolved dict, and its
-redacted copy, made here, so they cannot drift apart. The parts that only read settings get their groups as the
-schemas' dataclasses (``Settings``); the ``DictConfig`` stays with what needs OmegaConf or the whole config (the
-trajectory fingerprint, the recipes).
+redacted copy, made here, so they cannot drift apart. The parts that only read settings get the typed view
+(``orchestrator.config.typed.JobConfig``: the groups as the schemas' dataclasses, the durations parsed); the
+``DictConfig`` stays with what needs OmegaConf or the whole config (the trajectory fingerprint, the recipes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import OmegaConf
-
-from orchestrator.config.schema import (
-    BudgetConfig,
-    ComputeConfig,
-    PreemptionConfig,
-    RequeueConfig,
-    StorageConfig,
-    TrackingConfig,
-)
 
 
 @dataclass(frozen=True)
@@ -40,22 +31,3 @@ def resolve(cfg: Any) -> ResolvedConfig:
     plain: Any = OmegaConf.to_container(cfg, resolve=True)
     redacted = redact(plain)
     return ResolvedConfig(plain=plain, redacted=redacted, yaml=OmegaConf.to_yaml(redacted))
-
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The groups the attempt's parts only read, as the schemas' dataclasses (``OmegaConf.to_object``): plain
-    attributes, no OmegaConf lookup behind each read. ``compute``: the job's, before ``attempt_compute``."""
-
-    compute: ComputeConfig
-    storage: StorageConfig
-    requeue: RequeueConfig
-    budget: BudgetConfig
-    preemption: PreemptionConfig
-    tracking: TrackingConfig
-
-    @classmethod
-    def of(cls, cfg: Any) -> "Settings":
-        groups: dict[str, Any] = {group.name: OmegaConf.to_object(cfg[group.name]) for group in fields(cls)}
-        return cls(**groups)

@@ -20,6 +20,7 @@ from orchestrator.attempt.record import record_repro
 from orchestrator.attempt.resolved import ResolvedConfig
 from orchestrator.attempt.trial import finish_trial
 from orchestrator.checkpoint import safe_load
+from orchestrator.config.typed import JobConfig
 from orchestrator.core import exitcodes
 from orchestrator.core.exitcodes import ExitClass
 from orchestrator.storage.base import TransientStorageError
@@ -80,18 +81,18 @@ class Runner:
     """Sequences the parts ``build_attempt`` made; ``resolved``: the config it writes; ``run_name``: the job's name in
     storage, ``main``: this rank prints the results; ``interval``, ``steps`` go to the callbacks (``attempt/ports.py``)."""
 
-    def __init__(self, cfg: Any, *, resolved: ResolvedConfig, run_name: str, recipe: Any, record: Any,
+    def __init__(self, cfg: Any, *, job: JobConfig, resolved: ResolvedConfig, run_name: str, recipe: Any, record: Any,
                  checkpoints: Any, money: Any, tracking: Any, quality: Any, preemption: Any, hooks: TestHooks,
                  interval: CheckpointInterval, steps: StepClock, main: bool, steering: Sequence[Any] = ()):
         self.cfg, self.resolved, self.run_name, self.recipe, self.main = cfg, resolved, run_name, recipe, main
         self.record, self.checkpoints, self.money, self.tracking = record, checkpoints, money, tracking
         self.quality = quality  # the "before" evaluation, early stopping, checkpoint.final
-        self.preemption, self.hooks = preemption, hooks
+        self.preemption, self.hooks, self.job = preemption, hooks, job  # job: the typed view; cfg: the recipe's
         self.interval, self.steps, self.steering = interval, steps, list(steering)
         # the steering part that scores the final weights too (eval.tasks: orchestrator.evaluation.watch)
         self.bench = next((part for part in self.steering if hasattr(part, "after_final")), None)
-        self.trial, self.pause_at, self.max_steps = (cfg.train.trial_steps > 0, cfg.train.pause_at_step,
-                                                   cfg.train.max_steps)  # read every step: plain numbers
+        self.trial, self.pause_at, self.max_steps = (job.train.trial_steps > 0, job.train.pause_at_step,
+                                                   job.train.max_steps)  # read every step: plain numbers
         self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
         self.beat = Heartbeat(record, money, preemption, every_seconds=hooks.heartbeat_seconds)
@@ -152,18 +153,18 @@ class Runner:
         from orchestrator.checkpoint.callback import OrchestratorCallback
         from orchestrator.tracking.progress import attach_progress
 
-        cfg = self.cfg
-        trial = self.trial  # a trial measures steps and saves nothing
+        cfg, job, trial = self.cfg, self.job, self.trial  # a trial measures steps and saves nothing
         self.callback = OrchestratorCallback(
             self, interval=CheckpointInterval.off() if trial else self.interval, steps=self.steps,
-            every_steps=0 if trial else cfg.checkpoint.every_steps, stop_after_steps=cfg.train.trial_steps,
-            save_best=cfg.checkpoint.final == "best")
+            every_steps=0 if trial else job.checkpoint.every_steps, stop_after_steps=job.train.trial_steps,
+            save_best=job.checkpoint.final == "best")
         trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
                                             output_dir=str(self.checkpoints.work / "trainer"),
                                             callbacks=[self.callback, *self.steering],
                                             **recipe_extras(cfg, self.checkpoints))
         self.checkpoints.use_snapshot_root(trainer)
-        attach_progress(trainer, cfg.tracking, main=self.main, dollars=self.dollars)
+        attach_progress(trainer, job.tracking, main=self.main, dollars=self.dollars,
+                        every_s=job.durations.job_metrics_every)
         return trainer
 
     # ---- the callback's hooks ---------------------------------------------------
@@ -233,14 +234,14 @@ class Runner:
 
     def finish(self, trainer, eval_ds) -> int:
         """5. Final weights committed, held-out evaluation, the attempt closed as completed."""
-        cfg = self.cfg
+        cfg, job = self.cfg, self.job
         weights_step = self.quality.after_training(trainer, self.step)  # an early stop; checkpoint.final=best's weights
         saved = self.checkpoints.save_final(trainer, weights_step, config_yaml=self.resolved.yaml,
-                                            upload=cfg.checkpoint.save_final_weights,
-                                            to_mlflow=self.tracking if cfg.tracking.log_final_weights else None)
+                                            upload=job.checkpoint.save_final_weights,
+                                            to_mlflow=self.tracking if job.tracking.log_final_weights else None)
         if self.bench is not None:
             self.bench.after_final(trainer, weights_step)
-        metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if cfg.train.eval_at_end else {}
+        metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if job.train.eval_at_end else {}
         if not self.main:
             return exitcodes.COMPLETED
         self.quality.print_final(metrics)

@@ -24,6 +24,9 @@ overrides is refused, since the manifest would carry it in clear),
 ``service_account`` (for workload identity to the bucket), ``cpu``,
 ``memory`` (resource requests, e.g. "8", "64Gi"), ``shm_size`` (cap on the
 memory-backed ``/dev/shm`` the pod gets for checkpoint snapshots).
+
+With ``compute.zones``: a preferred node affinity per zone on ``topology.kubernetes.io/zone``, weights from 100 down
+to 1 in the placement's order (``zone_preferences``), and ``ORCH_ZONE`` from the pod's copy of its node's zone label.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from orchestrator.backends import (
     worker_invocation,
 )
 from orchestrator.backends.settings import DEFAULT_K8S_SECRET_NAME, backend_settings
+from orchestrator.backends.zones import ZONE_ENV, ZONE_LABEL, affinity_weights, zone_order
 from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
 from orchestrator.policy.deadline import SPOT
@@ -91,6 +95,14 @@ def spot_placement(cloud: str) -> dict:
             "tolerations": [copy.deepcopy(t) for cloud_taints in SPOT_TOLERATIONS.values() for t in cloud_taints]}
 
 
+def zone_preferences(zones: Sequence[str]) -> list[dict]:
+    """``compute.zones`` in the placement's order as preferred node affinity terms on the node's zone label, the
+    weights descending from 100 to 1: of the nodes that can run the pod, the scheduler prefers the first zone's."""
+    return [{"weight": weight, "preference": {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In",
+                                                                    "values": [zone]}]}}
+            for zone, weight in zip(zones, affinity_weights(len(zones)))]
+
+
 def job_name(run_name: str) -> str:
     """A DNS-1123 label from ``run.name`` (lowercase, [a-z0-9-], at most 63 characters)."""
     name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")[:63].strip("-")
@@ -110,7 +122,7 @@ def _exit_codes(codes: list[int]) -> dict:
     return {"containerName": "worker", "operator": "In", "values": list(codes)}
 
 
-def _container(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
+def _container(cfg: Any, overrides: Sequence[str], capacity: str, zoned: bool = False) -> dict:
     invocation = worker_invocation(cfg, overrides)
     if invocation.secret_values:
         raise ConfigError(
@@ -125,6 +137,10 @@ def _container(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
     # a secret by name: the value stays in the cluster's Secret object, never in this manifest
     env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": _secret_name(cfg), "key": name}}}
             for name in invocation.secret_names]
+    if zoned:
+        # the node's zone label, which the PodTopologyLabels admission plugin copies onto the pod when it is bound
+        # (KEP-4742: alpha in Kubernetes 1.33, beta in 1.35); empty where the cluster does not copy it
+        env.append({"name": ZONE_ENV, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{ZONE_LABEL}']"}}})
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     settings = backend_settings(cfg)
@@ -200,10 +216,11 @@ def manifest(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = None)
 
 def _pod_spec(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
     """The worker's pod: its container, grace, /dev/shm, service account, spot node selector and GPU toleration."""
+    zones = zone_order(cfg)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": grace_seconds(cfg) + TERMINATION_MARGIN_SECONDS,
-        "containers": [_container(cfg, overrides, capacity)],
+        "containers": [_container(cfg, overrides, capacity, zoned=bool(zones))],
         "volumes": [{"name": SHM_VOLUME, "emptyDir": _shm_volume(cfg)}],
     }
     service_account = backend_settings(cfg).service_account
@@ -211,6 +228,9 @@ def _pod_spec(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
         pod_spec["serviceAccountName"] = service_account
     if capacity == SPOT:
         pod_spec.update(spot_placement(str(cfg.compute.cloud).lower()))
+    if zones:
+        pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})[
+            "preferredDuringSchedulingIgnoredDuringExecution"] = zone_preferences([z.zone for z in zones])
     if int(cfg.compute.gpus_per_node) > 0:
         # GPU node pools are commonly tainted so that only GPU pods land there
         pod_spec.setdefault("tolerations", []).append(

@@ -36,6 +36,9 @@ class SlurmSettings(_Settings):
     python: str = sys.executable  # the interpreter on the compute node (this launcher's suits a shared filesystem)
     output: Optional[str] = None  # the job's log file (Slurm patterns like %j); default <work_dir>/slurm/<run>-%j.out
     sbatch_args: tuple[str, ...] = ()  # more #SBATCH options (long form), e.g. ["--time=04:00:00", "--mem=64G"]
+    # compute.zones: the partition of each zone's nodes, {us-east-1a: spot-a, ...}; the job asks for the listed
+    # zones' partitions in the placement's order (--partition=spot-a,spot-b)
+    zone_partitions: Optional[dict[str, str]] = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ SETTINGS = {"local": LocalSettings, "slurm": SlurmSettings, "skypilot": SkyPilot
 
 def _type_error(key: str, hint: str, value: Any) -> ConfigError:
     """What a value of the wrong type for ``backend.extra.<key>`` (declared as ``hint``) should have been."""
+    if hint.startswith("Optional[dict") and key == "zone_partitions":
+        return ConfigError(f"backend.extra.{key} must map zones to partitions, e.g. "
+                           f"'+backend.extra.{key}={{us-east-1a: spot-a, us-east-1b: spot-b}}'; got {value!r}.")
     if hint.startswith("Optional[dict"):
         return ConfigError(f"backend.extra.{key} must map paths to paths, e.g. "
                            f"'+backend.extra.{key}={{/data: /home/me/datasets}}'; got {value!r}.")

@@ -27,6 +27,12 @@ the launch directory's git commit (``ORCH_GIT_COMMIT``) travels in ``envs``
 for the reproducibility record. No cloud credentials: the VM's own role or
 service account reaches the bucket.
 
+With ``compute.zones``: ``resources.ordered``, one entry per zone in the placement's order
+(``orchestrator.backends.zones``), which SkyPilot tries in that order at the launch and again, from the top, at
+every recovery of the managed job (docs/scale-out.md, "Zones", says why this and not a zone per attempt); the run
+script first exports ``ORCH_ZONE``, the zone of ``SKYPILOT_CLUSTER_INFO``. ``backend.extra.region`` beside it is
+refused.
+
 With ``distributed.nodes`` > 1: ``num_nodes``, and the run script gives every node the multi-node contract
 (``orchestrator.backends.multinode``) with the store on the head, the first of ``SKYPILOT_NODE_IPS``.
 """
@@ -48,6 +54,7 @@ from orchestrator.backends import (
 )
 from orchestrator.backends.multinode import STORE_PORT, store_argv
 from orchestrator.backends.settings import backend_settings
+from orchestrator.backends.zones import ZONE_ENV, check_zone_settings, zone_order
 from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.gpus import skypilot_name
@@ -92,14 +99,19 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
     capacity = capacity or planned_capacity(cfg)[0]
     settings = backend_settings(cfg)
     invocation = worker_invocation(cfg, overrides)
+    check_zone_settings(cfg)
+    zones = zone_order(cfg)
     envs = {"PYTHONUNBUFFERED": "1", **invocation.env, **capacity_env(cfg, capacity, RESUBMIT), **_code_commit_env(cfg)}
     task: dict[str, Any] = {
         "name": str(cfg.run.name),
         "resources": _resources(cfg, capacity, settings),
         "num_nodes": nodes,
         "envs": envs,
-        "run": _run_script(worker_command(invocation.overrides), nodes),
+        "run": _run_script(worker_command(invocation.overrides), nodes, bool(zones)),
     }
+    if zones:
+        # tried in this order at the launch and at every recovery (see the module's docstring)
+        task["resources"]["ordered"] = [{"zone": z.zone, **({"region": z.region} if z.region else {})} for z in zones]
     if invocation.secret_names:
         # null: the value is given at launch (``sky jobs launch --secret NAME`` reads it from the launcher's
         # environment) and SkyPilot keeps it out of its dashboard and logs
@@ -133,11 +145,18 @@ fi
 """
 
 
-def _run_script(command: str, nodes: int) -> str:
-    """The task's ``run``: the worker; on several nodes, first the contract's variables and the head's store."""
+# the zone SkyPilot launched this cluster in (SKYPILOT_CLUSTER_INFO, set for the task's run), for the ledger
+_ZONE_RUN = ("export {env}=\"$(python -c 'import json, os; "
+             "print(json.loads(os.environ.get(\"SKYPILOT_CLUSTER_INFO\") or \"{{}}\").get(\"zone\") or \"\")')\"\n")
+
+
+def _run_script(command: str, nodes: int, zoned: bool = False) -> str:
+    """The task's ``run``: the worker; with zones, first ``ORCH_ZONE``; on several nodes, first the contract's
+    variables and the head's store."""
+    zone = _ZONE_RUN.format(env=ZONE_ENV) if zoned else ""
     if nodes == 1:
-        return command
-    return _NODES_RUN.format(nodes=nodes, rank=NODE_RANK_ENV, nnodes=NNODES_ENV, store_env=STORE_ENV,
+        return zone + command
+    return zone + _NODES_RUN.format(nodes=nodes, rank=NODE_RANK_ENV, nnodes=NNODES_ENV, store_env=STORE_ENV,
                              rdzv=RDZV_ID_ENV, port=STORE_PORT, command=command,
                              store=shlex.join(store_argv("python", STORE_PORT)))
 

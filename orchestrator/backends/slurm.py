@@ -33,7 +33,9 @@ Settings read from the config: ``run.name`` (job name), ``backend.partition``, `
 from ``backend.extra``: ``python`` (the interpreter on the compute node;
 default: this launcher's, which suits a shared filesystem), ``output`` (the log
 file; Slurm patterns like %j allowed), ``sbatch_args`` (more ``#SBATCH``
-options, e.g. ["--time=04:00:00", "--mem=64G"]).
+options, e.g. ["--time=04:00:00", "--mem=64G"]), ``zone_partitions`` (with ``compute.zones``: the partition of
+each zone's nodes; the job asks for the zones' partitions in the placement's order, ``--partition=spot-b,spot-a``,
+and ``ORCH_ZONE`` is the zone of the partition it starts in; a listed zone without one is refused at launch).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ from orchestrator.backends import (
 )
 from orchestrator.backends.settings import backend_settings
 from orchestrator.backends.slurm_nodes import node_options, nodes_parts, wait_loop
+from orchestrator.backends.zones import ZONE_ENV, Placement, check_zone_settings, zone_order, zone_partitions
 from orchestrator.core import exitcodes
 from orchestrator.core.errors import ConfigError
 
@@ -83,7 +86,7 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
-{capacity_env}{nodes_start}echo "slurm job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): starting the worker" >&2
+{capacity_env}{zone_env}{nodes_start}echo "slurm job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): starting the worker" >&2
 {command} &
 worker_pid=$!
 {wait_loop}{nodes_exit}
@@ -131,29 +134,51 @@ fi
 """
 
 
-def _capacity_parts(cfg: Any) -> tuple[str, str]:
-    """The script's lines that move a job between ``backend.partition`` and ``backend.on_demand_partition``."""
+def _capacity_parts(cfg: Any, spot: Optional[str]) -> tuple[str, str]:
+    """The script's lines that move a job between the spot partition(s) and ``backend.on_demand_partition``."""
     on_demand = cfg.backend.on_demand_partition
     if not on_demand:
         return "", ""
-    names = dict(on_demand=shlex.quote(str(on_demand)), spot=shlex.quote(str(cfg.backend.partition)))
+    names = dict(on_demand=shlex.quote(str(on_demand)), spot=shlex.quote(str(spot)))
     request_dir = shlex.quote(str(Path(cfg.run.work_dir).expanduser().resolve() / "slurm"))
     return (_CAPACITY_ENV.format(request_dir=request_dir, name=cfg.run.name, **names),
             _CAPACITY_MOVE.format(preempted=exitcodes.PREEMPTED, **names))
 
 
-def partition(cfg: Any) -> tuple[Optional[str], str]:
-    """The partition to submit to, and why: the on-demand one when the job's ledger says so (run.deadline)."""
+def spot_partition(cfg: Any, zones: Sequence[Placement]) -> Optional[str]:
+    """The partition(s) a spot attempt asks for: with ``compute.zones``, the zones' partitions in the placement's
+    order (``p1,p2``: Slurm starts the job in the first that can run it), else ``backend.partition``."""
+    return ",".join(zone_partitions(cfg, list(zones))) if zones else cfg.backend.partition
+
+
+def _zone_env(cfg: Any, zones: Sequence[Placement]) -> str:
+    """The script's line that names the attempt's zone (``ORCH_ZONE``) from the partition Slurm started it in."""
+    if not zones:
+        return ""
+    mapping = backend_settings(cfg).zone_partitions or {}
+    by_partition: dict[str, list[str]] = {}
+    for zone in zones:
+        by_partition.setdefault(mapping[zone.zone], []).append(zone.zone)
+    cases = "".join(f"  {shlex.quote(p)}) export {ZONE_ENV}={shlex.quote(z[0] if len(z) == 1 else '')} ;;\n"
+                    for p, z in by_partition.items())  # a partition of two zones does not say which
+    return (f'# compute.zones: the zone of the partition this attempt runs in\ncase "${{SLURM_JOB_PARTITION:-}}" in\n'
+            f"{cases}  *) export {ZONE_ENV}= ;;\nesac\n")
+
+
+def partition(cfg: Any, spot: Optional[str] = None) -> tuple[Optional[str], str]:
+    """The partition to submit to, and why: the on-demand one when the job's ledger says so (run.deadline), else
+    ``spot`` (``spot_partition``; default ``backend.partition``)."""
+    spot = spot or cfg.backend.partition
     on_demand = cfg.backend.on_demand_partition
     if not on_demand:
-        return cfg.backend.partition, ""
+        return spot, ""
     from orchestrator.attempt.capacity_contract import planned_capacity, stored_text
     from orchestrator.policy.deadline import ON_DEMAND
 
     capacity, decision = planned_capacity(cfg)
     if capacity == ON_DEMAND:
         return str(on_demand), f"on-demand, as the ledger's newest capacity decision says: {stored_text(cast(Any, decision)['reason'])}"
-    return cfg.backend.partition, ""
+    return spot, ""
 
 
 def _output_path(cfg: Any) -> str:
@@ -205,6 +230,9 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     """
     invocation = worker_invocation(cfg, overrides)
     grace = grace_seconds(cfg)
+    check_zone_settings(cfg)
+    zones = zone_order(cfg)
+    spot = spot_partition(cfg, zones)
     options = [
         f"--job-name={cfg.run.name}",
         "--requeue",
@@ -213,7 +241,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         f"--output={_output_path(cfg)}",
         *node_options(cfg),
     ]
-    chosen, why = partition(cfg)
+    chosen, why = partition(cfg, spot)
     if chosen:
         options.append(f"--partition={chosen}")
     if int(cfg.compute.gpus_per_node) > 0:
@@ -229,7 +257,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
     if why:
         header.append(f"# capacity: {why}".replace("\n", " "))
     exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in invocation.env.items())
-    capacity_env, capacity_move = _capacity_parts(cfg)
+    capacity_env, capacity_move = _capacity_parts(cfg, spot)
     python = backend_settings(cfg).python
     nodes_start, command, nodes_exit = nodes_parts(cfg, worker_command(invocation.overrides, python=python), python)
     body = _BODY.format(
@@ -238,6 +266,7 @@ def render(cfg: Any, overrides: Sequence[str]) -> str:
         wait_loop=wait_loop("worker_pid"),
         exports=exports,
         capacity_env=capacity_env,
+        zone_env=_zone_env(cfg, zones),
         capacity_move=capacity_move,
         secret_check=_secret_check(invocation.secret_names),
         workdir=shlex.quote(os.getcwd()),

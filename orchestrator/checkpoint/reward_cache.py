@@ -11,18 +11,17 @@ reward computed before it. A machine that vanishes while a shard is still being 
 shard: its batch is regenerated on resume (it comes after the newest checkpoint) and scored again.
 
 Storage is untrusted: a shard's manifest must be this job's and name this shard, its one file must
-match the manifest's size and SHA-256 before it is parsed (JSON, never a pickle), and every entry
-must be three hex ids and a finite number of magnitude at most ``REWARD_BOUND`` (1e6: a reward is a score of
-one completion, and GRPO squares rewards in the advantages' standard deviation, so 1e300 trains on inf). A
-shard that fails any check is reported and skipped: its rewards are computed again, nothing else is lost. A
-reward function's own value beyond the bound (or not finite) is never kept in the cache.
+match the manifest's size and SHA-256 before it is parsed (JSON, never a pickle), and it decodes into
+``orchestrator.records.reward_record.RewardShard``: every entry three hex ids and a finite number of magnitude at
+most ``REWARD_BOUND`` (1e6: a reward is a score of one completion, and GRPO squares rewards in the advantages'
+standard deviation, so 1e300 trains on inf). A shard that fails any check is reported and skipped: its rewards are
+computed again, nothing else is lost. A reward function's own value beyond the bound (or not finite) is never kept
+in the cache.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
-import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -30,18 +29,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.checkpoint import manifest as mf
+from orchestrator.records.fields import CorruptRecord
+from orchestrator.records.reward_record import FILE, KIND, REWARD_BOUND, RewardShard, RewardShardManifest, cacheable
 
 log = logging.getLogger(__name__)
-
-FILE = "rewards.json"
-_ID = re.compile(r"[0-9a-f]{32}")
-REWARD_BOUND = 1e6  # the largest magnitude of a cached reward (docs/grpo.md)
-
-
-def cacheable(value: Any) -> bool:
-    """A reward the cache keeps and serves: a finite number (not a bool) of magnitude at most REWARD_BOUND."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and abs(value) <= REWARD_BOUND)
+__all__ = ["FILE", "REWARD_BOUND", "RewardCache", "cacheable", "parse_entries"]
 
 
 def _as_float(value: Any) -> Optional[float]:
@@ -112,9 +104,9 @@ class RewardCache:
         shutil.rmtree(folder, ignore_errors=True)
         try:
             folder.mkdir(parents=True)
-            (folder / FILE).write_text(json.dumps({"entries": [[*k, v] for k, v in fresh.items()]}))
+            (folder / FILE).write_text(json.dumps(RewardShard(fresh).encode()))
             self.checkpoints.commit_folder(folder, f"{self.prefix}{name}/", step=0, fence=fence,
-                                           meta={"kind": "grpo_reward_cache", "shard": name})
+                                           meta={"kind": KIND, "shard": name})
         except Exception as err:  # noqa: BLE001 - training goes on; a resumed attempt scores these again
             log.warning("could not store %d rewards (%s: %s); a resumed attempt will compute them again",
                         len(fresh), type(err).__name__, err)
@@ -130,7 +122,7 @@ class RewardCache:
         for name in shards:
             try:
                 self.values.update(self._read(name))
-            except (mf.CorruptCheckpoint, FileNotFoundError, ValueError, OSError, KeyError, TypeError) as err:
+            except (CorruptRecord, mf.CorruptCheckpoint, FileNotFoundError, ValueError, OSError) as err:
                 log.warning("reward cache shard %s is unusable (%s); its rewards will be computed again", name, err)
         if shards:
             log.info("reward cache: %d rewards from %d shards in storage", len(self.values) - before, len(shards))
@@ -140,34 +132,18 @@ class RewardCache:
     def _read(self, name: str) -> dict:
         local = self.work / "reward_cache_in" / name
         shutil.rmtree(local, ignore_errors=True)
+        where = self.store.get_uri(f"{self.prefix}{name}/")
         try:
             manifest = mf.loads(self.store.get_bytes(f"{self.prefix}{name}/{mf.MANIFEST_NAME}"))
-            meta: Any = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
-            if meta.get("shard") != name or manifest.get("run_name") != self.checkpoints.run_name:
-                raise mf.CorruptCheckpoint(f"its manifest is that of job {manifest.get('run_name')!r}, shard "
-                                           f"{meta.get('shard')!r}")
-            if [e["path"] for e in manifest["files"]] != [FILE]:
-                raise mf.CorruptCheckpoint(f"it lists {[e['path'] for e in manifest['files']]}, not [{FILE!r}]")
+            RewardShardManifest.decode(manifest, where).check(self.checkpoints.run_name, name, where)
             self.store.download_file(f"{self.prefix}{name}/{FILE}", mf.safe_join(local, FILE))
             mf.verify_folder(local, manifest)
-            return parse_entries(json.loads((local / FILE).read_text()))
+            return dict(RewardShard.decode(json.loads((local / FILE).read_text()), where + FILE).rewards)
         finally:
             shutil.rmtree(local, ignore_errors=True)
 
 
-def parse_entries(body: Any) -> dict:
-    """``{"entries": [[func, prompt id, completion hash, reward], ...]}``, each checked; ValueError otherwise."""
-    if not isinstance(body, dict) or not isinstance(body.get("entries"), list):
-        raise ValueError("it holds no list of entries")
-    out = {}
-    for entry in body["entries"]:
-        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
-                and all(isinstance(x, str) and _ID.fullmatch(x) for x in entry[1:3])):
-            raise ValueError(f"entry {str(entry)[:80]!r} is not [function, prompt id, completion hash, reward]")
-        value = entry[3]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"reward {value!r} is not a finite number")
-        if not cacheable(value):
-            raise ValueError(f"reward {value!r} is beyond +-{REWARD_BOUND:g} (reward_cache.REWARD_BOUND)")
-        out[(entry[0], entry[1], entry[2])] = float(value)
-    return out
+def parse_entries(body: Any, where: str = FILE) -> dict:
+    """``{"entries": [[func, prompt id, completion hash, reward], ...]}``, decoded (``RewardShard``); CorruptRecord
+    naming ``where`` and the entry otherwise."""
+    return dict(RewardShard.decode(body, where).rewards)

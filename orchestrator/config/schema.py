@@ -14,6 +14,7 @@ from omegaconf import MISSING
 from orchestrator.core.choices import (
     Backend,
     DataSource,
+    Direction,
     Distributed,
     Dtype,
     EvalMetric,
@@ -24,8 +25,10 @@ from orchestrator.core.choices import (
     Peft,
     Progress,
     Provider,
+    Pruner,
     Quantization,
     Recipe,
+    Sampler,
     VllmMode,
 )
 from orchestrator.core.durations import MAX_EVERY, MIN_EVERY
@@ -290,11 +293,11 @@ class SweepConfig:
     budget_usd: Optional[float] = None  # the sweep's dollar cap (an experiment cap in the spend index); required
     max_parallel: int = 1  # trials running at once
     n_trials: int = 0  # trials to sample (0: the grid's size; required with interval(...) parameters)
-    sampler: str = "random"  # random | tpe | grid (Optuna's samplers; grid: every combination)
+    sampler: Sampler = Sampler.random  # random | tpe | grid (Optuna's samplers; grid: every combination)
     seed: int = 0  # the sampler's seed (trial k samples with seed + k)
-    pruner: str = "none"  # none (every trial runs to train.max_steps) | successive_halving (asha) | hyperband: Optuna's pruner of that name
+    pruner: Pruner = Pruner.none  # none (every trial runs to train.max_steps) | successive_halving (asha) | hyperband: Optuna's pruner of that name
     metric: str = "auto"  # what a rung decides by: a held-out metric (auto: the job's quality metric) or bench/<task>/<metric> of eval.tasks
-    direction: str = "auto"  # maximize | minimize | auto (loss and perplexity: minimize; others: maximize)
+    direction: Direction = Direction.auto  # maximize | minimize | auto (loss and perplexity: minimize; others: maximize)
     min_fraction: float = 0.25  # rung 0 ends at this fraction of train.max_steps (of the trial's planned cost)
     reduction_factor: int = 3  # rung r ends at min_fraction x reduction_factor^r; 1 in reduction_factor is promoted
     allow_changes: bool = False  # resume a sweep although its search space or fixed overrides changed

@@ -100,6 +100,24 @@ class Distributed(StrEnum):
     none, ddp, zero2, zero3, fsdp = auto(), auto(), auto(), auto(), auto()
 
 
+class Sampler(StrEnum):
+    """``sweep.sampler``: Optuna's sampler of the trials' parameters (grid: every combination)."""
+
+    random, tpe, grid = auto(), auto(), auto()
+
+
+class Pruner(StrEnum):
+    """``sweep.pruner``: Optuna's pruner of that name (``asha``: successive_halving's earlier name, kept)."""
+
+    none, successive_halving, hyperband, asha = auto(), auto(), auto(), auto()
+
+
+class Direction(StrEnum):
+    """``sweep.direction``: which way the sweep's metric is better (auto: minimize loss and perplexity)."""
+
+    auto, maximize, minimize = auto(), auto(), auto()
+
+
 def choices(enum: type[StrEnum]) -> tuple[str, ...]:
     """The values of ``enum`` in declaration order, as plain strings."""
     return tuple(member.value for member in enum)

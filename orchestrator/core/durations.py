@@ -6,6 +6,7 @@ not the config boundary, so they don't pull Hydra in.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 # checkpoint.every=auto: the bounds of the interval it derives, unless checkpoint.min_every / max_every say
@@ -51,3 +52,27 @@ def parse_deadline(text: object) -> tuple[str, float]:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return "at", when.timestamp()
+
+
+AUTO = "auto"  # checkpoint.every=auto: the interval is derived (``orchestrator.policy.interval.checkpoint_interval``)
+
+
+@dataclass(frozen=True)
+class Every:
+    """``checkpoint.every`` parsed: ``auto`` (Young/Daly, bounded by ``checkpoint.min_every/max_every``), or a
+    wall-clock interval in seconds (0: off). Parsed once, by ``parse``; the parts read ``auto`` and ``seconds``."""
+
+    auto: bool
+    seconds: float  # the fixed interval; 0 when off or auto
+
+    @classmethod
+    def parse(cls, text: object, *, key: str = "checkpoint.every") -> "Every":
+        """``auto`` | a duration (``15m``, ``90s``) | ``0``/``off``. Raises ValueError naming ``key``."""
+        if str(text).strip().lower() == AUTO:
+            return cls(auto=True, seconds=0.0)
+        return cls(auto=False, seconds=parse_duration(text if isinstance(text, (int, float)) else str(text), key=key))
+
+    @property
+    def off(self) -> bool:
+        """No wall-clock checkpoints (``checkpoint.every=0``/``off``; ``checkpoint.every_steps`` may still save)."""
+        return not self.auto and self.seconds <= 0

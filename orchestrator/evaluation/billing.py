@@ -12,65 +12,70 @@ evaluation in flight (exit 3, the budget's code), with the numbers.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from orchestrator.core.errors import BudgetExhausted
 from orchestrator.money.spend_repair import EVAL_SUFFIX  # the index entry of a job's evaluations
+from orchestrator.records.fields import CorruptRecord
+from orchestrator.records.ledger_record import AttemptEntry, LedgerRecord
 
 log = logging.getLogger(__name__)
 
 
-def training_cost_until(ledger: dict, when: Optional[float]) -> Optional[float]:
-    """The job's training cost up to ``when`` (a checkpoint's commit, fence seconds): every ledger attempt that
-    ended before it in full, the one running then pro rata of its time (its price is constant), none started
-    after; the evaluations' own bills (``evaluations``) not. None without a time or an attempt running by then."""
-    from orchestrator.money.report import attempt_seconds
+def training_cost_until(attempts: Iterable[AttemptEntry], when: Optional[float]) -> Optional[float]:
+    """The job's training cost up to ``when`` (a checkpoint's commit, fence seconds): of the ledger's attempts
+    (decoded: ``LedgerRecord.attempts``), every one that ended before it in full, the one running then pro rata of
+    its time (its price is constant), none started after (nor one with no start); the evaluations' own bills
+    (``evaluations``) not. None without a time or an attempt running by then."""
+    from orchestrator.money.report import entry_seconds
 
     if when is None:
         return None
     total, seen = 0.0, False
-    for attempt in ledger.get("attempts") or []:
-        started, cost = attempt.get("started_at"), attempt.get("cost_usd")
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (started, cost)) or started > when:
+    for attempt in attempts:
+        started = attempt.started_at
+        if started is None or started > when:
             continue
-        seconds = attempt_seconds(attempt)
+        seconds = entry_seconds(attempt)
         share = 1.0 if seconds <= 0 or started + seconds <= when else (when - started) / seconds
-        total, seen = total + max(0.0, float(cost)) * share, True
+        total, seen = total + attempt.cost_usd * share, True
     return total if seen else None
 
 
 def job_experiment(store: Any, run_name: str) -> Optional[str]:
     """The experiment the job's training was charged to (its ledger's), so that experiment's cap (and a sweep's,
     whose trials share it) counts its evaluations too; None without a ledger that records one."""
-    from orchestrator.money.spend_repair import ledger_experiment
     from orchestrator.records.ledger import Ledger
 
+    ledger = Ledger(store, run_name)
     try:
-        return ledger_experiment(Ledger(store, run_name).load())
-    except ValueError as err:  # unreadable: the composed tracking.experiment, said so
+        record = LedgerRecord.decode(ledger.load(), ledger.uri)
+    except (ValueError, CorruptRecord) as err:  # unreadable: the composed tracking.experiment, said so
         log.warning("%s/ledger.json unreadable (%s); the evaluation is billed to tracking.experiment", run_name, err)
         return None
+    for attempt in reversed(record.attempts):  # the newest attempt that recorded one
+        name = attempt.extra.get("experiment")
+        if isinstance(name, str) and name:
+            return name
+    return None
 
 
 class EvalBill:
     def __init__(self, cfg: Any, store: Any, run_name: str, *, clock: Callable[[], float] = time.time):
+        from orchestrator.money.budget import spend_caps
         from orchestrator.money.cost import load_catalog, price_for
-        from orchestrator.money.spend import Caps, SpendIndex
+        from orchestrator.money.spend import SpendIndex
 
         self.store, self.run_name, self.clock = store, run_name, clock
-        self.usd_per_second = price_for(cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
+        self.usd_per_second = price_for(cfg.compute, load_catalog()).usd_per_second
         self.started = clock()
         self.index_entry = int(self.started * 1000)  # this evaluation's entry in the spend index
         self.id = f"eval-{self.index_entry}"
         self.experiment = job_experiment(store, run_name) or str(cfg.tracking.experiment)
-        caps = Caps(f"{run_name}{EVAL_SUFFIX}", self.experiment,
-                    monthly_max_usd=cfg.budget.monthly_max_usd,
-                    experiment_max_usd=cfg.budget.experiment_max_usd)
-        self.index = SpendIndex(store, caps)
+        self.index = SpendIndex(store, spend_caps(cfg.budget, f"{run_name}{EVAL_SUFFIX}", self.experiment))
         self.unreadable: Optional[str] = None  # uncapped under a corrupt index: why it stopped writing there
         self.evaluated = 0  # evaluations charged so far (what a preempted run closes with)
 

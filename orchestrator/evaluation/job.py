@@ -134,11 +134,18 @@ def log_to_run(cfg: Any, store: Any, run_name: str, record: dict, step: int, com
     only with scores logged now: the items of another ``eval.seed`` never replace those of the run's scores.
     Returns the points logged."""
     from orchestrator.evaluation.billing import training_cost_until
+    from orchestrator.records.fields import CorruptRecord
     from orchestrator.records.ledger import Ledger
+    from orchestrator.records.ledger_record import LedgerRecord
 
-    ledger = Ledger(store, run_name).load()
-    run_id = ledger.get("mlflow_run_id")
-    cost_usd = training_cost_until(ledger, committed_at)
+    ledger = Ledger(store, run_name)
+    try:
+        job = LedgerRecord.decode(ledger.load(), ledger.uri)
+    except CorruptRecord as err:  # the scores stay in the result store; the run they go to is unknown
+        log.warning("%s; the scores are stored but not logged to the job's MLflow run", err)
+        return 0
+    run_id = job.mlflow_run_id
+    cost_usd = training_cost_until(job.attempts, committed_at)
     if not (cfg.tracking.enabled and run_id):
         return 0
     from mlflow import MlflowClient

@@ -238,13 +238,11 @@ def check_metric(eval_cfg: Any, task: str, metric: str, *, key: str) -> None:
 
 
 def _checkpoints_on(cfg: Any) -> bool:
-    from orchestrator.core.durations import parse_duration
-    from orchestrator.policy.interval import is_auto
+    from orchestrator.config.typed import Durations
 
-    every = cfg.checkpoint.every
     try:
-        timed = is_auto(every) or parse_duration(every, key="checkpoint.every") > 0
-    except ValueError:  # reported by the durations' own check
+        timed = not Durations.of(cfg).checkpoint_every.off
+    except ConfigError:  # reported by the durations' own check
         timed = True
     return timed or cfg.checkpoint.every_steps > 0
 

@@ -223,7 +223,7 @@ class BenchWatch(TrainerCallback):
     def figures(self) -> dict:
         """Evaluation time this attempt, for the cost report (not training time)."""
         return {"attempt_evaluation_s": self.seconds,
-                "attempt_evaluation_usd": self.seconds * self.money.price.usd_per_hour_total / 3600.0}
+                "attempt_evaluation_usd": self.seconds * self.money.price.usd_per_second}
 
     def _note(self, step: int, since: int) -> None:
         """The save at ``step`` is the ``since``-th regular commit since the last evaluated one (0: evaluated)."""

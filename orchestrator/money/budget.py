@@ -25,6 +25,16 @@ PROJECTION_ALERT = "budget_projection"
 MIN_STEADY_STEPS = 3
 
 
+def spend_caps(budget: Any, run_name: str, experiment: str) -> Any:
+    """The spend caps (``money.spend.Caps``) a job named ``run_name`` of ``experiment`` is under: ``budget``'s
+    monthly and experiment caps (``budget.monthly_max_usd``, ``budget.experiment_max_usd``; None: no cap). The one
+    place a cap of the config becomes the spend index's."""
+    from orchestrator.money.spend import Caps
+
+    return Caps(run_name, experiment, monthly_max_usd=budget.monthly_max_usd,
+                experiment_max_usd=budget.experiment_max_usd)
+
+
 def threshold_alert_name(fraction: float, prefix: str = "budget") -> str:
     """0.5 -> 'budget_50', 1.0 -> 'budget_100': the ledger keys on this name (the spend caps' on 'monthly_cap_50')."""
     return f"{prefix}_{round(fraction * 100):d}"

@@ -77,6 +77,11 @@ class Price:
     cloud: str = ANY_CLOUD
     spot: bool = False
 
+    @property
+    def usd_per_second(self) -> float:
+        """The whole allocation's price per second: what every meter, hold and reservation charges time at."""
+        return self.usd_per_hour_total / SECONDS_PER_HOUR
+
 
 def _cheapest_cloud(clouds: Mapping[str, Any], mode: str) -> str:
     offered = {name: entry[mode]["usd"] for name, entry in clouds.items() if mode in entry}

@@ -20,10 +20,11 @@ ledger entry had at its last heartbeat (as the ledger itself counts it: known to
 within one heartbeat), or at its full reservation when the ledger has no cost for it.
 Another job's attempt that is gone and never comes back is settled the same way by
 the next capped job to read the index (``spend_leases``).
-Every read is checked (``parse_index``): an index that is not this shape, or holds an
-amount that is not a finite non-negative number, is SpendIndexCorrupt.
+Every read is checked (``parse_index``): the index decodes into ``orchestrator.records.spend_record``'s types
+(every amount a finite number in [0, $1e7], every month ``YYYY-MM``), or it is SpendIndexCorrupt naming the object,
+the field and the fix; the writers build the next index from the decoded one and store its ``encode()``.
 
-Shape::
+Shape (``SpendIndexRecord``)::
 
     {"jobs": {run_name: {"experiment": str, "months": {"YYYY-MM": settled_usd},
                          "open": {"<fence>": {"month", "base", "spent", "through", "updated_at"}}}},
@@ -35,22 +36,23 @@ what it spent so far into the old month and opens a new entry).
 """
 from __future__ import annotations
 
-import copy
+import json
 import logging
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, cast
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Union
 
 from orchestrator.core.errors import BudgetExhausted
-from orchestrator.money.spend_leases import dead_holds, release
-from orchestrator.storage.base import ObjectStore, checked_json
+from orchestrator.money.spend_leases import dead_holds, released
+from orchestrator.records.fields import MAX_USD, CorruptRecord, Fields
+from orchestrator.records.spend_record import SpendEntry, SpendIndexRecord, SpendJob
+from orchestrator.storage.base import ObjectStore
 from orchestrator.storage.transact import record_once, transact
 
 log = logging.getLogger(__name__)
 
 INDEX_KEY = "_spend/index.json"
-_ENTRY_AMOUNTS = ("base", "spent", "through", "updated_at")
 # a cap counts as reached within this of it: grants fill a cap exactly, and sums of floats land a hair short
 CAP_TOLERANCE_USD = 1e-9
 
@@ -68,64 +70,23 @@ def repair_hint(store_uri: str) -> str:
             "(add --endpoint-url for S3-compatible stores)")
 
 
+def decode_index(raw: bytes, where: str, store_uri: str) -> SpendIndexRecord:
+    """The index stored at ``where``, decoded: raises SpendIndexCorrupt naming the object, the field and the fix."""
+    try:
+        return SpendIndexRecord.decode(json.loads(raw))
+    except CorruptRecord as err:
+        problem = f"{err.where}: {err.problem}"
+    except (ValueError, UnicodeDecodeError) as err:
+        problem = f"it is not JSON ({str(err)[:120]})"
+    raise SpendIndexCorrupt(f"the spend index {where} is unreadable: {problem}. Caps on it "
+                            f"(budget.monthly_max_usd, budget.experiment_max_usd) cannot be checked; "
+                            f"{repair_hint(store_uri)}")
+
+
 def parse_index(raw: bytes, where: str, store_uri: str) -> dict:
-    """The index stored at ``where``, checked: raises SpendIndexCorrupt naming the object, the problem and the fix."""
-    index, problem = checked_json(raw, index_problem)
-    if problem:
-        raise SpendIndexCorrupt(f"the spend index {where} is unreadable: {problem}. Caps on it "
-                                f"(budget.monthly_max_usd, budget.experiment_max_usd) cannot be checked; "
-                                f"{repair_hint(store_uri)}")
-    return cast("dict[str, Any]", index)
-
-
-def _amount_problem(value, where: str) -> Optional[str]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{where} is {value!r}, not a number"
-    if not math.isfinite(value) or value < 0:
-        return f"{where} is {value!r}, not a finite non-negative amount"
-    return None
-
-
-def _dict_problem(value, where: str) -> Optional[str]:
-    return None if isinstance(value, dict) else f"{where} is {type(value).__name__}, not an object"
-
-
-def _first(problems: Iterator[Optional[str]]) -> Optional[str]:
-    """The first problem a lazy run of checks finds: a later check runs only once the earlier ones passed (it
-    may rely on the shape they checked)."""
-    return next((problem for problem in problems if problem), None)
-
-
-def _job_problems(name: str, job) -> Iterator[Optional[str]]:
-    where = f"jobs.{name}"
-    yield _dict_problem(job, where)
-    if not isinstance(job.get("experiment"), str):
-        yield f"{where}.experiment is {job.get('experiment')!r}, not a name"
-    for key in ("months", "open"):
-        yield _dict_problem(job.get(key, {}), f"{where}.{key}")
-    for month, usd in job.get("months", {}).items():
-        yield _amount_problem(usd, f"{where}.months.{month}")
-    for fence, entry in job.get("open", {}).items():
-        yield _dict_problem(entry, f"{where}.open.{fence}")
-        if not isinstance(entry.get("month"), str):
-            yield f"{where}.open.{fence}.month is {entry.get('month')!r}, not a month"
-        for key in _ENTRY_AMOUNTS:
-            yield _amount_problem(entry.get(key), f"{where}.open.{fence}.{key}")
-
-
-def _index_problems(index) -> Iterator[Optional[str]]:
-    yield _dict_problem(index, "the index")
-    for key in ("jobs", "alerts"):
-        yield _dict_problem(index.get(key, {}), key)
-    for name, job in index.get("jobs", {}).items():
-        yield _first(_job_problems(name, job))
-    for name, when in index.get("alerts", {}).items():
-        yield _amount_problem(when, f"alerts.{name}")
-
-
-def index_problem(index) -> Optional[str]:
-    """What makes ``index`` (parsed JSON) not a spend index, or None: the shapes above, every amount finite, >= 0."""
-    return _first(_index_problems(index))
+    """The index stored at ``where``, decoded (``decode_index``) and given back in its stored shape, for the readers
+    that print or hand it on as JSON (``orchestrator status --spend``, ``orchestrator ls``, a sweep)."""
+    return decode_index(raw, where, store_uri).encode()
 
 
 def month_of(ts: float) -> str:
@@ -133,32 +94,35 @@ def month_of(ts: float) -> str:
     return time.strftime("%Y-%m", time.gmtime(ts))
 
 
-def _open_charge(entry: dict, held: bool = True) -> float:
-    """An open entry's charge: what it holds (``held``: its reservation, or its spend when that is more),
-    else only what it has spent (as of its last write)."""
-    top = max(float(entry["spent"]), float(entry["through"])) if held else float(entry["spent"])
-    return max(0.0, top - float(entry["base"]))
+Index = Union[SpendIndexRecord, dict]
 
 
-def job_month_usd(job: dict, month: str, *, held: bool = True) -> float:
+def _record(index: Index) -> SpendIndexRecord:
+    """The readers below take the decoded index, or its stored shape (``parse_index``'s) from the modules that
+    hold that; a dict is decoded (CorruptRecord if it is not a spend index)."""
+    return index if isinstance(index, SpendIndexRecord) else SpendIndexRecord.decode(index)
+
+
+def _job_record(job: Union[SpendJob, dict]) -> SpendJob:
+    return job if isinstance(job, SpendJob) else SpendJob.decode(Fields(job, "a job of the spend index"))
+
+
+def job_month_usd(job: Union[SpendJob, dict], month: str, *, held: bool = True) -> float:
     """What one job has spent or holds reserved in ``month`` (``held=False``: spent only)."""
-    settled = float((job.get("months") or {}).get(month, 0.0))
-    return settled + sum(_open_charge(e, held) for e in (job.get("open") or {}).values() if e["month"] == month)
+    return _job_record(job).month_usd(month, held=held)
 
 
-def job_total_usd(job: dict, *, held: bool = True) -> float:
+def job_total_usd(job: Union[SpendJob, dict], *, held: bool = True) -> float:
     """What one job has spent or holds reserved, all months (``held=False``: spent only)."""
-    return sum(float(v) for v in (job.get("months") or {}).values()) + sum(
-        _open_charge(e, held) for e in (job.get("open") or {}).values())
+    return _job_record(job).total_usd(held=held)
 
 
-def month_total_usd(index: dict, month: str, *, held: bool = True) -> float:
-    return sum(job_month_usd(job, month, held=held) for job in (index.get("jobs") or {}).values())
+def month_total_usd(index: Index, month: str, *, held: bool = True) -> float:
+    return _record(index).month_usd(month, held=held)
 
 
-def experiment_total_usd(index: dict, experiment: str, *, held: bool = True) -> float:
-    return sum(job_total_usd(job, held=held) for job in (index.get("jobs") or {}).values()
-               if job.get("experiment") == experiment)
+def experiment_total_usd(index: Index, experiment: str, *, held: bool = True) -> float:
+    return _record(index).experiment_usd(experiment, held=held)
 
 
 @dataclass(frozen=True)
@@ -170,43 +134,36 @@ class Caps:
     monthly_max_usd: Optional[float] = None
     experiment_max_usd: Optional[float] = None
 
-    def room_usd(self, index: dict, month: str) -> Optional[float]:
+    def room_usd(self, index: SpendIndexRecord, month: str) -> Optional[float]:
         """What the caps still allow in ``month`` (None: no cap)."""
         rooms = []
         if self.monthly_max_usd is not None:
-            rooms.append(float(self.monthly_max_usd) - month_total_usd(index, month))
+            rooms.append(float(self.monthly_max_usd) - index.month_usd(month))
         if self.experiment_max_usd is not None:
-            rooms.append(float(self.experiment_max_usd) - experiment_total_usd(index, self.experiment))
+            rooms.append(float(self.experiment_max_usd) - index.experiment_usd(self.experiment))
         return min(rooms) if rooms else None
 
-    def refusal(self, index: dict, month: str, where: str) -> Optional[str]:
+    def refusal(self, index: SpendIndexRecord, month: str, where: str) -> Optional[str]:
         """Why a job under these caps may spend nothing more, with the numbers; None while there is room."""
         if self.monthly_max_usd is not None:
-            total = month_total_usd(index, month)
+            total = index.month_usd(month)
             if total >= self.monthly_max_usd - CAP_TOLERANCE_USD:
                 return (f"monthly spend cap reached: jobs under {where} have spent ${total:.4f} in {month} (UTC) of "
-                        f"budget.monthly_max_usd=${self.monthly_max_usd:g} ({by_job(index, month=month)}). Raise "
+                        f"budget.monthly_max_usd=${self.monthly_max_usd:g} ({index.by_job(month=month)}). Raise "
                         "budget.monthly_max_usd, or relaunch next month; the job goes on from its last checkpoint")
         if self.experiment_max_usd is not None:
-            total = experiment_total_usd(index, self.experiment)
+            total = index.experiment_usd(self.experiment)
             if total >= self.experiment_max_usd - CAP_TOLERANCE_USD:
                 return (f"experiment spend cap reached: jobs of experiment {self.experiment!r} under {where} have spent "
                         f"${total:.4f} of budget.experiment_max_usd=${self.experiment_max_usd:g} "
-                        f"({by_job(index, experiment=self.experiment)}). Raise budget.experiment_max_usd to go on "
+                        f"({index.by_job(experiment=self.experiment)}). Raise budget.experiment_max_usd to go on "
                         "from the last checkpoint")
         return None
 
 
-def by_job(index: dict, *, month: Optional[str] = None, experiment: Optional[str] = None) -> str:
+def by_job(index: Index, *, month: Optional[str] = None, experiment: Optional[str] = None) -> str:
     """``a $1.2000, b $0.3000``: the jobs' shares of a month's or an experiment's spend."""
-    parts = []
-    for name, job in sorted((index.get("jobs") or {}).items()):
-        if experiment is not None and job.get("experiment") != experiment:
-            continue
-        usd = job_month_usd(job, month) if month is not None else job_total_usd(job)
-        if usd > 0:
-            parts.append(f"{name} ${usd:.4f}")
-    return ", ".join(parts) or "no job"
+    return _record(index).by_job(month=month, experiment=experiment)
 
 
 @dataclass(frozen=True)
@@ -242,17 +199,34 @@ class SpendIndex:
         return self.store.uri
 
     def load(self) -> dict:
-        """The index, validated (SpendIndexCorrupt); {} when no job has written one yet."""
+        """The index, decoded (SpendIndexCorrupt), in its stored shape; {} when no job has written one yet."""
         try:
             return self._decode(self.store.get_bytes(INDEX_KEY))
         except FileNotFoundError:
             return {}
+
+    def record(self) -> SpendIndexRecord:
+        """The index, decoded (SpendIndexCorrupt); empty when no job has written one yet."""
+        try:
+            return decode_index(self.store.get_bytes(INDEX_KEY), self.store.get_uri(INDEX_KEY), self.store.uri)
+        except FileNotFoundError:
+            return SpendIndexRecord.decode(None)
 
     def _decode(self, raw: bytes) -> dict:
         return parse_index(raw, self.store.get_uri(INDEX_KEY), self.store.uri)
 
     def _transact(self, mutate) -> dict:
         return transact(self.store, INDEX_KEY, mutate, decode=self._decode)
+
+    def write(self, change: Callable[[SpendIndexRecord], Optional[SpendIndexRecord]]) -> None:
+        """One conditional write: ``change`` gets the index as it is now (decoded; again on each retry) and gives
+        the index to store, or None to store nothing."""
+
+        def mutate(doc: Optional[dict]) -> Optional[dict]:
+            after = change(SpendIndexRecord.decode(doc))  # ``doc``: parse_index's, decoded once already
+            return None if after is None else after.encode()
+
+        self._transact(mutate)
 
     def refusal(self, vanished_usd: Optional[dict] = None, hold: Optional[str] = None) -> Optional[str]:
         """Read only: why this job may not start (a cap already spent), with the numbers; None when it may.
@@ -263,20 +237,19 @@ class SpendIndex:
         attempt's unspent hold stop its own job's restart at the cap. ``hold``: this attempt's start-up hold
         (``spend_holds``), which its first reservation takes over: not counted here, or a hold that took the last
         room would refuse the very attempt it was taken for."""
-        index = copy.deepcopy(_fresh(self.load()))
-        job = index["jobs"].get(self.caps.run_name)
-        if job and hold:
-            job.get("open", {}).pop(hold, None)
-        if job and job.get("open"):
-            _settle_vanished(index["jobs"][self.caps.run_name], keep="", known=vanished_usd or {})
-        release(index, self.dead_holds(index))
+        index = self.record()
+        job = index.jobs.get(self.caps.run_name)
+        if job is not None:
+            job = job.with_entry(hold, None) if hold else job
+            index = index.with_job(self.caps.run_name, _settle_vanished(job, keep="", known=vanished_usd or {}))
+        index, _ = released(index, self.dead_holds(index))
         return self.caps.refusal(index, month_of(self.clock()), self.where)
 
-    def dead_holds(self, index: Optional[dict] = None) -> dict:
+    def dead_holds(self, index: Optional[SpendIndexRecord] = None) -> dict:
         """Other jobs' reservations whose attempt is gone (``spend_leases``), when a cap makes them matter."""
         if self.caps.monthly_max_usd is None and self.caps.experiment_max_usd is None:
             return {}
-        return dead_holds(self.store, self.load() if index is None else index, own_run=self.caps.run_name,
+        return dead_holds(self.store, self.record() if index is None else index, own_run=self.caps.run_name,
                           now=self.clock())
 
     def reserve(self, fence: int, spent: float, want_through: float, *,
@@ -284,112 +257,92 @@ class SpendIndex:
         """Record that attempt ``fence`` has spent ``spent`` and ask to spend up to ``want_through``.
 
         One conditional write. Grants what the caps leave room for, never more (at least ``spent``:
-        what is spent is charged whatever the caps say). Settles this job's older open entries
-        (attempts that vanished) at their cost in ``vanished_usd`` (fence -> the ledger's cost at the
-        attempt's last heartbeat), or at their reservation when the ledger has none. ``hold``: the start-up hold
-        its supervisor took (``spend_holds``), taken over in this write: it becomes this attempt's entry.
+        what is spent is charged whatever the caps say; never past ``MAX_USD``, the most a stored amount may
+        be). Settles this job's older open entries (attempts that vanished) at their cost in ``vanished_usd``
+        (fence -> the ledger's cost at the attempt's last heartbeat), or at their reservation when the ledger
+        has none. ``hold``: the start-up hold its supervisor took (``spend_holds``), taken over in this write:
+        it becomes this attempt's entry.
         """
         now = self.clock()
         month = month_of(now)
         out: list[Grant] = []
         dead = self.dead_holds()
-        released: list[str] = []
+        freed: list[str] = []
+        key, caps = str(fence), self.caps
 
-        def mutate(index: Optional[dict]) -> dict:
-            index = _fresh(index)
-            released[:] = release(index, dead)
-            job = self._job(index)
-            take_over(job, hold, str(fence))
-            _settle_vanished(job, keep=str(fence), known=vanished_usd or {})
-            entry = _entry(job, str(fence), month, spent, now)
-            entry["spent"] = max(float(entry["spent"]), float(spent))
-            room = self.caps.room_usd(index, month)
+        def change(index: SpendIndexRecord) -> SpendIndexRecord:
+            index, freed[:] = released(index, dead)
+            job = take_over(index.job(caps.run_name, caps.experiment), hold, key)
+            job, entry = _entry(_settle_vanished(job, keep=key, known=vanished_usd or {}), key, month, spent, now)
+            entry = replace(entry, spent=min(MAX_USD, max(entry.spent, float(spent))))
             # room counts this entry's own charge; what it may add is the room left beyond that
-            limit = float(want_through) if room is None else min(
-                float(want_through), max(float(entry["through"]), float(entry["spent"])) + room)
-            entry["through"] = max(float(entry["spent"]), float(entry["through"]), limit)
-            entry["updated_at"] = now
-            experiment = self.caps.experiment
-            out[:] = [Grant(entry["through"], month, month_total_usd(index, month),
-                            experiment_total_usd(index, experiment), self.caps.refusal(index, month, self.where),
-                            month_total_usd(index, month, held=False),
-                            experiment_total_usd(index, experiment, held=False))]
+            room = caps.room_usd(index.with_job(caps.run_name, job.with_entry(key, entry)), month)
+            limit = float(want_through) if room is None else min(float(want_through),
+                                                                 max(entry.through, entry.spent) + room)
+            entry = replace(entry, through=min(MAX_USD, max(entry.spent, entry.through, limit)), updated_at=now)
+            index = index.with_job(caps.run_name, job.with_entry(key, entry))
+            out[:] = [Grant(entry.through, month, index.month_usd(month), index.experiment_usd(caps.experiment),
+                            caps.refusal(index, month, self.where), index.month_usd(month, held=False),
+                            index.experiment_usd(caps.experiment, held=False))]
             return index
 
-        self._transact(mutate)
-        if released:
-            log.info("spend index %s: released the holds of attempts that are gone: %s", self.where,
-                     "; ".join(released))
+        self.write(change)
+        if freed:
+            log.info("spend index %s: released the holds of attempts that are gone: %s", self.where, "; ".join(freed))
         return out[0]
 
     def settle(self, fence: int, spent: float) -> None:
         """Attempt ``fence`` ended having spent ``spent``: its reservation becomes what it spent."""
 
-        def mutate(index: Optional[dict]) -> Optional[dict]:
-            index = _fresh(index)
-            job = self._job(index)
-            entry = (job.get("open") or {}).pop(str(fence), None)
+        def change(index: SpendIndexRecord) -> Optional[SpendIndexRecord]:
+            job = index.job(self.caps.run_name, self.caps.experiment)
+            entry = job.open.get(str(fence))
             if entry is None:
                 return None
-            months = job.setdefault("months", {})
-            months[entry["month"]] = float(months.get(entry["month"], 0.0)) + max(0.0, float(spent) - float(entry["base"]))
-            return index
+            return index.with_job(self.caps.run_name, job.close(str(fence), min(MAX_USD, float(spent)) - entry.base))
 
-        self._transact(mutate)
+        self.write(change)
 
     def record_alert(self, scope: str, name: str) -> bool:
         """Mark alert ``name`` of ``scope`` (a month, an experiment) sent; True only the first time, for every job."""
         return record_once(self._transact, _fresh, f"{scope}/{name}", self.clock)
 
-    def _job(self, index: dict) -> dict:
-        job = index["jobs"].setdefault(self.caps.run_name, {"experiment": self.caps.experiment, "months": {}, "open": {}})
-        job["experiment"] = self.caps.experiment
-        job.setdefault("months", {})
-        job.setdefault("open", {})
-        return job
-
 
 def _fresh(index: Optional[dict]) -> dict:
-    index = dict(index or {})
-    index.setdefault("jobs", {})
-    index.setdefault("alerts", {})
-    return index
+    """The stored shape of the index (``parse_index``'s), or of an empty one when there is none yet."""
+    return SpendIndexRecord.decode(index).encode()
 
 
-def _settle_vanished(job: dict, *, keep: str, known: dict) -> None:
+def _settle_vanished(job: SpendJob, *, keep: str, known: dict) -> SpendJob:
     """Open entries of other attempts of this job are attempts that ended without settling: charge what the
     ledger says each spent by its last heartbeat (``known``, by fence), else its whole reservation."""
-    months = job["months"]
-    for fence in [e for e in job["open"] if e != keep]:
-        entry = job["open"].pop(fence)
-        cost = known.get(fence)
+    for fence in [e for e in job.open if e != keep]:
+        entry, cost = job.open[fence], known.get(fence)
         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost) and cost >= 0:
-            charge = max(0.0, max(float(cost), float(entry["spent"])) - float(entry["base"]))
+            charge = max(0.0, max(min(MAX_USD, float(cost)), entry.spent) - entry.base)
         else:
-            charge = _open_charge(entry)
-        months[entry["month"]] = float(months.get(entry["month"], 0.0)) + charge
+            charge = entry.charge()
+        job = job.close(fence, charge)
+    return job
 
 
-def take_over(job: dict, hold: Optional[str], fence: str) -> None:
+def take_over(job: SpendJob, hold: Optional[str], fence: str) -> SpendJob:
     """Attempt ``fence``'s first write: its supervisor's start-up hold (``spend_holds``), if still open, becomes its
-    entry, in place (the hold's charge moves over, counted once)."""
-    if not hold or hold not in job["open"] or fence in job["open"]:
-        return
-    entry = job["open"].pop(hold)
-    job["open"][fence] = {"month": entry["month"], "base": 0.0, "spent": float(entry["spent"]),
-                          "through": float(entry["through"]), "updated_at": float(entry["updated_at"])}
+    entry (the hold's charge moves over, counted once)."""
+    if not hold or hold not in job.open or fence in job.open:
+        return job
+    return job.with_entry(hold, None).with_entry(fence, replace(job.open[hold], base=0.0))
 
 
-def _entry(job: dict, fence: str, month: str, spent: float, now: float) -> dict:
-    """This attempt's open entry for ``month``; an entry of an earlier month is closed into that month first."""
-    entry = job["open"].get(fence)
+def _entry(job: SpendJob, fence: str, month: str, spent: float, now: float) -> tuple[SpendJob, SpendEntry]:
+    """This attempt's open entry for ``month`` (and the job holding it); an entry of an earlier month is closed into
+    that month first."""
+    entry = job.open.get(fence)
     base = 0.0  # an attempt's first entry: all it spent is charged
-    if entry is not None and entry["month"] != month:
-        months = job["months"]
-        base = max(float(entry["spent"]), float(spent))
-        months[entry["month"]] = float(months.get(entry["month"], 0.0)) + base - float(entry["base"])
-        entry = None
+    if entry is not None and entry.month != month:
+        base = min(MAX_USD, max(entry.spent, float(spent)))
+        job, entry = job.close(fence, base - entry.base), None
     if entry is None:
-        entry = {"month": month, "base": base, "spent": float(spent), "through": base, "updated_at": now}
-        job["open"][fence] = entry
-    return entry
+        entry = SpendEntry(month=month, base=base, spent=min(MAX_USD, float(spent)), through=base, updated_at=now)
+        job = job.with_entry(fence, entry)
+    return job, entry

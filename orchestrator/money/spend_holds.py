@@ -44,27 +44,28 @@ def take_hold(index, key: str, ask: HoldAsk) -> Optional[str]:
     """One conditional write: hold ``ask.usd`` for job ``index.caps.run_name``'s start-up under ``key``; why not (a
     cap spent, or too little room for the start-up: nothing written), or None when held. Dead holds and this job's
     vanished attempts (``spend_leases``) are released in the same write, at their ledger cost."""
-    from orchestrator.money.spend import CAP_TOLERANCE_USD, _fresh, month_of
-    from orchestrator.money.spend_leases import dead_holds, release
+    from orchestrator.money.spend import CAP_TOLERANCE_USD, month_of
+    from orchestrator.money.spend_leases import dead_holds, released
+    from orchestrator.records.fields import MAX_USD
+    from orchestrator.records.spend_record import SpendEntry, SpendIndexRecord
 
     now = index.clock()
     month = month_of(now)
-    dead = dead_holds(index.store, index.load(), own_run="", now=now)
+    caps = index.caps
+    dead = dead_holds(index.store, index.record(), own_run="", now=now)
     why: list[str] = []
 
-    def mutate(doc: Optional[dict]) -> Optional[dict]:
-        doc = _fresh(doc)
-        release(doc, dead)
-        room = index.caps.room_usd(doc, month)
+    def change(doc: SpendIndexRecord) -> Optional[SpendIndexRecord]:
+        doc, _ = released(doc, dead)
+        room = caps.room_usd(doc, month)
         if room is not None and room < ask.usd - CAP_TOLERANCE_USD:
-            why[:] = [index.caps.refusal(doc, month, index.where) or _short(index, room, ask)]
+            why[:] = [caps.refusal(doc, month, index.where) or _short(index, room, ask)]
             return None
         why[:] = []
-        job = index._job(doc)
-        job["open"][key] = {"month": month, "base": 0.0, "spent": 0.0, "through": ask.usd, "updated_at": now}
-        return doc
+        held = SpendEntry(month=month, base=0.0, spent=0.0, through=min(MAX_USD, ask.usd), updated_at=now)
+        return doc.with_job(caps.run_name, doc.job(caps.run_name, caps.experiment).with_entry(key, held))
 
-    index._transact(mutate)
+    index.write(change)
     if not why:
         log.info("spend index %s: held $%.6f for the start-up to come (%.1f s) under %s", index.where, ask.usd,
                  ask.seconds, key)
@@ -81,23 +82,20 @@ def _short(index, room: float, ask: HoldAsk) -> str:
 
 def release_hold(index, key: str, spent_usd: float) -> bool:
     """Settle hold ``key`` if no worker took it over, at ``spent_usd`` (what its child's run cost); True if it did."""
-    from orchestrator.money.spend import _fresh
+    from orchestrator.records.fields import MAX_USD
+    from orchestrator.records.spend_record import SpendIndexRecord
 
-    released: list[bool] = []
+    done: list[bool] = []
 
-    def mutate(doc: Optional[dict]) -> Optional[dict]:
-        doc = _fresh(doc)
-        job = doc["jobs"].get(index.caps.run_name) or {}
-        entry = (job.get("open") or {}).pop(key, None)
-        if entry is None:
+    def change(doc: SpendIndexRecord) -> Optional[SpendIndexRecord]:
+        job = doc.jobs.get(index.caps.run_name)
+        if job is None or key not in job.open:
             return None
-        months = job.setdefault("months", {})
-        months[entry["month"]] = float(months.get(entry["month"], 0.0)) + max(0.0, float(spent_usd))
-        released[:] = [True]
-        return doc
+        done[:] = [True]
+        return doc.with_job(index.caps.run_name, job.close(key, min(MAX_USD, float(spent_usd))))
 
-    index._transact(mutate)
-    return bool(released)
+    index.write(change)
+    return bool(done)
 
 
 class StartHolds:
@@ -113,16 +111,15 @@ class StartHolds:
 
     def __init__(self, cfg: Any, store: Any, run_name: str, *, usd_per_second: float,
                  restart_seconds: Optional[float]):
-        from orchestrator.money.spend import Caps, SpendIndex
+        from orchestrator.money.budget import spend_caps
+        from orchestrator.money.spend import SpendIndex
         from orchestrator.records.ledger import Ledger
 
         budget = cfg.budget
         self.index = None
         if budget.monthly_max_usd is None and budget.experiment_max_usd is None:
             return
-        self.index = SpendIndex(store, Caps(run_name, str(cfg.tracking.experiment),
-                                            monthly_max_usd=budget.monthly_max_usd,
-                                            experiment_max_usd=budget.experiment_max_usd))
+        self.index = SpendIndex(store, spend_caps(budget, run_name, str(cfg.tracking.experiment)))
         self.ledger = Ledger(store, run_name)
         self.usd_per_second = usd_per_second
         self.override = restart_seconds

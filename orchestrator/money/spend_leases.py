@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any, Optional
+from typing import Optional, Union
+
+from orchestrator.records.spend_record import SpendEntry, SpendIndexRecord
 
 log = logging.getLogger(__name__)
 
@@ -60,26 +62,31 @@ def _dead_cost(attempt, newest_fence: int, now: float) -> Optional[float]:
     return attempt.cost_usd if (stale or here) else None
 
 
-def _dead_hold(key: str, entry: dict, now: float) -> bool:
+def _dead_hold(key: str, entry: SpendEntry, now: float) -> bool:
     """Whether a start-up hold's supervisor is gone (this host, its pid no longer exists) or the hold is stale."""
     host, pid = hold_owner(key)
-    return (host == socket.gethostname() and _gone(pid)) or now - float(entry["updated_at"]) > LEASE_S
+    return (host == socket.gethostname() and _gone(pid)) or now - entry.updated_at > LEASE_S
 
 
-def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
+def _decoded(index: Union[SpendIndexRecord, dict]) -> SpendIndexRecord:
+    """The index decoded; a dict is its stored shape (``spend.parse_index``'s, as a sweep holds it)."""
+    return index if isinstance(index, SpendIndexRecord) else SpendIndexRecord.decode(index)
+
+
+def dead_holds(store, index: Union[SpendIndexRecord, dict], *, own_run: str, now: float) -> dict:
     """{run: {fence: ledger cost}} of other jobs' open entries whose attempt is gone (the rules above)."""
     from orchestrator.core.errors import UserError
     from orchestrator.records.ledger import Ledger
     from orchestrator.records.ledger_record import LedgerRecord
 
     out: dict = {}
-    for run, job in (index.get("jobs") or {}).items():
-        if run == own_run or not job.get("open"):
+    for run, job in _decoded(index).jobs.items():
+        if run == own_run or not job.open:
             continue
-        for key, entry in job["open"].items():
+        for key, entry in job.open.items():
             if is_hold(key) and _dead_hold(key, entry, now):
-                out.setdefault(run, {})[key] = float(entry["through"])
-        if all(is_hold(key) for key in job["open"]):
+                out.setdefault(run, {})[key] = entry.through
+        if all(is_hold(key) for key in job.open):
             continue
         ledger = Ledger(store, run)
         try:  # another job's ledger is untrusted input: it degrades that job's holds, never this job's start
@@ -90,7 +97,7 @@ def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
             continue
         newest = record.newest_fence
         by_fence = {str(a.fence): a for a in record.attempts}
-        for fence in (key for key in job["open"] if not is_hold(key)):
+        for fence in (key for key in job.open if not is_hold(key)):
             attempt = by_fence.get(fence)
             cost = _dead_cost(attempt, newest, now) if attempt is not None else None
             if cost is not None:
@@ -98,18 +105,25 @@ def dead_holds(store, index: dict, *, own_run: str, now: float) -> dict:
     return out
 
 
-def release(index: dict, dead: dict) -> list[str]:
-    """Settle the ``dead`` holds still open in ``index`` (in place) at their ledger cost; what was released."""
-    released = []
+def released(index: SpendIndexRecord, dead: dict) -> tuple[SpendIndexRecord, list[str]]:
+    """The index with the ``dead`` holds still open in it settled at their ledger cost; and what was released."""
+    said = []
     for run, fences in dead.items():
-        job: Any = (index.get("jobs") or {}).get(run)
         for fence, cost in fences.items():
-            entry = (job or {}).get("open", {}).pop(fence, None)
-            if entry is None:
+            job = index.jobs.get(run)
+            entry = job.open.get(fence) if job is not None else None
+            if job is None or entry is None:
                 continue
-            charge = max(0.0, max(float(cost), float(entry["spent"])) - float(entry["base"]))
-            months = job.setdefault("months", {})
-            months[entry["month"]] = float(months.get(entry["month"], 0.0)) + charge
-            released.append(f"{run} fence {fence}: held ${max(float(entry['through']), float(entry['spent'])):.6f}, "
-                             f"settled at ${charge + float(entry['base']):.6f}")
-    return released
+            charge = max(0.0, max(float(cost), entry.spent) - entry.base)
+            index = index.with_job(run, job.close(fence, charge))
+            said.append(f"{run} fence {fence}: held ${max(entry.through, entry.spent):.6f}, "
+                        f"settled at ${charge + entry.base:.6f}")
+    return index, said
+
+
+def release(index: dict, dead: dict) -> list[str]:
+    """``released`` on the index's stored shape (``spend.parse_index``'s, as a sweep holds it), in place."""
+    after, said = released(_decoded(index), dead)
+    index.clear()
+    index.update(after.encode())
+    return said

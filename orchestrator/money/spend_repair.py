@@ -26,7 +26,9 @@ from typing import Any, Optional
 
 from orchestrator.core.exitcodes import RUNNING
 from orchestrator.money.spend import INDEX_KEY, month_of, month_total_usd
+from orchestrator.records.fields import LATEST_TIME, MAX_USD, CorruptRecord, Fields
 from orchestrator.records.ledger import LEDGER_FILENAME, decode_ledger, evaluations
+from orchestrator.records.spend_record import SpendJob
 from orchestrator.storage.base import ObjectStore, PreconditionFailed
 
 EVAL_SUFFIX = ":eval"  # evaluation.billing's (a floor above this one)
@@ -44,10 +46,19 @@ class Repair:
     guessed_experiment: list[str] = field(default_factory=list)
 
 
-def _cost(value) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+def _bounded(value, high: float) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return float(value)
+    return float(value) if 0 <= value <= high else None
+
+
+def _cost(value) -> Optional[float]:
+    """A dollar figure the index may hold (``spend_record``: at most MAX_USD), else None."""
+    return _bounded(value, MAX_USD)
+
+
+def _time(value) -> Optional[float]:
+    return _bounded(value, LATEST_TIME)
 
 
 def _old_index(raw: Optional[bytes]) -> dict:
@@ -86,7 +97,7 @@ def _job_entry(ledger: dict, experiment: str, problems: list[str]) -> dict:
             problems.append(f"an attempt is {type(attempt).__name__}, not an object")
             continue
         cost = _cost(attempt.get("cost_usd"))
-        seen = _cost(attempt.get("ended_at") or attempt.get("last_seen") or attempt.get("started_at"))
+        seen = _time(attempt.get("ended_at") or attempt.get("last_seen") or attempt.get("started_at"))
         if cost is None or seen is None:
             problems.append(f"attempt {attempt.get('fence')!r}: cost {attempt.get('cost_usd')!r} or time not a number")
             continue
@@ -108,11 +119,12 @@ def _eval_entry(ledger: dict, experiment: str, problems: list[str]) -> Optional[
         return None
     job: dict = {"experiment": experiment, "months": {}, "open": {}}
     for bill in bills:
-        started, seconds = _cost(bill.get("started_at")), _cost(bill.get("seconds") or 0.0)
-        if started is None or seconds is None:
-            problems.append(f"evaluation {str(bill.get('id'))[:40]!r}: time not a number")
+        started, seconds = _time(bill.get("started_at")), _time(bill.get("seconds") or 0.0)
+        cost = _cost(bill.get("cost_usd"))
+        if started is None or seconds is None or cost is None or _time(started + seconds) is None:
+            problems.append(f"evaluation {str(bill.get('id'))[:40]!r}: cost or time not a number in bounds")
             continue
-        cost, month = float(bill["cost_usd"]), month_of(started + seconds)
+        month = month_of(started + seconds)
         ident = str(bill.get("id", ""))
         entry = ident[len("eval-"):] if ident.startswith("eval-") and ident[5:].isdigit() else str(int(started * 1000))
         if bill.get("status") == "running":
@@ -128,7 +140,7 @@ def rebuild_index(store: ObjectStore, old_raw: Optional[bytes] = None) -> Repair
     old = _old_index(old_raw)
     old_jobs: Any = old.get("jobs") if isinstance(old.get("jobs"), dict) else {}
     alerts: Any = old.get("alerts") if isinstance(old.get("alerts"), dict) else {}
-    alerts = {k: v for k, v in alerts.items() if _cost(v) is not None}
+    alerts = {k: v for k, v in alerts.items() if _time(v) is not None}
     repair = Repair({"jobs": {}, "alerts": alerts})
     for key in store.list():
         run, _, name = key.partition("/")
@@ -145,10 +157,14 @@ def rebuild_index(store: ObjectStore, old_raw: Optional[bytes] = None) -> Repair
         if experiment is None:
             repair.guessed_experiment.append(run)
         problems: list[str] = []
-        repair.index["jobs"][run] = _job_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems)
-        billed = _eval_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems)
-        if billed is not None:
-            repair.index["jobs"][run + EVAL_SUFFIX] = billed
+        entries = {run: _job_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems),
+                   run + EVAL_SUFFIX: _eval_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems)}
+        for name, job in entries.items():
+            try:  # what the index's readers decode (a sum past MAX_USD would make the whole index unreadable)
+                if job is not None:
+                    repair.index["jobs"][name] = SpendJob.decode(Fields(job, f"jobs.{name}")).encode()
+            except CorruptRecord as err:
+                problems.append(f"{err.where}: {err.problem}; left out")
         repair.skipped += [f"{store.get_uri(key)}: {p}" for p in problems]
         repair.ledgers += 1
     return repair

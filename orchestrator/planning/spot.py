@@ -25,6 +25,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional, cast
 
+from orchestrator.config.typed import Durations
 from orchestrator.policy.history import restart_seconds_measured, spot_lifetimes
 from orchestrator.policy.interval import (
     Lifetime,
@@ -32,8 +33,6 @@ from orchestrator.policy.interval import (
     estimate_preemptions,
     estimated_checkpoint_seconds,
     expected_waste_fraction,
-    interval_bounds,
-    is_auto,
 )
 from orchestrator.policy.restart import restart_seconds
 
@@ -78,8 +77,7 @@ def job_history(cfg: Any) -> tuple[list[Lifetime], list[float]]:
         return [], []
     if record is None or not record.trained(str(cfg.model.name_or_path)):
         return [], []
-    attempts = raw["attempts"]  # policy.history reads each attempt's measurements field by field
-    return list(spot_lifetimes(attempts)), restart_seconds_measured(attempts)
+    return list(spot_lifetimes(record.attempts)), restart_seconds_measured(record.attempts)
 
 
 def checkpoint_bytes(memory_plan: Any) -> float:
@@ -89,13 +87,11 @@ def checkpoint_bytes(memory_plan: Any) -> float:
     return float(sum(c.get(k, 0) for k in keys))
 
 
-def _interval(cfg: Any, cost_s: float, estimate, lifetimes: list[Lifetime]) -> float:
-    from orchestrator.core.durations import parse_duration
-
-    if not is_auto(cfg.checkpoint.every):
-        seconds = parse_duration(cfg.checkpoint.every, key="checkpoint.every")
-        return seconds if seconds > 0 else math.inf
-    low, high = interval_bounds(cfg.checkpoint)  # as the attempt's schedule bounds it
+def _interval(cfg: Any, durations: Durations, cost_s: float, estimate, lifetimes: list[Lifetime]) -> float:
+    every = durations.checkpoint_every
+    if not every.auto:
+        return every.seconds if every.seconds > 0 else math.inf
+    low, high = durations.checkpoint_bounds  # as the attempt's schedule bounds it
     override = cfg.compute.preemptions_per_hour is not None
     return checkpoint_interval(cost_s, estimate, lifetimes=None if override else lifetimes,
                                min_seconds=low, max_seconds=high).seconds
@@ -103,9 +99,11 @@ def _interval(cfg: Any, cost_s: float, estimate, lifetimes: list[Lifetime]) -> f
 
 def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catalog: Mapping[str, Any],
                  history: tuple[list[Lifetime], list[float]], *, variant: Callable[[Any, str], Any],
-                 work_hours: Callable[[Any, Any], Optional[float]]) -> Optional[CapacityOption]:
+                 work_hours: Callable[[Any, Any], Optional[float]],
+                 durations: Optional[Durations] = None) -> Optional[CapacityOption]:
     """One GPU type on one capacity; None when it has no price or no throughput estimate. ``variant(cfg, gpu)``
-    and ``work_hours(cfg, price)`` are the planner's (passed in: the planner imports this module)."""
+    and ``work_hours(cfg, price)`` are the planner's (passed in: the planner imports this module); ``durations``:
+    the job's, parsed once by ``capacity_plan`` (else here)."""
     from orchestrator.money.cost import preemption_prior_per_hour, price_for
 
     on_gpu = variant(cfg, gpu_type)
@@ -128,7 +126,7 @@ def price_option(cfg: Any, gpu_type: str, capacity: str, memory_plan: Any, catal
     restart, source = restart_seconds(override=cfg.compute.restart_seconds, measured=measured,
                                       model_bytes=float(memory_plan.components.get("weights", 0)),
                                       checkpoint_bytes=ckpt_bytes)
-    every = _interval(cfg, cost_s, estimate, lifetimes if capacity == SPOT else [])
+    every = _interval(cfg, durations or Durations.of(cfg), cost_s, estimate, lifetimes if capacity == SPOT else [])
     waste = expected_waste_fraction(every, cost_s, estimate, restart_seconds=restart)
     option = CapacityOption(gpu_type, capacity, price.usd_per_hour_total, work, None, None, estimate.per_hour, None,
                             restart, source, None, every, cost_s, None, None, None, nodes=int(compute.nodes or 1))
@@ -159,10 +157,10 @@ def _with_spot(compute: Any, spot: bool) -> Any:
 def capacity_plan(cfg: Any, memory_plan: Any, catalog: Mapping[str, Any], gpu_types: list[str], *,
                   variant: Callable[[Any, str], Any], work_hours: Callable[[Any, Any], Optional[float]]) -> dict:
     """``{"options": [...], "recommendation": {"capacity", "gpu_type", "reason"}}`` (what ``plan --json`` prints)."""
-    history = job_history(cfg)
+    history, durations = job_history(cfg), Durations.of(cfg)
     options = [o for g in gpu_types for cap in (SPOT, ON_DEMAND)
                if (o := price_option(cfg, g, cap, memory_plan, catalog, history, variant=variant,
-                                     work_hours=work_hours)) is not None]
+                                     work_hours=work_hours, durations=durations)) is not None]
     doc: dict[str, Any] = {"options": [asdict(o) for o in options], "recommendation": recommend(options)}
     if doc["recommendation"] and str(cfg.distributed.name) != "none":
         from orchestrator.planning.nodes import spot_break_even
@@ -171,7 +169,8 @@ def capacity_plan(cfg: Any, memory_plan: Any, catalog: Mapping[str, Any], gpu_ty
             # the job's ledger measured its own node count: another count starts from the prior alone
             seen = history if nodes == int(cfg.distributed.nodes) else ([], history[1])
             return price_option(cfg, gpu, capacity, memory_plan, catalog, seen,
-                                variant=lambda c, g: with_nodes(variant(c, g), nodes), work_hours=work_hours)
+                                variant=lambda c, g: with_nodes(variant(c, g), nodes), work_hours=work_hours,
+                                durations=durations)
 
         doc["nodes"] = spot_break_even(price, doc["recommendation"]["gpu_type"], int(cfg.distributed.nodes))
     return doc

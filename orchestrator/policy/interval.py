@@ -16,35 +16,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
+from orchestrator.core.durations import AUTO as AUTO  # checkpoint.every=auto (``core.durations.Every``), re-exported
 from orchestrator.core.durations import MAX_EVERY as MAX_EVERY  # auto's bounds, this policy's (re-exported)
 from orchestrator.core.durations import MIN_EVERY as MIN_EVERY
-from orchestrator.core.durations import parse_duration
 
 PRIOR_WEIGHT_HOURS = 4.0  # how many hours of the job's own history weigh as much as the catalog's prior
-
-AUTO = "auto"  # checkpoint.every=auto: the interval is derived (``checkpoint_interval``)
 
 # C before any checkpoint is measured: the Trainer's save stall, a snapshot of the trainable state written to
 # local disk or /dev/shm (the upload goes on behind training). Round figures, replaced by the first measurement.
 SNAPSHOT_WRITE_BYTES_PER_SECOND = 200e6
 SNAPSHOT_BASE_SECONDS = 0.25
-
-
-def is_auto(every: object) -> bool:
-    return str(every).strip().lower() == AUTO
-
-
-def interval_bounds(checkpoint_cfg: Any) -> tuple[float, float]:
-    """(``checkpoint.min_every``, ``checkpoint.max_every``) in seconds. Raises ValueError naming the keys."""
-    low = parse_duration(checkpoint_cfg.min_every, key="checkpoint.min_every")
-    high = parse_duration(checkpoint_cfg.max_every, key="checkpoint.max_every")
-    if low <= 0 or high < low:
-        raise ValueError(f"checkpoint.min_every={checkpoint_cfg.min_every!r} and checkpoint.max_every="
-                         f"{checkpoint_cfg.max_every!r} must satisfy 0 < min_every <= max_every; "
-                         "e.g. checkpoint.min_every=1m checkpoint.max_every=1h.")
-    return low, high
 
 
 def estimated_checkpoint_seconds(state_bytes: float) -> float:

@@ -332,7 +332,7 @@ def start_holds(cfg, store):
 
     _capacity, compute, _catalog, price = attempt_price(OmegaConf.to_object(cfg.compute), os.environ,
                                                         cached_catalog(cfg, store))  # as the attempt's meter
-    return StartHolds(cfg, store, job_name(cfg), usd_per_second=price.usd_per_hour_total / 3600.0,
+    return StartHolds(cfg, store, job_name(cfg), usd_per_second=price.usd_per_second,
                       restart_seconds=compute.restart_seconds)
 
 

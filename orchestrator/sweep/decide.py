@@ -155,7 +155,6 @@ def ready(settings: dict, trials: list[dict], number: int, rung: int) -> bool:
                if bracket(settings, t["number"]) == own)
 
 
-PRUNERS = ("none", "successive_halving", "hyperband", "asha")  # asha: successive_halving's earlier name
 STUDY_NAME = "orchestrator-sweep"  # HyperbandPruner's brackets hash the study's name with the trial's number
 
 

@@ -346,7 +346,7 @@ def room_for_a_new_trial(plan) -> bool:
     from orchestrator.money.spend import experiment_total_usd
     from orchestrator.policy.restart import start_prior_seconds
 
-    per_s = price_for(plan.cfg.compute, load_catalog()).usd_per_hour_total / 3600.0
+    per_s = price_for(plan.cfg.compute, load_catalog()).usd_per_second
     charged = experiment_total_usd(live_index(plan), plan.experiment)
     start_up = longest_start_up_s(plan) or start_prior_seconds(plan.cfg.compute.restart_seconds)
     return charged < plan.budget_usd - per_s * start_up - 1e-9

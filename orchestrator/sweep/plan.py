@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.sweep.decide import PRUNERS
 from orchestrator.sweep.space import SearchSpace
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -90,11 +89,6 @@ def _settings(cfg, space: SearchSpace) -> tuple[dict, int]:
     elif metric not in logged:
         problems.append(f"sweep.metric={metric}: no trial of recipe={cfg.recipe.name} logs it; its evaluations log "
                         f"{', '.join(logged)}, or bench/<task>/<metric> of an eval.tasks task")
-    if s.direction not in ("auto", "maximize", "minimize"):
-        problems.append(f"sweep.direction={s.direction}: choose maximize, minimize or auto")
-    if s.sampler not in ("random", "tpe", "grid") or s.pruner not in PRUNERS:
-        problems.append(f"sweep.sampler={s.sampler}, sweep.pruner={s.pruner}: samplers are random|tpe|grid, "
-                        "pruners none|successive_halving|hyperband")
     if not (0 < s.min_fraction <= 1) or s.reduction_factor < 2:
         problems.append(f"sweep.min_fraction={s.min_fraction}, sweep.reduction_factor={s.reduction_factor}: "
                         "the first rung is a fraction in (0, 1] of train.max_steps, the factor at least 2")
@@ -108,8 +102,9 @@ def _settings(cfg, space: SearchSpace) -> tuple[dict, int]:
         problems.append(f"sweep.n_trials={n_trials}: sweep.sampler={s.sampler} needs the number of trials to sample")
     if problems:
         raise ConfigError("the sweep cannot start: " + "; ".join(problems) + ". Nothing was launched.")
-    direction = s.direction if s.direction != "auto" else ("minimize" if metric in _MINIMIZED else "maximize")
-    settings = dict(sampler=s.sampler, seed=int(s.seed), pruner=s.pruner, metric=metric, direction=direction,
+    # the choices (StrEnum fields, checked at compose) stored as their plain strings, as the sweep's record has them
+    direction = str(s.direction) if s.direction != "auto" else ("minimize" if metric in _MINIMIZED else "maximize")
+    settings = dict(sampler=str(s.sampler), seed=int(s.seed), pruner=str(s.pruner), metric=metric, direction=direction,
                     min_fraction=float(s.min_fraction), reduction_factor=int(s.reduction_factor),
                     max_steps=int(cfg.train.max_steps))
     return settings, n_trials

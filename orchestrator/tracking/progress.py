@@ -182,9 +182,11 @@ def wants_bar(mode: str, stream=None) -> Optional[bool]:
 
 
 def attach_progress(trainer: Any, tracking_cfg: Any, *, main: bool,
-                    dollars: Callable[[int, int], tuple[float, Optional[float]]]) -> Optional[TrainingProgress]:
+                    dollars: Callable[[int, int], tuple[float, Optional[float]]],
+                    every_s: Optional[float] = None) -> Optional[TrainingProgress]:
     """Add the display to ``trainer`` on the main rank (``tracking_cfg``: ``cfg.tracking``; ``dollars(step, total)``:
-    spent so far and the projected total, the money watch's). Returns the callback, or None."""
+    spent so far and the projected total, the money watch's; ``every_s``: ``tracking.job_metrics_every`` as the typed
+    view parsed it, else parsed here). Returns the callback, or None."""
     from orchestrator.core.durations import parse_duration
 
     bar = wants_bar(tracking_cfg.progress)
@@ -193,8 +195,9 @@ def attach_progress(trainer: Any, tracking_cfg: Any, *, main: bool,
         trainer.add_callback(LogsToFile())
     if bar is None or not main:
         return None
-    progress = TrainingProgress(dollars, bar=bar, every_s=parse_duration(tracking_cfg.job_metrics_every,
-                                                                         key="tracking.job_metrics_every"))
+    if every_s is None:
+        every_s = parse_duration(tracking_cfg.job_metrics_every, key="tracking.job_metrics_every")
+    progress = TrainingProgress(dollars, bar=bar, every_s=every_s)
     trainer.remove_callback(ProgressCallback)  # the Trainer's own bar, were disable_tqdm off: one display only
     # the bar writes the Trainer's logs above itself; the lines carry the loss and the log file the rest
     trainer.remove_callback(PrinterCallback)
