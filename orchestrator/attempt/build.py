@@ -21,6 +21,7 @@ from orchestrator.attempt.record import AttemptRecord, FollowerRecord
 from orchestrator.attempt.reporting import AttemptTracking
 from orchestrator.attempt.resolved import resolve
 from orchestrator.attempt.runner import Runner, TestHooks
+from orchestrator.attempt.zone import attempt_zone
 from orchestrator.config.schema import ComputeConfig
 from orchestrator.config.typed import JobConfig
 from orchestrator.core import ranks as dist
@@ -54,11 +55,11 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     run_name = job_name(settings)
     resolved = resolve(cfg)  # config.yaml, the repro record and MLflow's params: one resolved dict
     store = store_from_config(settings.storage)
-    capacity, compute, catalog, price = attempt_price(settings.compute, environ, cached_catalog(cfg, store))
+    capacity, compute, catalog, price, placed = placed_price(cfg, settings.compute, store, run_name, environ, main)
     ledger = Ledger(store, run_name, keep_checkpoints=settings.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
     spend = spend_watch(settings, store, run_name, money, hold=environ.get(HOLD_ENV)) if main else None
-    record = (AttemptRecord(ledger, RequeuePolicy(settings.requeue), compute=compute,
+    record = (AttemptRecord(ledger, RequeuePolicy(settings.requeue), compute=compute, zone=placed,
                             budget_max_usd=settings.budget.max_usd, spend=spend) if main else FollowerRecord())
 
     token, work = attempt_folder(settings, run_name, environ)
@@ -102,6 +103,14 @@ def cached_catalog(cfg: Any, store: Any) -> dict:
     from orchestrator.money.price_refresh import current_catalog
 
     return current_catalog(cfg, refresh=False, store=store)[0]
+
+
+def placed_price(cfg: Any, configured: ComputeConfig, store: Any, run_name: str, environ, main: bool) -> tuple:
+    """(capacity, compute, catalog, price, zone) of this attempt: ``attempt_price`` with the cached prices, then
+    where it landed (``attempt.zone``: compute.zones), whose price its meter bills."""
+    capacity, compute, catalog, price = attempt_price(configured, environ, cached_catalog(cfg, store))
+    placed, price = attempt_zone(cfg, store, run_name, price, environ=environ, main=main)
+    return capacity, compute, catalog, price, placed
 
 
 def attempt_price(configured: ComputeConfig, environ, catalog=None) -> tuple:

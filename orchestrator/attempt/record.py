@@ -32,13 +32,15 @@ class AttemptRecord:
         compute: the ``compute`` config (what this attempt runs on, for the bill).
         budget_max_usd: the job's hard budget, or None.
         spend: the attempt's hold on the store's spend index (``orchestrator.attempt.money.SpendWatch``), or None.
+        zone: where it landed (``orchestrator.attempt.zone.AttemptZone``), or None.
     """
 
     writes = True
 
     def __init__(self, ledger: Ledger, policy: RequeuePolicy, *, compute: Any, budget_max_usd: Optional[float],
-                 spend: Any = None):
+                 spend: Any = None, zone: Any = None):
         self.ledger = ledger
+        self.zone = zone
         self.spend = spend
         self.policy = policy
         self.compute = compute
@@ -68,7 +70,8 @@ class AttemptRecord:
             gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
             checkpoint_step=newest_checkpoint_step, refuse=refuse,
             # the spend index can be rebuilt from the ledgers (orchestrator storage repair-spend)
-            extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None)
+            extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None,
+            zone=self.zone.fields() if self.zone is not None else None)
         fence = self.ledger.fence  # the one begin_attempt took
         stored = LedgerRecord.decode(self.ledger.load(), self.ledger.uri)
         attempt = next(a for a in stored.attempts if a.fence == fence)
@@ -252,11 +255,16 @@ class FollowerRecord:
 def record_repro(resolved: dict, record: Any, tracking: Any) -> list[str]:
     """Record what this attempt runs on (ledger and MLflow); warn about, and return, the ways it differs
     from the first attempt that can change results. ``resolved``: the resolved config (``attempt.resolved``),
-    hashed into the record, its ``backend.image`` the record's image."""
+    hashed into the record, its ``backend.image`` the record's image. With a zone (``compute.zones``), where this
+    attempt and the earlier ones ran is tagged too (``attempt.zone.zone_tags``)."""
     if not record.writes:
         return []
+    from orchestrator.attempt.zone import zone_tags
     from orchestrator.records.repro import collect_record, diff_records
 
+    zones = zone_tags(record.zone, record.prior_attempts, record.fence)
+    if zones:
+        tracking.set_tags(zones)
     this = collect_record(resolved)  # packages_sha256: the digest of every installed name==version
     installed = installed_versions()
     first = record.record_repro(this, installed)

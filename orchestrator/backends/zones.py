@@ -15,11 +15,11 @@ import re
 from typing import Any, NamedTuple, Optional
 
 from orchestrator.config.zones import AUTO, configured_zones
+from orchestrator.core.env import ZONE_ENV  # noqa: F401 - the backends' import: the attempt's zone (attempt.zone reads it)
 from orchestrator.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-ZONE_ENV = "ORCH_ZONE"  # the zone this attempt runs in, for the ledger; empty when the backend cannot tell
 ZONE_LABEL = "topology.kubernetes.io/zone"  # the well-known node label of a node's zone
 MAX_WEIGHT, MIN_WEIGHT = 100, 1  # a preferred node affinity term's weight: 1..100
 PARTITION_NAME = re.compile(r"^[^\s,'\"]+$")  # one Slurm partition: a comma would make it a list

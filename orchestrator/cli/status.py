@@ -81,10 +81,13 @@ def format_ledger(ledger: LedgerRecord, *, now: float | None = None) -> str:
             str(a.fence), a.host, _when(started), _duration((end or started) - started),
             a.exit_class + (" (lost)" if a.exit_class == ExitClass.VANISHED.value else ""),
             f"{a.step_start}->{a.step_end}", f"${a.cost_usd:.4f}", machine + (" spot" if a.spot else ""),
+            a.zone or "-",
         ])
     out += ["", f"attempts ({len(ledger.attempts)})"]
-    out.append(_table(["fence", "host", "started", "duration", "exit class", "steps", "cost", "machine"], rows) if rows else "  none")
+    out.append(_table(["fence", "host", "started", "duration", "exit class", "steps", "cost", "machine", "zone"],
+                                                     rows) if rows else "  none")
     out += _node_table(ledger.attempts)
+    out += zone_section(ledger.attempts)
     out += explain_decisions(ledger)
     checkpoints = ledger.checkpoints
     committed = ledger.checkpoints_committed
@@ -99,6 +102,21 @@ def format_ledger(ledger: LedgerRecord, *, now: float | None = None) -> str:
 
 
 SHOWN_DECISIONS = 10
+
+
+def zone_section(attempts) -> list[str]:
+    """Where each attempt ran (``compute.zones``), at what hourly price and why; then the cost per zone."""
+    from orchestrator.money.report import zone_costs, zone_lines
+
+    placed = [a for a in attempts if a.zone]
+    if not placed:
+        return []
+    out = ["", "zones"]
+    for a in placed:
+        price = f"${a.zone_usd_per_hour:.4f}/h" if a.zone_usd_per_hour is not None else "price unknown"
+        where = f"{a.zone} ({a.zone_region})" if a.zone_region else a.zone
+        out.append(f"  attempt {a.fence}  {where}  {price}: {a.zone_reason or '-'}")
+    return out + zone_lines(zone_costs(attempts))
 
 
 def _node_table(attempts) -> list[str]:

@@ -15,3 +15,7 @@ NODE_ADDR_ENV = "ORCH_NODE_ADDR"
 NODE_HOST_ENV = "ORCH_NODE_HOST"
 # what the node launcher hands its ranks: the process group's collective timeout, in seconds
 COLLECTIVE_TIMEOUT_ENV = "ORCH_COLLECTIVE_TIMEOUT_S"
+# where the attempt runs (compute.zones): the backend (or the local supervisor's requeue loop, or a bench) sets it;
+# else SkyPilot's cluster info, a JSON object with "zone" (orchestrator.attempt.zone)
+ZONE_ENV = "ORCH_ZONE"
+SKYPILOT_CLUSTER_INFO_ENV = "SKYPILOT_CLUSTER_INFO"

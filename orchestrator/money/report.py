@@ -23,6 +23,7 @@ its last heartbeat or checkpoint, so lost work is a lower bound.
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from orchestrator.core.exitcodes import INTERRUPTED_CLASSES
@@ -185,7 +186,8 @@ def build_report(*, job: str, status: str, ledger: LedgerRecord, price: costs.Pr
     attempts = [
         {"fence": a.fence, "exit_class": a.exit_class, "host": a.host, "duration_s": round(entry_seconds(a), 3),
          "cost_usd": a.cost_usd, "checkpoint_step_at_start": a.checkpoint_step_at_start, "step_end": a.step_end,
-         "spot": a.spot, "instance_type": a.instance_type}
+         "spot": a.spot, "instance_type": a.instance_type, "zone": a.zone, "zone_usd_per_hour": a.zone_usd_per_hour,
+         "zone_reason": a.zone_reason}
         for a in ledger.attempts
     ]
     get = figures.get
@@ -195,6 +197,7 @@ def build_report(*, job: str, status: str, ledger: LedgerRecord, price: costs.Pr
         "price": {"usd_per_hour": price.usd_per_hour_total, "on_demand_usd_per_hour": price.on_demand_usd_per_hour_total,
                   "spot": price.spot, "cloud": price.cloud, "gpus": price.gpus, "source": price.source},
         "attempts": attempts,
+        "zones": [asdict(z) for z in zone_costs(ledger.attempts)],
         "totals": {"cost_usd": get("cost_usd"), "gpu_hours": get("gpu_hours"), "attempts": len(attempts),
                    "preemptions": get("preemptions"), "steps": ledger.step,
                    "tokens_trained": get("tokens_trained"), "tokens_per_step": tokens_per_step,
@@ -210,6 +213,47 @@ def build_report(*, job: str, status: str, ledger: LedgerRecord, price: costs.Pr
         "quality": {"metric": quality_metric, "value": quality, "before": quality_before,
                     "gain_points": get("quality_gain_points"), "usd_per_point": get("usd_per_quality_point")},
     }
+
+
+@dataclass
+class ZoneCost:
+    """One zone's share of a job (``compute.zones``): its attempts, preemptions, hours, dollars, hourly prices."""
+
+    zone: str
+    region: Optional[str]
+    attempts: int = 0
+    preemptions: int = 0
+    hours: float = 0.0
+    cost_usd: float = 0.0
+    usd_per_hour: list[float] = field(default_factory=list)  # each price an attempt there was billed at
+
+
+def zone_costs(attempts: Iterable[AttemptEntry]) -> list[ZoneCost]:
+    """Cost per zone: each zone the attempts ran in, in the order first used; [] when no attempt names one."""
+    zones: dict[str, ZoneCost] = {}
+    for a in attempts:
+        if a.zone is None:
+            continue
+        z = zones.setdefault(a.zone, ZoneCost(a.zone, a.zone_region))
+        z.attempts += 1
+        z.preemptions += int(a.exit_class in INTERRUPTED_CLASSES)
+        z.hours += entry_seconds(a) / SECONDS_PER_HOUR
+        z.cost_usd += a.cost_usd
+        if a.zone_usd_per_hour is not None and a.zone_usd_per_hour not in z.usd_per_hour:
+            z.usd_per_hour.append(a.zone_usd_per_hour)
+    return list(zones.values())
+
+
+def zone_lines(zones: Iterable[ZoneCost]) -> list[str]:
+    """The cost-per-zone table (``zone_costs``), as the report and ``orchestrator status`` print it."""
+    zones = list(zones)
+    if not zones:
+        return []
+    out = ["", f"{'zone':<16}  {'attempts':>8}  {'preempted':>9}  {'hours':>8}  {'cost_usd':>10}  usd_per_hour"]
+    for z in zones:
+        prices = ", ".join(f"{p:.4f}" for p in z.usd_per_hour) or "-"
+        out.append(f"{z.zone:<16}  {z.attempts:>8}  {z.preemptions:>9}  {z.hours:>8.3f}  {z.cost_usd:>10.4f}  {prices}")
+    return out
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -229,6 +273,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         steps = f"{a['checkpoint_step_at_start']}->{a['step_end']}"
         lines.append(f"{a['fence']!s:>7}  {a['exit_class']!s:<16}  {a['duration_s']:>10.1f}  {steps:>13}  "
                      f"{a['cost_usd']:>10.4f}")
+    lines += zone_lines(ZoneCost(**z) for z in report.get("zones") or [])
     lines += [
         "",
         f"total: ${num(totals['cost_usd'])} over {totals['attempts']} attempt(s), {num(totals['preemptions'], '{}')} "

@@ -202,3 +202,32 @@ def first_start(attempts: Sequence[Any]) -> Optional[float]:
     """When the job's first attempt started (unix time; None: no attempt says)."""
     starts = [a.started_at for a in read_attempts(attempts) if a.started_at is not None]
     return min(starts) if starts else None
+
+
+@dataclass(frozen=True)
+class ZoneHistory:
+    """The job's own experience of one zone on spot (``policy.placement.Zone``'s history fields)."""
+
+    held_hours: float = 0.0
+    preemptions: int = 0
+    since_preempted_seconds: Optional[float] = None  # since its newest preemption there ended (None: never)
+
+
+def zone_history(attempts: Iterable[AttemptEntry], now: float) -> dict[str, ZoneHistory]:
+    """Per zone the ledger's attempts name (``AttemptEntry.zone``): the spot hours the job held there, its
+    preemptions there (an interrupted spot attempt that did not stop to move capacity) and the seconds since the
+    newest one. Attempts with no zone, and on-demand ones, say nothing of a zone's spot."""
+    held: dict[str, float] = {}
+    lost: dict[str, int] = {}
+    newest: dict[str, float] = {}
+    for entry in attempts:
+        a = AttemptHistory.from_entry(entry)
+        if entry.zone is None or not a.spot:
+            continue
+        held[entry.zone] = held.get(entry.zone, 0.0) + (a.held_seconds or 0.0) / 3600.0
+        if a.ended and a.exit_class in INTERRUPTED_CLASSES and not a.capacity_switch:
+            lost[entry.zone] = lost.get(entry.zone, 0) + 1
+            if a.ended_at is not None:
+                newest[entry.zone] = max(newest.get(entry.zone, a.ended_at), a.ended_at)
+    return {zone: ZoneHistory(hours, lost.get(zone, 0),
+                              max(0.0, now - newest[zone]) if zone in newest else None) for zone, hours in held.items()}

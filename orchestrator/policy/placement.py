@@ -10,7 +10,8 @@ R, the share n of preemptions with an honoured notice and Young/Daly's interval 
 - a move costs m seconds paid before the first step: R when the job does not hold that zone now, plus the
   checkpoint's (and weights') transfer when its checkpoint is elsewhere (and a checkpoint C when it leaves held
   capacity while training), spread over the time it expects to hold the zone, H = min(1/r, work left / u);
-- dollars per useful hour = price x (H + m) / (u H).
+- dollars per useful hour = price x (H + m) / (u H), plus the dollars a start there pays once (``Zone.move_usd``:
+  moving the checkpoint out of the bucket's region) spread over the same u H useful hours.
 
 On-demand is priced the same way with r = 0. A zone that preempted the job less than ``cooldown_seconds`` ago is
 avoided while another zone has capacity. Under a deadline, spot is taken only while the slack (time left less
@@ -44,6 +45,7 @@ class Zone:
     held_hours: float = 0.0  # the job's own hours on spot here
     preemptions: int = 0  # the job's own preemptions here
     since_preempted_seconds: Optional[float] = None  # since this zone last preempted the job (None: never)
+    move_usd: float = 0.0  # dollars a start here pays once (egress of the checkpoint from another region)
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,17 @@ def move_seconds(name: str, job: JobState) -> float:
     return leave + job.restart_seconds + transfer
 
 
-def usd_per_useful_hour(name: str, usd: float, rate_per_hour: float, job: JobState) -> tuple[float, float]:
-    """(expected dollars per useful hour in ``name`` from here, the checkpoint interval there)."""
+def usd_per_useful_hour(name: str, usd: float, rate_per_hour: float, job: JobState,
+                        move_usd: float = 0.0) -> tuple[float, float]:
+    """(expected dollars per useful hour in ``name`` from here, the checkpoint interval there); ``move_usd``: the
+    dollars a start there pays once (none when the job trains there now)."""
     u, t = useful_share(rate_per_hour, job)
     if u <= 0:
         return math.inf, t
     expected_hold = 3600.0 / rate_per_hour if rate_per_hour > 0 else math.inf
     hold = max(1.0, min(expected_hold, job.work_left_seconds / u))
-    return usd * (hold + move_seconds(name, job)) / (u * hold), t
+    once = 0.0 if name == job.current else max(0.0, move_usd) * 3600.0 / (u * hold)
+    return usd * (hold + move_seconds(name, job)) / (u * hold) + once, t
 
 
 def slack_seconds(job: JobState) -> float:
@@ -150,7 +155,7 @@ def choose(zones: Sequence[Zone], job: JobState) -> Placement:
     od_usd, od_t = usd_per_useful_hour(ON_DEMAND, job.on_demand_usd, 0.0, job)
     priced: list[tuple[float, bool, str, float]] = []
     for z in _candidates(zones, job):
-        cost, t = usd_per_useful_hour(z.name, z.spot_usd, preemption_rate(z), job)
+        cost, t = usd_per_useful_hour(z.name, z.spot_usd, preemption_rate(z), job, z.move_usd)
         priced.append((cost, z.name != job.current, z.name, t))
     slack, reserve = slack_seconds(job), reserve_seconds(job)
     decided = _decide(zones, job, priced, od_usd, od_t, slack, reserve)
@@ -164,7 +169,8 @@ def _decide(zones: Sequence[Zone], job: JobState, priced: list[tuple[float, bool
         return Placement(ON_DEMAND, od_usd, od_t, f"the deadline: {slack / 60:.0f} min of slack left, under the "
                                                    f"{reserve / 60:.0f} min spot needs in reserve")
     if not priced:
-        best_spot = min((usd_per_useful_hour(z.name, z.spot_usd, preemption_rate(z), job)[0] for z in zones),
+        best_spot = min((usd_per_useful_hour(z.name, z.spot_usd, preemption_rate(z), job, z.move_usd)[0]
+                         for z in zones),
                         default=math.inf)
         if od_usd < best_spot:
             return Placement(ON_DEMAND, od_usd, od_t, "no spot capacity, and on-demand is cheaper per useful hour "

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from orchestrator.core import exitcodes
+from orchestrator.core.env import ZONE_ENV
 from orchestrator.core.errors import out_of_memory_fix
 from orchestrator.core.exitcodes import ExitClass, classify_exit
 from orchestrator.money.cost import bigger_gpus
@@ -200,6 +201,9 @@ class Supervisor:
         env.pop(HOLD_ENV, None)
         if hold:
             env[HOLD_ENV] = hold
+        zone = self._zone()
+        if zone:
+            env[ZONE_ENV] = zone
         nodes = int(self.cfg.distributed.nodes) if self.cfg.distributed.name != "none" else 1
         if nodes <= 1:
             if self._can_fork():
@@ -221,6 +225,31 @@ class Supervisor:
             def start(command, child_env):
                 return warm_start.start(command, child_env, inherited, new_session=True)
         return LocalWorld(self.command, env, nodes, stop_after_s=timeout + STOP_MARGIN_S, start=start)
+
+    def _zone(self) -> Optional[str]:
+        """``compute.zones``: the zone the placement ranks first now (``planning.zone_order``), which this attempt is
+        told it runs in (``ORCH_ZONE``). A machine here has no zones; this is what lets a replay or a bench drive
+        the placement through real attempts. None when compute.zones is unset or nothing can be ranked."""
+        if self.cfg.compute.zones is None:
+            return None
+        from orchestrator.core.errors import UserError
+        from orchestrator.planning.zone_order import ranked_zones
+
+        try:
+            raw = self.ledger.load()
+            record = LedgerRecord.decode(raw, self.ledger.uri) if raw else None
+        except Exception as err:  # noqa: BLE001 - storage down or a bad ledger: rank without the history
+            log.warning("compute.zones: ranking without the job's history (%s)", err)
+            record = None
+        try:
+            ranked = ranked_zones(self.cfg, self.ledger.store, record)
+        except UserError as err:
+            log.warning("compute.zones: %s", err)
+            return None
+        if not ranked:
+            return None
+        log.info("zone %s (%s)", ranked[0].zone, ranked[0].reason)
+        return ranked[0].zone
 
     def _can_fork(self) -> bool:
         """Whether this attempt is forked from this supervisor (``orchestrator.process.warm_start``): the stack is imported

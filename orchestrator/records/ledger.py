@@ -21,7 +21,8 @@ Shape (other modules and ``orchestrator status --json`` rely on these names)::
 way of ending sets). Each attempt is
 ``{"fence", "host", "pid", "started_at", "ended_at", "last_seen", "exit_class",
 "step_start", "step_end", "checkpoint_step_at_start", "checkpoint_step_end", "cost_usd",
-"instance_type", "gpu_type", "gpus", "spot", "extra", "launched_by"}`` with ``exit_class``
+"instance_type", "gpu_type", "gpus", "spot", "extra", "launched_by"}`` (with ``compute.zones`` or a zone the
+backend named: also ``zone``, ``zone_region``, ``zone_usd_per_hour``, the price its meter billed, and ``zone_reason``) with ``exit_class``
 "running" while live, else an ExitClass value (several nodes: also ``rdzv_id`` and ``nodes``, which each
 node's launcher writes: ``orchestrator.process.multinode.records``). Each checkpoint is
 ``{"step", "key", "size", "time", "fence"}``; only the newest ``keep_checkpoints``
@@ -64,6 +65,7 @@ DEFAULT_KEEP_CHECKPOINTS = 3  # CheckpointConfig.keep_last's default
 # Set by the local supervisor for each child; begin_attempt stores it as the attempt's "launched_by",
 # so the supervisor finds its child's attempt (and records its end when the child was killed).
 LAUNCHED_BY_ENV = "ORCH_SUPERVISOR_TOKEN"
+ZONE_FIELDS = ("zone", "zone_region", "zone_usd_per_hour", "zone_reason")  # an attempt's place (records.ledger_record)
 MAX_CAPACITY_DECISIONS = 50  # the ledger is rewritten at every heartbeat: keep it small
 
 
@@ -166,7 +168,8 @@ class Ledger:
     def begin_attempt(self, *, host: str, pid: int, instance_type: str | None, gpu_type: str | None, gpus: int,
                       spot: bool, checkpoint_step: int,
                       refuse: Callable[[LedgerRecord], UserError | str | None] | None = None,
-                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                      extra: dict[str, Any] | None = None,
+                      zone: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Start a new attempt and take the next fence, in one conditional write.
 
         Creates the ledger if absent; decodes it (``LedgerRecord.decode``: a ledger that does not decode raises
@@ -180,12 +183,15 @@ class Ledger:
         bumps the fence, appends the attempt, sets status "running", and
         remembers the fence on this instance.
 
+        ``zone``: where the attempt landed (``zone``, ``zone_region``, ``zone_usd_per_hour``, ``zone_reason``:
+        ``orchestrator.attempt.zone``), stored on the attempt.
+
         Returns the new attempt dict. Raises the refusal (a UserError), or CorruptRecord.
         """
         refused: list[UserError] = []
         fields = dict(host=host, pid=pid, instance_type=instance_type, gpu_type=gpu_type, gpus=gpus, spot=spot,
                       extra=dict(extra or {}), launched_by=os.environ.get(LAUNCHED_BY_ENV),
-                      rdzv_id=os.environ.get(RDZV_ID_ENV))
+                      rdzv_id=os.environ.get(RDZV_ID_ENV), **dict(zone or {}))
 
         def mutate(ledger: dict[str, Any] | None) -> dict[str, Any] | None:
             created = ledger is None
@@ -372,6 +378,9 @@ def _append_attempt(ledger: dict[str, Any], checkpoint_step: int, fields: dict[s
     })
     if fields["rdzv_id"]:  # one node of several: its launchers record the nodes in it by this id
         ledger["attempts"][-1]["rdzv_id"] = fields["rdzv_id"]
+    for key in ZONE_FIELDS:  # where it landed (compute.zones), when known
+        if fields.get(key) is not None:
+            ledger["attempts"][-1][key] = fields[key]
     ledger["status"] = RUNNING
     ledger["step"] = checkpoint_step
     ledger["cost_usd"] = _total_cost(ledger)

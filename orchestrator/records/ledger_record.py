@@ -30,6 +30,9 @@ from orchestrator.records.fields import MAX_STEPS, CorruptRecord, Fields  # noqa
 EXIT_CLASSES = frozenset({RUNNING, *(c.value for c in ExitClass)})
 MAX_PID = 2**31 - 1
 MAX_GPUS = 100_000
+MAX_ZONE_NAME = 64  # a cloud zone or region name (``config.zones.ZONE_NAME``: at most 63)
+MAX_ZONE_REASON = 400  # one short sentence
+MAX_USD_PER_HOUR = 1e5  # one allocation's hourly price: past this, corrupt
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ class AttemptEntry:
     launched_by: Optional[str]
     nodes: tuple[NodeEntry, ...]
     extra: Mapping[str, Any]
+    zone: Optional[str] = None  # where it landed (``ORCH_ZONE``, the cloud's own); None: not known
+    zone_region: Optional[str] = None
+    zone_usd_per_hour: Optional[float] = None  # the allocation's hourly price there, what its meter billed
+    zone_reason: Optional[str] = None  # why that zone: the placement's reason, or "the backend's choice"
 
     @classmethod
     def decode(cls, f: Fields) -> "AttemptEntry":
@@ -84,7 +91,10 @@ class AttemptEntry:
             instance_type=f.text("instance_type", None), gpu_type=f.text("gpu_type", None),
             gpus=f.whole("gpus", high=MAX_GPUS, default=0), spot=f.flag("spot"),
             launched_by=f.text("launched_by", None), nodes=tuple(NodeEntry.decode(n) for n in f.objects("nodes")),
-            extra=f.mapping("extra"))
+            extra=f.mapping("extra"), zone=f.text("zone", None, limit=MAX_ZONE_NAME),
+            zone_region=f.text("zone_region", None, limit=MAX_ZONE_NAME),
+            zone_usd_per_hour=f.number("zone_usd_per_hour", high=MAX_USD_PER_HOUR, default=None),
+            zone_reason=f.text("zone_reason", None, limit=MAX_ZONE_REASON))
 
     @classmethod
     def unrecorded(cls, exit_class: str, step: int = 0) -> "AttemptEntry":
