@@ -34,6 +34,15 @@ def test_the_cheaper_zone_per_useful_hour_wins_and_a_zones_own_preemptions_count
     assert pl.preemption_rate(calm) < pl.preemption_rate(zone("a"))
 
 
+def test_losses_the_job_watched_in_a_zone_it_did_not_hold_count_against_that_zone():
+    # both zones up now and priced alike; while the job trained elsewhere it watched b lose its capacity 5 times
+    # in 3 h and a none in 10 h: a is the safer bet, and b's rate is the prior blended with what was watched
+    watched_b = zone("b", 0.90, seen_hours=3.0, seen_losses=5)
+    assert pl.preemption_rate(watched_b) == pytest.approx((0.44 * 4 + 5) / 7)
+    assert pl.choose([zone("a", 0.92, seen_hours=10.0), watched_b], JOB).zone == "a"
+    assert pl.choose([zone("a", 0.92), zone("b", 0.90)], JOB).zone == "b"  # unwatched: the cheaper one
+
+
 def test_a_zone_that_just_preempted_the_job_is_avoided_for_the_cooldown_while_another_has_capacity():
     just = zone("a", 0.50, since_preempted_seconds=120)
     assert pl.choose([just, zone("b", 0.92)], JOB).zone == "b"
@@ -115,6 +124,18 @@ def test_on_the_9_zone_v100_set_placement_is_within_5_percent_of_the_oracle_and_
     assert placement["deadline_misses"] == oracle["deadline_misses"] == 0
     assert placement["cost_vs_on_demand"] <= 1.05 * oracle["cost_vs_on_demand"], rows
     assert placement["cost_vs_on_demand"] < single["best_zone_cost_vs_on_demand"] < single["cost_vs_on_demand"]
+
+
+def test_without_notices_placement_keeps_within_1_3x_of_the_oracle_on_the_9_zone_v100_set():
+    """The same job with no preemption notices (the default): every kill loses the work since the last commit,
+    and spot's waste in the stormy windows outruns the 4 h of slack, so some on-demand is forced. Watching the
+    zones it does not hold (their losses of capacity) brought it from 1.46x to 1.27x of the oracle; 1.05x is out
+    of reach for a causal policy (docs/spot-economics.md, "The cheapest zone")."""
+    grid = zs.zone_grid(load_traces(V100), 0.92, 3.06)
+    job = zs.ZoneJob(work_seconds=48 * HOUR, deadline_seconds=52 * HOUR)
+    rows = {r["policy"]: r for r in zs.simulate_zones(grid, job, ["placement", "oracle"], 40)}
+    assert rows["placement"]["deadline_misses"] == 0
+    assert rows["placement"]["cost_vs_on_demand"] <= 1.3 * rows["oracle"]["cost_vs_on_demand"], rows
 
 
 def _write(path: Path, data, **meta) -> Path:

@@ -114,6 +114,9 @@ class _Replay:
         self.held = [0.0] * len(grid.names)
         self.hits = [0] * len(grid.names)
         self.last_hit: list[Optional[float]] = [None] * len(grid.names)
+        self.was_up = [False] * len(grid.names)  # each zone's capacity at the tick before, as watched
+        self.seen_hours = [0.0] * len(grid.names)
+        self.seen_losses = [0] * len(grid.names)
         self.out = ZoneOutcome(None, 0.0, 0.0)
         self.review_at = 0  # single zone: the tick of the next decision while the zone held stays up
 
@@ -135,7 +138,8 @@ class _Replay:
     def _decide(self, i: int, now: float) -> None:
         zones = [pl.Zone(self.g.names[z], self.g.spot_usd[z][i], self.g.available[z][i], self.job.prior_per_hour,
                          self.held[z] / 3600.0, self.hits[z],
-                         None if self.last_hit[z] is None else now - cast(float, self.last_hit[z])) for z in self.allowed]
+                         None if self.last_hit[z] is None else now - cast(float, self.last_hit[z]),
+                         self.seen_hours[z], self.seen_losses[z]) for z in self.allowed]
         state = self._state(now)
         choice = pl.choose(zones, state)
         if len(self.allowed) == 1:  # nothing to compare: decide again at an event, before the deadline's margin
@@ -154,6 +158,16 @@ class _Replay:
             self.ckpt_left = 0.0
         self.out.moves += self.zone is not None
         self.zone, self.ckpt_zone, self.interval, self.since = target, target, choice.interval_seconds, 0.0
+
+    def _watch(self, i: int) -> None:
+        """What the job sees at this tick of the zones it does not hold: their capacity's hours up and losses
+        since the tick before (the one it holds counts as its own held hours and preemptions)."""
+        for z in self.allowed:
+            up = self.g.available[z][i]
+            if self.was_up[z] and self.zone != z:
+                self.seen_hours[z] += self.g.gap_seconds / 3600.0
+                self.seen_losses[z] += not up
+            self.was_up[z] = up
 
     def _preempted(self, now: float) -> None:
         z, n, share = cast(int, self.zone), self.out.preemptions, self.job.notice_share  # a zone: on spot
@@ -191,6 +205,7 @@ class _Replay:
         g, job, out = self.g, self.job, self.out
         for k in range(g.ticks):
             i, now = (self.start + k) % g.ticks, k * g.gap_seconds
+            self._watch(i)
             if isinstance(self.zone, int) and not g.available[self.zone][i]:
                 self._preempted(now)
             if self.zone is None or k >= self.review_at:

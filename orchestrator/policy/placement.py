@@ -44,6 +44,8 @@ class Zone:
     held_hours: float = 0.0  # the job's own hours on spot here
     preemptions: int = 0  # the job's own preemptions here
     since_preempted_seconds: Optional[float] = None  # since this zone last preempted the job (None: never)
+    seen_hours: float = 0.0  # hours the job watched its capacity up while not holding it (since the job began)
+    seen_losses: int = 0  # losses of that capacity it watched there meanwhile
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,11 @@ class Placement:
 
 
 def preemption_rate(zone: Zone, prior_hours: float = PRIOR_WEIGHT_HOURS) -> float:
-    """Preemptions per held hour: the job's own history in the zone blended with the prior."""
-    return (max(0.0, zone.prior_per_hour) * prior_hours + zone.preemptions) / (prior_hours + max(0.0, zone.held_hours))
+    """Preemptions per held hour: what the job has seen of the zone (its own preemptions and held hours there,
+    and the losses and hours up of the capacity it watched there while elsewhere) blended with the prior."""
+    losses = max(0, zone.preemptions) + max(0, zone.seen_losses)
+    hours = max(0.0, zone.held_hours) + max(0.0, zone.seen_hours)
+    return (max(0.0, zone.prior_per_hour) * prior_hours + losses) / (prior_hours + hours)
 
 
 def interval_seconds(rate_per_hour: float, checkpoint_cost_seconds: float) -> float:
