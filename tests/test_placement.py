@@ -112,6 +112,19 @@ def test_the_replay_pays_a_start_the_work_and_its_checkpoints():
     assert out.cost_usd == pytest.approx(out.paid_seconds / HOUR)
 
 
+def test_a_replay_pays_each_start_its_own_measured_restart():
+    # z0 up for 2 ticks, down for 1, then up: a kill at tick 2; the first start takes 600 s, the second 900 s
+    grid = _grid([[1, 1, 0] + [1] * 20], [1.0])
+    job = zs.ZoneJob(work_seconds=2 * HOUR, restart_seconds=100, checkpoint_cost_seconds=0, transfer_seconds=0,
+                     prior_per_hour=0.0, restart_schedule=(600.0, 900.0))
+    out = zs.replay(grid, job, 0)
+    assert out.preemptions == 1
+    # first start: 600 s restart + 6600 s trained, of which the free checkpoint after the first hour kept 3600;
+    # the tick down is free; then 900 s and the 3600 s left
+    assert out.paid_seconds == pytest.approx(2 * HOUR + 900 + HOUR)
+    assert out.lost_seconds == pytest.approx(6600 - HOUR)
+
+
 def test_on_the_9_zone_v100_set_placement_is_within_5_percent_of_the_oracle_and_misses_no_deadline():
     """The issue's bar: a 48 h job due in 52 h over 40 windows, preemptions noticed (AWS's two-minute notice;
     a 30 s checkpoint fits in it), 6 min restarts, 1 min transfers: placement costs at most 1.05x the oracle,

@@ -46,6 +46,7 @@ class ZoneJob:
     notice_share: float = 0.0
     prior_per_hour: float = 0.44
     cooldown_seconds: float = pl.DEFAULT_COOLDOWN_SECONDS
+    restart_schedule: tuple[float, ...] = ()  # measured restarts of starts 1, 2, ... (a replay); then restart_seconds
 
 
 @dataclass
@@ -114,6 +115,7 @@ class _Replay:
         self.held = [0.0] * len(grid.names)
         self.hits = [0] * len(grid.names)
         self.last_hit: list[Optional[float]] = [None] * len(grid.names)
+        self.starts = 0  # starts so far (each takes the next of restart_schedule)
         self.was_up = [False] * len(grid.names)  # each zone's capacity at the tick before, as watched
         self.seen_hours = [0.0] * len(grid.names)
         self.seen_losses = [0] * len(grid.names)
@@ -123,10 +125,15 @@ class _Replay:
     def _name(self, zone) -> Optional[str]:
         return self.g.names[zone] if isinstance(zone, int) else zone
 
+    def _restart(self) -> float:
+        """The next start's restart: the replay's measured one, else the job's."""
+        n, schedule = self.starts, self.job.restart_schedule
+        return schedule[n] if n < len(schedule) else self.job.restart_seconds
+
     def _state(self, now: float) -> pl.JobState:
         job = self.job
         return pl.JobState(
-            work_left_seconds=job.work_seconds - self.done, restart_seconds=job.restart_seconds,
+            work_left_seconds=job.work_seconds - self.done, restart_seconds=self._restart(),
             transfer_seconds=job.transfer_seconds, checkpoint_cost_seconds=job.checkpoint_cost_seconds,
             notice_share=job.notice_share, on_demand_usd=self.g.cheapest_on_demand,
             time_left_seconds=None if job.deadline_seconds is None else job.deadline_seconds - now,
@@ -157,6 +164,7 @@ class _Replay:
             self.committed = self.pending = self.done
             self.ckpt_left = 0.0
         self.out.moves += self.zone is not None
+        self.starts += 1
         self.zone, self.ckpt_zone, self.interval, self.since = target, target, choice.interval_seconds, 0.0
 
     def _watch(self, i: int) -> None:
@@ -198,6 +206,8 @@ class _Replay:
                 self.since += x
                 if self.since >= self.interval - eps and self.done < job.work_seconds - eps:
                     self.ckpt_left, self.pending, self.since = job.checkpoint_cost_seconds, self.done, 0.0
+                    if self.ckpt_left <= eps:  # a checkpoint that costs nothing commits at once
+                        self.ckpt_left, self.committed = 0.0, self.pending
             used += x
         return used
 
