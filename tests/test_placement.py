@@ -125,6 +125,21 @@ def test_a_replay_pays_each_start_its_own_measured_restart():
     assert out.lost_seconds == pytest.approx(6600 - HOUR)
 
 
+def test_a_given_schedule_is_replayed_with_the_traces_preemptions_and_no_policy():
+    # hour ticks; z0 at $1/h is up at ticks 0-1, down at 2, up after; z1 at $3/h always; 2 h of work
+    grid = _grid([[1, 1, 0] + [1] * 20, [1] * 23], [1.0, 3.0])
+    job = zs.ZoneJob(work_seconds=2 * HOUR, restart_seconds=600, checkpoint_cost_seconds=0, transfer_seconds=0,
+                     prior_per_hour=0.0)
+    dear = zs.replay_schedule(grid, job, 0, [(0, "z1", HOUR)])  # the policy would take z0; the schedule says z1
+    assert dear.preemptions == 0 and dear.paid_seconds == pytest.approx(600 + 2 * HOUR)
+    assert dear.cost_usd == pytest.approx((600 + 2 * HOUR) * 3 / HOUR)
+    # z0, killed at tick 2 (the hour after the first checkpoint is lost), then z1 at tick 2
+    moved = zs.replay_schedule(grid, job, 0, [(0, "z0", HOUR), (2, "z1", HOUR)])
+    assert moved.preemptions == 1 and moved.lost_seconds == pytest.approx(HOUR - 600)
+    assert moved.paid_seconds == pytest.approx(2 * HOUR + 600 + HOUR)
+    assert moved.cost_usd == pytest.approx(2 + (600 + HOUR) * 3 / HOUR)
+
+
 def test_on_the_9_zone_v100_set_placement_is_within_5_percent_of_the_oracle_and_misses_no_deadline():
     """The issue's bar: a 48 h job due in 52 h over 40 windows, preemptions noticed (AWS's two-minute notice;
     a 30 s checkpoint fits in it), 6 min restarts, 1 min transfers: placement costs at most 1.05x the oracle,

@@ -154,18 +154,22 @@ class _Replay:
             # least every SINGLE_ZONE_REVIEW_TICKS (on-demand is safe to stay on that long)
             margin = (choice.slack_seconds - choice.reserve_seconds) / (2 * self.g.gap_seconds)
             self.review_at = int(now / self.g.gap_seconds) + max(1, int(min(SINGLE_ZONE_REVIEW_TICKS, margin)))
-        if choice.zone == state.current:
-            self.interval = choice.interval_seconds
-        if choice.zone == pl.WAIT or choice.zone == state.current:
+        self._go(choice.zone, choice.interval_seconds, state)
+
+    def _go(self, zone: str, interval: float, state: pl.JobState) -> None:
+        """Stay (at ``interval``), wait, or start in ``zone`` (a move when the job holds capacity)."""
+        if zone == state.current:
+            self.interval = interval
+        if zone == pl.WAIT or zone == state.current:
             return
-        target = pl.ON_DEMAND if choice.zone == pl.ON_DEMAND else self.g.names.index(choice.zone)
-        self.restart_left = pl.move_seconds(choice.zone, state)
+        target = pl.ON_DEMAND if zone == pl.ON_DEMAND else self.g.names.index(zone)
+        self.restart_left = pl.move_seconds(zone, state)
         if state.training:  # the move's checkpoint commits the work done
             self.committed = self.pending = self.done
             self.ckpt_left = 0.0
         self.out.moves += self.zone is not None
         self.starts += 1
-        self.zone, self.ckpt_zone, self.interval, self.since = target, target, choice.interval_seconds, 0.0
+        self.zone, self.ckpt_zone, self.interval, self.since = target, target, interval, 0.0
 
     def _watch(self, i: int) -> None:
         """What the job sees at this tick of the zones it does not hold: their capacity's hours up and losses
@@ -234,6 +238,27 @@ class _Replay:
                 out.finished_at = now + used
                 break
         return out
+
+
+class _Scheduled(_Replay):
+    """The same model on a given schedule: ``(tick, zone, interval)`` starts (a real replay's), no policy."""
+
+    def __init__(self, grid: ZoneGrid, job: ZoneJob, start: int, schedule: Sequence[tuple[int, str, float]]):
+        super().__init__(grid, job, start, range(len(grid.names)))
+        self.schedule = sorted(schedule)
+
+    def _decide(self, i: int, now: float) -> None:
+        k = int(round(now / self.g.gap_seconds))
+        while self.schedule and self.schedule[0][0] <= k:
+            _, zone, interval = self.schedule.pop(0)
+            self._go(zone, interval, self._state(now))
+
+
+def replay_schedule(grid: ZoneGrid, job: ZoneJob, start: int,
+                    schedule: Sequence[tuple[int, str, float]]) -> ZoneOutcome:
+    """The job from tick ``start`` started where and when ``schedule`` says (ticks from ``start``, a zone's name
+    or ``policy.placement.ON_DEMAND``, the checkpoint interval in seconds), preempted as the traces say."""
+    return _Scheduled(grid, job, start, schedule).run()
 
 
 def replay(grid: ZoneGrid, job: ZoneJob, start: int, allowed: Optional[Sequence[int]] = None) -> ZoneOutcome:
