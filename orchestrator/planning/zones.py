@@ -5,7 +5,8 @@ the same instant) are read as a grid of zones x ticks. A job of ``work`` seconds
 (windows) and run tick by tick through one of:
 
 - ``placement`` (``policy.placement.choose``): at every tick, the zone of least expected dollars per useful hour
-  from what the job has seen (its own preemptions and held hours in each zone, blended with the prior), a zone
+  from what the job has seen (its own preemptions and held hours in each zone, and every zone's capacity it
+  watched from its start: hours up and losses; blended with the prior), a zone
   that just preempted it avoided for the cooldown, on-demand when the deadline needs it;
 - ``single-zone``: the same policy held to one zone (spot there, or on-demand), averaged over the zones; the
   best single zone is reported too (a choice only hindsight makes);

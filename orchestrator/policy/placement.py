@@ -1,8 +1,9 @@
 """Where to run next: the zone of least expected dollars per useful hour, or on-demand when spot can no longer
 make the deadline. Pure: the caller says what it knows of each zone and of the job; nothing is read or written.
 
-For a spot zone, with its estimated preemption rate r (the job's own preemptions and held hours there blended
-with the prior, ``PRIOR_WEIGHT_HOURS`` of it; Gamma-Poisson as ``policy.interval``), checkpoint cost C, restart
+For a spot zone, with its estimated preemption rate r (what the job has seen of the zone: its own preemptions
+and held hours there, and the losses of capacity and hours up it watched there while elsewhere; blended with the
+prior, ``PRIOR_WEIGHT_HOURS`` of it; Gamma-Poisson as ``policy.interval``), checkpoint cost C, restart
 R, the share n of preemptions with an honoured notice and Young/Daly's interval T = sqrt(2 C / (r (1 - n))):
 
 - the share of held time that is useful: u = 1 - C/T - r (1 - n) T/2 - r R (checkpoints, the work a kill
