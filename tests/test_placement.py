@@ -34,6 +34,15 @@ def test_the_cheaper_zone_per_useful_hour_wins_and_a_zones_own_preemptions_count
     assert pl.preemption_rate(calm) < pl.preemption_rate(zone("a"))
 
 
+def test_losses_the_job_watched_in_a_zone_it_did_not_hold_count_against_that_zone():
+    # both zones up now and priced alike; while the job trained elsewhere it watched b lose its capacity 5 times
+    # in 3 h and a none in 10 h: a is the safer bet, and b's rate is the prior blended with what was watched
+    watched_b = zone("b", 0.90, seen_hours=3.0, seen_losses=5)
+    assert pl.preemption_rate(watched_b) == pytest.approx((0.44 * 4 + 5) / 7)
+    assert pl.choose([zone("a", 0.92, seen_hours=10.0), watched_b], JOB).zone == "a"
+    assert pl.choose([zone("a", 0.92), zone("b", 0.90)], JOB).zone == "b"  # unwatched: the cheaper one
+
+
 def test_a_zone_that_just_preempted_the_job_is_avoided_for_the_cooldown_while_another_has_capacity():
     just = zone("a", 0.50, since_preempted_seconds=120)
     assert pl.choose([just, zone("b", 0.92)], JOB).zone == "b"
@@ -103,6 +112,34 @@ def test_the_replay_pays_a_start_the_work_and_its_checkpoints():
     assert out.cost_usd == pytest.approx(out.paid_seconds / HOUR)
 
 
+def test_a_replay_pays_each_start_its_own_measured_restart():
+    # z0 up for 2 ticks, down for 1, then up: a kill at tick 2; the first start takes 600 s, the second 900 s
+    grid = _grid([[1, 1, 0] + [1] * 20], [1.0])
+    job = zs.ZoneJob(work_seconds=2 * HOUR, restart_seconds=100, checkpoint_cost_seconds=0, transfer_seconds=0,
+                     prior_per_hour=0.0, restart_schedule=(600.0, 900.0))
+    out = zs.replay(grid, job, 0)
+    assert out.preemptions == 1
+    # first start: 600 s restart + 6600 s trained, of which the free checkpoint after the first hour kept 3600;
+    # the tick down is free; then 900 s and the 3600 s left
+    assert out.paid_seconds == pytest.approx(2 * HOUR + 900 + HOUR)
+    assert out.lost_seconds == pytest.approx(6600 - HOUR)
+
+
+def test_a_given_schedule_is_replayed_with_the_traces_preemptions_and_no_policy():
+    # hour ticks; z0 at $1/h is up at ticks 0-1, down at 2, up after; z1 at $3/h always; 2 h of work
+    grid = _grid([[1, 1, 0] + [1] * 20, [1] * 23], [1.0, 3.0])
+    job = zs.ZoneJob(work_seconds=2 * HOUR, restart_seconds=600, checkpoint_cost_seconds=0, transfer_seconds=0,
+                     prior_per_hour=0.0)
+    dear = zs.replay_schedule(grid, job, 0, [(0, "z1", HOUR)])  # the policy would take z0; the schedule says z1
+    assert dear.preemptions == 0 and dear.paid_seconds == pytest.approx(600 + 2 * HOUR)
+    assert dear.cost_usd == pytest.approx((600 + 2 * HOUR) * 3 / HOUR)
+    # z0, killed at tick 2 (the hour after the first checkpoint is lost), then z1 at tick 2
+    moved = zs.replay_schedule(grid, job, 0, [(0, "z0", HOUR), (2, "z1", HOUR)])
+    assert moved.preemptions == 1 and moved.lost_seconds == pytest.approx(HOUR - 600)
+    assert moved.paid_seconds == pytest.approx(2 * HOUR + 600 + HOUR)
+    assert moved.cost_usd == pytest.approx(2 + (600 + HOUR) * 3 / HOUR)
+
+
 def test_on_the_9_zone_v100_set_placement_is_within_5_percent_of_the_oracle_and_misses_no_deadline():
     """The issue's bar: a 48 h job due in 52 h over 40 windows, preemptions noticed (AWS's two-minute notice;
     a 30 s checkpoint fits in it), 6 min restarts, 1 min transfers: placement costs at most 1.05x the oracle,
@@ -115,6 +152,18 @@ def test_on_the_9_zone_v100_set_placement_is_within_5_percent_of_the_oracle_and_
     assert placement["deadline_misses"] == oracle["deadline_misses"] == 0
     assert placement["cost_vs_on_demand"] <= 1.05 * oracle["cost_vs_on_demand"], rows
     assert placement["cost_vs_on_demand"] < single["best_zone_cost_vs_on_demand"] < single["cost_vs_on_demand"]
+
+
+def test_without_notices_placement_keeps_within_1_3x_of_the_oracle_on_the_9_zone_v100_set():
+    """The same job with no preemption notices (the default): every kill loses the work since the last commit,
+    and spot's waste in the stormy windows outruns the 4 h of slack, so some on-demand is forced. Watching the
+    zones it does not hold (their losses of capacity) brought it from 1.46x to 1.27x of the oracle; 1.05x is out
+    of reach for a causal policy (docs/spot-economics.md, "The cheapest zone")."""
+    grid = zs.zone_grid(load_traces(V100), 0.92, 3.06)
+    job = zs.ZoneJob(work_seconds=48 * HOUR, deadline_seconds=52 * HOUR)
+    rows = {r["policy"]: r for r in zs.simulate_zones(grid, job, ["placement", "oracle"], 40)}
+    assert rows["placement"]["deadline_misses"] == 0
+    assert rows["placement"]["cost_vs_on_demand"] <= 1.3 * rows["oracle"]["cost_vs_on_demand"], rows
 
 
 def _write(path: Path, data, **meta) -> Path:

@@ -5,7 +5,8 @@ the same instant) are read as a grid of zones x ticks. A job of ``work`` seconds
 (windows) and run tick by tick through one of:
 
 - ``placement`` (``policy.placement.choose``): at every tick, the zone of least expected dollars per useful hour
-  from what the job has seen (its own preemptions and held hours in each zone, blended with the prior), a zone
+  from what the job has seen (its own preemptions and held hours in each zone, and every zone's capacity it
+  watched from its start: hours up and losses; blended with the prior), a zone
   that just preempted it avoided for the cooldown, on-demand when the deadline needs it;
 - ``single-zone``: the same policy held to one zone (spot there, or on-demand), averaged over the zones; the
   best single zone is reported too (a choice only hindsight makes);
@@ -46,6 +47,7 @@ class ZoneJob:
     notice_share: float = 0.0
     prior_per_hour: float = 0.44
     cooldown_seconds: float = pl.DEFAULT_COOLDOWN_SECONDS
+    restart_schedule: tuple[float, ...] = ()  # measured restarts of starts 1, 2, ... (a replay); then restart_seconds
 
 
 @dataclass
@@ -114,16 +116,25 @@ class _Replay:
         self.held = [0.0] * len(grid.names)
         self.hits = [0] * len(grid.names)
         self.last_hit: list[Optional[float]] = [None] * len(grid.names)
+        self.starts = 0  # starts so far (each takes the next of restart_schedule)
+        self.was_up = [False] * len(grid.names)  # each zone's capacity at the tick before, as watched
+        self.seen_hours = [0.0] * len(grid.names)
+        self.seen_losses = [0] * len(grid.names)
         self.out = ZoneOutcome(None, 0.0, 0.0)
         self.review_at = 0  # single zone: the tick of the next decision while the zone held stays up
 
     def _name(self, zone) -> Optional[str]:
         return self.g.names[zone] if isinstance(zone, int) else zone
 
+    def _restart(self) -> float:
+        """The next start's restart: the replay's measured one, else the job's."""
+        n, schedule = self.starts, self.job.restart_schedule
+        return schedule[n] if n < len(schedule) else self.job.restart_seconds
+
     def _state(self, now: float) -> pl.JobState:
         job = self.job
         return pl.JobState(
-            work_left_seconds=job.work_seconds - self.done, restart_seconds=job.restart_seconds,
+            work_left_seconds=job.work_seconds - self.done, restart_seconds=self._restart(),
             transfer_seconds=job.transfer_seconds, checkpoint_cost_seconds=job.checkpoint_cost_seconds,
             notice_share=job.notice_share, on_demand_usd=self.g.cheapest_on_demand,
             time_left_seconds=None if job.deadline_seconds is None else job.deadline_seconds - now,
@@ -135,7 +146,8 @@ class _Replay:
     def _decide(self, i: int, now: float) -> None:
         zones = [pl.Zone(self.g.names[z], self.g.spot_usd[z][i], self.g.available[z][i], self.job.prior_per_hour,
                          self.held[z] / 3600.0, self.hits[z],
-                         None if self.last_hit[z] is None else now - cast(float, self.last_hit[z])) for z in self.allowed]
+                         None if self.last_hit[z] is None else now - cast(float, self.last_hit[z]),
+                         self.seen_hours[z], self.seen_losses[z]) for z in self.allowed]
         state = self._state(now)
         choice = pl.choose(zones, state)
         if len(self.allowed) == 1:  # nothing to compare: decide again at an event, before the deadline's margin
@@ -143,17 +155,32 @@ class _Replay:
             # least every SINGLE_ZONE_REVIEW_TICKS (on-demand is safe to stay on that long)
             margin = (choice.slack_seconds - choice.reserve_seconds) / (2 * self.g.gap_seconds)
             self.review_at = int(now / self.g.gap_seconds) + max(1, int(min(SINGLE_ZONE_REVIEW_TICKS, margin)))
-        if choice.zone == state.current:
-            self.interval = choice.interval_seconds
-        if choice.zone == pl.WAIT or choice.zone == state.current:
+        self._go(choice.zone, choice.interval_seconds, state)
+
+    def _go(self, zone: str, interval: float, state: pl.JobState) -> None:
+        """Stay (at ``interval``), wait, or start in ``zone`` (a move when the job holds capacity)."""
+        if zone == state.current:
+            self.interval = interval
+        if zone == pl.WAIT or zone == state.current:
             return
-        target = pl.ON_DEMAND if choice.zone == pl.ON_DEMAND else self.g.names.index(choice.zone)
-        self.restart_left = pl.move_seconds(choice.zone, state)
+        target = pl.ON_DEMAND if zone == pl.ON_DEMAND else self.g.names.index(zone)
+        self.restart_left = pl.move_seconds(zone, state)
         if state.training:  # the move's checkpoint commits the work done
             self.committed = self.pending = self.done
             self.ckpt_left = 0.0
         self.out.moves += self.zone is not None
-        self.zone, self.ckpt_zone, self.interval, self.since = target, target, choice.interval_seconds, 0.0
+        self.starts += 1
+        self.zone, self.ckpt_zone, self.interval, self.since = target, target, interval, 0.0
+
+    def _watch(self, i: int) -> None:
+        """What the job sees at this tick of the zones it does not hold: their capacity's hours up and losses
+        since the tick before (the one it holds counts as its own held hours and preemptions)."""
+        for z in self.allowed:
+            up = self.g.available[z][i]
+            if self.was_up[z] and self.zone != z:
+                self.seen_hours[z] += self.g.gap_seconds / 3600.0
+                self.seen_losses[z] += not up
+            self.was_up[z] = up
 
     def _preempted(self, now: float) -> None:
         z, n, share = cast(int, self.zone), self.out.preemptions, self.job.notice_share  # a zone: on spot
@@ -184,6 +211,8 @@ class _Replay:
                 self.since += x
                 if self.since >= self.interval - eps and self.done < job.work_seconds - eps:
                     self.ckpt_left, self.pending, self.since = job.checkpoint_cost_seconds, self.done, 0.0
+                    if self.ckpt_left <= eps:  # a checkpoint that costs nothing commits at once
+                        self.ckpt_left, self.committed = 0.0, self.pending
             used += x
         return used
 
@@ -191,6 +220,7 @@ class _Replay:
         g, job, out = self.g, self.job, self.out
         for k in range(g.ticks):
             i, now = (self.start + k) % g.ticks, k * g.gap_seconds
+            self._watch(i)
             if isinstance(self.zone, int) and not g.available[self.zone][i]:
                 self._preempted(now)
             if self.zone is None or k >= self.review_at:
@@ -209,6 +239,27 @@ class _Replay:
                 out.finished_at = now + used
                 break
         return out
+
+
+class _Scheduled(_Replay):
+    """The same model on a given schedule: ``(tick, zone, interval)`` starts (a real replay's), no policy."""
+
+    def __init__(self, grid: ZoneGrid, job: ZoneJob, start: int, schedule: Sequence[tuple[int, str, float]]):
+        super().__init__(grid, job, start, range(len(grid.names)))
+        self.schedule = sorted(schedule)
+
+    def _decide(self, i: int, now: float) -> None:
+        k = int(round(now / self.g.gap_seconds))
+        while self.schedule and self.schedule[0][0] <= k:
+            _, zone, interval = self.schedule.pop(0)
+            self._go(zone, interval, self._state(now))
+
+
+def replay_schedule(grid: ZoneGrid, job: ZoneJob, start: int,
+                    schedule: Sequence[tuple[int, str, float]]) -> ZoneOutcome:
+    """The job from tick ``start`` started where and when ``schedule`` says (ticks from ``start``, a zone's name
+    or ``policy.placement.ON_DEMAND``, the checkpoint interval in seconds), preempted as the traces say."""
+    return _Scheduled(grid, job, start, schedule).run()
 
 
 def replay(grid: ZoneGrid, job: ZoneJob, start: int, allowed: Optional[Sequence[int]] = None) -> ZoneOutcome:

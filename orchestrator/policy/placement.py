@@ -1,8 +1,9 @@
 """Where to run next: the zone of least expected dollars per useful hour, or on-demand when spot can no longer
 make the deadline. Pure: the caller says what it knows of each zone and of the job; nothing is read or written.
 
-For a spot zone, with its estimated preemption rate r (the job's own preemptions and held hours there blended
-with the prior, ``PRIOR_WEIGHT_HOURS`` of it; Gamma-Poisson as ``policy.interval``), checkpoint cost C, restart
+For a spot zone, with its estimated preemption rate r (what the job has seen of the zone: its own preemptions
+and held hours there, and the losses of capacity and hours up it watched there while elsewhere; blended with the
+prior, ``PRIOR_WEIGHT_HOURS`` of it; Gamma-Poisson as ``policy.interval``), checkpoint cost C, restart
 R, the share n of preemptions with an honoured notice and Young/Daly's interval T = sqrt(2 C / (r (1 - n))):
 
 - the share of held time that is useful: u = 1 - C/T - r (1 - n) T/2 - r R (checkpoints, the work a kill
@@ -46,6 +47,8 @@ class Zone:
     preemptions: int = 0  # the job's own preemptions here
     since_preempted_seconds: Optional[float] = None  # since this zone last preempted the job (None: never)
     move_usd: float = 0.0  # dollars a start here pays once (egress of the checkpoint from another region)
+    seen_hours: float = 0.0  # hours the job watched its capacity up while not holding it (since the job began)
+    seen_losses: int = 0  # losses of that capacity it watched there meanwhile
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,11 @@ class Placement:
 
 
 def preemption_rate(zone: Zone, prior_hours: float = PRIOR_WEIGHT_HOURS) -> float:
-    """Preemptions per held hour: the job's own history in the zone blended with the prior."""
-    return (max(0.0, zone.prior_per_hour) * prior_hours + zone.preemptions) / (prior_hours + max(0.0, zone.held_hours))
+    """Preemptions per held hour: what the job has seen of the zone (its own preemptions and held hours there,
+    and the losses and hours up of the capacity it watched there while elsewhere) blended with the prior."""
+    losses = max(0, zone.preemptions) + max(0, zone.seen_losses)
+    hours = max(0.0, zone.held_hours) + max(0.0, zone.seen_hours)
+    return (max(0.0, zone.prior_per_hour) * prior_hours + losses) / (prior_hours + hours)
 
 
 def interval_seconds(rate_per_hour: float, checkpoint_cost_seconds: float) -> float:
