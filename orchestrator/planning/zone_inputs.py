@@ -178,7 +178,8 @@ def zone_inputs(cfg: Any, names: Sequence[str], prices: Sequence[FetchedPrice], 
         cloud = fetched.cloud if fetched else facts.cloud
         seen = history.get(name, ZoneHistory())
         zone = pl.Zone(name, usd, True, facts.prior_per_hour, seen.held_hours, seen.preemptions,
-                       seen.since_preempted_seconds, egress_usd(facts.moved_bytes, cloud, facts.bucket_region, region))
+                       seen.since_preempted_seconds,
+                       move_usd=egress_usd(facts.moved_bytes, cloud, facts.bucket_region, region))
         out.append(ZoneInput(zone, region, source, seen, facts))
     return out
 

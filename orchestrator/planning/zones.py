@@ -147,7 +147,7 @@ class _Replay:
         zones = [pl.Zone(self.g.names[z], self.g.spot_usd[z][i], self.g.available[z][i], self.job.prior_per_hour,
                          self.held[z] / 3600.0, self.hits[z],
                          None if self.last_hit[z] is None else now - cast(float, self.last_hit[z]),
-                         self.seen_hours[z], self.seen_losses[z]) for z in self.allowed]
+                         seen_hours=self.seen_hours[z], seen_losses=self.seen_losses[z]) for z in self.allowed]
         state = self._state(now)
         choice = pl.choose(zones, state)
         if len(self.allowed) == 1:  # nothing to compare: decide again at an event, before the deadline's margin

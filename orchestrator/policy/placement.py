@@ -23,7 +23,7 @@ is only what spot's expected waste on the work left will need; then on-demand, u
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Optional, Sequence
 
 from orchestrator.policy.interval import PRIOR_WEIGHT_HOURS, young_daly_seconds
@@ -46,9 +46,10 @@ class Zone:
     held_hours: float = 0.0  # the job's own hours on spot here
     preemptions: int = 0  # the job's own preemptions here
     since_preempted_seconds: Optional[float] = None  # since this zone last preempted the job (None: never)
-    move_usd: float = 0.0  # dollars a start here pays once (egress of the checkpoint from another region)
+    _: KW_ONLY  # what the zone's callers add (the simulator's watch, the runner's egress): named, never placed
     seen_hours: float = 0.0  # hours the job watched its capacity up while not holding it (since the job began)
     seen_losses: int = 0  # losses of that capacity it watched there meanwhile
+    move_usd: float = 0.0  # dollars a start here pays once (egress of the checkpoint from another region)
 
 
 @dataclass(frozen=True)
