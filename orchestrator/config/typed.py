@@ -1,10 +1,11 @@
 """The typed view of a composed config: every group as its schema's dataclass, every duration parsed once.
 
-Hydra composes the job config into a ``DictConfig`` (``orchestrator.config.compose``); each process builds this
-view of it once, at its boundary (the launch's ``orchestrator.app.compose.compose_job``, an attempt's
-``orchestrator.attempt.build``, a sweep's driver, an evaluation job), and hands the parts the groups they read as
-plain dataclasses (``OmegaConf.to_object``) and the durations as numbers: ``checkpoint.every`` is parsed here and
-nowhere else. The ``DictConfig`` stays the source of what is written (``config.yaml``, the trajectory fingerprint,
+Hydra composes the job config into a ``DictConfig`` (``orchestrator.config.compose``). An attempt builds this view
+of it once, at its boundary (``orchestrator.attempt.build``), and hands its parts the groups they read as plain
+dataclasses (``OmegaConf.to_object``) and the durations as numbers; the launch checks, the planner and the
+benchmark check parse durations through ``Durations.of``, so ``checkpoint.every`` is parsed here and nowhere else.
+(The launch, a sweep's driver and an evaluation job still hand their parts the ``DictConfig``: docs/architecture.md
+says what is left.) The ``DictConfig`` stays the source of what is written (``config.yaml``, the trajectory fingerprint,
 MLflow's params): the view only reads it.
 
 A new key reaches a part by its schema field (``orchestrator.config.schema``): the part reads it off the group's
