@@ -11,7 +11,7 @@ import pytest
 # commit would be asked of huggingface.co (and refused). Set before any test imports huggingface_hub.
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 # The plan never fetches current prices in a test (as HF_HUB_OFFLINE: the answer would move with the market);
-# tests/test_prices.py turns it off against its local fake of the clouds' price APIs.
+# tests/unit/money/test_prices.py turns it off against its local fake of the clouds' price APIs.
 os.environ.setdefault("ORCH_PRICES_OFFLINE", "1")
 
 # The longest tests, longest first (seconds in a whole-suite run of stop 38, four workers on two cores,
@@ -48,7 +48,9 @@ SLOWEST_FIRST = [
 
 
 def _rank(item) -> int:
-    nodeid = item.nodeid.rpartition("tests/")[2]
+    """``item``'s place in SLOWEST_FIRST, by its module's file name and test name (wherever the module sits)."""
+    path, _, test = item.nodeid.partition("::")
+    nodeid = f"{path.rpartition('/')[2]}::{test}"
     return next((i for i, prefix in enumerate(SLOWEST_FIRST) if nodeid.startswith(prefix)), len(SLOWEST_FIRST))
 
 

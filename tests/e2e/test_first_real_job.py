@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.pages import shell_commands
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PAGE = ROOT / "docs" / "first-real-job.md"
 TOKEN = "hf_pagetestnotasecret0123456789"
 

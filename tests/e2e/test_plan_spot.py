@@ -9,8 +9,9 @@ import pytest
 
 from orchestrator.planning.spot import CapacityOption, recommend
 from tests.helpers.plans import run_plan
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 JOB = ["model=llama-3.1-8b", "recipe=qlora", "compute=l40s-spot"]
 FIELDS = {"gpu_type", "capacity", "expected_wall_hours", "expected_preemptions", "expected_lost_work_hours",
           "restart_overhead_hours", "checkpoint_overhead_hours", "expected_cost_usd", "cost_per_useful_step_usd",

@@ -13,8 +13,9 @@ from orchestrator.core.exitcodes import ExitClass
 from orchestrator.records.ledger import Ledger
 from orchestrator.storage import LocalStore
 from orchestrator.storage.lifecycle import apply_lifecycle
+from tests.helpers.paths import REPO
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = REPO
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -17,6 +17,7 @@ from orchestrator.config.schema import TrackingConfig
 from orchestrator.tracking.run import JobTracker
 from orchestrator.core.redaction import redact, scrub_text
 from tests.helpers.net import free_port
+from tests.helpers.paths import REPO
 
 FAKE_AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 URL_PASSWORD = "hunter2Pass"
@@ -238,7 +239,7 @@ def _fresh_python(code: str, cwd: Path, **env_overrides: str) -> str:
     """Run ``code`` in a new interpreter without any telemetry switch or CI marker (MLflow stays quiet by
     itself under pytest or CI, which would make these tests unable to fail); returns its stdout + stderr."""
     env = {k: v for k, v in os.environ.items() if k not in CI_MARKERS}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = str(REPO)
     env.update(env_overrides)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
     return out.stdout + out.stderr

@@ -13,8 +13,9 @@ import pytest
 
 from orchestrator.cli.main import COMMANDS
 from tests.helpers.pages import shell_commands
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # commands whose arguments are Hydra overrides of a job's config
 JOB_COMMANDS = ("python -m orchestrator.launch", "bash scripts/run.sh", ".venv/bin/python -m orchestrator.launch",

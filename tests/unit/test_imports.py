@@ -11,8 +11,9 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PACKAGES = ("orchestrator", "recipes")
 
 
@@ -226,11 +227,40 @@ def test_the_launcher_composes_validates_and_plans_without_the_training_stack(tm
 def test_no_test_module_imports_another_test_modules_names():
     """What several test modules share lives in tests/helpers/: a test module importing another's names runs that
     module's collection side effects and ties the two together (move one, and the other breaks)."""
+    assert imports_of_test_modules(ROOT / "tests") == []
+
+
+def _a_test_module(name: str) -> bool:
+    """``tests.unit.money.test_spend``, ``tests.e2e.test_sweep_e2e``, ``tests.test_x``: a test module's dotted name."""
+    return name.startswith("tests.") and name.rpartition(".")[2].startswith("test_")
+
+
+def imports_of_test_modules(tests: Path) -> list[str]:
+    """Every import, in a test module anywhere under ``tests``, of another test module's names."""
     found = []
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted(tests.rglob("test_*.py")):
+        where = path.relative_to(tests).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.test_"):
-                found.append(f"{path.name}: from {node.module} import ...")
-            elif isinstance(node, ast.Import) and any(a.name.startswith("tests.test_") for a in node.names):
-                found.append(f"{path.name}: import {', '.join(a.name for a in node.names)}")
-    assert found == [], found
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (
+                    _a_test_module(node.module or "")
+                    or (node.module or "").startswith("tests") and any(a.name.startswith("test_") for a in node.names)):
+                found.append(f"{where}: from {node.module} import ...")
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                found.append(f"{where}: a relative import (from {'.' * node.level}{node.module or ''} import ...)")
+            elif isinstance(node, ast.Import) and any(_a_test_module(a.name) for a in node.names):
+                found.append(f"{where}: import {', '.join(a.name for a in node.names)}")
+    return found
+
+
+def test_the_test_module_check_finds_an_import_of_another_test_modules_names(tmp_path):
+    (tmp_path / "unit" / "money").mkdir(parents=True)
+    (tmp_path / "unit" / "money" / "test_a.py").write_text("from tests.unit.sweep.test_b import TRIAL\n")
+    (tmp_path / "unit" / "test_c.py").write_text("from tests.e2e import test_d\nfrom tests.helpers import jobs\n")
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "test_d.py").write_text("import tests.unit.money.test_a\nfrom .test_e import x\n")
+    assert imports_of_test_modules(tmp_path) == [
+        "e2e/test_d.py: import tests.unit.money.test_a",
+        "e2e/test_d.py: a relative import (from .test_e import ...)",
+        "unit/money/test_a.py: from tests.unit.sweep.test_b import ...",
+        "unit/test_c.py: from tests.e2e import ...",
+    ]

@@ -4,8 +4,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def test_ruff_finds_nothing_in_the_product_code():

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _shape_check():

@@ -6,8 +6,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 CACHE = ROOT / ".cache" / "mypy"  # ignored by git; a first run (no cache) takes about 20 s
 
 

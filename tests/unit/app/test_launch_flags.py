@@ -14,8 +14,9 @@ import yaml
 
 from orchestrator import launch
 from orchestrator.cli import main as cli
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@
 - Slurm: the sbatch script's node launch runs under bash with a stand-in ``srun`` (each task as a local
   process with its own SLURM_NODEID) and ``scontrol``: every node gets its rank, the same store on the first
   host and a rendezvous id fresh per restart; node 0's exit code decides the requeue. The real two-node
-  cluster's test is tests/test_slurm_multinode_e2e.py.
+  cluster's test is tests/e2e/test_slurm_multinode_e2e.py.
 - SkyPilot: ``num_nodes`` and the head's store, through ``sky.Task.from_yaml_config``.
 - Kubernetes: a JobSet whose Job templates round-trip through the official client's model unchanged.
 """
@@ -23,6 +23,7 @@ from orchestrator.core import exitcodes
 from orchestrator.backends import get_backend
 from orchestrator.core.errors import ConfigError
 from tests.helpers.backends import SKYPILOT_PYTHON, USER_OVERRIDES, composed, compose
+from tests.helpers.paths import FIXTURES, REPO
 
 TWO_NODES = ("compute.nodes=2", "distributed.nodes=2")
 SHARED = "run.work_dir=/mnt/shared/work"  # nodes of their own share rank 0's folder through a volume
@@ -43,7 +44,7 @@ def test_nodes_of_their_own_without_a_shared_work_dir_launch(backend, tmp_path):
               "backend.image=x", "compute.cloud=aws", "backend.dry_run=true"]
     for extra in ([], [SHARED]):
         done = subprocess.run(launch + extra, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
         assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -242,7 +243,7 @@ def test_kubernetes_preemptions_do_not_spend_the_jobsets_max_restarts():
     cfg, overrides = compose("kubernetes", *TWO_NODES, SHARED, "backend.image=registry.example/orch:1", "compute.cloud=gcp",
                              "requeue.max_failures=3", "requeue.max_preemptions=20")
     spec = yaml.safe_load(get_backend("kubernetes").render(cfg, overrides))["spec"]
-    schema = json.loads((Path(__file__).parent / "fixtures" / "jobset-failure-policy.schema.json").read_text())
+    schema = json.loads((FIXTURES / "jobset-failure-policy.schema.json").read_text())
     jsonschema.validate(spec["failurePolicy"], schema)
     template = next(r["template"] for r in spec["replicatedJobs"] if r["name"] == "nodes")
     api = ApiClient()

@@ -19,8 +19,9 @@ import yaml
 from orchestrator.backends import get_backend, skypilot
 from orchestrator.core.errors import ConfigError
 from tests.helpers.backends import compose
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 FAKE_PYTHON = """#!/bin/bash
 # stands in for the VM's python {version}: answers the version check, records pip's arguments
 case "$1" in

@@ -16,8 +16,9 @@ import yaml
 from orchestrator.attempt.resolved import resolve
 from orchestrator.checkpoint.fingerprint import check_resumable, trajectory_config
 from orchestrator.app.compose import compose_config
+from tests.helpers.paths import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "config_serialisation.json"
+FIXTURE = FIXTURES / "config_serialisation.json"
 
 JOBS = {
     "default": [],

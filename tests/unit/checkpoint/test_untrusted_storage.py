@@ -1,6 +1,6 @@
 """Storage is not trusted: manifest paths are checked before any download, pickles never run code.
 
-Fast tests without a training job; the whole-job proof is tests/test_tampered_bucket.py.
+Fast tests without a training job; the whole-job proof is tests/e2e/test_tampered_bucket.py.
 """
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ from orchestrator.core.exitcodes import ExitClass
 from orchestrator.records.ledger import Ledger
 from orchestrator.storage import LocalStore
 from tests.helpers.net import free_port
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 TRACES = ROOT / "data" / "spot-traces"
 COMMANDS = list(cli.COMMANDS)
 

@@ -25,8 +25,9 @@ from orchestrator.storage import LocalStore
 from orchestrator.sweep.state import SweepState
 from tests.helpers import jobs
 from tests.helpers.backends import compose
+from tests.helpers.paths import REPO
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = REPO
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

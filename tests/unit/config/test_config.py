@@ -11,6 +11,7 @@ import pytest
 from orchestrator.core.errors import ConfigError
 from orchestrator.app.compose import compose_config
 from orchestrator.config.compose import conf_dir
+from tests.helpers.paths import REPO
 
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "experiment")
 
@@ -133,7 +134,7 @@ def test_compose_raises_config_error_for_unknown_group():
 @pytest.mark.e2e
 def test_readme_config_reference_is_current():
     """The config reference (docs/configuration.md) is the script's output: a new or renamed key fails until it is regenerated."""
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     out = subprocess.run([sys.executable, str(root / "scripts" / "config_reference.py")], capture_output=True,
                          text=True, check=True).stdout
     assert out in (root / "docs" / "configuration.md").read_text(), "run bash scripts/readme_config_reference.sh"

@@ -1,7 +1,7 @@
 """Training options from ``trl sft``/Axolotl habits: refused at launch when they cannot run, and really
 passed to the Trainer when they can (in-process, on the tiny model).
 
-Exact resume with them on is proven end to end in tests/test_exact_resume.py (QLoRA with bf16 mixed
+Exact resume with them on is proven end to end in tests/e2e/test_exact_resume.py (QLoRA with bf16 mixed
 precision; SFT with packing, an 8-bit optimizer and a data-loader worker).
 """
 from __future__ import annotations

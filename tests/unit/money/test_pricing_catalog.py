@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.money.cost import load_catalog
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _entries():

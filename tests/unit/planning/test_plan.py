@@ -21,8 +21,9 @@ from orchestrator.config.schema import Config
 from orchestrator.money.cost import Price
 from orchestrator.core.errors import ConfigError
 from tests.helpers.plans import LLAMA_7B, LLAMA_70B, full, job
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def preset(name: str) -> dict:

@@ -12,8 +12,9 @@ import pytest
 from orchestrator.planning import simulate as sim
 from orchestrator.policy.deadline import ON_DEMAND, SPOT, DeadlineState, decide_capacity
 from orchestrator.planning.spot_traces import load_trace, load_traces
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 V100 = ROOT / "data" / "spot-traces" / "availability" / "1-node" / "aws-02-15-2023"
 MIN = 60.0
 

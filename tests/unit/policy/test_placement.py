@@ -12,8 +12,9 @@ import pytest
 from orchestrator.planning import zones as zs
 from orchestrator.planning.spot_traces import load_traces
 from orchestrator.policy import placement as pl
+from tests.helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 V100 = ROOT / "data" / "spot-traces" / "availability" / "1-node" / "aws-02-15-2023"
 HOUR = 3600.0
 JOB = pl.JobState(work_left_seconds=10 * HOUR, restart_seconds=360, transfer_seconds=60, checkpoint_cost_seconds=30,

@@ -10,6 +10,7 @@ import torch
 from orchestrator.app.compose import compose_config
 from recipes import data, dpo, qlora, sft
 from tests.helpers import jobs
+from tests.helpers.paths import REPO
 
 
 def _trainer(module, overrides, tmp_path):
@@ -186,7 +187,7 @@ def test_every_recipe_of_the_config_is_registered_and_provides_the_recipe_interf
 
     import recipes
 
-    conf = {p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "recipe").glob("*.yaml")}
+    conf = {p.stem for p in (REPO / "conf" / "recipe").glob("*.yaml")}
     assert conf == set(recipes.REGISTRY)
     for name in sorted(conf):
         assert isinstance(recipes.recipe_for(name), recipes.Recipe)

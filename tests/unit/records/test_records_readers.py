@@ -19,8 +19,8 @@ from orchestrator.records.ledger_record import LedgerRecord
 from orchestrator.storage import LocalStore
 from tests.helpers import jobs
 from tests.helpers.ledgers import GOOD, GOOD_ATTEMPT, JUNK, WHERE
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = "corrupt-own"
 
 

@@ -1,6 +1,6 @@
 """The progress display (orchestrator/tracking/progress.py) in-process: the line's figures, its rate limit, the bar on a
 terminal, and the datasets library's bars kept quiet. The line in a real job's log is asserted in
-tests/test_tracking_e2e.py (the MLflow outage job), the bar's choice of stream here."""
+tests/e2e/test_tracking_e2e.py (the MLflow outage job), the bar's choice of stream here."""
 from __future__ import annotations
 
 import io
