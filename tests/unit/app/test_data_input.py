@@ -8,16 +8,16 @@ from orchestrator.attempt.failure import classify_exception
 from orchestrator.core.errors import UserError
 from orchestrator.core.exitcodes import ExitClass
 from tests.helpers import jobs
+from tests.helpers.launcher import launch
 
 ESCAPE = '{% for m in messages %}{{ m["content"] }}{{ "".__class__.__mro__ }}{% endfor %}'
 
 
-@pytest.mark.e2e
-def test_a_chat_template_that_trips_jinjas_sandbox_exits_4_at_launch_with_its_path(tmp_path):
+def test_a_chat_template_that_trips_jinjas_sandbox_exits_4_at_launch_with_its_path(tmp_path, monkeypatch, capsys):
     template = tmp_path / "escape.jinja"
     template.write_text(ESCAPE)
-    done = jobs.run_job(jobs.FAST + [f"storage.uri={tmp_path / 'runs'}", "run.name=escape",
-                                     f"data.chat_template={template}"], tmp_path, timeout=300)
+    done = launch(jobs.FAST + [f"storage.uri={tmp_path / 'runs'}", "run.name=escape", f"data.chat_template={template}"],
+                  tmp_path, monkeypatch, capsys)
     assert done.returncode == 4, (done.returncode, done.stderr[-3000:])
     assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()

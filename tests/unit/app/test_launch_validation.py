@@ -5,6 +5,8 @@ The requeue policy, the preemption handler and the store check their settings wh
 A bad value found there was a traceback in the launcher, or an attempt crash that an engine requeues;
 ``orchestrator.app.checks.validate`` finds each one before anything runs. So does a GPU count that does
 not match the training processes (GPUs billed and never used).
+
+In-process (``tests/helpers/launcher.py``): the launcher's own ``main``, no new Python per case.
 """
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ import pytest
 from orchestrator.app.compose import compose_config
 from orchestrator.core.errors import ConfigError
 from tests.helpers import jobs
+from tests.helpers.launcher import launch
 
 FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_failures=1"]
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize(
     "bad,needles",
     [
@@ -41,13 +43,12 @@ FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_fa
         ("compute=h100-spot compute.gpu_type=b200", ["compute.gpu_type='b200' is not in the price catalog", "compute.price_per_hour"]),
     ],
 )
-def test_a_setting_an_attempt_would_refuse_exits_4_at_launch(bad, needles, tmp_path):
+def test_a_setting_an_attempt_would_refuse_exits_4_at_launch(bad, needles, tmp_path, monkeypatch, capsys):
     storage = [] if bad.startswith("storage.uri=") else [f"storage.uri={tmp_path / 'runs'}"]
-    done = jobs.run_job(FAST + storage + ["run.name=refused", *bad.split()], tmp_path, timeout=300)
+    done = launch(FAST + storage + ["run.name=refused", *bad.split()], tmp_path, monkeypatch, capsys)
     jobs.assert_refused_at_launch(done, needles, tmp_path / "runs")
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args,needles",
     [
@@ -60,9 +61,9 @@ def test_a_setting_an_attempt_would_refuse_exits_4_at_launch(bad, needles, tmp_p
                                                     "distributed.processes_per_node=1"]),
     ],
 )
-def test_gpus_billed_but_not_trained_on_are_refused_at_launch(args, needles, tmp_path):
-    done = jobs.run_job(FAST + [f"storage.uri={tmp_path / 'runs'}", "backend.dry_run=true", *args], tmp_path,
-                        timeout=300)
+def test_gpus_billed_but_not_trained_on_are_refused_at_launch(args, needles, tmp_path, monkeypatch, capsys):
+    done = launch(FAST + [f"storage.uri={tmp_path / 'runs'}", "backend.dry_run=true", *args], tmp_path, monkeypatch,
+                  capsys)
     assert done.returncode == 4, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
@@ -70,7 +71,6 @@ def test_gpus_billed_but_not_trained_on_are_refused_at_launch(args, needles, tmp
         assert needle in lines[0], (needle, lines[0])
 
 
-@pytest.mark.e2e
 def test_gpu_counts_that_match_or_are_deliberate_compose():
     assert compose_config(["compute=h100-x8-spot", "distributed=zero3", "distributed.processes_per_node=8"])
     assert compose_config(["compute=h100-spot"])  # one GPU, distributed=none

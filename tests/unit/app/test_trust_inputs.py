@@ -5,16 +5,17 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import jobs
+from tests.helpers.launcher import launch
 
 FAST = [o for o in jobs.FAST if not o.startswith("requeue.")] + ["requeue.max_failures=1"]
 
 
-def _refused(args: list[str], tmp_path, needles: list[str]) -> str:
-    done = jobs.run_job(FAST + [f"storage.uri={tmp_path / 'runs'}", "run.name=refused", *args], tmp_path, timeout=300)
+def _refused(args: list[str], tmp_path, needles: list[str], monkeypatch, capsys) -> str:
+    """The launcher's checks in-process (``tests/helpers/launcher.py``): refused, exit 4, one line, nothing written."""
+    done = launch(FAST + [f"storage.uri={tmp_path / 'runs'}", "run.name=refused", *args], tmp_path, monkeypatch, capsys)
     return jobs.assert_refused_at_launch(done, needles, tmp_path / "runs")
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("args,needles", [
     (["budget.max_usd=nan"], ["budget.max_usd=nan", "finite number"]),
     (["budget.monthly_max_usd=nan"], ["budget.monthly_max_usd=nan", "finite number"]),
@@ -27,16 +28,16 @@ def _refused(args: list[str], tmp_path, needles: list[str]) -> str:
                                             "at most 1", "budget.alert_thresholds=[0.5,0.8,1.0]"]),
     (["recipe=dpo", "recipe.dpo_beta=-inf"], ["recipe.dpo_beta=-inf", "finite number"]),
 ], ids=lambda v: " ".join(v) if "=" in v[0] else "")
-def test_a_float_key_that_is_not_a_finite_number_in_range_is_refused_at_launch(args, needles, tmp_path):
-    _refused(args, tmp_path, needles)
+def test_a_float_key_that_is_not_a_finite_number_in_range_is_refused_at_launch(args, needles, tmp_path, monkeypatch,
+                                                                              capsys):
+    _refused(args, tmp_path, needles, monkeypatch, capsys)
 
 
-@pytest.mark.e2e
-def test_a_mix_weight_of_infinity_is_refused_naming_the_entry(tmp_path):
+def test_a_mix_weight_of_infinity_is_refused_naming_the_entry(tmp_path, monkeypatch, capsys):
     for name in ("a", "b"):
         (tmp_path / f"{name}.jsonl").write_text('{"prompt": "1+1=", "completion": "2"}\n' * 20)
     mix = f"data.mix=[{{path: {tmp_path / 'a.jsonl'}, weight: 1}}, {{path: {tmp_path / 'b.jsonl'}, weight: inf}}]"
-    _refused(["data=mix", mix], tmp_path, ["data.mix[1].weight=inf", "finite number"])
+    _refused(["data=mix", mix], tmp_path, ["data.mix[1].weight=inf", "finite number"], monkeypatch, capsys)
 
 
 TRACE = '{"metadata": {"gap_seconds": GAP}, "data": [0, 0, 0, 1, 0, 0, 1]}'
@@ -51,16 +52,19 @@ TRACE = '{"metadata": {"gap_seconds": GAP}, "data": [0, 0, 0, 1, 0, 0, 1]}'
     (["--job-hours", "1", "--restart-minutes", "-5"], "60", ["--restart-minutes -5", "at least 0"]),
     (["--job-hours", "1"], "NaN", ["a.json", "gap_seconds must be a finite number"]),
 ], ids=["job-hours-nan", "deadline-inf", "min-above-max", "negative-price", "negative-restart", "nan-in-trace"])
-def test_simulate_refuses_a_number_that_is_not_one_naming_the_option(args, gap, needles, tmp_path):
-    import subprocess
-    import sys
+def test_simulate_refuses_a_number_that_is_not_one_naming_the_option(args, gap, needles, tmp_path, capsys):
+    """``orchestrator simulate``'s own ``main``, in-process: exit 2 and one line naming the option."""
+    from orchestrator.cli.main import main
 
     (tmp_path / "a.json").write_text(TRACE.replace("GAP", gap))
-    done = subprocess.run([sys.executable, "-m", "orchestrator", "simulate", "--traces", str(tmp_path), "--windows", "2",
-                           *args], cwd=jobs.REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    lines = done.stderr.strip().splitlines()
+    capsys.readouterr()
+    try:
+        code = main(["simulate", "--traces", str(tmp_path), "--windows", "2", *args])
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    assert code == 2, (code, out[-1000:], err[-2000:])
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
@@ -69,10 +73,9 @@ def test_simulate_refuses_a_number_that_is_not_one_naming_the_option(args, gap, 
 PAST = "2020-01-01T00:00:00Z"
 
 
-@pytest.mark.e2e
-def test_a_deadline_already_past_is_refused_at_a_fresh_launch(tmp_path):
+def test_a_deadline_already_past_is_refused_at_a_fresh_launch(tmp_path, monkeypatch, capsys):
     _refused([f"run.deadline={PAST}", "compute.spot=true"], tmp_path,
-             [f"run.deadline={PAST} passed", "h ago", "run.deadline=52h"])
+             [f"run.deadline={PAST} passed", "h ago", "run.deadline=52h"], monkeypatch, capsys)
 
 
 @pytest.mark.e2e

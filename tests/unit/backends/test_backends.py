@@ -481,9 +481,9 @@ def test_skypilot_without_an_image_carries_the_launch_commit():
     assert "ORCH_GIT_COMMIT" not in yaml.safe_load(_render("skypilot", "backend.image=registry.example/orch:1"))["envs"]
 
 
-@pytest.mark.e2e
-@pytest.mark.slurm
-def test_backend_settings_are_typed_and_an_unknown_one_is_refused_at_launch(tmp_path):
+def test_backend_settings_are_typed_and_an_unknown_one_is_refused_at_launch(tmp_path, monkeypatch, capsys):
+    from tests.helpers.launcher import launch
+
     from orchestrator.backends.settings import (
         KubernetesSettings,
         SlurmSettings,
@@ -498,6 +498,5 @@ def test_backend_settings_are_typed_and_an_unknown_one_is_refused_at_launch(tmp_
     for bad, needle in ((["backend=slurm", "+backend.extra.partiton=gpu"], "not a setting of backend=slurm"),
                         (["backend=skypilot", "storage.uri=s3://b/runs", "+backend.extra.disk_size=big"], "whole number"),
                         (["backend=slurm", "+backend.extra.sbatch_args=one-option"], "must be a list")):
-        done = subprocess.run([sys.executable, "-m", "orchestrator.launch", *bad, "backend.dry_run=true"],
-                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        done = launch([*bad, "backend.dry_run=true"], tmp_path, monkeypatch, capsys)
         assert done.returncode == 4 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr

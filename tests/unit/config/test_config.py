@@ -11,6 +11,7 @@ import pytest
 from orchestrator.core.errors import ConfigError
 from orchestrator.app.compose import compose_config
 from orchestrator.config.compose import conf_dir
+from tests.helpers.launcher import launch
 from tests.helpers.paths import REPO
 
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "experiment")
@@ -63,9 +64,9 @@ def test_every_yaml_starts_with_the_command_that_uses_it():
         assert any("python -m orchestrator.launch" in line for line in head), path
 
 
-def _launch(args, tmp_path):
-    return subprocess.run([sys.executable, "-m", "orchestrator.launch", *args, f"storage.uri={tmp_path / 'runs'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+def _launch(args, tmp_path, monkeypatch, capsys):
+    """The launcher's checks in-process (compose, validate), as ``python -m orchestrator.launch`` runs them."""
+    return launch([*args, f"storage.uri={tmp_path / 'runs'}"], tmp_path, monkeypatch, capsys)
 
 
 def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
@@ -74,7 +75,6 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
     return f
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize(
     "args,needles",
     [
@@ -99,8 +99,8 @@ def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
         (["backend=skypilot", "backend.dry_run=true"], ["backend=skypilot", "vanishes", "s3://"]),
     ],
 )
-def test_bad_input_is_refused_with_a_clear_message(args, needles, tmp_path):
-    result = _launch(args, tmp_path)
+def test_bad_input_is_refused_with_a_clear_message(args, needles, tmp_path, monkeypatch, capsys):
+    result = _launch(args, tmp_path, monkeypatch, capsys)
     assert result.returncode == 4, result.stderr
     for needle in needles:
         assert needle in result.stderr, (needle, result.stderr)
@@ -108,21 +108,20 @@ def test_bad_input_is_refused_with_a_clear_message(args, needles, tmp_path):
     assert not (tmp_path / "runs").exists(), "nothing may be written for a refused job"
 
 
-@pytest.mark.e2e
-def test_a_dataset_without_the_recipes_columns_is_refused(tmp_path):
+def test_a_dataset_without_the_recipes_columns_is_refused(tmp_path, monkeypatch, capsys):
     data = _jsonl(tmp_path, [{"question": "1+1", "answer": "2"}])
-    result = _launch(["data=jsonl", f"data.path={data}"], tmp_path)
+    result = _launch(["data=jsonl", f"data.path={data}"], tmp_path, monkeypatch, capsys)
     assert result.returncode == 4
     assert "needs {completion, prompt} or {messages}" in result.stderr
-    dpo = _launch(["recipe=dpo", "data=jsonl", f"data.path={_jsonl(tmp_path, [{'prompt': 'a', 'completion': 'b'}])}"], tmp_path)
+    dpo = _launch(["recipe=dpo", "data=jsonl", f"data.path={_jsonl(tmp_path, [{'prompt': 'a', 'completion': 'b'}])}"],
+                  tmp_path, monkeypatch, capsys)
     assert dpo.returncode == 4 and "{chosen, prompt, rejected}" in dpo.stderr
 
 
-@pytest.mark.e2e
-def test_invalid_json_names_the_line(tmp_path):
+def test_invalid_json_names_the_line(tmp_path, monkeypatch, capsys):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"prompt": "a", "completion": "b"}\n{not json\n')
-    result = _launch(["data=jsonl", f"data.path={f}"], tmp_path)
+    result = _launch(["data=jsonl", f"data.path={f}"], tmp_path, monkeypatch, capsys)
     assert result.returncode == 4 and "line 2" in result.stderr
 
 
@@ -141,9 +140,14 @@ def test_readme_config_reference_is_current():
 
 
 @pytest.mark.e2e
-def test_every_problem_of_a_config_is_named_in_one_message(tmp_path):
-    """torchtune's config.validate habit: a config with three mistakes is refused once, naming all three."""
-    result = _launch(["run.name=-x", "checkpoint.keep_last=1", "checkpoint.every=soon"], tmp_path)
+def test_every_problem_of_a_config_is_named_in_one_message_and_the_command_exits_4(tmp_path):
+    """torchtune's config.validate habit: a config with three mistakes is refused once, naming all three.
+
+    The one config check run as the user runs it, a new ``python -m orchestrator.launch`` whose exit status is 4
+    (what an engine keys on: no requeue); the others run the same launcher in-process (``tests/helpers/launcher.py``)."""
+    result = subprocess.run([sys.executable, "-m", "orchestrator.launch", "run.name=-x", "checkpoint.keep_last=1",
+                             "checkpoint.every=soon", f"storage.uri={tmp_path / 'runs'}"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 4, result.stderr
     assert "3 problems in the config" in result.stderr, result.stderr
     for needle in ("run.name='-x'", "checkpoint.keep_last must be at least 2", "checkpoint.every='soon'"):
@@ -152,7 +156,6 @@ def test_every_problem_of_a_config_is_named_in_one_message(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.e2e
 def test_a_key_of_another_recipe_is_refused_naming_the_recipe_it_belongs_to():
     with pytest.raises(ConfigError, match=r"recipe.dpo_beta is a key of recipe=dpo only"):
         compose_config(["recipe=sft", "recipe.dpo_beta=0.2"])

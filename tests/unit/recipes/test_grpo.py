@@ -252,12 +252,11 @@ def test_the_planner_counts_grpos_rows_reference_model_and_generation_cache():
     assert "generation_cache" not in sft.components
 
 
-@pytest.mark.e2e
-def test_launch_exits_4_with_the_fix_for_a_reward_function_it_cannot_import(tmp_path):
-    from tests.helpers import jobs
+def test_launch_exits_4_with_the_fix_for_a_reward_function_it_cannot_import(tmp_path, monkeypatch, capsys):
+    from tests.helpers.launcher import launch
 
-    done = jobs.run_job(["recipe=grpo", "recipe.reward_funcs=[mypkg_missing.rewards:judge]",
-                         f"storage.uri={tmp_path / 'runs'}", "run.name=bad-reward"], tmp_path, timeout=120)
+    done = launch(["recipe=grpo", "recipe.reward_funcs=[mypkg_missing.rewards:judge]",
+                   f"storage.uri={tmp_path / 'runs'}", "run.name=bad-reward"], tmp_path, monkeypatch, capsys)
     assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
     text = done.stdout + done.stderr
     assert "mypkg_missing" in text and "PYTHONPATH" in text
