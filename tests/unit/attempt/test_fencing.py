@@ -38,7 +38,6 @@ def _to_legacy_storage(store: LocalStore, run: str) -> int:
     return len(manifests)
 
 
-@pytest.mark.e2e
 def test_a_job_stored_before_the_rename_resumes_bit_identical(tmp_path):
     store = LocalStore(tmp_path / "runs")
     assert build_attempt(attempt_cfg(tmp_path, "clean")).run() == 0

@@ -73,7 +73,6 @@ def test_a_saved_set_loads_back_and_a_flipped_byte_is_refused_before_it_is_read(
     assert cache.load(None, "fp", splits=SPLITS) is None and cache.hit is False  # tokenise again instead
 
 
-@pytest.mark.e2e
 def test_the_key_follows_the_data_the_tokenizer_the_length_and_packing_and_only_sft_is_cached():
     from recipes.common import load_tokenizer, resolve_model_path
 

@@ -34,7 +34,6 @@ def _cfg(*overrides):
     return compose_config(list(overrides))
 
 
-@pytest.mark.e2e
 def test_the_metric_follows_the_data_and_recipe_eval_metric(tmp_path):
     assert evaluation.generation_matcher(_cfg()) == "first_number"  # the built-in task only
     chat = tmp_path / "chat.jsonl"

@@ -57,7 +57,6 @@ def test_an_unknown_mixed_precision_word_is_a_choice_error():
         compose_config(["train.mixed_precision=bf32"])
 
 
-@pytest.mark.e2e
 def test_options_that_can_run_compose():
     gpu = compose_config(["compute=h100-spot", "train.mixed_precision=bf16", "train.tf32=true",
                           "model.attn_implementation=sdpa"])
@@ -77,7 +76,6 @@ def test_the_optimizer_table_covers_every_trainer_optimizer():
     assert set(train_options.OPTIMIZERS) | set(train_options.REFUSED_OPTIMIZERS) == {o.value for o in OptimizerNames}
 
 
-@pytest.mark.e2e
 def test_bitsandbytes_is_loaded_for_its_optimizers():
     assert common.quantisation_stack_needed(compose_config(["train.optim=paged_adamw_8bit"]))
     assert not common.quantisation_stack_needed(compose_config(["train.optim=adamw_torch_fused"]))
@@ -93,7 +91,6 @@ def _output_dtypes(module, seen: list):
     return module.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
 
 
-@pytest.mark.e2e
 def test_mixed_precision_is_accelerates_autocast_and_leaves_the_storage_dtype(tmp_path):
     cfg, trainer = _trainer(sft, ["train.mixed_precision=bf16", "train.max_grad_norm=0.5", "train.max_steps=1",
                                   "data.num_examples=40"], tmp_path)
@@ -122,7 +119,6 @@ def test_qlora_under_bf16_dequantises_to_bf16(tmp_path):
     assert layers and {m.compute_dtype for m in layers} == {torch.bfloat16}
 
 
-@pytest.mark.e2e
 def test_packing_fills_rows_with_real_tokens_and_counts_only_those(tmp_path):
     cfg, trainer = _trainer(sft, ["train.packing=true", "data.num_examples=200", "train.max_steps=3",
                                   "train.logging_steps=1"], tmp_path)
@@ -163,7 +159,6 @@ def test_a_packed_example_attends_only_to_itself_under_sdpa():
     assert torch.allclose(packed, alone, atol=1e-5)
 
 
-@pytest.mark.e2e
 def test_an_8bit_optimizer_keeps_8bit_states_that_round_trip_weights_only(tmp_path):
     import bitsandbytes as bnb
 
@@ -184,7 +179,6 @@ def test_an_8bit_optimizer_keeps_8bit_states_that_round_trip_weights_only(tmp_pa
                 assert torch.equal(value, after[key]) and value.dtype == after[key].dtype, key
 
 
-@pytest.mark.e2e
 def test_fp16_loss_scaling_state_is_saved_and_restored_by_the_trainer_weights_only(tmp_path):
     """fp16 needs CUDA (refused on CPU at launch), so the GradScaler's round trip is proven with torch's CPU
     scaler through the Trainer's own save/load and the project's restore guard."""
@@ -209,7 +203,6 @@ def test_fp16_loss_scaling_state_is_saved_and_restored_by_the_trainer_weights_on
     assert fresh.get_scale() == 2.0**10
 
 
-@pytest.mark.e2e
 def test_workers_and_num_proc_reach_the_trainer_and_are_not_trajectory(tmp_path):
     from orchestrator.checkpoint.fingerprint import trajectory_config
 
@@ -233,7 +226,6 @@ def test_a_missing_kernel_on_the_training_machine_is_a_config_error(monkeypatch)
 MESSAGES = [{"role": "user", "content": "2 + 2 ="}, {"role": "assistant", "content": "4"}]
 
 
-@pytest.mark.e2e
 def test_a_named_or_file_chat_template_replaces_the_tokenizers(tmp_path):
     cfg = compose_config(["data.chat_template=llama3"])
     tok = common.tokenizer_for(cfg, common.resolve_model_path(cfg.model))
@@ -270,7 +262,6 @@ def _mix(tmp_path, weights):
     return compose_config(["data.source=mix", f"data.mix=[{items}]", "data.max_eval_examples=10"])
 
 
-@pytest.mark.e2e
 def test_a_mix_draws_by_weight_deterministically_and_is_fingerprinted_as_one(tmp_path):
     cfg = _mix(tmp_path, (3, 1))
     train, _ = data.load_datasets(cfg.data, "sft")
@@ -282,7 +273,6 @@ def test_a_mix_draws_by_weight_deterministically_and_is_fingerprinted_as_one(tmp
     assert data.fingerprint(train, cfg.data) == data.fingerprint(again, cfg.data) != data.fingerprint(other, cfg.data)
 
 
-@pytest.mark.e2e
 def test_mix_sources_with_other_columns_are_refused(tmp_path):
     a = _jsonl(tmp_path / "a.jsonl", [{"prompt": "p", "completion": " c"}] * 4)
     b = _jsonl(tmp_path / "b.jsonl", [{"messages": MESSAGES}] * 4)
@@ -311,7 +301,6 @@ def test_hub_revisions_reach_the_loaders(monkeypatch):
 # ---------------------------------------------------------------- hub revisions: pinned, recorded
 
 
-@pytest.mark.e2e
 def test_hub_revisions_are_pinned_to_commits_at_launch_and_recorded(monkeypatch):
     from huggingface_hub import constants
     from omegaconf import OmegaConf

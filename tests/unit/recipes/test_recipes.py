@@ -19,7 +19,6 @@ def _trainer(module, overrides, tmp_path):
     return cfg, module.build_trainer(cfg, train_dataset=train, eval_dataset=evald, output_dir=str(tmp_path), callbacks=[]), evald
 
 
-@pytest.mark.e2e
 def test_qlora_base_is_4bit_and_only_adapters_change(tmp_path):
     import bitsandbytes as bnb
 
@@ -38,7 +37,6 @@ def test_qlora_base_is_4bit_and_only_adapters_change(tmp_path):
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
 
 
-@pytest.mark.e2e
 def test_nf4_under_sft_and_dpo_trains_on_a_4bit_base(tmp_path):
     """recipe.quantization=nf4 is planned and fingerprinted as a 4-bit base: SFT and DPO must load one
     (the loading path of recipe=qlora) and train only their adapters on it."""
@@ -55,7 +53,6 @@ def test_nf4_under_sft_and_dpo_trains_on_a_4bit_base(tmp_path):
         assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters() if n in before)
 
 
-@pytest.mark.e2e
 def test_dpo_trains_adapters_against_the_frozen_base(tmp_path):
     cfg, trainer, evald = _trainer(dpo, ["recipe=dpo", "train.max_steps=10", "data.num_examples=100"], tmp_path)
     assert trainer.ref_model is None, "the frozen base (adapters disabled) is the reference"
@@ -66,7 +63,6 @@ def test_dpo_trains_adapters_against_the_frozen_base(tmp_path):
     assert 0.0 <= metrics["eval_reward_accuracy"] <= 1.0 and "eval_reward_margin" in metrics
 
 
-@pytest.mark.e2e
 def test_dpo_keeps_the_lora_dropout_it_was_given(tmp_path):
     """TRL's DPOConfig.disable_dropout (default true) zeroes every dropout after PEFT wraps the model;
     recipe.lora_dropout=0.1 must still be dropout at p=0.1 while DPO trains."""
@@ -85,7 +81,6 @@ def test_dpo_keeps_the_lora_dropout_it_was_given(tmp_path):
     assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
-@pytest.mark.e2e
 @pytest.mark.mlflow
 def test_sft_full_fine_tune_trains_every_weight(tmp_path):
     cfg, trainer, _ = _trainer(sft, ["recipe.peft=full", "train.max_steps=3", "data.num_examples=64"], tmp_path)
@@ -95,7 +90,6 @@ def test_sft_full_fine_tune_trains_every_weight(tmp_path):
     assert not unchanged, f"a full fine-tune left these weights untouched: {unchanged}"
 
 
-@pytest.mark.e2e
 @pytest.mark.mlflow
 def test_sft_accepts_chat_messages(tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"{a} + {b} ="}, {"role": "assistant", "content": str(a + b)}]}
@@ -166,7 +160,6 @@ def test_a_job_loads_bitsandbytes_and_deepspeed_only_when_it_uses_them():
     assert four_bit_zero2["transformers_sees_deepspeed"], four_bit_zero2
 
 
-@pytest.mark.e2e
 def test_evaluating_a_4bit_model_leaves_its_weights_in_the_training_layout(tmp_path):
     """bitsandbytes repacks 4-bit weights for inference on CPUs with AVX512-BF16 (this machine has it: see
     /proc/cpuinfo), and the way back is not exact: the "before training" evaluation must not change what

@@ -88,7 +88,6 @@ def test_a_terminal_gets_one_bar_with_the_dollars_and_the_trainer_logs_above_it(
 
 @pytest.mark.parametrize("show, environ, quieted", [(False, {}, True), (True, {}, False),
                                                    (False, {"HF_DATASETS_DISABLE_PROGRESS_BARS": "0"}, False)])
-@pytest.mark.e2e
 def test_datasets_bars_are_quiet_unless_asked_for(show, environ, quieted):
     import datasets
 
