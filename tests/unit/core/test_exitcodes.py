@@ -1,6 +1,8 @@
 """One outcome vocabulary: the table in orchestrator/core/exitcodes.py, and the classification of what ends an attempt."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from orchestrator.core import exitcodes
@@ -56,18 +58,55 @@ def test_the_ledger_takes_each_outcomes_status(tmp_path):
         assert (record["attempts"][-1]["exit_class"], record["status"]) == (exit_class.value, row.ledger_status)
 
 
-@pytest.mark.slurm
-def test_backends_key_on_the_tables_codes():
-    from orchestrator.backends import kubernetes, skypilot, slurm
+def _sbatch_decision(script: str, code: int) -> str:
+    """What the rendered sbatch script's own ``case`` does with a worker that exited ``code``, run by bash."""
+    start = script.index('case "$rc" in')
+    block = script[start:script.index("\nesac", start) + 5]
+    done = subprocess.run(["bash", "-c", f"rc={code}\nSLURM_JOB_ID=1\n{block}\necho requeue"], capture_output=True,
+                          text=True, timeout=30)
+    return "requeue" if done.stdout.strip() == "requeue" else f"stop, exit {done.returncode}"
 
-    assert sorted(slurm.FINAL_CODES) == exitcodes.final_codes()
-    assert sorted(kubernetes.STOP_EXIT_CODES) == [c for c in exitcodes.final_codes() if c != exitcodes.COMPLETED]
-    preemption_codes = [o.exit_code for o in OUTCOMES.values() if o.preemption and o.exit_code is not None]
-    assert preemption_codes == [exitcodes.PREEMPTED]
-    from orchestrator.app.compose import compose_config
 
-    cfg = compose_config(["backend=skypilot", "storage.uri=s3://bucket/runs"])
-    assert skypilot.task_config(cfg, [])["resources"]["job_recovery"]["recover_on_exit_codes"] == preemption_codes
+def _pod_failure_action(rules: list[dict], code: int) -> str:
+    """Kubernetes' podFailurePolicy: the first rule whose ``onExitCodes`` holds ``code``; none counts a failure."""
+    for rule in rules:
+        on = rule.get("onExitCodes")
+        if on and on["operator"] == "In" and code in on["values"]:
+            return rule["action"]
+    return "Count"
+
+
+# every code a worker exits with (a crash's 1, a kill's 137 too) and what a user counts on each engine doing with it
+WORKER_CODES = sorted({row.exit_code for row in OUTCOMES.values() if row.exit_code is not None} | {1, 137})
+
+
+@pytest.mark.parametrize("code", WORKER_CODES)
+def test_each_engine_stops_a_final_exit_and_requeues_the_others_as_the_table_says(code):
+    """A config error (4), a spent budget (3), the caps (5), a fenced attempt (6) and a completed job (0) end the job
+    on every backend; a preemption (75) is requeued without spending the failure budget; a crash, an OOM and a
+    killed worker are requeued as failures. Read off what each backend renders (the sbatch script's own ``case``
+    run by bash, the Kubernetes Job's podFailurePolicy, SkyPilot's recover_on_exit_codes), not off its constants."""
+    import yaml
+
+    from orchestrator.backends import get_backend
+    from tests.helpers.backends import compose
+
+    exit_class = classify_exit(code)
+    final = exit_class in exitcodes.FINAL_CLASSES
+    assert final is (code in (0, 3, 4, 5, 6)), (code, exit_class)
+
+    script = get_backend("slurm").render(*compose("slurm"))
+    assert _sbatch_decision(script, code) == (f"stop, exit {code}" if final else "requeue"), script
+
+    manifest = yaml.safe_load(get_backend("kubernetes").render(*compose("kubernetes", "backend.image=img:1")))
+    rules = manifest["spec"]["podFailurePolicy"]["rules"]
+    if code != 0:  # a pod that exits 0 succeeded: no failure policy is asked
+        expected = "Ignore" if exit_class is ExitClass.PREEMPTED else "FailJob" if final else "Count"
+        assert _pod_failure_action(rules, code) == expected, rules
+
+    task = yaml.safe_load(get_backend("skypilot").render(*compose("skypilot")))
+    recovers = code in task["resources"]["job_recovery"]["recover_on_exit_codes"]
+    assert recovers is (exit_class is ExitClass.PREEMPTED), task["resources"]["job_recovery"]
 
 
 @pytest.mark.parametrize("error,exit_class,code", [

@@ -61,9 +61,48 @@ def test_an_unreadable_counter_is_none(tmp_path):
     assert oom_kill_count(root, _proc(tmp_path, "0::/\n")) is None
 
 
-def test_the_real_counter_of_this_machine_is_a_count_or_none():
-    count = oom_kill_count()
-    assert count is None or count >= 0
+def _kernel_exposes_an_oom_counter() -> bool:
+    """Whether this process's memory cgroup has the kernel's counter file (v2 memory.events, v1 memory.oom_control),
+    looked up by its own paths in /proc/self/cgroup, apart from the supervisor's reading of it."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    root = Path("/sys/fs/cgroup")
+    candidates = [root / "memory.events", root / "unified" / "memory.events"]  # a namespace's own root
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            candidates += [root / path.lstrip("/") / "memory.events",
+                           root / "unified" / path.lstrip("/") / "memory.events"]
+        elif "memory" in controllers.split(","):
+            candidates += [root / "memory" / path.lstrip("/") / "memory.oom_control", root / "memory" / "memory.oom_control"]
+    return any(c.is_file() for c in candidates)
+
+
+def test_on_this_machine_a_killed_child_is_a_lost_machine_and_an_oom_kill_would_be_seen():
+    """What the supervisor does around each attempt (``Supervisor.run``): the real counter before, a child SIGKILLed by
+    someone other than the OOM killer (a preemption's or a lost machine's kill), the real counter after. It must stay
+    VANISHED, requeued as a preemption, not be stopped as an out-of-memory with its fix; and where the kernel keeps
+    a counter, it is read as one (None would take every real OOM kill for a lost machine, requeued forever)."""
+    import signal
+    import subprocess
+    import sys
+
+    from orchestrator.core.exitcodes import classify_exit
+
+    before = oom_kill_count()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child.send_signal(signal.SIGKILL)
+    code = child.wait(30)
+    after = oom_kill_count()
+    assert refine_exit_class(classify_exit(code), before, after) is ExitClass.VANISHED, (code, before, after)
+    if _kernel_exposes_an_oom_counter():
+        assert isinstance(before, int) and before >= 0 and after == before, (before, after)
+        # a kill by the OOM killer (the count one higher after) is named so, on this machine's own count
+        assert refine_exit_class(classify_exit(code), before, before + 1) is ExitClass.OUT_OF_MEMORY
+    else:
+        assert before is None and after is None, "no counter file, yet a count was read"
 
 
 @pytest.mark.parametrize("killed,before,after,expected", [
