@@ -1,5 +1,6 @@
 """A launch in-process: ``python -m orchestrator.launch``'s own ``main`` with the user's arguments, in the launch
-folder, its exit code and output as a ``subprocess.CompletedProcess``; a job it would start fails the test.
+folder, its exit code and output as a ``subprocess.CompletedProcess``; a job it would start fails the test (a
+``backend.dry_run=true`` launch prints what it would submit, as the command does).
 
 A config check is tested this way (compose and validate in this interpreter, no new Python per case); one
 end-to-end test runs the real command and proves its exit status (``tests/unit/config/test_config.py``).
@@ -15,10 +16,14 @@ def launch(argv: list[str], cwd: Path, monkeypatch, capsys) -> subprocess.Comple
     import orchestrator.backends
     from orchestrator import launch as launcher
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("the launch passed its checks and started a job")
+    real = orchestrator.backends.run_backend
 
-    monkeypatch.setattr(orchestrator.backends, "run_backend", refuse)
+    def dry_run_only(cfg, overrides):
+        if not cfg.backend.dry_run:
+            raise AssertionError("the launch passed its checks and started a job")
+        return real(cfg, overrides)  # prints what would be submitted; nothing runs
+
+    monkeypatch.setattr(orchestrator.backends, "run_backend", dry_run_only)
     monkeypatch.chdir(cwd)
     capsys.readouterr()  # what the test printed before is not the launch's
     try:

@@ -23,7 +23,7 @@ from orchestrator.core import exitcodes
 from orchestrator.backends import get_backend
 from orchestrator.core.errors import ConfigError
 from tests.helpers.backends import SKYPILOT_PYTHON, USER_OVERRIDES, composed, compose
-from tests.helpers.paths import FIXTURES, REPO
+from tests.helpers.paths import FIXTURES
 
 TWO_NODES = ("compute.nodes=2", "distributed.nodes=2")
 SHARED = "run.work_dir=/mnt/shared/work"  # nodes of their own share rank 0's folder through a volume
@@ -37,15 +37,17 @@ def test_several_nodes_without_a_distributed_strategy_are_refused(backend):
 
 
 @pytest.mark.parametrize("backend", ["skypilot", "kubernetes"])
-def test_nodes_of_their_own_without_a_shared_work_dir_launch(backend, tmp_path):
+def test_nodes_of_their_own_without_a_shared_work_dir_launch(backend, tmp_path, monkeypatch, capsys):
     """The default run.work_dir is inside each node's copy of the files: each node uploads and restores its own
-    checkpoint files (orchestrator.checkpoint.pernode), so no shared volume is needed."""
-    launch = [sys.executable, "-m", "orchestrator.launch", *USER_OVERRIDES, f"backend={backend}", *TWO_NODES,
-              "backend.image=x", "compute.cloud=aws", "backend.dry_run=true"]
+    checkpoint files (orchestrator.checkpoint.pernode), so no shared volume is needed. The launcher in-process."""
+    from tests.helpers.launcher import launch
+
+    argv = [*USER_OVERRIDES, f"backend={backend}", *TWO_NODES, "backend.image=x", "compute.cloud=aws",
+            "backend.dry_run=true"]
     for extra in ([], [SHARED]):
-        done = subprocess.run(launch + extra, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        done = launch(argv + extra, tmp_path, monkeypatch, capsys)
         assert done.returncode == 0, done.stderr[-3000:]
+        assert "worker" in done.stdout, done.stdout[-3000:]  # the rendered task or manifest was printed
 
 
 # -- slurm ----------------------------------------------------------------------------------------
