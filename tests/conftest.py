@@ -46,7 +46,6 @@ SLOWEST_FIRST = [
     "test_grpo_resume_e2e.py::test_grpo_sigkilled_five_times_ends_bit_identical_with_no_reward_called_twice",
     # the inner loop's longest (`-n 2 -m "not e2e" --durations=15`, load 0.6 to 2.9): first there, after the above here
     "test_tiny_model.py::test_a_build_by_rank_one_of_a_distributed_job_holds_the_weights",  # 8.3
-    "test_fencing.py::test_a_job_stored_before_the_rename_resumes_bit_identical",  # 4.5
     "test_backends_hub_token.py::test_skypilot_passes_hf_token_as_a_secret_by_name",  # 4.1
     "test_cli_ls_logs_cancel.py::test_logs_follows_a_local_job_log_until_its_supervisor_ends",  # 4.1
     "test_multinode.py::test_every_rank_is_asked_whether_it_sees_rank_zeros_folder",  # 4.1

@@ -38,6 +38,7 @@ def _to_legacy_storage(store: LocalStore, run: str) -> int:
     return len(manifests)
 
 
+@pytest.mark.e2e  # three whole attempts (7.6 s of the inner loop's CPU); in-process, as test_attempt's resume
 def test_a_job_stored_before_the_rename_resumes_bit_identical(tmp_path):
     store = LocalStore(tmp_path / "runs")
     assert build_attempt(attempt_cfg(tmp_path, "clean")).run() == 0
