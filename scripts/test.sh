@@ -19,7 +19,7 @@ services() {
     # the package lists Slurm's install just used first; a fresh apt-get update only if they do not have it
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
       || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
-      || { echo "FATAL: could not install chromium with apt-get (needed by tests/test_final_weights_e2e.py)." >&2; return 1; }
+      || { echo "FATAL: could not install chromium with apt-get (needed by tests/e2e/test_final_weights_e2e.py)." >&2; return 1; }
     chromium --version >/dev/null 2>&1 || { echo "FATAL: chromium was installed but does not start." >&2; return 1; }
   fi
 }

@@ -11,7 +11,7 @@ import pytest
 # commit would be asked of huggingface.co (and refused). Set before any test imports huggingface_hub.
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 # The plan never fetches current prices in a test (as HF_HUB_OFFLINE: the answer would move with the market);
-# tests/test_prices.py turns it off against its local fake of the clouds' price APIs.
+# tests/unit/money/test_prices.py turns it off against its local fake of the clouds' price APIs.
 os.environ.setdefault("ORCH_PRICES_OFFLINE", "1")
 
 # The longest tests, longest first (seconds in a whole-suite run of stop 38, four workers on two cores,
@@ -44,11 +44,19 @@ SLOWEST_FIRST = [
     "test_exact_resume.py::test_sigkilled_three_times_ends_bit_identical",
     "test_checkpoint_integrity.py::test_a_kill_during_a_multipart_upload_leaves_no_checkpoint_and_no_orphans",
     "test_grpo_resume_e2e.py::test_grpo_sigkilled_five_times_ends_bit_identical_with_no_reward_called_twice",
+    # the inner loop's longest (`-n 2 -m "not e2e" --durations=15`, load 0.6 to 2.9): first there, after the above here
+    "test_tiny_model.py::test_a_build_by_rank_one_of_a_distributed_job_holds_the_weights",  # 8.3
+    "test_backends_hub_token.py::test_skypilot_passes_hf_token_as_a_secret_by_name",  # 4.1
+    "test_cli_ls_logs_cancel.py::test_logs_follows_a_local_job_log_until_its_supervisor_ends",  # 4.1
+    "test_multinode.py::test_every_rank_is_asked_whether_it_sees_rank_zeros_folder",  # 4.1
+    "test_recipes.py::test_nf4_under_sft_and_dpo_trains_on_a_4bit_base",  # 3.8
 ]
 
 
 def _rank(item) -> int:
-    nodeid = item.nodeid.rpartition("tests/")[2]
+    """``item``'s place in SLOWEST_FIRST, by its module's file name and test name (wherever the module sits)."""
+    path, _, test = item.nodeid.partition("::")
+    nodeid = f"{path.rpartition('/')[2]}::{test}"
     return next((i for i, prefix in enumerate(SLOWEST_FIRST) if nodeid.startswith(prefix)), len(SLOWEST_FIRST))
 
 

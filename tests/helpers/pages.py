@@ -1,4 +1,4 @@
-"""The shell commands a documentation page shows: what tests/test_docs.py checks and tests/test_first_real_job.py runs."""
+"""The shell commands a documentation page shows: what tests/unit/test_docs.py checks and tests/e2e/test_first_real_job.py runs."""
 from __future__ import annotations
 
 import re
