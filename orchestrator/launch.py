@@ -9,6 +9,7 @@ Flags as a Hydra user knows them (``--help``, ``--cfg job``, ``--info``, ``-m``:
 4. hand the job to the chosen backend (local: the supervisor; slurm, skypilot,
    kubernetes: submit a script that runs ``python -m orchestrator.worker``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,6 +33,7 @@ def print_plan(cfg: DictConfig) -> None:
     """The pre-flight estimate; a planner failure never stops a launch."""
     try:
         from orchestrator.planning import plan
+
         print(plan.short_plan_text(cfg), flush=True)
     except Exception as err:  # noqa: BLE001 - the plan is advice, not a gate
         log.warning("pre-flight plan unavailable: %s", err)
@@ -57,12 +59,18 @@ def check_deadline_ahead(cfg: DictConfig, now: float | None = None) -> None:
 
     ledger = Ledger(store_from_config(cfg.storage), str(cfg.run.name))
     if LedgerRecord.decode(ledger.load(), ledger.uri).attempts:  # corrupt: CorruptRecord, exit 4 with the fix
-        log.warning("run.deadline=%s passed %.2f h ago, while job %r ran: it runs on-demand to the end",
-                    cfg.run.deadline, late / 3600, str(cfg.run.name))
+        log.warning(
+            "run.deadline=%s passed %.2f h ago, while job %r ran: it runs on-demand to the end",
+            cfg.run.deadline,
+            late / 3600,
+            str(cfg.run.name),
+        )
         return
-    raise ConfigError(f"run.deadline={cfg.run.deadline} passed {late / 3600:.2f} h ago, before job {cfg.run.name!r} "
-                      "started: no capacity can meet it. Give a later time (ISO-8601, UTC if no zone), a duration "
-                      "from the job's first attempt (run.deadline=52h), or drop run.deadline.")
+    raise ConfigError(
+        f"run.deadline={cfg.run.deadline} passed {late / 3600:.2f} h ago, before job {cfg.run.name!r} "
+        "started: no capacity can meet it. Give a later time (ISO-8601, UTC if no zone), a duration "
+        "from the job's first attempt (run.deadline=52h), or drop run.deadline."
+    )
 
 
 def compose_for_launch(overrides: list[str], resolve=resolve_commit) -> tuple[DictConfig, list[str]]:
@@ -160,4 +168,6 @@ def print_job_config(argv: list[str], *, resolve: bool = False, package: str | N
 if __name__ == "__main__":
     from orchestrator.core.exitcodes import exit_without_teardown
 
-    exit_without_teardown(main())  # the supervisor may have imported the training stack (orchestrator.process.warm_start)
+    exit_without_teardown(
+        main()
+    )  # the supervisor may have imported the training stack (orchestrator.process.warm_start)

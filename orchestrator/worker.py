@@ -12,6 +12,7 @@ and runs them (``orchestrator.attempt.runner``):
 5. commit the final weights, close the ledger and the MLflow run, and exit with a
    code that says what happened (see ``orchestrator.core.exitcodes``).
 """
+
 from __future__ import annotations
 
 import os

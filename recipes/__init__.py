@@ -7,6 +7,7 @@ A recipe is a module with the three functions of :class:`Recipe`; :data:`REGISTR
 (``recipe.name`` in the config, ``conf/recipe/<name>.yaml``) and :func:`recipe_for` is how the
 orchestrator gets it. A new recipe: a module with those functions, a line in the registry, a YAML file.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -16,8 +17,9 @@ from typing import Any, Callable, Protocol, runtime_checkable
 class Recipe(Protocol):
     """What the orchestrator asks of a recipe (the trainer it builds is TRL's, with the callbacks it is given)."""
 
-    def build_trainer(self, cfg: Any, *, train_dataset: Any, eval_dataset: Any, output_dir: str,
-                      callbacks: list, **options: Any) -> Any:
+    def build_trainer(
+        self, cfg: Any, *, train_dataset: Any, eval_dataset: Any, output_dir: str, callbacks: list, **options: Any
+    ) -> Any:
         """The TRL trainer of this job, with ``callbacks`` (the orchestrator's) attached."""
 
     def evaluate(self, trainer: Any, cfg: Any, eval_dataset: Any = None) -> dict:
@@ -29,21 +31,25 @@ class Recipe(Protocol):
 
 def _sft():
     from recipes import sft
+
     return sft
 
 
 def _dpo():
     from recipes import dpo
+
     return dpo
 
 
 def _qlora():
     from recipes import qlora
+
     return qlora
 
 
 def _grpo():
     from recipes import grpo
+
     return grpo
 
 
@@ -56,9 +62,11 @@ def recipe_for(name: str) -> Recipe:
     if name not in REGISTRY:
         from orchestrator.core.errors import ConfigError
 
-        raise ConfigError(f"recipe={name} is not a recipe; choose one of {', '.join(sorted(REGISTRY))} "
-                          "(a new recipe is a module with build_trainer/evaluate/accuracy and a line in "
-                          "recipes.REGISTRY).")
+        raise ConfigError(
+            f"recipe={name} is not a recipe; choose one of {', '.join(sorted(REGISTRY))} "
+            "(a new recipe is a module with build_trainer/evaluate/accuracy and a line in "
+            "recipes.REGISTRY)."
+        )
     module = REGISTRY[name]()
     if not isinstance(module, Recipe):  # a module missing one of the three functions
         raise TypeError(f"recipes.{name} does not provide build_trainer, evaluate and accuracy")

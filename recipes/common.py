@@ -2,6 +2,7 @@
 
 Kept as plain functions (no base class), so each recipe reads top to bottom.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,6 +23,7 @@ _LOAD_TIMERS: contextvars.ContextVar[tuple] = contextvars.ContextVar("load_timer
 @dataclass
 class LoadTimer:
     """Seconds spent in ``load_tokenizer`` and ``load_model`` while it was open."""
+
     seconds: float = 0.0
 
 
@@ -58,7 +60,9 @@ def resolve_model_path(model_cfg) -> str:
     """
     name = model_cfg.name_or_path
     if name == TINY_NAME:
-        return str(ensure_tiny_model(model_cfg.hidden_size, model_cfg.num_layers, model_cfg.num_heads, model_cfg.vocab_size))
+        return str(
+            ensure_tiny_model(model_cfg.hidden_size, model_cfg.num_layers, model_cfg.num_heads, model_cfg.vocab_size)
+        )
     if name.startswith("builtin:"):
         raise ConfigError(f"model.name_or_path={name!r}: the only built-in model is {TINY_NAME!r}.")
     if name.startswith("s3://"):
@@ -66,8 +70,10 @@ def resolve_model_path(model_cfg) -> str:
 
         folder = local_folder(name)  # downloaded once per attempt, verified
         if not (folder / "config.json").is_file():
-            raise ConfigError(f"model.name_or_path={name!r} holds no config.json; point it at the folder a model "
-                              "was saved to (save_pretrained), uploaded whole (aws s3 sync MODEL_DIR URI).")
+            raise ConfigError(
+                f"model.name_or_path={name!r} holds no config.json; point it at the folder a model "
+                "was saved to (save_pretrained), uploaded whole (aws s3 sync MODEL_DIR URI)."
+            )
         return str(folder)
     looks_local = name.startswith(("/", "./", "../", "~")) or os.path.sep in name and Path(name).expanduser().exists()
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
@@ -88,8 +94,9 @@ def torch_dtype(model_cfg):
     return getattr(torch, _DTYPES[model_cfg.dtype])
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, *, revision: str | None = None,
-                   chat_template: str | None = None):
+def load_tokenizer(
+    path: str, trust_remote_code: bool = False, *, revision: str | None = None, chat_template: str | None = None
+):
     """The model's tokenizer (at ``model.revision``), with ``data.chat_template`` in place of its own when set."""
     from transformers import AutoTokenizer
 
@@ -108,8 +115,9 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, *, revision: str 
 
 def tokenizer_for(cfg, path: str):
     """``load_tokenizer`` with the job's model revision and chat template."""
-    return load_tokenizer(path, cfg.model.trust_remote_code, revision=cfg.model.revision,
-                          chat_template=cfg.data.chat_template)
+    return load_tokenizer(
+        path, cfg.model.trust_remote_code, revision=cfg.model.revision, chat_template=cfg.data.chat_template
+    )
 
 
 _AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -130,8 +138,11 @@ def load_model(path: str, model_cfg, *, quantization: str = "none", mixed_precis
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    kwargs = {"dtype": torch_dtype(model_cfg), "trust_remote_code": model_cfg.trust_remote_code,
-              "revision": model_cfg.revision}
+    kwargs = {
+        "dtype": torch_dtype(model_cfg),
+        "trust_remote_code": model_cfg.trust_remote_code,
+        "revision": model_cfg.revision,
+    }
     if model_cfg.attn_implementation:
         kwargs["attn_implementation"] = str(model_cfg.attn_implementation)
     if quantization == "nf4":
@@ -201,11 +212,20 @@ def lora_config(recipe_cfg):
 
 # TrainingArguments' name -> the ``train.`` key it takes as is
 _TRAIN_ARGS = {
-    "num_train_epochs": "num_epochs", "per_device_train_batch_size": "per_device_batch_size",
-    "per_device_eval_batch_size": "per_device_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps",
-    "learning_rate": "learning_rate", "lr_scheduler_type": "lr_scheduler", "warmup_steps": "warmup_steps",
-    "weight_decay": "weight_decay", "optim": "optim", "max_grad_norm": "max_grad_norm", "seed": "seed",
-    "data_seed": "seed", "logging_steps": "logging_steps", "dataloader_num_workers": "dataloader_num_workers",
+    "num_train_epochs": "num_epochs",
+    "per_device_train_batch_size": "per_device_batch_size",
+    "per_device_eval_batch_size": "per_device_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "learning_rate": "learning_rate",
+    "lr_scheduler_type": "lr_scheduler",
+    "warmup_steps": "warmup_steps",
+    "weight_decay": "weight_decay",
+    "optim": "optim",
+    "max_grad_norm": "max_grad_norm",
+    "seed": "seed",
+    "data_seed": "seed",
+    "logging_steps": "logging_steps",
+    "dataloader_num_workers": "dataloader_num_workers",
     "activation_checkpointing": "gradient_checkpointing",
 }
 
@@ -257,11 +277,15 @@ def precision_kwargs(train_cfg, cuda: bool) -> dict:
 
     mp = str(train_cfg.mixed_precision)
     if mp == "fp16" and not cuda:
-        raise ConfigError("train.mixed_precision=fp16 needs a CUDA GPU, and this machine has none (accelerate runs "
-                          "no fp16 autocast or loss scaling on CPU). Use train.mixed_precision=bf16 or no.")
+        raise ConfigError(
+            "train.mixed_precision=fp16 needs a CUDA GPU, and this machine has none (accelerate runs "
+            "no fp16 autocast or loss scaling on CPU). Use train.mixed_precision=bf16 or no."
+        )
     if mp == "bf16" and cuda and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"train.mixed_precision=bf16 on {torch.cuda.get_device_name(0)}, which has no bfloat16 "
-                          "support. Use train.mixed_precision=fp16, or an Ampere-or-newer GPU.")
+        raise ConfigError(
+            f"train.mixed_precision=bf16 on {torch.cuda.get_device_name(0)}, which has no bfloat16 "
+            "support. Use train.mixed_precision=fp16, or an Ampere-or-newer GPU."
+        )
     kw = {"bf16": mp == "bf16", "fp16": mp == "fp16"}
     if train_cfg.tf32 is not None and cuda:
         kw["tf32"] = bool(train_cfg.tf32)

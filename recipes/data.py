@@ -5,6 +5,7 @@ from ``data.seed``. For preference training the right answer is chosen and a
 wrong one rejected. It is small enough for the tiny model to learn in a minute
 on a CPU, so "accuracy after training is higher" is a real check.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,10 +68,15 @@ def _read_jsonl(path: str, where: str = "data") -> list[dict]:
     else:
         p = Path(path).expanduser()
         if not p.is_file():
-            fix = "or use data=synthetic for the built-in task" if where == "data" else \
-                "or drop the entry from data.mix (or give it source: synthetic)"
-            raise DataError(f"{where}.path={path!r}: no such file. Point {where}.path at an existing JSONL file "
-                            f"(one JSON object per line) or an s3:// object, {fix}.")
+            fix = (
+                "or use data=synthetic for the built-in task"
+                if where == "data"
+                else "or drop the entry from data.mix (or give it source: synthetic)"
+            )
+            raise DataError(
+                f"{where}.path={path!r}: no such file. Point {where}.path at an existing JSONL file "
+                f"(one JSON object per line) or an s3:// object, {fix}."
+            )
         rows = _read_file(p, f"{where}.path={path!r}")
     if not rows:
         raise DataError(f"{where}.path={path!r} holds no rows. Add training examples, one JSON object per line.")
@@ -183,12 +189,16 @@ def check_mix(data_cfg, recipe_name: str, readable=lambda path: True) -> None:
     mix = list(data_cfg.mix or [])
     if data_cfg.source != "mix":
         if mix:
-            raise DataError(f"data.mix lists {len(mix)} sources but data.source={data_cfg.source}; set "
-                            "data.source=mix (or data=mix) to train on the mix, or drop data.mix.")
+            raise DataError(
+                f"data.mix lists {len(mix)} sources but data.source={data_cfg.source}; set "
+                "data.source=mix (or data=mix) to train on the mix, or drop data.mix."
+            )
         return
     if len(mix) < 2:
-        raise DataError("data.source=mix needs at least two sources in data.mix, e.g. "
-                        "data.mix='[{path: /data/a.jsonl, weight: 3}, {path: /data/b.jsonl, weight: 1}]'.")
+        raise DataError(
+            "data.source=mix needs at least two sources in data.mix, e.g. "
+            "data.mix='[{path: /data/a.jsonl, weight: 3}, {path: /data/b.jsonl, weight: 1}]'."
+        )
     for i, src in enumerate(mix):
         where = f"data.mix[{i}]"
         if src.source not in MIX_SOURCES:
@@ -199,8 +209,10 @@ def check_mix(data_cfg, recipe_name: str, readable=lambda path: True) -> None:
             raise DataError(f"{where} (source {src.source}) needs a path: a JSONL file or a hub dataset id.")
         if src.source == "jsonl" and not str(src.path).startswith("s3://") and readable(str(src.path)):
             if not Path(src.path).expanduser().is_absolute():
-                raise DataError(f"{where}.path={src.path!r} is relative; every attempt (maybe on another machine "
-                                "or in another folder) must find it. Give an absolute path.")
+                raise DataError(
+                    f"{where}.path={src.path!r} is relative; every attempt (maybe on another machine "
+                    "or in another folder) must find it. Give an absolute path."
+                )
             rows = _read_jsonl(src.path, where)
             _check_columns(set().union(*(r.keys() for r in rows)), recipe_name, f"{where}.path={src.path!r}")
 
@@ -215,12 +227,18 @@ def mixed_dataset(data_cfg, recipe_name: str):
     columns = [sorted(p.column_names) for p in parts]
     if any(c != columns[0] for c in columns):
         listing = "; ".join(f"data.mix[{i}]: {c}" for i, c in enumerate(columns))
-        raise DataError(f"the sources of data.mix have different columns ({listing}). Give every source the same "
-                        "form (prompt/completion, messages, or prompt/chosen/rejected).")
+        raise DataError(
+            f"the sources of data.mix have different columns ({listing}). Give every source the same "
+            "form (prompt/completion, messages, or prompt/chosen/rejected)."
+        )
     parts = [p.cast(parts[0].features) for p in parts]
     total = float(sum(src.weight for src in data_cfg.mix))
-    return interleave_datasets(parts, probabilities=[src.weight / total for src in data_cfg.mix],
-                               seed=int(data_cfg.seed), stopping_strategy="first_exhausted")
+    return interleave_datasets(
+        parts,
+        probabilities=[src.weight / total for src in data_cfg.mix],
+        seed=int(data_cfg.seed),
+        stopping_strategy="first_exhausted",
+    )
 
 
 def trl_templates_dir() -> Path:
@@ -250,14 +268,18 @@ def chat_template_text(value) -> str | None:
     if value.endswith((".jinja", ".j2")) or "/" in value:
         path = Path(value).expanduser()
         if not path.is_file():
-            raise DataError(f"data.chat_template={value!r}: no such file. Point it at a Jinja template file "
-                            f"(.jinja), or name one TRL ships (e.g. {', '.join(named_chat_templates()[:4])}).")
+            raise DataError(
+                f"data.chat_template={value!r}: no such file. Point it at a Jinja template file "
+                f"(.jinja), or name one TRL ships (e.g. {', '.join(named_chat_templates()[:4])})."
+            )
         return path.read_text(encoding="utf-8")
     path = trl_templates_dir() / f"{value}.jinja"
     if not path.is_file():
-        raise DataError(f"data.chat_template={value!r} is not a template TRL ships; choose one of: "
-                        f"{', '.join(named_chat_templates())}, give a .jinja file, or drop the key for the "
-                        "tokenizer's own.")
+        raise DataError(
+            f"data.chat_template={value!r} is not a template TRL ships; choose one of: "
+            f"{', '.join(named_chat_templates())}, give a .jinja file, or drop the key for the "
+            "tokenizer's own."
+        )
     return path.read_text(encoding="utf-8")
 
 
@@ -281,13 +303,17 @@ def check_jinja(text: str, value) -> None:
     try:  # transformers' own environment (its loop controls, filters and sandbox), as apply_chat_template compiles
         _compile_jinja_template(text)
     except jinja2.TemplateSyntaxError as err:
-        raise DataError(f"data.chat_template={value!r} is not valid Jinja (line {err.lineno}: {err.message}). "
-                        "Fix the template.") from None
+        raise DataError(
+            f"data.chat_template={value!r} is not valid Jinja (line {err.lineno}: {err.message}). Fix the template."
+        ) from None
     _check_sandbox(value, text)
 
 
-SAMPLE_CONVERSATION = [{"role": "system", "content": "You answer."}, {"role": "user", "content": "2 + 2 ="},
-                       {"role": "assistant", "content": "4"}]
+SAMPLE_CONVERSATION = [
+    {"role": "system", "content": "You answer."},
+    {"role": "user", "content": "2 + 2 ="},
+    {"role": "assistant", "content": "4"},
+]
 
 
 def _check_sandbox(value, text: str) -> None:
@@ -302,11 +328,16 @@ def _check_sandbox(value, text: str) -> None:
             render_jinja_template([conversation], chat_template=text, add_generation_prompt=generation)
         except SecurityError as err:
             value = str(value)
-            where = str(Path(value).expanduser().resolve()) if value.endswith((".jinja", ".j2")) or "/" in value \
+            where = (
+                str(Path(value).expanduser().resolve())
+                if value.endswith((".jinja", ".j2")) or "/" in value
                 else str(trl_templates_dir() / f"{value}.jinja")
-            raise DataError(f"data.chat_template={value!r} ({where}) is refused by Jinja's sandbox: "
-                            f"{str(err).rstrip('.')}. A chat template may only read the messages and format "
-                            "them; remove that expression from the template.") from None
+            )
+            raise DataError(
+                f"data.chat_template={value!r} ({where}) is refused by Jinja's sandbox: "
+                f"{str(err).rstrip('.')}. A chat template may only read the messages and format "
+                "them; remove that expression from the template."
+            ) from None
         except Exception:  # noqa: BLE001 - not the sandbox: the template's own checks, rendered again on the data
             continue
 

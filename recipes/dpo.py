@@ -7,6 +7,7 @@ DPO on a 4-bit base (the loading path of ``recipes.qlora``); ``recipe.lora_dropo
 Quality (``recipes.evaluation``): reward accuracy and margin on the held-out pairs, plus the generation
 metric against ``chosen`` (``recipe.eval_metric``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,8 +24,16 @@ def preload() -> None:
     from trl import DPOConfig, DPOTrainer  # noqa: F401
 
 
-def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None,
-                  ref_log_probs=None):
+def build_trainer(
+    cfg,
+    *,
+    train_dataset,
+    eval_dataset,
+    output_dir: str,
+    callbacks: list,
+    quantization: str | None = None,
+    ref_log_probs=None,
+):
     """``ref_log_probs``: where ``recipe.precompute_ref_log_probs`` keeps the reference log-probs across attempts
     (``orchestrator.checkpoint.ref_logps.RefLogProbStore``); None: TRL's own (recomputed on every start)."""
     from trl import DPOConfig, DPOTrainer
@@ -32,14 +41,19 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     path = common.resolve_model_path(cfg.model)
     tokenizer = common.tokenizer_for(cfg, path)
     # recipe.quantization=nf4 loads a 4-bit base (recipes.qlora passes it explicitly)
-    model = common.load_model(path, cfg.model, quantization=quantization or cfg.recipe.quantization,
-                              mixed_precision=cfg.train.mixed_precision)
+    model = common.load_model(
+        path, cfg.model, quantization=quantization or cfg.recipe.quantization, mixed_precision=cfg.train.mixed_precision
+    )
     # TRL's disable_dropout (default true) zeroes every dropout, LoRA's too, after PEFT wraps the
     # model: keep it only when no adapter dropout was asked for. With recipe.lora_dropout > 0 the
     # model's own dropout (its config's, often 0) trains on too, as under SFT.
     precompute = bool(cfg.recipe.precompute_ref_log_probs)
-    args = DPOConfig(**common.training_kwargs(cfg, output_dir), beta=cfg.recipe.dpo_beta,
-                     disable_dropout=not cfg.recipe.lora_dropout > 0, precompute_ref_log_probs=precompute)
+    args = DPOConfig(
+        **common.training_kwargs(cfg, output_dir),
+        beta=cfg.recipe.dpo_beta,
+        disable_dropout=not cfg.recipe.lora_dropout > 0,
+        precompute_ref_log_probs=precompute,
+    )
     trainer_class = stored_ref_logps_trainer(DPOTrainer, ref_log_probs) if precompute and ref_log_probs else DPOTrainer
     return trainer_class(
         model=model,
@@ -57,8 +71,14 @@ def stored_ref_logps_trainer(base, store):
 
     class StoredRefLogpsDPOTrainer(base):
         def _precompute_ref_logps(self, dataset, name, batch_size):
-            return precompute_or_load(super()._precompute_ref_logps, dataset, name, batch_size, store,
-                                      model_fingerprint=self._precompute_model_hash)
+            return precompute_or_load(
+                super()._precompute_ref_logps,
+                dataset,
+                name,
+                batch_size,
+                store,
+                model_fingerprint=self._precompute_model_hash,
+            )
 
     return StoredRefLogpsDPOTrainer
 
@@ -75,8 +95,12 @@ def precompute_or_load(compute, dataset, name: str, batch_size: int, store, *, m
 
     from orchestrator.core import ranks as dist
 
-    key = store.key(split=name, data_fingerprint=tokens_fingerprint(dataset), model_fingerprint=model_fingerprint,
-                    batch_size=batch_size)
+    key = store.key(
+        split=name,
+        data_fingerprint=tokens_fingerprint(dataset),
+        model_fingerprint=model_fingerprint,
+        batch_size=batch_size,
+    )
     arrays = dist.broadcast(store.load(key, rows=len(dataset)) if dist.is_main() else None)
     main = dist.is_main()
     if arrays is not None:
@@ -89,7 +113,9 @@ def precompute_or_load(compute, dataset, name: str, batch_size: int, store, *, m
     columns = out.select_columns(["ref_chosen_logps", "ref_rejected_logps"]).with_format("numpy")
     store.save(key, {c: np.ascontiguousarray(columns[c]) for c in columns.column_names})
     if main:
-        log.info("reference log-probs of the %s split computed (%d pairs) and stored (%s)", name, len(dataset), key[:12])
+        log.info(
+            "reference log-probs of the %s split computed (%d pairs) and stored (%s)", name, len(dataset), key[:12]
+        )
     return out
 
 

@@ -17,6 +17,7 @@ MLflow and before ``metric_for_best_model`` and ``EarlyStoppingCallback`` read t
 The quality metric (early stopping, the best checkpoint, USD per quality point) is ``eval_accuracy``
 for SFT and QLoRA (``eval_loss`` with ``recipe.eval_metric=none``) and ``eval_reward_accuracy`` for DPO.
 """
+
 from __future__ import annotations
 
 import math
@@ -91,8 +92,11 @@ def eval_prompts(eval_dataset, tokenizer) -> tuple[list[str], list[str]]:
             answers.append(msgs[-1]["content"])
         else:
             prompt = row["prompt"]
-            prompts.append(prompt if isinstance(prompt, str) else
-                           tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+            prompts.append(
+                prompt
+                if isinstance(prompt, str)
+                else tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            )
             ans = row.get("completion", row.get("chosen"))
             answers.append(ans if isinstance(ans, str) else ans[-1]["content"])
     return prompts, answers
@@ -101,16 +105,31 @@ def eval_prompts(eval_dataset, tokenizer) -> tuple[list[str], list[str]]:
 def accuracy(trainer, cfg, eval_dataset, prompts_answers=None) -> float:
     """A recipe's generation metric alone (``recipe.eval_metric``; the first-number matcher when it is none) on
     ``eval_dataset``'s prompts and answers (``prompts_answers``: how the recipe reads them, else ``eval_prompts``)."""
-    prompts, answers = (prompts_answers(eval_dataset) if prompts_answers is not None
-                        else eval_prompts(eval_dataset, trainer.processing_class))
+    prompts, answers = (
+        prompts_answers(eval_dataset)
+        if prompts_answers is not None
+        else eval_prompts(eval_dataset, trainer.processing_class)
+    )
     matcher = generation_matcher(cfg)
-    return generation_accuracy(trainer.model, trainer.processing_class, prompts, answers,
-                               cfg.recipe.eval_generate_max_new_tokens,
-                               matcher="first_number" if matcher == "none" else matcher)
+    return generation_accuracy(
+        trainer.model,
+        trainer.processing_class,
+        prompts,
+        answers,
+        cfg.recipe.eval_generate_max_new_tokens,
+        matcher="first_number" if matcher == "none" else matcher,
+    )
 
 
-def generation_accuracy(model, tokenizer, prompts: list[str], answers: list[str], max_new_tokens: int = 8,
-                        batch_size: int = 32, matcher: str = "first_number") -> float:
+def generation_accuracy(
+    model,
+    tokenizer,
+    prompts: list[str],
+    answers: list[str],
+    max_new_tokens: int = 8,
+    batch_size: int = 32,
+    matcher: str = "first_number",
+) -> float:
     """The share of greedy generations that ``matcher`` counts as the reference answer."""
     import torch
 
@@ -122,13 +141,14 @@ def generation_accuracy(model, tokenizer, prompts: list[str], answers: list[str]
     device = next(p for p in model.parameters()).device
     try:
         for i in range(0, len(prompts), batch_size):
-            batch = prompts[i: i + batch_size]
+            batch = prompts[i : i + batch_size]
             enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id)
-            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            correct += sum(matches(matcher, text, want) for text, want in zip(texts, answers[i: i + batch_size]))
+                out = model.generate(
+                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                )
+            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            correct += sum(matches(matcher, text, want) for text, want in zip(texts, answers[i : i + batch_size]))
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
@@ -168,8 +188,12 @@ def with_quality_callbacks(cfg, callbacks: list, tokenizer, eval_dataset) -> lis
 
     out = [QualityCallback(cfg, tokenizer, eval_dataset), *callbacks]
     if int(cfg.train.early_stopping_patience) > 0 and not on_benchmark(cfg):
-        out.append(EarlyStoppingCallback(early_stopping_patience=int(cfg.train.early_stopping_patience),
-                                         early_stopping_threshold=float(cfg.train.early_stopping_threshold)))
+        out.append(
+            EarlyStoppingCallback(
+                early_stopping_patience=int(cfg.train.early_stopping_patience),
+                early_stopping_threshold=float(cfg.train.early_stopping_threshold),
+            )
+        )
     return out
 
 
@@ -180,8 +204,9 @@ class QualityCallback(TrainerCallback):
         self.matcher = generation_matcher(cfg)
         self.max_new_tokens = int(cfg.recipe.eval_generate_max_new_tokens)
         self.tokenizer = tokenizer
-        self.prompts, self.answers = (eval_prompts(eval_dataset, tokenizer)
-                                      if eval_dataset is not None and self.matcher != "none" else ([], []))
+        self.prompts, self.answers = (
+            eval_prompts(eval_dataset, tokenizer) if eval_dataset is not None and self.matcher != "none" else ([], [])
+        )
         self.generate = generate or generation_accuracy
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
@@ -189,8 +214,9 @@ class QualityCallback(TrainerCallback):
             return
         added = quality_metrics(logs)
         if self.prompts and model is not None:
-            value = self.generate(model, self.tokenizer, self.prompts, self.answers, self.max_new_tokens,
-                                  matcher=self.matcher)
+            value = self.generate(
+                model, self.tokenizer, self.prompts, self.answers, self.max_new_tokens, matcher=self.matcher
+            )
             # every rank generated the same; rank 0's value decides, so early stopping stops every rank together
             added["eval_accuracy"] = float(distributed.broadcast(value))
         logs.update(added)
@@ -201,7 +227,10 @@ class QualityCallback(TrainerCallback):
 def quality_metrics(logs: dict) -> dict:
     """Perplexity from ``eval_loss``; DPO's reward accuracy and margin under their own names."""
     out = {"eval_perplexity": math.exp(min(float(logs["eval_loss"]), MAX_LOG_PERPLEXITY))}
-    for theirs, ours in (("eval_rewards/accuracies", "eval_reward_accuracy"), ("eval_rewards/margins", "eval_reward_margin")):
+    for theirs, ours in (
+        ("eval_rewards/accuracies", "eval_reward_accuracy"),
+        ("eval_rewards/margins", "eval_reward_margin"),
+    ):
         if theirs in logs:
             out[ours] = float(logs[theirs])
     return out

@@ -10,6 +10,7 @@ another batch and shifts every later generation. ``ExactResumeGRPOTrainer`` writ
 checkpoint (``grpo_state.json``, ``grpo_buffer_rank<N>.safetensors``; the store hashes them with the
 rest) and reads them back, so the batch in flight is trained on exactly as it would have been.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,12 +42,20 @@ def grpo_args(cfg, output_dir: str):
     # data.max_length is SFT/DPO's truncation; GRPO samples up to recipe.max_completion_length after the prompt
     kw = {k: v for k, v in common.training_kwargs(cfg, output_dir).items() if k in names}
     _, steps = generation_batch(cfg)
-    return GRPOConfig(**kw, num_generations=int(r.num_generations), steps_per_generation=steps,
-                      num_iterations=int(r.num_iterations), beta=float(r.beta),
-                      max_completion_length=int(r.max_completion_length), temperature=float(r.temperature),
-                      use_vllm=bool(r.use_vllm), vllm_mode=str(r.vllm_mode),
-                      reward_weights=list(r.reward_weights) if r.reward_weights is not None else None,
-                      disable_dropout=not r.lora_dropout > 0, log_completions=False)
+    return GRPOConfig(
+        **kw,
+        num_generations=int(r.num_generations),
+        steps_per_generation=steps,
+        num_iterations=int(r.num_iterations),
+        beta=float(r.beta),
+        max_completion_length=int(r.max_completion_length),
+        temperature=float(r.temperature),
+        use_vllm=bool(r.use_vllm),
+        vllm_mode=str(r.vllm_mode),
+        reward_weights=list(r.reward_weights) if r.reward_weights is not None else None,
+        disable_dropout=not r.lora_dropout > 0,
+        log_completions=False,
+    )
 
 
 def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, reward_cache=None):
@@ -56,8 +65,9 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     path = common.resolve_model_path(cfg.model)
     tokenizer = common.tokenizer_for(cfg, path)
     tokenizer.padding_side = "left"  # GRPO generates after the prompt
-    model = common.load_model(path, cfg.model, quantization=cfg.recipe.quantization,
-                              mixed_precision=cfg.train.mixed_precision)
+    model = common.load_model(
+        path, cfg.model, quantization=cfg.recipe.quantization, mixed_precision=cfg.train.mixed_precision
+    )
     trainer = exact_resume_trainer()(
         model=model,
         reward_funcs=reward_functions(cfg, reward_cache if cfg.recipe.reward_cache else None),
@@ -121,13 +131,19 @@ def save_generation_state(trainer, folder: Path) -> None:
                 elif value is None or isinstance(value, (int, float)):
                     kept[name] = value
                 else:
-                    raise TypeError(f"GRPO's generation batch holds {name} of type {type(value).__name__}, which "
-                                    "this checkpoint format does not store")
+                    raise TypeError(
+                        f"GRPO's generation batch holds {name} of type {type(value).__name__}, which "
+                        "this checkpoint format does not store"
+                    )
             scalars.append(kept)
         save_file(tensors, str(folder / f"grpo_buffer_rank{rank}.safetensors"))
     if rank == 0 or inside:
-        state = {"step": int(trainer._step), "generate_every": generate_every(trainer), "buffer": scalars if inside else None,
-                 "metrics": {k: list(v) for k, v in trainer._metrics["train"].items()}}
+        state = {
+            "step": int(trainer._step),
+            "generate_every": generate_every(trainer),
+            "buffer": scalars if inside else None,
+            "metrics": {k: list(v) for k, v in trainer._metrics["train"].items()},
+        }
         name = STATE_FILE if rank == 0 else f"grpo_state_rank{rank}.json"
         (folder / name).write_text(json.dumps(state))
 
@@ -144,22 +160,31 @@ def load_generation_state(trainer, folder: Path) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"{STATE_FILE} holds step {step!r}, not a micro-step count")
     if state.get("generate_every") != generate_every(trainer):
-        raise ValueError(f"{STATE_FILE} was written with a generation every {state.get('generate_every')} micro-steps, "
-                         f"this job generates every {generate_every(trainer)}")
+        raise ValueError(
+            f"{STATE_FILE} was written with a generation every {state.get('generate_every')} micro-steps, "
+            f"this job generates every {generate_every(trainer)}"
+        )
     trainer._step = step
     trainer._buffered_inputs = None
     trainer._metrics["train"].update(read_metrics(state.get("metrics") or {}))
     if step % generate_every(trainer) and path.exists() and state.get("buffer") is not None:
         buffer = folder / f"grpo_buffer_rank{rank}.safetensors"
         try:
-            trainer._buffered_inputs = read_buffer(buffer, state["buffer"], int(trainer.args.steps_per_generation),
-                                                   trainer.accelerator.device)
+            trainer._buffered_inputs = read_buffer(
+                buffer, state["buffer"], int(trainer.args.steps_per_generation), trainer.accelerator.device
+            )
         except (ValueError, OSError) as err:  # sound hashes, unusable values (a NaN): TRL generates it again
-            log.warning("the batch in flight in %s is unusable (%s); it is generated again from micro-step %d (the "
-                        "resume is not bit-exact for the rest of that batch)", buffer.name, err, step)
+            log.warning(
+                "the batch in flight in %s is unusable (%s); it is generated again from micro-step %d (the "
+                "resume is not bit-exact for the rest of that batch)",
+                buffer.name,
+                err,
+                step,
+            )
             return
-        log.info("resumed inside a generation batch: micro-step %d, the batch in flight restored from the checkpoint",
-                 step)
+        log.info(
+            "resumed inside a generation batch: micro-step %d, the batch in flight restored from the checkpoint", step
+        )
 
 
 def read_metrics(metrics) -> dict:
@@ -170,7 +195,8 @@ def read_metrics(metrics) -> dict:
     out = {}
     for name, values in metrics.items():
         if not isinstance(values, list) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        ):
             raise ValueError(f"{STATE_FILE}: metric {str(name)[:60]!r} holds a value that is not a number")
         out[str(name)] = [float(v) for v in values]
     return out
@@ -215,4 +241,3 @@ def evaluate(trainer, cfg, eval_dataset=None) -> dict:
 
 def accuracy(trainer, cfg, eval_dataset) -> float:
     return evaluation.accuracy(trainer, cfg, eval_dataset, eval_answers)
-

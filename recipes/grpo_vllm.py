@@ -11,6 +11,7 @@ and, after a resume, be at least the checkpoint's step; a rollout that would be 
 weights (a push that failed half-way and was swallowed, a generation path that skips the push) is
 refused with an error instead of being trained on. Not run on a GPU here (no CUDA in this project's CI).
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,11 +27,14 @@ class StaleGenerationWeights(RuntimeError):
 def check_weight_version(pushed_step: Optional[int], step: int, resumed_step: Optional[int]) -> None:
     """Raise unless the weights pushed to vLLM are those of ``step`` (and not older than the checkpoint resumed)."""
     if pushed_step is None:
-        raise StaleGenerationWeights(f"no weights were pushed to vLLM in this attempt before the rollout at step {step}"
-                                     "; it would sample from the server's initial weights")
+        raise StaleGenerationWeights(
+            f"no weights were pushed to vLLM in this attempt before the rollout at step {step}"
+            "; it would sample from the server's initial weights"
+        )
     if resumed_step is not None and pushed_step < resumed_step:
-        raise StaleGenerationWeights(f"vLLM holds the weights of step {pushed_step}, older than the checkpoint "
-                                     f"resumed (step {resumed_step})")
+        raise StaleGenerationWeights(
+            f"vLLM holds the weights of step {pushed_step}, older than the checkpoint resumed (step {resumed_step})"
+        )
     if pushed_step != step:
         raise StaleGenerationWeights(f"vLLM holds the weights of step {pushed_step}, the rollout is for step {step}")
 
@@ -59,7 +63,10 @@ class WeightVersion:
     def generate(self, *args, **kwargs):
         check_weight_version(self.pushed_step, int(self.trainer.state.global_step), self.resumed_step)
         if self.resumed_step is not None:
-            log.info("vLLM holds the policy of step %d (pushed after resuming from step %d)", self.pushed_step,
-                     self.resumed_step)
+            log.info(
+                "vLLM holds the policy of step %d (pushed after resuming from step %d)",
+                self.pushed_step,
+                self.resumed_step,
+            )
             self.resumed_step = None
         return self._generate(*args, **kwargs)

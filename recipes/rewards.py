@@ -11,6 +11,7 @@ arrive as keyword arguments. The checks run at launch (exit 4, never requeued).
 not in the same run and not after a resume (``orchestrator.checkpoint.reward_cache``); a function
 decorated with ``uncached`` is called every time.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,7 +35,9 @@ TRL_KWARGS = ("completion_ids", "trainer_state", "log_extra", "log_metric")
 def exact_answer(prompts, completions, answer=None, **kwargs) -> list[float]:
     """1.0 when the completion's first number is the row's ``answer`` (the built-in arithmetic task), else 0.0."""
     if answer is None:
-        raise ValueError("recipes.rewards:exact_answer needs an 'answer' column in the dataset (data=synthetic has one)")
+        raise ValueError(
+            "recipes.rewards:exact_answer needs an 'answer' column in the dataset (data=synthetic has one)"
+        )
     out = []
     for completion, want in zip(completions, answer):
         found = _NUMBER.search(_text(completion))
@@ -55,11 +58,17 @@ def _text(completion) -> str:
 
 
 # TRL's named rewards (trl.rewards), as its GRPO script takes them; a factory's instance made with the script's values
-TRL_NAMED = {"accuracy_reward": None, "reasoning_accuracy_reward": None, "think_format_reward": None,
-             "get_soft_overlong_punishment": {"max_completion_len": 1280, "soft_punish_cache": 256}}
+TRL_NAMED = {
+    "accuracy_reward": None,
+    "reasoning_accuracy_reward": None,
+    "think_format_reward": None,
+    "get_soft_overlong_punishment": {"max_completion_len": 1280, "soft_punish_cache": 256},
+}
 _NEEDS_MATH_VERIFY = ("accuracy_reward", "reasoning_accuracy_reward")
-_FORMS = ("'package.module:function', TRL's dotted 'package.module.function', or one of TRL's named rewards: "
-          + ", ".join(TRL_NAMED))
+_FORMS = (
+    "'package.module:function', TRL's dotted 'package.module.function', or one of TRL's named rewards: "
+    + ", ".join(TRL_NAMED)
+)
 
 
 def split_path(path: str) -> tuple[str, str]:
@@ -70,11 +79,15 @@ def split_path(path: str) -> tuple[str, str]:
         module_name, _, attr = path.rpartition(".")
     parts = module_name.split(".") + [attr]
     if not module_name or not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
-        raise ConfigError(f"recipe.reward_funcs entry {path!r} is not an import path. Write it as {_FORMS} "
-                          "(e.g. recipes.rewards:exact_answer).")
+        raise ConfigError(
+            f"recipe.reward_funcs entry {path!r} is not an import path. Write it as {_FORMS} "
+            "(e.g. recipes.rewards:exact_answer)."
+        )
     if parts[0] in sys.stdlib_module_names:  # never a reward; some act on import (antigravity) or run commands
-        raise ConfigError(f"recipe.reward_funcs entry {path!r} names Python's standard library ({parts[0]}), not a "
-                          "reward function. Name your own module's function, e.g. my_rewards:score.")
+        raise ConfigError(
+            f"recipe.reward_funcs entry {path!r} names Python's standard library ({parts[0]}), not a "
+            "reward function. Name your own module's function, e.g. my_rewards:score."
+        )
     return module_name, attr
 
 
@@ -89,15 +102,21 @@ def resolve(path: str, columns: set[str] | None = None):
         try:
             module = importlib.import_module(module_name)
         except Exception as err:  # noqa: BLE001 - any import failure is the user's to fix
-            raise ConfigError(f"recipe.reward_funcs entry {path!r}: module {module_name!r} cannot be imported "
-                              f"({type(err).__name__}: {err}). Put it on PYTHONPATH, or fix the module.") from None
+            raise ConfigError(
+                f"recipe.reward_funcs entry {path!r}: module {module_name!r} cannot be imported "
+                f"({type(err).__name__}: {err}). Put it on PYTHONPATH, or fix the module."
+            ) from None
         fn = getattr(module, attr, None)
         if inspect.ismodule(fn):
-            raise ConfigError(f"recipe.reward_funcs entry {path!r} is a module, not a function: name a function in "
-                              f"it ({path}:NAME or {path}.NAME).")
+            raise ConfigError(
+                f"recipe.reward_funcs entry {path!r} is a module, not a function: name a function in "
+                f"it ({path}:NAME or {path}.NAME)."
+            )
         if fn is None or not callable(fn) or inspect.isclass(fn):
-            raise ConfigError(f"recipe.reward_funcs entry {path!r}: {module_name} has no callable {attr!r}. "
-                              "Name a function defined in that module.")
+            raise ConfigError(
+                f"recipe.reward_funcs entry {path!r}: {module_name} has no callable {attr!r}. "
+                "Name a function defined in that module."
+            )
     check_signature(fn, path, columns)
     return fn
 
@@ -108,13 +127,17 @@ def trl_named(name: str):
     from trl.import_utils import is_math_verify_available
 
     if name in _NEEDS_MATH_VERIFY and not is_math_verify_available():
-        raise ConfigError(f"recipe.reward_funcs entry {name!r} (TRL's) needs the math_verify package, which is not "
-                          "installed here: pip install 'math-verify[antlr4_13_2]', or choose another reward.")
+        raise ConfigError(
+            f"recipe.reward_funcs entry {name!r} (TRL's) needs the math_verify package, which is not "
+            "installed here: pip install 'math-verify[antlr4_13_2]', or choose another reward."
+        )
     try:
         fn = getattr(importlib.import_module("trl.rewards"), name)
     except Exception as err:  # noqa: BLE001 - a package the reward imports is missing here
-        raise ConfigError(f"recipe.reward_funcs entry {name!r} cannot be loaded from trl.rewards "
-                          f"({type(err).__name__}: {str(err).splitlines()[0]}). Install what it needs.") from None
+        raise ConfigError(
+            f"recipe.reward_funcs entry {name!r} cannot be loaded from trl.rewards "
+            f"({type(err).__name__}: {str(err).splitlines()[0]}). Install what it needs."
+        ) from None
     kwargs = TRL_NAMED[name]
     return fn(**kwargs) if kwargs else fn
 
@@ -126,24 +149,34 @@ def check_signature(fn, path: str, columns: set[str] | None = None) -> None:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or C function: whether it takes TRL's call cannot be checked
-        raise ConfigError(f"recipe.reward_funcs entry {path!r} is a built-in without an inspectable signature, so "
-                          f"it cannot be checked against TRL's call. Wrap it in a Python function: {fix}") from None
+        raise ConfigError(
+            f"recipe.reward_funcs entry {path!r} is a built-in without an inspectable signature, so "
+            f"it cannot be checked against TRL's call. Wrap it in a Python function: {fix}"
+        ) from None
     params = sig.parameters.values()
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        raise ConfigError(f"recipe.reward_funcs entry {path!r} takes no **kwargs, but TRL passes the dataset's "
-                          f"columns and {', '.join(TRL_KWARGS)} as keyword arguments. {fix}")
+        raise ConfigError(
+            f"recipe.reward_funcs entry {path!r} takes no **kwargs, but TRL passes the dataset's "
+            f"columns and {', '.join(TRL_KWARGS)} as keyword arguments. {fix}"
+        )
     given: dict[str, Any] = {"prompts": [], "completions": [], **{k: None for k in TRL_KWARGS}}
     if columns is None:
-        given.update({p.name: None for p in params if p.default is p.empty and p.name not in given
-                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)})
+        given.update(
+            {
+                p.name: None
+                for p in params
+                if p.default is p.empty and p.name not in given and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            }
+        )
     else:
         given.update({c: None for c in columns - {"prompt"}})
     try:
         sig.bind(**given)
     except TypeError as err:
         have = f"; this job's dataset has the columns {', '.join(sorted(columns))}" if columns else ""
-        raise ConfigError(f"recipe.reward_funcs entry {path!r} cannot be called as TRL calls it ({err}{have}). "
-                          f"{fix}") from None
+        raise ConfigError(
+            f"recipe.reward_funcs entry {path!r} cannot be called as TRL calls it ({err}{have}). {fix}"
+        ) from None
 
 
 def known_columns(cfg) -> set[str] | None:
@@ -160,24 +193,34 @@ def check_grpo_config(cfg) -> None:
     r = cfg.recipe
     funcs = list(r.reward_funcs or [])
     if not funcs:
-        raise ConfigError("recipe=grpo needs at least one reward function: set recipe.reward_funcs, e.g. "
-                          "[recipes.rewards:exact_answer].")
+        raise ConfigError(
+            "recipe=grpo needs at least one reward function: set recipe.reward_funcs, e.g. "
+            "[recipes.rewards:exact_answer]."
+        )
     columns = known_columns(cfg)
     for path in funcs:
         resolve(path, columns)
         if columns is not None and str(path).strip() in ("think_format_reward", *_NEEDS_MATH_VERIFY):
-            raise ConfigError(f"recipe.reward_funcs entry {path!r} (TRL's) reads conversational completions "
-                              f"(a 'prompt' column of messages) and data={cfg.data.source}'s prompts are text: "
-                              "give conversational data (data=jsonl or hub), or a reward for text completions.")
+            raise ConfigError(
+                f"recipe.reward_funcs entry {path!r} (TRL's) reads conversational completions "
+                f"(a 'prompt' column of messages) and data={cfg.data.source}'s prompts are text: "
+                "give conversational data (data=jsonl or hub), or a reward for text completions."
+            )
     if r.reward_weights is not None and len(r.reward_weights) != len(funcs):
-        raise ConfigError(f"recipe.reward_weights has {len(r.reward_weights)} weights for {len(funcs)} reward "
-                          "functions; give one weight per entry of recipe.reward_funcs, or drop recipe.reward_weights.")
+        raise ConfigError(
+            f"recipe.reward_weights has {len(r.reward_weights)} weights for {len(funcs)} reward "
+            "functions; give one weight per entry of recipe.reward_funcs, or drop recipe.reward_weights."
+        )
     if r.num_generations < 2:
-        raise ConfigError(f"recipe.num_generations={r.num_generations}: GRPO's advantages compare completions of one "
-                          "prompt, so it needs at least 2. Set recipe.num_generations=2 or more.")
+        raise ConfigError(
+            f"recipe.num_generations={r.num_generations}: GRPO's advantages compare completions of one "
+            "prompt, so it needs at least 2. Set recipe.num_generations=2 or more."
+        )
     if r.beta < 0 or not math.isfinite(r.beta):
-        raise ConfigError(f"recipe.beta={r.beta} must be a finite number of at least 0 (0: no KL term, no reference "
-                          "model). Set e.g. recipe.beta=0.04.")
+        raise ConfigError(
+            f"recipe.beta={r.beta} must be a finite number of at least 0 (0: no KL term, no reference "
+            "model). Set e.g. recipe.beta=0.04."
+        )
     if r.num_iterations < 1 or r.max_completion_length < 1:
         raise ConfigError("recipe.num_iterations and recipe.max_completion_length must be at least 1.")
     check_generation_batch(cfg)
@@ -185,13 +228,17 @@ def check_grpo_config(cfg) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("recipe.use_vllm=true needs a CUDA GPU (vLLM is CUDA-only) and this machine has none. "
-                              "Set recipe.use_vllm=false: TRL then generates with transformers' generate.")
+            raise ConfigError(
+                "recipe.use_vllm=true needs a CUDA GPU (vLLM is CUDA-only) and this machine has none. "
+                "Set recipe.use_vllm=false: TRL then generates with transformers' generate."
+            )
     if r.vllm_mode not in ("colocate", "server"):
         raise ConfigError(f"recipe.vllm_mode={r.vllm_mode!r}; choose colocate or server.")
     if int(cfg.train.eval_steps) > 0:
-        raise ConfigError("recipe=grpo evaluates at the end only here (TRL's evaluation would sample and score the "
-                          "held-out prompts at every evaluation). Set train.eval_steps=0.")
+        raise ConfigError(
+            "recipe=grpo evaluates at the end only here (TRL's evaluation would sample and score the "
+            "held-out prompts at every evaluation). Set train.eval_steps=0."
+        )
 
 
 def generation_batch(cfg) -> tuple[int, int]:
@@ -204,8 +251,10 @@ def generation_batch(cfg) -> tuple[int, int]:
         raise ConfigError("recipe.generation_batch_size and recipe.steps_per_generation say the same thing; set one.")
     if r.generation_batch_size is not None:
         if int(r.generation_batch_size) % step_batch:
-            raise ConfigError(f"recipe.generation_batch_size={r.generation_batch_size} must be a multiple of the "
-                              f"global micro-batch ({step_batch} = train.per_device_batch_size x processes).")
+            raise ConfigError(
+                f"recipe.generation_batch_size={r.generation_batch_size} must be a multiple of the "
+                f"global micro-batch ({step_batch} = train.per_device_batch_size x processes)."
+            )
         return int(r.generation_batch_size), int(r.generation_batch_size) // step_batch
     steps = int(r.steps_per_generation or t.gradient_accumulation_steps)
     if steps < 1:
@@ -217,9 +266,11 @@ def check_generation_batch(cfg) -> None:
     size, _ = generation_batch(cfg)
     n = int(cfg.recipe.num_generations)
     if size % n:
-        raise ConfigError(f"recipe.num_generations={n} does not divide the generation batch of {size} completions "
-                          "(train.per_device_batch_size x processes x recipe.steps_per_generation). Choose "
-                          f"num_generations among the divisors of {size}, or change the batch.")
+        raise ConfigError(
+            f"recipe.num_generations={n} does not divide the generation batch of {size} completions "
+            "(train.per_device_batch_size x processes x recipe.steps_per_generation). Choose "
+            f"num_generations among the divisors of {size}, or change the batch."
+        )
 
 
 def row_id(prompt, columns: dict) -> str:
@@ -242,8 +293,10 @@ class CachedReward:
     def __call__(self, prompts, completions, **kwargs):
         n = len(completions)
         per_row = {k: v for k, v in kwargs.items() if k not in TRL_KWARGS and isinstance(v, list) and len(v) == n}
-        keys = [(row_id(prompts[i], {k: v[i] for k, v in per_row.items()}), completion_hash(completions[i]))
-                for i in range(n)]
+        keys = [
+            (row_id(prompts[i], {k: v[i] for k, v in per_row.items()}), completion_hash(completions[i]))
+            for i in range(n)
+        ]
         missing = [i for i, key in enumerate(keys) if self.cache.get(self.path, key) is None]
         first = list({keys[i]: i for i in reversed(missing)}.values())  # one call per distinct pair
         if first:
@@ -251,8 +304,10 @@ class CachedReward:
             sub = {k: ([v[i] for i in first] if isinstance(v, list) and len(v) == n else v) for k, v in kwargs.items()}
             values = self.fn(prompts=[prompts[i] for i in first], completions=[completions[i] for i in first], **sub)
             if len(values) != len(first):
-                raise ValueError(f"reward function {self.path} returned {len(values)} rewards for {len(first)} "
-                                 "completions; return one per completion")
+                raise ValueError(
+                    f"reward function {self.path} returned {len(values)} rewards for {len(first)} "
+                    "completions; return one per completion"
+                )
             computed = {keys[i]: v for i, v in zip(first, values)}
             self.cache.put(self.path, computed)  # what it keeps: finite rewards within reward_cache.REWARD_BOUND
         else:

@@ -6,6 +6,7 @@ Data: prompt/completion rows (loss on the completion only) or chat ``messages``.
 Quality (``recipes.evaluation``): eval loss and perplexity, and the share of greedy generations on the
 held-out split that match the answer (``recipe.eval_metric``).
 """
+
 from __future__ import annotations
 
 from recipes import common, evaluation
@@ -16,8 +17,16 @@ def preload() -> None:
     from trl import SFTConfig, SFTTrainer  # noqa: F401
 
 
-def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callbacks: list, quantization: str | None = None,
-                  prepared=None):
+def build_trainer(
+    cfg,
+    *,
+    train_dataset,
+    eval_dataset,
+    output_dir: str,
+    callbacks: list,
+    quantization: str | None = None,
+    prepared=None,
+):
     """``prepared``: the sets an earlier attempt's trainer prepared from these rows (``train``, ``eval``; the
     prepared-dataset cache, ``orchestrator.attempt.datacache``), handed to TRL as they are: preparing them
     again is not the identity (a packed set would be packed twice). The raw ``eval_dataset`` still feeds the
@@ -27,13 +36,18 @@ def build_trainer(cfg, *, train_dataset, eval_dataset, output_dir: str, callback
     path = common.resolve_model_path(cfg.model)
     tokenizer = common.tokenizer_for(cfg, path)
     # recipe.quantization=nf4 loads a 4-bit base (recipes.qlora passes it explicitly)
-    model = common.load_model(path, cfg.model, quantization=quantization or cfg.recipe.quantization,
-                              mixed_precision=cfg.train.mixed_precision)
+    model = common.load_model(
+        path, cfg.model, quantization=quantization or cfg.recipe.quantization, mixed_precision=cfg.train.mixed_precision
+    )
     peft_config = common.lora_config(cfg.recipe) if cfg.recipe.peft == "lora" else None
     t = cfg.train
-    args = SFTConfig(**common.training_kwargs(cfg, output_dir), packing=t.packing,
-                     packing_strategy=str(t.packing_strategy), padding_free=t.padding_free,
-                     dataset_kwargs={"skip_prepare_dataset": True} if prepared is not None else None)
+    args = SFTConfig(
+        **common.training_kwargs(cfg, output_dir),
+        packing=t.packing,
+        packing_strategy=str(t.packing_strategy),
+        padding_free=t.padding_free,
+        dataset_kwargs={"skip_prepare_dataset": True} if prepared is not None else None,
+    )
     return SFTTrainer(
         model=model,
         args=args,

@@ -5,6 +5,7 @@ they use this one: built from a config and a seed, saved with ``save_pretrained`
 into a cache folder and loaded back through the same ``from_pretrained`` path as
 any hub model. The tokenizer is a BPE trained on the built-in task's text.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -111,15 +112,36 @@ def _build_in_child(spec: dict, out: Path, pretrain_steps: int) -> None:
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                        "GROUP_RANK", "ROLE_RANK", "NODE_RANK"} and not k.startswith(("ACCELERATE_", "TORCHELASTIC_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "GROUP_RANK",
+            "ROLE_RANK",
+            "NODE_RANK",
+        }
+        and not k.startswith(("ACCELERATE_", "TORCHELASTIC_"))
+    }
     repo = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
-    code = ("import json, sys; from pathlib import Path; from recipes.tiny import _build; "
-            "_build(json.loads(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))")
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(spec), str(out), str(pretrain_steps)], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    code = (
+        "import json, sys; from pathlib import Path; from recipes.tiny import _build; "
+        "_build(json.loads(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(spec), str(out), str(pretrain_steps)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if done.returncode:
         raise RuntimeError(f"building the tiny model failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
 

@@ -5,6 +5,7 @@
 requeued) with the key and the fix in the message; ``validate`` runs them all (``CHECKS``) and reports every
 problem at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,10 @@ def validate(cfg: DictConfig) -> None:
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
-        raise ConfigError(f"{len(problems)} problems in the config:\n" +
-                          "\n".join(f"  {n}. {text}" for n, text in enumerate(problems, 1)))
+        raise ConfigError(
+            f"{len(problems)} problems in the config:\n"
+            + "\n".join(f"  {n}. {text}" for n, text in enumerate(problems, 1))
+        )
 
 
 def _check_recipe(cfg: DictConfig) -> None:
@@ -65,10 +68,14 @@ def _check_recipe(cfg: DictConfig) -> None:
 
         check_grpo_config(cfg)  # reward functions importable with TRL's signature, batch shapes, beta, vLLM
     if cfg.recipe.quantization == "nf4" and cfg.recipe.peft == "full":
-        raise ConfigError("recipe.quantization=nf4 needs recipe.peft=lora: a 4-bit base cannot be fully fine-tuned. "
-                          "Use recipe.peft=lora (QLoRA) or recipe.quantization=none.")
+        raise ConfigError(
+            "recipe.quantization=nf4 needs recipe.peft=lora: a 4-bit base cannot be fully fine-tuned. "
+            "Use recipe.peft=lora (QLoRA) or recipe.quantization=none."
+        )
     if cfg.recipe.name == "qlora" and cfg.recipe.quantization != "nf4":
-        raise ConfigError("recipe=qlora needs recipe.quantization=nf4 (a 4-bit base); use recipe=sft for an unquantised base.")
+        raise ConfigError(
+            "recipe=qlora needs recipe.quantization=nf4 (a 4-bit base); use recipe=sft for an unquantised base."
+        )
 
 
 def _check_evaluation(cfg: DictConfig) -> None:
@@ -78,24 +85,34 @@ def _check_evaluation(cfg: DictConfig) -> None:
         if t[key] < 0:
             raise ConfigError(f"train.{key}={t[key]} must be at least 0 (0: off); set train.{key}=0 or more.")
     if t.early_stopping_threshold < 0:
-        raise ConfigError(f"train.early_stopping_threshold={t.early_stopping_threshold} must be at least 0 (how much "
-                          "the quality metric must improve to count); set e.g. train.early_stopping_threshold=0.")
+        raise ConfigError(
+            f"train.early_stopping_threshold={t.early_stopping_threshold} must be at least 0 (how much "
+            "the quality metric must improve to count); set e.g. train.early_stopping_threshold=0."
+        )
     bench = _check_selection_metric(cfg)
     if t.early_stopping_patience > 0 and t.eval_steps <= 0 and not bench:
-        raise ConfigError(f"train.early_stopping_patience={t.early_stopping_patience} counts evaluations, but "
-                          "train.eval_steps=0 evaluates only at the end. Set train.eval_steps=N (e.g. 50), or "
-                          "train.early_stopping_patience=0.")
+        raise ConfigError(
+            f"train.early_stopping_patience={t.early_stopping_patience} counts evaluations, but "
+            "train.eval_steps=0 evaluates only at the end. Set train.eval_steps=N (e.g. 50), or "
+            "train.early_stopping_patience=0."
+        )
     if cfg.checkpoint.final == "best":
         if t.eval_steps <= 0 and not bench:
-            raise ConfigError("checkpoint.final=best keeps the best evaluation's weights, but train.eval_steps=0 "
-                              "evaluates only at the end. Set train.eval_steps=N (e.g. 50), or checkpoint.final=last.")
+            raise ConfigError(
+                "checkpoint.final=best keeps the best evaluation's weights, but train.eval_steps=0 "
+                "evaluates only at the end. Set train.eval_steps=N (e.g. 50), or checkpoint.final=last."
+            )
         if not cfg.checkpoint.save_final_weights:
-            raise ConfigError("checkpoint.final=best chooses what <run>/final/ holds, but "
-                              "checkpoint.save_final_weights=false writes no final weights. Drop one of the two.")
+            raise ConfigError(
+                "checkpoint.final=best chooses what <run>/final/ holds, but "
+                "checkpoint.save_final_weights=false writes no final weights. Drop one of the two."
+            )
         if cfg.distributed.name not in ("none", "ddp"):
-            raise ConfigError(f"checkpoint.final=best loads the best checkpoint's weights back at the end, which is "
-                              f"supported with distributed=none or ddp, not {cfg.distributed.name}. Use "
-                              "checkpoint.final=last (and pick the best checkpoint from storage), or distributed=ddp.")
+            raise ConfigError(
+                f"checkpoint.final=best loads the best checkpoint's weights back at the end, which is "
+                f"supported with distributed=none or ddp, not {cfg.distributed.name}. Use "
+                "checkpoint.final=last (and pick the best checkpoint from storage), or distributed=ddp."
+            )
 
 
 def _check_selection_metric(cfg: DictConfig) -> bool:
@@ -108,20 +125,26 @@ def _check_selection_metric(cfg: DictConfig) -> bool:
 
     task, metric = selection.split(name) if selection.is_bench_metric(name) else ("", "")
     if not (task and metric):
-        raise ConfigError(f"train.early_stopping_metric={name!r}: give bench/<task>/<metric> (e.g. "
-                          "bench/tiny_arith_mc/acc, scored by eval.tasks), or null for the held-out quality metric.")
+        raise ConfigError(
+            f"train.early_stopping_metric={name!r}: give bench/<task>/<metric> (e.g. "
+            "bench/tiny_arith_mc/acc, scored by eval.tasks), or null for the held-out quality metric."
+        )
     if not spec.enabled(cfg) or cfg.eval.every <= 0:
-        raise ConfigError(f"train.early_stopping_metric={name} selects on benchmark scores of checkpoints, but "
-                          f"{'eval.tasks is empty' if not spec.enabled(cfg) else 'eval.every=0 scores only the final weights'}."
-                          f" Set 'eval.tasks=[{task}]' and eval.every=N (e.g. 1), or train.early_stopping_metric=null.")
+        raise ConfigError(
+            f"train.early_stopping_metric={name} selects on benchmark scores of checkpoints, but "
+            f"{'eval.tasks is empty' if not spec.enabled(cfg) else 'eval.every=0 scores only the final weights'}."
+            f" Set 'eval.tasks=[{task}]' and eval.every=N (e.g. 1), or train.early_stopping_metric=null."
+        )
     spec.check_metric(cfg.eval, task, metric, key=f"train.early_stopping_metric={name}")
     return True
 
 
 def _check_tracking(cfg: DictConfig) -> None:
     if cfg.tracking.log_final_weights and not cfg.tracking.enabled:
-        raise ConfigError("tracking.log_final_weights=true logs the final weights to MLflow, but tracking.enabled=false. "
-                          "Set tracking.enabled=true, or drop tracking.log_final_weights.")
+        raise ConfigError(
+            "tracking.log_final_weights=true logs the final weights to MLflow, but tracking.enabled=false. "
+            "Set tracking.enabled=true, or drop tracking.log_final_weights."
+        )
 
 
 def _check_data(cfg: DictConfig) -> None:
@@ -162,12 +185,19 @@ def _check_schedule(cfg: DictConfig) -> None:
         raise ConfigError(
             f"backend.on_demand_partition={backend.on_demand_partition!r}: {problem}. Set backend=slurm "
             "backend.partition=<spot partition> backend.on_demand_partition=<on-demand partition> run.deadline=52h "
-            "compute.spot=true, or drop backend.on_demand_partition.")
+            "compute.spot=true, or drop backend.on_demand_partition."
+        )
 
 
 def _check_counts(cfg: DictConfig) -> None:
-    positive = ["train.per_device_batch_size", "train.gradient_accumulation_steps", "checkpoint.keep_last",
-                "compute.nodes", "distributed.processes_per_node", "distributed.nodes"]
+    positive = [
+        "train.per_device_batch_size",
+        "train.gradient_accumulation_steps",
+        "checkpoint.keep_last",
+        "compute.nodes",
+        "distributed.processes_per_node",
+        "distributed.nodes",
+    ]
     for key in positive:
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} must be at least 1.")
@@ -195,7 +225,8 @@ def _check_spend_caps(cfg: DictConfig) -> None:
         raise ConfigError(
             f"budget.reserve_ahead={cfg.budget.reserve_ahead!r}: a spend cap (budget.monthly_max_usd or "
             "budget.experiment_max_usd) is charged before it is spent, a reservation at a time, so concurrent jobs "
-            "cannot overspend it; set budget.reserve_ahead to a duration such as 1m.")
+            "cannot overspend it; set budget.reserve_ahead to a duration such as 1m."
+        )
 
 
 def _check_run_name(cfg: DictConfig) -> None:
@@ -242,12 +273,16 @@ def _check_gpus_match_processes(cfg: DictConfig) -> None:
     gpus, processes = per_node * nodes, configured_world_size(cfg)
     if gpus == processes or (processes < gpus and cfg.compute.allow_idle_gpus):
         return
-    started = (f"distributed={cfg.distributed.name} starts {processes} training process{'es' if processes > 1 else ''}"
-               + ("" if cfg.distributed.name == "none" else
-                  f" (distributed.processes_per_node={cfg.distributed.processes_per_node} x "
-                  f"distributed.nodes={cfg.distributed.nodes})"))
-    billed = (f"compute={cfg.compute.name} bills {gpus} GPUs (compute.gpus_per_node={per_node} x "
-              f"compute.nodes={nodes})")
+    started = (
+        f"distributed={cfg.distributed.name} starts {processes} training process{'es' if processes > 1 else ''}"
+        + (
+            ""
+            if cfg.distributed.name == "none"
+            else f" (distributed.processes_per_node={cfg.distributed.processes_per_node} x "
+            f"distributed.nodes={cfg.distributed.nodes})"
+        )
+    )
+    billed = f"compute={cfg.compute.name} bills {gpus} GPUs (compute.gpus_per_node={per_node} x compute.nodes={nodes})"
     spread = f"distributed.processes_per_node={per_node}" + (f" distributed.nodes={nodes}" if nodes > 1 else "")
     if processes < gpus:
         raise ConfigError(
@@ -279,8 +314,9 @@ def _check_attempt_settings(cfg: DictConfig) -> None:
     requeue = cfg.requeue
     for key in ("max_preemptions", "max_failures"):
         if requeue[key] < 0:
-            raise ConfigError(f"requeue.{key}={requeue[key]} must be at least 0 (0: never requeue); "
-                              f"set requeue.{key}=0 or more.")
+            raise ConfigError(
+                f"requeue.{key}={requeue[key]} must be at least 0 (0: never requeue); set requeue.{key}=0 or more."
+            )
     for key in ("backoff_base_seconds", "backoff_max_seconds"):
         if requeue[key] < 0:
             raise ConfigError(f"requeue.{key}={requeue[key]} must be at least 0 seconds; set requeue.{key}=0 or more.")
@@ -291,15 +327,19 @@ def _check_attempt_settings(cfg: DictConfig) -> None:
             "Set requeue.crash_loop_threshold=3 (the default) or more."
         )
     if cfg.preemption.poll_seconds <= 0:
-        raise ConfigError(f"preemption.poll_seconds={cfg.preemption.poll_seconds} must be more than 0 (seconds "
-                          "between polls of the cloud's metadata service); set e.g. preemption.poll_seconds=5.")
+        raise ConfigError(
+            f"preemption.poll_seconds={cfg.preemption.poll_seconds} must be more than 0 (seconds "
+            "between polls of the cloud's metadata service); set e.g. preemption.poll_seconds=5."
+        )
     try:
         check_uri(cfg.storage.uri)
     except ValueError as err:
         raise ConfigError(f"storage.uri: {err}") from None
     if cfg.storage.multipart_threshold_mb < 1:
-        raise ConfigError(f"storage.multipart_threshold_mb={cfg.storage.multipart_threshold_mb} must be at least 1 "
-                          "(files this large or larger upload in parts); set e.g. storage.multipart_threshold_mb=64.")
+        raise ConfigError(
+            f"storage.multipart_threshold_mb={cfg.storage.multipart_threshold_mb} must be at least 1 "
+            "(files this large or larger upload in parts); set e.g. storage.multipart_threshold_mb=64."
+        )
 
 
 def _check_strings(node, path: str = "") -> None:
@@ -372,24 +412,51 @@ def check_lr_scheduler(cfg: DictConfig) -> None:
     names = [s.value for s in SchedulerType]
     usable = "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, inverse_sqrt"
     if name not in names:
-        raise ConfigError(f"train.lr_scheduler={name!r} is not a transformers scheduler; choose one of: {usable} "
-                          f"(transformers knows: {', '.join(names)}).")
+        raise ConfigError(
+            f"train.lr_scheduler={name!r} is not a transformers scheduler; choose one of: {usable} "
+            f"(transformers knows: {', '.join(names)})."
+        )
     if name in (SchedulerType.REDUCE_ON_PLATEAU.value, SchedulerType.GREEDY.value):
-        raise ConfigError(f"train.lr_scheduler={name!r} steps on evaluation metrics, which this project "
-                          f"does not support (resume exactness is proven for step-driven schedules only); choose one "
-                          f"of: {usable}.")
+        raise ConfigError(
+            f"train.lr_scheduler={name!r} steps on evaluation metrics, which this project "
+            f"does not support (resume exactness is proven for step-driven schedules only); choose one "
+            f"of: {usable}."
+        )
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     steps = max(1, int(cfg.train.max_steps))
     try:
         get_scheduler(name, optimizer=optimizer, num_warmup_steps=int(cfg.train.warmup_steps), num_training_steps=steps)
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"train.lr_scheduler={name!r} needs arguments this job does not pass ({err}); choose one "
-                          f"of: {usable}.") from None
+        raise ConfigError(
+            f"train.lr_scheduler={name!r} needs arguments this job does not pass ({err}); choose one of: {usable}."
+        ) from None
 
 
 # every check validate() runs (after the resolvable values, the choices and the finite numbers), in the order they are reported
-CHECKS = (_check_recipe, _check_evaluation, check_ranges, _check_tracking, _check_data, _check_durations, _check_schedule, _check_counts,
-          _check_spend_caps, _check_run_name,
-          _check_string_values, _check_backend_settings, _check_webhook, _check_remote_storage, _check_gpus_match_processes,
-          _check_attempt_settings, check_lr_scheduler, _check_model_path, bench_spec.check, *train_options.CHECKS,
-          *multinode_checks.CHECKS, check_zones, check_zone_settings, check_hub_model, warn_unpinned_image)
+CHECKS = (
+    _check_recipe,
+    _check_evaluation,
+    check_ranges,
+    _check_tracking,
+    _check_data,
+    _check_durations,
+    _check_schedule,
+    _check_counts,
+    _check_spend_caps,
+    _check_run_name,
+    _check_string_values,
+    _check_backend_settings,
+    _check_webhook,
+    _check_remote_storage,
+    _check_gpus_match_processes,
+    _check_attempt_settings,
+    check_lr_scheduler,
+    _check_model_path,
+    bench_spec.check,
+    *train_options.CHECKS,
+    *multinode_checks.CHECKS,
+    check_zones,
+    check_zone_settings,
+    check_hub_model,
+    warn_unpinned_image,
+)

@@ -1,5 +1,6 @@
 """The launch's config: composed (``orchestrator.config.compose``) and checked by every launch check
 (``orchestrator.app.checks``): what ``launch``, ``orchestrator plan`` and ``orchestrator eval`` read."""
+
 from __future__ import annotations
 
 from omegaconf import DictConfig

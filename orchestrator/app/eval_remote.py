@@ -9,6 +9,7 @@ SIGUSR1 or SIGINT, and is idempotent: a rerun skips every stored result) and non
 price the eval command bills on that machine. Its engine job is ``<run.name>-eval``, so it never collides with the
 training job's (a Kubernetes Job of the same name, a SkyPilot managed job of the same name).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence

@@ -19,6 +19,7 @@ passes offline, silently). Local folders, ``builtin:`` and ``s3://`` models are 
 ``HF_TOKEN`` only (``orchestrator.backends.hub_token_names``), so a gated model reached with ``hf auth login``'s token
 alone is refused there, asking for ``export HF_TOKEN``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,8 +51,11 @@ def check_hub_model(cfg: Any) -> None:
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str):
-            log.warning("model.name_or_path=%s not checked: HF_HUB_OFFLINE is set and it is not in the local "
-                        "Hugging Face cache", repo_id)
+            log.warning(
+                "model.name_or_path=%s not checked: HF_HUB_OFFLINE is set and it is not in the local "
+                "Hugging Face cache",
+                repo_id,
+            )
         return
     err = fetch_error(repo_id, revision, token=None)  # None: the token huggingface_hub finds
     if err is None and str(cfg.backend.name) in ENV_TOKEN_ONLY_BACKENDS and not os.environ.get(TOKEN_ENV):
@@ -63,12 +67,17 @@ def check_hub_model(cfg: Any) -> None:
                 raise ConfigError(
                     f"model.name_or_path={repo_id} needs a Hugging Face token, and backend={cfg.backend.name} "
                     f"gives the job the variable {TOKEN_ENV} only (the token from `hf auth login` stays on this "
-                    f"machine): export {TOKEN_ENV}=hf_... before launching{_k8s_hint(cfg)}.")
+                    f"machine): export {TOKEN_ENV}=hf_... before launching{_k8s_hint(cfg)}."
+                )
     if err is not None:
         problem = describe(err, cfg, repo_id, revision)
         if problem is None:
-            log.warning("model.name_or_path=%s not checked on the hub at %s (%s); launching anyway", repo_id,
-                        hub_endpoint(), _first_line(err))
+            log.warning(
+                "model.name_or_path=%s not checked on the hub at %s (%s); launching anyway",
+                repo_id,
+                hub_endpoint(),
+                _first_line(err),
+            )
             return
         raise ConfigError(problem)
 
@@ -110,26 +119,38 @@ def describe(err: Exception, cfg: Any, repo_id: str, revision: Optional[str]) ->
     has_token = bool(get_token())
     if isinstance(err, GatedRepoError):
         if not has_token:
-            return (f"{key} is a gated repository and no Hugging Face token is set: accept its licence at {page} "
-                    f"and export {TOKEN_ENV}=hf_... (a read token of that account) before launching{_k8s_hint(cfg)}.")
-        return (f"{key} is a gated repository and the account of the token set ({TOKEN_ENV} or hf auth login) has "
-                f"no access: accept the licence at {page} with that account (or use a token of one that has).")
+            return (
+                f"{key} is a gated repository and no Hugging Face token is set: accept its licence at {page} "
+                f"and export {TOKEN_ENV}=hf_... (a read token of that account) before launching{_k8s_hint(cfg)}."
+            )
+        return (
+            f"{key} is a gated repository and the account of the token set ({TOKEN_ENV} or hf auth login) has "
+            f"no access: accept the licence at {page} with that account (or use a token of one that has)."
+        )
     if isinstance(err, RepositoryNotFoundError):
         private = "" if has_token else f"; for a private repository, export {TOKEN_ENV}=hf_... before launching"
-        return (f"{key} is not a model on the hub ({hub_endpoint()}), or not one this token can read: fix the name "
-                f"(e.g. Qwen/Qwen2.5-0.5B), or give a local folder with config.json{private}.")
+        return (
+            f"{key} is not a model on the hub ({hub_endpoint()}), or not one this token can read: fix the name "
+            f"(e.g. Qwen/Qwen2.5-0.5B), or give a local folder with config.json{private}."
+        )
     if isinstance(err, RevisionNotFoundError):
-        return (f"model.revision={revision} is not a branch, tag or commit of {repo_id}: fix model.revision, or "
-                "drop it for the default branch.")
+        return (
+            f"model.revision={revision} is not a branch, tag or commit of {repo_id}: fix model.revision, or "
+            "drop it for the default branch."
+        )
     if isinstance(err, RemoteEntryNotFoundError):
-        return (f"{key} has no config.json{f' at {revision}' if revision else ''}, so transformers cannot load it "
-                f"as a model: give the id of a transformers model (see {page}).")
+        return (
+            f"{key} has no config.json{f' at {revision}' if revision else ''}, so transformers cannot load it "
+            f"as a model: give the id of a transformers model (see {page})."
+        )
     if isinstance(err, HFValidationError):
         return f"{key} is not a hub id (org/name) nor an existing local folder: fix model.name_or_path."
     response = getattr(err, "response", None)
     if isinstance(err, HfHubHTTPError) and getattr(response, "status_code", None) == 401:
-        return (f"{key}: the hub refused the Hugging Face token set ({TOKEN_ENV} or hf auth login) as invalid: "
-                f"export {TOKEN_ENV} with a valid read token (huggingface.co/settings/tokens), or unset it.")
+        return (
+            f"{key}: the hub refused the Hugging Face token set ({TOKEN_ENV} or hf auth login) as invalid: "
+            f"export {TOKEN_ENV} with a valid read token (huggingface.co/settings/tokens), or unset it."
+        )
     return None
 
 
@@ -138,8 +159,10 @@ def _k8s_hint(cfg: Any) -> str:
         return ""
     from orchestrator.backends.settings import backend_settings
 
-    return (f", and put it in the pod's Secret: kubectl create secret generic {backend_settings(cfg).secret_name} "
-            f"--from-literal={TOKEN_ENV}=\"${TOKEN_ENV}\"")
+    return (
+        f", and put it in the pod's Secret: kubectl create secret generic {backend_settings(cfg).secret_name} "
+        f'--from-literal={TOKEN_ENV}="${TOKEN_ENV}"'
+    )
 
 
 def _first_line(err: Exception) -> str:

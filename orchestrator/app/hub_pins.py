@@ -7,6 +7,7 @@ the revision is left as given, with one warning (the job still runs, unpinned). 
 there is left to the launch check (``orchestrator.app.hub_access``), which refuses it with the fix. Entries of ``data.mix``
 are recorded as given (Hydra has no override for one field of a list entry).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,15 +25,16 @@ def resolve_commit(repo_type: str, repo_id: str, revision: Optional[str]) -> str
     """The commit ``revision`` (None: the default branch) of a hub repository names now."""
     from huggingface_hub import HfApi
 
-
     api = HfApi(endpoint=hub_endpoint())  # HF_ENDPOINT as set now, as the launch check reads it
-    info = (api.model_info if repo_type == "model" else api.dataset_info)(repo_id, revision=revision,
-                                                                         timeout=HUB_TIMEOUT_SECONDS)
+    info = (api.model_info if repo_type == "model" else api.dataset_info)(
+        repo_id, revision=revision, timeout=HUB_TIMEOUT_SECONDS
+    )
     return str(info.sha)
 
 
-def pin_revisions(cfg: Any, overrides: list[str],
-                  resolve: Callable[[str, str, Optional[str]], str] = resolve_commit) -> list[str]:
+def pin_revisions(
+    cfg: Any, overrides: list[str], resolve: Callable[[str, str, Optional[str]], str] = resolve_commit
+) -> list[str]:
     """``overrides`` with each hub input's revision replaced by the commit it resolves to."""
     inputs = hub_inputs(cfg)
     if not inputs:
@@ -51,8 +53,13 @@ def pin_revisions(cfg: Any, overrides: list[str],
         except Exception as err:  # noqa: BLE001 - unreachable hub, unknown repo: the attempt reports it
             if repo_type == "model" and _refused(err):
                 continue  # the launch check (orchestrator.app.hub_access) says why, with the fix: exit 4
-            log.warning("%s=%s of %s not pinned to a commit (%s)", key, revision, repo_id,
-                        str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__)
+            log.warning(
+                "%s=%s of %s not pinned to a commit (%s)",
+                key,
+                revision,
+                repo_id,
+                str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__,
+            )
             continue
         log.info("%s pinned: %s@%s is commit %s", key, repo_id, revision or "main", pins[key])
     kept = [o for o in overrides if o.partition("=")[0] not in pins]

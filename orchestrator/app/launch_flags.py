@@ -5,6 +5,7 @@ or among the overrides). The launcher is not a Hydra app: Hydra's other flags ar
 instead (exit 2, a bad command line), and ``hydra.*``/``hydra/...`` overrides are refused when the config is
 composed (exit 4, ``orchestrator.config.aliases``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,9 @@ EXAMPLES = (
 
 
 def parser(prog: str = PROG) -> Parser:
-    p = Parser(prog=prog, add_help=False, allow_abbrev=False, usage=f"{prog} [-h] [--cfg job] [--info] [-m] [override ...]")
+    p = Parser(
+        prog=prog, add_help=False, allow_abbrev=False, usage=f"{prog} [-h] [--cfg job] [--info] [-m] [override ...]"
+    )
     p.add_argument("-h", "--help", action="store_true")
     p.add_argument("-c", "--cfg", choices=["job", "all", "hydra"])
     p.add_argument("--resolve", action="store_true")
@@ -91,40 +94,44 @@ def groups_text(conf) -> list[str]:
 
 def usage(conf, prog: str = PROG) -> str:
     examples = [e.replace(PROG, prog) for e in EXAMPLES]
-    return "\n".join([
-        f"usage: {prog} [-h] [--cfg job [--resolve] [--package KEY]] [--info] [-m] [override ...]",
-        "",
-        "Compose conf/config.yaml with the overrides against the typed schemas, check the job, print its plan",
-        "(memory, fit, cost) and run it on the chosen backend. `orchestrator launch` is the same command.",
-        "",
-        "config groups (group=option; the default first):",
-        *groups_text(conf),
-        "",
-        "overrides: key=value (train.max_steps=500), group=option (recipe=dpo); TRL's option names under train.",
-        "  take effect (train.per_device_train_batch_size=4, +train.warmup_ratio=0.03); +key=value only where a key",
-        "  may be added (+run.notes.NAME=..., +backend.extra.NAME=...). Every key: docs/configuration.md.",
-        "",
-        "flags (before, after or among the overrides):",
-        "  -h, --help       this text",
-        "  --cfg job        print the composed job config as YAML and stop; nothing runs (--cfg all: the same)",
-        "  --resolve        with --cfg: resolve ${...} interpolations;  --package KEY: print one group (train)",
-        "  --info           the config directory, the groups' defaults and this command line's overrides",
-        "  -m, --multirun   a sweep of jobs: a=1,2 grids, or sweep=asha (docs/sweeps.md)",
-        "",
-        "examples:",
-        *[f"  {e}" for e in examples],
-        "",
-        "exit codes: 0 done; 2 a bad command line; 3 budget spent or paused; 4 a bad config (never requeued);",
-        "  5 requeue caps spent; 75 preempted (docs/cli.md).",
-    ])
+    return "\n".join(
+        [
+            f"usage: {prog} [-h] [--cfg job [--resolve] [--package KEY]] [--info] [-m] [override ...]",
+            "",
+            "Compose conf/config.yaml with the overrides against the typed schemas, check the job, print its plan",
+            "(memory, fit, cost) and run it on the chosen backend. `orchestrator launch` is the same command.",
+            "",
+            "config groups (group=option; the default first):",
+            *groups_text(conf),
+            "",
+            "overrides: key=value (train.max_steps=500), group=option (recipe=dpo); TRL's option names under train.",
+            "  take effect (train.per_device_train_batch_size=4, +train.warmup_ratio=0.03); +key=value only where a key",
+            "  may be added (+run.notes.NAME=..., +backend.extra.NAME=...). Every key: docs/configuration.md.",
+            "",
+            "flags (before, after or among the overrides):",
+            "  -h, --help       this text",
+            "  --cfg job        print the composed job config as YAML and stop; nothing runs (--cfg all: the same)",
+            "  --resolve        with --cfg: resolve ${...} interpolations;  --package KEY: print one group (train)",
+            "  --info           the config directory, the groups' defaults and this command line's overrides",
+            "  -m, --multirun   a sweep of jobs: a=1,2 grids, or sweep=asha (docs/sweeps.md)",
+            "",
+            "examples:",
+            *[f"  {e}" for e in examples],
+            "",
+            "exit codes: 0 done; 2 a bad command line; 3 budget spent or paused; 4 a bad config (never requeued);",
+            "  5 requeue caps spent; 75 preempted (docs/cli.md).",
+        ]
+    )
 
 
 def info(conf, overrides: list[str]) -> str:
-    return "\n".join([
-        f"config directory: {conf} (ORCH_CONF_DIR to use another)",
-        "primary config: config.yaml",
-        "defaults (group: option):",
-        *[f"  {group}: {option}" for group, option in config_defaults(conf)],
-        f"overrides: {' '.join(overrides) if overrides else '(none)'}",
-        f"python: {sys.executable}",
-    ])
+    return "\n".join(
+        [
+            f"config directory: {conf} (ORCH_CONF_DIR to use another)",
+            "primary config: config.yaml",
+            "defaults (group: option):",
+            *[f"  {group}: {option}" for group, option in config_defaults(conf)],
+            f"overrides: {' '.join(overrides) if overrides else '(none)'}",
+            f"python: {sys.executable}",
+        ]
+    )

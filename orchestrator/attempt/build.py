@@ -4,6 +4,7 @@ The main rank gets the parts that write (ledger record, MLflow, the budget
 guard, the cloud's spot-notice watcher); other ranks get the same kinds of
 object with those capabilities left out, never a mutated config.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,42 +60,99 @@ def build_attempt(cfg: Any, *, environ=os.environ) -> Runner:
     ledger = Ledger(store, run_name, keep_checkpoints=settings.checkpoint.keep_last)
     money = MoneyWatch.from_config(cfg, price, started_at=clock.marks["start"])  # billed from the process start
     spend = spend_watch(settings, store, run_name, money, hold=environ.get(HOLD_ENV)) if main else None
-    record = (AttemptRecord(ledger, RequeuePolicy(settings.requeue), compute=compute, zone=placed,
-                            budget_max_usd=settings.budget.max_usd, spend=spend) if main else FollowerRecord())
+    record = (
+        AttemptRecord(
+            ledger,
+            RequeuePolicy(settings.requeue),
+            compute=compute,
+            zone=placed,
+            budget_max_usd=settings.budget.max_usd,
+            spend=spend,
+        )
+        if main
+        else FollowerRecord()
+    )
 
     token, work = attempt_folder(settings, run_name, environ)
     # s3:// data, templates and weights land here, once per attempt; the main rank holds each to the first attempt's
     inputs.use(settings.storage, work / "inputs", on_listed=functools.partial(pin_input, ledger) if main else None)
     checkpoints = CheckpointController(
-        CheckpointStore(store, run_name, keep_last=settings.checkpoint.keep_last, staging_dir=work / "staging"), record,
-        main=main, work=work, token=token, snapshot_dir=settings.checkpoint.snapshot_dir,
-        full_model=settings.recipe.peft == "full", trajectory=trajectory_config(cfg),
-        attempt_cost_usd=money.attempt_cost_usd, clock=clock)
+        CheckpointStore(store, run_name, keep_last=settings.checkpoint.keep_last, staging_dir=work / "staging"),
+        record,
+        main=main,
+        work=work,
+        token=token,
+        snapshot_dir=settings.checkpoint.snapshot_dir,
+        full_model=settings.recipe.peft == "full",
+        trajectory=trajectory_config(cfg),
+        attempt_cost_usd=money.attempt_cost_usd,
+        clock=clock,
+    )
 
     from recipes import recipe_for
     from recipes.evaluation import quality_metric
 
     recipe = recipe_for(settings.recipe.name)
     tracking = AttemptTracking.from_config(
-        cfg, settings.tracking, main=main, run_name=run_name,
-        ledger=ledger.load() if main and settings.tracking.enabled else {}, params=resolved.plain,
-        quality_metric=quality_metric(cfg).name, job_metrics_every_s=settings.durations.job_metrics_every)
+        cfg,
+        settings.tracking,
+        main=main,
+        run_name=run_name,
+        ledger=ledger.load() if main and settings.tracking.enabled else {},
+        params=resolved.plain,
+        quality_metric=quality_metric(cfg).name,
+        job_metrics_every_s=settings.durations.job_metrics_every,
+    )
     if main:
         sinks = default_sinks(settings.budget, set_tag=tracking.set_tag if tracking.active else None)
-        money.watch_budget(BudgetGuard(settings.budget, record_alert=record.record_alert, job_name=run_name,
-                                       sinks=sinks), cast(Any, spend).with_alerts(settings.budget, sinks))
+        money.watch_budget(
+            BudgetGuard(settings.budget, record_alert=record.record_alert, job_name=run_name, sinks=sinks),
+            cast(Any, spend).with_alerts(settings.budget, sinks),
+        )
     # every rank must survive the signal to save; rank 0 alone watches the cloud's notices
-    preemption = PreemptionHandler.from_config(settings.preemption, watch_cloud=main,
-                                               grace_seconds=settings.durations.preemption_grace)
+    preemption = PreemptionHandler.from_config(
+        settings.preemption, watch_cloud=main, grace_seconds=settings.durations.preemption_grace
+    )
     quality = QualityWatch(cfg, record=record, checkpoints=checkpoints, tracking=tracking)
     recipe = measured_recipe(cfg, recipe, clock, checkpoints=checkpoints, record=record, tracking=tracking, work=work)
     hooks = TestHooks.from_environ(environ)
-    parts: dict[str, Any] = dict(record=record, tracking=tracking, interval=checkpoint_interval(settings), steps=StepClock())
-    steer = steering(cfg, settings, parts, store=store, run_name=run_name, checkpoints=checkpoints, money=money, preemption=preemption,
-                     compute=compute, capacity=capacity, catalog=catalog, hooks=hooks,
-                     environ=environ) if main and settings.train.trial_steps <= 0 else []
-    return Runner(cfg, job=settings, resolved=resolved, run_name=run_name, recipe=recipe, checkpoints=checkpoints, money=money,
-                  quality=quality, preemption=preemption, hooks=hooks, main=main, steering=steer, **parts)
+    parts: dict[str, Any] = dict(
+        record=record, tracking=tracking, interval=checkpoint_interval(settings), steps=StepClock()
+    )
+    steer = (
+        steering(
+            cfg,
+            settings,
+            parts,
+            store=store,
+            run_name=run_name,
+            checkpoints=checkpoints,
+            money=money,
+            preemption=preemption,
+            compute=compute,
+            capacity=capacity,
+            catalog=catalog,
+            hooks=hooks,
+            environ=environ,
+        )
+        if main and settings.train.trial_steps <= 0
+        else []
+    )
+    return Runner(
+        cfg,
+        job=settings,
+        resolved=resolved,
+        run_name=run_name,
+        recipe=recipe,
+        checkpoints=checkpoints,
+        money=money,
+        quality=quality,
+        preemption=preemption,
+        hooks=hooks,
+        main=main,
+        steering=steer,
+        **parts,
+    )
 
 
 def cached_catalog(cfg: Any, store: Any) -> dict:
@@ -135,9 +193,11 @@ def pin_input(ledger: Any, uri: str, digest: str) -> None:
 
     earlier = pin(ledger, uri, digest)
     if earlier is not None:
-        raise DataError(f"{uri} changed since the job's first attempt: its objects (paths, sizes, ETags) digest "
-                        f"{digest[:12]} now, {earlier[:12]} then, so this job's checkpoints were trained on other "
-                        "inputs. Put the original objects back, or start over under a new run.name.")
+        raise DataError(
+            f"{uri} changed since the job's first attempt: its objects (paths, sizes, ETags) digest "
+            f"{digest[:12]} now, {earlier[:12]} then, so this job's checkpoints were trained on other "
+            "inputs. Put the original objects back, or start over under a new run.name."
+        )
 
 
 def attempt_folder(cfg: Any, run_name: str, environ) -> tuple[str, Path]:
@@ -152,8 +212,22 @@ def checkpoint_interval(job: JobConfig) -> CheckpointInterval:
     return CheckpointInterval.derived() if every.auto else CheckpointInterval.fixed(every.seconds)
 
 
-def steering(cfg: Any, job: JobConfig, parts: dict, *, store: Any, run_name: str, checkpoints: CheckpointController, money: MoneyWatch,
-             preemption: Any, compute: Any, capacity: str, catalog: dict, hooks: TestHooks, environ) -> list:
+def steering(
+    cfg: Any,
+    job: JobConfig,
+    parts: dict,
+    *,
+    store: Any,
+    run_name: str,
+    checkpoints: CheckpointController,
+    money: MoneyWatch,
+    preemption: Any,
+    compute: Any,
+    capacity: str,
+    catalog: dict,
+    hooks: TestHooks,
+    environ,
+) -> list:
     """The main rank's Trainer callbacks besides the orchestrator's: the checkpoint schedule
     (``checkpoint.every=auto``), the deadline's capacity watch (``run.deadline``) and the benchmark watch
     (``eval.tasks``). ``parts``: the record, the tracking, the interval and the step clock they share with the
@@ -164,27 +238,63 @@ def steering(cfg: Any, job: JobConfig, parts: dict, *, store: Any, run_name: str
     from orchestrator.money.budget import WebhookSink, webhook_url
 
     callbacks: list = []
-    bench = bench_watch(cfg, store=store, run_name=run_name, tracking=parts["tracking"], checkpoints=checkpoints,
-                        money=money, steps=parts["steps"], record=parts["record"])
+    bench = bench_watch(
+        cfg,
+        store=store,
+        run_name=run_name,
+        tracking=parts["tracking"],
+        checkpoints=checkpoints,
+        money=money,
+        steps=parts["steps"],
+        record=parts["record"],
+    )
     if bench is not None:
         callbacks.append(bench)
     if parts["interval"].auto:
         low, high = job.durations.checkpoint_bounds
-        callbacks.append(CheckpointSchedule(**parts, full_model=checkpoints.full_model, uploading=checkpoints.uploading,
-                                            compute=compute, catalog=catalog, min_seconds=low, max_seconds=high))
+        callbacks.append(
+            CheckpointSchedule(
+                **parts,
+                full_model=checkpoints.full_model,
+                uploading=checkpoints.uploading,
+                compute=compute,
+                catalog=catalog,
+                min_seconds=low,
+                max_seconds=high,
+            )
+        )
     if job.run.deadline:
         url = webhook_url(job.budget)
-        callbacks.append(CapacityWatch(
-            **parts, job=run_name, request_stop=preemption.request, total_cost_usd=money.total_cost_usd,
-            budget_max_usd=job.budget.max_usd, deadline=str(job.run.deadline), capacity=capacity,
-            action=environ.get(ACTION_ENV) or None, request_file=environ.get(REQUEST_FILE_ENV, ""),
-            restart_override=job.compute.restart_seconds, webhook=WebhookSink(url) if url else None,
-            heartbeat_seconds=hooks.heartbeat_seconds, spot_job=bool(job.compute.spot)))
+        callbacks.append(
+            CapacityWatch(
+                **parts,
+                job=run_name,
+                request_stop=preemption.request,
+                total_cost_usd=money.total_cost_usd,
+                budget_max_usd=job.budget.max_usd,
+                deadline=str(job.run.deadline),
+                capacity=capacity,
+                action=environ.get(ACTION_ENV) or None,
+                request_file=environ.get(REQUEST_FILE_ENV, ""),
+                restart_override=job.compute.restart_seconds,
+                webhook=WebhookSink(url) if url else None,
+                heartbeat_seconds=hooks.heartbeat_seconds,
+                spot_job=bool(job.compute.spot),
+            )
+        )
     return callbacks
 
 
-def measured_recipe(cfg: Any, recipe: Any, clock: Any, *, checkpoints: CheckpointController, record: Any,
-                    tracking: AttemptTracking, work: Path) -> Any:
+def measured_recipe(
+    cfg: Any,
+    recipe: Any,
+    clock: Any,
+    *,
+    checkpoints: CheckpointController,
+    record: Any,
+    tracking: AttemptTracking,
+    work: Path,
+) -> Any:
     """The recipe with its build timed, its training set from the prepared-dataset cache, and the restart
     split reported to the ledger and MLflow at the first step."""
     from orchestrator.attempt.restart import MeasuredRecipe
@@ -209,6 +319,10 @@ def spend_watch(settings: JobConfig, store: Any, run_name: str, money: MoneyWatc
     from orchestrator.money.spend import SpendIndex
 
     caps = spend_caps(settings.budget, run_name, str(settings.tracking.experiment))
-    return SpendWatch(SpendIndex(store, caps), usd_per_second=money.price.usd_per_second,
-                      window_s=settings.durations.reserve_ahead,
-                      spent=money.attempt_cost_usd, hold=hold)
+    return SpendWatch(
+        SpendIndex(store, caps),
+        usd_per_second=money.price.usd_per_second,
+        window_s=settings.durations.reserve_ahead,
+        spent=money.attempt_cost_usd,
+        hold=hold,
+    )

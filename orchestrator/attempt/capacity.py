@@ -23,6 +23,7 @@ backend's script told the worker through the environment (``orchestrator.attempt
 
 "Deadline at risk" fires once per job when even on-demand from now on misses.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,11 +68,28 @@ class CapacityWatch(TrainerCallback):
     only hears whether the deadline is at risk).
     """
 
-    def __init__(self, *, job: str, record: Any, tracking: Any, interval: Any, steps: Any,
-                 request_stop: Callable[[str], None], total_cost_usd: Callable[[], float],
-                 budget_max_usd: Optional[float], deadline: str, capacity: str, action: Optional[str],
-                 request_file: str = "", restart_override: Optional[float] = None, webhook: Any = None,
-                 heartbeat_seconds: float = 15.0, spot_job: bool = True, clock=time.time, monotonic=time.monotonic):
+    def __init__(
+        self,
+        *,
+        job: str,
+        record: Any,
+        tracking: Any,
+        interval: Any,
+        steps: Any,
+        request_stop: Callable[[str], None],
+        total_cost_usd: Callable[[], float],
+        budget_max_usd: Optional[float],
+        deadline: str,
+        capacity: str,
+        action: Optional[str],
+        request_file: str = "",
+        restart_override: Optional[float] = None,
+        webhook: Any = None,
+        heartbeat_seconds: float = 15.0,
+        spot_job: bool = True,
+        clock=time.time,
+        monotonic=time.monotonic,
+    ):
         self.job, self.record, self.tracking = job, record, tracking
         self.interval, self.steps, self.request_stop = interval, steps, request_stop
         self.total_cost_usd, self.budget_max_usd = total_cost_usd, budget_max_usd
@@ -100,8 +118,10 @@ class CapacityWatch(TrainerCallback):
         self.decisions = len(decoded.capacity)
         sizes = [c.size for c in decoded.checkpoints]
         self.restart_s, self.restart_source = restart_seconds(
-            override=self.restart_override, checkpoint_bytes=sizes[-1] if sizes else 0.0,
-            measured=restart_seconds_measured(self._prior))
+            override=self.restart_override,
+            checkpoint_bytes=sizes[-1] if sizes else 0.0,
+            measured=restart_seconds_measured(self._prior),
+        )
         rate = steady_seconds_per_step(self._prior)
         if rate:  # before the attempt trains: the earlier attempts' pace
             self.decide(state.global_step, state.max_steps, rate)
@@ -126,17 +146,24 @@ class CapacityWatch(TrainerCallback):
         cost = sum(stalls) / len(stalls) if stalls else (measured_cost_seconds(self._prior) or 0.0)
         # kept in hand, as the simulator does: the work a hard kill could take back on spot (up to one checkpoint
         # interval), the checkpoints of the work left (at the interval in use) and the time to the next heartbeat
-        reserve = reserve_seconds(at_risk_seconds=every if current != ON_DEMAND else 0.0,
-                                  work_left_seconds=max(0, max_steps - step) * seconds_per_step,
-                                  checkpoint_cost_seconds=cost, on_demand_every_seconds=every,
-                                  until_next_decision_seconds=self.heartbeat_seconds)
+        reserve = reserve_seconds(
+            at_risk_seconds=every if current != ON_DEMAND else 0.0,
+            work_left_seconds=max(0, max_steps - step) * seconds_per_step,
+            checkpoint_cost_seconds=cost,
+            on_demand_every_seconds=every,
+            until_next_decision_seconds=self.heartbeat_seconds,
+        )
         return DeadlineState(
             reserve_seconds=reserve,
-            elapsed_seconds=self.clock() - self.first_start, deadline_seconds=self.deadline_s,
-            work_done_seconds=step * seconds_per_step, work_total_seconds=max_steps * seconds_per_step,
+            elapsed_seconds=self.clock() - self.first_start,
+            deadline_seconds=self.deadline_s,
+            work_done_seconds=step * seconds_per_step,
+            work_total_seconds=max_steps * seconds_per_step,
             restart_seconds=self.restart_s,
             # what the job follows: the newest decision (an attempt that cannot move follows it by advice)
-            current=current, locked=bool(self.latest and self.latest[1]))
+            current=current,
+            locked=bool(self.latest and self.latest[1]),
+        )
 
     def decide(self, step: int, max_steps: int, seconds_per_step: float) -> CapacityDecision:
         decision = decide_capacity(self.standing(step, max_steps, seconds_per_step))
@@ -147,23 +174,40 @@ class CapacityWatch(TrainerCallback):
         latest = self.latest
         if latest and latest == (decision.capacity, bool(decision.locked)):
             if self.action == MOVE and decision.capacity != self.capacity:  # decided before, not yet moved
-                log.warning("%s (%s)", f"capacity [{label(self.capacity)} -> {label(decision.capacity)}]: "
-                            f"{decision.reason}", self.act(decision, "as decided earlier"))
+                log.warning(
+                    "%s (%s)",
+                    f"capacity [{label(self.capacity)} -> {label(decision.capacity)}]: {decision.reason}",
+                    self.act(decision, "as decided earlier"),
+                )
             return decision  # nothing new to record
         previous = latest[0] if latest else self.capacity
         line = f"capacity [{label(previous)} -> {label(decision.capacity)}]: {decision.reason}"
         action = self.act(decision, line)
-        entry = dict(capacity=decision.capacity, previous=previous, reason=decision.reason, locked=decision.locked,
-                     at_risk=decision.at_risk, action=action, step=step, restart_s=self.restart_s,
-                     restart_source=self.restart_source, seconds_per_step=seconds_per_step)
+        entry = dict(
+            capacity=decision.capacity,
+            previous=previous,
+            reason=decision.reason,
+            locked=decision.locked,
+            at_risk=decision.at_risk,
+            action=action,
+            step=step,
+            restart_s=self.restart_s,
+            restart_source=self.restart_source,
+            seconds_per_step=seconds_per_step,
+        )
         self.record.record_capacity(entry)
         self.latest = (decision.capacity, bool(decision.locked))
         log.warning("%s (%s)", line, action)
         self.decisions += 1
         n = self.decisions
         tracking = self.tracking
-        tracking.set_tags({"capacity": decision.capacity, "capacity.reason": decision.reason,
-                           f"capacity.decision.{n}": f"{line} ({action})"})
+        tracking.set_tags(
+            {
+                "capacity": decision.capacity,
+                "capacity.reason": decision.reason,
+                f"capacity.decision.{n}": f"{line} ({action})",
+            }
+        )
         tracking.log_metrics({"capacity_on_demand": float(decision.capacity == ON_DEMAND)}, step)
         self.send("capacity", f"[capacity] job {self.job!r}: {line} ({action})")
         return decision
@@ -180,10 +224,11 @@ class CapacityWatch(TrainerCallback):
             self.request_stop(f"{line}; saving, then the job moves to {wanted}")
             return f"saving, then moving the job to {wanted}"
         if self.action == RESUBMIT:
-            return (f"the next submission of run.name={self.job} (python -m orchestrator.launch) "
-                    f"takes {wanted}")
-        return (f"advice only: this backend cannot change the machine; run the job on {wanted} capacity "
-                f"(compute.spot={'false' if decision.capacity == ON_DEMAND else 'true'}) to follow it")
+            return f"the next submission of run.name={self.job} (python -m orchestrator.launch) takes {wanted}"
+        return (
+            f"advice only: this backend cannot change the machine; run the job on {wanted} capacity "
+            f"(compute.spot={'false' if decision.capacity == ON_DEMAND else 'true'}) to follow it"
+        )
 
     def alert_at_risk(self, decision: CapacityDecision) -> None:
         if self._at_risk_asked:
@@ -191,8 +236,10 @@ class CapacityWatch(TrainerCallback):
         self._at_risk_asked = True
         if not self.record.record_alert(AT_RISK_ALERT):  # once per job, across attempts
             return
-        message = (f"[{AT_RISK_ALERT}] job {self.job!r}: deadline at risk: even on-demand from now on "
-                   f"misses it; {decision.reason}")
+        message = (
+            f"[{AT_RISK_ALERT}] job {self.job!r}: deadline at risk: even on-demand from now on "
+            f"misses it; {decision.reason}"
+        )
         log.warning(message)
         self.tracking.set_tag(f"alert.{AT_RISK_ALERT}", decision.reason)
         self.send(AT_RISK_ALERT, message)
@@ -202,5 +249,6 @@ class CapacityWatch(TrainerCallback):
             return
         from orchestrator.money.budget import Alert
 
-        self.webhook.send(Alert(name, message, total_cost_usd=self.total_cost_usd(),
-                                max_usd=float(self.budget_max_usd or 0.0)))
+        self.webhook.send(
+            Alert(name, message, total_cost_usd=self.total_cost_usd(), max_usd=float(self.budget_max_usd or 0.0))
+        )

@@ -13,6 +13,7 @@ backend does with a change, through the environment of the attempt:
 
 No Hydra or transformers import: the launcher renders with it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,6 +59,7 @@ def stored_text(value: Any) -> str:
     """Text read from storage, fit to copy into a rendered script or manifest: control and format characters
     (CR, NUL, escapes, line and paragraph separators, bidi overrides) dropped, whitespace runs made one space.
     Every render copies what it read from the bucket through this (``planned_capacity``)."""
+
     def one(c: str) -> str:
         kind = unicodedata.category(c)
         return " " if kind in ("Cc", "Zl", "Zp") else "" if kind[0] == "C" else c
@@ -92,8 +94,12 @@ def planned_capacity(cfg: Any) -> tuple[str, Optional[dict]]:
     if not decision:
         return configured, None
     if decision.capacity not in (SPOT, ON_DEMAND):  # storage is untrusted: only the two known values
-        log.warning("the ledger's newest capacity decision names %r, neither %s nor %s; following compute.spot",
-                    stored_text(decision.capacity)[:40], SPOT, ON_DEMAND)
+        log.warning(
+            "the ledger's newest capacity decision names %r, neither %s nor %s; following compute.spot",
+            stored_text(decision.capacity)[:40],
+            SPOT,
+            ON_DEMAND,
+        )
         return configured, None
     return decision.capacity, dict(dataclasses.asdict(decision), reason=stored_text(decision.reason))
 

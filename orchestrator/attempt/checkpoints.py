@@ -5,6 +5,7 @@ checkpoint store (background uploader, retention). The main rank commits and
 restores; every rank calls the same methods, and the others only take part in
 the collectives (barrier before a commit, the broadcast of the restored path).
 """
+
 from __future__ import annotations
 
 import json
@@ -112,21 +113,32 @@ class BackgroundRestore:
 
 class CheckpointController:
     """Args:
-        checkpoints: the job's checkpoint store (``<storage>/<run>/checkpoints/``).
-        record: the attempt's ledger record (fencing, one ledger entry per commit).
-        main: whether this rank commits and restores.
-        work: this attempt's local folder (removed at the end).
-        token: the attempt's token, shared by its ranks (names its snapshot root).
-        snapshot_dir: ``checkpoint.snapshot_dir`` (auto | work | a path).
-        full_model: a full fine-tune (snapshots hold the whole model and its optimizer state).
-        meta: what every manifest records (trajectory, dataset fingerprint are filled in by ``set_dataset``).
-        attempt_cost_usd: the attempt's cost so far, recorded with each commit (the ledger's heartbeat).
-        clock: the attempt's restart clock (``orchestrator.attempt.restart.RestartClock``), or None.
+    checkpoints: the job's checkpoint store (``<storage>/<run>/checkpoints/``).
+    record: the attempt's ledger record (fencing, one ledger entry per commit).
+    main: whether this rank commits and restores.
+    work: this attempt's local folder (removed at the end).
+    token: the attempt's token, shared by its ranks (names its snapshot root).
+    snapshot_dir: ``checkpoint.snapshot_dir`` (auto | work | a path).
+    full_model: a full fine-tune (snapshots hold the whole model and its optimizer state).
+    meta: what every manifest records (trajectory, dataset fingerprint are filled in by ``set_dataset``).
+    attempt_cost_usd: the attempt's cost so far, recorded with each commit (the ledger's heartbeat).
+    clock: the attempt's restart clock (``orchestrator.attempt.restart.RestartClock``), or None.
     """
 
-    def __init__(self, checkpoints: CheckpointStore, record: Any, *, main: bool, work: Path, token: str,
-                 snapshot_dir: str, full_model: bool, trajectory: dict, attempt_cost_usd: Callable[[], float],
-                 clock: Any = None):
+    def __init__(
+        self,
+        checkpoints: CheckpointStore,
+        record: Any,
+        *,
+        main: bool,
+        work: Path,
+        token: str,
+        snapshot_dir: str,
+        full_model: bool,
+        trajectory: dict,
+        attempt_cost_usd: Callable[[], float],
+        clock: Any = None,
+    ):
         self.checkpoints, self.store, self.run_name = checkpoints, checkpoints.store, checkpoints.run_name
         self.record, self.main, self.work, self.token = record, main, work, token
         self.snapshot_dir, self.full_model, self.trajectory = snapshot_dir, full_model, trajectory
@@ -180,8 +192,9 @@ class CheckpointController:
             log.info("nodes with disks of their own: each node uploads and restores its own checkpoint files")
         restored, manifest = self._restore(check)
         if not self.shared:
-            restored = pernode.restore_on_every_node(self.checkpoints, self.work / "restore", restored, manifest,
-                                                     self.sees)
+            restored = pernode.restore_on_every_node(
+                self.checkpoints, self.work / "restore", restored, manifest, self.sees
+            )
         if self.clock is not None:
             self.clock.mark("restored")
         return restored, manifest
@@ -228,18 +241,30 @@ class CheckpointController:
         started = time.monotonic()
 
         def on_committed(result, manifest):
-            self.record.record_checkpoint(step, f"{self.run_name}/checkpoints/{result.name}", result.bytes,
-                                          cost_usd=self.attempt_cost_usd())
+            self.record.record_checkpoint(
+                step, f"{self.run_name}/checkpoints/{result.name}", result.bytes, cost_usd=self.attempt_cost_usd()
+            )
 
-        self.checkpoints.commit_async(folder, step=step, fence=self.record.fence, meta=meta,
-                                      may_commit=self.record.check_fence, on_committed=on_committed,
-                                      extra_files=extra)
+        self.checkpoints.commit_async(
+            folder,
+            step=step,
+            fence=self.record.fence,
+            meta=meta,
+            may_commit=self.record.check_fence,
+            on_committed=on_committed,
+            extra_files=extra,
+        )
         if wait:
             self.checkpoints.wait()
             took = time.monotonic() - started
             ok = self.checkpoints.results and self.checkpoints.results[-1].ok
-            log.warning("emergency checkpoint at step %d %s in %.2fs%s", step, "committed" if ok else "FAILED", took,
-                        "" if seconds_left is None else f" ({seconds_left:.1f}s before the deadline)")
+            log.warning(
+                "emergency checkpoint at step %d %s in %.2fs%s",
+                step,
+                "committed" if ok else "FAILED",
+                took,
+                "" if seconds_left is None else f" ({seconds_left:.1f}s before the deadline)",
+            )
 
     def save_final(self, trainer, step: int, *, config_yaml: str, upload: bool, to_mlflow: Any = None) -> bool:
         """The trained weights, tokenizer and (redacted) config: under ``<run>/final/`` when ``upload``
@@ -257,8 +282,9 @@ class CheckpointController:
         (final / "config.yaml").write_text(config_yaml)
         self.record.check_fence()
         if upload:
-            self.checkpoints.commit_folder(final, f"{self.run_name}/final/", step=step, fence=self.record.fence,
-                                           meta=self.meta)
+            self.checkpoints.commit_folder(
+                final, f"{self.run_name}/final/", step=step, fence=self.record.fence, meta=self.meta
+            )
         if to_mlflow is not None:
             to_mlflow.log_final_model(final, adapter=not self.full_model, step=step)
         return upload
@@ -272,16 +298,20 @@ class CheckpointController:
             path = str(local) if local else None
         path, manifest = dist.broadcast((path, manifest))
         if path and not self.shared:
-            return pernode.restore_on_every_node(self.checkpoints, self.work / "best", Path(path), manifest,
-                                                 self.sees)
+            return pernode.restore_on_every_node(self.checkpoints, self.work / "best", Path(path), manifest, self.sees)
         return Path(path) if path else None
 
     def ref_log_probs(self):
         """Where DPO's reference log-probs are kept across attempts (``recipe.precompute_ref_log_probs``)."""
         from orchestrator.checkpoint.ref_logps import RefLogProbStore
 
-        return RefLogProbStore(self.checkpoints, work=self.work, main=self.main, trajectory=self.trajectory,
-                               fence=lambda: self.record.fence)
+        return RefLogProbStore(
+            self.checkpoints,
+            work=self.work,
+            main=self.main,
+            trajectory=self.trajectory,
+            fence=lambda: self.record.fence,
+        )
 
     def reward_cache(self):
         """Where GRPO's rewards are kept across attempts (``recipe.reward_cache``)."""
@@ -321,8 +351,9 @@ def use_snapshot_root(ctl: "CheckpointController", trainer) -> None:
     chosen: Any = (None, False)  # (the root, whether it is the work folder), then as rank 0 chose it
     if ctl.main:
         estimate = snapshot.estimate_snapshot_bytes(trainer.model, full_model=ctl.full_model)
-        root, why = snapshot.choose_root(ctl.snapshot_dir, run_name=ctl.run_name, token=ctl.token,
-                                         work=ctl.work, estimate_bytes=estimate)
+        root, why = snapshot.choose_root(
+            ctl.snapshot_dir, run_name=ctl.run_name, token=ctl.token, work=ctl.work, estimate_bytes=estimate
+        )
         if root != ctl.work:
             snapshot.remove_orphans(root.parent)
             snapshot.claim(root)

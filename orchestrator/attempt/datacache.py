@@ -25,6 +25,7 @@ SFT only (``recipe=sft`` and ``recipe=qlora``): DPOTrainer tokenises every datas
 prepared or not. Off for distributed jobs (each rank prepares its own copy) and with
 ``data.prepared_cache=false``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,7 @@ CACHED_RECIPES = ("sft", "qlora")
 
 
 def cache_wanted(cfg: Any) -> bool:
-    return bool(cfg.data.prepared_cache) and cfg.recipe.name in CACHED_RECIPES and \
-        cfg.distributed.name == "none"
+    return bool(cfg.data.prepared_cache) and cfg.recipe.name in CACHED_RECIPES and cfg.distributed.name == "none"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -57,8 +57,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
         "backend": backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True),
         "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
         "chat_template": getattr(tokenizer, "chat_template", None),
-        "padding_side": tokenizer.padding_side, "truncation_side": tokenizer.truncation_side,
-        "add_bos": getattr(tokenizer, "add_bos_token", None), "add_eos": getattr(tokenizer, "add_eos_token", None),
+        "padding_side": tokenizer.padding_side,
+        "truncation_side": tokenizer.truncation_side,
+        "add_bos": getattr(tokenizer, "add_bos_token", None),
+        "add_eos": getattr(tokenizer, "add_eos_token", None),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -74,8 +76,12 @@ def cache_key(cfg: Any, data_fingerprint: str, tokenizer) -> str:
 
     recipe = __import__(f"recipes.{cfg.recipe.name}", fromlist=["build_trainer"])
     parts = {
-        "data": data_fingerprint, "tokenizer": tokenizer_fingerprint(tokenizer), "recipe": cfg.recipe.name,
-        "recipe_source": hashlib.sha256("".join(inspect.getsource(m) for m in sorted({recipe, sft, common}, key=lambda m: m.__name__)).encode()).hexdigest(),
+        "data": data_fingerprint,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "recipe": cfg.recipe.name,
+        "recipe_source": hashlib.sha256(
+            "".join(inspect.getsource(m) for m in sorted({recipe, sft, common}, key=lambda m: m.__name__)).encode()
+        ).hexdigest(),
         "max_length": int(cfg.data.max_length),
         # SFTConfig's dataset options the recipe takes from the config (its fixed ones are in the source above)
         "packing": [bool(cfg.train.packing), str(cfg.train.packing_strategy), bool(cfg.train.padding_free)],
@@ -86,8 +92,8 @@ def cache_key(cfg: Any, data_fingerprint: str, tokenizer) -> str:
 
 class PreparedDataCache:
     """Args:
-        checkpoints: the job's ``CheckpointStore`` (its commit protocol and store).
-        work: a local folder of this attempt for the downloads.
+    checkpoints: the job's ``CheckpointStore`` (its commit protocol and store).
+    work: a local folder of this attempt for the downloads.
     """
 
     def __init__(self, checkpoints: Any, *, work: Path):
@@ -123,14 +129,20 @@ class PreparedDataCache:
         try:
             dataset = self._read(key, mf.loads(data), splits, vocab_size=self._vocab[data_fingerprint])
         except Exception as err:  # noqa: BLE001 - storage is untrusted: whatever is wrong, tokenise again
-            log.warning("the prepared dataset %s is unusable (%s); tokenising again, and the new set replaces it",
-                        self.store.get_uri(prefix), err)
+            log.warning(
+                "the prepared dataset %s is unusable (%s); tokenising again, and the new set replaces it",
+                self.store.get_uri(prefix),
+                err,
+            )
             self._refused.add(key)
             self.hit = False
             return None
         self.hit = True
-        log.info("prepared training set from %s (%d rows, verified): no tokenisation", self.store.get_uri(prefix),
-                 len(dataset["train"]))
+        log.info(
+            "prepared training set from %s (%d rows, verified): no tokenisation",
+            self.store.get_uri(prefix),
+            len(dataset["train"]),
+        )
         return dataset
 
     def _read(self, key: str, manifest: dict, splits: tuple, *, vocab_size: int):
@@ -156,8 +168,9 @@ class PreparedDataCache:
         if isinstance(trainer.eval_dataset, Dataset):
             splits["eval"] = trainer.eval_dataset
         key = self._key(cfg, data_fingerprint)
-        threading.Thread(target=self._save, args=(key, DatasetDict(splits)), name="prepared-dataset",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._save, args=(key, DatasetDict(splits)), name="prepared-dataset", daemon=True
+        ).start()
 
     def _save(self, key: str, dataset) -> None:
         prefix = f"{PREFIX}{key}/"
@@ -188,8 +201,9 @@ def check_layout(folder: Path, manifest: dict, splits: tuple) -> None:
             raise mf.CorruptCheckpoint(f"its {split}/state.json lists no data files")
         for item in files:
             name = item.get("filename") if isinstance(item, dict) else item
-            mf.listed_path(manifest, f"{split}/{name}" if isinstance(name, str) else name,
-                           named_by=f"{split}/state.json")
+            mf.listed_path(
+                manifest, f"{split}/{name}" if isinstance(name, str) else name, named_by=f"{split}/state.json"
+            )
 
 
 def _stored_json(folder: Path, manifest: dict, path: str) -> dict:
@@ -225,5 +239,7 @@ def check_token_ids(dataset, vocab_size: int) -> None:
             bounds = pc.min_max(flat)
             low, high = bounds["min"].as_py(), bounds["max"].as_py()
             if low is not None and (low < 0 or high >= vocab_size):
-                raise mf.CorruptCheckpoint(f"its {split} split's {column} hold token ids from {low} to {high}, "
-                                           f"outside the tokenizer's vocabulary (0 to {vocab_size - 1})")
+                raise mf.CorruptCheckpoint(
+                    f"its {split} split's {column} hold token ids from {low} to {high}, "
+                    f"outside the tokenizer's vocabulary (0 to {vocab_size - 1})"
+                )

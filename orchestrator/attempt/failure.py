@@ -5,6 +5,7 @@ class, ``orchestrator.core.errors``) it recognises a storage outage (requeued li
 errors only the trainer sees (transformers' and PEFT's own exceptions), a lost peer of a multi-node world and
 out-of-memory errors; anything else is a bug, printed with its traceback.
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,7 +56,8 @@ def lost_peer(err: BaseException) -> Optional[BaseException]:
     dist_error = getattr(dist, "DistError", None)
     for e in _chain(err):
         if (dist_error is not None and isinstance(e, dist_error)) or (
-                isinstance(e, RuntimeError) and "gloo/transport" in str(e)):
+            isinstance(e, RuntimeError) and "gloo/transport" in str(e)
+        ):
             return e
     return None
 
@@ -67,17 +69,26 @@ def lost_peer(err: BaseException) -> Optional[BaseException]:
 # functions raise ValueError/TypeError for schedulers that need lr_scheduler_kwargs this project does not pass.
 # PEFT: NoMatchingPeftModuleError (a ValueError) when target_modules match nothing, ValueError
 # "Target module ... is not supported" for a module type LoRA cannot wrap.
-_SCHEDULER_FIX = ("train.lr_scheduler", "choose a transformers scheduler that needs no extra arguments: "
-                  "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, inverse_sqrt")
-_TARGETS_FIX = ("recipe.lora_target_modules", "name modules the model has (print(model) lists them; for Llama and "
-                "Qwen: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), as a list: "
-                "recipe.lora_target_modules=[q_proj,v_proj]")
+_SCHEDULER_FIX = (
+    "train.lr_scheduler",
+    "choose a transformers scheduler that needs no extra arguments: "
+    "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, inverse_sqrt",
+)
+_TARGETS_FIX = (
+    "recipe.lora_target_modules",
+    "name modules the model has (print(model) lists them; for Llama and "
+    "Qwen: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), as a list: "
+    "recipe.lora_target_modules=[q_proj,v_proj]",
+)
 
 # Jinja's sandbox (transformers renders chat templates in it) refusing an expression of data.chat_template that
 # only some rows reach (the launch check renders a sample conversation): a retry renders the same rows.
-_TEMPLATE_FIX = ("data.chat_template", "remove the expression Jinja's sandbox refused from the chat template (a "
-                 "template may only read the messages and format them), or drop data.chat_template for the "
-                 "tokenizer's own")
+_TEMPLATE_FIX = (
+    "data.chat_template",
+    "remove the expression Jinja's sandbox refused from the chat template (a "
+    "template may only read the messages and format them), or drop data.chat_template for the "
+    "tokenizer's own",
+)
 
 
 def _trainer_config_error(err: BaseException) -> Optional[tuple[str, str]]:
@@ -156,25 +167,37 @@ def classify_exception(err: BaseException, cfg: Any = None) -> Classified:
         return Classified(err.exit_class, str(err))
     outage = next((e for e in _chain(err) if isinstance(e, TransientStorageError)), None)
     if outage is not None:  # like a preemption: requeued, never counted toward the crash-loop breaker
-        return Classified(ExitClass.PREEMPTED, f"storage outage: {outage}. The attempt stops as preempted (exit 75) "
-                                               "and is requeued; its next attempt settles the ledger and the spend "
-                                               "index and resumes from the newest committed checkpoint")
+        return Classified(
+            ExitClass.PREEMPTED,
+            f"storage outage: {outage}. The attempt stops as preempted (exit 75) "
+            "and is requeued; its next attempt settles the ledger and the spend "
+            "index and resumes from the newest committed checkpoint",
+        )
     for e in _chain(err):
         found = _trainer_config_error(e)
         if found:
             key, fix = found
-            return Classified(ExitClass.CONFIG_ERROR, f"{key}: the trainer refused it ({type(e).__name__}: {e}). "
-                                                      f"Fix: {fix}. A retry would fail the same way.")
+            return Classified(
+                ExitClass.CONFIG_ERROR,
+                f"{key}: the trainer refused it ({type(e).__name__}: {e}). "
+                f"Fix: {fix}. A retry would fail the same way.",
+            )
     lost = lost_peer(err)
     if lost is not None:  # restart-the-world: requeued as the node's loss, never counted as this code's crash
-        return Classified(ExitClass.VANISHED, f"another node of the world is gone ({type(lost).__name__}: "
-                                              f"{str(lost)[:200]}); this rank stops and the world restarts")
+        return Classified(
+            ExitClass.VANISHED,
+            f"another node of the world is gone ({type(lost).__name__}: "
+            f"{str(lost)[:200]}); this rank stops and the world restarts",
+        )
     if is_out_of_memory(err):
         kind = "host memory (RAM)" if any(isinstance(e, MemoryError) for e in _chain(err)) else "accelerator memory"
-        return Classified(ExitClass.OUT_OF_MEMORY,
-                          f"out of {kind}: {type(err).__name__}: {str(err)[:300]}. The same config runs out the "
-                          f"same way, so it is not retried unless requeue.max_oom_retries allows it. "
-                          f"Fix: {out_of_memory_fix(cfg, bigger_gpus(cfg) if cfg is not None else None)}.", bug=True)
+        return Classified(
+            ExitClass.OUT_OF_MEMORY,
+            f"out of {kind}: {type(err).__name__}: {str(err)[:300]}. The same config runs out the "
+            f"same way, so it is not retried unless requeue.max_oom_retries allows it. "
+            f"Fix: {out_of_memory_fix(cfg, bigger_gpus(cfg) if cfg is not None else None)}.",
+            bug=True,
+        )
     return Classified(ExitClass.CRASHED, f"attempt crashed: {type(err).__name__}: {err}", bug=True)
 
 

@@ -1,4 +1,5 @@
 """What an attempt measures of itself: peak memory, gradient bytes."""
+
 from __future__ import annotations
 
 

@@ -9,6 +9,7 @@
 
 The third port, ``request_stop(reason)`` (save, then stop), is the preemption handler's ``request``.
 """
+
 from __future__ import annotations
 
 import time

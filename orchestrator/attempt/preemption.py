@@ -9,6 +9,7 @@ value), and exits with ``exitcodes.PREEMPTED``.
 
 Only the standard library is used for HTTP, so the watcher works in any image.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -140,8 +141,12 @@ class GcpWatcher:
         self.timeout_seconds = timeout_seconds
 
     def _get(self) -> str:
-        return _get_ok(f"{self.base_url}/computeMetadata/v1/instance/preempted", {"Metadata-Flavor": "Google"},
-                       self.timeout_seconds, "instance/preempted").strip()
+        return _get_ok(
+            f"{self.base_url}/computeMetadata/v1/instance/preempted",
+            {"Metadata-Flavor": "Google"},
+            self.timeout_seconds,
+            "instance/preempted",
+        ).strip()
 
     def probe(self) -> bool:
         self._get()
@@ -169,8 +174,14 @@ class AzureWatcher:
         self.timeout_seconds = timeout_seconds
 
     def _get(self) -> dict[str, Any]:
-        return json.loads(_get_ok(f"{self.base_url}/metadata/scheduledevents?api-version={self.API_VERSION}",
-                                  {"Metadata": "true"}, self.timeout_seconds, "scheduledevents"))
+        return json.loads(
+            _get_ok(
+                f"{self.base_url}/metadata/scheduledevents?api-version={self.API_VERSION}",
+                {"Metadata": "true"},
+                self.timeout_seconds,
+                "scheduledevents",
+            )
+        )
 
     def probe(self) -> bool:
         self._get()
@@ -259,14 +270,19 @@ class PreemptionHandler:
         self.watcher_name: Optional[str] = None  # the provider the watcher settled on, once known
 
     @classmethod
-    def from_config(cls, preemption_cfg: Any, *, watch_cloud: bool = True,
-                    grace_seconds: Optional[float] = None) -> "PreemptionHandler":
+    def from_config(
+        cls, preemption_cfg: Any, *, watch_cloud: bool = True, grace_seconds: Optional[float] = None
+    ) -> "PreemptionHandler":
         """Build from the ``preemption`` config group (a DictConfig or PreemptionConfig); ``grace_seconds``: its grace
         as the typed view parsed it, else parsed here. ``watch_cloud=False`` (every rank but the main one): signals
         only, no spot-notice watcher."""
         grace = parse_duration(preemption_cfg.grace, key="preemption.grace") if grace_seconds is None else grace_seconds
-        return cls(grace, provider=preemption_cfg.provider if watch_cloud else "none",
-                   metadata_url=preemption_cfg.metadata_url, poll_seconds=float(preemption_cfg.poll_seconds))
+        return cls(
+            grace,
+            provider=preemption_cfg.provider if watch_cloud else "none",
+            metadata_url=preemption_cfg.metadata_url,
+            poll_seconds=float(preemption_cfg.poll_seconds),
+        )
 
     # -- the flag ---------------------------------------------------------
 

@@ -13,6 +13,7 @@ point is counted) and at the end. This part
   into the trainer before the final weights are written and evaluated;
 * hands the closing report the metric, its value and its "before".
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,10 +27,10 @@ EVAL_RECORDED = ("eval_loss", "eval_perplexity", "eval_accuracy", "eval_reward_a
 
 class QualityWatch:
     """Args:
-        cfg: the job's config.
-        record: the attempt's ledger record (the main rank's writes; a follower's do nothing).
-        checkpoints: the attempt's checkpoint controller (the best checkpoint's download).
-        tracking: the attempt's MLflow side (the stop reason's tag).
+    cfg: the job's config.
+    record: the attempt's ledger record (the main rank's writes; a follower's do nothing).
+    checkpoints: the attempt's checkpoint controller (the best checkpoint's download).
+    tracking: the attempt's MLflow side (the stop reason's tag).
     """
 
     def __init__(self, cfg: Any, *, record: Any, checkpoints: Any, tracking: Any):
@@ -97,41 +98,58 @@ class QualityWatch:
         state = trainer.state
         step = state.best_global_step
         if step is None:
-            log.warning("checkpoint.final=best: no evaluation during training chose a best step; final/ holds "
-                        "the last weights")
+            log.warning(
+                "checkpoint.final=best: no evaluation during training chose a best step; final/ holds the last weights"
+            )
             return False
         if step == state.global_step:
             if self.record.writes:
-                print(f"final weights: the last step {step} is the best evaluation "
-                      f"({self.select_name}={state.best_metric:.4f})", flush=True)
+                print(
+                    f"final weights: the last step {step} is the best evaluation "
+                    f"({self.select_name}={state.best_metric:.4f})",
+                    flush=True,
+                )
             return False
         local = self.checkpoints.fetch_step(step)
         if local is None:
-            log.warning("checkpoint.final=best: the checkpoint of the best step %d is not usable; final/ holds the "
-                        "last weights (step %d)", step, state.global_step)
+            log.warning(
+                "checkpoint.final=best: the checkpoint of the best step %d is not usable; final/ holds the "
+                "last weights (step %d)",
+                step,
+                state.global_step,
+            )
             return False
         state.best_model_checkpoint = str(local)
         trainer._load_best_model()
         restore_build_dtypes(trainer)
         if self.record.writes:
-            print(f"final weights: the best checkpoint (step {step}, {self.select_name}={state.best_metric:.4f}), "
-                  f"not the last (step {state.global_step})", flush=True)
+            print(
+                f"final weights: the best checkpoint (step {step}, {self.select_name}={state.best_metric:.4f}), "
+                f"not the last (step {state.global_step})",
+                flush=True,
+            )
         return True
 
     # ---- the closing report -------------------------------------------------------------
     def report(self, final_metrics: Optional[dict]) -> dict:
         """``quality_metric``, ``quality`` (after training), ``quality_before`` and whether it is a fraction
         (USD per point needs one), for the cost report."""
-        return {"quality_metric": self.metric.name, "quality": (final_metrics or {}).get(self.metric.name),
-                "quality_before": self.record.quality().get(self.before_key), "quality_is_fraction": self.metric.fraction}
+        return {
+            "quality_metric": self.metric.name,
+            "quality": (final_metrics or {}).get(self.metric.name),
+            "quality_before": self.record.quality().get(self.before_key),
+            "quality_is_fraction": self.metric.fraction,
+        }
 
     def print_final(self, metrics: dict) -> None:
         before = self.record.quality().get(self.before_key)
         after = metrics.get(self.metric.name)
         if after is not None:
             label = "accuracy" if self.metric.name == "eval_accuracy" else self.metric.name
-            print(f"held-out {label} before training: {'-' if before is None else f'{before:.3f}'}; "
-                  f"after: {after:.3f}", flush=True)
+            print(
+                f"held-out {label} before training: {'-' if before is None else f'{before:.3f}'}; after: {after:.3f}",
+                flush=True,
+            )
         print("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
 
 
@@ -140,8 +158,9 @@ def early_stop_reason(trainer, cfg, metric: str) -> Optional[str]:
     not)."""
     from transformers import EarlyStoppingCallback
 
-    bench = next((c.early_stop_reason for c in trainer.callback_handler.callbacks
-                  if getattr(c, "early_stop_reason", None)), None)
+    bench = next(
+        (c.early_stop_reason for c in trainer.callback_handler.callbacks if getattr(c, "early_stop_reason", None)), None
+    )
     if bench:
         return bench
     patience = int(cfg.train.early_stopping_patience)
@@ -149,9 +168,11 @@ def early_stop_reason(trainer, cfg, metric: str) -> Optional[str]:
     if stopper is None or patience <= 0 or stopper.early_stopping_patience_counter < patience:
         return None
     state = trainer.state
-    return (f"{metric} has not improved on its best ({state.best_metric:.4f}) by more than "
-            f"{cfg.train.early_stopping_threshold} for {patience} evaluations; training ended at step "
-            f"{state.global_step} of {cfg.train.max_steps}")
+    return (
+        f"{metric} has not improved on its best ({state.best_metric:.4f}) by more than "
+        f"{cfg.train.early_stopping_threshold} for {patience} evaluations; training ended at step "
+        f"{state.global_step} of {cfg.train.max_steps}"
+    )
 
 
 def restore_build_dtypes(trainer) -> None:

@@ -4,6 +4,7 @@ checkpoints, quality, repro, end; and the fence (an attempt that lost the job's 
 Only the main rank writes the ledger. Other ranks get a ``FollowerRecord``: the
 same methods, none of which touch storage.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,16 @@ class AttemptRecord:
 
     writes = True
 
-    def __init__(self, ledger: Ledger, policy: RequeuePolicy, *, compute: Any, budget_max_usd: Optional[float],
-                 spend: Any = None, zone: Any = None):
+    def __init__(
+        self,
+        ledger: Ledger,
+        policy: RequeuePolicy,
+        *,
+        compute: Any,
+        budget_max_usd: Optional[float],
+        spend: Any = None,
+        zone: Any = None,
+    ):
         self.ledger = ledger
         self.zone = zone
         self.spend = spend
@@ -66,12 +75,18 @@ class AttemptRecord:
             return self.spend.start_refusal(vanished_usd=_attempt_costs(record.attempts))
 
         self.ledger.begin_attempt(
-            host=socket.gethostname(), pid=os.getpid(), instance_type=compute.name, gpu_type=compute.gpu_type,
-            gpus=compute.gpus_per_node * compute.nodes, spot=bool(compute.spot),
-            checkpoint_step=newest_checkpoint_step, refuse=refuse,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            instance_type=compute.name,
+            gpu_type=compute.gpu_type,
+            gpus=compute.gpus_per_node * compute.nodes,
+            spot=bool(compute.spot),
+            checkpoint_step=newest_checkpoint_step,
+            refuse=refuse,
             # the spend index can be rebuilt from the ledgers (orchestrator storage repair-spend)
             extra={"experiment": self.spend.index.caps.experiment} if self.spend is not None else None,
-            zone=self.zone.fields() if self.zone is not None else None)
+            zone=self.zone.fields() if self.zone is not None else None,
+        )
         fence = self.ledger.fence  # the one begin_attempt took
         stored = LedgerRecord.decode(self.ledger.load(), self.ledger.uri)
         attempt = next(a for a in stored.attempts if a.fence == fence)
@@ -80,15 +95,28 @@ class AttemptRecord:
         if self.spend is not None:  # BudgetExhausted when another job took the last dollars meanwhile
             startup_s = self.startup_seconds(stored.attempts)
             # the caps' first reservation holds a start-up even before one is measured (the start prior)
-            self.spend.begin(fence, startup_s=start_up_seconds(startup_s, self.compute.restart_seconds),
-                             vanished_usd=_attempt_costs(self.prior_attempts))
+            self.spend.begin(
+                fence,
+                startup_s=start_up_seconds(startup_s, self.compute.restart_seconds),
+                vanished_usd=_attempt_costs(self.prior_attempts),
+            )
             # budget.max_usd must carry the start-up ahead too: a step is the first moment the guard can stop it
-            refusal = start_up_refusal(self.budget_max_usd, prior_usd=self.prior_cost_usd, spent_usd=self.spend.spent(),
-                                       usd_per_second=self.spend.usd_per_second, startup_s=startup_s)
+            refusal = start_up_refusal(
+                self.budget_max_usd,
+                prior_usd=self.prior_cost_usd,
+                spent_usd=self.spend.spent(),
+                usd_per_second=self.spend.usd_per_second,
+                startup_s=startup_s,
+            )
             if refusal:
                 raise BudgetExhausted(refusal)
-        log.info("attempt with fence %d of job %r on %s (newest checkpoint: step %d)", fence,
-                 self.ledger.run_name, attempt.host, newest_checkpoint_step)
+        log.info(
+            "attempt with fence %d of job %r on %s (newest checkpoint: step %d)",
+            fence,
+            self.ledger.run_name,
+            attempt.host,
+            newest_checkpoint_step,
+        )
         return attempt
 
     def startup_seconds(self, attempts: Sequence[Any]) -> float:
@@ -147,8 +175,11 @@ class AttemptRecord:
     def record_eval(self, step: int, metrics: dict) -> None:
         """One evaluation's numbers (held-out, or ``bench/<task>/<metric>``), under ``quality.evals[<step>]``
         (a sweep's rung reads them)."""
-        self.ledger.update(lambda ledger: ledger.setdefault("quality", {}).setdefault("evals", {}).setdefault(
-            str(step), {}).update(metrics))  # merged: the held-out numbers and the benchmark scores of one step
+        self.ledger.update(
+            lambda ledger: (
+                ledger.setdefault("quality", {}).setdefault("evals", {}).setdefault(str(step), {}).update(metrics)
+            )
+        )  # merged: the held-out numbers and the benchmark scores of one step
 
     def record_repro(self, record: dict, installed: Optional[dict] = None) -> dict:
         """Store this attempt's reproducibility record (and the job's, on the first attempt, with ``installed``: every
@@ -251,7 +282,6 @@ class FollowerRecord:
         return None
 
 
-
 def record_repro(resolved: dict, record: Any, tracking: Any) -> list[str]:
     """Record what this attempt runs on (ledger and MLflow); warn about, and return, the ways it differs
     from the first attempt that can change results. ``resolved``: the resolved config (``attempt.resolved``),
@@ -305,12 +335,17 @@ def name_package_changes(differences: list[str], first: dict, installed: dict) -
     if not isinstance(before, dict) or before == installed:
         return differences
     names = sorted(set(before) | set(installed))
-    changed = [f"{n} {before.get(n, '(none)')} -> {installed.get(n, '(removed)')}"
-               for n in names if before.get(n) != installed.get(n)]
+    changed = [
+        f"{n} {before.get(n, '(none)')} -> {installed.get(n, '(removed)')}"
+        for n in names
+        if before.get(n) != installed.get(n)
+    ]
     more = f", and {len(changed) - NAMED_CHANGES} more" if len(changed) > NAMED_CHANGES else ""
     kept = [d for d in differences if not d.startswith(("package ", "other installed packages changed"))]
-    return kept + [f"installed packages ({len(changed)} changed; a resume is bit-for-bit on the first attempt's "
-                   f"versions only): {', '.join(changed[:NAMED_CHANGES])}{more}"]
+    return kept + [
+        f"installed packages ({len(changed)} changed; a resume is bit-for-bit on the first attempt's "
+        f"versions only): {', '.join(changed[:NAMED_CHANGES])}{more}"
+    ]
 
 
 def _attempt_costs(attempts) -> dict:

@@ -6,6 +6,7 @@ final weights as a logged model.
 Built for every rank; on other ranks than the main one, and when tracking is
 off, there is no MLflow client behind it and every call does nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,8 @@ def _prior(ledger: Any) -> tuple[int, Optional[str]]:
 
 class AttemptTracking:
     """Args:
-        tracker: the job's ``orchestrator.tracking.run.JobTracker``, or None (tracking off, or not the main rank).
-        job_metrics_every_s: the orchestrator's own metrics go at most this often (0: at every log).
+    tracker: the job's ``orchestrator.tracking.run.JobTracker``, or None (tracking off, or not the main rank).
+    job_metrics_every_s: the orchestrator's own metrics go at most this often (0: at every log).
     """
 
     def __init__(self, tracker: Any = None, *, job_metrics_every_s: float = 0.0):
@@ -61,8 +62,18 @@ class AttemptTracking:
         return self.tracker is not None
 
     @classmethod
-    def from_config(cls, cfg: Any, tracking_cfg: Any, *, main: bool, run_name: str, ledger: Any, params: dict,
-                    quality_metric: str, job_metrics_every_s: float) -> "AttemptTracking":
+    def from_config(
+        cls,
+        cfg: Any,
+        tracking_cfg: Any,
+        *,
+        main: bool,
+        run_name: str,
+        ledger: Any,
+        params: dict,
+        quality_metric: str,
+        job_metrics_every_s: float,
+    ) -> "AttemptTracking":
         """``cfg``: the job's config (the run's tags); ``tracking_cfg``: its ``tracking`` group (a ``TrackingConfig``,
         what the tracker keeps); ``ledger``: the job's ledger before this attempt begins (its MLflow run id, its
         attempts so far; a ``LedgerRecord`` or the stored JSON, decoded here); ``params``: the resolved config (``attempt.resolved``), the run's params once redacted."""
@@ -71,18 +82,28 @@ class AttemptTracking:
         if not (main and tracking_cfg.enabled):
             return cls(None, job_metrics_every_s=job_metrics_every_s)
         attempts, run_id = _prior(ledger)
-        tags = {"job": run_name, "recipe": cfg.recipe.name, "model": cfg.model.name_or_path,
-                "gpu_type": cfg.compute.gpu_type, "spot": str(bool(cfg.compute.spot)), "status": "running",
-                "attempts": str(attempts + 1), "quality_metric": quality_metric,
-                **source_tags()}
+        tags = {
+            "job": run_name,
+            "recipe": cfg.recipe.name,
+            "model": cfg.model.name_or_path,
+            "gpu_type": cfg.compute.gpu_type,
+            "spot": str(bool(cfg.compute.spot)),
+            "status": "running",
+            "attempts": str(attempts + 1),
+            "quality_metric": quality_metric,
+            **source_tags(),
+        }
         if tracking_cfg.parent_run_id:  # a sweep's trial: MLflow's nested runs
             tags["mlflow.parentRunId"] = str(tracking_cfg.parent_run_id)
         system = tracking_cfg.log_system_metrics  # unset: on for a GPU job (its utilisation and memory beside the cost)
         system = bool(cfg.compute.gpus_per_node) if system is None else system
         if system and cfg.compute.gpus_per_node and not _has_module("pynvml"):
-            log.warning("MLflow's system metrics sample no GPU without NVIDIA's NVML bindings: pip install nvidia-ml-py")
-        tracker = JobTracker(tracking_cfg, job_name=run_name, tags=tags, params=params,
-                             run_id=run_id, system_metrics=system)
+            log.warning(
+                "MLflow's system metrics sample no GPU without NVIDIA's NVML bindings: pip install nvidia-ml-py"
+            )
+        tracker = JobTracker(
+            tracking_cfg, job_name=run_name, tags=tags, params=params, run_id=run_id, system_metrics=system
+        )
         return cls(tracker, job_metrics_every_s=job_metrics_every_s)
 
     def start(self) -> Optional[str]:
@@ -167,15 +188,35 @@ class AttemptTracking:
     def log_final_model(self, folder, *, adapter: bool, step: int) -> bool:
         """The final weights (``tracking.log_final_weights``) as the run's logged model ``final-adapter``
         (LoRA) or ``final-model`` (full fine-tune); see ``log_model_dir``."""
-        return self.tracker is not None and log_model_dir(
-            self.tracker, folder, name="final-adapter" if adapter else "final-model",
-            model_type="peft-adapter" if adapter else "transformers", step=step) is not None
+        return (
+            self.tracker is not None
+            and log_model_dir(
+                self.tracker,
+                folder,
+                name="final-adapter" if adapter else "final-model",
+                model_type="peft-adapter" if adapter else "transformers",
+                step=step,
+            )
+            is not None
+        )
 
-    def close_with_report(self, *, job: str, step: int, status: str, tracker_status: str, ledger: LedgerRecord,
-                          figures: dict, money: Any,
-                          quality_metric: str, quality: Optional[float], config_yaml: str,
-                          quality_before: Optional[float] = None, quality_is_fraction: bool = True,
-                          bench_records: Optional[list] = None) -> None:
+    def close_with_report(
+        self,
+        *,
+        job: str,
+        step: int,
+        status: str,
+        tracker_status: str,
+        ledger: LedgerRecord,
+        figures: dict,
+        money: Any,
+        quality_metric: str,
+        quality: Optional[float],
+        config_yaml: str,
+        quality_before: Optional[float] = None,
+        quality_is_fraction: bool = True,
+        bench_records: Optional[list] = None,
+    ) -> None:
         """The attempt's closing figures, the cost report (printed too), the redacted config, the committed
         checkpoints as a table; tag, describe and close the run.
 
@@ -199,10 +240,18 @@ class AttemptTracking:
             figures = dict(figures, **{k: v for k, v in extra.items() if v is not None})
         # the headline figures (``tracking.names``): cost_usd is among the figures, the score beside it
         self.log_metrics(figures if quality is None else dict(figures, **{HEADLINE_SCORE: quality}), step)
-        report = build_report(job=job, status=status, ledger=ledger, price=money.price, figures=figures,
-                              quality_metric=quality_metric, quality=quality, quality_before=quality_before,
-                              tokens_per_step=money.figures.tokens_per_step,
-                              tokens_measured=money.figures.measured_tokens_per_step is not None)
+        report = build_report(
+            job=job,
+            status=status,
+            ledger=ledger,
+            price=money.price,
+            figures=figures,
+            quality_metric=quality_metric,
+            quality=quality,
+            quality_before=quality_before,
+            tokens_per_step=money.figures.tokens_per_step,
+            tokens_measured=money.figures.measured_tokens_per_step is not None,
+        )
         text = format_report(report)
         url = self.tracker.run_url()
         print(text + (f"\nMLflow run page: {url}" if url else ""), flush=True)
@@ -213,9 +262,15 @@ class AttemptTracking:
         if bench_records:
             self.tracker.log_table_artifact(scores_table(bench_records), SCORES_TABLE)
         verdict = bench_verdict(bench_records)
-        self.set_tags({"status": status, "attempts": str(figures["attempts"]), "preemptions": str(figures["preemptions"]),
-                       RUN_NOTE_TAG: run_description(report, verdict),
-                       **({VERDICT_TAG: verdict[0]} if verdict else {})})
+        self.set_tags(
+            {
+                "status": status,
+                "attempts": str(figures["attempts"]),
+                "preemptions": str(figures["preemptions"]),
+                RUN_NOTE_TAG: run_description(report, verdict),
+                **({VERDICT_TAG: verdict[0]} if verdict else {}),
+            }
+        )
         self.close(tracker_status)
 
     def close(self, status: str, *, flush_timeout_s: float = 60.0) -> None:
@@ -243,15 +298,21 @@ def log_model_dir(tracker: Any, folder, *, name: str, model_type: str, step: int
 
     client, model_id = tracker.client, None
     try:
-        model = client.create_logged_model(tracker.experiment_id, name=name, source_run_id=tracker.run_id,
-                                           model_type=model_type, tags={JOB_TAG: tracker.job_name})
+        model = client.create_logged_model(
+            tracker.experiment_id,
+            name=name,
+            source_run_id=tracker.run_id,
+            model_type=model_type,
+            tags={JOB_TAG: tracker.job_name},
+        )
         model_id = model.model_id
         client.log_model_artifacts(model_id, str(folder))
         client.finalize_logged_model(model_id, LoggedModelStatus.READY)
         client.log_outputs(tracker.run_id, [LoggedModelOutput(model_id, int(step))])
     except Exception as err:  # noqa: BLE001 - the weights are the run's, not the tracker's, to lose
-        log.warning("could not log the final weights to MLflow as the logged model %r: %s", name,
-                    scrub_text(str(err))[:300])
+        log.warning(
+            "could not log the final weights to MLflow as the logged model %r: %s", name, scrub_text(str(err))[:300]
+        )
         if model_id is not None:  # not left PENDING as if still uploading
             try:
                 client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
@@ -286,8 +347,11 @@ def dataset_input(train_dataset: Any, fingerprint: str, data_cfg: Any):
 
     source, path = str(data_cfg.source), scrub_text(str(data_cfg.path or ""))
     name = {"synthetic": "synthetic-arithmetic", "jsonl": path.rsplit("/", 1)[-1]}.get(source, path)
-    kwargs = ({"path": path} if source == "hub"
-              else {"source": CodeDatasetSource({"data.source": source, **({"data.path": path} if path else {})})})
+    kwargs = (
+        {"path": path}
+        if source == "hub"
+        else {"source": CodeDatasetSource({"data.source": source, **({"data.path": path} if path else {})})}
+    )
     dataset = from_huggingface(train_dataset, name=name, digest=fingerprint[:36], **kwargs)
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(DATASET_CONTEXT_TAG, "train")])
 
@@ -301,8 +365,13 @@ def checkpoints_table(ledger: Any) -> dict[str, list]:
         return None if t is None else datetime.fromtimestamp(float(t), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     rows = ledger.checkpoints
-    return {"step": [c.step for c in rows], "fence": [c.fence for c in rows], "time": [when(c.time) for c in rows],
-            "size_bytes": [c.size for c in rows], "path": [c.key for c in rows]}
+    return {
+        "step": [c.step for c in rows],
+        "fence": [c.fence for c in rows],
+        "time": [when(c.time) for c in rows],
+        "size_bytes": [c.size for c in rows],
+        "path": [c.key for c in rows],
+    }
 
 
 def scores_table(records: list) -> dict[str, list]:
@@ -311,9 +380,13 @@ def scores_table(records: list) -> dict[str, list]:
     from orchestrator.evaluation import curve
 
     points = [(key, p) for key, series in curve.from_records(records).items() for p in series]
-    return {"metric": [k for k, _ in points], "step": [p.step for _, p in points],
-            "cost_usd": [p.usd for _, p in points], "score": [p.value for _, p in points],
-            "stderr": [p.stderr for _, p in points]}
+    return {
+        "metric": [k for k, _ in points],
+        "step": [p.step for _, p in points],
+        "cost_usd": [p.usd for _, p in points],
+        "score": [p.value for _, p in points],
+        "stderr": [p.stderr for _, p in points],
+    }
 
 
 def bench_verdict(records: Optional[list]) -> Optional[tuple[str, str]]:
@@ -329,25 +402,39 @@ def bench_verdict(records: Optional[list]) -> Optional[tuple[str, str]]:
 def run_description(report: dict, verdict: Optional[tuple[str, str]] = None) -> str:
     """The run's description (markdown) from the cost report (``cost_report.build_report``): outcome, cost,
     spot savings, lost work and quality, so the run page answers "what did it cost, what did it buy"."""
+
     def usd(value, digits=4) -> str:
         return "-" if value is None else f"${value:,.{digits}f}"
 
     totals, spot, lost, quality = report["totals"], report["spot"], report["lost_work"], report["quality"]
     rows = [
-        ("cost", f"{usd(totals['cost_usd'])} ({usd(totals['usd_per_step'], 6)} per step, "
-                 f"{usd(totals['usd_per_million_tokens'])} per million tokens)"),
-        ("spot savings", f"{usd(spot['savings_usd'])} against an uninterrupted on-demand run "
-                         f"({usd(spot['on_demand_cost_usd'])})" if spot.get("ran_on_spot", True)
-         else "none (an on-demand job)"),
+        (
+            "cost",
+            f"{usd(totals['cost_usd'])} ({usd(totals['usd_per_step'], 6)} per step, "
+            f"{usd(totals['usd_per_million_tokens'])} per million tokens)",
+        ),
+        (
+            "spot savings",
+            f"{usd(spot['savings_usd'])} against an uninterrupted on-demand run ({usd(spot['on_demand_cost_usd'])})"
+            if spot.get("ran_on_spot", True)
+            else "none (an on-demand job)",
+        ),
         ("lost work", f"{lost['steps'] if lost['steps'] is not None else '-'} step(s) redone, {usd(lost['usd'])}"),
     ]
     if quality["value"] is not None:
-        rows.append(("quality", f"{quality['metric']} = {quality['value']:.4f} "
-                                f"({usd(quality['usd_per_point'], 6)} per percentage point)"))
+        rows.append(
+            (
+                "quality",
+                f"{quality['metric']} = {quality['value']:.4f} "
+                f"({usd(quality['usd_per_point'], 6)} per percentage point)",
+            )
+        )
     else:
         rows.append(("quality", f"{quality['metric']}: not measured in this attempt"))
     if verdict is not None:
         rows.append(("verdict", f"{verdict[0]}: {verdict[1]}"))
-    head = (f"**{report['job']}**: {report['status']} at step {totals['steps']} after {totals['attempts']} attempt(s), "
-            f"{totals['preemptions']} preemption(s).")
+    head = (
+        f"**{report['job']}**: {report['status']} at step {totals['steps']} after {totals['attempts']} attempt(s), "
+        f"{totals['preemptions']} preemption(s)."
+    )
     return "\n".join([head, "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])

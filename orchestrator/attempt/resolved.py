@@ -6,6 +6,7 @@ redacted copy, made here, so they cannot drift apart. The parts that only read s
 (``orchestrator.config.typed.JobConfig``: the groups as the schemas' dataclasses, the durations parsed); the
 ``DictConfig`` stays with what needs OmegaConf or the whole config (the trajectory fingerprint, the recipes).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -21,6 +21,7 @@ attempt was forked from its supervisor, ``orchestrator.process.warm_start``, who
 attempt is on that attempt's timeline and in its ``cpu_s``; 0: a fresh interpreter) are reported beside them; only what the build did not hide of it is on the timeline (``checkpoint_wait_s``). The split
 goes into the ledger's attempt entry (``extra.restart``) and MLflow (``restart_<phase>``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -133,9 +134,12 @@ class RestartCallback(TrainerCallback):
         self.done = True
         self.clock.mark("first_step")
         split = dict(self.clock.split(), cpu_s=round(process_cpu_seconds(), 4))
-        log.info("restart overhead (process start to first step, resumed at step %d%s): %s", state.global_step - 1,
-                 f", forked from {inherited_source()}" if forked() else "",
-                 ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in split.items()))
+        log.info(
+            "restart overhead (process start to first step, resumed at step %d%s): %s",
+            state.global_step - 1,
+            f", forked from {inherited_source()}" if forked() else "",
+            ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in split.items()),
+        )
         split["forked"] = 1.0 if forked() else 0.0
         try:
             self.report(split, state.global_step)
@@ -149,8 +153,15 @@ class MeasuredRecipe:
     Everything but ``build_trainer`` is the recipe's own (``QUALITY_METRIC``, ``evaluate``, ...).
     """
 
-    def __init__(self, recipe: Any, clock: RestartClock, *, cache: Any = None, data_fingerprint: Callable[[], str],
-                 report: Callable[[dict, int], None]):
+    def __init__(
+        self,
+        recipe: Any,
+        clock: RestartClock,
+        *,
+        cache: Any = None,
+        data_fingerprint: Callable[[], str],
+        report: Callable[[dict, int], None],
+    ):
         self._recipe = recipe
         self.clock = clock
         self.cache = cache
@@ -176,10 +187,14 @@ class MeasuredRecipe:
         if prepared is not None:
             extra["prepared"] = prepared
         with common.timed_loads() as loads:
-            trainer = self._recipe.build_trainer(cfg, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                                                 output_dir=output_dir,
-                                                 callbacks=[RestartCallback(self.clock, self.report), *callbacks],
-                                                 **extra)
+            trainer = self._recipe.build_trainer(
+                cfg,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                output_dir=output_dir,
+                callbacks=[RestartCallback(self.clock, self.report), *callbacks],
+                **extra,
+            )
         self.clock.add("model_load_s", loads.seconds)
         self.clock.mark("built")
         if prepared is None and self.cache is not None:

@@ -6,6 +6,7 @@ money, tracking, preemption, recipe, the steering callbacks), and is what the Tr
 into (``on_step``, ``stop_reason``, ``commit``, ``on_metrics``): that callback is the one part it makes
 itself, in ``build``, handing it itself. It decides nothing about storage, cost or MLflow itself.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,9 +50,11 @@ class TestHooks:
 
     @classmethod
     def from_environ(cls, environ=os.environ) -> "TestHooks":
-        return cls(heartbeat_seconds=float(environ.get("ORCH_HEARTBEAT_SECONDS", "15")),
-                   fault_after_steps=int(environ.get("ORCH_FAULT_AFTER_STEPS", "0")),
-                   step_delay_seconds=float(environ.get("ORCH_STEP_DELAY_SECONDS", "0")))
+        return cls(
+            heartbeat_seconds=float(environ.get("ORCH_HEARTBEAT_SECONDS", "15")),
+            fault_after_steps=int(environ.get("ORCH_FAULT_AFTER_STEPS", "0")),
+            step_delay_seconds=float(environ.get("ORCH_STEP_DELAY_SECONDS", "0")),
+        )
 
 
 class StopReason(str):
@@ -72,8 +75,11 @@ def pause_reason(pause: int, max_steps: int, step: int) -> Optional[StopReason]:
     """``train.pause_at_step`` (``pause``): stop with a checkpoint at that step (a sweep's rung), exit 3.
     Plain numbers: this runs every step, and an OmegaConf lookup costs tens of microseconds."""
     if 0 < pause <= step < max_steps:
-        return StopReason(f"paused at step {step} (train.pause_at_step={pause}: a sweep's rung; relaunch with a "
-                          "larger train.pause_at_step to go on from this checkpoint)", ExitClass.BUDGET_EXHAUSTED)
+        return StopReason(
+            f"paused at step {step} (train.pause_at_step={pause}: a sweep's rung; relaunch with a "
+            "larger train.pause_at_step to go on from this checkpoint)",
+            ExitClass.BUDGET_EXHAUSTED,
+        )
     return None
 
 
@@ -81,9 +87,26 @@ class Runner:
     """Sequences the parts ``build_attempt`` made; ``resolved``: the config it writes; ``run_name``: the job's name in
     storage, ``main``: this rank prints the results; ``interval``, ``steps`` go to the callbacks (``attempt/ports.py``)."""
 
-    def __init__(self, cfg: Any, *, job: JobConfig, resolved: ResolvedConfig, run_name: str, recipe: Any, record: Any,
-                 checkpoints: Any, money: Any, tracking: Any, quality: Any, preemption: Any, hooks: TestHooks,
-                 interval: CheckpointInterval, steps: StepClock, main: bool, steering: Sequence[Any] = ()):
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        job: JobConfig,
+        resolved: ResolvedConfig,
+        run_name: str,
+        recipe: Any,
+        record: Any,
+        checkpoints: Any,
+        money: Any,
+        tracking: Any,
+        quality: Any,
+        preemption: Any,
+        hooks: TestHooks,
+        interval: CheckpointInterval,
+        steps: StepClock,
+        main: bool,
+        steering: Sequence[Any] = (),
+    ):
         self.cfg, self.resolved, self.run_name, self.recipe, self.main = cfg, resolved, run_name, recipe, main
         self.record, self.checkpoints, self.money, self.tracking = record, checkpoints, money, tracking
         self.quality = quality  # the "before" evaluation, early stopping, checkpoint.final
@@ -91,8 +114,11 @@ class Runner:
         self.interval, self.steps, self.steering = interval, steps, list(steering)
         # the steering part that scores the final weights too (eval.tasks: orchestrator.evaluation.watch)
         self.bench = next((part for part in self.steering if hasattr(part, "after_final")), None)
-        self.trial, self.pause_at, self.max_steps = (job.train.trial_steps > 0, job.train.pause_at_step,
-                                                   job.train.max_steps)  # read every step: plain numbers
+        self.trial, self.pause_at, self.max_steps = (
+            job.train.trial_steps > 0,
+            job.train.pause_at_step,
+            job.train.max_steps,
+        )  # read every step: plain numbers
         self.step = self.step_at_start = 0
         self.first_step_seconds: Optional[float] = None
         self.beat = Heartbeat(record, money, preemption, every_seconds=hooks.heartbeat_seconds)
@@ -111,8 +137,9 @@ class Runner:
                 trainer.train(resume_from_checkpoint=str(restored) if restored else None)
             self.checkpoints.wait()
             if self.trial:
-                finish_trial(self.cfg, trainer, steps=self.steps, money=self.money, tracking=self.tracking,
-                             step=self.step)
+                finish_trial(
+                    self.cfg, trainer, steps=self.steps, money=self.money, tracking=self.tracking, step=self.step
+                )
                 self.end(ExitClass.COMPLETED)
                 return exitcodes.COMPLETED
             if self.callback.stop_reason:
@@ -141,8 +168,10 @@ class Runner:
     def restore(self):
         """4. The newest usable checkpoint of this trajectory, verified (None: start fresh)."""
         from orchestrator.checkpoint.fingerprint import check_resumable
+
         restored, manifest = self.checkpoints.restore(
-            check=lambda m: check_resumable(m, self.checkpoints.trajectory, self.checkpoints.dataset_fp, self.cfg))
+            check=lambda m: check_resumable(m, self.checkpoints.trajectory, self.checkpoints.dataset_fp, self.cfg)
+        )
         self.step = self.step_at_start = manifest["step"] if manifest else 0
         self.money.start(self.record.prior_attempts, self.record.prior_cost_usd, self.step_at_start)
         self.tracking.replay_history(restored)  # the Trainer's logs a SIGKILL kept from MLflow
@@ -155,16 +184,25 @@ class Runner:
 
         cfg, job, trial = self.cfg, self.job, self.trial  # a trial measures steps and saves nothing
         self.callback = OrchestratorCallback(
-            self, interval=CheckpointInterval.off() if trial else self.interval, steps=self.steps,
-            every_steps=0 if trial else job.checkpoint.every_steps, stop_after_steps=job.train.trial_steps,
-            save_best=job.checkpoint.final == "best")
-        trainer = self.recipe.build_trainer(cfg, train_dataset=train_ds, eval_dataset=eval_ds,
-                                            output_dir=str(self.checkpoints.work / "trainer"),
-                                            callbacks=[self.callback, *self.steering],
-                                            **recipe_extras(cfg, self.checkpoints))
+            self,
+            interval=CheckpointInterval.off() if trial else self.interval,
+            steps=self.steps,
+            every_steps=0 if trial else job.checkpoint.every_steps,
+            stop_after_steps=job.train.trial_steps,
+            save_best=job.checkpoint.final == "best",
+        )
+        trainer = self.recipe.build_trainer(
+            cfg,
+            train_dataset=train_ds,
+            eval_dataset=eval_ds,
+            output_dir=str(self.checkpoints.work / "trainer"),
+            callbacks=[self.callback, *self.steering],
+            **recipe_extras(cfg, self.checkpoints),
+        )
         self.checkpoints.use_snapshot_root(trainer)
-        attach_progress(trainer, job.tracking, main=self.main, dollars=self.dollars,
-                        every_s=job.durations.job_metrics_every)
+        attach_progress(
+            trainer, job.tracking, main=self.main, dollars=self.dollars, every_s=job.durations.job_metrics_every
+        )
         return trainer
 
     # ---- the callback's hooks ---------------------------------------------------
@@ -172,17 +210,29 @@ class Runner:
         if self.preemption.requested:
             return StopReason(f"preempted ({self.preemption.reason})", ExitClass.PREEMPTED)
         try:
-            budget = self.money.stop_reason(self.step, self.step_at_start, first_step_seconds=self.first_step_seconds,
-                                            restarts=len(self.record.prior_attempts))
+            budget = self.money.stop_reason(
+                self.step,
+                self.step_at_start,
+                first_step_seconds=self.first_step_seconds,
+                restarts=len(self.record.prior_attempts),
+            )
         except TransientStorageError as err:  # the spend index stayed unreachable for storage.retry_for
             return StopReason(f"preempted (storage outage: {err})", ExitClass.PREEMPTED)
-        return StopReason(budget, ExitClass.BUDGET_EXHAUSTED) if budget else pause_reason(self.pause_at, self.max_steps, self.step)
+        return (
+            StopReason(budget, ExitClass.BUDGET_EXHAUSTED)
+            if budget
+            else pause_reason(self.pause_at, self.max_steps, self.step)
+        )
 
     def dollars(self, step: int, total: int) -> tuple[float, Optional[float]]:
         """Spent so far and the projected total at ``step`` (what the progress display shows)."""
         return self.money.total_cost_usd(), self.money.projected_total_usd(
-            step, max_steps=total, step_at_start=self.step_at_start, first_step_seconds=self.first_step_seconds,
-            restarts=len(self.record.prior_attempts))
+            step,
+            max_steps=total,
+            step_at_start=self.step_at_start,
+            first_step_seconds=self.first_step_seconds,
+            restarts=len(self.record.prior_attempts),
+        )
 
     def on_step(self, step: int) -> None:
         self.step = step
@@ -190,8 +240,12 @@ class Runner:
             return
         if self.first_step_seconds is None:
             self.first_step_seconds = self.money.meter.attempt_seconds()
-            log.info("metered start-up: %.2fs (billed from the process start to the first step, as the budget counts it; "
-                     "resumed at step %d)", self.first_step_seconds, self.step_at_start)
+            log.info(
+                "metered start-up: %.2fs (billed from the process start to the first step, as the budget counts it; "
+                "resumed at step %d)",
+                self.first_step_seconds,
+                self.step_at_start,
+            )
         self.hooks.after_step(step - self.step_at_start)
         self.beat.maybe(step)
 
@@ -212,14 +266,19 @@ class Runner:
                 out.update(self.cost_figures(step, window_step_seconds=timing.get("step_time_s")))
             return out
 
-        closing = (self.callback.stop_reason is not None or "train_runtime" in metrics
-                   or 0 < self.max_steps <= step)
+        closing = self.callback.stop_reason is not None or "train_runtime" in metrics or 0 < self.max_steps <= step
         self.tracking.on_trainer_log(metrics, step, closing=closing, job_figures=job_figures)
 
-    def cost_figures(self, step: int, *, window_step_seconds: Optional[float] = None,
-                     ledger: Optional[dict] = None) -> dict:
-        figures = self.money.cost_figures(step, steps=self.steps, upload_seconds=self.checkpoints.upload_seconds(),
-                                          window_step_seconds=window_step_seconds, ledger=ledger)
+    def cost_figures(
+        self, step: int, *, window_step_seconds: Optional[float] = None, ledger: Optional[dict] = None
+    ) -> dict:
+        figures = self.money.cost_figures(
+            step,
+            steps=self.steps,
+            upload_seconds=self.checkpoints.upload_seconds(),
+            window_step_seconds=window_step_seconds,
+            ledger=ledger,
+        )
         return figures if self.bench is None else dict(figures, **self.bench.figures())
 
     # ---- 4-5. how the attempt ends ----------------------------------------------------
@@ -236,9 +295,13 @@ class Runner:
         """5. Final weights committed, held-out evaluation, the attempt closed as completed."""
         cfg, job = self.cfg, self.job
         weights_step = self.quality.after_training(trainer, self.step)  # an early stop; checkpoint.final=best's weights
-        saved = self.checkpoints.save_final(trainer, weights_step, config_yaml=self.resolved.yaml,
-                                            upload=job.checkpoint.save_final_weights,
-                                            to_mlflow=self.tracking if job.tracking.log_final_weights else None)
+        saved = self.checkpoints.save_final(
+            trainer,
+            weights_step,
+            config_yaml=self.resolved.yaml,
+            upload=job.checkpoint.save_final_weights,
+            to_mlflow=self.tracking if job.tracking.log_final_weights else None,
+        )
         if self.bench is not None:
             self.bench.after_final(trainer, weights_step)
         metrics = self.recipe.evaluate(trainer, cfg, eval_ds) if job.train.eval_at_end else {}
@@ -264,9 +327,17 @@ class Runner:
         if not self.tracking.active:
             return
         self.tracking.close_with_report(
-            job=self.run_name, step=self.step, status=row.ledger_status, tracker_status=row.mlflow_status, ledger=ledger,
-            figures=self.cost_figures(self.step, ledger=ledger), money=self.money, **self.quality.report(final_metrics),
-            config_yaml=self.resolved.yaml, bench_records=None if self.bench is None else list(self.bench.records.values()))
+            job=self.run_name,
+            step=self.step,
+            status=row.ledger_status,
+            tracker_status=row.mlflow_status,
+            ledger=ledger,
+            figures=self.cost_figures(self.step, ledger=ledger),
+            money=self.money,
+            **self.quality.report(final_metrics),
+            config_yaml=self.resolved.yaml,
+            bench_records=None if self.bench is None else list(self.bench.records.values()),
+        )
 
     @property
     def began(self) -> bool:  # it took a fence in the ledger, so its end may be recorded
@@ -280,7 +351,11 @@ class Runner:
 
 def recipe_extras(cfg: Any, checkpoints: Any) -> dict:
     """What a recipe keeps in storage beside the checkpoints: DPO's stored reference log-probs, GRPO's rewards."""
-    extra = {"ref_log_probs": checkpoints.ref_log_probs()} if cfg.recipe.name == "dpo" and cfg.recipe.precompute_ref_log_probs else {}
+    extra = (
+        {"ref_log_probs": checkpoints.ref_log_probs()}
+        if cfg.recipe.name == "dpo" and cfg.recipe.precompute_ref_log_probs
+        else {}
+    )
     if cfg.recipe.name == "grpo":
         extra["reward_cache"] = checkpoints.reward_cache()
     return extra
@@ -309,4 +384,3 @@ class Heartbeat:
         if fenced is not None:  # another attempt took over: save nothing more, stop
             self.fenced_error = fenced
             self.preemption.request(f"fenced: {fenced}")
-

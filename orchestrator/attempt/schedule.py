@@ -20,6 +20,7 @@ more than ``REDERIVE_WHEN_CHANGED`` from the C it was derived with; each
 derivation is logged (``checkpoint_interval_s``), written to the attempt's
 ledger entry and to MLflow (metrics and the ``checkpoint.interval`` tag).
 """
+
 from __future__ import annotations
 
 import logging
@@ -80,8 +81,20 @@ class CheckpointSchedule(TrainerCallback):
     ``catalog``: the price catalog (the prior).
     """
 
-    def __init__(self, *, interval: Any, steps: Any, record: Any, tracking: Any, full_model: bool,
-                 uploading: Callable[[], bool], compute: Any, catalog: dict, min_seconds: float, max_seconds: float):
+    def __init__(
+        self,
+        *,
+        interval: Any,
+        steps: Any,
+        record: Any,
+        tracking: Any,
+        full_model: bool,
+        uploading: Callable[[], bool],
+        compute: Any,
+        catalog: dict,
+        min_seconds: float,
+        max_seconds: float,
+    ):
         from orchestrator.money.cost import preemption_prior_per_hour
 
         self.interval, self.steps, self.record, self.tracking = interval, steps, record, tracking
@@ -103,8 +116,12 @@ class CheckpointSchedule(TrainerCallback):
             from orchestrator.checkpoint.snapshot import estimate_snapshot_bytes
 
             size = estimate_snapshot_bytes(model, full_model=self.full_model) if model else 0
-            self.derive(estimated_checkpoint_seconds(size), "estimated", state.global_step,
-                        why=f"estimated: {size / 1e6:.1f} MB at {SNAPSHOT_WRITE_BYTES_PER_SECOND / 1e6:.0f} MB/s")
+            self.derive(
+                estimated_checkpoint_seconds(size),
+                "estimated",
+                state.global_step,
+                why=f"estimated: {size / 1e6:.1f} MB at {SNAPSHOT_WRITE_BYTES_PER_SECOND / 1e6:.0f} MB/s",
+            )
 
     def on_step_end(self, args, state, control, **kwargs):
         seconds = self.steps.last_step_seconds  # the step clock's (the first step and saves left out)
@@ -119,8 +136,12 @@ class CheckpointSchedule(TrainerCallback):
         used = self.decision.checkpoint_cost_seconds if self.decision else None
         first = len(self.cost.stalls) == 1 and self._source != "measured"  # the estimate gives way at once
         if measured is not None and (first or not used or abs(measured - used) > REDERIVE_WHEN_CHANGED * used):
-            self.derive(measured, "measured", state.global_step,
-                        why=f"measured over {len(self.cost.stalls)} checkpoint(s) of this attempt")
+            self.derive(
+                measured,
+                "measured",
+                state.global_step,
+                why=f"measured over {len(self.cost.stalls)} checkpoint(s) of this attempt",
+            )
 
     def derive(self, cost_seconds: float, source: str, step: int, *, why: str) -> IntervalDecision:
         seen = list(spot_lifetimes(self.record.prior_attempts)) if self.prior_source != "on-demand" else []
@@ -128,21 +149,37 @@ class CheckpointSchedule(TrainerCallback):
         self._source = source
         # the same decision as the simulator's and the planner's: over the job's own lifetimes where it has
         # some (real lifetimes are far from exponential), Young/Daly at the rate when the rate is given
-        self.decision = decision = checkpoint_interval(cost_seconds, estimate, min_seconds=self.min_seconds,
-                                                       max_seconds=self.max_seconds,
-                                                       lifetimes=None if self.override is not None else seen)
+        self.decision = decision = checkpoint_interval(
+            cost_seconds,
+            estimate,
+            min_seconds=self.min_seconds,
+            max_seconds=self.max_seconds,
+            lifetimes=None if self.override is not None else seen,
+        )
         self.interval.set(decision.seconds)
         prior = "compute.preemptions_per_hour" if self.override is not None else self.prior_source
         text = f"{decision.explain()}; C {why}; prior from {prior}"
         log.info("checkpoint_interval_s=%.0f: %s", decision.seconds, text)
         finite = decision.mean_seconds_between_losses != float("inf")
-        self.record.note(checkpoint_interval=dict(
-            checkpoint_interval_s=decision.seconds, checkpoint_cost_s=cost_seconds, cost_source=source,
-            mean_s_between_losses=decision.mean_seconds_between_losses if finite else None,
-            preemptions_per_hour=estimate.per_hour, notice_share=estimate.notice_share, bound=decision.bound,
-            explanation=text, step=step))
-        metrics = {"checkpoint_interval_s": decision.seconds, "checkpoint_cost_s": cost_seconds,
-                   "preemptions_per_hour": estimate.per_hour, "preemption_notice_share": estimate.notice_share}
+        self.record.note(
+            checkpoint_interval=dict(
+                checkpoint_interval_s=decision.seconds,
+                checkpoint_cost_s=cost_seconds,
+                cost_source=source,
+                mean_s_between_losses=decision.mean_seconds_between_losses if finite else None,
+                preemptions_per_hour=estimate.per_hour,
+                notice_share=estimate.notice_share,
+                bound=decision.bound,
+                explanation=text,
+                step=step,
+            )
+        )
+        metrics = {
+            "checkpoint_interval_s": decision.seconds,
+            "checkpoint_cost_s": cost_seconds,
+            "preemptions_per_hour": estimate.per_hour,
+            "preemption_notice_share": estimate.notice_share,
+        }
         if finite:
             metrics["mean_s_between_lossy_preemptions"] = decision.mean_seconds_between_losses
         self.tracking.log_metrics(metrics, step)

@@ -4,6 +4,7 @@ A forked attempt's process starts at the fork, but the first one's import of the
 it, in its supervisor, and belongs on its restart timeline (``orchestrator.attempt.restart``). Set once, in the
 forked child, before the worker runs; a fresh interpreter has none.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,9 @@ from typing import Optional
 class Inherited:
     started_at: float  # unix time this attempt's start-up began: the import before the first attempt, else the fork
     cpu_s: float  # CPU seconds the supervisor spent on it (0 for attempts after the first)
-    source: str = "the supervisor"  # what it was forked from (a rank: "torchrun's agent", orchestrator.process.forked_ranks)
+    source: str = (
+        "the supervisor"  # what it was forked from (a rank: "torchrun's agent", orchestrator.process.forked_ranks)
+    )
 
 
 _inherited: Optional[Inherited] = None

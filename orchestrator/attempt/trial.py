@@ -1,4 +1,5 @@
 """``train.trial_steps=N``: print the plan beside what N steps measured; log both to MLflow."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +17,11 @@ def finish_trial(cfg, trainer, *, steps, money, tracking, step: int) -> None:
     measured: dict[str, Any] = plan.count_allocated_state_bytes(trainer.model, trainer.optimizer)
     measured["grads"] = gradient_bytes(trainer)  # the Trainer frees gradients after each step
     timing = steps.timing_metrics(reset=False, whole_run=True)
-    measured.update(peak_memory_bytes=peak_memory_bytes(), step_time_s=timing.get("step_time_s"),
-                    data_wait_s=timing.get("data_wait_s"))
+    measured.update(
+        peak_memory_bytes=peak_memory_bytes(),
+        step_time_s=timing.get("step_time_s"),
+        data_wait_s=timing.get("data_wait_s"),
+    )
     if measured["step_time_s"]:
         # every process's sequences (and DPO's chosen + rejected) count, as in the cost figures: the
         # trainer's own count of real tokens when it logged one (SFT, packed or not), else the padded bound

@@ -13,6 +13,7 @@ zone) for the whole allocation, else the catalog's; on-demand and ``compute.pric
 price. The meter bills what is recorded. The reason: the placement's for that zone, or "the backend's choice" when
 the zone was not ranked (``compute.zones`` unset, or the backend put the attempt elsewhere).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,9 +42,13 @@ class AttemptZone:
 
     def fields(self) -> dict[str, Any]:
         """The ledger attempt's fields (``records.ledger.ZONE_FIELDS``)."""
-        reason = self.reason if len(self.reason) <= MAX_ZONE_REASON else self.reason[:MAX_ZONE_REASON - 3] + "..."
-        return {"zone": self.zone, "zone_region": self.region, "zone_usd_per_hour": self.usd_per_hour,
-                "zone_reason": reason}
+        reason = self.reason if len(self.reason) <= MAX_ZONE_REASON else self.reason[: MAX_ZONE_REASON - 3] + "..."
+        return {
+            "zone": self.zone,
+            "zone_region": self.region,
+            "zone_usd_per_hour": self.usd_per_hour,
+            "zone_reason": reason,
+        }
 
 
 def landed_zone(environ: Mapping[str, str]) -> tuple[Optional[str], Optional[str]]:
@@ -66,8 +71,16 @@ def landed_zone(environ: Mapping[str, str]) -> tuple[Optional[str], Optional[str
     return zone, region if region and ZONE_NAME.match(region) else None
 
 
-def attempt_zone(cfg: Any, store: Any, run_name: str, price: Price, *, environ: Mapping[str, str],
-                 main: bool = True, now: Optional[float] = None) -> tuple[Optional[AttemptZone], Price]:
+def attempt_zone(
+    cfg: Any,
+    store: Any,
+    run_name: str,
+    price: Price,
+    *,
+    environ: Mapping[str, str],
+    main: bool = True,
+    now: Optional[float] = None,
+) -> tuple[Optional[AttemptZone], Price]:
     """(where the attempt landed, the price its meter bills); (None, ``price``) when no zone is known, and on a
     rank other than the main one (which alone records and bills)."""
     from orchestrator.core.errors import UserError
@@ -91,12 +104,17 @@ def attempt_zone(cfg: Any, store: Any, run_name: str, price: Price, *, environ: 
             usd = hit.usd_per_hour
         elif fetched is not None:
             usd = fetched.usd_per_gpu_hour * max(1, price.gpus)
-    placed = AttemptZone(zone, (hit.region if hit else None) or region or region_of(zone, prices), usd,
-                         hit.reason if hit else BACKENDS_CHOICE)
+    placed = AttemptZone(
+        zone,
+        (hit.region if hit else None) or region or region_of(zone, prices),
+        usd,
+        hit.reason if hit else BACKENDS_CHOICE,
+    )
     if usd == price.usd_per_hour_total:
         return placed, price
-    billed = dataclasses.replace(price, usd_per_hour_total=usd, usd_per_gpu_hour=usd / max(1, price.gpus),
-                                 source=f"{zone}: fetched spot price")
+    billed = dataclasses.replace(
+        price, usd_per_hour_total=usd, usd_per_gpu_hour=usd / max(1, price.gpus), source=f"{zone}: fetched spot price"
+    )
     return placed, billed
 
 

@@ -17,6 +17,7 @@ the engine keys on to requeue (75) or stop (3, 4, 5, 6).
 The local backend (``local.py``) instead runs the supervisor in this process
 and defines ``run(cfg, overrides) -> int`` (an exit code) besides ``render``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -109,9 +110,13 @@ def record_submission(cfg: Any, backend: str, job_id: Optional[str]) -> None:
     try:
         write_submission(store_from_config(cfg.storage, retry=False), submission_record(cfg, backend, job_id))
     except Exception as err:  # noqa: BLE001 - the job is handed over already; logs and cancel then say so
-        logging.getLogger(__name__).warning("could not record the job's submission under %s (%s: %s); "
-                                            "`orchestrator logs` and `cancel` will not find it",
-                                            cfg.storage.uri, type(err).__name__, str(err)[:200])
+        logging.getLogger(__name__).warning(
+            "could not record the job's submission under %s (%s: %s); "
+            "`orchestrator logs` and `cancel` will not find it",
+            cfg.storage.uri,
+            type(err).__name__,
+            str(err)[:200],
+        )
 
 
 # -- helpers shared by the remote backends ------------------------------------
@@ -261,8 +266,9 @@ def worker_invocation(cfg: Any, overrides: Sequence[str]) -> WorkerInvocation:
         from orchestrator.records.repro import CONTAINER_IMAGE_ENV
 
         env[CONTAINER_IMAGE_ENV] = str(cfg.backend.image)
-    return WorkerInvocation(overrides=safe, secret_values=values, secret_names=list(dict.fromkeys(names)), env=env,
-                            secret_keys=moved_keys)
+    return WorkerInvocation(
+        overrides=safe, secret_values=values, secret_names=list(dict.fromkeys(names)), env=env, secret_keys=moved_keys
+    )
 
 
 HUB_TOKEN_ENV = "HF_TOKEN"
@@ -312,8 +318,11 @@ def render_yaml(cfg: Any, command: str, document: Callable[[str], dict], what: s
     from orchestrator.attempt.capacity_contract import capacity_comment, planned_capacity
 
     capacity, decision = planned_capacity(cfg)
-    text = (f"# {command} <this file>\n" + capacity_comment(capacity, decision)
-            + yaml.safe_dump(document(capacity), sort_keys=False))
+    text = (
+        f"# {command} <this file>\n"
+        + capacity_comment(capacity, decision)
+        + yaml.safe_dump(document(capacity), sort_keys=False)
+    )
     return refuse_secrets_in_text(cfg, text, what)
 
 
@@ -337,4 +346,3 @@ def grace_seconds(cfg: Any) -> int:
         return int(math.ceil(parse_duration(cfg.preemption.grace, key="preemption.grace")))
     except ValueError as err:
         raise ConfigError(str(err)) from None
-

@@ -13,6 +13,7 @@ skypilot      ``sky jobs logs [--no-follow] <name>``      ``sky jobs cancel -y <
 kubernetes    ``kubectl logs [-f] -n NS job/<name>``      ``kubectl delete job|jobset -n NS <name>``
 ============  ==========================================  ===============================================
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,12 @@ def _slurm_output(cfg: Any, job_id: str) -> str:
     from orchestrator.backends.slurm import _output_path
 
     text = _output_path(cfg)
-    for pattern, value in (("%%", "\0"), ("%j", job_id), ("%x", str(cfg.run.name)),
-                           ("%u", os.environ.get("USER", "%u"))):
+    for pattern, value in (
+        ("%%", "\0"),
+        ("%j", job_id),
+        ("%x", str(cfg.run.name)),
+        ("%u", os.environ.get("USER", "%u")),
+    ):
         text = text.replace(pattern, value)
     return text.replace("\0", "%")
 
@@ -65,9 +70,18 @@ def submission_record(cfg: Any, backend: str, job_id: Optional[str]) -> Submissi
         job_log = None  # on the VM: sky jobs logs
     elif backend == "slurm":
         log = _slurm_output(cfg, str(job_id))
-    return SubmissionRecord(run_name=str(cfg.run.name), backend=backend, job_id=str(job_id or pid),
-                            host=socket.gethostname(), pid=pid, submitted_at=time.time(), kind=kind,
-                            pid_started=process_started(pid), log=log, job_log=job_log)
+    return SubmissionRecord(
+        run_name=str(cfg.run.name),
+        backend=backend,
+        job_id=str(job_id or pid),
+        host=socket.gethostname(),
+        pid=pid,
+        submitted_at=time.time(),
+        kind=kind,
+        pid_started=process_started(pid),
+        log=log,
+        job_log=job_log,
+    )
 
 
 def _k8s(record: SubmissionRecord) -> tuple[str, str]:
@@ -95,7 +109,16 @@ def logs_argv(record: SubmissionRecord, *, follow: bool, lines: int) -> Optional
         namespace, name = _k8s(record)
         follow_flag = ["-f"] if follow else []
         if record.kind == "JobSet":
-            return ["kubectl", "logs", "-n", namespace, "-l", f"{JOBSET_LABEL}={name}", "--prefix",
-                    f"--tail={lines}", *follow_flag]
+            return [
+                "kubectl",
+                "logs",
+                "-n",
+                namespace,
+                "-l",
+                f"{JOBSET_LABEL}={name}",
+                "--prefix",
+                f"--tail={lines}",
+                *follow_flag,
+            ]
         return ["kubectl", "logs", "-n", namespace, f"job/{name}", f"--tail={lines}", *follow_flag]
     return None

@@ -28,6 +28,7 @@ memory-backed ``/dev/shm`` the pod gets for checkpoint snapshots).
 With ``compute.zones``: a preferred node affinity per zone on ``topology.kubernetes.io/zone``, weights from 100 down
 to 1 in the placement's order (``zone_preferences``), and ``ORCH_ZONE`` from the pod's copy of its node's zone label.
 """
+
 from __future__ import annotations
 
 import copy
@@ -86,21 +87,30 @@ def spot_placement(cloud: str) -> dict:
     land on an on-demand node unselected."""
     if cloud in SPOT_NODE_LABELS:
         key, value = SPOT_NODE_LABELS[cloud]
-        return {"nodeSelector": {key: value}, **({"tolerations": copy.deepcopy(SPOT_TOLERATIONS[cloud])}
-                                                 if SPOT_TOLERATIONS[cloud] else {})}
-    terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
-             for key, value in ANY_CLOUD_SPOT_LABELS]
-    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": terms}}},
-            "tolerations": [copy.deepcopy(t) for cloud_taints in SPOT_TOLERATIONS.values() for t in cloud_taints]}
+        return {
+            "nodeSelector": {key: value},
+            **({"tolerations": copy.deepcopy(SPOT_TOLERATIONS[cloud])} if SPOT_TOLERATIONS[cloud] else {}),
+        }
+    terms = [
+        {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+        for key, value in ANY_CLOUD_SPOT_LABELS
+    ]
+    return {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
+        "tolerations": [copy.deepcopy(t) for cloud_taints in SPOT_TOLERATIONS.values() for t in cloud_taints],
+    }
 
 
 def zone_preferences(zones: Sequence[str]) -> list[dict]:
     """``compute.zones`` in the placement's order as preferred node affinity terms on the node's zone label, the
     weights descending from 100 to 1: of the nodes that can run the pod, the scheduler prefers the first zone's."""
-    return [{"weight": weight, "preference": {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In",
-                                                                    "values": [zone]}]}}
-            for zone, weight in zip(zones, affinity_weights(len(zones)))]
+    return [
+        {
+            "weight": weight,
+            "preference": {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In", "values": [zone]}]},
+        }
+        for zone, weight in zip(zones, affinity_weights(len(zones)))
+    ]
 
 
 def job_name(run_name: str) -> str:
@@ -132,11 +142,15 @@ def _container(cfg: Any, overrides: Sequence[str], capacity: str, zoned: bool = 
             "budget webhook: budget.webhook_url_env=NAME); backend.extra.secret_name chooses another Secret."
         )
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    env += [{"name": name, "value": value}
-            for name, value in {**invocation.env, **capacity_env(cfg, capacity, RESUBMIT)}.items()]
+    env += [
+        {"name": name, "value": value}
+        for name, value in {**invocation.env, **capacity_env(cfg, capacity, RESUBMIT)}.items()
+    ]
     # a secret by name: the value stays in the cluster's Secret object, never in this manifest
-    env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": _secret_name(cfg), "key": name}}}
-            for name in invocation.secret_names]
+    env += [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": _secret_name(cfg), "key": name}}}
+        for name in invocation.secret_names
+    ]
     if zoned:
         # the node's zone label, which the PodTopologyLabels admission plugin copies onto the pod when it is bound
         # (KEP-4742: alpha in Kubernetes 1.33, beta in 1.35); empty where the cluster does not copy it
@@ -230,7 +244,8 @@ def _pod_spec(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
         pod_spec.update(spot_placement(str(cfg.compute.cloud).lower()))
     if zones:
         pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})[
-            "preferredDuringSchedulingIgnoredDuringExecution"] = zone_preferences([z.zone for z in zones])
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ] = zone_preferences([z.zone for z in zones])
     if int(cfg.compute.gpus_per_node) > 0:
         # GPU node pools are commonly tainted so that only GPU pods land there
         pod_spec.setdefault("tolerations", []).append(
@@ -241,8 +256,9 @@ def _pod_spec(cfg: Any, overrides: Sequence[str], capacity: str) -> dict:
 
 def render(cfg: Any, overrides: Sequence[str]) -> str:
     """The manifest as YAML text, as ``submit`` applies it (``render_yaml``: ConfigError for a secret in it)."""
-    return render_yaml(cfg, "kubectl apply -f", lambda capacity: manifest(cfg, overrides, capacity),
-                       "the Kubernetes Job manifest")
+    return render_yaml(
+        cfg, "kubectl apply -f", lambda capacity: manifest(cfg, overrides, capacity), "the Kubernetes Job manifest"
+    )
 
 
 def submit(cfg: Any, overrides: Sequence[str]) -> str:
@@ -257,9 +273,11 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     prefix = f"{job_name(str(cfg.run.name))}-"
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=prefix, dir=work, delete=False) as f:
         f.write(text)
-    done = run_tool(["kubectl", "apply", "-f", f.name], timeout_seconds=KUBECTL_TIMEOUT_SECONDS,
-                    missing="backend=kubernetes needs kubectl on PATH, pointed at your cluster "
-                            "(kubectl config current-context).")
+    done = run_tool(
+        ["kubectl", "apply", "-f", f.name],
+        timeout_seconds=KUBECTL_TIMEOUT_SECONDS,
+        missing="backend=kubernetes needs kubectl on PATH, pointed at your cluster (kubectl config current-context).",
+    )
     if done.returncode != 0:
         raise ConfigError(f"kubectl apply -f {f.name} failed: {done.stderr.strip() or done.stdout.strip()}")
     meta = manifest(cfg, overrides)["metadata"]  # a Job, or a JobSet for several nodes

@@ -24,6 +24,7 @@ stable DNS name under a headless service, and can wait for one replicated job be
   node.
 - done when the nodes' Job completes (``successPolicy``); the JobSet controller then deletes the store's Job.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,12 +46,21 @@ PREEMPTED_EXIT_CODES = [exitcodes.PREEMPTED, exitcodes.LOST_NODE]
 # (JobSet rule name, JobSet action, the nodes' Job's podFailurePolicy rule that tells it, FailJob): in order, as
 # Kubernetes evaluates them (the first match fails the Job and names its index in the Job's failure message)
 NODE_FAILURE_RULES = (
-    ("FinalExitCode", "FailJobSet",
-     {"onExitCodes": {"containerName": "worker", "operator": "In", "values": FINAL_EXIT_CODES}}),
-    ("NodeDisrupted", "RestartJobSetAndIgnoreMaxRestarts",
-     {"onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}),
-    ("PreemptedOrPeerLost", "RestartJobSetAndIgnoreMaxRestarts",
-     {"onExitCodes": {"containerName": "worker", "operator": "In", "values": PREEMPTED_EXIT_CODES}}),
+    (
+        "FinalExitCode",
+        "FailJobSet",
+        {"onExitCodes": {"containerName": "worker", "operator": "In", "values": FINAL_EXIT_CODES}},
+    ),
+    (
+        "NodeDisrupted",
+        "RestartJobSetAndIgnoreMaxRestarts",
+        {"onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ),
+    (
+        "PreemptedOrPeerLost",
+        "RestartJobSetAndIgnoreMaxRestarts",
+        {"onExitCodes": {"containerName": "worker", "operator": "In", "values": PREEMPTED_EXIT_CODES}},
+    ),
 )
 # a pod's hostname is <jobset>-<replicated job>-<job index>-<pod index>, a DNS label of at most 63 characters
 MAX_NAME = 63 - len(f"-{NODES_JOB}-0-") - 4
@@ -87,14 +97,16 @@ def _store_pod(cfg: Any, pod_spec: dict) -> dict:
     """The store's pod: the same image, a small request, on any node (not the spot pool's selector)."""
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "containers": [{
-            "name": "store",
-            "image": str(cfg.backend.image),
-            "command": store_argv("python", STORE_PORT),
-            "ports": [{"containerPort": STORE_PORT, "name": "store"}],
-            "readinessProbe": {"tcpSocket": {"port": STORE_PORT}, "periodSeconds": 2},
-            "resources": STORE_RESOURCES,
-        }],
+        "containers": [
+            {
+                "name": "store",
+                "image": str(cfg.backend.image),
+                "command": store_argv("python", STORE_PORT),
+                "ports": [{"containerPort": STORE_PORT, "name": "store"}],
+                "readinessProbe": {"tcpSocket": {"port": STORE_PORT}, "periodSeconds": 2},
+                "resources": STORE_RESOURCES,
+            }
+        ],
     }
     if pod_spec.get("serviceAccountName"):
         spec["serviceAccountName"] = pod_spec["serviceAccountName"]
@@ -102,8 +114,13 @@ def _store_pod(cfg: Any, pod_spec: dict) -> dict:
 
 
 def _job(labels: dict, pod: dict, *, completions: int, node_rules: bool) -> dict:
-    spec: dict[str, Any] = {"completions": completions, "parallelism": completions, "completionMode": "Indexed",
-                            "backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": pod}}
+    spec: dict[str, Any] = {
+        "completions": completions,
+        "parallelism": completions,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": {"metadata": {"labels": labels}, "spec": pod},
+    }
     if node_rules:
         spec["podFailurePolicy"] = {"rules": [{"action": "FailJob", **match} for _, _, match in NODE_FAILURE_RULES]}
     return {"spec": spec}
@@ -112,10 +129,16 @@ def _job(labels: dict, pod: dict, *, completions: int, node_rules: bool) -> dict
 def failure_policy(cfg: Any) -> dict:
     """The JobSet's ``failurePolicy``: one rule per ``NODE_FAILURE_RULES`` entry, matched by the nodes' Job's failure
     reason and message; a failure no rule matches (a crash) takes JobSet's default, a restart that counts."""
-    rules = [{"name": name, "action": action, "onJobFailureReasons": ["PodFailurePolicy"],
-              "onJobFailureMessagePatterns": [f"matching FailJob rule at index {index}$"],
-              "targetReplicatedJobs": [NODES_JOB]}
-             for index, (name, action, _) in enumerate(NODE_FAILURE_RULES)]
+    rules = [
+        {
+            "name": name,
+            "action": action,
+            "onJobFailureReasons": ["PodFailurePolicy"],
+            "onJobFailureMessagePatterns": [f"matching FailJob rule at index {index}$"],
+            "targetReplicatedJobs": [NODES_JOB],
+        }
+        for index, (name, action, _) in enumerate(NODE_FAILURE_RULES)
+    ]
     return {"maxRestarts": int(cfg.requeue.max_failures), "rules": rules}
 
 
@@ -131,10 +154,17 @@ def jobset(cfg: Any, pod_spec: dict, labels: dict, nodes: int) -> dict:
             "successPolicy": {"operator": "All", "targetReplicatedJobs": [NODES_JOB]},
             "failurePolicy": failure_policy(cfg),
             "replicatedJobs": [
-                {"name": STORE_JOB, "replicas": 1,
-                 "template": _job(labels, _store_pod(cfg, pod_spec), completions=1, node_rules=False)},
-                {"name": NODES_JOB, "replicas": 1, "dependsOn": [{"name": STORE_JOB, "status": "Ready"}],
-                 "template": _job(labels, _nodes_pod(pod_spec, name, nodes), completions=nodes, node_rules=True)},
+                {
+                    "name": STORE_JOB,
+                    "replicas": 1,
+                    "template": _job(labels, _store_pod(cfg, pod_spec), completions=1, node_rules=False),
+                },
+                {
+                    "name": NODES_JOB,
+                    "replicas": 1,
+                    "dependsOn": [{"name": STORE_JOB, "status": "Ready"}],
+                    "template": _job(labels, _nodes_pod(pod_spec, name, nodes), completions=nodes, node_rules=True),
+                },
             ],
         },
     }

@@ -15,6 +15,7 @@ by the backend where losing a training node cannot take it: never inside a node'
 Kubernetes: a pod of its own). Recovery is restart-the-world: any node lost ends the attempt for every
 node, and the engine starts all of them again from the last committed checkpoint.
 """
+
 from __future__ import annotations
 
 import shlex

@@ -17,6 +17,7 @@ right where the worker shares that filesystem and wrong where it does not:
 directory) unless the job names an absolute folder outside the launch folder, which is then the remote one.
 It is not part of the trajectory (``orchestrator.checkpoint.fingerprint``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,11 @@ def input_paths(cfg: Any) -> list[tuple[str, str]]:
     if data.source == "jsonl" and data.path:
         out.append(("data.path", str(data.path)))
     if data.source == "mix":
-        out += [(f"data.mix[{i}].path", str(src.path)) for i, src in enumerate(data.mix or [])
-                if src.source == "jsonl" and src.path]
+        out += [
+            (f"data.mix[{i}].path", str(src.path))
+            for i, src in enumerate(data.mix or [])
+            if src.source == "jsonl" and src.path
+        ]
     if data.chat_template and _is_template_file(str(data.chat_template)):
         out.append(("data.chat_template", str(data.chat_template)))
     name = str(cfg.model.name_or_path)
@@ -82,8 +86,9 @@ def _git_ignored(workdir: Path, path: Path) -> bool:
     if (workdir / ".skyignore").exists():
         return False
     try:
-        done = subprocess.run(["git", "-C", str(workdir), "check-ignore", "-q", str(path)], capture_output=True,
-                              timeout=10)
+        done = subprocess.run(
+            ["git", "-C", str(workdir), "check-ignore", "-q", str(path)], capture_output=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
@@ -115,26 +120,34 @@ def _skypilot_problem(key: str, value: str, workdir: Optional[Path], mounts: dic
     if _mounted(value, mounts):
         return None
     if workdir is None:
-        return (f"{key}={value!r} is a path on this machine, and with backend.image SkyPilot syncs no workdir, so "
-                f"the worker cannot find it. Fix: mount its folder, '+backend.extra.file_mounts={{/data: "
-                f"{path.parent}}}', and give the path under /data; or {OBJECT_STORAGE}.")
+        return (
+            f"{key}={value!r} is a path on this machine, and with backend.image SkyPilot syncs no workdir, so "
+            f"the worker cannot find it. Fix: mount its folder, '+backend.extra.file_mounts={{/data: "
+            f"{path.parent}}}', and give the path under /data; or {OBJECT_STORAGE}."
+        )
     if not _under(path, workdir):
-        return (f"{key}={value!r} is outside the folder SkyPilot syncs to the VM ({workdir}), so the worker "
-                f"cannot find it there. Fix: move it into the project folder; or mount its folder, "
-                f"'+backend.extra.file_mounts={{/data: {path.parent}}}', and give the path under /data; or "
-                f"{OBJECT_STORAGE}.")
+        return (
+            f"{key}={value!r} is outside the folder SkyPilot syncs to the VM ({workdir}), so the worker "
+            f"cannot find it there. Fix: move it into the project folder; or mount its folder, "
+            f"'+backend.extra.file_mounts={{/data: {path.parent}}}', and give the path under /data; or "
+            f"{OBJECT_STORAGE}."
+        )
     if _git_ignored(workdir, path):
-        return (f"{key}={value!r} is left out of the sync to the VM by {workdir}/.gitignore, so the worker cannot "
-                f"find it there. Fix: un-ignore it, add a .skyignore, mount it (backend.extra.file_mounts), or "
-                f"{OBJECT_STORAGE}.")
+        return (
+            f"{key}={value!r} is left out of the sync to the VM by {workdir}/.gitignore, so the worker cannot "
+            f"find it there. Fix: un-ignore it, add a .skyignore, mount it (backend.extra.file_mounts), or "
+            f"{OBJECT_STORAGE}."
+        )
     return None
 
 
 def _kubernetes_problem(key: str, value: str) -> str:
-    return (f"{key}={value!r} is a path on this machine, and a Kubernetes pod sees only its image and object "
-            "storage. Fix: upload it (aws s3 cp / aws s3 sync) and give its s3:// URI, or build it into the image "
-            "and name the image's folder in backend.extra.image_paths (e.g. "
-            "'+backend.extra.image_paths=[/app/data]'), giving the path inside the image.")
+    return (
+        f"{key}={value!r} is a path on this machine, and a Kubernetes pod sees only its image and object "
+        "storage. Fix: upload it (aws s3 cp / aws s3 sync) and give its s3:// URI, or build it into the image "
+        "and name the image's folder in backend.extra.image_paths (e.g. "
+        "'+backend.extra.image_paths=[/app/data]'), giving the path inside the image."
+    )
 
 
 def check_placement(cfg: Any) -> None:
@@ -168,8 +181,9 @@ def check_listed(cfg: Any, key: str, uri: str) -> None:
     except DataError as err:
         raise ConfigError(f"{key}: {err}") from None
     except (UserError, OSError, TransientStorageError) as err:  # no credentials, no route to the bucket from here
-        log.warning("%s=%s could not be listed from here (%s); the worker reads it with its own credentials",
-                    key, uri, err)
+        log.warning(
+            "%s=%s could not be listed from here (%s); the worker reads it with its own credentials", key, uri, err
+        )
 
 
 def _on_vm(value: str, workdir: Path, mounts: dict[str, Path]) -> str:
@@ -224,4 +238,3 @@ def placed_overrides(cfg: Any, overrides: Sequence[str]) -> list[str]:
     if any(key.startswith("data.mix[") and not is_remote(value) for key, value in input_paths(cfg)):
         moved["data.mix"] = _mix_override(cfg, launch, mounts)
     return [o for o in out if _key(o) not in moved] + list(moved.values())
-

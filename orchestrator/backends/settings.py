@@ -6,6 +6,7 @@ structured schema per backend that OmegaConf merges ``backend.extra`` into. An
 unknown key, or a value of the wrong type, is a config error (exit 4) that
 names the backend's keys, not a silently ignored setting.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,18 +63,26 @@ class KubernetesSettings(_Settings):
     image_paths: tuple[str, ...] = ()  # folders the image holds: an input path under one is read in the pod as is
 
 
-SETTINGS = {"local": LocalSettings, "slurm": SlurmSettings, "skypilot": SkyPilotSettings,
-            "kubernetes": KubernetesSettings}
+SETTINGS = {
+    "local": LocalSettings,
+    "slurm": SlurmSettings,
+    "skypilot": SkyPilotSettings,
+    "kubernetes": KubernetesSettings,
+}
 
 
 def _type_error(key: str, hint: str, value: Any) -> ConfigError:
     """What a value of the wrong type for ``backend.extra.<key>`` (declared as ``hint``) should have been."""
     if hint.startswith("Optional[dict") and key == "zone_partitions":
-        return ConfigError(f"backend.extra.{key} must map zones to partitions, e.g. "
-                           f"'+backend.extra.{key}={{us-east-1a: spot-a, us-east-1b: spot-b}}'; got {value!r}.")
+        return ConfigError(
+            f"backend.extra.{key} must map zones to partitions, e.g. "
+            f"'+backend.extra.{key}={{us-east-1a: spot-a, us-east-1b: spot-b}}'; got {value!r}."
+        )
     if hint.startswith("Optional[dict"):
-        return ConfigError(f"backend.extra.{key} must map paths to paths, e.g. "
-                           f"'+backend.extra.{key}={{/data: /home/me/datasets}}'; got {value!r}.")
+        return ConfigError(
+            f"backend.extra.{key} must map paths to paths, e.g. "
+            f"'+backend.extra.{key}={{/data: /home/me/datasets}}'; got {value!r}."
+        )
     if hint.startswith("tuple"):
         return ConfigError(f"backend.extra.{key} must be a list, e.g. backend.extra.{key}=[...]; got {value!r}.")
     if "int" in hint:
@@ -97,8 +106,10 @@ def backend_settings(cfg: Any):
         merged = OmegaConf.merge(OmegaConf.structured(schema), {k: v for k, v in given.items() if v is not None})
     except ConfigKeyError as err:
         known = ", ".join(sorted(fields)) or "none"
-        raise ConfigError(f"backend.extra.{err.key} is not a setting of backend={name} (its settings: {known}). "
-                          "Remove it, or check the spelling (docs/scale-out.md lists each backend's settings).") from None
+        raise ConfigError(
+            f"backend.extra.{err.key} is not a setting of backend={name} (its settings: {known}). "
+            "Remove it, or check the spelling (docs/scale-out.md lists each backend's settings)."
+        ) from None
     except ValidationError as err:
         key = str(err.full_key or err.key).split(".")[0].split("[")[0]
         raise _type_error(key, str(fields[key].type) if key in fields else "", given.get(key)) from None

@@ -36,6 +36,7 @@ refused.
 With ``distributed.nodes`` > 1: ``num_nodes``, and the run script gives every node the multi-node contract
 (``orchestrator.backends.multinode``) with the store on the head, the first of ``SKYPILOT_NODE_IPS``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,13 +75,14 @@ LOCK_PYTHON = (3, 11)  # the lock's packages (numpy 2.4, pandas 3) need Python 3
 DEFAULT_SETUP = (
     f"python -c 'import sys; sys.exit(sys.version_info < {LOCK_PYTHON})' || {{ echo \"setup: the locked versions "
     f"({CONSTRAINTS}) need Python {LOCK_PYTHON[0]}.{LOCK_PYTHON[1]} or later, and this VM has $(python -V 2>&1): set "
-    f"backend.image (containers/Dockerfile) or a VM image with a newer python\" >&2; exit 1; }}\n"
+    f'backend.image (containers/Dockerfile) or a VM image with a newer python" >&2; exit 1; }}\n'
     f'python -m pip install -c {CONSTRAINTS} "torch=={TORCH_VERSION}" -e .\n'
 )
 LOST_PEER = 128 + 9  # SIGKILL: how a node ends whose peer was lost (restart-the-world)
 
+
 def accelerator(cfg: Any) -> str | None:
-    """"<GPU>:<count>" for SkyPilot, or None for a CPU-only job."""
+    """ "<GPU>:<count>" for SkyPilot, or None for a CPU-only job."""
     count = int(cfg.compute.gpus_per_node)
     if count <= 0:
         return None
@@ -125,9 +127,12 @@ def task_config(cfg: Any, overrides: Sequence[str], capacity: Optional[str] = No
         task["workdir"] = os.getcwd()
         task["setup"] = backend_settings(cfg).setup or DEFAULT_SETUP
         if not backend_settings(cfg).setup and not workdir_has_lock():
-            log.warning("backend=skypilot: %s has no %s, which the setup installs the locked versions with on the VM: "
-                        "launch from the repository root, or set backend.image or backend.extra.setup",
-                        os.getcwd(), CONSTRAINTS)
+            log.warning(
+                "backend=skypilot: %s has no %s, which the setup installs the locked versions with on the VM: "
+                "launch from the repository root, or set backend.image or backend.extra.setup",
+                os.getcwd(),
+                CONSTRAINTS,
+            )
     return task
 
 
@@ -146,8 +151,10 @@ fi
 
 
 # the zone SkyPilot launched this cluster in (SKYPILOT_CLUSTER_INFO, set for the task's run), for the ledger
-_ZONE_RUN = ("export {env}=\"$(python -c 'import json, os; "
-             "print(json.loads(os.environ.get(\"SKYPILOT_CLUSTER_INFO\") or \"{{}}\").get(\"zone\") or \"\")')\"\n")
+_ZONE_RUN = (
+    "export {env}=\"$(python -c 'import json, os; "
+    'print(json.loads(os.environ.get("SKYPILOT_CLUSTER_INFO") or "{{}}").get("zone") or "")\')"\n'
+)
 
 
 def _run_script(command: str, nodes: int, zoned: bool = False) -> str:
@@ -156,9 +163,16 @@ def _run_script(command: str, nodes: int, zoned: bool = False) -> str:
     zone = _ZONE_RUN.format(env=ZONE_ENV) if zoned else ""
     if nodes == 1:
         return zone + command
-    return zone + _NODES_RUN.format(nodes=nodes, rank=NODE_RANK_ENV, nnodes=NNODES_ENV, store_env=STORE_ENV,
-                             rdzv=RDZV_ID_ENV, port=STORE_PORT, command=command,
-                             store=shlex.join(store_argv("python", STORE_PORT)))
+    return zone + _NODES_RUN.format(
+        nodes=nodes,
+        rank=NODE_RANK_ENV,
+        nnodes=NNODES_ENV,
+        store_env=STORE_ENV,
+        rdzv=RDZV_ID_ENV,
+        port=STORE_PORT,
+        command=command,
+        store=shlex.join(store_argv("python", STORE_PORT)),
+    )
 
 
 def _resources(cfg: Any, capacity: str, settings: Any) -> dict:
@@ -226,7 +240,8 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
         raise ConfigError(
             f"backend=skypilot syncs {os.getcwd()} to the VM and installs it there with the locked versions "
             f"(pip install -c {CONSTRAINTS} -e .), but it has no {CONSTRAINTS}: launch from the repository root, "
-            "or set backend.image (containers/README.md), or backend.extra.setup=<your install command>.")
+            "or set backend.image (containers/README.md), or backend.extra.setup=<your install command>."
+        )
     text = render(cfg, overrides)
     invocation = worker_invocation(cfg, overrides)
     env = {**os.environ, **invocation.secret_values}  # --secret NAME reads the value from here
@@ -235,10 +250,13 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{cfg.run.name}-", dir=work, delete=False) as f:
         f.write(text)
-    done = run_tool(["sky", "jobs", "launch", "-y", "--name", str(cfg.run.name), *secret_flags, f.name], env=env,
-                    timeout_seconds=LAUNCH_TIMEOUT_SECONDS,
-                    missing="backend=skypilot needs the sky CLI: pip install 'skypilot[aws]' (or [gcp], [azure], "
-                            "[kubernetes]), then run `sky check`.")
+    done = run_tool(
+        ["sky", "jobs", "launch", "-y", "--name", str(cfg.run.name), *secret_flags, f.name],
+        env=env,
+        timeout_seconds=LAUNCH_TIMEOUT_SECONDS,
+        missing="backend=skypilot needs the sky CLI: pip install 'skypilot[aws]' (or [gcp], [azure], "
+        "[kubernetes]), then run `sky check`.",
+    )
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise ConfigError(f"sky jobs launch failed for {f.name}:\n{tail}")

@@ -37,6 +37,7 @@ options, e.g. ["--time=04:00:00", "--mem=64G"]), ``zone_partitions`` (with ``com
 each zone's nodes; the job asks for the zones' partitions in the placement's order, ``--partition=spot-b,spot-a``,
 and ``ORCH_ZONE`` is the zone of the partition it starts in; a listed zone without one is refused at launch).
 """
+
 from __future__ import annotations
 
 import os
@@ -141,8 +142,10 @@ def _capacity_parts(cfg: Any, spot: Optional[str]) -> tuple[str, str]:
         return "", ""
     names = dict(on_demand=shlex.quote(str(on_demand)), spot=shlex.quote(str(spot)))
     request_dir = shlex.quote(str(Path(cfg.run.work_dir).expanduser().resolve() / "slurm"))
-    return (_CAPACITY_ENV.format(request_dir=request_dir, name=cfg.run.name, **names),
-            _CAPACITY_MOVE.format(preempted=exitcodes.PREEMPTED, **names))
+    return (
+        _CAPACITY_ENV.format(request_dir=request_dir, name=cfg.run.name, **names),
+        _CAPACITY_MOVE.format(preempted=exitcodes.PREEMPTED, **names),
+    )
 
 
 def spot_partition(cfg: Any, zones: Sequence[Placement]) -> Optional[str]:
@@ -159,10 +162,14 @@ def _zone_env(cfg: Any, zones: Sequence[Placement]) -> str:
     by_partition: dict[str, list[str]] = {}
     for zone in zones:
         by_partition.setdefault(mapping[zone.zone], []).append(zone.zone)
-    cases = "".join(f"  {shlex.quote(p)}) export {ZONE_ENV}={shlex.quote(z[0] if len(z) == 1 else '')} ;;\n"
-                    for p, z in by_partition.items())  # a partition of two zones does not say which
-    return (f'# compute.zones: the zone of the partition this attempt runs in\ncase "${{SLURM_JOB_PARTITION:-}}" in\n'
-            f"{cases}  *) export {ZONE_ENV}= ;;\nesac\n")
+    cases = "".join(
+        f"  {shlex.quote(p)}) export {ZONE_ENV}={shlex.quote(z[0] if len(z) == 1 else '')} ;;\n"
+        for p, z in by_partition.items()
+    )  # a partition of two zones does not say which
+    return (
+        f'# compute.zones: the zone of the partition this attempt runs in\ncase "${{SLURM_JOB_PARTITION:-}}" in\n'
+        f"{cases}  *) export {ZONE_ENV}= ;;\nesac\n"
+    )
 
 
 def partition(cfg: Any, spot: Optional[str] = None) -> tuple[Optional[str], str]:
@@ -177,7 +184,9 @@ def partition(cfg: Any, spot: Optional[str] = None) -> tuple[Optional[str], str]
 
     capacity, decision = planned_capacity(cfg)
     if capacity == ON_DEMAND:
-        return str(on_demand), f"on-demand, as the ledger's newest capacity decision says: {stored_text(cast(Any, decision)['reason'])}"
+        return str(
+            on_demand
+        ), f"on-demand, as the ledger's newest capacity decision says: {stored_text(cast(Any, decision)['reason'])}"
     return spot, ""
 
 
@@ -194,7 +203,7 @@ def _secret_check(names: Sequence[str]) -> str:
         "# secrets reach the worker only through the environment sbatch exports (never this file)\n"
         f"for name in {' '.join(shlex.quote(n) for n in names)}; do\n"
         '  if [ -z "${!name:-}" ]; then\n'
-        '    echo "slurm job $SLURM_JOB_ID: environment variable $name is not set (submit with sbatch\'s default'
+        "    echo \"slurm job $SLURM_JOB_ID: environment variable $name is not set (submit with sbatch's default"
         ' --export=ALL)" >&2\n'
         f"    exit {exitcodes.CONFIG_ERROR}\n"
         "  fi\n"
@@ -292,8 +301,12 @@ def submit(cfg: Any, overrides: Sequence[str]) -> str:
     script_path = Path(cfg.run.work_dir).expanduser().resolve() / "slurm" / f"{cfg.run.name}.sbatch"
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script)
-    done = run_tool(["sbatch", "--parsable", str(script_path)], env=env, timeout_seconds=SBATCH_TIMEOUT_SECONDS,
-                    missing="backend=slurm needs the sbatch command on PATH; run the launcher on a Slurm login node.")
+    done = run_tool(
+        ["sbatch", "--parsable", str(script_path)],
+        env=env,
+        timeout_seconds=SBATCH_TIMEOUT_SECONDS,
+        missing="backend=slurm needs the sbatch command on PATH; run the launcher on a Slurm login node.",
+    )
     if done.returncode != 0:
         raise ConfigError(f"sbatch refused {script_path}: {done.stderr.strip() or done.stdout.strip()}")
     # --parsable prints "jobid" or "jobid;cluster"

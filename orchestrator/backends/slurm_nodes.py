@@ -18,6 +18,7 @@ For ``distributed.nodes=N`` (N > 1) the sbatch script asks for ``--nodes=N --nta
 still commits the emergency checkpoint; ``--wait`` (``preemption.grace`` plus a margin) bounds how long the
 others run on once one node has ended.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -69,10 +70,12 @@ rm -f "${exit_env}"
 def wait_loop(pid_var: str) -> str:
     """Bash that waits for ``$<pid_var>``'s real exit status into ``$rc``: a signal interrupts ``wait`` (its trap,
     which sets ``signalled=1``, forwards it), so the loop waits again until the process itself has ended."""
-    return ('rc=""\nwhile :; do\n  signalled=0\n  wait "$' + pid_var + '"; status=$?\n'
-            "  # 127: the status was already collected by an earlier wait\n"
-            '  if [ "$status" -eq 127 ] && [ -n "$rc" ]; then break; fi\n  rc=$status\n'
-            '  [ "$signalled" = 1 ] || break\ndone\n')
+    return (
+        'rc=""\nwhile :; do\n  signalled=0\n  wait "$' + pid_var + '"; status=$?\n'
+        "  # 127: the status was already collected by an earlier wait\n"
+        '  if [ "$status" -eq 127 ] && [ -n "$rc" ]; then break; fi\n  rc=$status\n'
+        '  [ "$signalled" = 1 ] || break\ndone\n'
+    )
 
 
 def node_options(cfg: Any) -> list[str]:
@@ -87,11 +90,32 @@ def nodes_parts(cfg: Any, command: str, python: str) -> tuple[str, str, str]:
     nodes = node_count(cfg)
     if nodes == 1:
         return "", command, ""
-    names = dict(nnodes=NNODES_ENV, store_env=STORE_ENV, rdzv=RDZV_ID_ENV, exit_env=NODE_EXIT_FILE_ENV,
-                 rank=NODE_RANK_ENV, host=NODE_HOST_ENV)
-    start = _NODES_START.format(nodes=nodes, python=shlex.quote(python), ready=STORE_READY_SECONDS,
-                                store=store_command(python, '"$head_addr"', '"$store_port"'), **names)
+    names = dict(
+        nnodes=NNODES_ENV,
+        store_env=STORE_ENV,
+        rdzv=RDZV_ID_ENV,
+        exit_env=NODE_EXIT_FILE_ENV,
+        rank=NODE_RANK_ENV,
+        host=NODE_HOST_ENV,
+    )
+    start = _NODES_START.format(
+        nodes=nodes,
+        python=shlex.quote(python),
+        ready=STORE_READY_SECONDS,
+        store=store_command(python, '"$head_addr"', '"$store_port"'),
+        **names,
+    )
     task = _NODE_TASK.format(command=command, wait_loop=wait_loop("pid"), **names)
-    srun = shlex.join(["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-                       f"--wait={grace_seconds(cfg) + NODE_EXIT_MARGIN_SECONDS}", "bash", "-c", task])
+    srun = shlex.join(
+        [
+            "srun",
+            f"--nodes={nodes}",
+            "--ntasks-per-node=1",
+            "--kill-on-bad-exit=0",
+            f"--wait={grace_seconds(cfg) + NODE_EXIT_MARGIN_SECONDS}",
+            "bash",
+            "-c",
+            task,
+        ]
+    )
     return start, srun, _NODES_EXIT.format(**names)

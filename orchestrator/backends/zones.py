@@ -7,6 +7,7 @@ SkyPilot as ``resources.ordered``, Kubernetes as weighted preferred node affinit
 list of partitions (``backend.extra.zone_partitions``). ``ZONE_ENV`` (``ORCH_ZONE``) carries the attempt's zone
 where the backend knows it (empty where it does not).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,11 @@ def zone_order(cfg: Any) -> list[Placement]:
     try:
         ranked = ranked_zones(cfg, store_from_config(cfg.storage, retry=False))
     except (TransientStorageError, OSError) as err:
-        log.warning("compute.zones: could not read the job's history from %s (%s); placing in the configured order",
-                    cfg.storage.uri, err)
+        log.warning(
+            "compute.zones: could not read the job's history from %s (%s); placing in the configured order",
+            cfg.storage.uri,
+            err,
+        )
         return [] if zones == AUTO else [Placement(zone) for zone in zones]
     return [Placement(z.zone, z.region) for z in ranked]
 
@@ -73,7 +77,8 @@ def zone_partitions(cfg: Any, zones: list[Placement]) -> list[str]:
             f"compute.zones places the job in {', '.join(missing)}, but backend=slurm has no partition for "
             f"{'it' if len(missing) == 1 else 'them'} (backend.extra.zone_partitions: {known}). Map each zone to "
             f"the partition of its nodes, e.g. '+backend.extra.zone_partitions={{{missing[0]}: spot-a}}', or drop "
-            "the zone from compute.zones.")
+            "the zone from compute.zones."
+        )
     return list(dict.fromkeys(mapping[z.zone] for z in zones))
 
 
@@ -92,16 +97,22 @@ def check_zone_settings(cfg: Any) -> None:
     if zones is None or name not in ("slurm", "skypilot"):
         return
     if name == "skypilot" and settings.region:
-        raise ConfigError(f"backend.extra.region={settings.region} and compute.zones={cfg.compute.zones} both place "
-                          "the job: drop backend.extra.region (each zone names where it runs), or drop compute.zones.")
+        raise ConfigError(
+            f"backend.extra.region={settings.region} and compute.zones={cfg.compute.zones} both place "
+            "the job: drop backend.extra.region (each zone names where it runs), or drop compute.zones."
+        )
     if name != "slurm":
         return
     bad = [f"{k}: {v}" for k, v in (settings.zone_partitions or {}).items() if not PARTITION_NAME.match(str(v))]
     if bad:
-        raise ConfigError(f"backend.extra.zone_partitions has {', '.join(bad)}: each zone maps to one partition "
-                          "name (no commas or spaces), e.g. {us-east-1a: spot-a}.")
+        raise ConfigError(
+            f"backend.extra.zone_partitions has {', '.join(bad)}: each zone maps to one partition "
+            "name (no commas or spaces), e.g. {us-east-1a: spot-a}."
+        )
     if zones == AUTO:
-        raise ConfigError("compute.zones=auto lists the cloud zones with a fetched price, which backend=slurm has no "
-                          "partitions for: list the zones your partitions are in, e.g. compute.zones=[us-east-1a,"
-                          "us-east-1b] with '+backend.extra.zone_partitions={us-east-1a: spot-a, us-east-1b: spot-b}'.")
+        raise ConfigError(
+            "compute.zones=auto lists the cloud zones with a fetched price, which backend=slurm has no "
+            "partitions for: list the zones your partitions are in, e.g. compute.zones=[us-east-1a,"
+            "us-east-1b] with '+backend.extra.zone_partitions={us-east-1a: spot-a, us-east-1b: spot-b}'."
+        )
     zone_partitions(cfg, [Placement(zone) for zone in zones])

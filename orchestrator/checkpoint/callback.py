@@ -6,6 +6,7 @@ to the job, which commits it to object storage. Saving itself stays the
 Trainer's: model or adapter, optimizer, scheduler, scaler, RNG per rank and the
 trainer state (step, epoch) that positions the sampler on resume.
 """
+
 from __future__ import annotations
 
 import logging
@@ -106,8 +107,17 @@ class OrchestratorCallback(TrainerCallback):
     """``interval``: the timed saves' ``CheckpointInterval`` (read at every step: the checkpoint schedule may set
     it); ``steps``: the attempt's ``StepClock``, which this callback feeds (``orchestrator.attempt.ports``)."""
 
-    def __init__(self, hooks: JobHooks, *, interval: "CheckpointInterval", steps: "StepClock", every_steps: int = 0,
-                 stop_after_steps: int = 0, save_best: bool = False, clock=time.monotonic):
+    def __init__(
+        self,
+        hooks: JobHooks,
+        *,
+        interval: "CheckpointInterval",
+        steps: "StepClock",
+        every_steps: int = 0,
+        stop_after_steps: int = 0,
+        save_best: bool = False,
+        clock=time.monotonic,
+    ):
         self.hooks = hooks
         self.save_best = save_best  # checkpoint.final=best: a checkpoint at each new best evaluation
         self.stop_after_steps = stop_after_steps

@@ -4,6 +4,7 @@ A checkpoint records the config fields that shape the trajectory and a hash of
 the training data; resuming under other values would not continue the same run,
 so it is refused with the differences and the override that allows it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,10 +22,12 @@ log = logging.getLogger(__name__)
 # Fields that do not shape the training trajectory; every other one is fingerprinted.
 # Worker and process counts only change how fast batches are made, not which (the sampler stays in the main
 # process), so a job may resume with other values.
-_NON_TRAJECTORY = {"train": {"logging_steps", "eval_at_end", "trial_steps", "pause_at_step",
-                             "dataloader_num_workers"},
-                   "data": {"max_eval_examples", "num_proc", "prepared_cache"},
-                   "recipe": {"eval_generate_max_new_tokens"}, "model": {"trust_remote_code"}}
+_NON_TRAJECTORY = {
+    "train": {"logging_steps", "eval_at_end", "trial_steps", "pause_at_step", "dataloader_num_workers"},
+    "data": {"max_eval_examples", "num_proc", "prepared_cache"},
+    "recipe": {"eval_generate_max_new_tokens"},
+    "model": {"trust_remote_code"},
+}
 
 
 def _stored_form(key: str, value):
@@ -54,8 +57,10 @@ def trajectory_config(cfg) -> dict:
 def topology(cfg) -> dict:
     """Nodes and processes per node: the same world size spread otherwise ranks its processes otherwise."""
     one = cfg.distributed.name == "none"
-    return {"distributed.nodes": 1 if one else int(cfg.distributed.nodes),
-            "distributed.processes_per_node": 1 if one else int(cfg.distributed.processes_per_node)}
+    return {
+        "distributed.nodes": 1 if one else int(cfg.distributed.nodes),
+        "distributed.processes_per_node": 1 if one else int(cfg.distributed.processes_per_node),
+    }
 
 
 _TOPOLOGY_DEFAULTS = {"distributed.nodes": 1}  # manifests written before the topology was recorded
@@ -67,10 +72,16 @@ def check_resumable(manifest: dict, trajectory: dict, dataset_fp: str, cfg) -> N
     name = f"{manifest['step']:09d}-{manifest['fence']:04d}"
     old = meta.get("trajectory", {})
     if "distributed.world_size" in old and "distributed.nodes" not in old:  # written before topology was kept
-        old = dict(old, **_TOPOLOGY_DEFAULTS,
-                   **{"distributed.processes_per_node": trajectory.get("distributed.processes_per_node")})
-    changed = [f"{k}: {old.get(k)!r} -> {trajectory.get(k)!r}" for k in sorted(set(old) | set(trajectory))
-               if old.get(k) != trajectory.get(k)]
+        old = dict(
+            old,
+            **_TOPOLOGY_DEFAULTS,
+            **{"distributed.processes_per_node": trajectory.get("distributed.processes_per_node")},
+        )
+    changed = [
+        f"{k}: {old.get(k)!r} -> {trajectory.get(k)!r}"
+        for k in sorted(set(old) | set(trajectory))
+        if old.get(k) != trajectory.get(k)
+    ]
     old_world, new_world = old.get("distributed.world_size"), trajectory.get("distributed.world_size")
     old_shape = (old.get("distributed.nodes"), old.get("distributed.processes_per_node"))
     new_shape = (trajectory.get("distributed.nodes"), trajectory.get("distributed.processes_per_node"))
@@ -79,7 +90,8 @@ def check_resumable(manifest: dict, trajectory: dict, dataset_fp: str, cfg) -> N
             f"checkpoint {name} of job {cfg.run.name!r} was written by {old_shape[0]} node(s) x {old_shape[1]} "
             f"process(es); this attempt has {new_shape[0]} x {new_shape[1]}. Resume with distributed.nodes="
             f"{old_shape[0]} distributed.processes_per_node={old_shape[1]} (and compute.nodes={old_shape[0]}), or set "
-            "checkpoint.allow_config_change=true to continue from the saved state (no longer bit-exact).")
+            "checkpoint.allow_config_change=true to continue from the saved state (no longer bit-exact)."
+        )
     if old_world is not None and old_world != new_world and not cfg.checkpoint.allow_config_change:
         raise ConfigError(
             f"checkpoint {name} of job {cfg.run.name!r} was written by {old_world} training processes; this "

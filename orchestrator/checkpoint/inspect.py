@@ -6,6 +6,7 @@ against the manifest, and only then deserialises the weights and training state 
 and the restore's allow-list) to prove the checkpoint restores. A manifest listing an unsafe path (absolute,
 ``..``, empty parts) fails before anything is downloaded.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -61,9 +62,19 @@ def verify_one(checkpoints: CheckpointStore, ckpt: CommittedCheckpoint, manifest
 
 def describe(ckpt: CommittedCheckpoint, manifest: dict | None, error: str | None) -> dict:
     """One checkpoint as a JSON-able row."""
-    row = {"name": ckpt.name, "step": ckpt.step, "fence": ckpt.fence, "created_at": None, "bytes": None,
-           "files": None, "manifest_error": error}
+    row = {
+        "name": ckpt.name,
+        "step": ckpt.step,
+        "fence": ckpt.fence,
+        "created_at": None,
+        "bytes": None,
+        "files": None,
+        "manifest_error": error,
+    }
     if manifest is not None:
-        row.update(created_at=manifest.get("created_at"), bytes=manifest.get("total_bytes"),
-                   files=len(manifest.get("files", [])))
+        row.update(
+            created_at=manifest.get("created_at"),
+            bytes=manifest.get("total_bytes"),
+            files=len(manifest.get("files", [])),
+        )
     return row

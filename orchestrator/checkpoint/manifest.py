@@ -4,6 +4,7 @@ It lists every file with its size and SHA-256, and carries the fingerprints of
 the dataset and of the config fields that shape the training trajectory, so a
 restore can refuse a checkpoint that belongs to another trajectory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -153,7 +154,9 @@ def verify_folder(folder: Path, manifest: dict) -> None:
             raise CorruptCheckpoint(f"file {entry['path']} is missing")
         size = os.path.getsize(path)
         if size != entry["size"]:
-            raise CorruptCheckpoint(f"file {entry['path']} has {size} bytes, the manifest says {entry['size']} (truncated?)")
+            raise CorruptCheckpoint(
+                f"file {entry['path']} has {size} bytes, the manifest says {entry['size']} (truncated?)"
+            )
         digest = sha256_file(path)
         if digest != entry["sha256"]:
             raise CorruptCheckpoint(f"file {entry['path']} does not match its SHA-256 (stored data changed)")

@@ -9,6 +9,7 @@ At a restore, rank 0's verified checkpoint decides the step; every node that doe
 downloads that checkpoint into its own work folder, each path checked, each size and hash verified and each
 pickle checked before any rank loads.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,11 @@ def local_main() -> bool:
 
 
 def _entries(folder: Path, skip: set) -> list[dict]:
-    return [{"path": p.relative_to(folder).as_posix(), "size": p.stat().st_size, "sha256": mf.sha256_file(p)}
-            for p in mf.list_files(folder) if p.relative_to(folder).as_posix() not in skip]
+    return [
+        {"path": p.relative_to(folder).as_posix(), "size": p.stat().st_size, "sha256": mf.sha256_file(p)}
+        for p in mf.list_files(folder)
+        if p.relative_to(folder).as_posix() not in skip
+    ]
 
 
 def _upload_node(checkpoints: CheckpointStore, folder: Path, name: str, skip: set) -> dict:
@@ -47,8 +51,9 @@ def _upload_node(checkpoints: CheckpointStore, folder: Path, name: str, skip: se
         return {"error": f"{type(err).__name__}: {err}"}
 
 
-def share_node_files(checkpoints: CheckpointStore, folder: Path, name: Optional[str], main: bool,
-                     sees: bool) -> list[dict]:
+def share_node_files(
+    checkpoints: CheckpointStore, folder: Path, name: Optional[str], main: bool, sees: bool
+) -> list[dict]:
     """A collective at a commit: the files of every node that does not see rank 0's ``folder`` (``sees``)
     uploaded by its local rank 0; rank 0 gets the entries to add to the manifest (others: []). Raises
     RuntimeError on rank 0 when a node's upload failed (no commit of that step)."""
@@ -57,7 +62,7 @@ def share_node_files(checkpoints: CheckpointStore, folder: Path, name: Optional[
     paths = [p.relative_to(folder).as_posix() for p in mf.list_files(folder)] if (main or uploads) else []
     held = dist.gather(paths)
     skip = set(held[0])
-    for earlier in held[1:dist.rank()]:
+    for earlier in held[1 : dist.rank()]:
         skip.update(earlier)
     report = _upload_node(checkpoints, folder, name, skip) if uploads else {"files": []}
     if uploads and "files" in report:
@@ -79,8 +84,9 @@ def share_node_files(checkpoints: CheckpointStore, folder: Path, name: Optional[
     return extra
 
 
-def restore_node(checkpoints: CheckpointStore, dest_root: Path, name: str, manifest: dict, *,
-                 allowed: Optional[list] = None) -> Path:
+def restore_node(
+    checkpoints: CheckpointStore, dest_root: Path, name: str, manifest: dict, *, allowed: Optional[list] = None
+) -> Path:
     """Checkpoint ``name`` into ``dest_root/name`` on this node: the manifest read again from storage and
     compared with rank 0's, every file fetched and verified, every pickle checked. Raises CorruptCheckpoint."""
     from orchestrator.checkpoint import safe_load
@@ -98,8 +104,9 @@ def restore_node(checkpoints: CheckpointStore, dest_root: Path, name: str, manif
     return local
 
 
-def restore_on_every_node(checkpoints: CheckpointStore, dest_root: Path, restored: Optional[Path],
-                          manifest: Optional[dict], sees: bool) -> Optional[Path]:
+def restore_on_every_node(
+    checkpoints: CheckpointStore, dest_root: Path, restored: Optional[Path], manifest: Optional[dict], sees: bool
+) -> Optional[Path]:
     """A collective after rank 0's restore: the local path of rank 0's checkpoint on this rank's node (the
     node's local rank 0 downloads it where this node does not see rank 0's folder)."""
     if restored is None or manifest is None:
@@ -110,8 +117,11 @@ def restore_on_every_node(checkpoints: CheckpointStore, dest_root: Path, restore
     if not sees and local_main():
         try:
             restore_node(checkpoints, dest_root, name, manifest)
-            log.info("node files: checkpoint %s downloaded and verified on this node (%d files)", name,
-                     len(manifest["files"]))
+            log.info(
+                "node files: checkpoint %s downloaded and verified on this node (%d files)",
+                name,
+                len(manifest["files"]),
+            )
         except Exception as err:  # noqa: BLE001 - every rank must reach the gather
             error = f"{type(err).__name__}: {err}"
     errors = [f"rank {r}: {e}" for r, e in enumerate(dist.gather(error)) if e]

@@ -16,6 +16,7 @@ length and hold log-probabilities (finite, at most 0); the manifest must be this
 (``run_name``, ``meta.key``: what ties a signed entry to its place). Anything else is reported and the
 log-probs are computed again (and stored again under the same key).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,19 +34,25 @@ FILE = "ref_logps.safetensors"
 COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
 
 
-def ref_logps_key(*, split: str, data_fingerprint: str, model_fingerprint: str, batch_size: int,
-                  trajectory: dict) -> str:
-    body = {"split": split, "data": data_fingerprint, "model": model_fingerprint, "batch_size": int(batch_size),
-            "trajectory": trajectory}
+def ref_logps_key(
+    *, split: str, data_fingerprint: str, model_fingerprint: str, batch_size: int, trajectory: dict
+) -> str:
+    body = {
+        "split": split,
+        "data": data_fingerprint,
+        "model": model_fingerprint,
+        "batch_size": int(batch_size),
+        "trajectory": trajectory,
+    }
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class RefLogProbStore:
     """Args:
-        checkpoints: the job's ``CheckpointStore`` (its commit protocol; ``.store`` to read).
-        work: a local scratch folder of this attempt.
-        main: whether this rank writes (the others only read).
-        fence: the attempt's fence, recorded in the manifest (a callable: it is known after the ledger's begin).
+    checkpoints: the job's ``CheckpointStore`` (its commit protocol; ``.store`` to read).
+    work: a local scratch folder of this attempt.
+    main: whether this rank writes (the others only read).
+    fence: the attempt's fence, recorded in the manifest (a callable: it is known after the ledger's begin).
     """
 
     def __init__(self, checkpoints: Any, *, work: Path, main: bool, trajectory: dict, fence=lambda: 0):
@@ -54,8 +61,13 @@ class RefLogProbStore:
         self.work, self.main, self.trajectory, self.fence = Path(work), main, trajectory, fence
 
     def key(self, *, split: str, data_fingerprint: str, model_fingerprint: str, batch_size: int) -> str:
-        return ref_logps_key(split=split, data_fingerprint=data_fingerprint, model_fingerprint=model_fingerprint,
-                             batch_size=batch_size, trajectory=self.trajectory)
+        return ref_logps_key(
+            split=split,
+            data_fingerprint=data_fingerprint,
+            model_fingerprint=model_fingerprint,
+            batch_size=batch_size,
+            trajectory=self.trajectory,
+        )
 
     def load(self, key: str, *, rows: int) -> Optional[dict]:
         """The stored arrays (numpy, by column) for ``key``, verified; None when there are none usable."""
@@ -86,9 +98,11 @@ class RefLogProbStore:
         """The entry is this job's, for this key: a signed entry copied from another key or job is signed too."""
         meta: Any = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
         if meta.get("key") != key or manifest.get("run_name") != self.checkpoints.run_name:
-            raise mf.CorruptCheckpoint(f"its manifest is that of job {manifest.get('run_name')!r}, key "
-                                       f"{str(meta.get('key'))[:12]!r}, not of job {self.checkpoints.run_name!r}, "
-                                       f"key {key[:12]!r}")
+            raise mf.CorruptCheckpoint(
+                f"its manifest is that of job {manifest.get('run_name')!r}, key "
+                f"{str(meta.get('key'))[:12]!r}, not of job {self.checkpoints.run_name!r}, "
+                f"key {key[:12]!r}"
+            )
 
     def save(self, key: str, arrays: dict) -> None:
         """Commit ``arrays`` under ``key`` (main rank only; a failure costs only a recomputation later)."""
@@ -101,12 +115,20 @@ class RefLogProbStore:
         folder.mkdir(parents=True)
         try:
             save_file({k: arrays[k] for k in COLUMNS}, str(folder / FILE))
-            self.checkpoints.commit_folder(folder, f"{self.prefix}{key}/", step=0, fence=self.fence(),
-                                           meta={"kind": "dpo_reference_log_probs", "key": key})
+            self.checkpoints.commit_folder(
+                folder,
+                f"{self.prefix}{key}/",
+                step=0,
+                fence=self.fence(),
+                meta={"kind": "dpo_reference_log_probs", "key": key},
+            )
             log.info("reference log-probs stored under %s%s/", self.prefix, key[:12])
         except Exception as err:  # noqa: BLE001 - training goes on; the next attempt computes them again
-            log.warning("could not store the reference log-probs (%s: %s); a resumed attempt will compute them again",
-                        type(err).__name__, err)
+            log.warning(
+                "could not store the reference log-probs (%s: %s); a resumed attempt will compute them again",
+                type(err).__name__,
+                err,
+            )
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -117,13 +139,17 @@ def check_arrays(arrays: dict, rows: int) -> None:
     import numpy as np
 
     if sorted(arrays) != sorted(COLUMNS) or any(a.shape != (rows,) for a in arrays.values()):
-        raise mf.CorruptCheckpoint(f"its arrays are {{{', '.join(f'{k}: {v.shape}' for k, v in arrays.items())}}}"
-                                   f", not {rows} values of each of {', '.join(COLUMNS)}")
+        raise mf.CorruptCheckpoint(
+            f"its arrays are {{{', '.join(f'{k}: {v.shape}' for k, v in arrays.items())}}}"
+            f", not {rows} values of each of {', '.join(COLUMNS)}"
+        )
     for name in COLUMNS:
         values = arrays[name]
         if not np.issubdtype(values.dtype, np.floating):
             raise mf.CorruptCheckpoint(f"its {name} are {values.dtype}, not floating-point log-probabilities")
         bad = ~np.isfinite(values) | (values > 0)
         if bad.any():
-            raise mf.CorruptCheckpoint(f"its {name} hold {int(bad.sum())} values that are not log-probabilities "
-                                       f"(finite and at most 0), e.g. {float(values[bad][0])}")
+            raise mf.CorruptCheckpoint(
+                f"its {name} hold {int(bad.sum())} values that are not log-probabilities "
+                f"(finite and at most 0), e.g. {float(values[bad][0])}"
+            )

@@ -18,6 +18,7 @@ standard deviation, so 1e300 trains on inf). A shard that fails any check is rep
 computed again, nothing else is lost. A reward function's own value beyond the bound (or not finite) is never kept
 in the cache.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,10 +50,10 @@ def _as_float(value: Any) -> Optional[float]:
 
 class RewardCache:
     """Args:
-        checkpoints: the job's ``CheckpointStore`` (its commit protocol; ``.store`` to read).
-        work: a local scratch folder of this attempt.
-        main: whether this rank writes shards (the others keep theirs in memory).
-        fence: the attempt's fence (a callable: known after the ledger's begin), in each shard's name.
+    checkpoints: the job's ``CheckpointStore`` (its commit protocol; ``.store`` to read).
+    work: a local scratch folder of this attempt.
+    main: whether this rank writes shards (the others keep theirs in memory).
+    fence: the attempt's fence (a callable: known after the ledger's begin), in each shard's name.
     """
 
     def __init__(self, checkpoints: Any, *, work: Path, main: bool, fence=lambda: 0):
@@ -75,8 +76,9 @@ class RewardCache:
 
     def put(self, func: str, values: dict) -> None:
         """Keep ``values`` ({(prompt id, completion hash): reward}) and queue them as one shard (``flush`` waits)."""
-        fresh = {(func, *key): number for key, number in ((k, _as_float(v)) for k, v in values.items())
-                 if number is not None}  # None/NaN/beyond the bound: not a result to keep
+        fresh = {
+            (func, *key): number for key, number in ((k, _as_float(v)) for k, v in values.items()) if number is not None
+        }  # None/NaN/beyond the bound: not a result to keep
         self.values.update(fresh)
         if fresh and self.main:
             fence = int(self.fence())
@@ -105,19 +107,29 @@ class RewardCache:
         try:
             folder.mkdir(parents=True)
             (folder / FILE).write_text(json.dumps(RewardShard(fresh).encode()))
-            self.checkpoints.commit_folder(folder, f"{self.prefix}{name}/", step=0, fence=fence,
-                                           meta={"kind": KIND, "shard": name})
+            self.checkpoints.commit_folder(
+                folder, f"{self.prefix}{name}/", step=0, fence=fence, meta={"kind": KIND, "shard": name}
+            )
         except Exception as err:  # noqa: BLE001 - training goes on; a resumed attempt scores these again
-            log.warning("could not store %d rewards (%s: %s); a resumed attempt will compute them again",
-                        len(fresh), type(err).__name__, err)
+            log.warning(
+                "could not store %d rewards (%s: %s); a resumed attempt will compute them again",
+                len(fresh),
+                type(err).__name__,
+                err,
+            )
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
     def load(self) -> int:
         """Read every committed shard (verified); returns how many rewards came back."""
         self.loaded = True
-        shards = sorted({k[len(self.prefix):].split("/", 1)[0] for k in self.store.list(self.prefix)
-                         if k.endswith("/" + mf.MANIFEST_NAME)})
+        shards = sorted(
+            {
+                k[len(self.prefix) :].split("/", 1)[0]
+                for k in self.store.list(self.prefix)
+                if k.endswith("/" + mf.MANIFEST_NAME)
+            }
+        )
         before = len(self.values)
         for name in shards:
             try:

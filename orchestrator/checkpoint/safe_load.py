@@ -29,6 +29,7 @@ and DeepSpeed 0.19's ZeRO ``state_dict``; a real ZeRO-2 checkpoint needs exactly
 None of them runs anything on construction; the weights-only unpickler builds
 them without calling their ``__init__`` or ``__setstate__`` beyond a dict update.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,8 +80,9 @@ def uses_deepspeed(manifest: dict) -> bool:
 
 def pickled_files(manifest: dict) -> list[str]:
     """The listed files a resume may unpickle (torch.save suffixes, less those never loaded)."""
-    return [e["path"] for e in manifest["files"]
-            if e["path"].endswith(TORCH_SUFFIXES) and e["path"] not in NOT_RESTORED]
+    return [
+        e["path"] for e in manifest["files"] if e["path"].endswith(TORCH_SUFFIXES) and e["path"] not in NOT_RESTORED
+    ]
 
 
 def _refusal(err: Exception) -> str:
@@ -92,8 +94,9 @@ def _refusal(err: Exception) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
-def load_torch_file(path: Path, *, deepspeed: bool, mmap: bool = False, name: str | None = None,
-                    allowed: list | None = None):
+def load_torch_file(
+    path: Path, *, deepspeed: bool, mmap: bool = False, name: str | None = None, allowed: list | None = None
+):
     """``torch.load(path, weights_only=True)`` with the allow-list.
 
     ``name``: how the error names the file (default: its file name). ``allowed``: the allow-list already

@@ -16,6 +16,7 @@ A killed attempt cannot clean up after itself, so every snapshot root records
 its owner's pid and the next attempt on the machine removes roots whose owner
 is gone: memory is never leaked across attempts.
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,8 +55,9 @@ def _available_memory_bytes() -> int | None:
     return None
 
 
-def choose_root(setting: str, *, run_name: str, token: str, work: Path, estimate_bytes: int,
-                shm: Path = SHM) -> tuple[Path, str]:
+def choose_root(
+    setting: str, *, run_name: str, token: str, work: Path, estimate_bytes: int, shm: Path = SHM
+) -> tuple[Path, str]:
     """(snapshot root, why) for this attempt."""
     if setting == "work":
         return work, "checkpoint.snapshot_dir=work"
@@ -69,8 +71,10 @@ def choose_root(setting: str, *, run_name: str, token: str, work: Path, estimate
     if free < need:
         return work, f"{shm} has {free / 2**20:.0f} MiB free, {need / 2**20:.0f} MiB wanted"
     if available is not None and available < need + MEMORY_RESERVE_BYTES:
-        return work, (f"the machine has {available / 2**20:.0f} MiB available, "
-                      f"{(need + MEMORY_RESERVE_BYTES) / 2**20:.0f} MiB wanted")
+        return work, (
+            f"the machine has {available / 2**20:.0f} MiB available, "
+            f"{(need + MEMORY_RESERVE_BYTES) / 2**20:.0f} MiB wanted"
+        )
     return shm / "orchestrator" / run_name / token, f"{shm} holds {SNAPSHOTS_IN_FLIGHT} snapshots"
 
 

@@ -10,6 +10,7 @@ Commit protocol (after Composer's "pointer written last"):
 5. retention deletes older checkpoints beyond ``keep_last``, manifest first, and
    never the newest committed one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,8 +70,12 @@ def _lower_thread_priority() -> None:
 
 
 def announce_restore(local: Path, manifest: dict) -> None:
-    log.info("restoring checkpoint %s (step %d), all %d files verified", Path(local).name, manifest["step"],
-             len(manifest["files"]))
+    log.info(
+        "restoring checkpoint %s (step %d), all %d files verified",
+        Path(local).name,
+        manifest["step"],
+        len(manifest["files"]),
+    )
 
 
 def retry_transient(fn, attempts: int = 4, first_delay_s: float = 0.5):
@@ -91,10 +96,12 @@ def retry_transient(fn, attempts: int = 4, first_delay_s: float = 0.5):
 def gated(barriers: list, may_commit: Callable[[], None]) -> Callable[[], None]:
     """``may_commit`` after every barrier returned, on the uploader's thread just before a checkpoint's manifest:
     GRPO's reward cache (``orchestrator.checkpoint.reward_cache``) stores the rewards computed before it."""
+
     def gate() -> None:
         for barrier in barriers:
             barrier()
         may_commit()
+
     return gate
 
 
@@ -120,7 +127,7 @@ class CheckpointStore:
         """Committed checkpoints (those with a manifest), oldest first."""
         found = []
         for key in self.store.list(self.prefix):
-            rest = key[len(self.prefix):]
+            rest = key[len(self.prefix) :]
             name, _, leaf = rest.partition("/")
             m = _NAME.match(name)
             if m and leaf == mf.MANIFEST_NAME:
@@ -129,16 +136,24 @@ class CheckpointStore:
 
     def uncommitted_names(self) -> list[str]:
         committed = {c.name for c in self.committed()}
-        names = {key[len(self.prefix):].partition("/")[0] for key in self.store.list(self.prefix)}
+        names = {key[len(self.prefix) :].partition("/")[0] for key in self.store.list(self.prefix)}
         return sorted(n for n in names if _NAME.match(n) and n not in committed)
 
     def newest_step(self) -> int:
         return next((c.step for c in reversed(self.committed())), 0)
 
     # ---- commit --------------------------------------------------------------
-    def commit_async(self, local_folder: Path, *, step: int, fence: int, meta: dict,
-                     may_commit: Callable[[], None], on_committed: Callable[[CommitResult, dict], None],
-                     extra_files: Sequence[Any] = ()) -> str:
+    def commit_async(
+        self,
+        local_folder: Path,
+        *,
+        step: int,
+        fence: int,
+        meta: dict,
+        may_commit: Callable[[], None],
+        on_committed: Callable[[CommitResult, dict], None],
+        extra_files: Sequence[Any] = (),
+    ) -> str:
         """Take ownership of ``local_folder`` and commit it in the background. ``may_commit`` is called just before
         the manifest is written and raises (e.g. Fenced) when this attempt may no longer commit; ``on_committed``
         runs after the manifest is written. ``extra_files``: manifest entries other nodes already uploaded
@@ -195,16 +210,29 @@ class CheckpointStore:
                     self._pending -= 1
                     self._pending_lock.notify_all()
 
-    def _commit(self, staged: Path, name: str, step: int, fence: int, meta: dict, may_commit, on_committed,
-                extra_files: list) -> None:
+    def _commit(
+        self, staged: Path, name: str, step: int, fence: int, meta: dict, may_commit, on_committed, extra_files: list
+    ) -> None:
         started = time.monotonic()
         key_prefix = f"{self.prefix}{name}/"
         try:
-            manifest = self._upload(staged, key_prefix, step=step, fence=fence, meta=meta,
-                                    may_commit=gated(self.barriers, may_commit), extra_files=extra_files)
+            manifest = self._upload(
+                staged,
+                key_prefix,
+                step=step,
+                fence=fence,
+                meta=meta,
+                may_commit=gated(self.barriers, may_commit),
+                extra_files=extra_files,
+            )
             result = CommitResult(name, step, True, time.monotonic() - started, manifest["total_bytes"])
-            log.info("checkpoint %s committed (step %d, %.1f MB, %.2fs)", name, step,
-                     manifest["total_bytes"] / 1e6, result.seconds)
+            log.info(
+                "checkpoint %s committed (step %d, %.1f MB, %.2fs)",
+                name,
+                step,
+                manifest["total_bytes"] / 1e6,
+                result.seconds,
+            )
             self.results.append(result)
             on_committed(result, manifest)
             self.apply_retention(keep_step=meta.get("best_step"))
@@ -215,8 +243,17 @@ class CheckpointStore:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
-    def _upload(self, folder: Path, key_prefix: str, *, step: int, fence: int, meta: dict,
-                may_commit: Callable[[], None] = lambda: None, extra_files: Sequence[Any] = ()) -> dict:
+    def _upload(
+        self,
+        folder: Path,
+        key_prefix: str,
+        *,
+        step: int,
+        fence: int,
+        meta: dict,
+        may_commit: Callable[[], None] = lambda: None,
+        extra_files: Sequence[Any] = (),
+    ) -> dict:
         """Hash and upload every file of ``folder`` under ``key_prefix``, then (if ``may_commit()`` does not
         raise) the manifest, last, listing ``extra_files`` (uploaded by other nodes) too: the one commit protocol.
         Returns the manifest."""
@@ -256,12 +293,15 @@ class CheckpointStore:
         names = self.uncommitted_names()
         for name in names:
             self.store.delete_prefix(f"{self.prefix}{name}/")
-            log.warning("checkpoint %s has no manifest (an upload was interrupted); its partial files were removed", name)
+            log.warning(
+                "checkpoint %s has no manifest (an upload was interrupted); its partial files were removed", name
+            )
         return names
 
     # ---- restore -------------------------------------------------------------
-    def restore_latest(self, dest_root: Path, *, step: Optional[int] = None,
-                       allowed: Optional[list] = None) -> tuple[Optional[Path], Optional[dict]]:
+    def restore_latest(
+        self, dest_root: Path, *, step: Optional[int] = None, allowed: Optional[list] = None
+    ) -> tuple[Optional[Path], Optional[dict]]:
         """Download and verify the newest committed checkpoint (``step``: of that step), falling back to older ones.
 
         Every manifest path is checked before any download, every file's size and SHA-256 before anything

@@ -13,6 +13,7 @@ by the launcher at submit: ``orchestrator.records.submission``):
 Exit 0: cancelled, or nothing left to cancel; 1: the engine refused, or the supervisor runs on another host; 2: no
 such job, an unreadable record or store, the engine's tool missing.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,9 +54,11 @@ class Job:
             self.ledger, self.ledger_problem = None, str(err)
             print(f"warning: {err}", file=sys.stderr)
         if self.submission is None and self.ledger is None and self.ledger_problem is None:
-            raise UserError(f"no job named {self.run_name!r} under {self.store.uri}: no submission record and no "
-                            "ledger. Check the run name (run.name) and the storage URI (storage.uri), and "
-                            "--endpoint-url for S3-compatible stores.")
+            raise UserError(
+                f"no job named {self.run_name!r} under {self.store.uri}: no submission record and no "
+                "ledger. Check the run name (run.name) and the storage URI (storage.uri), and "
+                "--endpoint-url for S3-compatible stores."
+            )
 
     def read_ledger(self) -> Optional[LedgerRecord]:
         """The ledger, decoded; None when there is none yet (a job still queued). Raises CorruptRecord."""
@@ -105,9 +108,12 @@ def cancel_local(job: Job) -> int:
         return 0
     host, pid, started = found
     if host != socket.gethostname():
-        return fail(f"{job.run_name!r} runs under a local supervisor on {host} (pid {pid}), not on this host "
-                    f"({socket.gethostname()}): run `orchestrator cancel {job.target}` there, or `kill -TERM {pid}` "
-                    f"on {host}", 1)
+        return fail(
+            f"{job.run_name!r} runs under a local supervisor on {host} (pid {pid}), not on this host "
+            f"({socket.gethostname()}): run `orchestrator cancel {job.target}` there, or `kill -TERM {pid}` "
+            f"on {host}",
+            1,
+        )
     if not alive(pid, started):
         status = job.ledger.status if job.ledger else "no attempt yet"
         print(f"nothing to cancel: the local supervisor of {job.run_name!r} (pid {pid}) has ended (status: {status})")
@@ -118,11 +124,16 @@ def cancel_local(job: Job) -> int:
         print(f"nothing to cancel: the local supervisor of {job.run_name!r} (pid {pid}) has just ended")
         return 0
     except PermissionError:
-        return fail(f"not permitted to signal the supervisor of {job.run_name!r} (pid {pid} on {host}): it runs as "
-                    f"another user; run `kill -TERM {pid}` as that user", 1)
-    print(f"cancelled {job.run_name!r} (local): sent SIGTERM to its supervisor, pid {pid} on {host}. The worker "
-          "commits a checkpoint and stops, and no further attempt starts; `orchestrator status` shows the attempt "
-          "as preempted.")
+        return fail(
+            f"not permitted to signal the supervisor of {job.run_name!r} (pid {pid} on {host}): it runs as "
+            f"another user; run `kill -TERM {pid}` as that user",
+            1,
+        )
+    print(
+        f"cancelled {job.run_name!r} (local): sent SIGTERM to its supervisor, pid {pid} on {host}. The worker "
+        "commits a checkpoint and stops, and no further attempt starts; `orchestrator status` shows the attempt "
+        "as preempted."
+    )
     return 0
 
 
@@ -132,8 +143,10 @@ def cancel_remote(job: Job, record: SubmissionRecord) -> int:
     argv = cancel_argv(record)
     command = shlex.join(argv)
     if shutil.which(argv[0]) is None:
-        return fail(f"{argv[0]} is not on PATH here: to cancel {job.run_name!r} ({record.backend} job "
-                    f"{record.job_id}) run `{command}` where {argv[0]} reaches the cluster")
+        return fail(
+            f"{argv[0]} is not on PATH here: to cancel {job.run_name!r} ({record.backend} job "
+            f"{record.job_id}) run `{command}` where {argv[0]} reaches the cluster"
+        )
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
@@ -148,11 +161,17 @@ def cancel_remote(job: Job, record: SubmissionRecord) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="orchestrator cancel", description="Cancel a job through its backend (scancel, sky jobs "
-                    "cancel, kubectl delete; the local supervisor: SIGTERM), so that it is not requeued.")
+    parser = Parser(
+        prog="orchestrator cancel",
+        description="Cancel a job through its backend (scancel, sky jobs "
+        "cancel, kubectl delete; the local supervisor: SIGTERM), so that it is not requeued.",
+    )
     parser.add_argument("target", metavar="STORAGE_URI/RUN_NAME", help="e.g. s3://bucket/runs/exp1 or .cache/runs/exp1")
-    parser.add_argument("--endpoint-url", default=None,
-                        help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable")
+    parser.add_argument(
+        "--endpoint-url",
+        default=None,
+        help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable",
+    )
     args = parser.parse_intermixed_args(argv)
     try:
         job = Job(args.target, args.endpoint_url)

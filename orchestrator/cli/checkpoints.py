@@ -9,6 +9,7 @@ state (safetensors files with ``safetensors.torch.load_file``; ``.pt``,
 restore's allow-list) to prove the checkpoint restores. A manifest listing an
 unsafe path (absolute, ``..``, empty parts) fails before anything is downloaded. Exit code 1 when any checkpoint fails, 2 for a bad argument.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -69,8 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         return fail(err)
     failed = [r for r in rows if args.verify and not r["ok"]]
     if args.json:
-        print(json.dumps({"run": run_name, "storage": storage_uri, "checkpoints": rows,
-                          "verified": args.verify, "failed": len(failed)}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "run": run_name,
+                    "storage": storage_uri,
+                    "checkpoints": rows,
+                    "verified": args.verify,
+                    "failed": len(failed),
+                },
+                indent=1,
+            )
+        )
     else:
         print_table(run_name, storage_uri, rows, verify=args.verify)
     return FAILED if failed else 0
@@ -81,10 +92,15 @@ def print_table(run_name: str, storage_uri: str, rows: list[dict], *, verify: bo
         print(f"no committed checkpoints for run {run_name!r} in {storage_uri}")
         return
     print(f"committed checkpoints of run {run_name!r} in {storage_uri}:")
-    print(f"  {'name':<16}{'step':>10}{'fence':>7}  {'written':<24}{'size':>11}{'files':>7}" + ("  verify" if verify else ""))
+    print(
+        f"  {'name':<16}{'step':>10}{'fence':>7}  {'written':<24}{'size':>11}{'files':>7}"
+        + ("  verify" if verify else "")
+    )
     for r in rows:
-        line = (f"  {r['name']:<16}{r['step']:>10}{r['fence']:>7}  {_when(r['created_at']):<24}"
-                f"{format_bytes(r['bytes']):>11}{r['files'] if r['files'] is not None else '-':>7}")
+        line = (
+            f"  {r['name']:<16}{r['step']:>10}{r['fence']:>7}  {_when(r['created_at']):<24}"
+            f"{format_bytes(r['bytes']):>11}{r['files'] if r['files'] is not None else '-':>7}"
+        )
         if verify:
             line += "  OK" if r["ok"] else f"  FAILED: {r['reason']}"
         print(line)

@@ -9,6 +9,7 @@ checksum options, ``storage.retry_for``; ``--endpoint-url`` is ``storage.endpoin
 (``orchestrator.app.eval_remote``). A preemption signal or a storage outage longer than ``storage.retry_for``
 exits 75 (requeued), its bill settled as far as storage lets it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ from orchestrator.storage.base import TransientStorageError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = Parser(prog="orchestrator eval", description=__doc__.splitlines()[0].split(': ', 1)[1])
+    parser = Parser(prog="orchestrator eval", description=__doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("run_uri", help="<storage.uri>/<run.name>, e.g. s3://bucket/runs/job1 or .cache/runs/job1")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the job's config (eval.tasks=[...], ...)")
     parser.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (as storage.endpoint_url)")
@@ -68,8 +69,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{run_name}: {err}; the evaluation in flight is lost, a rerun skips the stored results", flush=True)
         return PREEMPTED
     except TransientStorageError as err:  # an outage past storage.retry_for: as a preemption, requeued
-        print(f"{run_name}: storage unreachable past storage.retry_for ({err}); stopped with exit {PREEMPTED} for "
-              "the backend to requeue, a rerun skips the stored results", flush=True)
+        print(
+            f"{run_name}: storage unreachable past storage.retry_for ({err}); stopped with exit {PREEMPTED} for "
+            "the backend to requeue, a rerun skips the stored results",
+            flush=True,
+        )
         return PREEMPTED
     except BudgetExhausted as err:  # a cap of budget.* spent: the budget's code, as a job's
         return fail(err, cast(int, outcome(err.exit_class).exit_code))
@@ -77,9 +81,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return fail(err, err.exit_code)
     except (ValueError, UserError) as err:  # the URI, the store
         return fail(err, USAGE_ERROR)
-    left = (f", {counts['left']} left: run.deadline={cfg.run.deadline} reached (a rerun with a later one goes on)"
-            if counts["left"] else "")
-    print(f"{run_name}: {counts['evaluated']} evaluated, {counts['skipped']} already done, "
-          f"{counts['unusable']} unusable{left}; ${spent:.6f} at {cfg.compute.gpu_type} prices, billed to the job's "
-          "ledger and the spend index", flush=True)
+    left = (
+        f", {counts['left']} left: run.deadline={cfg.run.deadline} reached (a rerun with a later one goes on)"
+        if counts["left"]
+        else ""
+    )
+    print(
+        f"{run_name}: {counts['evaluated']} evaluated, {counts['skipped']} already done, "
+        f"{counts['unusable']} unusable{left}; ${spent:.6f} at {cfg.compute.gpu_type} prices, billed to the job's "
+        "ledger and the spend index",
+        flush=True,
+    )
     return 0

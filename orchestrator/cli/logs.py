@@ -16,6 +16,7 @@ Ctrl-C. Exit 0: the log was printed; 1: it is not on this machine and its comman
 job, an unreadable record or store; else the engine tool's own exit code. A log file not there yet (its folder here,
 or a local job of this host) is said so, exit 1.
 """
+
 from __future__ import annotations
 
 import os
@@ -89,8 +90,11 @@ def follow(job: Job, path: Path, offset: int) -> int:
 
 def logs_file(job: Job, record: SubmissionRecord, *, lines: int, follow_it: bool) -> int:
     where = {"slurm": "Slurm's batch output", "local": "the worker's log"}
-    files = [(p, where.get(record.backend, "the log") if p == record.log else "the worker's log")
-             for p in (record.log, record.job_log) if p]
+    files = [
+        (p, where.get(record.backend, "the log") if p == record.log else "the worker's log")
+        for p in (record.log, record.job_log)
+        if p
+    ]
     for path, which in files:
         if Path(path).is_file():
             others = [p for p, _ in files if p != path]
@@ -102,13 +106,17 @@ def logs_file(job: Job, record: SubmissionRecord, *, lines: int, follow_it: bool
     command = shlex.join(["tail", "-n", str(lines), *(["-f"] if follow_it else []), files[0][0]]) if files else ""
     status = job.ledger.status if job.ledger else "no attempt yet"
     if any(Path(p).parent.is_dir() for p, _ in files) or (record.backend == "local" and record.host == _host()):
-        print(f"{record.backend} job {record.job_id} of {job.run_name!r}: no log at {named} yet (status: {status}); "
-              "the worker writes it once it starts (a local supervisor's own lines go to the terminal that "
-              "launched it)")
+        print(
+            f"{record.backend} job {record.job_id} of {job.run_name!r}: no log at {named} yet (status: {status}); "
+            "the worker writes it once it starts (a local supervisor's own lines go to the terminal that "
+            "launched it)"
+        )
         return 1
     host = record.host if record.backend == "local" else "the Slurm cluster (a login node)"
-    print(f"{record.backend} job {record.job_id} of {job.run_name!r}: its log is {named} on {host}, not on this "
-          f"machine (status: {status}; there: {command})")
+    print(
+        f"{record.backend} job {record.job_id} of {job.run_name!r}: its log is {named} on {host}, not on this "
+        f"machine (status: {status}; there: {command})"
+    )
     return 1
 
 
@@ -126,8 +134,10 @@ def logs_tool(job: Job, record: SubmissionRecord, *, lines: int, follow_it: bool
         return fail(f"{record.backend} job {record.job_id} of {job.run_name!r}: no engine command prints its log")
     command = shlex.join(argv)
     if shutil.which(argv[0]) is None:
-        print(f"{record.backend} job {record.job_id} of {job.run_name!r}: its log is the engine's; {argv[0]} is not "
-              f"on PATH here, run: {command}")
+        print(
+            f"{record.backend} job {record.job_id} of {job.run_name!r}: its log is the engine's; {argv[0]} is not "
+            f"on PATH here, run: {command}"
+        )
         return 1
     print(f"==> {command} ({record.backend} job {record.job_id}) <==", file=sys.stderr, flush=True)
     try:
@@ -137,13 +147,19 @@ def logs_tool(job: Job, record: SubmissionRecord, *, lines: int, follow_it: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="orchestrator logs", description="Print a job's log (its tail; -f follows it) when it is on "
-                    "this machine, else run or print the backend's command for it (sky jobs logs, kubectl logs).")
+    parser = Parser(
+        prog="orchestrator logs",
+        description="Print a job's log (its tail; -f follows it) when it is on "
+        "this machine, else run or print the backend's command for it (sky jobs logs, kubectl logs).",
+    )
     parser.add_argument("target", metavar="STORAGE_URI/RUN_NAME", help="e.g. s3://bucket/runs/exp1 or .cache/runs/exp1")
     parser.add_argument("-f", "--follow", action="store_true", help="follow the log until the job ends (or Ctrl-C)")
     parser.add_argument("-n", "--lines", type=int, default=40, help="how many of the last lines to print (default 40)")
-    parser.add_argument("--endpoint-url", default=None,
-                        help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable")
+    parser.add_argument(
+        "--endpoint-url",
+        default=None,
+        help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable",
+    )
     args = parser.parse_intermixed_args(argv)
     if args.lines < 0:
         parser.error(f"--lines must be 0 or more, not {args.lines}")
@@ -153,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         return fail(err)
     if job.submission is None:
         host = next((a.host for a in reversed(job.ledger.attempts)), "-") if job.ledger else "-"
-        return fail(f"{job.run_name!r} has no submission record ({job.store.get_uri(job.run_name + '/submission.json')}): "
-                    "it was launched before `orchestrator logs` knew where logs go. Its worker's log is "
-                    f"<run.work_dir>/{job.run_name}/job.log on the machine that ran it (its newest attempt: {host})")
+        return fail(
+            f"{job.run_name!r} has no submission record ({job.store.get_uri(job.run_name + '/submission.json')}): "
+            "it was launched before `orchestrator logs` knew where logs go. Its worker's log is "
+            f"<run.work_dir>/{job.run_name}/job.log on the machine that ran it (its newest attempt: {host})"
+        )
     if job.submission.backend in ("local", "slurm"):
         return logs_file(job, job.submission, lines=args.lines, follow_it=args.follow)
     return logs_tool(job, job.submission, lines=args.lines, follow_it=args.follow)

@@ -5,6 +5,7 @@ sweep one holding ``sweep.json`` (``parse_state``: the trials' statuses, and the
 Folders whose names start with ``_`` (``_spend``, ``_bench``, ``_prepared``, ``_prices``...) are the store's own,
 not jobs. A record that does not decode is one row, ``corrupt: <reason>``, and the others are listed.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,15 @@ def _job_row(store, name: str) -> Row:
     except (ValueError, UserError) as err:  # CorruptRecord is a UserError; bytes that are not JSON a ValueError
         return Row(name, "job", f"corrupt: {_reason(err)}", None, None, None, None)
     times = [t for a in record.attempts for t in (a.started_at, a.end)] + [record.created_at]
-    return Row(name, "job", record.status, len(record.attempts), record.step, record.cost_usd,
-               max((t for t in times if t), default=None))
+    return Row(
+        name,
+        "job",
+        record.status,
+        len(record.attempts),
+        record.step,
+        record.cost_usd,
+        max((t for t in times if t), default=None),
+    )
 
 
 def _sweep_row(store, name: str, spent: dict) -> Row:
@@ -62,10 +70,20 @@ def _sweep_row(store, name: str, spent: dict) -> Row:
     if counts:
         status += " (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")"
     driver: dict = doc["driver"] if isinstance(doc.get("driver"), dict) else {}
-    launched = [v for v in [t.get("launched_at") for t in trials] + [driver.get("started"), driver.get("renewed_at")]
-                if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return Row(name, "sweep", status, len(trials), None, sum(spent.get(t["run_name"], 0.0) for t in trials),
-               max(launched, default=None))
+    launched = [
+        v
+        for v in [t.get("launched_at") for t in trials] + [driver.get("started"), driver.get("renewed_at")]
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+    return Row(
+        name,
+        "sweep",
+        status,
+        len(trials),
+        None,
+        sum(spent.get(t["run_name"], 0.0) for t in trials),
+        max(launched, default=None),
+    )
 
 
 def _reason(err: Exception) -> str:
@@ -111,21 +129,41 @@ def format_rows(rows: list[Row]) -> str:
     def when(ts):
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
 
-    return _table(["name", "kind", "status", "attempts", "step", "cost", "updated"],
-                  [[r.name, r.kind, r.status, "-" if r.attempts is None else str(r.attempts),
-                    "-" if r.step is None else str(r.step), "-" if r.cost_usd is None else f"${r.cost_usd:.4f}",
-                    when(r.updated)] for r in rows])
+    return _table(
+        ["name", "kind", "status", "attempts", "step", "cost", "updated"],
+        [
+            [
+                r.name,
+                r.kind,
+                r.status,
+                "-" if r.attempts is None else str(r.attempts),
+                "-" if r.step is None else str(r.step),
+                "-" if r.cost_usd is None else f"${r.cost_usd:.4f}",
+                when(r.updated),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="orchestrator ls", description="List the jobs and sweeps under a store: status, attempts, "
-                    "step, cost; newest first (--sort name: by name).")
-    parser.add_argument("uri", metavar="STORAGE_URI", help="the jobs' storage.uri, e.g. s3://bucket/runs or .cache/runs")
+    parser = Parser(
+        prog="orchestrator ls",
+        description="List the jobs and sweeps under a store: status, attempts, "
+        "step, cost; newest first (--sort name: by name).",
+    )
+    parser.add_argument(
+        "uri", metavar="STORAGE_URI", help="the jobs' storage.uri, e.g. s3://bucket/runs or .cache/runs"
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
-    parser.add_argument("--sort", choices=("time", "name"), default="time",
-                        help="time: the newest activity first (default); name")
-    parser.add_argument("--endpoint-url", default=None,
-                        help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable")
+    parser.add_argument(
+        "--sort", choices=("time", "name"), default="time", help="time: the newest activity first (default); name"
+    )
+    parser.add_argument(
+        "--endpoint-url",
+        default=None,
+        help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable",
+    )
     args = parser.parse_intermixed_args(argv)
     try:
         store = open_store(args.uri, endpoint_url=args.endpoint_url or None)

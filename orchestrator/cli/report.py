@@ -21,6 +21,7 @@ A sweep's parent run (``orchestrator.kind=sweep``) is not a job: it gets a line 
 score against cumulative dollars, ``<out stem>_sweep_<name>.png`` (``orchestrator.sweep.report``), logged
 to the report run too.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,18 @@ BENCH_TABLE_ARTIFACT = "bench_vs_usd.json"
 REPORTS_EXPERIMENT_SUFFIX = "-reports"
 PROBE_TIMEOUT_S = 5.0
 DEFAULT_EXPERIMENT = "spot-orchestrator"
-COLUMNS = ("job", "recipe", "model", "status", "attempts", "preemptions", "cost_usd", "quality", "usd_per_point",
-           "benchmarks")
+COLUMNS = (
+    "job",
+    "recipe",
+    "model",
+    "status",
+    "attempts",
+    "preemptions",
+    "cost_usd",
+    "quality",
+    "usd_per_point",
+    "benchmarks",
+)
 
 
 @dataclass
@@ -90,7 +101,10 @@ def collect_jobs(client, experiment_id: str, *, window: int = curve.DEFAULT_WIND
     rows = []
     for run in runs:
         tags = run.data.tags
-        if tags.get(KIND_TAG) in (REPORT_KIND, "sweep"):  # a sweep's parent run: its own chart (orchestrator.sweep.report)
+        if tags.get(KIND_TAG) in (
+            REPORT_KIND,
+            "sweep",
+        ):  # a sweep's parent run: its own chart (orchestrator.sweep.report)
             continue
         quality_metric = tags.get("quality_metric", "")
         attempts = _number(run, "attempts")
@@ -143,8 +157,12 @@ def _bench_items(client, run_id: str, steps: set[int]) -> dict[int, tuple]:
     try:
         files = [a.path for a in client.list_artifacts(run_id, curve.ITEMS_FOLDER) if a.path in wanted]
     except Exception as err:  # noqa: BLE001 - no items: the verdict falls back to the two standard errors
-        log.warning("cannot list %s of run %s (%s); its verdict uses unpaired intervals", curve.ITEMS_FOLDER,
-                    run_id, type(err).__name__)
+        log.warning(
+            "cannot list %s of run %s (%s); its verdict uses unpaired intervals",
+            curve.ITEMS_FOLDER,
+            run_id,
+            type(err).__name__,
+        )
         return out
     with tempfile.TemporaryDirectory() as tmp:
         for path in files:
@@ -176,8 +194,9 @@ def bench_section(rows: list[JobRow], args, log_chart) -> None:
     series = {f"{r.job} {key}": points for r in rows for key, points in r.bench.items() if points}
     if not series:
         return
-    print("\n" + "\n".join(verdict_lines(rows, window=args.plateau_evaluations,
-                                        max_usd_per_point=args.max_usd_per_point)))
+    print(
+        "\n" + "\n".join(verdict_lines(rows, window=args.plateau_evaluations, max_usd_per_point=args.max_usd_per_point))
+    )
     drawn = curve.plot(series, args.bench_out)
     log_chart(args.bench_out, BENCH_CHART_ARTIFACT, table=bench_table(rows))
     print(f"benchmark chart of {drawn} evaluation(s): {args.bench_out}")
@@ -200,9 +219,18 @@ def format_table(rows: list[JobRow]) -> str:
         return "-" if value is None else fmt.format(value)
 
     lines = [
-        (r.job, r.recipe, r.model, r.status, cell(r.attempts), cell(r.preemptions), cell(r.cost_usd, "{:.2f}"),
-         "-" if r.quality is None else f"{r.quality_metric}={r.quality:.3f}", cell(r.usd_per_point, "{:.3f}"),
-         r.benchmarks)
+        (
+            r.job,
+            r.recipe,
+            r.model,
+            r.status,
+            cell(r.attempts),
+            cell(r.preemptions),
+            cell(r.cost_usd, "{:.2f}"),
+            "-" if r.quality is None else f"{r.quality_metric}={r.quality:.3f}",
+            cell(r.usd_per_point, "{:.3f}"),
+            r.benchmarks,
+        )
         for r in rows
     ]
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(COLUMNS)]
@@ -271,33 +299,54 @@ def _open(uri: str, experiment: str):
 
     why = unreachable(uri)
     if why is not None:
-        return fail(f"cannot reach MLflow at {scrub_text(uri)} ({scrub_text(why)}). "
-                    "Check --tracking-uri or MLFLOW_TRACKING_URI.")
+        return fail(
+            f"cannot reach MLflow at {scrub_text(uri)} ({scrub_text(why)}). "
+            "Check --tracking-uri or MLFLOW_TRACKING_URI."
+        )
     for name, value in MLFLOW_HTTP_ENV_DEFAULTS.items():  # a server that answers, slowly, fails in seconds too
         os.environ.setdefault(name, value)
     try:
         client = MlflowClient(tracking_uri=uri)
         found = client.get_experiment_by_name(experiment)
     except Exception as err:
-        return fail(f"cannot reach MLflow at {scrub_text(uri)} ({type(err).__name__}). "
-                    "Check --tracking-uri or MLFLOW_TRACKING_URI.")
+        return fail(
+            f"cannot reach MLflow at {scrub_text(uri)} ({type(err).__name__}). "
+            "Check --tracking-uri or MLFLOW_TRACKING_URI."
+        )
     if found is None:
-        return fail(f"no experiment {experiment!r} at {scrub_text(uri)}. "
-                    "Pass --experiment with the name your jobs used (tracking.experiment).")
+        return fail(
+            f"no experiment {experiment!r} at {scrub_text(uri)}. "
+            "Pass --experiment with the name your jobs used (tracking.experiment)."
+        )
     return client, found
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = Parser(prog="orchestrator report", description=__doc__.splitlines()[0])
-    parser.add_argument("--tracking-uri", help="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./.cache/mlflow SQLite)")
-    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})")
+    parser.add_argument(
+        "--tracking-uri", help="MLflow URI (default: $MLFLOW_TRACKING_URI, else ./.cache/mlflow SQLite)"
+    )
+    parser.add_argument(
+        "--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})"
+    )
     parser.add_argument("--out", default="cost_vs_quality.png", help="where to write the chart")
-    parser.add_argument("--bench-out", default="bench_vs_usd.png",
-                        help="where to write the chart of benchmark score against dollars")
-    parser.add_argument("--plateau-evaluations", type=_positive_int, default=curve.DEFAULT_WINDOW, metavar="K",
-                        help="verdict stop when the last K evaluations gain nothing beyond noise (default: 3)")
-    parser.add_argument("--max-usd-per-point", type=float, default=None, metavar="USD",
-                        help="verdict stop when the last K evaluations cost more than this per point gained")
+    parser.add_argument(
+        "--bench-out", default="bench_vs_usd.png", help="where to write the chart of benchmark score against dollars"
+    )
+    parser.add_argument(
+        "--plateau-evaluations",
+        type=_positive_int,
+        default=curve.DEFAULT_WINDOW,
+        metavar="K",
+        help="verdict stop when the last K evaluations gain nothing beyond noise (default: 3)",
+    )
+    parser.add_argument(
+        "--max-usd-per-point",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="verdict stop when the last K evaluations cost more than this per point gained",
+    )
     args = parser.parse_args(argv)
 
     from orchestrator.config.schema import TrackingConfig
@@ -335,8 +384,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if sweep_lines:
         print("\n" + "\n".join(sweep_lines))
     page = run_page_url(uri, reports_id, run_id)
-    print(f"\nchart of {plotted} job(s): {args.out} (also logged to MLflow run {run_id!r}, named {REPORT_RUN_NAME!r}, "
-          f"in the experiment {args.experiment + REPORTS_EXPERIMENT_SUFFIX!r}{': ' + page if page else ''})")
+    print(
+        f"\nchart of {plotted} job(s): {args.out} (also logged to MLflow run {run_id!r}, named {REPORT_RUN_NAME!r}, "
+        f"in the experiment {args.experiment + REPORTS_EXPERIMENT_SUFFIX!r}{': ' + page if page else ''})"
+    )
     bench_section(rows, args, log_chart)
     return 0
 

@@ -8,6 +8,7 @@ on the capacity it does (``run.deadline``'s decisions). An attempt still marked 
 taken the job over is shown as vanished (lost): nothing will record its end.
 ``--json`` prints the ledger, with the same correction.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,12 @@ def corrected_json(raw: dict, record: LedgerRecord) -> dict:
     """The stored ledger as ``--json`` prints it: as stored, each attempt a later one took over shown as vanished
     (``LedgerRecord.with_lost_attempts``)."""
     fixed = record.with_lost_attempts().attempts
-    attempts = [dict(stored, exit_class=typed.exit_class, ended_at=typed.ended_at) if typed.exit_class != was.exit_class
-                else stored for stored, typed, was in zip(raw.get("attempts") or [], fixed, record.attempts)]
+    attempts = [
+        dict(stored, exit_class=typed.exit_class, ended_at=typed.ended_at)
+        if typed.exit_class != was.exit_class
+        else stored
+        for stored, typed, was in zip(raw.get("attempts") or [], fixed, record.attempts)
+    ]
     return dict(raw, attempts=attempts) if attempts else raw
 
 
@@ -77,25 +82,43 @@ def format_ledger(ledger: LedgerRecord, *, now: float | None = None) -> str:
         end = a.ended_at or (now if a.running else a.last_seen)
         started = a.started_at or 0
         machine = f"{a.gpus}x{a.gpu_type or '-'}" if a.gpus else (a.gpu_type or "-")
-        rows.append([
-            str(a.fence), a.host, _when(started), _duration((end or started) - started),
-            a.exit_class + (" (lost)" if a.exit_class == ExitClass.VANISHED.value else ""),
-            f"{a.step_start}->{a.step_end}", f"${a.cost_usd:.4f}", machine + (" spot" if a.spot else ""),
-            a.zone or "-",
-        ])
+        rows.append(
+            [
+                str(a.fence),
+                a.host,
+                _when(started),
+                _duration((end or started) - started),
+                a.exit_class + (" (lost)" if a.exit_class == ExitClass.VANISHED.value else ""),
+                f"{a.step_start}->{a.step_end}",
+                f"${a.cost_usd:.4f}",
+                machine + (" spot" if a.spot else ""),
+                a.zone or "-",
+            ]
+        )
     out += ["", f"attempts ({len(ledger.attempts)})"]
-    out.append(_table(["fence", "host", "started", "duration", "exit class", "steps", "cost", "machine", "zone"],
-                                                     rows) if rows else "  none")
+    out.append(
+        _table(["fence", "host", "started", "duration", "exit class", "steps", "cost", "machine", "zone"], rows)
+        if rows
+        else "  none"
+    )
     out += _node_table(ledger.attempts)
     out += zone_section(ledger.attempts)
     out += explain_decisions(ledger)
     checkpoints = ledger.checkpoints
     committed = ledger.checkpoints_committed
-    kept = f"{len(checkpoints)}" if committed == len(checkpoints) else f"newest {len(checkpoints)} of {committed} committed"
+    kept = (
+        f"{len(checkpoints)}"
+        if committed == len(checkpoints)
+        else f"newest {len(checkpoints)} of {committed} committed"
+    )
     out += ["", f"checkpoints ({kept})"]
     if checkpoints:
-        out.append(_table(["step", "fence", "size", "saved", "key"],
-                          [[str(c.step), str(c.fence), format_bytes(c.size), _when(c.time), c.key] for c in checkpoints]))
+        out.append(
+            _table(
+                ["step", "fence", "size", "saved", "key"],
+                [[str(c.step), str(c.fence), format_bytes(c.size), _when(c.time), c.key] for c in checkpoints],
+            )
+        )
     else:
         out.append("  none")
     return "\n".join(out)
@@ -121,23 +144,42 @@ def zone_section(attempts) -> list[str]:
 
 def _node_table(attempts) -> list[str]:
     """Each node of the multi-node attempts: its host, start, end and exit (the ledger's ``nodes``)."""
-    rows = [[str(a.fence), str(n.node), n.host, _when(n.started_at), _when(n.ended_at),
-             "-" if n.exit is None else str(n.exit)] for a in attempts for n in a.nodes]
+    rows = [
+        [
+            str(a.fence),
+            str(n.node),
+            n.host,
+            _when(n.started_at),
+            _when(n.ended_at),
+            "-" if n.exit is None else str(n.exit),
+        ]
+        for a in attempts
+        for n in a.nodes
+    ]
     return ["", "nodes", _table(["fence", "node", "host", "started", "ended", "exit"], rows)] if rows else []
 
 
 def explain_decisions(ledger: LedgerRecord) -> list[str]:
     """Why the job checkpoints as often as it does (checkpoint.every=auto) and runs where it runs (run.deadline)."""
     out = []
-    chosen: Optional[tuple[int, Any]] = next(((a.fence, a.extra.get("checkpoint_interval")) for a in reversed(ledger.attempts)
-                   if isinstance(a.extra.get("checkpoint_interval"), Mapping)), None)
+    chosen: Optional[tuple[int, Any]] = next(
+        (
+            (a.fence, a.extra.get("checkpoint_interval"))
+            for a in reversed(ledger.attempts)
+            if isinstance(a.extra.get("checkpoint_interval"), Mapping)
+        ),
+        None,
+    )
     if chosen:
         fence, interval = chosen
         explanation = _CONTROL.sub("?", str(interval.get("explanation")))
         out += ["", f"checkpoint interval (attempt {fence}, checkpoint.every=auto)", f"  {explanation}"]
     decisions = ledger.capacity
     if decisions:
-        out += ["", f"capacity (run.deadline; newest {min(len(decisions), SHOWN_DECISIONS)} of {len(decisions)} decisions)"]
+        out += [
+            "",
+            f"capacity (run.deadline; newest {min(len(decisions), SHOWN_DECISIONS)} of {len(decisions)} decisions)",
+        ]
         for d in decisions[-SHOWN_DECISIONS:]:
             change = f"{_capacity(d.previous)} -> {_capacity(d.capacity)}"
             out.append(f"  {_when(d.time)}  attempt {d.fence} step {d.step}  [{change}] {d.action}: {d.reason}")
@@ -162,18 +204,34 @@ def format_spend(index: dict, where: str, *, now: float | None = None) -> str:
 
     month = month_of(time.time() if now is None else now)
     jobs = index.get("jobs") or {}
-    out = [f"spend under {where} (reservations of running or lost attempts included)", "",
-           f"month {month} (UTC): ${month_total_usd(index, month):.4f}"]
-    rows = [[name, str(job.get("experiment")), f"${job_month_usd(job, month):.4f}", str(len(job.get("open") or {}))]
-            for name, job in sorted(jobs.items()) if job_month_usd(job, month) > 0 or job.get("open")]
+    out = [
+        f"spend under {where} (reservations of running or lost attempts included)",
+        "",
+        f"month {month} (UTC): ${month_total_usd(index, month):.4f}",
+    ]
+    rows = [
+        [name, str(job.get("experiment")), f"${job_month_usd(job, month):.4f}", str(len(job.get("open") or {}))]
+        for name, job in sorted(jobs.items())
+        if job_month_usd(job, month) > 0 or job.get("open")
+    ]
     out.append(_table(["job", "experiment", "spent", "open attempts"], rows) if rows else "  none")
     for experiment in sorted({str(job.get("experiment")) for job in jobs.values()}):
         out += ["", f"experiment {experiment!r}: ${experiment_total_usd(index, experiment):.4f} (all months)"]
-        out.append(_table(["job", "spent"], [[name, f"${job_total_usd(job):.4f}"] for name, job in sorted(jobs.items())
-                                             if str(job.get("experiment")) == experiment]))
+        out.append(
+            _table(
+                ["job", "spent"],
+                [
+                    [name, f"${job_total_usd(job):.4f}"]
+                    for name, job in sorted(jobs.items())
+                    if str(job.get("experiment")) == experiment
+                ],
+            )
+        )
     months = sorted({m for job in jobs.values() for m in (job.get("months") or {})} - {month})
     if months:
-        out += ["", "earlier months"] + [f"  {m}: ${month_total_usd(index, m):.4f} ({by_job(index, month=m)})" for m in months]
+        out += ["", "earlier months"] + [
+            f"  {m}: ${month_total_usd(index, m):.4f} ({by_job(index, month=m)})" for m in months
+        ]
     return "\n".join(out)
 
 
@@ -184,9 +242,11 @@ def spend_main(uri: str, *, endpoint_url: str | None, as_json: bool) -> int:
         store = open_store(uri, endpoint_url=endpoint_url or None)
         index = parse_index(store.get_bytes(INDEX_KEY), store.get_uri(INDEX_KEY), store.uri)
     except FileNotFoundError:
-        return fail(f"no spend index at {store.get_uri(INDEX_KEY)}: no job has started under {store.uri} yet. "
-                    "Give the jobs' storage.uri (not <storage.uri>/<run.name>), and --endpoint-url for "
-                    "S3-compatible stores.")
+        return fail(
+            f"no spend index at {store.get_uri(INDEX_KEY)}: no job has started under {store.uri} yet. "
+            "Give the jobs' storage.uri (not <storage.uri>/<run.name>), and --endpoint-url for "
+            "S3-compatible stores."
+        )
     except (ValueError, UserError, TransientStorageError) as err:  # SpendIndexCorrupt is a UserError
         return fail(err)
     print(json.dumps(index, indent=2) if as_json else format_spend(index, store.uri))
@@ -197,15 +257,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(
         prog="orchestrator status",
         description="Print a job's ledger: status, attempts with exit classes, cost, checkpoints "
-                    "(--spend STORAGE_URI: the month's and each experiment's spend by job).",
+        "(--spend STORAGE_URI: the month's and each experiment's spend by job).",
     )
-    parser.add_argument("target", metavar="STORAGE_URI/RUN_NAME", help="e.g. s3://bucket/runs/exp1 or .cache/runs/exp1; "
-                        "with --spend, the jobs' storage.uri (s3://bucket/runs)")
-    parser.add_argument("--json", action="store_true", help="print the ledger (or the spend index) as JSON")
-    parser.add_argument("--spend", action="store_true",
-                        help="print the spend index of the jobs under STORAGE_URI: the month (UTC) and each experiment, by job")
     parser.add_argument(
-        "--endpoint-url", default=None,
+        "target",
+        metavar="STORAGE_URI/RUN_NAME",
+        help="e.g. s3://bucket/runs/exp1 or .cache/runs/exp1; with --spend, the jobs' storage.uri (s3://bucket/runs)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the ledger (or the spend index) as JSON")
+    parser.add_argument(
+        "--spend",
+        action="store_true",
+        help="print the spend index of the jobs under STORAGE_URI: the month (UTC) and each experiment, by job",
+    )
+    parser.add_argument(
+        "--endpoint-url",
+        default=None,
         help="S3-compatible endpoint (MinIO, R2...); defaults to the AWS_ENDPOINT_URL environment variable",
     )
     args = parser.parse_args(argv)
@@ -224,9 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         ledger = Ledger(store, run_name)
         raw = ledger.load()
         if not raw:
-            return fail(f"no ledger at {ledger.uri}: no job named {run_name!r} has started under {store.uri}. Check "
-                        "the run name (run.name) and the storage URI (storage.uri), and --endpoint-url for "
-                        "S3-compatible stores.")
+            return fail(
+                f"no ledger at {ledger.uri}: no job named {run_name!r} has started under {store.uri}. Check "
+                "the run name (run.name) and the storage URI (storage.uri), and --endpoint-url for "
+                "S3-compatible stores."
+            )
         record = LedgerRecord.decode(raw, ledger.uri)
     except (ValueError, UserError, TransientStorageError) as err:  # CorruptRecord is a UserError
         return fail(err)

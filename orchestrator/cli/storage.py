@@ -1,6 +1,7 @@
 """``orchestrator storage init <s3-uri>``: bucket lifecycle rules for a job store (``orchestrator.storage.lifecycle``);
 ``orchestrator storage repair-spend <storage.uri>``: the spend index rebuilt (``orchestrator.money.spend_repair``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -34,25 +35,37 @@ def _subcommand(sub, name: str, help: str, description: str, *, uri: str):
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="orchestrator storage", description="Manage the object store of jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    init = _subcommand(sub, "init", "apply lifecycle rules to an S3 bucket",
-                       "Apply lifecycle rules for s3://bucket/prefix: abort multipart uploads left by killed workers, "
-                       "and optionally expire old objects. Other rules on the bucket are kept.",
-                       uri="s3://bucket/prefix (the jobs' storage.uri)")
+    init = _subcommand(
+        sub,
+        "init",
+        "apply lifecycle rules to an S3 bucket",
+        "Apply lifecycle rules for s3://bucket/prefix: abort multipart uploads left by killed workers, "
+        "and optionally expire old objects. Other rules on the bucket are kept.",
+        uri="s3://bucket/prefix (the jobs' storage.uri)",
+    )
     init.add_argument(
-        "--abort-incomplete-days", type=int, default=DEFAULT_ABORT_INCOMPLETE_DAYS,
+        "--abort-incomplete-days",
+        type=int,
+        default=DEFAULT_ABORT_INCOMPLETE_DAYS,
         help=f"abort unfinished multipart uploads this many days after they began (default {DEFAULT_ABORT_INCOMPLETE_DAYS})",
     )
     init.add_argument(
-        "--expire-days", type=int, default=None,
+        "--expire-days",
+        type=int,
+        default=None,
         help="delete EVERY object under the prefix this many days after it was written, "
         "including finished jobs' final weights (default: never)",
     )
     init.add_argument("--region", default=None)
     init.add_argument("--profile", default=None, help="AWS profile (credentials come from the AWS chain)")
-    _subcommand(sub, "repair-spend", "rebuild the spend index (<uri>/_spend/index.json) from the jobs' ledgers",
-                "Rebuild the spend index of the jobs under a storage.uri from their ledgers (each attempt's cost): "
-                "the fix for an index a capped job refuses as unreadable.",
-                uri="the jobs' storage.uri (s3://bucket/prefix or a folder)")
+    _subcommand(
+        sub,
+        "repair-spend",
+        "rebuild the spend index (<uri>/_spend/index.json) from the jobs' ledgers",
+        "Rebuild the spend index of the jobs under a storage.uri from their ledgers (each attempt's cost): "
+        "the fix for an index a capped job refuses as unreadable.",
+        uri="the jobs' storage.uri (s3://bucket/prefix or a folder)",
+    )
     args = parser.parse_args(argv)
     if args.command == "repair-spend":
         return repair_spend_main(args.uri, endpoint_url=args.endpoint_url)

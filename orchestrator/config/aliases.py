@@ -6,6 +6,7 @@ composes it (``train.per_device_batch_size=4``), so the value takes effect; ``+`
 is the plain override. ``check_added`` refuses a ``+key`` that no schema field holds (Hydra would add it and
 nothing would read it): one line naming the key and what to use instead, a ``ConfigError`` (exit 4).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -34,14 +35,44 @@ _RENAMED = {
     "trust_remote_code": "model.trust_remote_code",
 }
 # the recipe's own keys a TRL config holds beside the training arguments (ModelConfig's LoRA, GRPOConfig's, DPOConfig's)
-_RECIPE = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "reward_funcs", "reward_weights",
-           "num_generations", "steps_per_generation", "generation_batch_size", "num_iterations",
-           "max_completion_length", "temperature", "use_vllm", "vllm_mode", "precompute_ref_log_probs")
+_RECIPE = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "reward_funcs",
+    "reward_weights",
+    "num_generations",
+    "steps_per_generation",
+    "generation_batch_size",
+    "num_iterations",
+    "max_completion_length",
+    "temperature",
+    "use_vllm",
+    "vllm_mode",
+    "precompute_ref_log_probs",
+)
 ALIASES = {f"train.{name}": key for name, key in _RENAMED.items()} | {f"train.{n}": f"recipe.{n}" for n in _RECIPE}
 # the train. keys that are TRL's own names too: written bare (learning_rate=1e-4), they are train.'s
-_TRAIN_AS_TRL = ("max_steps", "gradient_accumulation_steps", "learning_rate", "warmup_steps", "warmup_ratio",
-                 "weight_decay", "seed", "logging_steps", "eval_steps", "gradient_checkpointing", "packing",
-                 "packing_strategy", "padding_free", "tf32", "optim", "max_grad_norm", "dataloader_num_workers")
+_TRAIN_AS_TRL = (
+    "max_steps",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "warmup_steps",
+    "warmup_ratio",
+    "weight_decay",
+    "seed",
+    "logging_steps",
+    "eval_steps",
+    "gradient_checkpointing",
+    "packing",
+    "packing_strategy",
+    "padding_free",
+    "tf32",
+    "optim",
+    "max_grad_norm",
+    "dataloader_num_workers",
+)
 # TRL's options the orchestrator sets itself -> what to use instead
 INSTEAD = {
     "output_dir": "the job's folders are storage.uri (checkpoints, final weights) and run.work_dir (scratch)",
@@ -66,13 +97,19 @@ _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 # Hydra's runtime keys -> what this project uses instead (the launcher composes conf/ itself: no Hydra app)
 _HYDRA_FIX = (
-    (("hydra.run", "hydra.sweep.dir", "hydra.output_subdir", "hydra.job.chdir", "hydra.runtime"),
-     "the job's folders are run.work_dir (local scratch) and storage.uri (checkpoints, ledger, final weights)"),
+    (
+        ("hydra.run", "hydra.sweep.dir", "hydra.output_subdir", "hydra.job.chdir", "hydra.runtime"),
+        "the job's folders are run.work_dir (local scratch) and storage.uri (checkpoints, ledger, final weights)",
+    ),
     (("hydra/launcher", "hydra.launcher"), "choose where the job runs with backend=local|slurm|skypilot|kubernetes"),
-    (("hydra/sweeper", "hydra.sweeper", "hydra.sweep", "hydra.mode"),
-     "sweep with -m and a=1,2 grids, or sweep=asha with sweep.params (docs/sweeps.md)"),
-    (("hydra/job_logging", "hydra/hydra_logging", "hydra.job_logging", "hydra.hydra_logging", "hydra.verbose"),
-     "set the log level with ORCH_LOG_LEVEL=DEBUG"),
+    (
+        ("hydra/sweeper", "hydra.sweeper", "hydra.sweep", "hydra.mode"),
+        "sweep with -m and a=1,2 grids, or sweep=asha with sweep.params (docs/sweeps.md)",
+    ),
+    (
+        ("hydra/job_logging", "hydra/hydra_logging", "hydra.job_logging", "hydra.hydra_logging", "hydra.verbose"),
+        "set the log level with ORCH_LOG_LEVEL=DEBUG",
+    ),
 )
 
 
@@ -81,10 +118,14 @@ def refuse_hydra(overrides: list[str]) -> None:
     for item in overrides:
         key = _split(item)[1]
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            fix = next((fix for prefixes, fix in _HYDRA_FIX if key.startswith(prefixes)),
-                       "; ".join(fix for _, fix in _HYDRA_FIX))
-            raise ConfigError(f"{item}: the launcher is not a Hydra app and has no hydra config to override: {fix}. "
-                              "Drop the override.")
+            fix = next(
+                (fix for prefixes, fix in _HYDRA_FIX if key.startswith(prefixes)),
+                "; ".join(fix for _, fix in _HYDRA_FIX),
+            )
+            raise ConfigError(
+                f"{item}: the launcher is not a Hydra app and has no hydra config to override: {fix}. "
+                "Drop the override."
+            )
 
 
 def _split(item: str) -> tuple[str, str, str, str]:
@@ -103,8 +144,10 @@ def rewrite(overrides: list[str], is_field) -> list[str]:
     parts = [_split(o) for o in overrides]
     recipe = next((v.strip() for p, k, _, v in reversed(parts) if k == "recipe" and not p), None)
     keys = [project_key(k, recipe) if sep and "/" not in k else k for _, k, sep, _ in parts]
-    precision_set = any(k == "train.mixed_precision" or (k in _PRECISION and v.strip().lower() in _TRUE)
-                        for k, (_, _, _, v) in zip(keys, parts))
+    precision_set = any(
+        k == "train.mixed_precision" or (k in _PRECISION and v.strip().lower() in _TRUE)
+        for k, (_, _, _, v) in zip(keys, parts)
+    )
     out = []
     for item, key, (prefix, _, sep, value) in zip(overrides, keys, parts):
         if prefix.startswith("~"):
@@ -114,8 +157,9 @@ def rewrite(overrides: list[str], is_field) -> list[str]:
         elif key in _PRECISION:
             flag = value.strip().lower()
             if flag not in _TRUE + _FALSE:
-                raise ConfigError(f"{item}: give true or false (TRL's flag), or set train.mixed_precision="
-                                  f"{_PRECISION[key]}|no.")
+                raise ConfigError(
+                    f"{item}: give true or false (TRL's flag), or set train.mixed_precision={_PRECISION[key]}|no."
+                )
             if flag in _TRUE or not precision_set:
                 out.append(f"train.mixed_precision={_PRECISION[key] if flag in _TRUE else 'no'}")
         else:
@@ -127,8 +171,9 @@ def rewrite(overrides: list[str], is_field) -> list[str]:
 def project_key(key: str, recipe: str | None) -> str:
     """The project's key for TRL's ``key`` (``train.X`` or bare ``X``); ``key`` itself when it is none of TRL's.
     ``beta`` is DPO's ``recipe.dpo_beta`` under recipe=dpo (``recipe``: the command line's), else GRPO's."""
-    if "." not in key and (f"train.{key}" in ALIASES or f"train.{key}" in _PRECISION or key in _TRAIN_AS_TRL
-                           or key == "beta"):
+    if "." not in key and (
+        f"train.{key}" in ALIASES or f"train.{key}" in _PRECISION or key in _TRAIN_AS_TRL or key == "beta"
+    ):
         key = f"train.{key}"
     if key == "train.beta":
         return "recipe.dpo_beta" if recipe == "dpo" else "recipe.beta"
@@ -194,6 +239,9 @@ def unread_message(item: str, key: str, parent: DictConfig | None) -> str:
         close = difflib.get_close_matches(leaf, keys, n=3)
         base = key.rpartition(".")[0]
         fix = (f"Did you mean {', '.join(f'{base}.{c}' if base else c for c in close)}? " if close else "") + (
-            f"The keys at that level: {', '.join(keys)}." if parent is not None else "")
-    return (f"{item}: nothing reads {key} (no such option; Hydra's '+' adds a key the job then ignores). {fix} "
-            "Free-form values go under run.notes (+run.notes.NAME=VALUE).").replace("  ", " ")
+            f"The keys at that level: {', '.join(keys)}." if parent is not None else ""
+        )
+    return (
+        f"{item}: nothing reads {key} (no such option; Hydra's '+' adds a key the job then ignores). {fix} "
+        "Free-form values go under run.notes (+run.notes.NAME=VALUE)."
+    ).replace("  ", " ")

@@ -5,6 +5,7 @@ pinning of relative local paths to the launch directory. Every config error is f
 checks (``orchestrator.app.checks``) that ``orchestrator.app.compose.compose_config`` runs on top of this, and
 raised as ``ConfigError`` (exit 4, never requeued) with the key and the fix in the message.
 """
+
 from __future__ import annotations
 
 import os
@@ -104,8 +105,10 @@ def _unparsed(overrides: list[str]) -> str | None:
             parser.parse_override(item)
         except HydraException as err:
             reason = str(err).strip().splitlines()[-2 if "override_grammar" in str(err) else -1].strip()
-            return (f"{item}: not an override ({reason.rstrip('^ ')}). Write key=value, group=option, +key=value or "
-                    "~key, and quote a value with spaces or brackets (key='a b'); flags: --help, --cfg job.")
+            return (
+                f"{item}: not an override ({reason.rstrip('^ ')}). Write key=value, group=option, +key=value or "
+                "~key, and quote a value with spaces or brackets (key='a b'); flags: --help, --cfg job."
+            )
     return None
 
 
@@ -129,8 +132,10 @@ def _explain(err: Exception) -> str:
             return f"{key}: there is no config group {parent or leaf!r}; the groups are: {', '.join(_schema_keys('') or [])}."
         owners = [name for name, schema in RECIPE_SCHEMAS.items() if leaf in schema.__dataclass_fields__]
         if parent == "recipe" and owners:
-            return (f"{key} is a key of recipe={' or recipe='.join(owners)} only; this job's recipe has none. "
-                    f"Drop {key}, or choose recipe={owners[0]}.")
+            return (
+                f"{key} is a key of recipe={' or recipe='.join(owners)} only; this job's recipe has none. "
+                f"Drop {key}, or choose recipe={owners[0]}."
+            )
         return f"{key}: {parent!r} has no key {leaf!r}; its keys are: {', '.join(valid)}."
     choice = choice_message(err.__cause__) if err.__cause__ else None
     if choice:  # an Enum field (orchestrator.core.choices): the value and the valid ones
@@ -138,7 +143,9 @@ def _explain(err: Exception) -> str:
         return f"{m.group(1)}: {choice}" if m and not choice.startswith(m.group(1)) else choice
     m = re.search(r"Error merging override (\S+)", text)
     if m:
-        return f"{m.group(1)}: {cause or text}. Give a value of the field's type (see the config reference in README.md)."
+        return (
+            f"{m.group(1)}: {cause or text}. Give a value of the field's type (see the config reference in README.md)."
+        )
     return f"{text} {cause}".strip()
 
 
@@ -166,10 +173,16 @@ def absolutize(overrides: list[str]) -> list[str]:
     out = []
     for item in overrides:
         key, _, value = item.partition("=")
-        local = (key in LOCAL_PATH_KEYS and value and "://" not in value and not value.startswith("/")) or (
-            key == "model.name_or_path" and value.startswith(("./", "../", "~"))) or (
-            key == "data.chat_template" and value.endswith((".jinja", ".j2")) and not value.startswith("/")
-            and "://" not in value)
+        local = (
+            (key in LOCAL_PATH_KEYS and value and "://" not in value and not value.startswith("/"))
+            or (key == "model.name_or_path" and value.startswith(("./", "../", "~")))
+            or (
+                key == "data.chat_template"
+                and value.endswith((".jinja", ".j2"))
+                and not value.startswith("/")
+                and "://" not in value
+            )
+        )
         if local:
             item = f"{key}={Path(value).expanduser().resolve()}"
         out.append(item)
@@ -201,9 +214,11 @@ def split_sweep_overrides(overrides: list[str]) -> tuple[list[str], dict[str, tu
         try:
             override = parser.parse_override(item)
         except HydraException as err:
-            raise ConfigError(f"{item}: the override does not parse ({str(err).splitlines()[0]}). Write a search space "
-                              "as Hydra's sweeps do: a=1,2 | 'a=choice(1,2)' | 'a=range(1,5)' | 'a=interval(1e-5,1e-3)' | "
-                              "'a=tag(log, interval(1e-5,1e-3))' (docs/sweeps.md).") from None
+            raise ConfigError(
+                f"{item}: the override does not parse ({str(err).splitlines()[0]}). Write a search space "
+                "as Hydra's sweeps do: a=1,2 | 'a=choice(1,2)' | 'a=range(1,5)' | 'a=interval(1e-5,1e-3)' | "
+                "'a=tag(log, interval(1e-5,1e-3))' (docs/sweeps.md)."
+            ) from None
         if not override.is_sweep_override():
             fixed.append(item)
             continue
@@ -227,7 +242,9 @@ def check_resolvable(cfg: DictConfig) -> None:
     except InterpolationValidationError as err:
         raise ConfigError(choice_message(err) or str(err)) from None
     except MissingMandatoryValue as err:
-        raise ConfigError(f"{err.full_key} is required but not set. Set it on the command line: {err.full_key}=VALUE.") from None
+        raise ConfigError(
+            f"{err.full_key} is required but not set. Set it on the command line: {err.full_key}=VALUE."
+        ) from None
     except InterpolationResolutionError as err:
         missing = re.search(r"Environment variable '([^']+)' not found", str(err))
         if not missing:

@@ -14,6 +14,7 @@ demo, where recomputing is pure cost). Mixed precision is bf16 on a GPU that has
 that does not and whose weights are not stored as bfloat16, and off on a CPU. Training processes are one per GPU of a
 node; on a CPU machine, two (the CPU demonstration of DDP and ZeRO). MLflow's system metrics are on for a GPU job.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,10 +25,14 @@ BUILTIN_PREFIX = "builtin:"
 TINY_LEARNING_RATE = 5e-3  # the built-in tiny model on its arithmetic task: the CPU demo's rate
 # (recipe, adapters) -> the peak learning rate a TRL user starts from
 LEARNING_RATES = {
-    ("sft", True): 2e-4, ("sft", False): 2e-5,
-    ("qlora", True): 2e-4, ("qlora", False): 2e-4,  # QLoRA always trains adapters
-    ("dpo", True): 5e-6, ("dpo", False): 1e-6,
-    ("grpo", True): 1e-5, ("grpo", False): 1e-6,
+    ("sft", True): 2e-4,
+    ("sft", False): 2e-5,
+    ("qlora", True): 2e-4,
+    ("qlora", False): 2e-4,  # QLoRA always trains adapters
+    ("dpo", True): 5e-6,
+    ("dpo", False): 1e-6,
+    ("grpo", True): 1e-5,
+    ("grpo", False): 1e-6,
 }
 CPU_PROCESSES_PER_NODE = 2
 

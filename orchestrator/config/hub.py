@@ -1,5 +1,6 @@
 """The hub inputs of a job, and the hub as huggingface_hub would reach it now: what the launch checks, the pins
 and the backends (which forward ``HF_TOKEN`` to a job that reads from the hub) all ask the same way."""
+
 from __future__ import annotations
 
 import os

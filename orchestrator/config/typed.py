@@ -11,6 +11,7 @@ MLflow's params): the view only reads it.
 A new key reaches a part by its schema field (``orchestrator.config.schema``): the part reads it off the group's
 dataclass it is handed; a new duration gets its parsed field in ``Durations`` and its check at compose for free.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -47,8 +48,10 @@ def interval_bounds(min_every: object, max_every: object) -> tuple[float, float]
     low = parse_duration(str(min_every), key="checkpoint.min_every")
     high = parse_duration(str(max_every), key="checkpoint.max_every")
     if low <= 0 or high < low:
-        raise ValueError(f"checkpoint.min_every={min_every!r} and checkpoint.max_every={max_every!r} must satisfy "
-                         "0 < min_every <= max_every; e.g. checkpoint.min_every=1m checkpoint.max_every=1h.")
+        raise ValueError(
+            f"checkpoint.min_every={min_every!r} and checkpoint.max_every={max_every!r} must satisfy "
+            "0 < min_every <= max_every; e.g. checkpoint.min_every=1m checkpoint.max_every=1h."
+        )
     return low, high
 
 
@@ -89,8 +92,14 @@ class Durations:
         max_age = parsed(parse_duration, str(cfg.pricing.max_age), key="pricing.max_age")
         if problems:
             raise DurationErrors(problems)
-        return cls(checkpoint_every=every, checkpoint_bounds=bounds, deadline=deadline, reserve_ahead=reserve,
-                   pricing_max_age=max_age, **simple)
+        return cls(
+            checkpoint_every=every,
+            checkpoint_bounds=bounds,
+            deadline=deadline,
+            reserve_ahead=reserve,
+            pricing_max_age=max_age,
+            **simple,
+        )
 
 
 class DurationErrors(ConfigError):
@@ -101,8 +110,12 @@ class DurationErrors(ConfigError):
         self.problems = problems
 
 
-_SIMPLE = (("preemption_grace", "preemption.grace"), ("system_metrics_every", "tracking.system_metrics_every"),
-           ("job_metrics_every", "tracking.job_metrics_every"), ("storage_retry_for", "storage.retry_for"))
+_SIMPLE = (
+    ("preemption_grace", "preemption.grace"),
+    ("system_metrics_every", "tracking.system_metrics_every"),
+    ("job_metrics_every", "tracking.job_metrics_every"),
+    ("storage_retry_for", "storage.retry_for"),
+)
 
 
 def _select(cfg: Any, key: str) -> Any:

@@ -6,6 +6,7 @@ names (``[us-east-1a,us-west-2b]``): the zones the placement policy (``orchestra
 each attempt. ``compute.zone_cooldown`` is how long a zone that just preempted the job is avoided while another
 has capacity.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,13 +33,17 @@ def configured_zones(value: Any) -> Zones:
             return AUTO
         value = [part.strip() for part in value.split(",")]  # compute.zones=us-east-1a,us-east-1b from a shell
     if not isinstance(value, Sequence) or isinstance(value, (bytes, bytearray)):
-        raise ConfigError(f"compute.zones={value!r} must be a list of zone names or auto; set e.g. "
-                          "compute.zones=[us-east-1a,us-west-2b] or compute.zones=auto.")
+        raise ConfigError(
+            f"compute.zones={value!r} must be a list of zone names or auto; set e.g. "
+            "compute.zones=[us-east-1a,us-west-2b] or compute.zones=auto."
+        )
     names = [str(name).strip() for name in value]
     bad = [name for name in names if not ZONE_NAME.match(name)]
     if bad:
-        raise ConfigError(f"compute.zones has {', '.join(repr(n) for n in bad)}: a zone is lower-case letters, "
-                          "digits and '-' (us-east-1a, europe-west4-b); set e.g. compute.zones=[us-east-1a,us-west-2b].")
+        raise ConfigError(
+            f"compute.zones has {', '.join(repr(n) for n in bad)}: a zone is lower-case letters, "
+            "digits and '-' (us-east-1a, europe-west4-b); set e.g. compute.zones=[us-east-1a,us-west-2b]."
+        )
     if len(set(names)) != len(names):
         raise ConfigError(f"compute.zones={names} names a zone twice; list each zone once.")
     if not names:
@@ -59,5 +64,7 @@ def check_zones(cfg: Any) -> None:
     zones = configured_zones(cfg.compute.zones)
     zone_cooldown_seconds(cfg.compute.zone_cooldown)
     if zones is not None and str(cfg.compute.gpu_type or "none").lower() in CPU_TYPES:
-        raise ConfigError(f"compute.zones={cfg.compute.zones} places a GPU job, but compute.gpu_type="
-                          f"{cfg.compute.gpu_type}: pick a GPU preset (compute=a100-spot) or drop compute.zones.")
+        raise ConfigError(
+            f"compute.zones={cfg.compute.zones} places a GPU job, but compute.gpu_type="
+            f"{cfg.compute.gpu_type}: pick a GPU preset (compute=a100-spot) or drop compute.zones."
+        )

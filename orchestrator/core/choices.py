@@ -5,6 +5,7 @@ and overrides by that string, compares equal to it (``cfg.recipe.name == "sft"``
 fields were plain strings: in ``config.yaml``, the trajectory fingerprint of every checkpoint, MLflow params and the
 worker's overrides. The members sit on one line per type: the declarations read as a table.
 """
+
 from __future__ import annotations
 
 from enum import StrEnum, auto

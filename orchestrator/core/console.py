@@ -8,6 +8,7 @@ one size unit. The rules are in docs/cli.md.
   launch gives for the same config).
 - Sizes are decimal: kB = 1e3, MB = 1e6, GB = 1e9 bytes.
 """
+
 from __future__ import annotations
 
 import argparse

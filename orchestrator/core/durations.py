@@ -3,6 +3,7 @@
 Storage, preemption and the backends parse durations; they import this module,
 not the config boundary, so they don't pull Hydra in.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,10 +26,7 @@ def parse_duration(text: str | int | float, *, key: str = "duration") -> float:
         return 0.0
     m = _DURATION.match(str(text))
     if not m:
-        raise ValueError(
-            f"{key}={text!r} is not a duration. Write a number with a unit: "
-            "90s, 15m, 1h (or 'off')."
-        )
+        raise ValueError(f"{key}={text!r} is not a duration. Write a number with a unit: 90s, 15m, 1h (or 'off').")
     return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
 
 
@@ -47,8 +45,10 @@ def parse_deadline(text: object) -> tuple[str, float]:
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"run.deadline={text!r} is neither a duration from the job's first attempt (52h, 90m) nor "
-                         "an ISO-8601 time (2026-12-24T18:00:00+00:00). Write one of those.") from None
+        raise ValueError(
+            f"run.deadline={text!r} is neither a duration from the job's first attempt (52h, 90m) nor "
+            "an ISO-8601 time (2026-12-24T18:00:00+00:00). Write one of those."
+        ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return "at", when.timestamp()

@@ -4,6 +4,7 @@ A multi-node world's backend gives each node these (``orchestrator.process.multi
 named here, on the lowest floor, because the ledger (which node an attempt's record came from) and the
 ranks' process group (the collective timeout) read them too.
 """
+
 from __future__ import annotations
 
 NODE_RANK_ENV = "ORCH_NODE_RANK"

@@ -5,6 +5,7 @@ its exit code). They are printed as one clear paragraph, with no traceback;
 bugs keep theirs. What any exception that ends an attempt means is
 ``orchestrator.attempt.failure.classify_exception``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, cast
@@ -56,16 +57,22 @@ def out_of_memory_fix(cfg: Any = None, bigger: Optional[Sequence[str]] = None) -
 
     ``bigger``: the catalog's GPUs with more memory (``orchestrator.money.cost.bigger_gpus``), when known."""
     if cfg is None:
-        return ("lower train.per_device_batch_size (raise train.gradient_accumulation_steps to keep the effective "
-                "batch), set train.gradient_checkpointing=true, or pick a GPU with more memory "
-                "(`orchestrator plan` lists the ones that fit)")
+        return (
+            "lower train.per_device_batch_size (raise train.gradient_accumulation_steps to keep the effective "
+            "batch), set train.gradient_checkpointing=true, or pick a GPU with more memory "
+            "(`orchestrator plan` lists the ones that fit)"
+        )
     batch = int(cfg.train.per_device_batch_size)
     accumulation = int(cfg.train.gradient_accumulation_steps)
-    steps = [f"lower train.per_device_batch_size={max(1, batch // 2)} with "
-             f"train.gradient_accumulation_steps={accumulation * 2} (same effective batch)"]
+    steps = [
+        f"lower train.per_device_batch_size={max(1, batch // 2)} with "
+        f"train.gradient_accumulation_steps={accumulation * 2} (same effective batch)"
+    ]
     if not cfg.train.gradient_checkpointing:
         steps.append("set train.gradient_checkpointing=true")
-    steps.append(f"pick a GPU with more memory ({', '.join(bigger)}; `orchestrator plan` with your overrides shows "
-                 "which fit)" if bigger else "shard the model (distributed=zero3) or run `orchestrator plan` for a "
-                 "GPU that fits")
+    steps.append(
+        f"pick a GPU with more memory ({', '.join(bigger)}; `orchestrator plan` with your overrides shows which fit)"
+        if bigger
+        else "shard the model (distributed=zero3) or run `orchestrator plan` for a GPU that fits"
+    )
     return ", ".join(steps[:-1]) + ", or " + steps[-1]

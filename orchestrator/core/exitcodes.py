@@ -7,6 +7,7 @@ requeue policy, the ledger, ``orchestrator status``) reads ``OUTCOMES`` instead
 of spelling it again. After SkyPilot's ``ManagedJobStatus``: one enum, each
 member with one meaning, and the transitions in one place.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -57,7 +58,9 @@ class RequeueClass(str, enum.Enum):
     """What an outcome means to the requeue policy (``orchestrator.policy.requeue``)."""
 
     FINAL = "final"  # never requeued
-    PREEMPTION = "preemption"  # requeued at once; charged to requeue.max_preemptions; never trips the crash-loop breaker
+    PREEMPTION = (
+        "preemption"  # requeued at once; charged to requeue.max_preemptions; never trips the crash-loop breaker
+    )
     FAILURE = "failure"  # requeued after a backoff; charged to requeue.max_failures; counts toward a crash loop
     OUT_OF_MEMORY = "out_of_memory"  # a failure that is also charged to requeue.max_oom_retries
 

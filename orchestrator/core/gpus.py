@@ -4,6 +4,7 @@ Keys are the price catalog's ``gpu_type`` names (``conf/pricing.yaml``); the
 catalog's own ``memory_gb`` wins where it has one. Figures are from vendor data
 sheets (peak dense 16-bit tensor TFLOPs; T4 has no bf16, so its fp16 figure).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -8,6 +8,7 @@ most once per ``THROTTLE_SECONDS``; warnings and the attempt's restore always. T
 ``<run.work_dir>/<run.name>/job.log``) gets every record, and, during a benchmark evaluation, what the
 harness writes to stderr (its progress bars: ``library_output_to_file``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -85,7 +86,7 @@ def log_to_file(path: Path) -> Path:
     _file = logging.FileHandler(path, mode="a", encoding="utf-8")
     _file.setFormatter(logging.Formatter(FORMAT))
     root.addHandler(_file)
-    for f in (_console.filters if _console is not None else []):
+    for f in _console.filters if _console is not None else []:
         if isinstance(f, ConsoleFilter):
             f.file_takes_the_rest = True
     return path

@@ -3,6 +3,7 @@
 Letters, digits, '.', '_', '-', starting and ending with a letter or digit, at most 63 characters: a valid
 Kubernetes label value, Slurm job name and storage prefix (Kubernetes object names derive from it).
 """
+
 from __future__ import annotations
 
 import re

@@ -5,6 +5,7 @@ so ``budget.max_usd=nan`` passed every ``value <= 0`` check and switched the cap
 float fields are found by walking the dataclasses the config was composed against (the recipe's own
 schema and each ``data.mix`` source included), not listed by hand, so a new float key is covered.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -80,7 +81,8 @@ def check_finite(cfg: DictConfig) -> None:
         raise ConfigError(
             f"{', '.join(bad)}: {'these keys take' if len(bad) > 1 else 'this key takes'} a finite number "
             "(a NaN or an infinity compares false with every limit, so a cap or a price would silently "
-            "stop counting). Give a number, or null where the key may be unset.")
+            "stop counting). Give a number, or null where the key may be unset."
+        )
 
 
 def check_ranges(cfg: DictConfig) -> None:
@@ -92,8 +94,9 @@ def check_ranges(cfg: DictConfig) -> None:
     problems = []
     for schema_key, written in outside.items():
         low, low_in, high, high_in, example = RANGES[schema_key]
-        problems.append(f"{', '.join(written)}: must be {_describe(low, low_in, high, high_in)}; "
-                        f"set e.g. {schema_key}={example}")
+        problems.append(
+            f"{', '.join(written)}: must be {_describe(low, low_in, high, high_in)}; set e.g. {schema_key}={example}"
+        )
     if problems:
         raise ConfigError(". ".join(problems) + ".")
 
@@ -124,4 +127,6 @@ def check_options(args: Any, ranges: dict[str, tuple[Any, ...]]) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{option} {value}: give a finite number.")
         if name in ranges and value is not None and not _inside(value, *ranges[name]):
-            raise ValueError(f"{option} {value:g} must be {_describe(*ranges[name])}; give {option} a value in that range.")
+            raise ValueError(
+                f"{option} {value:g} must be {_describe(*ranges[name])}; give {option} a value in that range."
+            )

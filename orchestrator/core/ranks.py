@@ -4,6 +4,7 @@ Inside the ranks, rank 0 alone talks to storage, the ledger and MLflow; the othe
 broadcast over the process group (which ``orchestrator.process.distributed.init_process_group`` joins). Every
 function here is the identity, or rank 0's answer, when the job runs one process.
 """
+
 from __future__ import annotations
 
 import os

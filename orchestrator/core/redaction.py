@@ -4,6 +4,7 @@
 shape: a URL's password, a ``?token=`` query, an AWS key, ``--x_token=`` items); ``scrub_text`` removes known
 secrets and those shapes from free text; ``secrets_in`` lists what a config holds that must never be written.
 """
+
 from __future__ import annotations
 
 import re
@@ -12,7 +13,18 @@ from typing import Any, Mapping, Optional, cast
 REDACTED = "***"
 
 
-_SECRET_KEY_WORDS = {"key", "secret", "token", "password", "passwd", "pwd", "credential", "credentials", "auth", "apikey"}
+_SECRET_KEY_WORDS = {
+    "key",
+    "secret",
+    "token",
+    "password",
+    "passwd",
+    "pwd",
+    "credential",
+    "credentials",
+    "auth",
+    "apikey",
+}
 # query parameters that carry credentials: the words above plus signed-URL signatures (S3's X-Amz-Signature,
 # Azure SAS "sig")
 _SECRET_PARAM_WORDS = _SECRET_KEY_WORDS | {"sig", "signature"}
@@ -32,12 +44,18 @@ _KNOWN_WEBHOOK = re.compile(
 )
 _QUERY_PARAM = re.compile(r"(?P<pre>[?&;])(?P<name>[^=&#;\s'\"]+)=(?P<value>[^&#;\s'\"]+)")
 # key=value in free text and in list items ("--hf_token=...", "budget.webhook_url=...", "HF_TOKEN=...")
-_ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_.\-])(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",;&]+)")
-_ENV_REFERENCE = re.compile(r"^['\"]?\$\{(?:[^{}]|\$\{[^{}]*\})*\}['\"]?$")  # ${oc.env:NAME}: names a secret, holds none
+_ASSIGNMENT = re.compile(
+    r"(?<![A-Za-z0-9_.\-])(?P<key>-{0,2}[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",;&]+)"
+)
+_ENV_REFERENCE = re.compile(
+    r"^['\"]?\$\{(?:[^{}]|\$\{[^{}]*\})*\}['\"]?$"
+)  # ${oc.env:NAME}: names a secret, holds none
 _AWS_ACCESS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")
 # 40 chars of [A-Za-z0-9/+] with upper, lower and a digit: the shape of an AWS secret
 # access key ("key=<secret>" included). Requiring mixed case spares 40-char hex digests (git SHAs).
-_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+])(?=[A-Za-z0-9/+]{0,39}[a-z])(?=[A-Za-z0-9/+]{0,39}[A-Z])(?=[A-Za-z0-9/+]{0,39}[0-9])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])")
+_AWS_SECRET = re.compile(
+    r"(?<![A-Za-z0-9/+])(?=[A-Za-z0-9/+]{0,39}[a-z])(?=[A-Za-z0-9/+]{0,39}[A-Z])(?=[A-Za-z0-9/+]{0,39}[0-9])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"
+)
 
 
 def _words(key: str) -> set[str]:
@@ -71,6 +89,7 @@ def _remember(found: Optional[set[str]], secret: str) -> None:
 
 def _redact_url_rest(text: str, found: Optional[set[str]]) -> str:
     """Every URL in ``text`` cut to scheme://host[:port]/*** (a webhook: the path and query are the secret)."""
+
     def cut(m: re.Match[str]) -> str:
         rest = m.group("rest")
         if not rest or rest in ("/", "/" + REDACTED):
@@ -83,8 +102,9 @@ def _redact_url_rest(text: str, found: Optional[set[str]]) -> str:
 
 def _scrub_patterns(text: str, found: Optional[set[str]] = None) -> str:
     """``text`` with secret-shaped parts replaced; each replaced part is added to ``found``."""
+
     def userinfo(m: re.Match[str]) -> str:
-        _remember(found, m.group(0)[len(m.group("scheme")):-1])
+        _remember(found, m.group(0)[len(m.group("scheme")) : -1])
         return cast(str, m.group("scheme") + REDACTED + "@")
 
     def known_webhook(m: re.Match[str]) -> str:

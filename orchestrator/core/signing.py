@@ -6,6 +6,7 @@ benchmark results, evaluation job configs) carries ``signature``: an HMAC-SHA256
 canonical JSON; an unsigned or badly signed one is refused by its reader. It sits on the lowest floor so the
 records floor can check a signature before it decodes anything.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -9,6 +9,7 @@ after every evaluation, so a SIGKILL leaves its charge up to the last one (the n
 settles it). A cap already spent refuses it before anything is evaluated; one reached meanwhile stops it after the
 evaluation in flight (exit 3, the budget's code), with the numbers.
 """
+
 from __future__ import annotations
 
 import logging
@@ -115,8 +116,10 @@ class EvalBill:
         self._record(spent, evaluated, status)
         if grant is not None and grant.refusal and status == "running":
             self.close(evaluated, status="budget_exhausted")
-            raise BudgetExhausted(f"orchestrator eval of {self.run_name!r} stopped after {evaluated} evaluation(s) "
-                                  f"(${spent:.6f}): {grant.refusal}")
+            raise BudgetExhausted(
+                f"orchestrator eval of {self.run_name!r} stopped after {evaluated} evaluation(s) "
+                f"(${spent:.6f}): {grant.refusal}"
+            )
 
     def close(self, evaluated: int, *, status: str = "completed") -> float:
         spent = self.spent()
@@ -128,9 +131,16 @@ class EvalBill:
         from orchestrator.records.ledger import LEDGER_FILENAME, add_evaluation, decode_ledger
         from orchestrator.storage.transact import transact
 
-        entry = {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": self.started,
-                 "seconds": round(max(0.0, self.clock() - self.started), 3), "cost_usd": spent,
-                 "evaluated": int(evaluated), "status": status}
+        entry = {
+            "id": self.id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": self.started,
+            "seconds": round(max(0.0, self.clock() - self.started), 3),
+            "cost_usd": spent,
+            "evaluated": int(evaluated),
+            "status": status,
+        }
 
         def mutate(ledger):
             if ledger is None:  # no such job: nothing to bill it to (the caller found no checkpoints either)

@@ -14,6 +14,7 @@ threshold or None):
 - ``continue`` too while there are fewer than K evaluations after the base and no gain beyond noise yet (too
   few to call a plateau), said so.
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,7 +67,8 @@ def read_items(payload: Any) -> Optional[tuple[int, str, dict[str, tuple]]]:
             return None
         for metric, values in metrics.items():
             if not isinstance(values, list) or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
+            ):
                 return None
             out[f"{task}/{metric}"] = tuple(float(v) for v in values)
     return step, of, out
@@ -104,8 +106,13 @@ def from_records(records: Iterable[BenchResult]) -> dict[str, list[Point]]:
             for metric, score in scores.items():
                 items = record.items(task, metric)
                 by_step.setdefault(f"{task}/{metric}", {})[step] = Point(
-                    step, float(usd), score.value, score.stderr, tuple(items) if items else None,
-                    items_of(record.identity) if items else None)
+                    step,
+                    float(usd),
+                    score.value,
+                    score.stderr,
+                    tuple(items) if items else None,
+                    items_of(record.identity) if items else None,
+                )
     return {key: [steps[s] for s in sorted(steps)] for key, steps in sorted(by_step.items())}
 
 
@@ -126,32 +133,52 @@ def from_history(history: dict[str, list], items: Optional[dict[int, tuple]] = N
             near = min(costs.get(m.step, []), key=lambda c: abs(c.timestamp - m.timestamp), default=None)
             if m.step == 0 or near is not None:
                 of, values = items.get(m.step, (None, {}))
-                mine = values.get(key[len("bench/"):])
+                mine = values.get(key[len("bench/") :])
                 if mine and not items_agree(m.value, mine):  # not the items this score is the mean of
-                    log.warning("%s: the %d per-item values of %s (mean %.4f) are not those of its score %.4f; "
-                                "its gains are not paired over them", items_artifact(m.step), len(mine), key,
-                                sum(mine) / len(mine), m.value)
+                    log.warning(
+                        "%s: the %d per-item values of %s (mean %.4f) are not those of its score %.4f; "
+                        "its gains are not paired over them",
+                        items_artifact(m.step),
+                        len(mine),
+                        key,
+                        sum(mine) / len(mine),
+                        m.value,
+                    )
                     mine = None
-                points.append(Point(m.step, 0.0 if m.step == 0 else cast(Any, near).value, m.value, stderr.get(m.step), mine,
-                                    of if mine else None))
-        out[key[len("bench/"):]] = points
+                points.append(
+                    Point(
+                        m.step,
+                        0.0 if m.step == 0 else cast(Any, near).value,
+                        m.value,
+                        stderr.get(m.step),
+                        mine,
+                        of if mine else None,
+                    )
+                )
+        out[key[len("bench/") :]] = points
     return out
 
 
-def judge(points: list[Point], *, window: int = DEFAULT_WINDOW,
-          max_usd_per_point: Optional[float] = None) -> Optional[Verdict]:
+def judge(
+    points: list[Point], *, window: int = DEFAULT_WINDOW, max_usd_per_point: Optional[float] = None
+) -> Optional[Verdict]:
     """The verdict on one metric's points (the base first); None with no evaluation after the base."""
     if len(points) < 2 or points[0].step != 0:
         return None
     base, last = points[0], points[-1]
     overall = _gain(last, base)
     if overall.points < 0 and overall.beyond_noise:
-        return Verdict("change", f"{overall.points:+.1f}+-{overall.half_width:.1f} points against the base "
-                                 f"({_inputs(base, last, overall)}) after ${last.usd:.4f}: worse beyond noise")
+        return Verdict(
+            "change",
+            f"{overall.points:+.1f}+-{overall.half_width:.1f} points against the base "
+            f"({_inputs(base, last, overall)}) after ${last.usd:.4f}: worse beyond noise",
+        )
     ref = points[max(0, len(points) - 1 - window)]
     recent, usd = _gain(last, ref), last.usd - ref.usd
-    span = (f"over the last {len(points) - 1 - points.index(ref)} evaluation(s) (steps {ref.step}-{last.step}: "
-            f"{_inputs(ref, last, recent)})")
+    span = (
+        f"over the last {len(points) - 1 - points.index(ref)} evaluation(s) (steps {ref.step}-{last.step}: "
+        f"{_inputs(ref, last, recent)})"
+    )
     moved = f"{recent.points:+.1f}+-{recent.half_width:.1f} points {span} for ${usd:.4f}"
     if recent.beyond_noise and recent.points > 0:
         per_point = usd / recent.points
@@ -159,8 +186,11 @@ def judge(points: list[Point], *, window: int = DEFAULT_WINDOW,
             return Verdict("stop", f"{moved}: ${per_point:.4f}/pt, past ${max_usd_per_point:.4f}/pt")
         return Verdict("continue", f"{moved}: ${per_point:.4f}/pt, still gaining beyond noise")
     if len(points) - 1 < window:
-        return Verdict("continue", f"{moved}: within noise, but only {len(points) - 1} evaluation(s) after the "
-                                   f"base (a plateau needs {window})")
+        return Verdict(
+            "continue",
+            f"{moved}: within noise, but only {len(points) - 1} evaluation(s) after the "
+            f"base (a plateau needs {window})",
+        )
     return Verdict("stop", f"{moved}: flat within noise")
 
 
@@ -200,8 +230,7 @@ def plot(series: dict[str, list[Point]], out_path: str, *, title: str = "benchma
         if not points:
             continue
         errors = [0.0 if p.stderr is None else Z95 * p.stderr for p in points]
-        ax.errorbar([p.usd for p in points], [p.value for p in points], yerr=errors, marker="o", capsize=3,
-                    label=label)
+        ax.errorbar([p.usd for p in points], [p.value for p in points], yerr=errors, marker="o", capsize=3, label=label)
         drawn += len(points)
     ax.set_xlabel("cumulative cost (USD; the base model at $0)")
     ax.set_ylabel("benchmark score (95% error bars)")

@@ -6,6 +6,7 @@ An evaluation starts only if it can end by then, judged by the longest one so fa
 starts whenever the deadline has not passed); the checkpoints left are counted and named in the last line, and
 the command exits 0 (a rerun with a later deadline goes on from the stored results).
 """
+
 from __future__ import annotations
 
 import math

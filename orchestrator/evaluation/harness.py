@@ -5,6 +5,7 @@ or a folder (full weights, or a base with a LoRA adapter through the harness's `
 Python's, NumPy's and torch's generators; an evaluation inside training puts them back as they were, so the
 training run continues exactly as it would have without it, and ``model.train()`` is restored.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,12 @@ def preserved_state(model: Any = None):
     import numpy as np
     import torch
 
-    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    states = (
+        random.getstate(),
+        np.random.get_state(),
+        torch.get_rng_state(),
+        torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    )
     training = bool(getattr(model, "training", False))
     try:
         yield
@@ -89,8 +94,11 @@ def parse_results(output: dict, names: list[str]) -> Evaluation:
                 continue
             scores.setdefault(task, {}).setdefault(parsed[0], {})[parsed[1]] = _number(value)
             origin[(task, parsed[0])] = parsed[2:]
-    scores = {task: kept for task, metrics in scores.items()
-              if (kept := {m: score for m, score in metrics.items() if "value" in score})}  # a stderr alone: none
+    scores = {
+        task: kept
+        for task, metrics in scores.items()
+        if (kept := {m: score for m, score in metrics.items() if "value" in score})
+    }  # a stderr alone: none
     for task, items in (output.get("samples") or {}).items():
         for metric in scores.get(task, {}):
             name, filt = origin[(task, metric)]
@@ -119,9 +127,12 @@ def _no_probes_of_the_machine(harness_version: str):
         import torch
         import transformers
 
-        results.update(pretty_env_info=f"torch {torch.__version__} (collect_env not run by the orchestrator)",
-                       transformers_version=transformers.__version__, lm_eval_version=harness_version,
-                       upper_git_hash=None)
+        results.update(
+            pretty_env_info=f"torch {torch.__version__} (collect_env not run by the orchestrator)",
+            transformers_version=transformers.__version__,
+            lm_eval_version=harness_version,
+            upper_git_hash=None,
+        )
 
     saved = evaluator.get_git_commit_hash, evaluator.add_env_info
     evaluator.get_git_commit_hash = lambda: get_commit_from_path(os.getcwd())
@@ -132,16 +143,33 @@ def _no_probes_of_the_machine(harness_version: str):
         evaluator.get_git_commit_hash, evaluator.add_env_info = saved
 
 
-def run(task_set: Any, eval_cfg: Any, *, model: Any = None, tokenizer: Any = None,
-        model_args: Optional[dict] = None, keep_samples: bool = False) -> Evaluation:
+def run(
+    task_set: Any,
+    eval_cfg: Any,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    model_args: Optional[dict] = None,
+    keep_samples: bool = False,
+) -> Evaluation:
     """Evaluate ``model`` (in memory, with ``tokenizer``) or the ``model_args`` of the harness's ``hf`` model."""
     import lm_eval
 
     started = time.monotonic()
     seed = int(eval_cfg.seed)
-    common = dict(tasks=list(task_set.specs), task_manager=task_set.manager, num_fewshot=eval_cfg.num_fewshot,
-                  limit=eval_cfg.limit, batch_size=int(eval_cfg.batch_size), log_samples=True, random_seed=seed,
-                  numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=1000)
+    common = dict(
+        tasks=list(task_set.specs),
+        task_manager=task_set.manager,
+        num_fewshot=eval_cfg.num_fewshot,
+        limit=eval_cfg.limit,
+        batch_size=int(eval_cfg.batch_size),
+        log_samples=True,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+        bootstrap_iters=1000,
+    )
     from orchestrator.core.logsetup import library_output_to_file
 
     # its progress bars (stderr) to the job's log file with its logging (core.logsetup): the console gets one line
@@ -157,6 +185,9 @@ def run(task_set: Any, eval_cfg: Any, *, model: Any = None, tokenizer: Any = Non
     result.seconds = time.monotonic() - started
     if keep_samples:
         result.raw_samples = output.get("samples")
-    log.info("benchmark evaluation took %.2fs: %s", result.seconds, {
-        t: {m: round(v.get("value", float("nan")), 4) for m, v in ms.items()} for t, ms in result.scores.items()})
+    log.info(
+        "benchmark evaluation took %.2fs: %s",
+        result.seconds,
+        {t: {m: round(v.get("value", float("nan")), 4) for m, v in ms.items()} for t, ms in result.scores.items()},
+    )
     return result

@@ -6,6 +6,7 @@ for this task set is downloaded, verified (hashes, weights-only loads) and evalu
 model (full weights, or the base with the checkpoint's adapter through ``peft=``); each result is stored as soon
 as it exists, so a rerun skips what is done and a SIGKILL loses at most the evaluation in flight.
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,8 +67,7 @@ def model_args(cfg: Any, folder: Path) -> dict:
         pass
     if (folder / "adapter_config.json").exists():
         base = resolve_model_path(cfg.model)
-        return dict(args, pretrained=base, peft=str(folder), tokenizer=base,
-                    revision=cfg.model.revision or "main")
+        return dict(args, pretrained=base, peft=str(folder), tokenizer=base, revision=cfg.model.revision or "main")
     return dict(args, pretrained=str(folder))
 
 
@@ -115,9 +115,15 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
         record = results.save(name, step=step, manifest_sha256=digest, evaluation=result)
         log_to_run(cfg, store, run_name, record, step, _finite(manifest.get("created_at")), results.identity)
         counts["evaluated"] += 1
-        print(f"{name} (step {step}): " + ", ".join(
-            f"{task}/{metric}={score['value']:.4f}" for task, metrics in result.scores.items()
-            for metric, score in metrics.items()), flush=True)
+        print(
+            f"{name} (step {step}): "
+            + ", ".join(
+                f"{task}/{metric}={score['value']:.4f}"
+                for task, metrics in result.scores.items()
+                for metric, score in metrics.items()
+            ),
+            flush=True,
+        )
         shutil.rmtree(folder, ignore_errors=True)
         deadline.took(time.monotonic() - started)
         if bill is not None:
@@ -125,8 +131,9 @@ def evaluate_run(cfg: Any, store: Any, run_name: str, work: Path, bill: Any = No
     return counts
 
 
-def log_to_run(cfg: Any, store: Any, run_name: str, record: BenchResult, step: int, committed_at: Optional[float],
-               identity: dict) -> int:
+def log_to_run(
+    cfg: Any, store: Any, run_name: str, record: BenchResult, step: int, committed_at: Optional[float], identity: dict
+) -> int:
     """``record``'s (a stored result's) ``bench/<task>/<metric>`` (and ``_stderr``) at ``step`` into the job's
     MLflow run (the ledger's), with ``cost_usd`` beside them: the training's cost up to the checkpoint's commit
     (``billing.training_cost_until``); each (metric, step) only if the run does not have it yet, so a rerun logs
@@ -159,7 +166,10 @@ def log_to_run(cfg: Any, store: Any, run_name: str, record: BenchResult, step: i
     now_ms, points = int(time.time() * 1000), []
     for task, metrics in record.scores.items():
         for metric, score in metrics.items():
-            for key, value in ((f"bench/{task}/{metric}", score.value), (f"bench/{task}/{metric}_stderr", score.stderr)):
+            for key, value in (
+                (f"bench/{task}/{metric}", score.value),
+                (f"bench/{task}/{metric}_stderr", score.stderr),
+            ):
                 if value is not None and step not in {m.step for m in client.get_metric_history(run_id, key)}:
                     points.append(Metric(key, float(value), now_ms, int(step)))
     if cost_usd is not None and step not in {m.step for m in client.get_metric_history(run_id, "cost_usd")}:
@@ -205,8 +215,11 @@ def billed_evaluation(cfg: Any, store: Any, run_name: str) -> tuple[dict, float]
         try:
             bill.close(bill.evaluated, status="storage_outage")
         except TransientStorageError as err:
-            log.warning("the evaluation's bill is left open (%s); the job's next orchestrator eval settles its spend "
-                        "index entry", err)
+            log.warning(
+                "the evaluation's bill is left open (%s); the job's next orchestrator eval settles its spend "
+                "index entry",
+                err,
+            )
         raise
     finally:
         for sig, handler in previous.items():

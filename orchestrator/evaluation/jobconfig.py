@@ -11,6 +11,7 @@ taken as its copy (with a warning: not checked).
 Storage is untrusted: the fields are decoded once (``JobConfig.decode``: types, choices, no interpolation), and a
 manifest that is not sound is skipped for the next older one (with a warning naming it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,10 +25,19 @@ from orchestrator.core.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _TEXT, _OPTIONAL_TEXT, _SIZE = "text", "optional text", "size"
-FIELDS = {"model.name_or_path": _TEXT, "model.revision": _OPTIONAL_TEXT, "model.dtype": Dtype,
-          "model.attn_implementation": _OPTIONAL_TEXT, "model.hidden_size": _SIZE, "model.num_layers": _SIZE,
-          "model.num_heads": _SIZE, "model.vocab_size": _SIZE, "recipe.name": Recipe, "recipe.peft": Peft,
-          "recipe.quantization": Quantization}
+FIELDS = {
+    "model.name_or_path": _TEXT,
+    "model.revision": _OPTIONAL_TEXT,
+    "model.dtype": Dtype,
+    "model.attn_implementation": _OPTIONAL_TEXT,
+    "model.hidden_size": _SIZE,
+    "model.num_layers": _SIZE,
+    "model.num_heads": _SIZE,
+    "model.vocab_size": _SIZE,
+    "recipe.name": Recipe,
+    "recipe.peft": Peft,
+    "recipe.quantization": Quantization,
+}
 TINY_SHAPE = ("model.hidden_size", "model.num_layers", "model.num_heads", "model.vocab_size")
 BUILTIN = "builtin:"
 
@@ -80,8 +90,11 @@ class JobConfig:
         trajectory = meta.get("trajectory") if isinstance(meta, dict) else None
         if not isinstance(trajectory, dict):
             raise ValueError("it records no trajectory config")
-        return cls(run_name, where, {key: _checked(key, trajectory[key], kind) for key, kind in FIELDS.items()
-                                     if key in trajectory})
+        return cls(
+            run_name,
+            where,
+            {key: _checked(key, trajectory[key], kind) for key, kind in FIELDS.items() if key in trajectory},
+        )
 
     def overrides(self, user: list[str], user_cfg: Any) -> list[str]:
         """The job's fields as overrides, for every one the user does not name: a group the user chose
@@ -105,8 +118,11 @@ class JobConfig:
         keys = ["model.name_or_path", "model.revision"]
         given_name = str(cfg.model.name_or_path)
         if given_name != self.values.get("model.name_or_path") and Path(given_name).expanduser().is_dir():
-            log.warning("model.name_or_path=%s is a local folder, taken as a copy of the job's %r (not checked)",
-                        given_name, self.values.get("model.name_or_path"))
+            log.warning(
+                "model.name_or_path=%s is a local folder, taken as a copy of the job's %r (not checked)",
+                given_name,
+                self.values.get("model.name_or_path"),
+            )
             return None
         if str(self.values.get("model.name_or_path", "")).startswith(BUILTIN):
             keys += list(TINY_SHAPE)
@@ -115,10 +131,12 @@ class JobConfig:
             if key not in self.values or (key == "model.revision" and (job is None or given is None)):
                 continue
             if given != job:
-                return (f"job {self.run_name!r} was trained on {key}={job!r} ({self.where}); this evaluation names "
-                        f"{key}={given!r}, and one model's weights or adapter do not load into another. Drop the "
-                        f"override to evaluate with the job's own model (its config is the default), or evaluate "
-                        "a job trained on that model.")
+                return (
+                    f"job {self.run_name!r} was trained on {key}={job!r} ({self.where}); this evaluation names "
+                    f"{key}={given!r}, and one model's weights or adapter do not load into another. Drop the "
+                    f"override to evaluate with the job's own model (its config is the default), or evaluate "
+                    "a job trained on that model."
+                )
         return None
 
 

@@ -12,6 +12,7 @@ reported (a warning naming the object), ignored, and the checkpoint (or the base
 crash. Its readers use its attributes. The folder is outside ``checkpoints/``: a result outlives its
 checkpoint's retention.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,18 +58,31 @@ class ResultStore:
     def for_run(cls, store: Any, run_name: str, task_set: Any, seed: int) -> "ResultStore":
         """A job's results of one task set and seed: an evaluation with another ``eval.seed`` (``orchestrator eval``)
         is stored beside the training's, never over them."""
-        return cls(store, f"{run_name}/bench/{task_set.config_hash[:16]}-seed{int(seed)}", harness_version=task_set.harness_version,
-                   task_hash=task_set.config_hash, seed=seed)
+        return cls(
+            store,
+            f"{run_name}/bench/{task_set.config_hash[:16]}-seed{int(seed)}",
+            harness_version=task_set.harness_version,
+            task_hash=task_set.config_hash,
+            seed=seed,
+        )
 
     def key(self, name: str) -> str:
         return f"{self.prefix}{name}.json"
 
-    def save(self, name: str, *, step: int, manifest_sha256: str, evaluation: Any,
-             cost_usd: Optional[float] = None) -> BenchResult:
+    def save(
+        self, name: str, *, step: int, manifest_sha256: str, evaluation: Any, cost_usd: Optional[float] = None
+    ) -> BenchResult:
         """``cost_usd``: the job's cost when the checkpoint was evaluated (logged beside its scores)."""
-        result = BenchResult.of(checkpoint=name, step=int(step), manifest_sha256=manifest_sha256, **self.identity,
-                                scores=evaluation.scores, samples=kept_samples(evaluation.scores, evaluation.samples),
-                                seconds=round(float(evaluation.seconds), 3), cost_usd=cost_usd)
+        result = BenchResult.of(
+            checkpoint=name,
+            step=int(step),
+            manifest_sha256=manifest_sha256,
+            **self.identity,
+            scores=evaluation.scores,
+            samples=kept_samples(evaluation.scores, evaluation.samples),
+            seconds=round(float(evaluation.seconds), 3),
+            cost_usd=cost_usd,
+        )
         self.store.put_bytes(self.key(name), result.encode())
         return result
 
@@ -100,4 +114,4 @@ class ResultStore:
         return None
 
     def names(self) -> list[str]:
-        return sorted(k[len(self.prefix):-len(".json")] for k in self.store.list(self.prefix) if k.endswith(".json"))
+        return sorted(k[len(self.prefix) : -len(".json")] for k in self.store.list(self.prefix) if k.endswith(".json"))

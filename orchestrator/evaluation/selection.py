@@ -15,6 +15,7 @@ Over the evaluated checkpoints in step order (the base model is not a candidate)
 The state is a function of the stored results alone (``decide``): a resumed attempt replays them and reaches the
 same best and count as an uninterrupted run.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,14 +43,19 @@ def is_bench_metric(name: Optional[str]) -> bool:
 
 def split(name: str) -> tuple[str, str]:
     """``bench/<task>/<metric>`` -> (task, metric)."""
-    task, _, metric = str(name)[len(PREFIX):].rpartition("/")
+    task, _, metric = str(name)[len(PREFIX) :].rpartition("/")
     return task, metric
 
 
-
-
-def decide(records: Iterable[BenchResult], name: str, *, patience: int, threshold: float,
-           greater_is_better: bool = True, max_steps: Optional[int] = None) -> Selection:
+def decide(
+    records: Iterable[BenchResult],
+    name: str,
+    *,
+    patience: int,
+    threshold: float,
+    greater_is_better: bool = True,
+    max_steps: Optional[int] = None,
+) -> Selection:
     """The best checkpoint and the plateau count after ``records`` (checkpoint results, any order)."""
     task, metric = split(name)
     sign = 1.0 if greater_is_better else -1.0
@@ -71,10 +77,18 @@ def decide(records: Iterable[BenchResult], name: str, *, patience: int, threshol
         else:  # within noise: cannot tell
             state = Selection(state.best_step, state.best_name, state.best_value, 0, g)
         if patience > 0 and state.plateau >= patience and state.stop_reason is None:
-            state = Selection(state.best_step, state.best_name, state.best_value, state.plateau, g, (
-                f"{name} has been no better than its best ({state.best_value:.4f}, step {state.best_step}) beyond "
-                f"noise for {patience} evaluations (the last: {g.points:+.1f}+-{g.half_width:.1f} points); training "
-                f"ended at step {record.step}" + (f" of {max_steps}" if max_steps else "")))
+            state = Selection(
+                state.best_step,
+                state.best_name,
+                state.best_value,
+                state.plateau,
+                g,
+                (
+                    f"{name} has been no better than its best ({state.best_value:.4f}, step {state.best_step}) beyond "
+                    f"noise for {patience} evaluations (the last: {g.points:+.1f}+-{g.half_width:.1f} points); training "
+                    f"ended at step {record.step}" + (f" of {max_steps}" if max_steps else "")
+                ),
+            )
             break
     return state
 
@@ -83,8 +97,13 @@ def of_checkpoints(records: Iterable[BenchResult], name: str, train_cfg) -> Sele
     """``decide`` over a job's checkpoint results (not the base's, at step 0, nor the final weights'), with the
     job's ``train.early_stopping_patience`` and ``_threshold``."""
     candidates = [r for r in records if r.step > 0 and r.checkpoint != "final"]
-    return decide(candidates, name, patience=int(train_cfg.early_stopping_patience),
-                  threshold=float(train_cfg.early_stopping_threshold), max_steps=int(train_cfg.max_steps))
+    return decide(
+        candidates,
+        name,
+        patience=int(train_cfg.early_stopping_patience),
+        threshold=float(train_cfg.early_stopping_threshold),
+        max_steps=int(train_cfg.max_steps),
+    )
 
 
 def describe(state: Selection, name: str) -> str:

@@ -6,6 +6,7 @@ skips the harness's own 14,000 tasks (0.2 s); only a name not found there is loo
 A local task's ``dataset_kwargs.data_files`` are relative to its YAML file's folder: they are made absolute here,
 so a job evaluates the same data from any working directory.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,8 +22,10 @@ from orchestrator.core.errors import ConfigError
 log = logging.getLogger(__name__)
 
 SHIPPED_TASKS = Path(__file__).resolve().parent / "tasks"
-INSTALL_FIX = ("lm-evaluation-harness is not installed: run `bash scripts/setup.sh` (it installs lm-eval==0.4.13), "
-               "or `pip install -c constraints.txt lm-eval==0.4.13`; or set eval.tasks=[] to evaluate nothing.")
+INSTALL_FIX = (
+    "lm-evaluation-harness is not installed: run `bash scripts/setup.sh` (it installs lm-eval==0.4.13), "
+    "or `pip install -c constraints.txt lm-eval==0.4.13`; or set eval.tasks=[] to evaluate nothing."
+)
 
 
 @dataclass
@@ -56,15 +59,19 @@ def _local_paths(tasks: list[str]) -> tuple[list[Path], list[str], list[Path]]:
             continue
         path = Path(entry).expanduser().resolve()
         if not path.exists():
-            raise ConfigError(f"eval.tasks: {entry!r} does not exist. Give a harness task name (e.g. tiny_arith_mc, "
-                              "arc_easy), a task YAML file, or a folder of them.")
+            raise ConfigError(
+                f"eval.tasks: {entry!r} does not exist. Give a harness task name (e.g. tiny_arith_mc, "
+                "arc_easy), a task YAML file, or a folder of them."
+            )
         if path.is_dir():  # a folder of task YAMLs: every task in it (the harness's include_path is recursive)
             folders.append(path)
             found = sorted(path.rglob("*.yaml")) + sorted(path.rglob("*.yml"))
             tasks_in = [f for f in found if _names_a_task(f)]
             if not tasks_in:
-                raise ConfigError(f"eval.tasks: the folder {entry!r} holds no task YAML (a file with a `task:` or "
-                                  "`group:` name). Give the folder of your task files, or the files themselves.")
+                raise ConfigError(
+                    f"eval.tasks: the folder {entry!r} holds no task YAML (a file with a `task:` or "
+                    "`group:` name). Give the folder of your task files, or the files themselves."
+                )
             files.extend(tasks_in)
         else:
             files.append(path)
@@ -87,9 +94,11 @@ def _load_yaml(path: Path) -> dict:
     try:
         cfg = load_yaml(path, resolve_func=True)
     except Exception as err:  # noqa: BLE001 - yaml.YAMLError, a !function that does not import, ...
-        raise ConfigError(f"eval.tasks: {path} does not parse as a task YAML ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}). Fix the file (see lm-evaluation-harness's "
-                          "docs/task_guide.md), or drop it from eval.tasks.") from None
+        raise ConfigError(
+            f"eval.tasks: {path} does not parse as a task YAML ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}). Fix the file (see lm-evaluation-harness's "
+            "docs/task_guide.md), or drop it from eval.tasks."
+        ) from None
     if not isinstance(cfg, dict) or not (cfg.get("task") or cfg.get("group")):
         raise ConfigError(f"eval.tasks: {path} has no `task:` (or `group:`) key; a task YAML names its task.")
     return cfg
@@ -108,8 +117,10 @@ def _resolved_config(yaml_path: Path) -> tuple[dict, dict]:
             for name in listed:
                 path = (yaml_path.parent / name) if not Path(name).is_absolute() else Path(name)
                 if not path.is_file():
-                    raise ConfigError(f"eval.tasks: {yaml_path} reads {name!r}, which is not a file ({path}); "
-                                      "data_files are relative to the YAML file's folder.")
+                    raise ConfigError(
+                        f"eval.tasks: {yaml_path} reads {name!r}, which is not a file ({path}); "
+                        "data_files are relative to the YAML file's folder."
+                    )
                 absolute.append(str(path))
                 hashes[str(name)] = hashlib.sha256(path.read_bytes()).hexdigest()
             mapping[split] = absolute[0] if isinstance(files, str) else absolute
@@ -131,22 +142,29 @@ def resolve(eval_cfg: Any) -> TaskSet:
         names.append(str(_load_yaml(path).get("task") or _load_yaml(path).get("group")))
     manager = _manager(folders, defaults=False)
     if any(name not in manager.task_index for name in names):
-        log.info("eval.tasks: looking up %s among lm-evaluation-harness's own tasks",
-                 [n for n in names if n not in manager.task_index])
+        log.info(
+            "eval.tasks: looking up %s among lm-evaluation-harness's own tasks",
+            [n for n in names if n not in manager.task_index],
+        )
         manager = _manager(folders, defaults=True)
     unknown = [name for name in names if name not in manager.task_index]
     if unknown:
         close = sorted(t for t in manager.all_tasks if any(u.lower() in t.lower() for u in unknown))[:8]
-        raise ConfigError(f"eval.tasks: {', '.join(map(repr, unknown))} is not a task lm-evaluation-harness knows"
-                          f"{' (close: ' + ', '.join(close) + ')' if close else ''}. Give a task name (`lm_eval ls "
-                          "tasks` lists them; tiny_arith_mc and tiny_arith_gen ship here), or a task YAML path.")
+        raise ConfigError(
+            f"eval.tasks: {', '.join(map(repr, unknown))} is not a task lm-evaluation-harness knows"
+            f"{' (close: ' + ', '.join(close) + ')' if close else ''}. Give a task name (`lm_eval ls "
+            "tasks` lists them; tiny_arith_mc and tiny_arith_gen ship here), or a task YAML path."
+        )
     specs: list[Any] = []
     described: list[dict[str, Any]] = []
     for name in names:
         entry = manager.task_index[name]
         yaml_path = Path(entry.yaml_path) if getattr(entry, "yaml_path", None) else None
-        local = yaml_path is not None and any(_inside(yaml_path, f) for f in folders) and getattr(
-            entry.kind, "name", "") == "TASK"
+        local = (
+            yaml_path is not None
+            and any(_inside(yaml_path, f) for f in folders)
+            and getattr(entry.kind, "name", "") == "TASK"
+        )
         if local:
             cfg, data = _resolved_config(cast(Path, yaml_path))
             specs.append(cfg)
@@ -180,16 +198,22 @@ def check(cfg: Any) -> None:
             raise ConfigError(f"eval.{key}={value} must be at least {low}; set eval.{key}={max(low, 1)} or more.")
     if not enabled(cfg):
         if ev.every > 0:
-            raise ConfigError(f"eval.every={ev.every} evaluates checkpoints, but eval.tasks is empty. Set "
-                              "eval.tasks=[tiny_arith_mc] (or a harness task), or eval.every=0.")
+            raise ConfigError(
+                f"eval.every={ev.every} evaluates checkpoints, but eval.tasks is empty. Set "
+                "eval.tasks=[tiny_arith_mc] (or a harness task), or eval.every=0."
+            )
         return
     if ev.every > 0 and not _checkpoints_on(cfg):
-        raise ConfigError(f"eval.every={ev.every} evaluates every {ev.every}-th committed checkpoint, but this job "
-                          "commits none (checkpoint.every=off and checkpoint.every_steps=0). Set checkpoint.every_steps=N "
-                          "or checkpoint.every=15m, or eval.every=0 (the final weights only).")
+        raise ConfigError(
+            f"eval.every={ev.every} evaluates every {ev.every}-th committed checkpoint, but this job "
+            "commits none (checkpoint.every=off and checkpoint.every_steps=0). Set checkpoint.every_steps=N "
+            "or checkpoint.every=15m, or eval.every=0 (the final weights only)."
+        )
     if cfg.distributed.name != "none":
-        raise ConfigError(f"eval.tasks: the in-job evaluation runs in the training process, supported with "
-                          f"distributed=none, not {cfg.distributed.name}. Use distributed=none, or eval.tasks=[].")
+        raise ConfigError(
+            f"eval.tasks: the in-job evaluation runs in the training process, supported with "
+            f"distributed=none, not {cfg.distributed.name}. Use distributed=none, or eval.tasks=[]."
+        )
     _resolved(ev)
 
 
@@ -205,8 +229,12 @@ def _resolved(eval_cfg: Any) -> TaskSet:
 
 
 # the metrics an output type reports when a task YAML lists none (lm-evaluation-harness's defaults)
-DEFAULT_METRICS = {"multiple_choice": ["acc", "acc_norm"], "generate_until": ["exact_match"],
-                   "loglikelihood": ["perplexity", "acc"], "loglikelihood_rolling": ["word_perplexity"]}
+DEFAULT_METRICS = {
+    "multiple_choice": ["acc", "acc_norm"],
+    "generate_until": ["exact_match"],
+    "loglikelihood": ["perplexity", "acc"],
+    "loglikelihood_rolling": ["word_perplexity"],
+}
 
 
 def produced_metrics(task_set: TaskSet, task: str) -> Any:
@@ -217,7 +245,8 @@ def produced_metrics(task_set: TaskSet, task: str) -> Any:
         return None
     cfg = found[0]
     metrics = [m.get("metric") for m in cfg.get("metric_list") or [] if isinstance(m, dict)] or DEFAULT_METRICS.get(
-        str(cfg.get("output_type")))
+        str(cfg.get("output_type"))
+    )
     if metrics is None:
         return None
     filters = [f.get("name") for f in cfg.get("filter_list") or [] if isinstance(f, dict)] or ["none"]
@@ -229,12 +258,16 @@ def check_metric(eval_cfg: Any, task: str, metric: str, *, key: str) -> None:
     ``eval.tasks`` reports. Raises ConfigError naming the fix."""
     task_set = _resolved(eval_cfg)
     if task not in task_set.names:
-        raise ConfigError(f"{key}: {task!r} is not one of eval.tasks ({', '.join(task_set.names)}). Name a task "
-                          f"eval.tasks evaluates, e.g. bench/{task_set.names[0]}/<metric>, or add it to eval.tasks.")
+        raise ConfigError(
+            f"{key}: {task!r} is not one of eval.tasks ({', '.join(task_set.names)}). Name a task "
+            f"eval.tasks evaluates, e.g. bench/{task_set.names[0]}/<metric>, or add it to eval.tasks."
+        )
     known = produced_metrics(task_set, task)
     if known is not None and metric not in known:
-        raise ConfigError(f"{key}: task {task} reports {', '.join(sorted(known))}, not {metric!r}. Use e.g. "
-                          f"bench/{task}/{sorted(known)[0]}.")
+        raise ConfigError(
+            f"{key}: task {task} reports {', '.join(sorted(known))}, not {metric!r}. Use e.g. "
+            f"bench/{task}/{sorted(known)[0]}."
+        )
 
 
 def _checkpoints_on(cfg: Any) -> bool:
@@ -249,5 +282,9 @@ def _checkpoints_on(cfg: Any) -> bool:
 
 def describe(task_set: TaskSet, eval_cfg: Any) -> dict:
     """What the scores depend on besides the model: the run's params."""
-    return {"bench_tasks": ",".join(task_set.names), "bench_harness_version": task_set.harness_version,
-            "bench_task_hash": task_set.config_hash[:16], "bench_seed": str(eval_cfg.seed)}
+    return {
+        "bench_tasks": ",".join(task_set.names),
+        "bench_harness_version": task_set.harness_version,
+        "bench_task_hash": task_set.config_hash[:16],
+        "bench_seed": str(eval_cfg.seed),
+    }

@@ -4,6 +4,7 @@ Paired over the same items where both results hold per-item values (the harness'
 mean difference, 1.96 standard errors of the per-item differences. Otherwise from the two standard errors as if
 independent (wider). Points are percentage points of a fraction-valued metric (x 100).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,12 +46,22 @@ class Gain:
         return f"{self.points:+.1f} points (+-{self.half_width:.1f}), ${per_point:.6f} per point"
 
 
-def gain(after: dict, before: dict, after_items: Optional[Sequence[float]] = None,
-         before_items: Optional[Sequence[float]] = None) -> Gain:
+def gain(
+    after: dict,
+    before: dict,
+    after_items: Optional[Sequence[float]] = None,
+    before_items: Optional[Sequence[float]] = None,
+) -> Gain:
     """``after``/``before``: ``{"value", "stderr"}``; ``*_items``: per-item values over the same items, used only
     where each score is their mean (``items_agree``: else the per-item values are not that score's evidence)."""
-    if (after_items and before_items and len(after_items) == len(before_items) and len(after_items) > 1
-            and items_agree(after.get("value"), after_items) and items_agree(before.get("value"), before_items)):
+    if (
+        after_items
+        and before_items
+        and len(after_items) == len(before_items)
+        and len(after_items) > 1
+        and items_agree(after.get("value"), after_items)
+        and items_agree(before.get("value"), before_items)
+    ):
         diffs = [a - b for a, b in zip(after_items, before_items)]
         n = len(diffs)
         mean = sum(diffs) / n
@@ -73,8 +84,9 @@ def gains(after: BenchResult, before: BenchResult) -> dict:
             if not same_items:
                 out[f"{task}/{metric}"] = gain(score.encode(), base.encode())
                 continue
-            out[f"{task}/{metric}"] = gain(score.encode(), base.encode(), after.items(task, metric),
-                                           before.items(task, metric))
+            out[f"{task}/{metric}"] = gain(
+                score.encode(), base.encode(), after.items(task, metric), before.items(task, metric)
+            )
     return out
 
 
@@ -83,14 +95,15 @@ def report_cell(metrics: dict) -> str:
     over the base with its interval and USD per point (or "within noise")."""
     cells = []
     for key in sorted(k for k in metrics if k.startswith("bench/") and not k.endswith("_stderr")):
-        name = key[len("bench/"):]
+        name = key[len("bench/") :]
         text = f"{name}={metrics[key]:.3f}"
         if metrics.get(f"{key}_stderr") is not None:
             text += f"+-{Z95 * metrics[key + '_stderr']:.3f}"
         gain_points, interval = metrics.get(f"bench_gain/{name}"), metrics.get(f"bench_gain/{name}_interval")
         if gain_points is not None and interval is not None:
             per_point = metrics.get(f"bench_usd_per_point/{name}")
-            text += (f" ({gain_points:+.1f}+-{interval:.1f} pts, "
-                     + (f"${per_point:.4f}/pt)" if per_point is not None else "within noise)"))
+            text += f" ({gain_points:+.1f}+-{interval:.1f} pts, " + (
+                f"${per_point:.4f}/pt)" if per_point is not None else "within noise)"
+            )
         cells.append(text)
     return "; ".join(cells) or "-"

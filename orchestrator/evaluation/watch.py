@@ -13,6 +13,7 @@ evaluates a checkpoint again logs nothing twice.
 from a checkpoint counts only the saves up to it (later ones never committed), and evaluates it if it was due and
 its evaluation never finished (the attempt was killed during it).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,9 +34,15 @@ log = logging.getLogger(__name__)
 def base_key(cfg: Any, task_set: Any) -> str:
     """The base model's cache key: model, revision, shape and dtype, the task set (with few-shot and limit), seed."""
     m = cfg.model
-    shape = {"model": m.name_or_path, "revision": m.revision, "dtype": m.dtype,
-             "quantization": cfg.recipe.quantization, "tiny": [m.hidden_size, m.num_layers, m.num_heads, m.vocab_size],
-             "tasks": task_set.config_hash, "seed": int(cfg.eval.seed)}
+    shape = {
+        "model": m.name_or_path,
+        "revision": m.revision,
+        "dtype": m.dtype,
+        "quantization": cfg.recipe.quantization,
+        "tiny": [m.hidden_size, m.num_layers, m.num_heads, m.vocab_size],
+        "tasks": task_set.config_hash,
+        "seed": int(cfg.eval.seed),
+    }
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -44,20 +51,37 @@ class BenchWatch(TrainerCallback):
     ``money`` (the meter, for the dollars beside each score), ``steps`` (the step clock) and ``record`` (the
     ledger's: ``record_scores``). A main-rank part."""
 
-    def __init__(self, cfg: Any, *, store: Any, run_name: str, tracking: Any, checkpoints: Any, money: Any,
-                 steps: Any, record: Any = None):
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        store: Any,
+        run_name: str,
+        tracking: Any,
+        checkpoints: Any,
+        money: Any,
+        steps: Any,
+        record: Any = None,
+    ):
         self.cfg, self.ev, self.store, self.run_name, self.record = cfg, cfg.eval, store, run_name, record
         self.tracking, self.checkpoints, self.money, self.steps = tracking, checkpoints, money, steps
         self.task_set = spec.resolve(cfg.eval)
         self.results = ResultStore.for_run(store, run_name, self.task_set, cfg.eval.seed)
         key = base_key(cfg, self.task_set)
-        self.base_results = ResultStore(store, f"_bench/{key}", harness_version=self.task_set.harness_version,
-                                        task_hash=self.task_set.config_hash, seed=cfg.eval.seed)
+        self.base_results = ResultStore(
+            store,
+            f"_bench/{key}",
+            harness_version=self.task_set.harness_version,
+            task_hash=self.task_set.config_hash,
+            seed=cfg.eval.seed,
+        )
         self.base: Optional[BenchResult] = None
         self.seconds = 0.0  # evaluation time this attempt
         self.evaluated: list[int] = []  # steps evaluated this attempt
         self.history: list[list[int]] = []  # [step, regular commits since the last evaluated one] per noted save
-        self.records: dict[int, BenchResult] = {}  # step -> the result logged at it (the base's at 0): the chart's points
+        self.records: dict[
+            int, BenchResult
+        ] = {}  # step -> the result logged at it (the base's at 0): the chart's points
         name = cfg.train.early_stopping_metric
         # early stopping / checkpoint.final=best on a benchmark metric; the reason training ended early on it
         self.select = name if selection.is_bench_metric(name) else None
@@ -70,8 +94,11 @@ class BenchWatch(TrainerCallback):
         self._replay(state.global_step)
         restored = self._committed_at(state.global_step)
         # saves noted after the restored checkpoint never committed: they do not count
-        self.history = [e for e in read_progress(self.store, f"{self.results.prefix}progress.json")
-                        if restored is not None and e[0] <= state.global_step]
+        self.history = [
+            e
+            for e in read_progress(self.store, f"{self.results.prefix}progress.json")
+            if restored is not None and e[0] <= state.global_step
+        ]
         if restored is not None and (not self.history or self.history[-1][0] < state.global_step):
             self._note(state.global_step, (self.history[-1][1] if self.history else 0) + 1)  # killed before noting
         if restored is not None and self.ev.every > 0 and self.history[-1][1] >= self.ev.every:
@@ -114,8 +141,9 @@ class BenchWatch(TrainerCallback):
     def after_final(self, trainer: Any, step: int) -> Optional[dict]:  # the summary's rows
         """The final weights (committed under ``<run>/final/``), then the job's benchmark summary."""
         digest = manifest_hash(self.store, f"{self.run_name}/final/manifest.json") or f"unsaved-step-{step}"
-        record = self._score("final", step, digest, trainer.model, trainer.processing_class,
-                             keep_samples=bool(self.ev.log_samples))
+        record = self._score(
+            "final", step, digest, trainer.model, trainer.processing_class, keep_samples=bool(self.ev.log_samples)
+        )
         self._log(record, step, cost=False)  # the closing report logs the final total at the last step
         return self.summary(record)
 
@@ -127,10 +155,10 @@ class BenchWatch(TrainerCallback):
         self.seconds += result.seconds
         self.evaluated.append(step)
         if keep_samples and result.raw_samples is not None:
-            self.tracking.log_dict(json.loads(json.dumps(result.raw_samples, default=str)),
-                                          "bench/samples_final.json")
-        return self.results.save(name, step=step, manifest_sha256=digest, evaluation=result,
-                                 cost_usd=self.money.total_cost_usd())
+            self.tracking.log_dict(json.loads(json.dumps(result.raw_samples, default=str)), "bench/samples_final.json")
+        return self.results.save(
+            name, step=step, manifest_sha256=digest, evaluation=result, cost_usd=self.money.total_cost_usd()
+        )
 
     def _base(self, model, tokenizer) -> Optional[BenchResult]:
         """The base model's scores, from ``_bench/<key>/`` or evaluated once (LoRA: the adapter switched off)."""
@@ -143,9 +171,15 @@ class BenchWatch(TrainerCallback):
             else:
                 from recipes.common import resolve_model_path
 
-                result = harness.run(self.task_set, self.ev, model_args={
-                    "pretrained": resolve_model_path(self.cfg.model), "dtype": str(self.cfg.model.dtype),
-                    "revision": self.cfg.model.revision or "main"})
+                result = harness.run(
+                    self.task_set,
+                    self.ev,
+                    model_args={
+                        "pretrained": resolve_model_path(self.cfg.model),
+                        "dtype": str(self.cfg.model.dtype),
+                        "revision": self.cfg.model.revision or "main",
+                    },
+                )
             self.seconds += result.seconds
             cached = self.base_results.save("base", step=0, manifest_sha256=identity, evaluation=result)
         self._log(cached, 0, cost=False)
@@ -193,8 +227,10 @@ class BenchWatch(TrainerCallback):
         self.tracking.log_metrics(metrics, step)
         log_items(self.tracking, step, record)
         if chart and getattr(self.tracking, "active", True):
-            self.tracking.log_file(curve.render(self.records.values(), title=f"{self.run_name}: benchmark score "
-                                                "against dollars"), curve.CHART_ARTIFACT)
+            self.tracking.log_file(
+                curve.render(self.records.values(), title=f"{self.run_name}: benchmark score against dollars"),
+                curve.CHART_ARTIFACT,
+            )
         tracker = getattr(self.tracking, "tracker", None)
         if tracker is not None:  # delivered now: a SIGKILL after this loses no point
             tracker.flush(timeout_s=10.0)
@@ -206,8 +242,13 @@ class BenchWatch(TrainerCallback):
         cost = self.money.total_cost_usd()
         rows = {}
         for key, g in stats.gains(final, self.base).items():
-            rows[key] = {"gain_points": g.points, "interval_points": g.half_width, "paired": g.paired,
-                         "usd_per_point": g.usd_per_point(cost), "verdict": g.verdict(cost)}
+            rows[key] = {
+                "gain_points": g.points,
+                "interval_points": g.half_width,
+                "paired": g.paired,
+                "usd_per_point": g.usd_per_point(cost),
+                "verdict": g.verdict(cost),
+            }
         gain_metrics = {}
         for key, row in rows.items():
             gain_metrics[f"bench_gain/{key}"] = row["gain_points"]
@@ -218,14 +259,15 @@ class BenchWatch(TrainerCallback):
         lines = [f"benchmark {key}: {row['verdict']}" for key, row in rows.items()]
         if lines:
             print("\n".join(lines), flush=True)
-        self.tracking.log_dict({"cost_usd": cost, "gains": rows, "refused": self.results.refused},
-                                      "bench/summary.json")
+        self.tracking.log_dict({"cost_usd": cost, "gains": rows, "refused": self.results.refused}, "bench/summary.json")
         return rows
 
     def figures(self) -> dict:
         """Evaluation time this attempt, for the cost report (not training time)."""
-        return {"attempt_evaluation_s": self.seconds,
-                "attempt_evaluation_usd": self.seconds * self.money.price.usd_per_second}
+        return {
+            "attempt_evaluation_s": self.seconds,
+            "attempt_evaluation_usd": self.seconds * self.money.price.usd_per_second,
+        }
 
     def _note(self, step: int, since: int) -> None:
         """The save at ``step`` is the ``since``-th regular commit since the last evaluated one (0: evaluated)."""
@@ -260,7 +302,9 @@ def log_items(tracking: Any, step: int, record: BenchResult) -> None:
     """The record's per-item values as the run's ``bench/items/`` artifact of its step: what makes the report's
     verdict paired over the same items (MLflow's metrics hold only the score and its standard error)."""
     if record.samples:
-        tracking.log_dict(curve.items_payload(step, record.samples_table(), record.identity), curve.items_artifact(step))
+        tracking.log_dict(
+            curve.items_payload(step, record.samples_table(), record.identity), curve.items_artifact(step)
+        )
 
 
 def read_progress(store: Any, key: str) -> list[list[int]]:
@@ -271,11 +315,11 @@ def read_progress(store: Any, key: str) -> list[list[int]]:
         return []
     entries: Any = data.get("saves") if isinstance(data, dict) else None
     ok = isinstance(entries, list) and all(
-        isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v >= 0 for v in e) for e in entries)
+        isinstance(e, list) and len(e) == 2 and all(isinstance(v, int) and v >= 0 for v in e) for e in entries
+    )
     return entries if ok else []
 
 
 def bench_watch(cfg: Any, **ports: Any) -> Optional[BenchWatch]:
     """The attempt's watch when ``eval.tasks`` is set (made for the main rank only), else None."""
     return BenchWatch(cfg, **ports) if spec.enabled(cfg) else None
-

@@ -6,6 +6,7 @@ per job: the guard asks ``record_alert(name)`` -- backed by the ledger in
 object storage, so it holds across attempts and machines -- and sends only when
 that answers True. Sinks never raise into training: a broken webhook is logged.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def spend_caps(budget: Any, run_name: str, experiment: str) -> Any:
     place a cap of the config becomes the spend index's."""
     from orchestrator.money.spend import Caps
 
-    return Caps(run_name, experiment, monthly_max_usd=budget.monthly_max_usd,
-                experiment_max_usd=budget.experiment_max_usd)
+    return Caps(
+        run_name, experiment, monthly_max_usd=budget.monthly_max_usd, experiment_max_usd=budget.experiment_max_usd
+    )
 
 
 def threshold_alert_name(fraction: float, prefix: str = "budget") -> str:
@@ -67,8 +69,17 @@ class BudgetGuard:
         subject: who spends, for the alert text (default: ``job '<job_name>'``); ``budget_key``: the key to raise.
     """
 
-    def __init__(self, budget_cfg: Any, *, record_alert: Callable[[str], bool], sinks: Iterable[Sink], job_name: str = "job",
-                 prefix: str = "budget", subject: Optional[str] = None, budget_key: str = "budget.max_usd"):
+    def __init__(
+        self,
+        budget_cfg: Any,
+        *,
+        record_alert: Callable[[str], bool],
+        sinks: Iterable[Sink],
+        job_name: str = "job",
+        prefix: str = "budget",
+        subject: Optional[str] = None,
+        budget_key: str = "budget.max_usd",
+    ):
         self.max_usd: Optional[float] = None if budget_cfg.max_usd is None else float(budget_cfg.max_usd)
         self.thresholds = sorted(float(t) for t in (budget_cfg.alert_thresholds or []))
         self.projection_alert = bool(budget_cfg.projection_alert)
@@ -119,8 +130,14 @@ class BudgetGuard:
                 fired += self._fire(Alert(name, message, total_cost_usd, self.max_usd))
         if self.projection_alert and PROJECTION_ALERT not in self._decided:
             projected = projected_total_usd(
-                spent_usd=total_cost_usd, step=steps_done, max_steps=max_steps, attempt_usd=attempt_cost_usd,
-                startup_usd=startup_cost_usd, steps_this_attempt=steps_this_attempt, restarts=restarts)
+                spent_usd=total_cost_usd,
+                step=steps_done,
+                max_steps=max_steps,
+                attempt_usd=attempt_cost_usd,
+                startup_usd=startup_cost_usd,
+                steps_this_attempt=steps_this_attempt,
+                restarts=restarts,
+            )
             if projected is not None and projected > self.max_usd:
                 message = (
                     f"[{PROJECTION_ALERT}] job {self.job_name!r} is projected to cost ${projected:,.2f} "
@@ -282,7 +299,10 @@ class WebhookSink:
         log.error(
             "budget alert %s could not be delivered to the webhook at %s (%s after %d tries); "
             "check budget.webhook_url. Training continues.",
-            alert.name, self._host, problem, attempt,
+            alert.name,
+            self._host,
+            problem,
+            attempt,
         )
 
 

@@ -8,6 +8,7 @@ trainer already hold, so the report, the budget guard and the tests share them.
 
 Nothing here talks to storage, MLflow or the trainer.
 """
+
 from __future__ import annotations
 
 import os
@@ -119,7 +120,9 @@ def price_for(compute_cfg: Any, catalog: Mapping[str, Any]) -> Price:
     if entry is None:
         if override is not None:
             per_unit = float(override)
-            return Price(per_unit * units, per_unit, per_unit * units, "compute.price_per_hour override", gpus, cloud, spot)
+            return Price(
+                per_unit * units, per_unit, per_unit * units, "compute.price_per_hour override", gpus, cloud, spot
+            )
         known = ", ".join(sorted(catalog))
         raise ValueError(
             f"compute.gpu_type={gpu_type!r} is not in the price catalog (known: {known}). "
@@ -235,8 +238,9 @@ def spot_savings_usd(on_demand_cost_usd: float, actual_cost_usd: float) -> float
     return on_demand_cost_usd - actual_cost_usd
 
 
-def uninterrupted_on_demand_usd(*, attempt_seconds: float, step_at_start: int, seconds_per_step: Optional[float],
-                                on_demand_usd_per_hour: float) -> Optional[float]:
+def uninterrupted_on_demand_usd(
+    *, attempt_seconds: float, step_at_start: int, seconds_per_step: Optional[float], on_demand_usd_per_hour: float
+) -> Optional[float]:
     """What one uninterrupted on-demand run to the current step would have cost: the spot baseline.
 
     seconds = this attempt's wall time + step_at_start x seconds_per_step, at the on-demand rate.

@@ -8,6 +8,7 @@ DATED, INDICATIVE LIST PRICES, NOT QUOTES (as ``conf/pricing.yaml``): the per-GB
 regions of the same cloud on one continent, read from each ``source`` page on ``as_of``. Other continents cost more
 (up to $0.14/GB).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,12 +24,19 @@ class EgressPrice:
 
 
 EGRESS = {
-    "aws": EgressPrice(0.02, "AWS data transfer between regions (aws.amazon.com/ec2/pricing/on-demand, Data "
-                             "Transfer, as of 2025-06)"),
-    "gcp": EgressPrice(0.02, "Cloud Storage data moved between regions on one continent "
-                             "(cloud.google.com/storage/pricing, Network, as of 2025-06)"),
-    "azure": EgressPrice(0.02, "Azure data transfer between regions within North America "
-                               "(azure.microsoft.com/pricing/details/bandwidth, as of 2025-06)"),
+    "aws": EgressPrice(
+        0.02, "AWS data transfer between regions (aws.amazon.com/ec2/pricing/on-demand, Data Transfer, as of 2025-06)"
+    ),
+    "gcp": EgressPrice(
+        0.02,
+        "Cloud Storage data moved between regions on one continent "
+        "(cloud.google.com/storage/pricing, Network, as of 2025-06)",
+    ),
+    "azure": EgressPrice(
+        0.02,
+        "Azure data transfer between regions within North America "
+        "(azure.microsoft.com/pricing/details/bandwidth, as of 2025-06)",
+    ),
 }
 
 

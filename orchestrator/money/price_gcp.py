@@ -7,6 +7,7 @@ GCP prices an N1 or G2 machine with a GPU as parts: the GPU, each vCPU and each 
 (``serviceRegions``). Machine types GCP sells whole (A2, A3) are not summed: the shipped price stands.
 Without Application Default Credentials nothing is asked: one note.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,7 +83,9 @@ def part_price(catalog: list[Mapping[str, Any]], region: str, capacity: str, fam
         category, text = sku.get("category") or {}, str(sku.get("description", ""))
         if category.get("usageType") != USAGE[capacity] or region not in (sku.get("serviceRegions") or []):
             continue
-        if any(word in text for word in ("Commit", "Reserved", "Sole Tenancy", "Custom", "Premium", "DWS", "Workstation")):
+        if any(
+            word in text for word in ("Commit", "Reserved", "Sole Tenancy", "Custom", "Premium", "DWS", "Workstation")
+        ):
             continue
         if family and not (family in text and part.lower() in text.lower()):
             continue
@@ -98,23 +101,33 @@ def machine_price(catalog: list[Mapping[str, Any]], machine: MachineTarget, capa
     shape = machine.machine.split(" + ")[0].strip()
     family, vcpus, gib = SHAPES[shape]
     gpu = GPU_SKU_NAMES.get(machine.gpu_type)
-    parts = [part_price(catalog, machine.region, capacity, family, "Core"),
-             part_price(catalog, machine.region, capacity, family, "Ram"),
-             part_price(catalog, machine.region, capacity, "", gpu) if gpu else None]
+    parts = [
+        part_price(catalog, machine.region, capacity, family, "Core"),
+        part_price(catalog, machine.region, capacity, family, "Ram"),
+        part_price(catalog, machine.region, capacity, "", gpu) if gpu else None,
+    ]
     if any(p is None for p in parts):
         return None
     core, ram, gpu_usd = cast("list[float]", parts)
     return gpu_usd * machine.gpus + core * vcpus + ram * gib
 
 
-def fetch_gcp(machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str],
-              timeout: float) -> tuple[list[FetchedPrice], list[str]]:
+def fetch_gcp(
+    machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str], timeout: float
+) -> tuple[list[FetchedPrice], list[str]]:
     if credentials_file() is None:
-        return [], ["gcp: skipped (no Google credentials for the Cloud Billing Catalog); the shipped catalog's "
-                    "GCP machine prices stand"]
+        return [], [
+            "gcp: skipped (no Google credentials for the Cloud Billing Catalog); the shipped catalog's "
+            "GCP machine prices stand"
+        ]
     summed = [m for m in machines if m.machine.split(" + ")[0].strip() in SHAPES and m.gpu_type in GPU_SKU_NAMES]
-    notes = [] if len(summed) == len(machines) else [
-        "gcp: machine types sold whole (A2, A3) are not read from the Cloud Billing Catalog; their shipped prices stand"]
+    notes = (
+        []
+        if len(summed) == len(machines)
+        else [
+            "gcp: machine types sold whole (A2, A3) are not read from the Cloud Billing Catalog; their shipped prices stand"
+        ]
+    )
     try:
         catalog = list(skus(endpoints.get("gcp") or SKUS_URL, access_token(), timeout=timeout))
     except Exception as err:  # noqa: BLE001 - credentials refused, the network, a changed API: one line
@@ -124,8 +137,22 @@ def fetch_gcp(machines: list[MachineTarget], *, now: float, endpoints: Mapping[s
         for capacity in ("on_demand", "spot"):
             usd = machine_price(catalog, machine, capacity)
             if usd is None:
-                notes.append(f"gcp {capacity} {machine.machine} in {machine.region}: a part has no price in the catalog")
+                notes.append(
+                    f"gcp {capacity} {machine.machine} in {machine.region}: a part has no price in the catalog"
+                )
                 continue
-            out.append(FetchedPrice(machine.gpu_type, "gcp", capacity, machine.region, None, machine.machine,
-                                    machine.gpus, usd, now, SOURCE))
+            out.append(
+                FetchedPrice(
+                    machine.gpu_type,
+                    "gcp",
+                    capacity,
+                    machine.region,
+                    None,
+                    machine.machine,
+                    machine.gpus,
+                    usd,
+                    now,
+                    SOURCE,
+                )
+            )
     return out, notes

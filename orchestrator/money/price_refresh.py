@@ -4,6 +4,7 @@
 (``orchestrator.money.prices``), fetches when nothing cached is younger than ``pricing.max_age``
 (``orchestrator.money.price_sources``), and says where the prices came from in one line.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,14 @@ PLAN_TIMEOUT_SECONDS = 5.0  # each connection and read of a refresh the plan mak
 Fetcher = Callable[..., tuple[list[FetchedPrice], list[str]]]
 
 
-def current_catalog(cfg: Any, *, now: Optional[float] = None, refresh: Optional[bool] = None,
-                    fetcher: Optional[Fetcher] = None, store: Any = None) -> tuple[dict[str, Any], str]:
+def current_catalog(
+    cfg: Any,
+    *,
+    now: Optional[float] = None,
+    refresh: Optional[bool] = None,
+    fetcher: Optional[Fetcher] = None,
+    store: Any = None,
+) -> tuple[dict[str, Any], str]:
     """(catalog, provenance line) to price ``cfg``'s job with: the shipped catalog, with the machines the cache in
     ``cfg.storage`` priced within ``pricing.max_age`` at those prices. When nothing cached is fresh and
     ``pricing.refresh`` (default; ``refresh`` overrides it; ``$ORCH_PRICES_OFFLINE=1`` forbids it), the prices are
@@ -81,20 +88,31 @@ def _max_age_seconds(pricing: Any) -> float:
         raise ConfigError(str(err)) from None
 
 
-def refresh_cache(store: Any, shipped: Mapping[str, Any], cached: list[FetchedPrice], *,
-                  fetcher: Optional[Fetcher] = None, now: Optional[float] = None, **options: Any) -> list[FetchedPrice]:
+def refresh_cache(
+    store: Any,
+    shipped: Mapping[str, Any],
+    cached: list[FetchedPrice],
+    *,
+    fetcher: Optional[Fetcher] = None,
+    now: Optional[float] = None,
+    **options: Any,
+) -> list[FetchedPrice]:
     """Fetch current prices for the shipped catalog's machines and cache them beside the old ones; what was
     cached stays (with a warning) when nothing answers or the store refuses the write."""
     if fetcher is None:
         fetcher = fetch_prices
     try:
-        got, notes = fetcher(targets(shipped, options.pop("clouds", CLOUDS), options.pop("regions", None)),
-                             now=now, **options)
+        got, notes = fetcher(
+            targets(shipped, options.pop("clouds", CLOUDS), options.pop("regions", None)), now=now, **options
+        )
     except Exception as err:  # noqa: BLE001 - a fetcher's own bug or an SDK's surprise: prices are advice
         got, notes = [], [f"price fetch failed: {err}"]
     if not got:
-        log.warning("prices: no current prices fetched (%s); keeping %s", "; ".join(notes) or "nothing to price",
-                    "the cached ones" if cached else "the shipped catalog")
+        log.warning(
+            "prices: no current prices fetched (%s); keeping %s",
+            "; ".join(notes) or "nothing to price",
+            "the cached ones" if cached else "the shipped catalog",
+        )
         return cached
     for note in notes[:3]:  # the plan's output stays readable; `orchestrator prices refresh` prints them all
         log.warning("prices: %s", note)

@@ -13,6 +13,7 @@
 Each fetcher returns (prices, notes): a note is a one-line reason some prices are missing; nothing here raises
 for a cloud that does not answer.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,13 @@ AWS_ON_DEMAND_SOURCE = "aws pricing.get_products (Linux, Shared, on-demand)"
 AZURE_SOURCE = "azure Retail Prices API"
 
 
-def fetch_prices(machines: Iterable[MachineTarget], *, now: Optional[float] = None,
-                 endpoints: Optional[Mapping[str, str]] = None,
-                 timeout: float = TIMEOUT_SECONDS) -> tuple[list[FetchedPrice], list[str]]:
+def fetch_prices(
+    machines: Iterable[MachineTarget],
+    *,
+    now: Optional[float] = None,
+    endpoints: Optional[Mapping[str, str]] = None,
+    timeout: float = TIMEOUT_SECONDS,
+) -> tuple[list[FetchedPrice], list[str]]:
     """Current spot and on-demand prices of ``machines`` from each cloud's API. ``endpoints``: {"ec2",
     "pricing", "azure"} URLs in place of the clouds' own (a test's fake server)."""
     now = time.time() if now is None else now
@@ -56,8 +61,12 @@ def fetch_prices(machines: Iterable[MachineTarget], *, now: Optional[float] = No
 def unanswered(machines: Iterable[MachineTarget], got: Iterable[FetchedPrice]) -> list[str]:
     """A note for each machine a cloud that did answer gave no price for (not offered there, or not matched)."""
     priced = {(p.machine, p.region, p.capacity) for p in got}
-    return [f"{m.cloud} {capacity} {m.machine} in {m.region}: no price in the answer; the catalog's stands"
-            for m in machines for capacity in ("spot", "on_demand") if (m.machine, m.region, capacity) not in priced]
+    return [
+        f"{m.cloud} {capacity} {m.machine} in {m.region}: no price in the answer; the catalog's stands"
+        for m in machines
+        for capacity in ("spot", "on_demand")
+        if (m.machine, m.region, capacity) not in priced
+    ]
 
 
 # ---------------------------------------------------------------- AWS
@@ -91,8 +100,9 @@ def by_region(machines: list[MachineTarget]) -> dict[str, list[MachineTarget]]:
     return groups
 
 
-def fetch_aws(machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str],
-              timeout: float) -> tuple[list[FetchedPrice], list[str]]:
+def fetch_aws(
+    machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str], timeout: float
+) -> tuple[list[FetchedPrice], list[str]]:
     prices, notes = [], []
     for region, group in by_region(machines).items():
         try:
@@ -108,15 +118,24 @@ def fetch_aws(machines: list[MachineTarget], *, now: float, endpoints: Mapping[s
     return prices, notes
 
 
-def aws_spot(machines: list[MachineTarget], region: str, *, now: float, endpoint: Optional[str] = None,
-             timeout: float = TIMEOUT_SECONDS) -> list[FetchedPrice]:
+def aws_spot(
+    machines: list[MachineTarget],
+    region: str,
+    *,
+    now: float,
+    endpoint: Optional[str] = None,
+    timeout: float = TIMEOUT_SECONDS,
+) -> list[FetchedPrice]:
     """The spot price in effect in each zone of ``region`` for each machine: the newest entry per zone."""
     client = _aws_client("ec2", region, endpoint, timeout)
     by_type = {m.machine: m for m in machines}
     newest: dict[tuple[str, str], dict] = {}
     pages = client.get_paginator("describe_spot_price_history").paginate(
-        InstanceTypes=sorted(by_type), ProductDescriptions=["Linux/UNIX"],
-        StartTime=datetime.fromtimestamp(now, timezone.utc), PaginationConfig={"MaxItems": 5000})
+        InstanceTypes=sorted(by_type),
+        ProductDescriptions=["Linux/UNIX"],
+        StartTime=datetime.fromtimestamp(now, timezone.utc),
+        PaginationConfig={"MaxItems": 5000},
+    )
     for page in pages:
         for row in page.get("SpotPriceHistory", []):
             key = (row["InstanceType"], row["AvailabilityZone"])
@@ -127,8 +146,20 @@ def aws_spot(machines: list[MachineTarget], region: str, *, now: float, endpoint
         machine, usd = by_type.get(instance_type), float(row["SpotPrice"])
         if machine is None or not usd > 0:
             continue
-        out.append(FetchedPrice(machine.gpu_type, "aws", "spot", region, zone, instance_type, machine.gpus, usd,
-                                now, f"{AWS_SPOT_SOURCE} of {row['Timestamp'].strftime('%Y-%m-%d %H:%M')}Z"))
+        out.append(
+            FetchedPrice(
+                machine.gpu_type,
+                "aws",
+                "spot",
+                region,
+                zone,
+                instance_type,
+                machine.gpus,
+                usd,
+                now,
+                f"{AWS_SPOT_SOURCE} of {row['Timestamp'].strftime('%Y-%m-%d %H:%M')}Z",
+            )
+        )
     return out
 
 
@@ -142,21 +173,47 @@ def aws_location(region: str) -> str:
     raise ValueError(f"unknown AWS region {region!r}")
 
 
-def aws_on_demand(machines: list[MachineTarget], region: str, *, now: float, endpoint: Optional[str] = None,
-                  timeout: float = TIMEOUT_SECONDS) -> list[FetchedPrice]:
+def aws_on_demand(
+    machines: list[MachineTarget],
+    region: str,
+    *,
+    now: float,
+    endpoint: Optional[str] = None,
+    timeout: float = TIMEOUT_SECONDS,
+) -> list[FetchedPrice]:
     client = _aws_client("pricing", AWS_PRICING_REGION, endpoint, timeout)
     location, out = aws_location(region), []
     for machine in machines:
-        filters = [{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
-            ("instanceType", machine.machine), ("location", location), ("operatingSystem", "Linux"),
-            ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]
+        filters = [
+            {"Type": "TERM_MATCH", "Field": field, "Value": value}
+            for field, value in (
+                ("instanceType", machine.machine),
+                ("location", location),
+                ("operatingSystem", "Linux"),
+                ("tenancy", "Shared"),
+                ("preInstalledSw", "NA"),
+                ("capacitystatus", "Used"),
+            )
+        ]
         usd = []
         for page in client.get_paginator("get_products").paginate(ServiceCode="AmazonEC2", Filters=filters):
             for product in page.get("PriceList", []):
                 usd += on_demand_usd(json.loads(product) if isinstance(product, str) else product)
         if usd:  # several SKUs (license models) may match: the plain Linux one is the cheapest
-            out.append(FetchedPrice(machine.gpu_type, "aws", "on_demand", region, None, machine.machine,
-                                    machine.gpus, min(usd), now, AWS_ON_DEMAND_SOURCE))
+            out.append(
+                FetchedPrice(
+                    machine.gpu_type,
+                    "aws",
+                    "on_demand",
+                    region,
+                    None,
+                    machine.machine,
+                    machine.gpus,
+                    min(usd),
+                    now,
+                    AWS_ON_DEMAND_SOURCE,
+                )
+            )
     return out
 
 
@@ -179,13 +236,15 @@ def on_demand_usd(product: Mapping[str, Any]) -> list[float]:
 # ---------------------------------------------------------------- Azure
 
 
-def fetch_azure(machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str],
-                timeout: float) -> tuple[list[FetchedPrice], list[str]]:
+def fetch_azure(
+    machines: list[MachineTarget], *, now: float, endpoints: Mapping[str, str], timeout: float
+) -> tuple[list[FetchedPrice], list[str]]:
     prices, notes = [], []
     for region, group in by_region(machines).items():
         try:
-            prices += azure_prices(group, region, now=now, url=endpoints.get("azure") or AZURE_RETAIL_URL,
-                                   timeout=timeout)
+            prices += azure_prices(
+                group, region, now=now, url=endpoints.get("azure") or AZURE_RETAIL_URL, timeout=timeout
+            )
         except Exception as err:  # noqa: BLE001 - the network, a proxy, a changed API: one line
             notes.append(f"azure in {region}: {type(err).__name__}: {str(err)[:200]}")
     return prices, notes
@@ -193,15 +252,18 @@ def fetch_azure(machines: list[MachineTarget], *, now: float, endpoints: Mapping
 
 def azure_query(skus: Iterable[str], region: str) -> str:
     names = " or ".join(f"armSkuName eq '{sku}'" for sku in sorted(skus))
-    return (f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' and priceType eq 'Consumption' "
-            f"and ({names})")
+    return (
+        f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' and priceType eq 'Consumption' "
+        f"and ({names})"
+    )
 
 
 def azure_items(url: str, *, timeout: float) -> Iterable[Mapping[str, Any]]:
     """Every item of a Retail Prices query, following ``NextPageLink`` (at most MAX_PAGES pages)."""
     for _ in range(MAX_PAGES):
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "application/json"}),
-                                    timeout=timeout) as answer:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers={"Accept": "application/json"}), timeout=timeout
+        ) as answer:
             page = json.loads(answer.read())
         if not isinstance(page, dict) or not isinstance(page.get("Items"), list):
             raise ValueError("the answer has no Items list")
@@ -222,8 +284,14 @@ def azure_capacity(item: Mapping[str, Any]) -> Optional[str]:
     return "spot" if "Spot" in sku else "on_demand"
 
 
-def azure_prices(machines: list[MachineTarget], region: str, *, now: float, url: str = AZURE_RETAIL_URL,
-                 timeout: float = TIMEOUT_SECONDS) -> list[FetchedPrice]:
+def azure_prices(
+    machines: list[MachineTarget],
+    region: str,
+    *,
+    now: float,
+    url: str = AZURE_RETAIL_URL,
+    timeout: float = TIMEOUT_SECONDS,
+) -> list[FetchedPrice]:
     by_sku = {m.machine: m for m in machines}
     # "$filter" as the API documents it (a literal $), its OData expression percent-encoded
     query = url + ("&" if "?" in url else "?") + "$filter=" + urllib.parse.quote(azure_query(by_sku, region))
@@ -241,6 +309,18 @@ def azure_prices(machines: list[MachineTarget], region: str, *, now: float, url:
     out = []
     for (sku, capacity), (start, usd) in sorted(best.items()):
         machine = by_sku[sku]
-        out.append(FetchedPrice(machine.gpu_type, "azure", capacity, region, None, sku, machine.gpus, usd, now,
-                                f"{AZURE_SOURCE} (effective {start[:10] or '?'})"))
+        out.append(
+            FetchedPrice(
+                machine.gpu_type,
+                "azure",
+                capacity,
+                region,
+                None,
+                sku,
+                machine.gpus,
+                usd,
+                now,
+                f"{AZURE_SOURCE} (effective {start[:10] or '?'})",
+            )
+        )
     return out

@@ -12,6 +12,7 @@ those (``overlay``: the median of the region's zones), plus the line ``provenanc
 came from and how old they are. The cache is untrusted input: ``decode_cache`` checks every field, and a bad
 cache is ignored with a warning.
 """
+
 from __future__ import annotations
 
 import copy
@@ -65,8 +66,9 @@ class MachineTarget:
     region: str
 
 
-def targets(catalog: Mapping[str, Any], clouds: Iterable[str] = CLOUDS,
-            regions: Optional[Iterable[str]] = None) -> list[MachineTarget]:
+def targets(
+    catalog: Mapping[str, Any], clouds: Iterable[str] = CLOUDS, regions: Optional[Iterable[str]] = None
+) -> list[MachineTarget]:
     """The machines the shipped catalog names for ``clouds``, in their catalog region or each of ``regions``."""
     wanted, out = set(clouds), []
     for gpu_type, entry in catalog.items():
@@ -74,7 +76,7 @@ def targets(catalog: Mapping[str, Any], clouds: Iterable[str] = CLOUDS,
             quoted = figures.get("on_demand") or {}
             if cloud not in wanted or not quoted.get("machine") or not int(quoted.get("gpus") or 0):
                 continue
-            for region in (list(regions) if regions else [str(quoted.get("region"))]):
+            for region in list(regions) if regions else [str(quoted.get("region"))]:
                 out.append(MachineTarget(str(gpu_type), cloud, str(quoted["machine"]), int(quoted["gpus"]), region))
     return out
 
@@ -137,7 +139,11 @@ def decode_cache(raw: bytes, *, now: Optional[float] = None) -> list[FetchedPric
         problem = _entry_problem(raw_entry, now)
         if problem:
             raise ValueError(problem)
-        fields: dict[str, Any] = {**raw_entry, "fetched_at": _epoch(raw_entry["fetched_at"]), "usd_per_hour": float(raw_entry["usd_per_hour"])}
+        fields: dict[str, Any] = {
+            **raw_entry,
+            "fetched_at": _epoch(raw_entry["fetched_at"]),
+            "usd_per_hour": float(raw_entry["usd_per_hour"]),
+        }
         known: dict[str, Any] = {k: fields.get(k) for k in FetchedPrice.__dataclass_fields__}
         out.append(FetchedPrice(**known))
     return out
@@ -155,8 +161,11 @@ def read_cache(store: Any, *, now: Optional[float] = None) -> list[FetchedPrice]
     try:
         return decode_cache(raw, now=now)
     except ValueError as err:
-        log.warning("prices: ignoring the cached prices at %s: %s; `orchestrator prices refresh` rewrites it",
-                    store.get_uri(CACHE_KEY), err)
+        log.warning(
+            "prices: ignoring the cached prices at %s: %s; `orchestrator prices refresh` rewrites it",
+            store.get_uri(CACHE_KEY),
+            err,
+        )
         return []
 
 
@@ -197,12 +206,20 @@ def overlay(catalog: Mapping[str, Any], prices: Iterable[FetchedPrice], now: flo
         machine_usd = statistics.median(p.usd_per_hour for p in found)
         low, high = min(p.usd_per_hour for p in found), max(p.usd_per_hour for p in found)
         first, newest = found[0], max(p.fetched_at for p in found)
-        where = f"median of {len(found)} zones (${low:.4g}-${high:.4g})" if len(found) > 1 else (first.zone or first.region)
-        figures[capacity] = {**figures.get(capacity, {}), "usd": machine_usd / first.gpus, "machine_usd": machine_usd,
-                             "machine": first.machine, "gpus": first.gpus, "region": first.region,
-                             "as_of": iso(newest), "basis": "whole machine: fetched instance price",
-                             "source": f"{first.source}, {first.machine} {first.region}: {where}, fetched "
-                                       f"{_ago(now - newest)}"}
+        where = (
+            f"median of {len(found)} zones (${low:.4g}-${high:.4g})" if len(found) > 1 else (first.zone or first.region)
+        )
+        figures[capacity] = {
+            **figures.get(capacity, {}),
+            "usd": machine_usd / first.gpus,
+            "machine_usd": machine_usd,
+            "machine": first.machine,
+            "gpus": first.gpus,
+            "region": first.region,
+            "as_of": iso(newest),
+            "basis": "whole machine: fetched instance price",
+            "source": f"{first.source}, {first.machine} {first.region}: {where}, fetched {_ago(now - newest)}",
+        }
     return out
 
 
@@ -218,8 +235,13 @@ def _ago(seconds: float) -> str:
 
 def shipped_as_of(catalog: Mapping[str, Any]) -> Optional[str]:
     """The oldest ``as_of`` of the shipped catalog's prices (YYYY-MM or a date), None when it states none."""
-    dates = [str(q["as_of"]) for e in catalog.values() for f in (e.get("clouds") or {}).values()
-             for q in f.values() if isinstance(q, dict) and q.get("as_of")]
+    dates = [
+        str(q["as_of"])
+        for e in catalog.values()
+        for f in (e.get("clouds") or {}).values()
+        for q in f.values()
+        if isinstance(q, dict) and q.get("as_of")
+    ]
     return min(dates) if dates else None
 
 
@@ -229,8 +251,9 @@ def shipped_age_days(as_of: str, now: float) -> Optional[int]:
     return None if when is None else max(0, int((now - when) // 86400))
 
 
-def provenance(shipped: Mapping[str, Any], used: Iterable[FetchedPrice], now: float, *,
-               name: str = "shipped catalog") -> str:
+def provenance(
+    shipped: Mapping[str, Any], used: Iterable[FetchedPrice], now: float, *, name: str = "shipped catalog"
+) -> str:
     """The plan's line on where its prices come from: ``prices: fetched 12 min ago from aws`` or ``prices:
     shipped catalog of 2025-06, 550 days old`` (``name``: a catalog of one's own, ``$ORCH_PRICING_FILE``)."""
     used = list(used)

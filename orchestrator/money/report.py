@@ -21,6 +21,7 @@ uninterrupted on-demand run of the same steps
 work count against spot. A SIGKILLed attempt's progress is known only up to
 its last heartbeat or checkpoint, so lost work is a lower bound.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -38,8 +39,13 @@ def estimated_tokens_per_step(cfg: Any) -> int:
     """Upper bound on the tokens in one optimizer step (every sequence padded to data.max_length)."""
     world = configured_world_size(cfg)
     sequences = 2 if cfg.recipe.name == "dpo" else 1
-    return (int(cfg.train.per_device_batch_size) * int(cfg.train.gradient_accumulation_steps) * world
-            * int(cfg.data.max_length) * sequences)
+    return (
+        int(cfg.train.per_device_batch_size)
+        * int(cfg.train.gradient_accumulation_steps)
+        * world
+        * int(cfg.data.max_length)
+        * sequences
+    )
 
 
 def rollouts_per_step(cfg: Any) -> float:
@@ -47,7 +53,9 @@ def rollouts_per_step(cfg: Any) -> float:
     ``recipe.num_iterations`` (each generation batch is trained on that many times); 0 for other recipes."""
     if cfg.recipe.name != "grpo":
         return 0.0
-    rows = int(cfg.train.per_device_batch_size) * int(cfg.train.gradient_accumulation_steps) * configured_world_size(cfg)
+    rows = (
+        int(cfg.train.per_device_batch_size) * int(cfg.train.gradient_accumulation_steps) * configured_world_size(cfg)
+    )
     return rows / max(1, int(cfg.recipe.num_iterations))
 
 
@@ -94,8 +102,15 @@ class JobFigures:
         rollouts_per_step: GRPO's (``rollouts_per_step``), for ``usd_per_1k_rollouts``; 0 for other recipes.
     """
 
-    def __init__(self, price: costs.Price, prior_attempts: Iterable[AttemptEntry], *, step_at_start: int,
-                 fallback_tokens_per_step: int, rollouts_per_step: float = 0.0):
+    def __init__(
+        self,
+        price: costs.Price,
+        prior_attempts: Iterable[AttemptEntry],
+        *,
+        step_at_start: int,
+        fallback_tokens_per_step: int,
+        rollouts_per_step: float = 0.0,
+    ):
         self.price = price
         self.rollouts_per_step = float(rollouts_per_step)
         self.prior_attempts = list(prior_attempts)
@@ -122,21 +137,35 @@ class JobFigures:
     def tokens_per_step(self) -> float:
         return self.measured_tokens_per_step or float(self.fallback_tokens_per_step)
 
-    def uninterrupted_on_demand_usd(self, attempt_cost_usd: float, seconds_per_step: Optional[float]) -> Optional[float]:
+    def uninterrupted_on_demand_usd(
+        self, attempt_cost_usd: float, seconds_per_step: Optional[float]
+    ) -> Optional[float]:
         """The spot baseline (``cost.uninterrupted_on_demand_usd``); this attempt's seconds are its cost
         over the price paid. None when they or the step time are unknown."""
         paid = self.price.usd_per_hour_total
         if paid <= 0:
             return None
         return costs.uninterrupted_on_demand_usd(
-            attempt_seconds=attempt_cost_usd / paid * SECONDS_PER_HOUR, step_at_start=self.step_at_start,
-            seconds_per_step=seconds_per_step, on_demand_usd_per_hour=self.price.on_demand_usd_per_hour_total)
+            attempt_seconds=attempt_cost_usd / paid * SECONDS_PER_HOUR,
+            step_at_start=self.step_at_start,
+            seconds_per_step=seconds_per_step,
+            on_demand_usd_per_hour=self.price.on_demand_usd_per_hour_total,
+        )
 
-    def figures(self, *, step: int, attempt_cost_usd: float, attempt_gpu_hours: float,
-                mean_step_seconds: Optional[float] = None, window_step_seconds: Optional[float] = None,
-                checkpoint_stall_seconds: float = 0.0, checkpoint_upload_seconds: float = 0.0,
-                total_cost_usd: Optional[float] = None, attempts: Optional[int] = None,
-                preemptions: Optional[int] = None) -> dict[str, float]:
+    def figures(
+        self,
+        *,
+        step: int,
+        attempt_cost_usd: float,
+        attempt_gpu_hours: float,
+        mean_step_seconds: Optional[float] = None,
+        window_step_seconds: Optional[float] = None,
+        checkpoint_stall_seconds: float = 0.0,
+        checkpoint_upload_seconds: float = 0.0,
+        total_cost_usd: Optional[float] = None,
+        attempts: Optional[int] = None,
+        preemptions: Optional[int] = None,
+    ) -> dict[str, float]:
         """The figures at ``step``; ``total_cost_usd``/``attempts``/``preemptions`` override the running ones
         (the worker passes the ledger's when the attempt has ended)."""
         total = self.prior_cost_usd + attempt_cost_usd if total_cost_usd is None else float(total_cost_usd)
@@ -161,8 +190,10 @@ class JobFigures:
         if per_mtok is not None:
             out["usd_per_million_tokens"] = per_mtok
         if self.rollouts_per_step > 0 and step > 0:  # like tokens: a batch regenerated after a kill counts once
-            out.update(rollouts=step * self.rollouts_per_step,
-                       usd_per_1k_rollouts=total / (step * self.rollouts_per_step) * 1000.0)
+            out.update(
+                rollouts=step * self.rollouts_per_step,
+                usd_per_1k_rollouts=total / (step * self.rollouts_per_step) * 1000.0,
+            )
         if window_step_seconds:
             out["tokens_per_second"] = self.tokens_per_step / window_step_seconds
         if mean_step_seconds:
@@ -171,47 +202,98 @@ class JobFigures:
         return out
 
     def lost_work(self, step: int, seconds_per_step: float) -> costs.LostWork:
-        steps = [{"checkpoint_step_at_start": a.checkpoint_step_at_start, "step_end": a.step_end}
-                 for a in self.prior_attempts]
+        steps = [
+            {"checkpoint_step_at_start": a.checkpoint_step_at_start, "step_end": a.step_end}
+            for a in self.prior_attempts
+        ]
         current = {"checkpoint_step_at_start": self.step_at_start, "step_end": step}
-        return costs.lost_work(steps + [current], seconds_per_step=seconds_per_step,
-                               usd_per_hour=self.price.usd_per_hour_total)
+        return costs.lost_work(
+            steps + [current], seconds_per_step=seconds_per_step, usd_per_hour=self.price.usd_per_hour_total
+        )
 
 
-def build_report(*, job: str, status: str, ledger: LedgerRecord, price: costs.Price, figures: Mapping[str, float],
-                 quality_metric: str, quality: Optional[float], tokens_per_step: float,
-                 tokens_measured: bool, quality_before: Optional[float] = None) -> dict:
+def build_report(
+    *,
+    job: str,
+    status: str,
+    ledger: LedgerRecord,
+    price: costs.Price,
+    figures: Mapping[str, float],
+    quality_metric: str,
+    quality: Optional[float],
+    tokens_per_step: float,
+    tokens_measured: bool,
+    quality_before: Optional[float] = None,
+) -> dict:
     """The cost report (JSON-ready): price, each attempt, totals, lost work, savings, checkpointing, quality.
     ``ledger``: the job's ledger, decoded (``LedgerRecord.decode``)."""
     attempts = [
-        {"fence": a.fence, "exit_class": a.exit_class, "host": a.host, "duration_s": round(entry_seconds(a), 3),
-         "cost_usd": a.cost_usd, "checkpoint_step_at_start": a.checkpoint_step_at_start, "step_end": a.step_end,
-         "spot": a.spot, "instance_type": a.instance_type, "zone": a.zone, "zone_usd_per_hour": a.zone_usd_per_hour,
-         "zone_reason": a.zone_reason}
+        {
+            "fence": a.fence,
+            "exit_class": a.exit_class,
+            "host": a.host,
+            "duration_s": round(entry_seconds(a), 3),
+            "cost_usd": a.cost_usd,
+            "checkpoint_step_at_start": a.checkpoint_step_at_start,
+            "step_end": a.step_end,
+            "spot": a.spot,
+            "instance_type": a.instance_type,
+            "zone": a.zone,
+            "zone_usd_per_hour": a.zone_usd_per_hour,
+            "zone_reason": a.zone_reason,
+        }
         for a in ledger.attempts
     ]
     get = figures.get
     return {
         "job": job,
         "status": status,
-        "price": {"usd_per_hour": price.usd_per_hour_total, "on_demand_usd_per_hour": price.on_demand_usd_per_hour_total,
-                  "spot": price.spot, "cloud": price.cloud, "gpus": price.gpus, "source": price.source},
+        "price": {
+            "usd_per_hour": price.usd_per_hour_total,
+            "on_demand_usd_per_hour": price.on_demand_usd_per_hour_total,
+            "spot": price.spot,
+            "cloud": price.cloud,
+            "gpus": price.gpus,
+            "source": price.source,
+        },
         "attempts": attempts,
         "zones": [asdict(z) for z in zone_costs(ledger.attempts)],
-        "totals": {"cost_usd": get("cost_usd"), "gpu_hours": get("gpu_hours"), "attempts": len(attempts),
-                   "preemptions": get("preemptions"), "steps": ledger.step,
-                   "tokens_trained": get("tokens_trained"), "tokens_per_step": tokens_per_step,
-                   "tokens_counted": "trainer num_tokens" if tokens_measured else "batch x grad-accum x world x max_length",
-                   "usd_per_step": get("usd_per_step"), "usd_per_million_tokens": get("usd_per_million_tokens"),
-                   "rollouts": get("rollouts"), "usd_per_1k_rollouts": get("usd_per_1k_rollouts")},
-        "lost_work": {"steps": get("lost_work_steps"), "seconds": get("lost_work_seconds"), "usd": get("lost_work_usd")},
-        "spot": {"on_demand_cost_usd": get("on_demand_cost_usd"), "savings_usd": get("spot_savings_usd"),
-                 "ran_on_spot": price.spot or any(a.spot for a in ledger.attempts)},
-        "checkpointing_this_attempt": {"stall_s": get("attempt_checkpoint_stall_s"),
-                                       "upload_s": get("attempt_checkpoint_upload_s")},
+        "totals": {
+            "cost_usd": get("cost_usd"),
+            "gpu_hours": get("gpu_hours"),
+            "attempts": len(attempts),
+            "preemptions": get("preemptions"),
+            "steps": ledger.step,
+            "tokens_trained": get("tokens_trained"),
+            "tokens_per_step": tokens_per_step,
+            "tokens_counted": "trainer num_tokens" if tokens_measured else "batch x grad-accum x world x max_length",
+            "usd_per_step": get("usd_per_step"),
+            "usd_per_million_tokens": get("usd_per_million_tokens"),
+            "rollouts": get("rollouts"),
+            "usd_per_1k_rollouts": get("usd_per_1k_rollouts"),
+        },
+        "lost_work": {
+            "steps": get("lost_work_steps"),
+            "seconds": get("lost_work_seconds"),
+            "usd": get("lost_work_usd"),
+        },
+        "spot": {
+            "on_demand_cost_usd": get("on_demand_cost_usd"),
+            "savings_usd": get("spot_savings_usd"),
+            "ran_on_spot": price.spot or any(a.spot for a in ledger.attempts),
+        },
+        "checkpointing_this_attempt": {
+            "stall_s": get("attempt_checkpoint_stall_s"),
+            "upload_s": get("attempt_checkpoint_upload_s"),
+        },
         "evaluation_this_attempt": {"seconds": get("attempt_evaluation_s"), "usd": get("attempt_evaluation_usd")},
-        "quality": {"metric": quality_metric, "value": quality, "before": quality_before,
-                    "gain_points": get("quality_gain_points"), "usd_per_point": get("usd_per_quality_point")},
+        "quality": {
+            "metric": quality_metric,
+            "value": quality,
+            "before": quality_before,
+            "gain_points": get("quality_gain_points"),
+            "usd_per_point": get("usd_per_quality_point"),
+        },
     }
 
 
@@ -258,6 +340,7 @@ def zone_lines(zones: Iterable[ZoneCost]) -> list[str]:
 
 def format_report(report: Mapping[str, Any]) -> str:
     """The report as a short plain-text table."""
+
     def num(value, fmt="{:.4f}") -> str:
         return "-" if value is None else fmt.format(value)
 
@@ -271,8 +354,9 @@ def format_report(report: Mapping[str, Any]) -> str:
     ]
     for a in report["attempts"]:
         steps = f"{a['checkpoint_step_at_start']}->{a['step_end']}"
-        lines.append(f"{a['fence']!s:>7}  {a['exit_class']!s:<16}  {a['duration_s']:>10.1f}  {steps:>13}  "
-                     f"{a['cost_usd']:>10.4f}")
+        lines.append(
+            f"{a['fence']!s:>7}  {a['exit_class']!s:<16}  {a['duration_s']:>10.1f}  {steps:>13}  {a['cost_usd']:>10.4f}"
+        )
     lines += zone_lines(ZoneCost(**z) for z in report.get("zones") or [])
     lines += [
         "",
@@ -280,8 +364,14 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"preemption(s), {num(totals['gpu_hours'])} GPU-hours",
         f"per step: ${num(totals['usd_per_step'], '{:.6f}')}; per million tokens: ${num(totals['usd_per_million_tokens'])} "
         f"({num(totals['tokens_trained'], '{:.0f}')} tokens, counted from {totals['tokens_counted']})",
-        *([f"per 1k rollouts: ${num(totals['usd_per_1k_rollouts'])} ({num(totals['rollouts'], '{:.0f}')} rollouts "
-           "trained on, a batch regenerated after a kill counted once)"] if totals.get("usd_per_1k_rollouts") else []),
+        *(
+            [
+                f"per 1k rollouts: ${num(totals['usd_per_1k_rollouts'])} ({num(totals['rollouts'], '{:.0f}')} rollouts "
+                "trained on, a batch regenerated after a kill counted once)"
+            ]
+            if totals.get("usd_per_1k_rollouts")
+            else []
+        ),
         f"lost work: {num(lost['steps'], '{}')} step(s) redone, {num(lost['seconds'], '{:.1f}')}s, ${num(lost['usd'])}",
         _savings_line(report, num),
         f"checkpointing (this attempt): {num(report['checkpointing_this_attempt']['stall_s'], '{:.2f}')}s training "
@@ -289,13 +379,17 @@ def format_report(report: Mapping[str, Any]) -> str:
     ]
     evaluation = report.get("evaluation_this_attempt") or {}
     if evaluation.get("seconds"):
-        lines.append(f"benchmark evaluation (this attempt, not training): {evaluation['seconds']:.2f}s, "
-                     f"${num(evaluation.get('usd'), '{:.6f}')}")
+        lines.append(
+            f"benchmark evaluation (this attempt, not training): {evaluation['seconds']:.2f}s, "
+            f"${num(evaluation.get('usd'), '{:.6f}')}"
+        )
     quality = report["quality"]
     if quality["value"] is not None:
-        lines.append(f"quality: {quality['metric']}={quality['value']:.4f} (before training: "
-                     f"{num(quality.get('before'))}; gain: {num(quality.get('gain_points'), '{:+.2f}')} points); "
-                     f"${num(quality['usd_per_point'], '{:.6f}')} per point gained")
+        lines.append(
+            f"quality: {quality['metric']}={quality['value']:.4f} (before training: "
+            f"{num(quality.get('before'))}; gain: {num(quality.get('gain_points'), '{:+.2f}')} points); "
+            f"${num(quality['usd_per_point'], '{:.6f}')} per point gained"
+        )
     return "\n".join(lines)
 
 
@@ -303,5 +397,7 @@ def _savings_line(report: Mapping[str, Any], num) -> str:
     spot = report["spot"]
     if not spot.get("ran_on_spot", True):
         return "spot savings: none (an on-demand job)"
-    return (f"spot savings against an uninterrupted on-demand run: ${num(spot['savings_usd'])} "
-            f"(that run: ${num(spot['on_demand_cost_usd'])}; negative: spot cost more)")
+    return (
+        f"spot savings against an uninterrupted on-demand run: ${num(spot['savings_usd'])} "
+        f"(that run: ${num(spot['on_demand_cost_usd'])}; negative: spot cost more)"
+    )

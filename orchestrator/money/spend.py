@@ -34,6 +34,7 @@ An open entry charges ``max(spent, through) - base`` to its month: ``base`` is t
 attempt's spend when the entry opened (an attempt that runs into a new month moves
 what it spent so far into the old month and opens a new entry).
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,10 @@ class SpendIndexCorrupt(BudgetExhausted):
 
 
 def repair_hint(store_uri: str) -> str:
-    return (f"rebuild it from the jobs' ledgers with `orchestrator storage repair-spend {store_uri}` "
-            "(add --endpoint-url for S3-compatible stores)")
+    return (
+        f"rebuild it from the jobs' ledgers with `orchestrator storage repair-spend {store_uri}` "
+        "(add --endpoint-url for S3-compatible stores)"
+    )
 
 
 def decode_index(raw: bytes, where: str, store_uri: str) -> SpendIndexRecord:
@@ -78,9 +81,11 @@ def decode_index(raw: bytes, where: str, store_uri: str) -> SpendIndexRecord:
         problem = f"{err.where}: {err.problem}"
     except (ValueError, UnicodeDecodeError) as err:
         problem = f"it is not JSON ({str(err)[:120]})"
-    raise SpendIndexCorrupt(f"the spend index {where} is unreadable: {problem}. Caps on it "
-                            f"(budget.monthly_max_usd, budget.experiment_max_usd) cannot be checked; "
-                            f"{repair_hint(store_uri)}")
+    raise SpendIndexCorrupt(
+        f"the spend index {where} is unreadable: {problem}. Caps on it "
+        f"(budget.monthly_max_usd, budget.experiment_max_usd) cannot be checked; "
+        f"{repair_hint(store_uri)}"
+    )
 
 
 def parse_index(raw: bytes, where: str, store_uri: str) -> dict:
@@ -148,16 +153,20 @@ class Caps:
         if self.monthly_max_usd is not None:
             total = index.month_usd(month)
             if total >= self.monthly_max_usd - CAP_TOLERANCE_USD:
-                return (f"monthly spend cap reached: jobs under {where} have spent ${total:.4f} in {month} (UTC) of "
-                        f"budget.monthly_max_usd=${self.monthly_max_usd:g} ({index.by_job(month=month)}). Raise "
-                        "budget.monthly_max_usd, or relaunch next month; the job goes on from its last checkpoint")
+                return (
+                    f"monthly spend cap reached: jobs under {where} have spent ${total:.4f} in {month} (UTC) of "
+                    f"budget.monthly_max_usd=${self.monthly_max_usd:g} ({index.by_job(month=month)}). Raise "
+                    "budget.monthly_max_usd, or relaunch next month; the job goes on from its last checkpoint"
+                )
         if self.experiment_max_usd is not None:
             total = index.experiment_usd(self.experiment)
             if total >= self.experiment_max_usd - CAP_TOLERANCE_USD:
-                return (f"experiment spend cap reached: jobs of experiment {self.experiment!r} under {where} have spent "
-                        f"${total:.4f} of budget.experiment_max_usd=${self.experiment_max_usd:g} "
-                        f"({index.by_job(experiment=self.experiment)}). Raise budget.experiment_max_usd to go on "
-                        "from the last checkpoint")
+                return (
+                    f"experiment spend cap reached: jobs of experiment {self.experiment!r} under {where} have spent "
+                    f"${total:.4f} of budget.experiment_max_usd=${self.experiment_max_usd:g} "
+                    f"({index.by_job(experiment=self.experiment)}). Raise budget.experiment_max_usd to go on "
+                    "from the last checkpoint"
+                )
         return None
 
 
@@ -249,11 +258,19 @@ class SpendIndex:
         """Other jobs' reservations whose attempt is gone (``spend_leases``), when a cap makes them matter."""
         if self.caps.monthly_max_usd is None and self.caps.experiment_max_usd is None:
             return {}
-        return dead_holds(self.store, self.record() if index is None else index, own_run=self.caps.run_name,
-                          now=self.clock())
+        return dead_holds(
+            self.store, self.record() if index is None else index, own_run=self.caps.run_name, now=self.clock()
+        )
 
-    def reserve(self, fence: int, spent: float, want_through: float, *,
-                vanished_usd: Optional[dict] = None, hold: Optional[str] = None) -> Grant:
+    def reserve(
+        self,
+        fence: int,
+        spent: float,
+        want_through: float,
+        *,
+        vanished_usd: Optional[dict] = None,
+        hold: Optional[str] = None,
+    ) -> Grant:
         """Record that attempt ``fence`` has spent ``spent`` and ask to spend up to ``want_through``.
 
         One conditional write. Grants what the caps leave room for, never more (at least ``spent``:
@@ -277,13 +294,24 @@ class SpendIndex:
             entry = replace(entry, spent=min(MAX_USD, max(entry.spent, float(spent))))
             # room counts this entry's own charge; what it may add is the room left beyond that
             room = caps.room_usd(index.with_job(caps.run_name, job.with_entry(key, entry)), month)
-            limit = float(want_through) if room is None else min(float(want_through),
-                                                                 max(entry.through, entry.spent) + room)
+            limit = (
+                float(want_through)
+                if room is None
+                else min(float(want_through), max(entry.through, entry.spent) + room)
+            )
             entry = replace(entry, through=min(MAX_USD, max(entry.spent, entry.through, limit)), updated_at=now)
             index = index.with_job(caps.run_name, job.with_entry(key, entry))
-            out[:] = [Grant(entry.through, month, index.month_usd(month), index.experiment_usd(caps.experiment),
-                            caps.refusal(index, month, self.where), index.month_usd(month, held=False),
-                            index.experiment_usd(caps.experiment, held=False))]
+            out[:] = [
+                Grant(
+                    entry.through,
+                    month,
+                    index.month_usd(month),
+                    index.experiment_usd(caps.experiment),
+                    caps.refusal(index, month, self.where),
+                    index.month_usd(month, held=False),
+                    index.experiment_usd(caps.experiment, held=False),
+                )
+            ]
             return index
 
         self.write(change)

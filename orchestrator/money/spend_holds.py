@@ -13,6 +13,7 @@ attempt's entry, counted once). A hold nobody took over is released by its super
 what the child's run cost (its wall time at the attempt's price); one whose supervisor is gone is dead
 (``spend_leases``) and settled at its whole hold: nothing says what its worker spent.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,17 +68,24 @@ def take_hold(index, key: str, ask: HoldAsk) -> Optional[str]:
 
     index.write(change)
     if not why:
-        log.info("spend index %s: held $%.6f for the start-up to come (%.1f s) under %s", index.where, ask.usd,
-                 ask.seconds, key)
+        log.info(
+            "spend index %s: held $%.6f for the start-up to come (%.1f s) under %s",
+            index.where,
+            ask.usd,
+            ask.seconds,
+            key,
+        )
     return why[0] if why else None
 
 
 def _short(index, room: float, ask: HoldAsk) -> str:
-    return (f"spend cap nearly reached: the caps on {index.where} leave ${max(0.0, room):.6f}, less than the "
-            f"start-up an attempt spends before it can stop (${ask.usd:.6f}: {ask.seconds:.1f} s from process start "
-            "to first step: compute.restart_seconds, else the job's last measured, else the start prior), so no "
-            "attempt starts. Raise the cap (budget.monthly_max_usd, budget.experiment_max_usd) to go on from the "
-            "last checkpoint")
+    return (
+        f"spend cap nearly reached: the caps on {index.where} leave ${max(0.0, room):.6f}, less than the "
+        f"start-up an attempt spends before it can stop (${ask.usd:.6f}: {ask.seconds:.1f} s from process start "
+        "to first step: compute.restart_seconds, else the job's last measured, else the start prior), so no "
+        "attempt starts. Raise the cap (budget.monthly_max_usd, budget.experiment_max_usd) to go on from the "
+        "last checkpoint"
+    )
 
 
 def release_hold(index, key: str, spent_usd: float) -> bool:
@@ -109,8 +117,7 @@ class StartHolds:
         restart_seconds: ``compute.restart_seconds`` of the attempt's compute (None: unset).
     """
 
-    def __init__(self, cfg: Any, store: Any, run_name: str, *, usd_per_second: float,
-                 restart_seconds: Optional[float]):
+    def __init__(self, cfg: Any, store: Any, run_name: str, *, usd_per_second: float, restart_seconds: Optional[float]):
         from orchestrator.money.budget import spend_caps
         from orchestrator.money.spend import SpendIndex
         from orchestrator.records.ledger import Ledger

@@ -17,6 +17,7 @@ hold (``spend_holds``: taken by a supervisor before its worker starts, so no att
 supervisor's process no longer exists on this host, or when it is older than ``LEASE_S``; it is settled at its
 whole hold (nothing says what its worker spent before it died).
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,7 @@ def hold_key(number: int, *, host: Optional[str] = None, pid: int) -> str:
 
 def hold_owner(key: str) -> tuple[str, int]:
     """(host, pid) of the supervisor that took hold ``key``; ("", 0) when the key does not say."""
-    host, _, _number = key[len(HOLD_PREFIX):].rpartition(":")
+    host, _, _number = key[len(HOLD_PREFIX) :].rpartition(":")
     host, _, pid = host.rpartition(":")
     return (host, int(pid)) if pid.isdigit() else ("", 0)
 
@@ -116,8 +117,10 @@ def released(index: SpendIndexRecord, dead: dict) -> tuple[SpendIndexRecord, lis
                 continue
             charge = max(0.0, max(float(cost), entry.spent) - entry.base)
             index = index.with_job(run, job.close(fence, charge))
-            said.append(f"{run} fence {fence}: held ${max(entry.through, entry.spent):.6f}, "
-                        f"settled at ${charge + entry.base:.6f}")
+            said.append(
+                f"{run} fence {fence}: held ${max(entry.through, entry.spent):.6f}, "
+                f"settled at ${charge + entry.base:.6f}"
+            )
     return index, said
 
 

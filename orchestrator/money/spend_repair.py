@@ -17,6 +17,7 @@ job refuses to start (exit 3) and this command writes a new one:
 
 The new index replaces the old one by a conditional write, so a job writing meanwhile is not overwritten.
 """
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,13 @@ def _job_entry(ledger: dict, experiment: str, problems: list[str]) -> dict:
             continue
         month = month_of(seen)
         if attempt.get("exit_class") == RUNNING and attempt.get("fence") == newest:
-            job["open"][str(attempt["fence"])] = {"month": month, "base": 0.0, "spent": cost, "through": cost,
-                                                  "updated_at": seen}
+            job["open"][str(attempt["fence"])] = {
+                "month": month,
+                "base": 0.0,
+                "spent": cost,
+                "through": cost,
+                "updated_at": seen,
+            }
         else:
             job["months"][month] = job["months"].get(month, 0.0) + cost
     return job
@@ -126,10 +132,15 @@ def _eval_entry(ledger: dict, experiment: str, problems: list[str]) -> Optional[
             continue
         month = month_of(started + seconds)
         ident = str(bill.get("id", ""))
-        entry = ident[len("eval-"):] if ident.startswith("eval-") and ident[5:].isdigit() else str(int(started * 1000))
+        entry = ident[len("eval-") :] if ident.startswith("eval-") and ident[5:].isdigit() else str(int(started * 1000))
         if bill.get("status") == "running":
-            job["open"][entry] = {"month": month, "base": 0.0, "spent": cost, "through": cost,
-                                  "updated_at": started + seconds}
+            job["open"][entry] = {
+                "month": month,
+                "base": 0.0,
+                "spent": cost,
+                "through": cost,
+                "updated_at": started + seconds,
+            }
         else:
             job["months"][month] = job["months"].get(month, 0.0) + cost
     return job
@@ -157,8 +168,10 @@ def rebuild_index(store: ObjectStore, old_raw: Optional[bytes] = None) -> Repair
         if experiment is None:
             repair.guessed_experiment.append(run)
         problems: list[str] = []
-        entries = {run: _job_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems),
-                   run + EVAL_SUFFIX: _eval_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems)}
+        entries = {
+            run: _job_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems),
+            run + EVAL_SUFFIX: _eval_entry(ledger, experiment or DEFAULT_EXPERIMENT, problems),
+        }
         for name, job in entries.items():
             try:  # what the index's readers decode (a sum past MAX_USD would make the whole index unreadable)
                 if job is not None:
@@ -189,10 +202,14 @@ def repair_spend_index(store: ObjectStore) -> Repair:
 
 def summary(repair: Repair, store: ObjectStore, *, now: float) -> str:
     month = month_of(now)
-    lines = [f"rebuilt {store.get_uri(INDEX_KEY)} from {repair.ledgers} ledger(s): "
-             f"{len(repair.index['jobs'])} job(s), ${month_total_usd(repair.index, month):.4f} in {month} (UTC)"]
+    lines = [
+        f"rebuilt {store.get_uri(INDEX_KEY)} from {repair.ledgers} ledger(s): "
+        f"{len(repair.index['jobs'])} job(s), ${month_total_usd(repair.index, month):.4f} in {month} (UTC)"
+    ]
     if repair.guessed_experiment:
-        lines.append(f"  no experiment recorded for {', '.join(sorted(repair.guessed_experiment))}: counted under "
-                     f"{DEFAULT_EXPERIMENT!r}")
+        lines.append(
+            f"  no experiment recorded for {', '.join(sorted(repair.guessed_experiment))}: counted under "
+            f"{DEFAULT_EXPERIMENT!r}"
+        )
     lines += [f"  skipped {item}" for item in repair.skipped]
     return "\n".join(lines)

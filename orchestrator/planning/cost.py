@@ -14,6 +14,7 @@ A100's and H100's ratio).
 Tokens = max_steps x micro-batch x grad-accum x W x seq (x2 for DPO): real
 tokens with packing, an upper bound (rows padded) without.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,8 +61,9 @@ def flops_per_token(cfg: Any, model_config: Mapping[str, Any]) -> float:
     return float(forward * multiplier)
 
 
-def estimate_cost(cfg: Any, price: Any, tokens_per_second: Optional[float] = None,
-                  model_config: Optional[Mapping[str, Any]] = None) -> CostEstimate:
+def estimate_cost(
+    cfg: Any, price: Any, tokens_per_second: Optional[float] = None, model_config: Optional[Mapping[str, Any]] = None
+) -> CostEstimate:
     """Tokens, hours and USD for ``cfg``'s run at ``price`` (an ``orchestrator.money.cost.Price``).
 
     ``tokens_per_second`` (all GPUs together, e.g. measured in a trial) replaces
@@ -82,8 +84,11 @@ def estimate_cost(cfg: Any, price: Any, tokens_per_second: Optional[float] = Non
         peak = peak16 * share if peak16 else None
         mfu = QLORA_MFU if cfg.recipe.quantization == "nf4" else MFU
         tokens_per_second = W * peak * 1e12 * mfu / fpt if peak else None
-        basis = (f"{W} x {peak:g} {precision} TFLOPs x {mfu:.0%} MFU / {fpt:.3g} FLOPs per token" if peak
-                 else f"no peak TFLOPs known for {cfg.compute.gpu_type!r}; pass a measured tokens/s")
+        basis = (
+            f"{W} x {peak:g} {precision} TFLOPs x {mfu:.0%} MFU / {fpt:.3g} FLOPs per token"
+            if peak
+            else f"no peak TFLOPs known for {cfg.compute.gpu_type!r}; pass a measured tokens/s"
+        )
     hours = tokens / tokens_per_second / 3600 if tokens_per_second else None
     usd = on_demand = None
     if hours is not None and price is not None:
@@ -121,8 +126,9 @@ class GpuOption:
     run_usd: Optional[float]
 
 
-def gpu_types_that_fit(plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], model_config: Mapping[str, Any],
-                       headroom: float = 0.1) -> list[GpuOption]:
+def gpu_types_that_fit(
+    plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], model_config: Mapping[str, Any], headroom: float = 0.1
+) -> list[GpuOption]:
     """Catalog GPU types whose memory holds ``plan``, cheapest run first to the cent, as the plan prints it (then
     cheapest hour: runs that round alike, a tiny job's all $0.00, are not ordered by a difference nobody sees;
     unpriced last), each priced at cfg's GPU count, spot mode and cloud."""
@@ -141,5 +147,10 @@ def gpu_types_that_fit(plan: MemoryPlan, cfg: Any, catalog: Mapping[str, Any], m
         run = estimate_cost(variant, price, model_config=model_config).usd
         options.append(GpuOption(gpu_type, memory, price.usd_per_hour_total if price else None, run))
     inf = float("inf")
-    return sorted(options, key=lambda o: (round(o.run_usd, 2) if o.run_usd is not None else inf,
-                                          o.usd_per_hour_total if o.usd_per_hour_total is not None else inf))
+    return sorted(
+        options,
+        key=lambda o: (
+            round(o.run_usd, 2) if o.run_usd is not None else inf,
+            o.usd_per_hour_total if o.usd_per_hour_total is not None else inf,
+        ),
+    )

@@ -7,6 +7,7 @@
   once (``per_device_batch_size x steps_per_generation``) at full length: 2 x layers x kv_dim x length x
   sequences, in the compute dtype. vLLM (``recipe.use_vllm``) keeps its own cache in its memory share.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping

@@ -68,6 +68,7 @@ divide nothing. distributed.cpu_offload (zero2/zero3/fsdp) moves optimizer
 states and master weights to CPU RAM. A GPU also holds ~1 GB of CUDA context and
 library workspaces (``RUNTIME_OVERHEAD_BYTES``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -105,8 +106,16 @@ COMPONENT_LABELS = {
 }
 
 
-def activation_bytes(config: Mapping[str, Any], seq_len: int, micro_batch: int, dtype_bytes: int,
-                     checkpointing: bool, *, attention: Optional[str] = None, padding_free: bool = False) -> int:
+def activation_bytes(
+    config: Mapping[str, Any],
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int,
+    checkpointing: bool,
+    *,
+    attention: Optional[str] = None,
+    padding_free: bool = False,
+) -> int:
     """Activations kept for backward on one GPU (formula in the module docstring).
 
     ``attention``: ``model.attn_implementation`` (None: sdpa); ``padding_free``: the batch is one
@@ -184,8 +193,10 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
 
     c, trainable = _model_state(cfg, model_config, params)
     if train_options.OPTIMIZERS.get(str(train.optim), train_options.OPTIMIZERS["adamw_torch"]).eight_bit:
-        notes.append(f"train.optim={train.optim} keeps 8-bit states; bitsandbytes keeps 32-bit ones for tensors "
-                     f"under {train_options.BNB_MIN_8BIT_SIZE} elements (counted here as 8-bit).")
+        notes.append(
+            f"train.optim={train.optim} keeps 8-bit states; bitsandbytes keeps 32-bit ones for tensors "
+            f"under {train_options.BNB_MIN_8BIT_SIZE} elements (counted here as 8-bit)."
+        )
 
     offload = _shard(c, sharding, W, bool(cfg.distributed.cpu_offload), notes)
 
@@ -200,10 +211,19 @@ def estimate_memory(cfg: Any, model_config: Optional[Mapping[str, Any]] = None) 
         c["runtime"] = RUNTIME_OVERHEAD_BYTES
     components = {k: int(round(c[k])) for k in COMPONENT_LABELS if k in c and c[k]}
     return MemoryPlan(
-        components=components, params=params, trainable_params=trainable, world_size=W, sharding=sharding,
-        dtype=dtype, checkpointing=ckpt, activations_alternative=int(alternative), cpu_offload_bytes=int(offload),
+        components=components,
+        params=params,
+        trainable_params=trainable,
+        world_size=W,
+        sharding=sharding,
+        dtype=dtype,
+        checkpointing=ckpt,
+        activations_alternative=int(alternative),
+        cpu_offload_bytes=int(offload),
         tokens_per_step=sequences * plan_grpo.sequence_length(cfg) * int(train.gradient_accumulation_steps) * W,
-        optim=str(train.optim), describe=_describe(cfg, params, trainable), notes=notes,
+        optim=str(train.optim),
+        describe=_describe(cfg, params, trainable),
+        notes=notes,
         nodes=1 if sharding == "none" else max(1, int(cfg.distributed.nodes)),
     )
 
@@ -218,8 +238,7 @@ def _checked_dtype(cfg: Any) -> str:
     return dtype
 
 
-def _model_state(cfg: Any, model_config: Mapping[str, Any],
-                 params: Mapping[str, int]) -> tuple[dict[str, float], int]:
+def _model_state(cfg: Any, model_config: Mapping[str, Any], params: Mapping[str, int]) -> tuple[dict[str, float], int]:
     """Bytes of the weights, reference model, adapters, gradients, master weights, optimizer states and autocast
     copies (unsharded), and the trainable parameter count."""
     recipe = cfg.recipe
@@ -227,7 +246,9 @@ def _model_state(cfg: Any, model_config: Mapping[str, Any],
     full, nf4 = recipe.peft == "full", recipe.quantization == "nf4"
     c: dict[str, float] = {}
     if nf4:
-        c["weights"] = params["linear_weights"] * NF4_BITS_PER_PARAM / 8 + (params["total"] - params["linear_weights"]) * width
+        c["weights"] = (
+            params["linear_weights"] * NF4_BITS_PER_PARAM / 8 + (params["total"] - params["linear_weights"]) * width
+        )
         c["quant_constants"] = params["linear_weights"] * NF4_CONSTANT_BITS_PER_PARAM / 8
     else:
         c["weights"] = params["total"] * width
@@ -245,15 +266,26 @@ def _model_state(cfg: Any, model_config: Mapping[str, Any],
     c["optimizer"] = trainable * train_options.optimizer_state_bytes(cfg.train.optim)
     compute = compute_width(cfg)
     if compute < width and not nf4:  # float32 weights under autocast: a 16-bit copy of each matmul weight
-        c["autocast_copies"] = (params["total"] - params["embeddings"] - params["norms"]
-                                + (d_vocab_h(model_config) if not params["lm_head"] else 0)) * compute
+        c["autocast_copies"] = (
+            params["total"]
+            - params["embeddings"]
+            - params["norms"]
+            + (d_vocab_h(model_config) if not params["lm_head"] else 0)
+        ) * compute
     return c, trainable
 
 
 def _activations(cfg: Any, model_config: Mapping[str, Any], sequences: int, compute: int, checkpointing: bool) -> int:
     """:func:`activation_bytes` for ``cfg``'s sequence length, attention and padding-free batches."""
-    return activation_bytes(model_config, plan_grpo.sequence_length(cfg), sequences, compute, checkpointing,
-                            attention=cfg.model.attn_implementation, padding_free=train_options.padding_free(cfg))
+    return activation_bytes(
+        model_config,
+        plan_grpo.sequence_length(cfg),
+        sequences,
+        compute,
+        checkpointing,
+        attention=cfg.model.attn_implementation,
+        padding_free=train_options.padding_free(cfg),
+    )
 
 
 def _describe(cfg: Any, params: Mapping[str, int], trainable: int) -> str:
@@ -262,9 +294,12 @@ def _describe(cfg: Any, params: Mapping[str, int], trainable: int) -> str:
     full, nf4 = recipe.peft == "full", recipe.quantization == "nf4"
     method = "full fine-tune" if full else ("QLoRA (NF4 base + LoRA)" if nf4 else "LoRA")
     precision = "" if str(train.mixed_precision) == "no" else f" + {train.mixed_precision} mixed precision"
-    return (f"{recipe.name} / {method} on {cfg.model.name_or_path} ({cfg.model.preset}), "
-            f"{cfg.model.dtype}{precision}, {train.optim}, "
-            f"{_count(params['total'])} params, trainable {_count(trainable)} ({100 * trainable / params['total']:.3g}%)")
+    return (
+        f"{recipe.name} / {method} on {cfg.model.name_or_path} ({cfg.model.preset}), "
+        f"{cfg.model.dtype}{precision}, {train.optim}, "
+        f"{_count(params['total'])} params, trainable {_count(trainable)} ({100 * trainable / params['total']:.3g}%)"
+    )
+
 
 def d_vocab_h(model_config: Mapping[str, Any]) -> int:
     d = _dims(model_config)
@@ -276,14 +311,20 @@ def _packing_notes(cfg: Any) -> list[str]:
     if cfg.recipe.name == "dpo":
         return []
     if not t.packing:
-        return ["tokens per step count every row at data.max_length, an upper bound on real tokens (rows are "
-                "padded); train.packing=true fills rows with real tokens."]
-    notes = [f"train.packing ({t.packing_strategy}): rows hold up to data.max_length real tokens, so tokens per "
-             "step are real tokens."]
+        return [
+            "tokens per step count every row at data.max_length, an upper bound on real tokens (rows are "
+            "padded); train.packing=true fills rows with real tokens."
+        ]
+    notes = [
+        f"train.packing ({t.packing_strategy}): rows hold up to data.max_length real tokens, so tokens per "
+        "step are real tokens."
+    ]
     flash = str(cfg.model.attn_implementation) in train_options.FLASH_ATTENTION
     if train_options.padding_free(cfg) and not flash:
-        notes.append("padding-free batches under sdpa/eager attend over the whole flattened micro-batch "
-                     "(b x s tokens, masked): b times the attention FLOPs of flash_attention_2's per-example kernels.")
+        notes.append(
+            "padding-free batches under sdpa/eager attend over the whole flattened micro-batch "
+            "(b x s tokens, masked): b times the attention FLOPs of flash_attention_2's per-example kernels."
+        )
     return notes
 
 

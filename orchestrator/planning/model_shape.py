@@ -1,6 +1,7 @@
 """A model's shape from its ``config.json`` alone: reading the config (local folder, hub, shipped preset) and
 counting parameters by part, LoRA adapters included. The planner's assumptions are in ``orchestrator.planning.memory``'s
 docstring (a Llama-style decoder)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,6 @@ ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 
 
-
-
 def tiny_llama_config(model_cfg: Any) -> dict:
     """config.json fields of ``builtin:tiny-llama`` from a ``model`` config.
 
@@ -28,12 +27,14 @@ def tiny_llama_config(model_cfg: Any) -> dict:
     """
     from recipes.tiny import tiny_llama_config as build_spec
 
-    return build_spec(int(model_cfg.hidden_size), int(model_cfg.num_layers), int(model_cfg.num_heads),
-                      int(model_cfg.vocab_size))
+    return build_spec(
+        int(model_cfg.hidden_size), int(model_cfg.num_layers), int(model_cfg.num_heads), int(model_cfg.vocab_size)
+    )
 
 
-def load_model_config(name_or_path: str, preset: str = "custom", *, model_cfg: Any = None,
-                      timeout_seconds: float = HUB_TIMEOUT_SECONDS) -> dict:
+def load_model_config(
+    name_or_path: str, preset: str = "custom", *, model_cfg: Any = None, timeout_seconds: float = HUB_TIMEOUT_SECONDS
+) -> dict:
     """The model's config.json as a dict, without downloading weights.
 
     ``builtin:tiny-llama``: computed by :func:`tiny_llama_config` from ``model_cfg``
@@ -60,8 +61,12 @@ def load_model_config(name_or_path: str, preset: str = "custom", *, model_cfg: A
         reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
     shipped = PRESETS_DIR / f"{preset}.json"
     if shipped.is_file():
-        log.warning("plan: no config.json for %s from the hub (%s); using the shipped presets/%s", name_or_path, reason,
-                    shipped.name)
+        log.warning(
+            "plan: no config.json for %s from the hub (%s); using the shipped presets/%s",
+            name_or_path,
+            reason,
+            shipped.name,
+        )
         return json.loads(shipped.read_text())
     known = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.json")))
     raise ConfigError(
@@ -109,16 +114,31 @@ def _dims(config: Mapping[str, Any]) -> dict:
         ) from None
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or h // heads)
-    return {"h": h, "layers": layers, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
-            "inter": inter, "vocab": vocab, "q_dim": heads * head_dim, "kv_dim": kv_heads * head_dim}
+    return {
+        "h": h,
+        "layers": layers,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "inter": inter,
+        "vocab": vocab,
+        "q_dim": heads * head_dim,
+        "kv_dim": kv_heads * head_dim,
+    }
 
 
 def projection_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of each linear projection in one decoder layer."""
     d = _dims(config)
-    return {"q_proj": (d["h"], d["q_dim"]), "k_proj": (d["h"], d["kv_dim"]), "v_proj": (d["h"], d["kv_dim"]),
-            "o_proj": (d["q_dim"], d["h"]), "gate_proj": (d["h"], d["inter"]), "up_proj": (d["h"], d["inter"]),
-            "down_proj": (d["inter"], d["h"])}
+    return {
+        "q_proj": (d["h"], d["q_dim"]),
+        "k_proj": (d["h"], d["kv_dim"]),
+        "v_proj": (d["h"], d["kv_dim"]),
+        "o_proj": (d["q_dim"], d["h"]),
+        "gate_proj": (d["h"], d["inter"]),
+        "up_proj": (d["h"], d["inter"]),
+        "down_proj": (d["inter"], d["h"]),
+    }
 
 
 def count_parameters(config: Mapping[str, Any]) -> dict[str, int]:

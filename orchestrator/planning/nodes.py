@@ -7,6 +7,7 @@ tips the balance is the waste: past some N the restarts and lost work outweigh t
 ``spot_break_even`` finds that N by pricing the job (``plan_spot.price_option``) at other node counts
 (doubling, then bisecting; the waste grows with N), on the recommended GPU type.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -61,11 +62,20 @@ def spot_break_even(price: PriceAt, gpu_type: str, nodes: int, max_nodes: int = 
     if limit is None:
         text = f"spot stays cheaper than on-demand on {gpu_type} up to {max_nodes} nodes ({rate})."
     elif limit <= nodes:
-        text = (f"{nodes} spot nodes are expected to cost more than on-demand on {gpu_type}: from {limit} nodes "
-                f"the restarts and lost work outweigh the spot discount ({rate}). Use compute.spot=false, or fewer "
-                "nodes with more GPUs each.")
+        text = (
+            f"{nodes} spot nodes are expected to cost more than on-demand on {gpu_type}: from {limit} nodes "
+            f"the restarts and lost work outweigh the spot discount ({rate}). Use compute.spot=false, or fewer "
+            "nodes with more GPUs each."
+        )
     else:
-        text = (f"{nodes} spot node{'s' if nodes > 1 else ''} on {gpu_type} {'are' if nodes > 1 else 'is'} expected "
-                f"to cost less than on-demand; from {limit} nodes on-demand would ({rate}).")
-    return {"nodes": nodes, "gpu_type": gpu_type, "node_preemptions_per_hour": per_node, "break_even_nodes": limit,
-            "text": text}
+        text = (
+            f"{nodes} spot node{'s' if nodes > 1 else ''} on {gpu_type} {'are' if nodes > 1 else 'is'} expected "
+            f"to cost less than on-demand; from {limit} nodes on-demand would ({rate})."
+        )
+    return {
+        "nodes": nodes,
+        "gpu_type": gpu_type,
+        "node_preemptions_per_hour": per_node,
+        "break_even_nodes": limit,
+        "text": text,
+    }

@@ -11,6 +11,7 @@ USD, the GPU types that fit). This module turns them into text: the plan (``form
 ``main``) and, after a trial, the estimate beside what was measured
 (``count_allocated_state_bytes``, ``format_trial``).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,16 +30,27 @@ def _gb(n: float) -> str:
     return f"{n / GB:,.2f} GB" if n >= 0.1 * GB else f"{n / 1e6:,.2f} MB"
 
 
-def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], options: list[GpuOption],
-                cost: Optional[CostEstimate], headroom: float = 0.1, prices: Optional[str] = None) -> str:
+def format_plan(
+    plan: MemoryPlan,
+    *,
+    gpu_type: str,
+    memory_gb: Optional[float],
+    options: list[GpuOption],
+    cost: Optional[CostEstimate],
+    headroom: float = 0.1,
+    prices: Optional[str] = None,
+) -> str:
     """The plan as text: breakdown table, fit verdict (a WARNING line when it will not
     fit), where the prices come from and how old they are (``prices``), GPU types that fit, and the run's
     estimated cost, spot vs on-demand."""
     spread = f" = {plan.nodes} nodes x {plan.world_size // plan.nodes}" if plan.nodes > 1 else ""
-    lines = [f"plan: {plan.describe}",
-             f"  world size {plan.world_size}{spread} (distributed={plan.sharding}), {plan.tokens_per_step:,} tokens per "
-             f"optimizer step, gradient checkpointing {'on' if plan.checkpointing else 'off'}", "",
-             f"  {'component':<30}{'per GPU':>14}"]
+    lines = [
+        f"plan: {plan.describe}",
+        f"  world size {plan.world_size}{spread} (distributed={plan.sharding}), {plan.tokens_per_step:,} tokens per "
+        f"optimizer step, gradient checkpointing {'on' if plan.checkpointing else 'off'}",
+        "",
+        f"  {'component':<30}{'per GPU':>14}",
+    ]
     for key, value in plan.components.items():
         label = f"optimizer ({plan.optim})" if key == "optimizer" and plan.optim else COMPONENT_LABELS[key]
         lines.append(f"  {label:<30}{_gb(value):>14}")
@@ -55,25 +67,37 @@ def format_plan(plan: MemoryPlan, *, gpu_type: str, memory_gb: Optional[float], 
         usable = memory_gb * (1 - headroom)
         share = plan.total_bytes / (memory_gb * GB)
         if fits(plan, memory_gb, headroom):
-            lines.append(f"fit: OK on {gpu_type} ({memory_gb:g} GB; {usable:.1f} GB usable at {headroom:.0%} headroom): "
-                         f"{share:.0%} used.")
+            lines.append(
+                f"fit: OK on {gpu_type} ({memory_gb:g} GB; {usable:.1f} GB usable at {headroom:.0%} headroom): "
+                f"{share:.0%} used."
+            )
         else:
-            hint = ("turn on train.gradient_checkpointing=true, " if not plan.checkpointing
-                    and plan.activations_alternative < plan.components.get("activations", 0) else "")
-            lines.append(f"WARNING: will NOT fit on {gpu_type} ({memory_gb:g} GB; {usable:.1f} GB usable): needs "
-                         f"{_gb(plan.total_bytes)} per GPU. Fix: {hint}lower train.per_device_batch_size or "
-                         "data.max_length, shard (distributed=zero3), or pick a GPU type below.")
+            hint = (
+                "turn on train.gradient_checkpointing=true, "
+                if not plan.checkpointing and plan.activations_alternative < plan.components.get("activations", 0)
+                else ""
+            )
+            lines.append(
+                f"WARNING: will NOT fit on {gpu_type} ({memory_gb:g} GB; {usable:.1f} GB usable): needs "
+                f"{_gb(plan.total_bytes)} per GPU. Fix: {hint}lower train.per_device_batch_size or "
+                "data.max_length, shard (distributed=zero3), or pick a GPU type below."
+            )
     if str(gpu_type).lower() in NO_BF16_GPUS and plan.dtype == "bfloat16":
         lines.append(f"WARNING: {gpu_type} has no bfloat16 support; set model.dtype=float16 (or pick an Ampere+ GPU).")
     if prices:
         lines.append(prices)
     if options:
-        lines.append("GPU types that fit (cheapest run first, to the cent; then cheapest hour):"
-                     if any(o.run_usd is not None for o in options) else "GPU types that fit (cheapest hour first):")
+        lines.append(
+            "GPU types that fit (cheapest run first, to the cent; then cheapest hour):"
+            if any(o.run_usd is not None for o in options)
+            else "GPU types that fit (cheapest hour first):"
+        )
         for o in options:
             hourly = f"${o.usd_per_hour_total:,.2f}/h" if o.usd_per_hour_total is not None else "unpriced"
             run = f"~${o.run_usd:,.2f} for the run" if o.run_usd is not None else ""
-            caveat = " (no bf16: set model.dtype=float16)" if o.gpu_type in NO_BF16_GPUS and plan.dtype == "bfloat16" else ""
+            caveat = (
+                " (no bf16: set model.dtype=float16)" if o.gpu_type in NO_BF16_GPUS and plan.dtype == "bfloat16" else ""
+            )
             lines.append(f"  {o.gpu_type:<11}{o.memory_gb:>5g} GB  {hourly:>11}  {run}{caveat}".rstrip())
     else:
         lines.append("GPU types that fit: none in the catalog at this world size; shard over more GPUs (zero3/fsdp).")
@@ -117,14 +141,25 @@ def plan_text(cfg: Any, headroom: float = 0.1, as_json: bool = False) -> str:
     cost = estimate_cost(cfg, price, model_config=model_config)
     from orchestrator.planning import spot as plan_spot  # spot against on-demand, interruptions priced
 
-    spot = plan_spot.capacity_plan(cfg, plan, catalog, [o.gpu_type for o in options], variant=with_gpu,
-                                   work_hours=lambda c, p: estimate_cost(c, p, model_config=model_config).hours)
+    spot = plan_spot.capacity_plan(
+        cfg,
+        plan,
+        catalog,
+        [o.gpu_type for o in options],
+        variant=with_gpu,
+        work_hours=lambda c, p: estimate_cost(c, p, model_config=model_config).hours,
+    )
     placeholder = placeholder_note(cfg)
     if as_json:
         return json.dumps({**spot, "prices": prices, "placeholder": placeholder})
-    return format_plan(plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom,
-                       prices=prices) + "\n" + plan_spot.format_capacity_plan(spot) + \
-        (f"\nWARNING: {placeholder}" if placeholder else "")
+    return (
+        format_plan(
+            plan, gpu_type=gpu_type, memory_gb=memory, options=options, cost=cost, headroom=headroom, prices=prices
+        )
+        + "\n"
+        + plan_spot.format_capacity_plan(spot)
+        + (f"\nWARNING: {placeholder}" if placeholder else "")
+    )
 
 
 def placeholder_note(cfg: Any) -> Optional[str]:
@@ -134,9 +169,11 @@ def placeholder_note(cfg: Any) -> Optional[str]:
 
     if str(cfg.data.source) != "synthetic" or is_builtin(cfg):
         return None
-    return (f"these figures price {cfg.train.max_steps} steps of the built-in arithmetic data (data=synthetic), "
-            "the CPU demo's placeholder, not your job: give your data (data=jsonl data.path=... or data=hub "
-            "data.path=...) and its length (train.max_steps or train.num_epochs) for the run's real cost.")
+    return (
+        f"these figures price {cfg.train.max_steps} steps of the built-in arithmetic data (data=synthetic), "
+        "the CPU demo's placeholder, not your job: give your data (data=jsonl data.path=... or data=hub "
+        "data.path=...) and its length (train.max_steps or train.num_epochs) for the run's real cost."
+    )
 
 
 SHORT_PLAN_PREFIXES = ("fit:", "WARNING", "cost:", "recommendation:")
@@ -147,8 +184,13 @@ def short_plan_text(cfg: Any, headroom: float = 0.1) -> str:
     WARNING), the cost, the capacity recommendation -- and where the whole plan is (``orchestrator plan``)."""
     lines = plan_text(cfg, headroom).splitlines()
     kept = [lines[0], *(line for line in lines[1:] if line.startswith(SHORT_PLAN_PREFIXES))]
-    return "\n".join(kept + ["the whole plan (memory per component, every GPU type, spot against on-demand): "
-                              "orchestrator plan with the same overrides"])
+    return "\n".join(
+        kept
+        + [
+            "the whole plan (memory per component, every GPU type, spot against on-demand): "
+            "orchestrator plan with the same overrides"
+        ]
+    )
 
 
 # ---------------------------------------------------------------- trial: estimate vs measurement
@@ -204,19 +246,26 @@ def format_trial(plan: MemoryPlan, measured: Mapping[str, Any], cost: Optional[C
     est_opt = comp.get("optimizer", 0) + comp.get("master_weights", 0)
     est_tps = cost.tokens_per_second if cost else None
     est_step = plan.tokens_per_step / est_tps if est_tps else None
-    rows = [("parameters", est_params, measured.get("params"), _gb), ("gradients", comp.get("gradients", 0),
-            measured.get("grads"), _gb), ("optimizer states", est_opt, measured.get("optimizer"), _gb),
-            ("peak memory", plan.total_bytes, measured.get("peak_memory_bytes"), _gb),
-            ("step time", est_step, measured.get("step_time_s"), lambda s: f"{s:.3f} s"),
-            ("tokens/s", est_tps, measured.get("tokens_per_second"), lambda s: f"{s:,.0f}"),
-            ("data-loader wait", None, measured.get("data_wait_s"), lambda s: f"{s:.3f} s/step")]
+    rows = [
+        ("parameters", est_params, measured.get("params"), _gb),
+        ("gradients", comp.get("gradients", 0), measured.get("grads"), _gb),
+        ("optimizer states", est_opt, measured.get("optimizer"), _gb),
+        ("peak memory", plan.total_bytes, measured.get("peak_memory_bytes"), _gb),
+        ("step time", est_step, measured.get("step_time_s"), lambda s: f"{s:.3f} s"),
+        ("tokens/s", est_tps, measured.get("tokens_per_second"), lambda s: f"{s:,.0f}"),
+        ("data-loader wait", None, measured.get("data_wait_s"), lambda s: f"{s:.3f} s/step"),
+    ]
     lines = [f"trial: {plan.describe}", f"  {'':<18}{'estimate':>14}{'measured':>14}{'ratio':>8}"]
     for label, est, got, fmt in rows:
         ratio = f"{got / est:.2f}" if est and got is not None else ""
-        lines.append(f"  {label:<18}{fmt(est) if est is not None else '-':>14}"
-                     f"{fmt(got) if got is not None else '-':>14}{ratio:>8}")
+        lines.append(
+            f"  {label:<18}{fmt(est) if est is not None else '-':>14}"
+            f"{fmt(got) if got is not None else '-':>14}{ratio:>8}"
+        )
     step, wait = measured.get("step_time_s"), measured.get("data_wait_s")
     if step and wait is not None and wait > 0.1 * step:
-        lines.append(f"WARNING: the data loader holds up {wait / step:.0%} of each step; raise "
-                     "train.dataloader_num_workers (e.g. train.dataloader_num_workers=4) or pre-tokenise the data.")
+        lines.append(
+            f"WARNING: the data loader holds up {wait / step:.0%} of each step; raise "
+            "train.dataloader_num_workers (e.g. train.dataloader_num_workers=4) or pre-tokenise the data."
+        )
     return "\n".join(lines)

@@ -24,6 +24,7 @@ Figures per window: goodput = useful work / paid seconds (what the paid time wou
 uninterrupted); cost against on-demand = the window's cost / the same job on on-demand from the start;
 lost work = work thrown away by hard kills; deadline missed = finished after the deadline (or never).
 """
+
 from __future__ import annotations
 
 import math
@@ -137,20 +138,31 @@ class _Run:
             if not self.locked and deadline - elapsed < self._late_switch_needs(work_left):
                 self.locked = True
             return ON_DEMAND if self.locked else SPOT
-        decision = decide_capacity(DeadlineState(
-            elapsed_seconds=elapsed, deadline_seconds=deadline, work_done_seconds=self.done,
-            work_total_seconds=job.work_seconds, restart_seconds=job.restart_seconds,
-            current=self.capacity or SPOT, locked=self.locked, spot_available=self._spot()[0],
-            reserve_seconds=self._reserve(work_left)))
+        decision = decide_capacity(
+            DeadlineState(
+                elapsed_seconds=elapsed,
+                deadline_seconds=deadline,
+                work_done_seconds=self.done,
+                work_total_seconds=job.work_seconds,
+                restart_seconds=job.restart_seconds,
+                current=self.capacity or SPOT,
+                locked=self.locked,
+                spot_available=self._spot()[0],
+                reserve_seconds=self._reserve(work_left),
+            )
+        )
         self.locked = decision.locked
         return decision.capacity
 
     def _reserve(self, work_left: float) -> float:
         """The deadline's reserve (``policy.deadline.reserve_seconds``), decided again at the next tick."""
-        return reserve_seconds(at_risk_seconds=self.done - self.committed if self.capacity == SPOT else 0.0,
-                               work_left_seconds=work_left, checkpoint_cost_seconds=self.job.checkpoint_cost_seconds,
-                               on_demand_every_seconds=self._interval_for(ON_DEMAND),
-                               until_next_decision_seconds=cast(Trace, self.trace).gap_seconds)
+        return reserve_seconds(
+            at_risk_seconds=self.done - self.committed if self.capacity == SPOT else 0.0,
+            work_left_seconds=work_left,
+            checkpoint_cost_seconds=self.job.checkpoint_cost_seconds,
+            on_demand_every_seconds=self._interval_for(ON_DEMAND),
+            until_next_decision_seconds=cast(Trace, self.trace).gap_seconds,
+        )
 
     def _late_switch_needs(self, work_left: float) -> float:
         """The baseline's latest safe move, to be fair to it: the work left with its checkpoints on on-demand,
@@ -168,9 +180,13 @@ class _Run:
             estimate = estimate_preemptions([], 0.0, override_per_hour=0.0)
         else:
             estimate = estimate_preemptions(self.lifetimes, job.prior_per_hour)
-        return checkpoint_interval(job.checkpoint_cost_seconds, estimate, min_seconds=job.min_every_seconds,
-                                   max_seconds=job.max_every_seconds,
-                                   lifetimes=self.lifetimes if capacity == SPOT else None).seconds
+        return checkpoint_interval(
+            job.checkpoint_cost_seconds,
+            estimate,
+            min_seconds=job.min_every_seconds,
+            max_seconds=job.max_every_seconds,
+            lifetimes=self.lifetimes if capacity == SPOT else None,
+        ).seconds
 
     # -- moves -----------------------------------------------------------
 
@@ -265,8 +281,11 @@ class _Run:
                     self._acquire(target)
             else:
                 self.phase = "train"
-        elif self.phase == "train" and self.done < self.job.work_seconds - eps \
-                and self.done - self.committed >= self.interval - eps:
+        elif (
+            self.phase == "train"
+            and self.done < self.job.work_seconds - eps
+            and self.done - self.committed >= self.interval - eps
+        ):
             self.phase, self.left = "ckpt", self.job.checkpoint_cost_seconds
             if self.left <= 0:
                 self.committed, self.phase = self.done, "train"
@@ -282,9 +301,18 @@ class _Run:
             if self.capacity == SPOT and not self._spot()[0]:
                 self._preempted()
         finished = self.done >= job.work_seconds - eps
-        return Outcome(finished, self.t - self.t0, self.paid[SPOT], self.paid[ON_DEMAND],
-                       job.work_seconds if finished else self.committed, self.lost, self.preemptions, self.switches,
-                       self.intervals, self.stopped or ("" if finished else "not finished within the horizon"))
+        return Outcome(
+            finished,
+            self.t - self.t0,
+            self.paid[SPOT],
+            self.paid[ON_DEMAND],
+            job.work_seconds if finished else self.committed,
+            self.lost,
+            self.preemptions,
+            self.switches,
+            self.intervals,
+            self.stopped or ("" if finished else "not finished within the horizon"),
+        )
 
 
 def simulate_window(job: Job, trace: Optional[Trace], start: float, policy: str) -> Outcome:
@@ -312,10 +340,17 @@ class Summary:
     every: str
 
     def as_json(self) -> dict:
-        return {"policy": self.policy, "windows": self.windows, "deadline_misses": self.deadline_misses,
-                "cost_vs_on_demand": round(self.cost_vs_on_demand, 4), "goodput": round(self.goodput, 4),
-                "lost_work_hours": round(self.lost_work_hours, 4), "preemptions": round(self.preemptions, 3),
-                "unfinished": self.unfinished, "checkpoint_every": self.every}
+        return {
+            "policy": self.policy,
+            "windows": self.windows,
+            "deadline_misses": self.deadline_misses,
+            "cost_vs_on_demand": round(self.cost_vs_on_demand, 4),
+            "goodput": round(self.goodput, 4),
+            "lost_work_hours": round(self.lost_work_hours, 4),
+            "preemptions": round(self.preemptions, 3),
+            "unfinished": self.unfinished,
+            "checkpoint_every": self.every,
+        }
 
 
 def window_starts(trace: Trace, windows: int) -> list[float]:
@@ -327,14 +362,24 @@ def window_starts(trace: Trace, windows: int) -> list[float]:
 
 def summarise(job: Job, policy: str, outcomes: Sequence[Outcome]) -> Summary:
     baseline = simulate_window(job, None, 0.0, "on-demand").cost_usd(job)
-    misses = sum(1 for o in outcomes if not o.finished
-                 or (job.deadline_seconds is not None and o.elapsed_seconds > job.deadline_seconds + 1e-6))
+    misses = sum(
+        1
+        for o in outcomes
+        if not o.finished or (job.deadline_seconds is not None and o.elapsed_seconds > job.deadline_seconds + 1e-6)
+    )
     n = len(outcomes)
     every = AUTO if job.every == AUTO else f"{float(job.every):g}s"
-    return Summary(policy, n, misses, statistics.fmean(o.cost_usd(job) / baseline for o in outcomes),
-                   statistics.fmean(o.goodput for o in outcomes),
-                   statistics.fmean(o.lost_seconds for o in outcomes) / 3600,
-                   statistics.fmean(o.preemptions for o in outcomes), sum(not o.finished for o in outcomes), every)
+    return Summary(
+        policy,
+        n,
+        misses,
+        statistics.fmean(o.cost_usd(job) / baseline for o in outcomes),
+        statistics.fmean(o.goodput for o in outcomes),
+        statistics.fmean(o.lost_seconds for o in outcomes) / 3600,
+        statistics.fmean(o.preemptions for o in outcomes),
+        sum(not o.finished for o in outcomes),
+        every,
+    )
 
 
 def simulate(job: Job, traces: Iterable[Trace], policy: str, windows: int = 40) -> Summary:
@@ -345,11 +390,18 @@ def simulate(job: Job, traces: Iterable[Trace], policy: str, windows: int = 40) 
 
 def interval_sweep(job: Job, trace: Trace, windows: int = 40, minutes: Sequence[float] = SWEEP_MINUTES) -> dict:
     """Goodput on one trace (spot policy) with ``auto`` and with each fixed interval: the hindsight check."""
+
     def goodput(every) -> float:
         one = Job(**{**job.__dict__, "every": every, "deadline_seconds": None})
         return simulate(one, [trace], "spot", windows).goodput
 
     fixed = {m: goodput(m * 60.0) for m in minutes}
     best = max(fixed, key=fixed.__getitem__)
-    return {"trace": trace.name, "auto": goodput(AUTO), "fixed": fixed, "best_minutes": best,
-            "best": fixed[best], "fixed_30m": fixed.get(30) if 30 in fixed else goodput(1800.0)}
+    return {
+        "trace": trace.name,
+        "auto": goodput(AUTO),
+        "fixed": fixed,
+        "best_minutes": best,
+        "best": fixed[best],
+        "fixed_30m": fixed.get(30) if 30 in fixed else goodput(1800.0),
+    }

@@ -11,6 +11,7 @@ does not tell them apart. A run of available ticks is one spot lifetime; time ru
 Prices: ``metadata.price_info.price`` / ``.on_demand_price`` (USD per hour, SkyNomad's converted traces) and a
 per-tick ``prices`` array (top level or in ``metadata``) are kept when present; else the caller's catalog prices.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -39,8 +40,9 @@ class Trace:
     convention: str = ""  # where the reading of its values came from
 
     @classmethod
-    def from_ticks(cls, name: str, ticks: Sequence[int], gap_seconds: float, *, available_value: int,
-                   **extra) -> "Trace":
+    def from_ticks(
+        cls, name: str, ticks: Sequence[int], gap_seconds: float, *, available_value: int, **extra
+    ) -> "Trace":
         """``ticks`` read with ``available_value`` as the value that means spot capacity (every other: none)."""
         starts, ends, begin = [], [], None
         for i, value in enumerate(list(ticks) + [None]):
@@ -112,12 +114,15 @@ def declared_convention(path: Path) -> tuple[int, str]:
             if isinstance(entry, dict) and "available_value" in entry:
                 value = entry["available_value"]
                 if value not in AVAILABLE_VALUES:
-                    raise ValueError(f"{doc_path}: {key.as_posix()!r} has available_value {value!r}; "
-                                     "it must be 0 or 1.")
+                    raise ValueError(
+                        f"{doc_path}: {key.as_posix()!r} has available_value {value!r}; it must be 0 or 1."
+                    )
                 return int(value), f"{doc_path} [{key.as_posix()}]"
-    raise ValueError(f"{path}: no declared convention says which value means spot capacity (no {CONVENTIONS_FILE} "
-                     f"in its folder or a parent lists its set '{path.parent.name}'); refusing to guess. Declare it "
-                     f'there ({{"<set folder>": {{"available_value": 1}}}}) or pass --available-value 0|1.')
+    raise ValueError(
+        f"{path}: no declared convention says which value means spot capacity (no {CONVENTIONS_FILE} "
+        f"in its folder or a parent lists its set '{path.parent.name}'); refusing to guess. Declare it "
+        f'there ({{"<set folder>": {{"available_value": 1}}}}) or pass --available-value 0|1.'
+    )
 
 
 def load_trace(path: Path, available_value: Optional[int] = None) -> Trace:
@@ -133,8 +138,10 @@ def load_trace(path: Path, available_value: Optional[int] = None) -> Trace:
         spot = float(info["price"]) if info.get("price") is not None else None
         on_demand = float(info["on_demand_price"]) if info.get("on_demand_price") is not None else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"{path} is not a spot trace ({type(err).__name__}: {err}); expected "
-                         '{"metadata": {"gap_seconds": G}, "data": [0, 1, ...]} as in data/spot-traces/.') from None
+        raise ValueError(
+            f"{path} is not a spot trace ({type(err).__name__}: {err}); expected "
+            '{"metadata": {"gap_seconds": G}, "data": [0, 1, ...]} as in data/spot-traces/.'
+        ) from None
     if not math.isfinite(gap) or gap <= 0 or not ticks:
         raise ValueError(f"{path}: gap_seconds must be a finite number > 0 and data non-empty.")
     if prices and len(prices) != len(ticks):
@@ -145,17 +152,28 @@ def load_trace(path: Path, available_value: Optional[int] = None) -> Trace:
         available_value, source = declared_convention(Path(path))
     else:
         source = "--available-value"
-    return Trace.from_ticks(str(path), ticks, gap, available_value=available_value, spot_usd=spot,
-                            on_demand_usd=on_demand, prices=prices,
-                            convention=f"available_value {available_value} ({source})")
+    return Trace.from_ticks(
+        str(path),
+        ticks,
+        gap,
+        available_value=available_value,
+        spot_usd=spot,
+        on_demand_usd=on_demand,
+        prices=prices,
+        convention=f"available_value {available_value} ({source})",
+    )
 
 
 def load_traces(folder: str | Path, available_value: Optional[int] = None) -> list[Trace]:
     """Every ``*.json`` trace under ``folder`` (recursively; ``conventions.json`` is not one), sorted by path."""
     root = Path(folder)
-    files = sorted(f for f in root.rglob("*.json") if f.name != CONVENTIONS_FILE) if root.is_dir() else \
-        ([root] if root.is_file() else [])
+    files = (
+        sorted(f for f in root.rglob("*.json") if f.name != CONVENTIONS_FILE)
+        if root.is_dir()
+        else ([root] if root.is_file() else [])
+    )
     if not files:
-        raise ValueError(f"no trace files (*.json) in {folder}; point --traces at data/spot-traces/ or one of its "
-                         "folders.")
+        raise ValueError(
+            f"no trace files (*.json) in {folder}; point --traces at data/spot-traces/ or one of its folders."
+        )
     return [load_trace(f, available_value) for f in files]

@@ -1,6 +1,7 @@
 """What ``planning.zone_order`` tells the placement policy: the job (``policy.placement.JobState``) and each zone
 (``policy.placement.Zone``), gathered from the config, the price cache, the catalog and the job's ledger.
 Nothing is decided here; the sources of each figure are in ``planning.zone_order``'s docstring."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,16 +57,22 @@ class ZoneInput:
     def describe(self, usd_per_useful_hour: float, job: pl.JobState) -> str:
         """One sentence: the price, the rate, the egress, the cooldown."""
         z, h = self.zone, self.history
-        parts = [f"${z.spot_usd:.3f}/h spot ({self.price_source})",
-                 f"{pl.preemption_rate(z):.2f} preemptions/h expected ({h.preemptions} of the job's own in "
-                 f"{h.held_hours:.1f} h here, prior {self.facts.prior_per_hour:.2f}/h)"]
+        parts = [
+            f"${z.spot_usd:.3f}/h spot ({self.price_source})",
+            f"{pl.preemption_rate(z):.2f} preemptions/h expected ({h.preemptions} of the job's own in "
+            f"{h.held_hours:.1f} h here, prior {self.facts.prior_per_hour:.2f}/h)",
+        ]
         if z.move_usd > 0:
             src = egress_price(self.facts.cloud)
-            parts.append(f"${z.move_usd:.2f} egress per start from the bucket's {self.facts.bucket_region} "
-                         f"({self.facts.moved_bytes / BYTES_PER_GB:.2f} GB at ${src.usd_per_gb}/GB, {src.source})")
+            parts.append(
+                f"${z.move_usd:.2f} egress per start from the bucket's {self.facts.bucket_region} "
+                f"({self.facts.moved_bytes / BYTES_PER_GB:.2f} GB at ${src.usd_per_gb}/GB, {src.source})"
+            )
         if h.since_preempted_seconds is not None and h.since_preempted_seconds < job.cooldown_seconds:
-            parts.append(f"preempted the job {h.since_preempted_seconds / 60:.0f} min ago (cooling down for "
-                         f"{job.cooldown_seconds / 60:.0f} min)")
+            parts.append(
+                f"preempted the job {h.since_preempted_seconds / 60:.0f} min ago (cooling down for "
+                f"{job.cooldown_seconds / 60:.0f} min)"
+            )
         return f"{z.name}: ${usd_per_useful_hour:.3f} per useful hour expected; " + ", ".join(parts)
 
 
@@ -141,8 +148,9 @@ def _time_left(cfg: Any, record: Optional[LedgerRecord], now: float) -> Optional
     return (start + value if kind == "after" else value) - now
 
 
-def job_inputs(cfg: Any, store: Any, record: Optional[LedgerRecord], now: float, *,
-               cooldown: float) -> tuple[pl.JobState, JobFacts]:
+def job_inputs(
+    cfg: Any, store: Any, record: Optional[LedgerRecord], now: float, *, cooldown: float
+) -> tuple[pl.JobState, JobFacts]:
     """The job as the placement sees it before a (re)launch (holding nothing), and the facts its reasons name."""
     from orchestrator.money.cost import preemption_prior_per_hour, price_for
     from orchestrator.money.price_refresh import current_catalog
@@ -154,19 +162,40 @@ def job_inputs(cfg: Any, store: Any, record: Optional[LedgerRecord], now: float,
     model_config = _model_config(cfg)
     ckpt = float(record.checkpoints[-1].size) if record and record.checkpoints else 0.0
     moved = ckpt + _weights_bytes(cfg, model_config)
-    restart, _ = restart_seconds(override=cfg.compute.restart_seconds, measured=restart_seconds_measured(attempts),
-                                 checkpoint_bytes=ckpt)
+    restart, _ = restart_seconds(
+        override=cfg.compute.restart_seconds, measured=restart_seconds_measured(attempts), checkpoint_bytes=ckpt
+    )
     cost = measured_cost_seconds(attempts) or estimated_checkpoint_seconds(ckpt)
-    job = pl.JobState(work_left_seconds=_work_left_seconds(cfg, record, model_config), restart_seconds=restart,
-                      checkpoint_cost_seconds=cost, on_demand_usd=on_demand.usd_per_hour_total,
-                      time_left_seconds=_time_left(cfg, record, now), cooldown_seconds=cooldown)
-    facts = JobFacts(spot.usd_per_hour_total, spot.source, on_demand.usd_per_hour_total, max(1, spot.gpus), prior,
-                     moved, cfg.storage.region or None, str(spot.cloud), cooldown)
+    job = pl.JobState(
+        work_left_seconds=_work_left_seconds(cfg, record, model_config),
+        restart_seconds=restart,
+        checkpoint_cost_seconds=cost,
+        on_demand_usd=on_demand.usd_per_hour_total,
+        time_left_seconds=_time_left(cfg, record, now),
+        cooldown_seconds=cooldown,
+    )
+    facts = JobFacts(
+        spot.usd_per_hour_total,
+        spot.source,
+        on_demand.usd_per_hour_total,
+        max(1, spot.gpus),
+        prior,
+        moved,
+        cfg.storage.region or None,
+        str(spot.cloud),
+        cooldown,
+    )
     return job, facts
 
 
-def zone_inputs(cfg: Any, names: Sequence[str], prices: Sequence[FetchedPrice], record: Optional[LedgerRecord],
-                facts: JobFacts, now: float) -> list[ZoneInput]:
+def zone_inputs(
+    cfg: Any,
+    names: Sequence[str],
+    prices: Sequence[FetchedPrice],
+    record: Optional[LedgerRecord],
+    facts: JobFacts,
+    now: float,
+) -> list[ZoneInput]:
     """Each named zone: its price (fetched, else the catalog's), its history, its egress."""
     history = zone_history(record.attempts, now) if record else {}
     out = []
@@ -177,9 +206,16 @@ def zone_inputs(cfg: Any, names: Sequence[str], prices: Sequence[FetchedPrice], 
         region = region_of(name, prices)
         cloud = fetched.cloud if fetched else facts.cloud
         seen = history.get(name, ZoneHistory())
-        zone = pl.Zone(name, usd, True, facts.prior_per_hour, seen.held_hours, seen.preemptions,
-                       seen.since_preempted_seconds,
-                       move_usd=egress_usd(facts.moved_bytes, cloud, facts.bucket_region, region))
+        zone = pl.Zone(
+            name,
+            usd,
+            True,
+            facts.prior_per_hour,
+            seen.held_hours,
+            seen.preemptions,
+            seen.since_preempted_seconds,
+            move_usd=egress_usd(facts.moved_bytes, cloud, facts.bucket_region, region),
+        )
         out.append(ZoneInput(zone, region, source, seen, facts))
     return out
 

@@ -23,6 +23,7 @@ What each zone is given:
 ``compute.zones=auto`` ranks every zone the price cache holds a spot price for (GPU type and cloud); with none,
 one ConfigError says to run ``orchestrator prices refresh`` or to list the zones.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,11 @@ def zone_prices(cfg: Any, store: Any, now: float) -> list[FetchedPrice]:
     """The cache's spot prices per zone for the job's GPU type (and cloud unless ``compute.cloud=any``), newest
     first."""
     gpu, cloud = str(cfg.compute.gpu_type).lower(), str(cfg.compute.cloud).lower()
-    found = [p for p in read_cache(store, now=now) if p.capacity == "spot" and p.zone and p.gpu_type.lower() == gpu
-             and (cloud == "any" or p.cloud == cloud)]
+    found = [
+        p
+        for p in read_cache(store, now=now)
+        if p.capacity == "spot" and p.zone and p.gpu_type.lower() == gpu and (cloud == "any" or p.cloud == cloud)
+    ]
     return sorted(found, key=lambda p: -p.fetched_at)
 
 
@@ -72,12 +76,14 @@ def zone_names(cfg: Any, prices: Sequence[FetchedPrice]) -> tuple[str, ...]:
         raise ConfigError(
             f"compute.zones=auto found no fetched spot price for {cfg.compute.gpu_type} on {cfg.compute.cloud} in "
             f"{cfg.storage.uri}: run `orchestrator prices refresh --storage-uri {cfg.storage.uri}`, or list the "
-            "zones (compute.zones=[us-east-1a,us-west-2b]).")
+            "zones (compute.zones=[us-east-1a,us-west-2b])."
+        )
     return names
 
 
-def ranked_zones(cfg: Any, store: Any, ledger_record: Optional[LedgerRecord] = None,
-                 now: Optional[float] = None) -> list[RankedZone]:
+def ranked_zones(
+    cfg: Any, store: Any, ledger_record: Optional[LedgerRecord] = None, now: Optional[float] = None
+) -> list[RankedZone]:
     """``compute.zones`` best first (``policy.placement``); [] when it is unset. ``store``: the job's storage (the
     price cache); ``ledger_record``: the job's ledger, decoded (its attempts' zones steer the order; None: no
     history). Raises ConfigError (auto with no prices, a bad zone list)."""
@@ -91,10 +97,21 @@ def ranked_zones(cfg: Any, store: Any, ledger_record: Optional[LedgerRecord] = N
     first = pl.choose([z.zone for z in zones], job)
     order = _order(zones, replace(job, on_demand_usd=math.inf, time_left_seconds=None))
     if first.zone == pl.ON_DEMAND:
-        return [RankedZone(z.zone.name, z.region, facts.on_demand_usd, first.usd_per_useful_hour,
-                           f"on-demand: {first.reason}", ON_DEMAND) for z in order]
-    return [RankedZone(z.zone.name, z.region, z.zone.spot_usd, cost, z.describe(cost, job)) for z, cost in
-            _costs(order, job)]
+        return [
+            RankedZone(
+                z.zone.name,
+                z.region,
+                facts.on_demand_usd,
+                first.usd_per_useful_hour,
+                f"on-demand: {first.reason}",
+                ON_DEMAND,
+            )
+            for z in order
+        ]
+    return [
+        RankedZone(z.zone.name, z.region, z.zone.spot_usd, cost, z.describe(cost, job))
+        for z, cost in _costs(order, job)
+    ]
 
 
 def _order(zones: Sequence[Any], job: pl.JobState) -> list[Any]:
@@ -109,5 +126,7 @@ def _order(zones: Sequence[Any], job: pl.JobState) -> list[Any]:
 
 
 def _costs(order: Sequence[Any], job: pl.JobState) -> list[tuple[Any, float]]:
-    return [(z, pl.usd_per_useful_hour(z.zone.name, z.zone.spot_usd, pl.preemption_rate(z.zone), job,
-                                       z.zone.move_usd)[0]) for z in order]
+    return [
+        (z, pl.usd_per_useful_hour(z.zone.name, z.zone.spot_usd, pl.preemption_rate(z.zone), job, z.zone.move_usd)[0])
+        for z in order
+    ]

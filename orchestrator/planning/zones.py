@@ -22,6 +22,7 @@ the work before it; a preemption loses the work since the last commit; waiting c
 zone's own per-tick or flat price from its trace's metadata, else the catalog's (``--spot-price``).
 ``cost_vs_on_demand`` is against the whole job on on-demand in the cheapest zone (one start, checkpoints hourly).
 """
+
 from __future__ import annotations
 
 import math
@@ -75,13 +76,16 @@ def zone_grid(traces: Sequence[Trace], spot_usd: float, on_demand_usd: float) ->
         raise ValueError("no traces to place a job over")
     gaps = {t.gap_seconds for t in traces}
     if len(gaps) != 1:
-        raise ValueError(f"--zones needs time-aligned traces with one tick length; these have {sorted(gaps)} s: "
-                         "point --traces at one set's folder (e.g. data/spot-traces/availability/1-node/"
-                         "aws-02-15-2023).")
+        raise ValueError(
+            f"--zones needs time-aligned traces with one tick length; these have {sorted(gaps)} s: "
+            "point --traces at one set's folder (e.g. data/spot-traces/availability/1-node/"
+            "aws-02-15-2023)."
+        )
     n = min(t.ticks for t in traces)
     flags = [t.available_ticks()[:n] for t in traces]
-    prices = [list(t.prices[:n]) if t.prices else [t.spot_usd if t.spot_usd is not None else spot_usd] * n
-              for t in traces]
+    prices = [
+        list(t.prices[:n]) if t.prices else [t.spot_usd if t.spot_usd is not None else spot_usd] * n for t in traces
+    ]
     od = [t.on_demand_usd if t.on_demand_usd is not None else on_demand_usd for t in traces]
     names = [Path(t.name).stem for t in traces]
     return ZoneGrid(names, traces[0].gap_seconds, flags, prices, od)
@@ -134,20 +138,36 @@ class _Replay:
     def _state(self, now: float) -> pl.JobState:
         job = self.job
         return pl.JobState(
-            work_left_seconds=job.work_seconds - self.done, restart_seconds=self._restart(),
-            transfer_seconds=job.transfer_seconds, checkpoint_cost_seconds=job.checkpoint_cost_seconds,
-            notice_share=job.notice_share, on_demand_usd=self.g.cheapest_on_demand,
+            work_left_seconds=job.work_seconds - self.done,
+            restart_seconds=self._restart(),
+            transfer_seconds=job.transfer_seconds,
+            checkpoint_cost_seconds=job.checkpoint_cost_seconds,
+            notice_share=job.notice_share,
+            on_demand_usd=self.g.cheapest_on_demand,
             time_left_seconds=None if job.deadline_seconds is None else job.deadline_seconds - now,
-            current=self._name(self.zone), checkpoint_zone=self._name(self.ckpt_zone),
+            current=self._name(self.zone),
+            checkpoint_zone=self._name(self.ckpt_zone),
             training=self.zone is not None and self.restart_left <= 0,
-            at_risk_seconds=self.done - self.committed if isinstance(self.zone, int) else 0.0, decision_seconds=self.g.gap_seconds,
-            cooldown_seconds=job.cooldown_seconds)
+            at_risk_seconds=self.done - self.committed if isinstance(self.zone, int) else 0.0,
+            decision_seconds=self.g.gap_seconds,
+            cooldown_seconds=job.cooldown_seconds,
+        )
 
     def _decide(self, i: int, now: float) -> None:
-        zones = [pl.Zone(self.g.names[z], self.g.spot_usd[z][i], self.g.available[z][i], self.job.prior_per_hour,
-                         self.held[z] / 3600.0, self.hits[z],
-                         None if self.last_hit[z] is None else now - cast(float, self.last_hit[z]),
-                         seen_hours=self.seen_hours[z], seen_losses=self.seen_losses[z]) for z in self.allowed]
+        zones = [
+            pl.Zone(
+                self.g.names[z],
+                self.g.spot_usd[z][i],
+                self.g.available[z][i],
+                self.job.prior_per_hour,
+                self.held[z] / 3600.0,
+                self.hits[z],
+                None if self.last_hit[z] is None else now - cast(float, self.last_hit[z]),
+                seen_hours=self.seen_hours[z],
+                seen_losses=self.seen_losses[z],
+            )
+            for z in self.allowed
+        ]
         state = self._state(now)
         choice = pl.choose(zones, state)
         if len(self.allowed) == 1:  # nothing to compare: decide again at an event, before the deadline's margin
@@ -255,8 +275,9 @@ class _Scheduled(_Replay):
             self._go(zone, interval, self._state(now))
 
 
-def replay_schedule(grid: ZoneGrid, job: ZoneJob, start: int,
-                    schedule: Sequence[tuple[int, str, float]]) -> ZoneOutcome:
+def replay_schedule(
+    grid: ZoneGrid, job: ZoneJob, start: int, schedule: Sequence[tuple[int, str, float]]
+) -> ZoneOutcome:
     """The job from tick ``start`` started where and when ``schedule`` says (ticks from ``start``, a zone's name
     or ``policy.placement.ON_DEMAND``, the checkpoint interval in seconds), preempted as the traces say."""
     return _Scheduled(grid, job, start, schedule).run()
@@ -316,8 +337,10 @@ def oracle(grid: ZoneGrid, job: ZoneJob, starts: Sequence[int]) -> list[ZoneOutc
             best = np.where(better, finish, best)
             best_paid = np.where(better, held[rows, pick1, lag], best_paid)
             best_at = np.where(better, (k + 1) * gap, best_at)
-    return [ZoneOutcome(float(t) if math.isfinite(c) else None, p * gap, c, moves=max(0, int(round(p)) - need - 1))
-            for c, p, t in zip(best, best_paid, best_at)]
+    return [
+        ZoneOutcome(float(t) if math.isfinite(c) else None, p * gap, c, moves=max(0, int(round(p)) - need - 1))
+        for c, p, t in zip(best, best_paid, best_at)
+    ]
 
 
 def on_demand_baseline_usd(grid: ZoneGrid, job: ZoneJob) -> float:
@@ -334,14 +357,18 @@ def summary(policy: str, grid: ZoneGrid, job: ZoneJob, outcomes: Sequence[ZoneOu
     misses = sum(1 for o in outcomes if o.finished_at is None or o.finished_at > due + 1e-6)
     paid = sum(o.paid_seconds for o in outcomes)
     finished = sum(1 for o in outcomes if o.finished_at is not None)
-    return {"policy": policy, "windows": len(outcomes), "deadline_misses": misses,
-            "cost_vs_on_demand": round(statistics.fmean(o.cost_usd for o in outcomes) / base, 4),
-            "goodput": round(finished * job.work_seconds / paid, 4) if paid else 0.0,
-            "usd": round(statistics.fmean(o.cost_usd for o in outcomes), 2),
-            "preemptions": round(statistics.fmean(o.preemptions for o in outcomes), 2),
-            "moves": round(statistics.fmean(o.moves for o in outcomes), 2),
-            "on_demand_hours": round(statistics.fmean(o.on_demand_seconds for o in outcomes) / 3600, 2),
-            "lost_work_hours": round(statistics.fmean(o.lost_seconds for o in outcomes) / 3600, 3)}
+    return {
+        "policy": policy,
+        "windows": len(outcomes),
+        "deadline_misses": misses,
+        "cost_vs_on_demand": round(statistics.fmean(o.cost_usd for o in outcomes) / base, 4),
+        "goodput": round(finished * job.work_seconds / paid, 4) if paid else 0.0,
+        "usd": round(statistics.fmean(o.cost_usd for o in outcomes), 2),
+        "preemptions": round(statistics.fmean(o.preemptions for o in outcomes), 2),
+        "moves": round(statistics.fmean(o.moves for o in outcomes), 2),
+        "on_demand_hours": round(statistics.fmean(o.on_demand_seconds for o in outcomes) / 3600, 2),
+        "lost_work_hours": round(statistics.fmean(o.lost_seconds for o in outcomes) / 3600, 3),
+    }
 
 
 def simulate_zones(grid: ZoneGrid, job: ZoneJob, policies: Sequence[str], windows: int = 40) -> list[dict]:
@@ -359,9 +386,12 @@ def simulate_zones(grid: ZoneGrid, job: ZoneJob, policies: Sequence[str], window
             row = summary(policy, grid, job, [o for runs in per_zone.values() for o in runs])
             zones = {name: summary(name, grid, job, runs) for name, runs in per_zone.items()}
             best = min(zones.values(), key=lambda r: r["cost_vs_on_demand"])
-            row.update(zones={k: v["cost_vs_on_demand"] for k, v in zones.items()}, best_zone=best["policy"],
-                       best_zone_cost_vs_on_demand=best["cost_vs_on_demand"],
-                       best_zone_deadline_misses=best["deadline_misses"])
+            row.update(
+                zones={k: v["cost_vs_on_demand"] for k, v in zones.items()},
+                best_zone=best["policy"],
+                best_zone_cost_vs_on_demand=best["cost_vs_on_demand"],
+                best_zone_deadline_misses=best["deadline_misses"],
+            )
             rows.append(row)
         else:
             raise ValueError(f"unknown zone policy {policy!r}; choose from {', '.join(ZONE_POLICIES)}")

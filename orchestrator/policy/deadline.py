@@ -25,6 +25,7 @@ the line; replayed over the public V100 traces (``orchestrator simulate``) that
 cost more than staying on spot until late, since every such move paid a
 checkpoint and a restart for capacity no faster than the one it left.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,14 @@ class DeadlineState:
     # write, the time until the next decision
 
 
-def reserve_seconds(*, at_risk_seconds: float, work_left_seconds: float, checkpoint_cost_seconds: float,
-                    on_demand_every_seconds: float, until_next_decision_seconds: float) -> float:
+def reserve_seconds(
+    *,
+    at_risk_seconds: float,
+    work_left_seconds: float,
+    checkpoint_cost_seconds: float,
+    on_demand_every_seconds: float,
+    until_next_decision_seconds: float,
+) -> float:
     """What the deadline policy keeps in hand beyond the work left (``DeadlineState.reserve_seconds``): the work a
     hard kill would take back while on spot, the checkpoints the work left will write on on-demand (one of
     ``checkpoint_cost_seconds`` every ``on_demand_every_seconds`` of training) and the time until it decides again.
@@ -86,35 +93,56 @@ def decide_capacity(s: DeadlineState) -> CapacityDecision:
     # on-demand from now: one restart if the job must move to it first
     on_demand_needs = work_left + (0.0 if s.current == ON_DEMAND else s.restart_seconds)
     at_risk = work_left > 0 and time_left < on_demand_needs
-    line = s.work_total_seconds * min(1.0, max(0.0, s.elapsed_seconds) / s.deadline_seconds) if s.deadline_seconds > 0 \
+    line = (
+        s.work_total_seconds * min(1.0, max(0.0, s.elapsed_seconds) / s.deadline_seconds)
+        if s.deadline_seconds > 0
         else s.work_total_seconds
+    )
     ahead = s.work_done_seconds - line
-    status = (f"progress {_h(s.work_done_seconds)} of {_h(s.work_total_seconds)} at {_h(s.elapsed_seconds)} of "
-              f"{_h(s.deadline_seconds)} (line {_h(line)}); {_h(time_left)} left for {_h(work_left)} of work")
+    status = (
+        f"progress {_h(s.work_done_seconds)} of {_h(s.work_total_seconds)} at {_h(s.elapsed_seconds)} of "
+        f"{_h(s.deadline_seconds)} (line {_h(line)}); {_h(time_left)} left for {_h(work_left)} of work"
+    )
     if work_left <= 0:
         return CapacityDecision(s.current, f"work done; {status}", locked=s.locked)
     if s.locked:
         return CapacityDecision(ON_DEMAND, f"on-demand for good; {status}", locked=True, at_risk=at_risk)
     if time_left < work_left + 2 * s.restart_seconds + s.reserve_seconds:
-        return CapacityDecision(ON_DEMAND, f"time left is less than the work left plus two restarts "
-                                           f"({_h(2 * s.restart_seconds)}) and a reserve of {_h(s.reserve_seconds)}: "
-                                           f"on-demand for good; {status}", locked=True, at_risk=at_risk)
+        return CapacityDecision(
+            ON_DEMAND,
+            f"time left is less than the work left plus two restarts "
+            f"({_h(2 * s.restart_seconds)}) and a reserve of {_h(s.reserve_seconds)}: "
+            f"on-demand for good; {status}",
+            locked=True,
+            at_risk=at_risk,
+        )
     if s.current == ON_DEMAND:
         if ahead > s.restart_seconds and s.spot_available:
-            return CapacityDecision(SPOT, f"ahead of the line by {_h(ahead)} (more than a restart) and spot is "
-                                          f"there: back to spot; {status}", at_risk=at_risk)
-        why = "no spot capacity" if s.spot_available is False and ahead > s.restart_seconds else \
-            "not yet ahead of the line by a restart"
+            return CapacityDecision(
+                SPOT,
+                f"ahead of the line by {_h(ahead)} (more than a restart) and spot is there: back to spot; {status}",
+                at_risk=at_risk,
+            )
+        why = (
+            "no spot capacity"
+            if s.spot_available is False and ahead > s.restart_seconds
+            else "not yet ahead of the line by a restart"
+        )
         return CapacityDecision(ON_DEMAND, f"{why}; {status}", at_risk=at_risk)
     if s.spot_available:
         where = "on or ahead of the line" if ahead >= 0 else f"behind the line by {_h(-ahead)}, but spot is held"
         return CapacityDecision(SPOT, f"{where}: spot; {status}", at_risk=at_risk)
     if ahead >= 0:
-        return CapacityDecision(SPOT, f"no spot capacity, on or ahead of the line: wait for spot; {status}",
-                                at_risk=at_risk)
+        return CapacityDecision(
+            SPOT, f"no spot capacity, on or ahead of the line: wait for spot; {status}", at_risk=at_risk
+        )
     if time_left - work_left > WAIT_WHILE_SLACK_OVER * work_left:
-        return CapacityDecision(SPOT, f"no spot capacity, behind the line by {_h(-ahead)} but the slack is over "
-                                      f"{WAIT_WHILE_SLACK_OVER:.0%} of the work left: wait for spot; {status}",
-                                at_risk=at_risk)
-    return CapacityDecision(ON_DEMAND, f"no spot capacity and behind the line by {_h(-ahead)}: on-demand; {status}",
-                            at_risk=at_risk)
+        return CapacityDecision(
+            SPOT,
+            f"no spot capacity, behind the line by {_h(-ahead)} but the slack is over "
+            f"{WAIT_WHILE_SLACK_OVER:.0%} of the work left: wait for spot; {status}",
+            at_risk=at_risk,
+        )
+    return CapacityDecision(
+        ON_DEMAND, f"no spot capacity and behind the line by {_h(-ahead)}: on-demand; {status}", at_risk=at_risk
+    )

@@ -13,6 +13,7 @@ An attempt's start to the end of its first step is its restart split's total
 (``extra.restart.total_s``); ledgers written before the split was the one record
 have it as ``extra.start_to_first_step_s``, read when the split is absent.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,21 +74,37 @@ class AttemptHistory:
     def from_ledger(cls, entry: Mapping[str, Any]) -> "AttemptHistory":
         """A raw ledger entry (a JSON object), each field checked here (a reader that has not decoded the ledger)."""
         restart, cost, switch = _measured(entry.get("extra"))
-        return cls(fence=_count(entry.get("fence")), exit_class=str(entry.get("exit_class") or ""),
-                   spot=bool(entry.get("spot")), started_at=_number(entry.get("started_at")),
-                   ended_at=_number(entry.get("ended_at")) or _number(entry.get("last_seen")),
-                   step_start=_count(entry.get("step_start")), step_end=_count(entry.get("step_end")),
-                   checkpoint_step_end=_count(entry.get("checkpoint_step_end")), restart_seconds=restart,
-                   checkpoint_cost_seconds=cost, capacity_switch=switch)
+        return cls(
+            fence=_count(entry.get("fence")),
+            exit_class=str(entry.get("exit_class") or ""),
+            spot=bool(entry.get("spot")),
+            started_at=_number(entry.get("started_at")),
+            ended_at=_number(entry.get("ended_at")) or _number(entry.get("last_seen")),
+            step_start=_count(entry.get("step_start")),
+            step_end=_count(entry.get("step_end")),
+            checkpoint_step_end=_count(entry.get("checkpoint_step_end")),
+            restart_seconds=restart,
+            checkpoint_cost_seconds=cost,
+            capacity_switch=switch,
+        )
 
     @classmethod
     def from_entry(cls, entry: AttemptEntry) -> "AttemptHistory":
         """A decoded ledger entry (``LedgerRecord.decode``); its ``extra`` is still checked field by field here."""
         restart, cost, switch = _measured(entry.extra)
-        return cls(fence=entry.fence, exit_class=entry.exit_class, spot=entry.spot, started_at=entry.started_at,
-                   ended_at=entry.end, step_start=entry.step_start, step_end=entry.step_end,
-                   checkpoint_step_end=entry.checkpoint_step_end or 0, restart_seconds=restart,
-                   checkpoint_cost_seconds=cost, capacity_switch=switch)
+        return cls(
+            fence=entry.fence,
+            exit_class=entry.exit_class,
+            spot=entry.spot,
+            started_at=entry.started_at,
+            ended_at=entry.end,
+            step_start=entry.step_start,
+            step_end=entry.step_end,
+            checkpoint_step_end=entry.checkpoint_step_end or 0,
+            restart_seconds=restart,
+            checkpoint_cost_seconds=cost,
+            capacity_switch=switch,
+        )
 
     @property
     def ended(self) -> bool:
@@ -113,8 +130,11 @@ class AttemptHistory:
             return Lifetime(0.0, preempted=False)
         preempted = self.exit_class in INTERRUPTED_CLASSES and not self.capacity_switch
         noticed = self.exit_class == ExitClass.PREEMPTED.value and self.checkpoint_step_end >= self.step_end
-        return Lifetime(seconds=max(0.0, cast(float, self.held_seconds) - self.restart_seconds), preempted=preempted,
-                        noticed=preempted and noticed)
+        return Lifetime(
+            seconds=max(0.0, cast(float, self.held_seconds) - self.restart_seconds),
+            preempted=preempted,
+            noticed=preempted and noticed,
+        )
 
 
 def _measured(extra: Any) -> tuple[Optional[float], Optional[float], bool]:
@@ -127,8 +147,11 @@ def _measured(extra: Any) -> tuple[Optional[float], Optional[float], bool]:
         restart = _number(extra.get("start_to_first_step_s"))
     chosen = extra.get("checkpoint_interval") if isinstance(extra.get("checkpoint_interval"), Mapping) else {}
     cost = _number(chosen.get("checkpoint_cost_s")) if chosen.get("cost_source") == "measured" else None
-    return (_within(restart, 0.0, MAX_RESTART_SECONDS), _within(cost, 0.0, MAX_CHECKPOINT_COST_SECONDS),
-            bool(extra.get("capacity_switch")))
+    return (
+        _within(restart, 0.0, MAX_RESTART_SECONDS),
+        _within(cost, 0.0, MAX_CHECKPOINT_COST_SECONDS),
+        bool(extra.get("capacity_switch")),
+    )
 
 
 def read_attempts(attempts: Iterable[Any]) -> list[AttemptHistory]:
@@ -151,8 +174,9 @@ def claimed_restart_seconds(attempts: Iterable[Any]) -> list[float]:
     checks against ``MAX_RESTART_SECONDS``."""
     claimed = []
     for entry in attempts:
-        extra: Any = (entry.get("extra") if isinstance(entry, Mapping) and isinstance(entry.get("extra"), Mapping)
-                      else {})
+        extra: Any = (
+            entry.get("extra") if isinstance(entry, Mapping) and isinstance(entry.get("extra"), Mapping) else {}
+        )
         split: Any = extra.get("restart") if isinstance(extra.get("restart"), Mapping) else {}
         value = _number(split.get("total_s"))
         if value is None:
@@ -229,5 +253,7 @@ def zone_history(attempts: Iterable[AttemptEntry], now: float) -> dict[str, Zone
             lost[entry.zone] = lost.get(entry.zone, 0) + 1
             if a.ended_at is not None:
                 newest[entry.zone] = max(newest.get(entry.zone, a.ended_at), a.ended_at)
-    return {zone: ZoneHistory(hours, lost.get(zone, 0),
-                              max(0.0, now - newest[zone]) if zone in newest else None) for zone, hours in held.items()}
+    return {
+        zone: ZoneHistory(hours, lost.get(zone, 0), max(0.0, now - newest[zone]) if zone in newest else None)
+        for zone, hours in held.items()
+    }

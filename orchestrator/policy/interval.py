@@ -12,6 +12,7 @@ counts as ``prior_hours`` of observation, the job's own attempts as what they
 were, so a job with no history follows the prior and one with many hours
 follows itself.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,9 +63,14 @@ class PreemptionEstimate:
         return self.per_hour * (1.0 - self.notice_share)
 
 
-def estimate_preemptions(lifetimes: Iterable[Lifetime], prior_per_hour: float, *,
-                         prior_hours: float = PRIOR_WEIGHT_HOURS, prior_notice_share: float = 0.0,
-                         override_per_hour: Optional[float] = None) -> PreemptionEstimate:
+def estimate_preemptions(
+    lifetimes: Iterable[Lifetime],
+    prior_per_hour: float,
+    *,
+    prior_hours: float = PRIOR_WEIGHT_HOURS,
+    prior_notice_share: float = 0.0,
+    override_per_hour: Optional[float] = None,
+) -> PreemptionEstimate:
     """Blend the job's own attempt lifetimes with the catalog's prior (``override_per_hour`` wins outright)."""
     lifetimes = list(lifetimes)
     hours = sum(max(0.0, lt.seconds) for lt in lifetimes) / 3600.0
@@ -76,8 +82,13 @@ def estimate_preemptions(lifetimes: Iterable[Lifetime], prior_per_hour: float, *
         rate = (max(0.0, prior_per_hour) * prior_hours + len(preempted)) / (prior_hours + hours)
     # the notice share: the prior's share weighs as one preemption, so one observation moves it but doesn't own it
     share = (prior_notice_share + noticed) / (1 + len(preempted))
-    return PreemptionEstimate(per_hour=rate, notice_share=min(1.0, max(0.0, share)), observed_hours=hours,
-                              observed_preemptions=len(preempted), prior_per_hour=prior_per_hour)
+    return PreemptionEstimate(
+        per_hour=rate,
+        notice_share=min(1.0, max(0.0, share)),
+        observed_hours=hours,
+        observed_preemptions=len(preempted),
+        prior_per_hour=prior_per_hour,
+    )
 
 
 def young_daly_seconds(checkpoint_cost_seconds: float, mean_seconds_between_losses: float) -> float:
@@ -98,23 +109,36 @@ class IntervalDecision:
     basis: str = "young-daly"  # "young-daly" | "lifetimes" (the least waste over the job's own lifetimes and the prior)
 
     def explain(self) -> str:
-        m = "never" if self.mean_seconds_between_losses == math.inf else f"{self.mean_seconds_between_losses / 3600:.2f} h"
+        m = (
+            "never"
+            if self.mean_seconds_between_losses == math.inf
+            else f"{self.mean_seconds_between_losses / 3600:.2f} h"
+        )
         why = f" (held at checkpoint.{self.bound})" if self.bound else ""
         if self.basis == "lifetimes":
-            return (f"checkpoint every {self.seconds:.0f}s{why}: the least expected waste over this job's "
-                    f"{self.estimate.observed_preemptions} preemptions in {self.estimate.observed_hours:.2f} h of "
-                    f"training, blended with the prior ({self.estimate.prior_per_hour:.2f}/h); Young/Daly alone: "
-                    f"{self.unbounded_seconds:.0f}s (C = {self.checkpoint_cost_seconds:.2f}s, M = {m})")
-        return (f"checkpoint every {self.seconds:.0f}s{why}: T = sqrt(2 x C x M) with C = "
-                f"{self.checkpoint_cost_seconds:.2f}s per checkpoint, M = {m} between lossy preemptions "
-                f"({self.estimate.per_hour:.2f}/h, {self.estimate.notice_share:.0%} with an honoured notice; "
-                f"{self.estimate.observed_preemptions} seen in {self.estimate.observed_hours:.2f} h of this job)")
+            return (
+                f"checkpoint every {self.seconds:.0f}s{why}: the least expected waste over this job's "
+                f"{self.estimate.observed_preemptions} preemptions in {self.estimate.observed_hours:.2f} h of "
+                f"training, blended with the prior ({self.estimate.prior_per_hour:.2f}/h); Young/Daly alone: "
+                f"{self.unbounded_seconds:.0f}s (C = {self.checkpoint_cost_seconds:.2f}s, M = {m})"
+            )
+        return (
+            f"checkpoint every {self.seconds:.0f}s{why}: T = sqrt(2 x C x M) with C = "
+            f"{self.checkpoint_cost_seconds:.2f}s per checkpoint, M = {m} between lossy preemptions "
+            f"({self.estimate.per_hour:.2f}/h, {self.estimate.notice_share:.0%} with an honoured notice; "
+            f"{self.estimate.observed_preemptions} seen in {self.estimate.observed_hours:.2f} h of this job)"
+        )
 
 
-def checkpoint_interval(checkpoint_cost_seconds: float, estimate: PreemptionEstimate, *,
-                        min_seconds: float, max_seconds: float,
-                        lifetimes: Optional[Sequence[Lifetime]] = None,
-                        prior_hours: float = PRIOR_WEIGHT_HOURS) -> IntervalDecision:
+def checkpoint_interval(
+    checkpoint_cost_seconds: float,
+    estimate: PreemptionEstimate,
+    *,
+    min_seconds: float,
+    max_seconds: float,
+    lifetimes: Optional[Sequence[Lifetime]] = None,
+    prior_hours: float = PRIOR_WEIGHT_HOURS,
+) -> IntervalDecision:
     """The interval from Young/Daly, bounded by ``[min_seconds, max_seconds]``.
 
     With ``lifetimes`` (the job's attempts, each from its first step to its end), the interval is instead the one
@@ -130,15 +154,24 @@ def checkpoint_interval(checkpoint_cost_seconds: float, estimate: PreemptionEsti
     seconds = t
     trained = [lt for lt in (lifetimes or ()) if lt.seconds > 0]
     if trained and checkpoint_cost_seconds > 0 and max_seconds > min_seconds > 0:
-        seconds, basis = _least_waste_interval(checkpoint_cost_seconds, trained, estimate, min_seconds, max_seconds,
-                                               prior_hours), "lifetimes"
+        seconds, basis = (
+            _least_waste_interval(checkpoint_cost_seconds, trained, estimate, min_seconds, max_seconds, prior_hours),
+            "lifetimes",
+        )
     bound = None
     if seconds <= min_seconds:
         seconds, bound = min_seconds, "min_every"
     elif seconds >= max_seconds:
         seconds, bound = max_seconds, "max_every"
-    return IntervalDecision(seconds=float(seconds), unbounded_seconds=t, checkpoint_cost_seconds=checkpoint_cost_seconds,
-                            mean_seconds_between_losses=m, estimate=estimate, bound=bound, basis=basis)
+    return IntervalDecision(
+        seconds=float(seconds),
+        unbounded_seconds=t,
+        checkpoint_cost_seconds=checkpoint_cost_seconds,
+        mean_seconds_between_losses=m,
+        estimate=estimate,
+        bound=bound,
+        basis=basis,
+    )
 
 
 def lifetime_waste_seconds(interval_seconds: float, checkpoint_cost_seconds: float, lifetime: Lifetime) -> float:
@@ -154,8 +187,15 @@ def lifetime_waste_seconds(interval_seconds: float, checkpoint_cost_seconds: flo
     return waste
 
 
-def _least_waste_interval(c: float, lifetimes: Sequence[Lifetime], estimate: PreemptionEstimate, lo: float,
-                          hi: float, prior_hours: float, points: int = 48) -> float:
+def _least_waste_interval(
+    c: float,
+    lifetimes: Sequence[Lifetime],
+    estimate: PreemptionEstimate,
+    lo: float,
+    hi: float,
+    prior_hours: float,
+    points: int = 48,
+) -> float:
     prior_lossy = estimate.prior_per_hour * (1.0 - estimate.notice_share) / 3600.0
     prior_seconds = prior_hours * 3600.0
     seen = sum(lt.seconds for lt in lifetimes)
@@ -168,8 +208,9 @@ def _least_waste_interval(c: float, lifetimes: Sequence[Lifetime], estimate: Pre
     return min(grid, key=waste)
 
 
-def expected_waste_fraction(interval_seconds: float, checkpoint_cost_seconds: float, estimate: PreemptionEstimate,
-                            restart_seconds: float = 0.0) -> float:
+def expected_waste_fraction(
+    interval_seconds: float, checkpoint_cost_seconds: float, estimate: PreemptionEstimate, restart_seconds: float = 0.0
+) -> float:
     """First-order share of paid time not spent on useful steps (the planner's and the simulator's model):
     C/T for checkpoints; per lossy preemption, half an interval of lost work; per preemption, one restart."""
     ckpt = checkpoint_cost_seconds / interval_seconds if 0 < interval_seconds < math.inf else 0.0

@@ -20,6 +20,7 @@ what on-demand needs to finish from here) covers the reserve (``reserve_seconds`
 cheapest. With no spot capacity anywhere the job waits for free, which burns slack one for one, until the slack
 is only what spot's expected waste on the work left will need; then on-demand, until spot is back.
 """
+
 from __future__ import annotations
 
 import math
@@ -112,8 +113,9 @@ def move_seconds(name: str, job: JobState) -> float:
     return leave + job.restart_seconds + transfer
 
 
-def usd_per_useful_hour(name: str, usd: float, rate_per_hour: float, job: JobState,
-                        move_usd: float = 0.0) -> tuple[float, float]:
+def usd_per_useful_hour(
+    name: str, usd: float, rate_per_hour: float, job: JobState, move_usd: float = 0.0
+) -> tuple[float, float]:
     """(expected dollars per useful hour in ``name`` from here, the checkpoint interval there); ``move_usd``: the
     dollars a start there pays once (none when the job trains there now)."""
     u, t = useful_share(rate_per_hour, job)
@@ -129,8 +131,9 @@ def slack_seconds(job: JobState) -> float:
     """Time left less what on-demand needs to finish from here (its start and hourly checkpoints included)."""
     if job.time_left_seconds is None:
         return math.inf
-    needs = job.work_left_seconds * (1 + job.checkpoint_cost_seconds / MAX_INTERVAL_SECONDS) + \
-        move_seconds(ON_DEMAND, job)
+    needs = job.work_left_seconds * (1 + job.checkpoint_cost_seconds / MAX_INTERVAL_SECONDS) + move_seconds(
+        ON_DEMAND, job
+    )
     return job.time_left_seconds - needs
 
 
@@ -166,33 +169,56 @@ def choose(zones: Sequence[Zone], job: JobState) -> Placement:
         priced.append((cost, z.name != job.current, z.name, t))
     slack, reserve = slack_seconds(job), reserve_seconds(job)
     decided = _decide(zones, job, priced, od_usd, od_t, slack, reserve)
-    return Placement(decided.zone, decided.usd_per_useful_hour, decided.interval_seconds, decided.reason, slack,
-                     reserve)
+    return Placement(
+        decided.zone, decided.usd_per_useful_hour, decided.interval_seconds, decided.reason, slack, reserve
+    )
 
 
-def _decide(zones: Sequence[Zone], job: JobState, priced: list[tuple[float, bool, str, float]], od_usd: float,
-            od_t: float, slack: float, reserve: float) -> Placement:
+def _decide(
+    zones: Sequence[Zone],
+    job: JobState,
+    priced: list[tuple[float, bool, str, float]],
+    od_usd: float,
+    od_t: float,
+    slack: float,
+    reserve: float,
+) -> Placement:
     if slack < reserve:
-        return Placement(ON_DEMAND, od_usd, od_t, f"the deadline: {slack / 60:.0f} min of slack left, under the "
-                                                   f"{reserve / 60:.0f} min spot needs in reserve")
+        return Placement(
+            ON_DEMAND,
+            od_usd,
+            od_t,
+            f"the deadline: {slack / 60:.0f} min of slack left, under the {reserve / 60:.0f} min spot needs in reserve",
+        )
     if not priced:
-        best_spot = min((usd_per_useful_hour(z.name, z.spot_usd, preemption_rate(z), job, z.move_usd)[0]
-                         for z in zones),
-                        default=math.inf)
+        best_spot = min(
+            (usd_per_useful_hour(z.name, z.spot_usd, preemption_rate(z), job, z.move_usd)[0] for z in zones),
+            default=math.inf,
+        )
         if od_usd < best_spot:
-            return Placement(ON_DEMAND, od_usd, od_t, "no spot capacity, and on-demand is cheaper per useful hour "
-                                                       "than spot would be anyway")
+            return Placement(
+                ON_DEMAND,
+                od_usd,
+                od_t,
+                "no spot capacity, and on-demand is cheaper per useful hour than spot would be anyway",
+            )
         # waiting burns slack one for one: keep what spot's expected waste on the work left will need
         rate = min((preemption_rate(z) for z in zones), default=0.0)
         u, _ = useful_share(rate, job)
         waste = job.work_left_seconds * (1.0 / u - 1.0) if u > 0 else math.inf
         if slack < reserve + WAIT_WASTE_MULTIPLE * waste:
-            return Placement(ON_DEMAND, od_usd, od_t, f"no spot capacity, and the slack ({slack / 60:.0f} min) is "
-                                                       f"what spot's waste on the work left will need")
+            return Placement(
+                ON_DEMAND,
+                od_usd,
+                od_t,
+                f"no spot capacity, and the slack ({slack / 60:.0f} min) is "
+                f"what spot's waste on the work left will need",
+            )
         return Placement(WAIT, math.inf, od_t, "no spot capacity in any zone, and time to wait for it")
     cost, _, name, t = min(priced)
     t = deadline_interval(t, job)
     if od_usd < cost:
-        return Placement(ON_DEMAND, od_usd, od_t, f"on-demand ${od_usd:.3f} per useful hour against spot's "
-                                                   f"best ${cost:.3f} ({name})")
+        return Placement(
+            ON_DEMAND, od_usd, od_t, f"on-demand ${od_usd:.3f} per useful hour against spot's best ${cost:.3f} ({name})"
+        )
     return Placement(name, cost, t, f"{name}: ${cost:.3f} per useful hour expected")

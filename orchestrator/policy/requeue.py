@@ -19,6 +19,7 @@ Kubernetes, or a person re-running the command.
 The policy reads the ledger decoded (``orchestrator.records.ledger_record``): attempts are ``AttemptEntry``
 values, the ledger a ``LedgerRecord``, each field typed and bounded before it gets here.
 """
+
 from __future__ import annotations
 
 import random
@@ -105,8 +106,10 @@ class RequeuePolicy:
         self.backoff_max_seconds = float(requeue_cfg.backoff_max_seconds)
         self.crash_loop_threshold = int(requeue_cfg.crash_loop_threshold)
         if min(self.max_preemptions, self.max_failures, self.max_oom_retries) < 0:
-            raise ValueError("requeue.max_preemptions, requeue.max_failures and requeue.max_oom_retries must be >= 0 "
-                             "(0: never requeue).")
+            raise ValueError(
+                "requeue.max_preemptions, requeue.max_failures and requeue.max_oom_retries must be >= 0 "
+                "(0: never requeue)."
+            )
         if min(self.backoff_base_seconds, self.backoff_max_seconds) < 0:
             raise ValueError("requeue.backoff_base_seconds and requeue.backoff_max_seconds must be >= 0.")
         if self.crash_loop_threshold < 1:
@@ -161,10 +164,12 @@ class RequeuePolicy:
         ooms = self.count_oom(attempts)
         if ooms == 0 or ooms <= self.max_oom_retries:
             return None
-        return (f"out of memory in {ooms} attempt(s), and requeue.max_oom_retries={self.max_oom_retries} allows "
-                f"{self.max_oom_retries} retries: the same config runs out of memory the same way. "
-                f"Fix: {out_of_memory_fix()}; "
-                f"or raise requeue.max_oom_retries={ooms} if the memory was taken by something else")
+        return (
+            f"out of memory in {ooms} attempt(s), and requeue.max_oom_retries={self.max_oom_retries} allows "
+            f"{self.max_oom_retries} retries: the same config runs out of memory the same way. "
+            f"Fix: {out_of_memory_fix()}; "
+            f"or raise requeue.max_oom_retries={ooms} if the memory was taken by something else"
+        )
 
     def _crash_loop_reason(self, attempts: Sequence[AttemptEntry]) -> Optional[str]:
         streak = self.no_progress_streak(attempts)
@@ -223,13 +228,13 @@ class RequeuePolicy:
     def refuse_reason(self, ledger: LedgerRecord) -> Optional[str]:
         """Why a new attempt must not start, or None when it may.
 
-        Args:
-            ledger: the run's ledger, decoded; only its ``attempts`` are read.
-                Call this before recording the new attempt.
+            Args:
+                ledger: the run's ledger, decoded; only its ``attempts`` are read.
+                    Call this before recording the new attempt.
 
-    Returns a reason when a cap is already spent or the crash-loop breaker
-        has tripped, with what to change to go on anyway. ``start_refusal``
-        turns it into CapsReached (exit ``exitcodes.CAPS_REACHED``).
+        Returns a reason when a cap is already spent or the crash-loop breaker
+            has tripped, with what to change to go on anyway. ``start_refusal``
+            turns it into CapsReached (exit ``exitcodes.CAPS_REACHED``).
         """
         attempts = list(ledger.attempts)
         preemptions, failures = self.count(attempts)
@@ -269,8 +274,9 @@ def _stop(reason: str) -> Decision:
     return Decision(False, reason, 0.0, f"not requeued: {reason}")
 
 
-def start_refusal(ledger: LedgerRecord, policy: RequeuePolicy, *, max_usd: Optional[float] = None,
-                  final_uri: str = "") -> Optional[UserError]:
+def start_refusal(
+    ledger: LedgerRecord, policy: RequeuePolicy, *, max_usd: Optional[float] = None, final_uri: str = ""
+) -> Optional[UserError]:
     """Why a new attempt of the job in ``ledger`` must not start, as the error to raise; None when it may.
 
     Checked in this order: the job already completed (AlreadyCompleted: exit 0,
@@ -286,13 +292,16 @@ def start_refusal(ledger: LedgerRecord, policy: RequeuePolicy, *, max_usd: Optio
     """
     if ledger.status == "completed":
         where = f"; its final weights are at {final_uri}" if final_uri else ""
-        return AlreadyCompleted(f"job {ledger.run_name!r} is already complete{where}. "
-                                "Nothing to do; use a new run.name to train again.")
+        return AlreadyCompleted(
+            f"job {ledger.run_name!r} is already complete{where}. Nothing to do; use a new run.name to train again."
+        )
     reason = policy.refuse_reason(ledger)
     if reason:
         return CapsReached(reason)
     spent = ledger.attempts_cost_usd
     if max_usd is not None and spent >= max_usd:
-        return BudgetExhausted(f"budget spent: ${spent:.4f} of budget.max_usd=${max_usd}; "
-                               "raise budget.max_usd to let the job go on from its last checkpoint")
+        return BudgetExhausted(
+            f"budget spent: ${spent:.4f} of budget.max_usd=${max_usd}; "
+            "raise budget.max_usd to let the job go on from its last checkpoint"
+        )
     return None

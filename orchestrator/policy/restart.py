@@ -4,6 +4,7 @@ Measured from the job's own attempts when it has any (their median, so one slow
 start does not own it), else estimated from what a restart must move and load,
 and ``compute.restart_seconds`` overrides both.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -15,16 +16,24 @@ MODEL_LOAD_BYTES_PER_SECOND = 400e6  # safetensors from local disk or a warm hub
 CHECKPOINT_DOWNLOAD_BYTES_PER_SECOND = 100e6  # object storage to one machine, verified
 
 
-def restart_seconds(*, override: Optional[float] = None, measured: Iterable[float] = (),
-                    model_bytes: float = 0.0, checkpoint_bytes: float = 0.0) -> tuple[float, str]:
+def restart_seconds(
+    *,
+    override: Optional[float] = None,
+    measured: Iterable[float] = (),
+    model_bytes: float = 0.0,
+    checkpoint_bytes: float = 0.0,
+) -> tuple[float, str]:
     """(seconds, where the figure came from: "compute.restart_seconds" | "measured" | "estimated")."""
     if override is not None:
         return float(override), "compute.restart_seconds"
     seen = [float(s) for s in measured if s is not None and s > 0]
     if seen:
         return statistics.median(seen), "measured"
-    return (BASE_START_SECONDS + model_bytes / MODEL_LOAD_BYTES_PER_SECOND
-            + checkpoint_bytes / CHECKPOINT_DOWNLOAD_BYTES_PER_SECOND), "estimated"
+    return (
+        BASE_START_SECONDS
+        + model_bytes / MODEL_LOAD_BYTES_PER_SECOND
+        + checkpoint_bytes / CHECKPOINT_DOWNLOAD_BYTES_PER_SECOND
+    ), "estimated"
 
 
 def start_up_seconds(last_measured: float, override: Optional[float]) -> float:

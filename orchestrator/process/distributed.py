@@ -8,6 +8,7 @@ rank 0's exit code (torchrun itself turns any non-zero rank exit into 1).
 Inside the ranks, rank 0 alone talks to storage, the ledger and MLflow; the
 others follow its decisions, broadcast over the process group.
 """
+
 from __future__ import annotations
 
 import logging

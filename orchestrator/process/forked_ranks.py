@@ -16,6 +16,7 @@ Python thread but the main one, no GPU driver loaded (CUDA is initialised by eac
 before). Otherwise, or with ``requeue.fork_attempts=false``, torchrun runs as a command and each rank is a fresh
 interpreter, as before; the log says why.
 """
+
 from __future__ import annotations
 
 import gc
@@ -47,8 +48,12 @@ def launch_ranks(cfg, overrides: list[str], work_root: Path, main: Callable[[lis
     token = uuid.uuid4().hex[:12]
     exit_file = work_root / f"exit-{token}"
     work_root.mkdir(parents=True, exist_ok=True)
-    flags = [f"--nproc_per_node={cfg.distributed.processes_per_node}", "--nnodes=1", "--master_addr=127.0.0.1",
-             f"--master_port={_free_port()}"]
+    flags = [
+        f"--nproc_per_node={cfg.distributed.processes_per_node}",
+        "--nnodes=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+    ]
     env = dict(os.environ, ORCH_ATTEMPT_TOKEN=token, ORCH_EXIT_FILE=str(exit_file))
     # torchrun in its own session: a signal to our process group must reach the ranks
     # (which save and exit 75), not torchrun (which would kill them after its own timeout)
@@ -88,8 +93,12 @@ def start(cfg: Any, flags: list[str], overrides: list[str], env: dict[str, str],
     reason = refusal(cfg)
     if reason is not None:
         log.info("ranks start a fresh interpreter each under torchrun: %s", reason)
-        return subprocess.Popen([*TORCHRUN, *flags, *worker_argv(overrides, module_only=True)], env=env,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        return subprocess.Popen(
+            [*TORCHRUN, *flags, *worker_argv(overrides, module_only=True)],
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
     from orchestrator.attempt.start_up import Inherited
     from orchestrator.config.compose import prime
     from orchestrator.process.warm_start import ForkedAttempt
@@ -167,8 +176,10 @@ def _agent(flags: list[str], rank_args: list) -> int:
     try:
         elastic_launch(config, entrypoint=rank_main)(*rank_args)
     except ChildFailedError as err:  # the outcome is in the first rank's exit file; torchrun's own code is 1
-        log.warning("torchrun's agent: %s", ", ".join(f"rank {rank} exited with {failure.exitcode}"
-                                                      for rank, failure in sorted(err.failures.items())))
+        log.warning(
+            "torchrun's agent: %s",
+            ", ".join(f"rank {rank} exited with {failure.exitcode}" for rank, failure in sorted(err.failures.items())),
+        )
         return 1
     return 0
 

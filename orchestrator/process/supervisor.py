@@ -21,6 +21,7 @@ went up was killed for memory. Nothing else is trusted: not the return code
 alone (137 is any SIGKILL), not the kernel log (needs privileges, and names
 pids that may be reused).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -52,7 +53,6 @@ FORWARDED_SIGNALS = exitcodes.PREEMPTION_SIGNALS
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-
 def _counter(path: Path, name: str) -> Optional[int]:
     """The value of ``name`` in a flat-keyed cgroup file ("key value" lines), or None."""
     try:
@@ -65,7 +65,9 @@ def _counter(path: Path, name: str) -> Optional[int]:
     return None
 
 
-def oom_kill_count(cgroup_root: str | Path = CGROUP_ROOT, proc_cgroup: str | Path = "/proc/self/cgroup") -> Optional[int]:
+def oom_kill_count(
+    cgroup_root: str | Path = CGROUP_ROOT, proc_cgroup: str | Path = "/proc/self/cgroup"
+) -> Optional[int]:
     """The kernel's count of OOM kills in this process's memory cgroup and its descendants; None if unreadable.
 
     Reads ``proc_cgroup`` for the process's cgroup paths, then cgroup v2's
@@ -148,8 +150,9 @@ class Supervisor:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
         if first:
-            log.warning("received %s: forwarded to the worker; no further attempts will start",
-                        signal.Signals(signum).name)
+            log.warning(
+                "received %s: forwarded to the worker; no further attempts will start", signal.Signals(signum).name
+            )
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._forward) for s in FORWARDED_SIGNALS}
@@ -175,11 +178,16 @@ class Supervisor:
             attempts, exit_class = self._attempts_with(exit_class, token)
             log.info("attempt exited with code %s (%s)", returncode, exit_class.value)
             if exit_class == ExitClass.OUT_OF_MEMORY and returncode != exitcodes.OUT_OF_MEMORY:
-                log.error("the kernel's OOM killer ended the attempt (this cgroup's oom_kill count rose): host memory "
-                          "ran out. Fix: %s", out_of_memory_fix(self.cfg, bigger_gpus(self.cfg)))
+                log.error(
+                    "the kernel's OOM killer ended the attempt (this cgroup's oom_kill count rose): host memory "
+                    "ran out. Fix: %s",
+                    out_of_memory_fix(self.cfg, bigger_gpus(self.cfg)),
+                )
             if self.signalled is not None:
                 log.warning("not requeued: this supervisor received %s", signal.Signals(self.signalled).name)
-                return exitcodes.PREEMPTED if exit_class in exitcodes.PREEMPTION_CLASSES else _code(exit_class, returncode)
+                return (
+                    exitcodes.PREEMPTED if exit_class in exitcodes.PREEMPTION_CLASSES else _code(exit_class, returncode)
+                )
             if exit_class in exitcodes.FINAL_CLASSES:
                 # the class the attempt recorded wins over how its process ended: a worker killed after
                 # it committed its final weights and closed the ledger as completed did complete
@@ -187,7 +195,11 @@ class Supervisor:
             decision = self.policy.decide(attempts)
             log.warning(decision.log_line)
             if not decision.requeue:
-                return exitcodes.CAPS_REACHED if exit_class in exitcodes.PREEMPTION_CLASSES else _code(exit_class, returncode)
+                return (
+                    exitcodes.CAPS_REACHED
+                    if exit_class in exitcodes.PREEMPTION_CLASSES
+                    else _code(exit_class, returncode)
+                )
             if decision.delay_seconds > 0:
                 time.sleep(decision.delay_seconds)
             if self.signalled is not None:
@@ -224,6 +236,7 @@ class Supervisor:
 
             def start(command, child_env):
                 return warm_start.start(command, child_env, inherited, new_session=True)
+
         return LocalWorld(self.command, env, nodes, stop_after_s=timeout + STOP_MARGIN_S, start=start)
 
     def _zone(self) -> Optional[str]:
@@ -330,10 +343,12 @@ def start_holds(cfg, store):
     from orchestrator.attempt.build import attempt_price, cached_catalog, job_name
     from orchestrator.money.spend_holds import StartHolds
 
-    _capacity, compute, _catalog, price = attempt_price(OmegaConf.to_object(cfg.compute), os.environ,
-                                                        cached_catalog(cfg, store))  # as the attempt's meter
-    return StartHolds(cfg, store, job_name(cfg), usd_per_second=price.usd_per_second,
-                      restart_seconds=compute.restart_seconds)
+    _capacity, compute, _catalog, price = attempt_price(
+        OmegaConf.to_object(cfg.compute), os.environ, cached_catalog(cfg, store)
+    )  # as the attempt's meter
+    return StartHolds(
+        cfg, store, job_name(cfg), usd_per_second=price.usd_per_second, restart_seconds=compute.restart_seconds
+    )
 
 
 def _code(exit_class: ExitClass, returncode: int) -> int:

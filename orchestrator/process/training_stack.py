@@ -4,6 +4,7 @@ The worker keeps the quantisation stack and DeepSpeed out of jobs that do not us
 imported); a process that forks attempts or ranks (``orchestrator.process.warm_start``, ``orchestrator.process.forked_ranks``)
 imports the rest once, before its first fork.
 """
+
 from __future__ import annotations
 
 import sys

@@ -21,6 +21,7 @@ otherwise the attempt is a fresh interpreter as before, and the log says why:
   threads libraries start at import (torch's, jemalloc's background thread under pyarrow) are the ones every
   PyTorch DataLoader worker is forked past; they register their own fork handlers.
 """
+
 from __future__ import annotations
 
 import gc
@@ -56,7 +57,9 @@ def is_launch_command(command: list[str]) -> bool:
     return command[:3] == [sys.executable, "-m", LAUNCH_MODULE]
 
 
-def prepare(cfg: Any, *, launchers: bool = False, overrides: Optional[list[str]] = None) -> tuple[Optional[str], Inherited]:
+def prepare(
+    cfg: Any, *, launchers: bool = False, overrides: Optional[list[str]] = None
+) -> tuple[Optional[str], Inherited]:
     """Import what this config's attempts import: (None when attempts can be forked, else why they cannot; the
     start-up spent on it, which the first attempt inherits). ``launchers``: for a sweep driver that forks its
     trials' launchers, whose configs differ from ``cfg`` by the searched keys (a recipe, a quantised base, a
@@ -79,8 +82,11 @@ def prepare(cfg: Any, *, launchers: bool = False, overrides: Optional[list[str]]
     spent = Inherited(began, time.process_time() - cpu)
     reason = unsafe_reason()
     if reason is None:
-        log.info("training stack imported once (%.1f CPU-s): %s are forked from this %s", spent.cpu_s,
-                 *(("trials' launchers", "sweep driver") if launchers else ("attempts", "supervisor")))
+        log.info(
+            "training stack imported once (%.1f CPU-s): %s are forked from this %s",
+            spent.cpu_s,
+            *(("trials' launchers", "sweep driver") if launchers else ("attempts", "supervisor")),
+        )
     return reason, spent
 
 
@@ -111,8 +117,11 @@ class Forks:
         return inherited
 
 
-def unsafe_reason(maps: str | Path = "/proc/self/maps", threads: Optional[Iterable[threading.Thread]] = None,
-                  who: str = "the supervisor") -> Optional[str]:
+def unsafe_reason(
+    maps: str | Path = "/proc/self/maps",
+    threads: Optional[Iterable[threading.Thread]] = None,
+    who: str = "the supervisor",
+) -> Optional[str]:
     """Why forking this process (``who``, as the reason names it) now would not be safe; None when it is.
     ``threads``: this process's live threads (``threading.enumerate()`` unless given)."""
     live = threading.enumerate() if threads is None else threads
@@ -133,8 +142,7 @@ def gpu_driver_loaded(maps: str | Path = "/proc/self/maps") -> bool:
         text = Path(maps).read_text()
     except OSError:
         return True
-    return any(os.path.basename(line.split()[-1]).startswith("libcuda.so")
-               for line in text.splitlines() if "/" in line)
+    return any(os.path.basename(line.split()[-1]).startswith("libcuda.so") for line in text.splitlines() if "/" in line)
 
 
 class ForkedAttempt:
@@ -188,8 +196,13 @@ class ForkedAttempt:
         self.send_signal(signal.SIGKILL)
 
 
-def start(command: list[str], env: dict[str, str], inherited: Optional[Inherited] = None,
-          output: Optional[IO] = None, new_session: bool = False) -> ForkedAttempt:
+def start(
+    command: list[str],
+    env: dict[str, str],
+    inherited: Optional[Inherited] = None,
+    output: Optional[IO] = None,
+    new_session: bool = False,
+) -> ForkedAttempt:
     """Fork ``command`` (``python -m orchestrator.worker <overrides>``, a sweep trial's ``python -m
     orchestrator.launch <overrides>``, a multi-node world's ``python -m orchestrator.process.multinode.store ...``) with
     environment ``env``; ``inherited``: the start-up an attempt inherits (the first attempt's import), else its

@@ -10,6 +10,7 @@ standard error and per-item value a finite number in [0, 1]; each score the mean
 them (recomputed: ``items_agree``). Anything else is one ``CorruptRecord`` naming the object and what is wrong: the
 result store then ignores it, with a warning, and evaluates that checkpoint (or the base model) again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -87,7 +88,8 @@ class _Reader:
                 stderr = score.get("stderr")
                 out.setdefault(task, {})[metric] = Score(
                     self.fraction(score.get("value"), f"score {task}/{metric}"),
-                    None if stderr is None else self.fraction(stderr, f"the stderr of {task}/{metric}"))
+                    None if stderr is None else self.fraction(stderr, f"the stderr of {task}/{metric}"),
+                )
         return out
 
     def samples(self, raw: Any, scores: Mapping[str, Mapping[str, Score]]) -> dict[str, dict[str, tuple[float, ...]]]:
@@ -102,14 +104,20 @@ class _Reader:
                 if score is None:
                     raise self.fail(f"it holds items of {task}/{metric} but no such score")
                 if not items_agree(score.value, values):
-                    raise self.fail(f"score {task}/{metric} {score.value!r} is not the mean of its {len(values)} "
-                                    f"items ({sum(values) / len(values)!r})")
+                    raise self.fail(
+                        f"score {task}/{metric} {score.value!r} is not the mean of its {len(values)} "
+                        f"items ({sum(values) / len(values)!r})"
+                    )
                 out.setdefault(task, {})[metric] = values
         return out
 
     def amount(self, value: Any, high: float) -> bool:
-        return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-                and 0 <= value <= high)
+        return (
+            not isinstance(value, bool)
+            and isinstance(value, (int, float))
+            and math.isfinite(value)
+            and 0 <= value <= high
+        )
 
 
 @dataclass(frozen=True)
@@ -128,13 +136,25 @@ class BenchResult:
     cost_usd: Optional[float] = None  # the job's cost when the checkpoint was evaluated
 
     @classmethod
-    def of(cls, *, scores: Mapping[str, Mapping[str, Mapping[str, Any]]],
-           samples: Mapping[str, Mapping[str, Iterable[float]]], **fields: Any) -> "BenchResult":
+    def of(
+        cls,
+        *,
+        scores: Mapping[str, Mapping[str, Mapping[str, Any]]],
+        samples: Mapping[str, Mapping[str, Iterable[float]]],
+        **fields: Any,
+    ) -> "BenchResult":
         """A result from an evaluation's tables (``{task: {metric: {"value", "stderr"}}}``, per-item lists)."""
-        return cls(scores={t: {m: Score(float(s["value"]), None if s.get("stderr") is None else float(s["stderr"]))
-                               for m, s in ms.items()} for t, ms in scores.items()},
-                   samples={t: {m: tuple(float(v) for v in items) for m, items in ms.items()}
-                            for t, ms in samples.items()}, **fields)
+        return cls(
+            scores={
+                t: {
+                    m: Score(float(s["value"]), None if s.get("stderr") is None else float(s["stderr"]))
+                    for m, s in ms.items()
+                }
+                for t, ms in scores.items()
+            },
+            samples={t: {m: tuple(float(v) for v in items) for m, items in ms.items()} for t, ms in samples.items()},
+            **fields,
+        )
 
     def score(self, task: str, metric: str) -> Optional[Score]:
         return self.scores.get(task, {}).get(metric)
@@ -151,11 +171,19 @@ class BenchResult:
         return {t: {m: list(items) for m, items in ms.items()} for t, ms in self.samples.items()}
 
     def body(self) -> dict[str, Any]:
-        return {"version": RESULT_VERSION, "checkpoint": self.checkpoint, "step": self.step,
-                "manifest_sha256": self.manifest_sha256, "harness_version": self.harness_version,
-                "task_hash": self.task_hash, "seed": self.seed,
-                "scores": {t: {m: s.encode() for m, s in ms.items()} for t, ms in self.scores.items()},
-                "samples": self.samples_table(), "seconds": self.seconds, "cost_usd": self.cost_usd}
+        return {
+            "version": RESULT_VERSION,
+            "checkpoint": self.checkpoint,
+            "step": self.step,
+            "manifest_sha256": self.manifest_sha256,
+            "harness_version": self.harness_version,
+            "task_hash": self.task_hash,
+            "seed": self.seed,
+            "scores": {t: {m: s.encode() for m, s in ms.items()} for t, ms in self.scores.items()},
+            "samples": self.samples_table(),
+            "seconds": self.seconds,
+            "cost_usd": self.cost_usd,
+        }
 
     def encode(self) -> bytes:
         """The result as stored: its body, the body's SHA-256, and its signature when a key is set."""
@@ -181,11 +209,16 @@ class BenchResult:
         seconds: Any = doc.get("seconds")
         cost: Any = doc.get("cost_usd")
         if not read.amount(seconds, MAX_SECONDS) or (cost is not None and not read.amount(cost, MAX_USD)):
-            raise read.fail("its seconds or cost_usd is not a finite non-negative number (cost at most "
-                            f"${MAX_USD:g})")
-        return cls(checkpoint=read.name(doc.get("checkpoint"), "checkpoint"), step=read.count(doc.get("step"), "step"),
-                   manifest_sha256=read.name(doc.get("manifest_sha256"), "manifest_sha256"),
-                   harness_version=read.name(doc.get("harness_version"), "harness_version"),
-                   task_hash=read.name(doc.get("task_hash"), "task_hash"), seed=read.count(doc.get("seed"), "seed"),
-                   scores=scores, samples=read.samples(doc.get("samples"), scores), seconds=float(seconds),
-                   cost_usd=None if cost is None else float(cost))
+            raise read.fail(f"its seconds or cost_usd is not a finite non-negative number (cost at most ${MAX_USD:g})")
+        return cls(
+            checkpoint=read.name(doc.get("checkpoint"), "checkpoint"),
+            step=read.count(doc.get("step"), "step"),
+            manifest_sha256=read.name(doc.get("manifest_sha256"), "manifest_sha256"),
+            harness_version=read.name(doc.get("harness_version"), "harness_version"),
+            task_hash=read.name(doc.get("task_hash"), "task_hash"),
+            seed=read.count(doc.get("seed"), "seed"),
+            scores=scores,
+            samples=read.samples(doc.get("samples"), scores),
+            seconds=float(seconds),
+            cost_usd=None if cost is None else float(cost),
+        )

@@ -5,6 +5,7 @@ that comes back cannot write over its successor (``Fenced``). It is not the trai
 (``train.num_epochs``). Ledgers and checkpoint manifests written before it had this name hold it as
 ``"epoch"``: this module is the one place that knows the old name, and reads it.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ a truncated write). The records decode each into a type through these readers: a
 infinity or past its physical bound raises ``CorruptRecord`` naming the document and the field, and a text meant
 for a terminal keeps no control character (a host name carrying terminal escapes prints as ``?``).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,10 @@ class CorruptRecord(DataError):
 
     def __init__(self, where: str, problem: str):
         self.where, self.problem = where, problem
-        super().__init__(f"{where} is corrupt: {problem}. It was written outside the orchestrator or damaged; "
-                         "move it aside (the orchestrator then starts that record afresh) or restore it from a copy.")
+        super().__init__(
+            f"{where} is corrupt: {problem}. It was written outside the orchestrator or damaged; "
+            "move it aside (the orchestrator then starts that record afresh) or restore it from a copy."
+        )
 
 
 class Fields:

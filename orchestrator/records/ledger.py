@@ -38,6 +38,7 @@ share); ``capacity`` lists the job's capacity decisions, newest last (the newest
 ``MAX_CAPACITY_DECISIONS``), each ``{"capacity", "previous", "reason", "locked", "at_risk",
 "action", "time", "fence", "step"}``; the next submission of a job reads the newest.
 """
+
 from __future__ import annotations
 
 import json
@@ -108,8 +109,13 @@ def evaluations(ledger: dict[str, Any]) -> list[Any]:
     stored list is not one of dicts with a finite, non-negative cost (storage is untrusted)."""
     entries = ledger.get("evaluations")
     ok = isinstance(entries, list) and all(
-        isinstance(e, dict) and isinstance(e.get("cost_usd"), (int, float)) and not isinstance(e.get("cost_usd"), bool)
-        and math.isfinite(e["cost_usd"]) and e["cost_usd"] >= 0 for e in entries)
+        isinstance(e, dict)
+        and isinstance(e.get("cost_usd"), (int, float))
+        and not isinstance(e.get("cost_usd"), bool)
+        and math.isfinite(e["cost_usd"])
+        and e["cost_usd"] >= 0
+        for e in entries
+    )
     return cast("list[Any]", entries) if ok else []
 
 
@@ -132,8 +138,14 @@ class Ledger:
         keep_checkpoints: how many checkpoint records to keep (``checkpoint.keep_last``).
     """
 
-    def __init__(self, store: ObjectStore, run_name: str, *, fence: int | None = None,
-                 keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS):
+    def __init__(
+        self,
+        store: ObjectStore,
+        run_name: str,
+        *,
+        fence: int | None = None,
+        keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
+    ):
         if not run_name or "/" in run_name:
             raise ValueError(f"run name {run_name!r} must be non-empty and contain no '/'")
         if keep_checkpoints < 1:
@@ -165,11 +177,20 @@ class Ledger:
 
     # -- the one write path ------------------------------------------------
     # -- attempts ------------------------------------------------------------
-    def begin_attempt(self, *, host: str, pid: int, instance_type: str | None, gpu_type: str | None, gpus: int,
-                      spot: bool, checkpoint_step: int,
-                      refuse: Callable[[LedgerRecord], UserError | str | None] | None = None,
-                      extra: dict[str, Any] | None = None,
-                      zone: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def begin_attempt(
+        self,
+        *,
+        host: str,
+        pid: int,
+        instance_type: str | None,
+        gpu_type: str | None,
+        gpus: int,
+        spot: bool,
+        checkpoint_step: int,
+        refuse: Callable[[LedgerRecord], UserError | str | None] | None = None,
+        extra: dict[str, Any] | None = None,
+        zone: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Start a new attempt and take the next fence, in one conditional write.
 
         Creates the ledger if absent; decodes it (``LedgerRecord.decode``: a ledger that does not decode raises
@@ -189,9 +210,18 @@ class Ledger:
         Returns the new attempt dict. Raises the refusal (a UserError), or CorruptRecord.
         """
         refused: list[UserError] = []
-        fields = dict(host=host, pid=pid, instance_type=instance_type, gpu_type=gpu_type, gpus=gpus, spot=spot,
-                      extra=dict(extra or {}), launched_by=os.environ.get(LAUNCHED_BY_ENV),
-                      rdzv_id=os.environ.get(RDZV_ID_ENV), **dict(zone or {}))
+        fields = dict(
+            host=host,
+            pid=pid,
+            instance_type=instance_type,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            spot=spot,
+            extra=dict(extra or {}),
+            launched_by=os.environ.get(LAUNCHED_BY_ENV),
+            rdzv_id=os.environ.get(RDZV_ID_ENV),
+            **dict(zone or {}),
+        )
 
         def mutate(ledger: dict[str, Any] | None) -> dict[str, Any] | None:
             created = ledger is None
@@ -256,11 +286,15 @@ class Ledger:
         in storage); ``checkpoints_committed`` counts them all.
         """
         record = {"step": step, "key": key, "size": int(size), "fence": self.fence}
-        return self.update(lambda ledger: _add_checkpoint(ledger, self.current_attempt(ledger), record,
-                                                          keep=self.keep_checkpoints, cost_usd=cost_usd))
+        return self.update(
+            lambda ledger: _add_checkpoint(
+                ledger, self.current_attempt(ledger), record, keep=self.keep_checkpoints, cost_usd=cost_usd
+            )
+        )
 
-    def end_attempt(self, exit_class: ExitClass | str, step: int, cost_usd: float,
-                    status: str | None = None) -> dict[str, Any]:
+    def end_attempt(
+        self, exit_class: ExitClass | str, step: int, cost_usd: float, status: str | None = None
+    ) -> dict[str, Any]:
         """Close this attempt with ``exit_class`` and set the job's ``status`` (one of RUN_STATUSES).
 
         ``status`` defaults to the one ``exitcodes.OUTCOMES`` gives ``exit_class``.
@@ -302,8 +336,12 @@ class Ledger:
 
     def record_alert(self, name: str) -> bool:
         """Mark alert ``name`` as sent; True only the first time across the whole job (all attempts)."""
-        return record_once(lambda mutate: transact(self.store, self.key, mutate, decode=decode_ledger),
-                           lambda ledger: require_fence(ledger, self.fence, self.uri), name, time.time)
+        return record_once(
+            lambda mutate: transact(self.store, self.key, mutate, decode=decode_ledger),
+            lambda ledger: require_fence(ledger, self.fence, self.uri),
+            name,
+            time.time,
+        )
 
     def set_attempt_extra(self, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into this attempt's ``extra`` (its measurements and decisions)."""
@@ -367,15 +405,29 @@ def _set_refused_status(ledger: dict[str, Any], error: UserError) -> bool:
 def _append_attempt(ledger: dict[str, Any], checkpoint_step: int, fields: dict[str, Any]) -> None:
     now = time.time()
     ledger["fence"] = int(ledger["fence"]) + 1
-    ledger["attempts"].append({
-        "fence": ledger["fence"], "host": fields["host"], "pid": fields["pid"], "started_at": now, "ended_at": None,
-        "last_seen": now, "exit_class": RUNNING, "step_start": checkpoint_step, "step_end": checkpoint_step,
-        "checkpoint_step_at_start": checkpoint_step,
-        # the newest checkpoint this attempt committed: its durable progress (steps past it are lost)
-        "checkpoint_step_end": checkpoint_step, "cost_usd": 0.0, "instance_type": fields["instance_type"],
-        "gpu_type": fields["gpu_type"], "gpus": fields["gpus"], "spot": fields["spot"], "extra": fields["extra"],
-        "launched_by": fields["launched_by"],
-    })
+    ledger["attempts"].append(
+        {
+            "fence": ledger["fence"],
+            "host": fields["host"],
+            "pid": fields["pid"],
+            "started_at": now,
+            "ended_at": None,
+            "last_seen": now,
+            "exit_class": RUNNING,
+            "step_start": checkpoint_step,
+            "step_end": checkpoint_step,
+            "checkpoint_step_at_start": checkpoint_step,
+            # the newest checkpoint this attempt committed: its durable progress (steps past it are lost)
+            "checkpoint_step_end": checkpoint_step,
+            "cost_usd": 0.0,
+            "instance_type": fields["instance_type"],
+            "gpu_type": fields["gpu_type"],
+            "gpus": fields["gpus"],
+            "spot": fields["spot"],
+            "extra": fields["extra"],
+            "launched_by": fields["launched_by"],
+        }
+    )
     if fields["rdzv_id"]:  # one node of several: its launchers record the nodes in it by this id
         ledger["attempts"][-1]["rdzv_id"] = fields["rdzv_id"]
     for key in ZONE_FIELDS:  # where it landed (compute.zones), when known
@@ -386,8 +438,9 @@ def _append_attempt(ledger: dict[str, Any], checkpoint_step: int, fields: dict[s
     ledger["cost_usd"] = _total_cost(ledger)
 
 
-def _add_checkpoint(ledger: dict[str, Any], attempt: dict[str, Any], record: dict[str, Any], *, keep: int,
-                    cost_usd: float | None) -> None:
+def _add_checkpoint(
+    ledger: dict[str, Any], attempt: dict[str, Any], record: dict[str, Any], *, keep: int, cost_usd: float | None
+) -> None:
     """Record a commit: the newest ``keep`` records by step stay, every commit is counted; the attempt's progress."""
     now = time.time()
     records = ledger.get("checkpoints") or []

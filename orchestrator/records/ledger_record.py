@@ -18,6 +18,7 @@ reads the same bytes). The local supervisor stops on that exit; its own reading 
 warns. Another job's ledger that does not decode (the spend index's dead-hold sweep, a sweep's trials) is skipped
 with a warning naming it, and its neighbours go on.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -47,8 +48,13 @@ class NodeEntry:
 
     @classmethod
     def decode(cls, f: Fields) -> "NodeEntry":
-        return cls(node=f.whole("node", high=MAX_GPUS), host=f.text("host", "-"), started_at=f.time("started_at"),
-                   ended_at=f.time("ended_at"), exit=f.whole("exit", low=-255, high=255, default=None))
+        return cls(
+            node=f.whole("node", high=MAX_GPUS),
+            host=f.text("host", "-"),
+            started_at=f.time("started_at"),
+            ended_at=f.time("ended_at"),
+            exit=f.whole("exit", low=-255, high=255, default=None),
+        )
 
 
 @dataclass(frozen=True)
@@ -82,29 +88,57 @@ class AttemptEntry:
     @classmethod
     def decode(cls, f: Fields) -> "AttemptEntry":
         return cls(
-            fence=f.whole("fence", low=1), exit_class=f.choice("exit_class", EXIT_CLASSES), host=f.text("host", "-"),
-            pid=f.whole("pid", high=MAX_PID, default=None), started_at=f.time("started_at"),
-            ended_at=f.time("ended_at"), last_seen=f.time("last_seen"), step_start=f.whole("step_start", default=0),
+            fence=f.whole("fence", low=1),
+            exit_class=f.choice("exit_class", EXIT_CLASSES),
+            host=f.text("host", "-"),
+            pid=f.whole("pid", high=MAX_PID, default=None),
+            started_at=f.time("started_at"),
+            ended_at=f.time("ended_at"),
+            last_seen=f.time("last_seen"),
+            step_start=f.whole("step_start", default=0),
             step_end=f.whole("step_end", default=0),
             checkpoint_step_at_start=f.whole("checkpoint_step_at_start", default=0),
-            checkpoint_step_end=f.whole("checkpoint_step_end", default=None), cost_usd=f.usd("cost_usd"),
-            instance_type=f.text("instance_type", None), gpu_type=f.text("gpu_type", None),
-            gpus=f.whole("gpus", high=MAX_GPUS, default=0), spot=f.flag("spot"),
-            launched_by=f.text("launched_by", None), nodes=tuple(NodeEntry.decode(n) for n in f.objects("nodes")),
-            extra=f.mapping("extra"), zone=f.text("zone", None, limit=MAX_ZONE_NAME),
+            checkpoint_step_end=f.whole("checkpoint_step_end", default=None),
+            cost_usd=f.usd("cost_usd"),
+            instance_type=f.text("instance_type", None),
+            gpu_type=f.text("gpu_type", None),
+            gpus=f.whole("gpus", high=MAX_GPUS, default=0),
+            spot=f.flag("spot"),
+            launched_by=f.text("launched_by", None),
+            nodes=tuple(NodeEntry.decode(n) for n in f.objects("nodes")),
+            extra=f.mapping("extra"),
+            zone=f.text("zone", None, limit=MAX_ZONE_NAME),
             zone_region=f.text("zone_region", None, limit=MAX_ZONE_NAME),
             zone_usd_per_hour=f.number("zone_usd_per_hour", high=MAX_USD_PER_HOUR, default=None),
-            zone_reason=f.text("zone_reason", None, limit=MAX_ZONE_REASON))
+            zone_reason=f.text("zone_reason", None, limit=MAX_ZONE_REASON),
+        )
 
     @classmethod
     def unrecorded(cls, exit_class: str, step: int = 0) -> "AttemptEntry":
         """An attempt that left no entry in the ledger, as its requeue policy counts it: a worker that died before
         it opened the ledger (the supervisor saw it end with ``exit_class`` at ``step``), a simulated attempt
         (``orchestrator.planning.simulate``). Fence 0: it never took one."""
-        return cls(fence=0, exit_class=exit_class, host="-", pid=None, started_at=None, ended_at=None, last_seen=None,
-                   step_start=step, step_end=step, checkpoint_step_at_start=step, checkpoint_step_end=None,
-                   cost_usd=0.0, instance_type=None, gpu_type=None, gpus=0, spot=False, launched_by=None, nodes=(),
-                   extra={})
+        return cls(
+            fence=0,
+            exit_class=exit_class,
+            host="-",
+            pid=None,
+            started_at=None,
+            ended_at=None,
+            last_seen=None,
+            step_start=step,
+            step_end=step,
+            checkpoint_step_at_start=step,
+            checkpoint_step_end=None,
+            cost_usd=0.0,
+            instance_type=None,
+            gpu_type=None,
+            gpus=0,
+            spot=False,
+            launched_by=None,
+            nodes=(),
+            extra={},
+        )
 
     @property
     def running(self) -> bool:
@@ -126,8 +160,13 @@ class CheckpointEntry:
 
     @classmethod
     def decode(cls, f: Fields) -> "CheckpointEntry":
-        return cls(step=f.whole("step"), key=f.text("key"), size=f.whole("size", high=2**60, default=0),
-                   time=f.time("time"), fence=f.whole("fence", default=0))
+        return cls(
+            step=f.whole("step"),
+            key=f.text("key"),
+            size=f.whole("size", high=2**60, default=0),
+            time=f.time("time"),
+            fence=f.whole("fence", default=0),
+        )
 
 
 @dataclass(frozen=True)
@@ -145,9 +184,16 @@ class CapacityDecision:
 
     @classmethod
     def decode(cls, f: Fields) -> "CapacityDecision":
-        return cls(capacity=f.text("capacity", "?"), previous=f.text("previous", None), reason=f.text("reason", ""),
-                   action=f.text("action", None), time=f.time("time"), fence=f.whole("fence", default=0),
-                   step=f.whole("step", default=0), locked=f.flag("locked"))
+        return cls(
+            capacity=f.text("capacity", "?"),
+            previous=f.text("previous", None),
+            reason=f.text("reason", ""),
+            action=f.text("action", None),
+            time=f.time("time"),
+            fence=f.whole("fence", default=0),
+            step=f.whole("step", default=0),
+            locked=f.flag("locked"),
+        )
 
 
 @dataclass(frozen=True)
@@ -178,14 +224,22 @@ class LedgerRecord:
         checkpoints = tuple(CheckpointEntry.decode(c) for c in f.objects("checkpoints"))
         alerts = f.mapping("alerts")
         return cls(
-            where=where, run_name=f.text("run_name", "?"), status=f.choice("status", RUN_STATUSES, RUNNING),
-            fence=f.whole("fence", default=0), attempts=attempts, checkpoints=checkpoints,
+            where=where,
+            run_name=f.text("run_name", "?"),
+            status=f.choice("status", RUN_STATUSES, RUNNING),
+            fence=f.whole("fence", default=0),
+            attempts=attempts,
+            checkpoints=checkpoints,
             checkpoints_committed=f.whole("checkpoints_committed", default=len(checkpoints)),
             alerts={str(k): cast(float, Fields(alerts, f"{where} alerts").time(k, 0.0)) for k in alerts},
-            mlflow_run_id=f.text("mlflow_run_id", None), cost_usd=f.usd("cost_usd"),
-            step=f.whole("step", high=MAX_STEPS, default=0), created_at=f.time("created_at"),
-            capacity=tuple(CapacityDecision.decode(d) for d in f.objects("capacity")), repro=f.mapping("repro"),
-            model_input=Fields(f.mapping("repro"), f"{where} repro").text("model_input", None))
+            mlflow_run_id=f.text("mlflow_run_id", None),
+            cost_usd=f.usd("cost_usd"),
+            step=f.whole("step", high=MAX_STEPS, default=0),
+            created_at=f.time("created_at"),
+            capacity=tuple(CapacityDecision.decode(d) for d in f.objects("capacity")),
+            repro=f.mapping("repro"),
+            model_input=Fields(f.mapping("repro"), f"{where} repro").text("model_input", None),
+        )
 
     def trained(self, model: str) -> bool:
         """Whether the job trained ``model`` (a hub id or a path), as its reproducibility record says."""
@@ -206,6 +260,8 @@ class LedgerRecord:
         ``Ledger.begin_attempt`` marks them itself; this covers ledgers written otherwise (an older version, a
         hand edit, a writer that lost its race)."""
         newest = self.newest_fence
-        fixed = tuple(replace(a, exit_class=ExitClass.VANISHED.value, ended_at=a.end)
-                      if a.running and a.fence < newest else a for a in self.attempts)
+        fixed = tuple(
+            replace(a, exit_class=ExitClass.VANISHED.value, ended_at=a.end) if a.running and a.fence < newest else a
+            for a in self.attempts
+        )
         return replace(self, attempts=fixed)

@@ -8,6 +8,7 @@ any machine, a time outside 1970-2100, an exit code outside [-255, 255], a host 
 itself (its writer drops it, with a warning, and the node's own record takes its place); an attempt whose
 rendezvous fields do not decode is not taken for any node's; the other nodes and attempts go on.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -50,18 +51,31 @@ class NodeRecord:
 
     @classmethod
     def decode(cls, f: Fields) -> "NodeRecord":
-        return cls(node=f.whole("node", high=MAX_GPUS), host=f.text("host", "-"),
-                   pid=f.whole("pid", high=MAX_PID, default=None), started_at=f.time("started_at"),
-                   ended_at=f.time("ended_at"), exit=f.whole("exit", low=-255, high=255, default=None))
+        return cls(
+            node=f.whole("node", high=MAX_GPUS),
+            host=f.text("host", "-"),
+            pid=f.whole("pid", high=MAX_PID, default=None),
+            started_at=f.time("started_at"),
+            ended_at=f.time("ended_at"),
+            exit=f.whole("exit", low=-255, high=255, default=None),
+        )
 
     def encode(self) -> dict[str, Any]:
-        return {"node": self.node, "host": self.host, "pid": self.pid, "started_at": self.started_at,
-                "ended_at": self.ended_at, "exit": self.exit}
+        return {
+            "node": self.node,
+            "host": self.host,
+            "pid": self.pid,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "exit": self.exit,
+        }
 
     def merged(self, newer: "NodeRecord", *, fill_only: bool) -> "NodeRecord":
         """This entry with ``newer``'s fields (``fill_only``: only those this one lacks, so a node's own record wins)."""
-        values = {f.name: getattr(self, f.name) if fill_only and getattr(self, f.name) is not None
-                  else getattr(newer, f.name) for f in fields(self)}
+        values = {
+            f.name: getattr(self, f.name) if fill_only and getattr(self, f.name) is not None else getattr(newer, f.name)
+            for f in fields(self)
+        }
         return NodeRecord(**values)
 
 

@@ -10,6 +10,7 @@ compared elsewhere (the checkpoint's resume check), so it is hashed here but not
 Nothing here initialises CUDA when ``nvidia-smi`` is present: GPU names and the
 driver come from it; torch is asked only when it is absent.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -30,8 +31,19 @@ CONTAINER_IMAGE_ENV = "ORCH_CONTAINER_IMAGE"
 # (containers/Dockerfile, --build-arg GIT_COMMIT=...) or set by the SkyPilot backend for a synced workdir
 GIT_COMMIT_ENV = "ORCH_GIT_COMMIT"
 GIT_DIRTY_ENV = "ORCH_GIT_DIRTY"
-KEY_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "bitsandbytes", "datasets",
-                "mlflow", "boto3", "hydra-core")
+KEY_PACKAGES = (
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "accelerate",
+    "deepspeed",
+    "bitsandbytes",
+    "datasets",
+    "mlflow",
+    "boto3",
+    "hydra-core",
+)
 COMMAND_TIMEOUT_SECONDS = 10
 # record key -> label, for the fields whose change can change results (packages are handled apart)
 RESULT_CHANGING = {
@@ -178,8 +190,11 @@ def inputs_record(cfg_resolved: Mapping[str, Any]) -> dict[str, Any]:
         data_input = named(data)
     name = model.get("name_or_path")
     revision = model.get("revision")
-    return {"model_input": f"{name}@{revision}" if name and revision else name,
-            "data_input": data_input, "chat_template": data.get("chat_template")}
+    return {
+        "model_input": f"{name}@{revision}" if name and revision else name,
+        "data_input": data_input,
+        "chat_template": data.get("chat_template"),
+    }
 
 
 def diff_records(first: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -198,11 +213,19 @@ def diff_records(first: Mapping[str, Any], current: Mapping[str, Any]) -> list[s
         if before != after:
             out.append(f"{label}: {before} -> {after}")
     old_pkgs, new_pkgs = first.get("packages") or {}, current.get("packages") or {}
-    changed = [f"{name} {old_pkgs.get(name)} -> {new_pkgs.get(name)}"
-               for name in sorted(set(old_pkgs) | set(new_pkgs))
-               if name != "torch" and old_pkgs.get(name) != new_pkgs.get(name)]
+    changed = [
+        f"{name} {old_pkgs.get(name)} -> {new_pkgs.get(name)}"
+        for name in sorted(set(old_pkgs) | set(new_pkgs))
+        if name != "torch" and old_pkgs.get(name) != new_pkgs.get(name)
+    ]
     out += [f"package {text}" for text in changed]
     old_hash, new_hash = first.get("packages_sha256"), current.get("packages_sha256")
-    if not changed and old_pkgs.get("torch") == new_pkgs.get("torch") and old_hash and new_hash and old_hash != new_hash:
+    if (
+        not changed
+        and old_pkgs.get("torch") == new_pkgs.get("torch")
+        and old_hash
+        and new_hash
+        and old_hash != new_hash
+    ):
         out.append(f"other installed packages changed (sha256 {old_hash[:12]} -> {new_hash[:12]})")
     return out

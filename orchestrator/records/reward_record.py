@@ -8,6 +8,7 @@ field (ids of 32 hex digits, a reward a finite number of magnitude at most ``REW
 GRPO squares rewards and trains on inf) and raise ``CorruptRecord`` naming the shard and the entry. The cache skips
 that one shard (its rewards are computed again); the other shards go on serving.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,12 @@ Key = tuple[str, str, str]  # (reward function, prompt id, completion hash)
 
 def cacheable(value: Any) -> bool:
     """A reward the cache keeps and serves: a finite number (not a bool) of magnitude at most REWARD_BOUND."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and abs(value) <= REWARD_BOUND)
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and abs(value) <= REWARD_BOUND
+    )
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,11 @@ class RewardShardManifest:
     def decode(cls, doc: Any, where: str) -> "RewardShardManifest":
         f = Fields(doc, where)
         meta = Fields(f.mapping("meta"), f"{where} meta")
-        return cls(run_name=f.text("run_name", "?"), shard=meta.text("shard", "?"),
-                   files=tuple(entry.text("path") for entry in f.objects("files")))
+        return cls(
+            run_name=f.text("run_name", "?"),
+            shard=meta.text("shard", "?"),
+            files=tuple(entry.text("path") for entry in f.objects("files")),
+        )
 
     def check(self, run_name: str, shard: str, where: str) -> None:
         """CorruptRecord unless it is shard ``shard`` of job ``run_name`` and lists only ``rewards.json``."""
@@ -56,16 +64,23 @@ class RewardShardManifest:
 
 
 def _entry(entry: Any, n: int, where: str) -> tuple[Key, float]:
-    if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str) and len(entry[0]) <= MAX_FUNCTION
-            and all(isinstance(x, str) and _ID.fullmatch(x) for x in entry[1:3])):
-        raise CorruptRecord(where, f"entry {n} {str(entry)[:80]!r} is not [function, prompt id, completion hash, "
-                                   "reward]")
+    if not (
+        isinstance(entry, list)
+        and len(entry) == 4
+        and isinstance(entry[0], str)
+        and len(entry[0]) <= MAX_FUNCTION
+        and all(isinstance(x, str) and _ID.fullmatch(x) for x in entry[1:3])
+    ):
+        raise CorruptRecord(
+            where, f"entry {n} {str(entry)[:80]!r} is not [function, prompt id, completion hash, reward]"
+        )
     value = entry[3]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise CorruptRecord(where, f"entry {n}: reward {value!r} is not a finite number")
     if not cacheable(value):
-        raise CorruptRecord(where, f"entry {n}: reward {value!r} is beyond +-{REWARD_BOUND:g} "
-                                   "(reward_record.REWARD_BOUND)")
+        raise CorruptRecord(
+            where, f"entry {n}: reward {value!r} is beyond +-{REWARD_BOUND:g} (reward_record.REWARD_BOUND)"
+        )
     return (entry[0], entry[1], entry[2]), float(value)
 
 

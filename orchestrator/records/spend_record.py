@@ -16,6 +16,7 @@ index is one document that every cap sums over, so one field that does not decod
 unreadable (``money.spend.SpendIndexCorrupt``: a cap it cannot sum is a cap it could overspend); other jobs'
 ledgers, read to settle their dead holds, are each their own record (``spend_leases``).
 """
+
 from __future__ import annotations
 
 import re
@@ -62,12 +63,22 @@ class SpendEntry:
 
     @classmethod
     def decode(cls, f: Fields) -> "SpendEntry":
-        return cls(month=_month(f, "month"), base=f.number("base", high=MAX_USD), spent=f.number("spent", high=MAX_USD),
-                   through=f.number("through", high=MAX_USD), updated_at=f.number("updated_at", high=LATEST_TIME))
+        return cls(
+            month=_month(f, "month"),
+            base=f.number("base", high=MAX_USD),
+            spent=f.number("spent", high=MAX_USD),
+            through=f.number("through", high=MAX_USD),
+            updated_at=f.number("updated_at", high=LATEST_TIME),
+        )
 
     def encode(self) -> dict[str, Any]:
-        return {"month": self.month, "base": self.base, "spent": self.spent, "through": self.through,
-                "updated_at": self.updated_at}
+        return {
+            "month": self.month,
+            "base": self.base,
+            "spent": self.spent,
+            "through": self.through,
+            "updated_at": self.updated_at,
+        }
 
     def charge(self, held: bool = True) -> float:
         """What it charges its month: what it holds (its reservation, or its spend when that is more), else
@@ -91,16 +102,22 @@ class SpendJob:
             if not MONTH.fullmatch(month):
                 raise CorruptRecord(f"{f.where}.months", f"{shown(month)!r} is not a month (YYYY-MM)")
         entries = f.mapping("open")
-        return cls(experiment=f.text("experiment"), months=months,
-                   open={str(k): SpendEntry.decode(Fields(v, f"{f.where}.open.{shown(k)}")) for k, v in entries.items()})
+        return cls(
+            experiment=f.text("experiment"),
+            months=months,
+            open={str(k): SpendEntry.decode(Fields(v, f"{f.where}.open.{shown(k)}")) for k, v in entries.items()},
+        )
 
     @classmethod
     def empty(cls, experiment: str) -> "SpendJob":
         return cls(experiment=experiment, months={}, open={})
 
     def encode(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "months": dict(self.months),
-                "open": {k: e.encode() for k, e in self.open.items()}}
+        return {
+            "experiment": self.experiment,
+            "months": dict(self.months),
+            "open": {k: e.encode() for k, e in self.open.items()},
+        }
 
     def month_usd(self, month: str, *, held: bool = True) -> float:
         """What it has spent or holds reserved in ``month`` (``held=False``: spent only)."""
@@ -141,8 +158,10 @@ class SpendIndexRecord:
             return cls(jobs={}, alerts={})
         f = Fields(doc, "the index")
         jobs = f.mapping("jobs")
-        return cls(jobs={str(k): SpendJob.decode(Fields(v, f"jobs.{shown(k)}")) for k, v in jobs.items()},
-                   alerts=_amounts(f, "alerts", "alerts", high=LATEST_TIME))
+        return cls(
+            jobs={str(k): SpendJob.decode(Fields(v, f"jobs.{shown(k)}")) for k, v in jobs.items()},
+            alerts=_amounts(f, "alerts", "alerts", high=LATEST_TIME),
+        )
 
     def encode(self) -> dict[str, Any]:
         return {"jobs": {k: j.encode() for k, j in self.jobs.items()}, "alerts": dict(self.alerts)}

@@ -14,6 +14,7 @@ the launcher stores them here, for ``orchestrator logs`` and ``orchestrator canc
 Each launch of the job writes it again (the newest submission wins). It is read from storage, so it is decoded
 with its checks (``SubmissionRecord.decode``): one that does not decode is a ``CorruptRecord`` naming it.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,11 +56,18 @@ class SubmissionRecord:
         f = Fields(doc, where)
         if f.whole("version", default=VERSION) != VERSION:
             raise f.fail("version", f"is not {VERSION}")
-        return cls(run_name=f.text("run_name"), backend=f.choice("backend", BACKENDS), job_id=f.text("job_id"),
-                   host=f.text("host", "-"), pid=f.whole("pid", low=1, high=MAX_PID, default=None),
-                   submitted_at=f.time("submitted_at"), kind=f.choice("kind", KINDS, None),
-                   pid_started=f.whole("pid_started", high=2**62, default=None), log=f.text("log", None),
-                   job_log=f.text("job_log", None))
+        return cls(
+            run_name=f.text("run_name"),
+            backend=f.choice("backend", BACKENDS),
+            job_id=f.text("job_id"),
+            host=f.text("host", "-"),
+            pid=f.whole("pid", low=1, high=MAX_PID, default=None),
+            submitted_at=f.time("submitted_at"),
+            kind=f.choice("kind", KINDS, None),
+            pid_started=f.whole("pid_started", high=2**62, default=None),
+            log=f.text("log", None),
+            job_log=f.text("job_log", None),
+        )
 
 
 def read_submission(store: Any, run_name: str) -> Optional[SubmissionRecord]:

@@ -20,6 +20,7 @@ lease) and read back from storage, so whatever it holds is untrusted. ``SweepRec
 the sweep reads of a trial's ledger: the ledger's own decode (``LedgerRecord``), its evaluations per step, and no
 start-up over a week (``1e300`` once set ``compute.restart_seconds`` and ended a sweep silently).
 """
+
 from __future__ import annotations
 
 import math
@@ -69,9 +70,12 @@ class Launcher:
 
     @classmethod
     def decode(cls, f: Fields, *, lease: bool = False) -> "Launcher":
-        return cls(host=f.text("host"), pid=f.whole("pid", low=0 if not lease else 1, high=MAX_PID),
-                   started=f.number("started", high=MAX_SECONDS),
-                   renewed_at=f.number("renewed_at", high=MAX_SECONDS) if lease else None)
+        return cls(
+            host=f.text("host"),
+            pid=f.whole("pid", low=0 if not lease else 1, high=MAX_PID),
+            started=f.number("started", high=MAX_SECONDS),
+            renewed_at=f.number("renewed_at", high=MAX_SECONDS) if lease else None,
+        )
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"host": self.host, "pid": self.pid, "started": self.started}
@@ -113,30 +117,54 @@ class TrialEntry:
             rungs[int(key)] = float(vf.number(key, low=-math.inf, high=math.inf))
         launcher = f.mapping("launcher") if f.doc.get("launcher") is not None else None
         return cls(
-            number=number, run_name=name, params={str(k): _scalar(v, str(k), pf) for k, v in params.items()},
-            rung=f.whole("rung", high=MAX_RUNGS), status=f.choice("status", STATUSES), values=rungs,
-            launches=f.whole("launches", high=MAX_STEPS), submitted=f.whole("submitted", high=MAX_STEPS, default=None),
-            launched_at=f.time("launched_at"), log_offset=f.whole("log_offset", high=2**62, default=None),
+            number=number,
+            run_name=name,
+            params={str(k): _scalar(v, str(k), pf) for k, v in params.items()},
+            rung=f.whole("rung", high=MAX_RUNGS),
+            status=f.choice("status", STATUSES),
+            values=rungs,
+            launches=f.whole("launches", high=MAX_STEPS),
+            submitted=f.whole("submitted", high=MAX_STEPS, default=None),
+            launched_at=f.time("launched_at"),
+            log_offset=f.whole("log_offset", high=2**62, default=None),
             launcher=None if launcher is None else Launcher.decode(Fields(launcher, f"{f.where} launcher")),
-            refused=f.text("refused", None))
+            refused=f.text("refused", None),
+        )
 
     @classmethod
     def broken(cls, number: int, name: str, problem: str) -> "TrialEntry":
         """A trial whose entry does not decode: failed, with why; the sweep's other trials go on."""
-        return cls(number=number, run_name=name, params={}, rung=0, status="failed", values={}, launches=0,
-                   refused=f"its entry in the sweep's record is corrupt: {problem}"[:500])
+        return cls(
+            number=number,
+            run_name=name,
+            params={},
+            rung=0,
+            status="failed",
+            values={},
+            launches=0,
+            refused=f"its entry in the sweep's record is corrupt: {problem}"[:500],
+        )
 
     @property
     def live(self) -> bool:
         return self.status in LIVE
 
     def encode(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"number": self.number, "run_name": self.run_name, "params": dict(self.params),
-                               "rung": self.rung, "status": self.status,
-                               "values": {str(r): v for r, v in sorted(self.values.items())},
-                               "launches": self.launches}
-        for key, value in (("submitted", self.submitted), ("launched_at", self.launched_at),
-                           ("log_offset", self.log_offset), ("refused", self.refused)):
+        out: dict[str, Any] = {
+            "number": self.number,
+            "run_name": self.run_name,
+            "params": dict(self.params),
+            "rung": self.rung,
+            "status": self.status,
+            "values": {str(r): v for r, v in sorted(self.values.items())},
+            "launches": self.launches,
+        }
+        for key, value in (
+            ("submitted", self.submitted),
+            ("launched_at", self.launched_at),
+            ("log_offset", self.log_offset),
+            ("refused", self.refused),
+        ):
             if value is not None:
                 out[key] = value
         if self.launcher is not None or self.launched_at is not None:
@@ -154,9 +182,13 @@ class Decision:
 
     @classmethod
     def decode(cls, f: Fields) -> "Decision":
-        return cls(trial=f.whole("trial", high=MAX_TRIALS), rung=f.whole("rung", high=MAX_RUNGS),
-                   value=f.number("value", low=-math.inf, high=math.inf), decision=f.choice("decision", DECISIONS),
-                   at=f.time("at"))
+        return cls(
+            trial=f.whole("trial", high=MAX_TRIALS),
+            rung=f.whole("rung", high=MAX_RUNGS),
+            value=f.number("value", low=-math.inf, high=math.inf),
+            decision=f.choice("decision", DECISIONS),
+            at=f.time("at"),
+        )
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"trial": self.trial, "rung": self.rung, "value": self.value, "decision": self.decision}
@@ -177,8 +209,10 @@ class SweepBounds:
     def params_problem(self, params: Mapping[str, Any]) -> Optional[str]:
         if set(params) != set(self.domains):
             extra, missing = sorted(set(params) - set(self.domains)), sorted(set(self.domains) - set(params))
-            return (f"its stored parameters name keys outside the sweep's space ({', '.join(extra) or '-'}) or lack "
-                    f"some of it ({', '.join(missing) or '-'})")
+            return (
+                f"its stored parameters name keys outside the sweep's space ({', '.join(extra) or '-'}) or lack "
+                f"some of it ({', '.join(missing) or '-'})"
+            )
         for key, value in sorted(params.items()):
             if not _in(self.domains[key], value):
                 return f"its stored {key}={value!r} is outside the sweep's space"
@@ -248,13 +282,22 @@ class SweepRecord:
         run_id = f.text("mlflow_run_id", None, limit=64)
         if run_id is not None and (not run_id or set(run_id) - _RUN_ID_CHARS):
             raise f.fail("mlflow_run_id", f"is {run_id!r}, not a run id")
-        return cls(where=where, name=name, space=dict(space), fixed=tuple(fixed), settings=_settings(f),
-                   trials=trials, decisions=tuple(Decision.decode(d) for d in f.objects("decisions")),
-                   slot_seconds=usage.number("slot_seconds", high=MAX_SECONDS, default=0.0),
-                   idle_seconds=usage.number("idle_seconds", high=MAX_SECONDS, default=0.0), space_since=since,
-                   fence=f.whole("fence", default=0),
-                   driver=None if driver is None else Launcher.decode(Fields(driver, f"{where} driver"), lease=True),
-                   mlflow_run_id=run_id, broken=broken)
+        return cls(
+            where=where,
+            name=name,
+            space=dict(space),
+            fixed=tuple(fixed),
+            settings=_settings(f),
+            trials=trials,
+            decisions=tuple(Decision.decode(d) for d in f.objects("decisions")),
+            slot_seconds=usage.number("slot_seconds", high=MAX_SECONDS, default=0.0),
+            idle_seconds=usage.number("idle_seconds", high=MAX_SECONDS, default=0.0),
+            space_since=since,
+            fence=f.whole("fence", default=0),
+            driver=None if driver is None else Launcher.decode(Fields(driver, f"{where} driver"), lease=True),
+            mlflow_run_id=run_id,
+            broken=broken,
+        )
 
     @staticmethod
     def _trials(f: Fields, name: str) -> tuple[tuple[TrialEntry, ...], tuple[int, ...]]:
@@ -276,30 +319,47 @@ class SweepRecord:
             if entry.doc.get("number") != k or isinstance(entry.doc.get("number"), bool):
                 raise entry.fail("number", f"is {str(entry.doc.get('number'))[:20]!r}, not {k}")
             if entry.doc.get("run_name") != run_name:
-                raise CorruptRecord(entry.where, f"run_name is {str(entry.doc.get('run_name'))[:80]!r}, not "
-                                    f"{run_name!r} (a record copied from another sweep)")
+                raise CorruptRecord(
+                    entry.where,
+                    f"run_name is {str(entry.doc.get('run_name'))[:80]!r}, not "
+                    f"{run_name!r} (a record copied from another sweep)",
+                )
             try:
                 out.append(TrialEntry.decode(entry, k, run_name))
             except CorruptRecord as err:
-                out.append(TrialEntry.broken(k, run_name, f"{err.where[len(entry.where):].strip()} {err.problem}".strip()))
+                out.append(
+                    TrialEntry.broken(k, run_name, f"{err.where[len(entry.where) :].strip()} {err.problem}".strip())
+                )
                 broken.append(k)
         return tuple(out), tuple(broken)
 
     def within(self, bounds: SweepBounds) -> "SweepRecord":
         """The record with each trial outside ``bounds`` marked (``params_problem``, ``rung_problem``)."""
-        return replace(self, trials=tuple(
-            replace(t, params_problem=bounds.params_problem(t.params), rung_problem=bounds.rung_problem(t))
-            if t.number not in self.broken else t for t in self.trials))
+        return replace(
+            self,
+            trials=tuple(
+                replace(t, params_problem=bounds.params_problem(t.params), rung_problem=bounds.rung_problem(t))
+                if t.number not in self.broken
+                else t
+                for t in self.trials
+            ),
+        )
 
     def encode(self) -> dict[str, Any]:
         """The record as stored (without its signature: ``sweep.trust.sign`` adds it)."""
         out: dict[str, Any] = {
-            "version": VERSION, "name": self.name, "space": dict(self.space), "fixed": list(self.fixed),
-            "settings": dict(self.settings), "trials": [t.encode() for t in self.trials],
+            "version": VERSION,
+            "name": self.name,
+            "space": dict(self.space),
+            "fixed": list(self.fixed),
+            "settings": dict(self.settings),
+            "trials": [t.encode() for t in self.trials],
             "decisions": [d.encode() for d in self.decisions],
             "usage": {"slot_seconds": self.slot_seconds, "idle_seconds": self.idle_seconds},
-            "space_since": self.space_since, "fence": self.fence,
-            "driver": None if self.driver is None else self.driver.encode()}
+            "space_since": self.space_since,
+            "fence": self.fence,
+            "driver": None if self.driver is None else self.driver.encode(),
+        }
         if self.mlflow_run_id is not None:
             out["mlflow_run_id"] = self.mlflow_run_id
         return out
@@ -308,8 +368,13 @@ class SweepRecord:
         return self.trials[number]
 
 
-_SETTING_NUMBERS = {"seed": (0, 2**32), "max_steps": (1, MAX_STEPS), "reduction_factor": (1, 1000),
-                    "n_trials": (0, MAX_TRIALS), "max_parallel": (1, MAX_TRIALS)}
+_SETTING_NUMBERS = {
+    "seed": (0, 2**32),
+    "max_steps": (1, MAX_STEPS),
+    "reduction_factor": (1, 1000),
+    "n_trials": (0, MAX_TRIALS),
+    "max_parallel": (1, MAX_TRIALS),
+}
 
 
 def _settings(f: Fields) -> dict[str, Any]:
@@ -347,13 +412,17 @@ class TrialLedger:
             if not (isinstance(step, str) and step.isdigit() and int(step) <= MAX_STEPS):
                 raise CorruptRecord(f"{where} quality.evals", f"{str(step)[:20]!r} is not a step")
             at = Fields(evals, f"{where} quality.evals").mapping(step)
-            out[int(step)] = {str(k): float(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
-                              else math.nan for k, v in at.items()}
+            out[int(step)] = {
+                str(k): float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+                for k, v in at.items()
+            }
         for n, a in enumerate(record.attempts):
             claimed = _claimed_start_up(a.extra)
             if claimed is not None and claimed > MAX_START_UP_S:
-                raise CorruptRecord(f"{where} attempts[{n}]", f"it says an attempt's start-up "
-                                    f"(extra.restart.total_s) took {claimed:g} s, more than a week")
+                raise CorruptRecord(
+                    f"{where} attempts[{n}]",
+                    f"it says an attempt's start-up (extra.restart.total_s) took {claimed:g} s, more than a week",
+                )
         return cls(record=record, evals=out)
 
     @property

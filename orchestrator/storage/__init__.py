@@ -3,6 +3,7 @@
 ``open_store`` picks the backend from the URI; callers only see the
 ``ObjectStore`` interface and its three error types.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,11 +36,11 @@ def check_uri(uri: str) -> None:
     """
     uri = str(uri)
     if uri.startswith("s3://"):
-        if not uri[len("s3://"):].partition("/")[0]:
+        if not uri[len("s3://") :].partition("/")[0]:
             raise ValueError(f"S3 URI {uri!r} names no bucket; expected s3://bucket/prefix")
         return
     if uri.startswith("file://"):
-        if not uri[len("file://"):]:
+        if not uri[len("file://") :]:
             raise ValueError(f"storage URI {uri!r} names no folder; use {_ACCEPTED_FORMS}")
         return
     if "://" in uri or not uri:
@@ -67,7 +68,7 @@ def open_store(uri: str, **s3_options: Any) -> ObjectStore:
 
         return S3Store(uri, **s3_options)
     if uri.startswith("file://"):
-        return LocalStore(uri[len("file://"):])
+        return LocalStore(uri[len("file://") :])
     return LocalStore(uri)
 
 
@@ -111,7 +112,7 @@ def split_run_uri(uri: str) -> tuple[str, str]:
         head, _, run_name = prefix.rpartition("/")
         return (f"s3://{bucket}/{head}" if head else f"s3://{bucket}"), run_name
     scheme = "file://" if text.startswith("file://") else ""
-    path = text[len(scheme):]
+    path = text[len(scheme) :]
     trimmed = path.rstrip("/")
     if not trimmed:
         raise no_run

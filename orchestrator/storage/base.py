@@ -5,6 +5,7 @@ Keys are '/'-separated paths relative to the store's root (the job's
 (missing key), ``PreconditionFailed`` (a conditional write lost) or
 ``TransientStorageError`` (worth retrying), so callers never see boto3 types.
 """
+
 from __future__ import annotations
 
 import abc

@@ -10,6 +10,7 @@ outside the download folder is refused, and every file is checked against what t
 and its MD5 against the ETag when the ETag is one, as for a single-part upload). Data read this way is
 fingerprinted by its rows like local data, so a changed object is a changed trajectory.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,7 +42,7 @@ def is_remote(value: Any) -> bool:
 
 def split(uri: str) -> tuple[str, str]:
     """``s3://bucket/a/b`` -> ("bucket", "a/b"). Raises DataError for a URI without a bucket."""
-    bucket, _, key = uri[len(SCHEME):].partition("/")
+    bucket, _, key = uri[len(SCHEME) :].partition("/")
     if not bucket:
         raise DataError(f"{uri!r} names no bucket; write s3://bucket/path/to/file.jsonl.")
     return bucket, key
@@ -71,13 +72,17 @@ def verify(path: Path, size: int, etag: str, uri: str) -> None:
     """
     got = path.stat().st_size
     if got != size:
-        raise DataError(f"{uri}: downloaded {got} bytes, the bucket listed {size}. The object changed during the "
-                        "download or the transfer was cut; run the job again.")
+        raise DataError(
+            f"{uri}: downloaded {got} bytes, the bucket listed {size}. The object changed during the "
+            "download or the transfer was cut; run the job again."
+        )
     etag = etag.strip('"')
     if "-" not in etag:
         if len(etag) == 32 and _md5_etag(path) != etag:
-            raise DataError(f"{uri}: the downloaded bytes do not match the object's ETag {etag}; run the job again "
-                            "(and check the object was not replaced while it was read).")
+            raise DataError(
+                f"{uri}: the downloaded bytes do not match the object's ETag {etag}; run the job again "
+                "(and check the object was not replaced while it was read)."
+            )
         return
     parts = int(etag.rsplit("-", 1)[1]) if etag.rsplit("-", 1)[1].isdigit() else 0
     candidates = [p * MIB for p in PART_SIZES_MIB if parts and -(-size // (p * MIB)) == parts]
@@ -97,8 +102,10 @@ def _refuse_file_and_folder(uri: str, listed: list[tuple[str, str, int, str]]) -
         for n in range(1, len(parts)):
             parent = "/".join(parts[:n])
             if parent in files:
-                raise DataError(f"{uri}: {files[parent]} is an object and also a folder of {key}: the two cannot "
-                                "both be downloaded. Rename or delete one of them in the bucket.")
+                raise DataError(
+                    f"{uri}: {files[parent]} is an object and also a folder of {key}: the two cannot "
+                    "both be downloaded. Rename or delete one of them in the bucket."
+                )
 
 
 def listing_digest(listed: list[tuple[str, str, int, str]]) -> str:
@@ -111,8 +118,10 @@ def listing_digest(listed: list[tuple[str, str, int, str]]) -> str:
 def _safe_join(folder: Path, relative: str, uri: str) -> Path:
     parts = PurePosixPath(relative).parts
     if not parts or relative.startswith("/") or any(p in ("..", ".") for p in parts) or "\\" in relative:
-        raise DataError(f"{uri}: the bucket lists the key {relative!r}, which would be written outside the download "
-                        "folder; remove or rename that object.")
+        raise DataError(
+            f"{uri}: the bucket lists the key {relative!r}, which would be written outside the download "
+            "folder; remove or rename that object."
+        )
     return folder.joinpath(*parts)
 
 
@@ -132,8 +141,13 @@ class InputFiles:
             from orchestrator.storage.s3 import S3Store
 
             s = self.storage_cfg
-            self._stores[bucket] = S3Store(f"{SCHEME}{bucket}", endpoint_url=s.endpoint_url, region=s.region,
-                                           profile=s.profile, checksum_compat=bool(s.checksum_compat))
+            self._stores[bucket] = S3Store(
+                f"{SCHEME}{bucket}",
+                endpoint_url=s.endpoint_url,
+                region=s.region,
+                profile=s.profile,
+                checksum_compat=bool(s.checksum_compat),
+            )
         return self._stores[bucket]
 
     def listing(self, uri: str) -> list[tuple[str, str, int, str]]:
@@ -145,8 +159,11 @@ class InputFiles:
         bucket, key = split(uri)
         store = self._store(bucket)
         glob = next((i for i, c in enumerate(key) if c in GLOB_CHARS), None)
-        prefix = key[:glob].rsplit("/", 1)[0] + "/" if glob is not None and "/" in key[:glob] else (
-            "" if glob is not None else key)
+        prefix = (
+            key[:glob].rsplit("/", 1)[0] + "/"
+            if glob is not None and "/" in key[:glob]
+            else ("" if glob is not None else key)
+        )
         out = []
         with store.translate_errors(prefix):
             pages = store.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
@@ -161,10 +178,12 @@ class InputFiles:
             base = key if key.endswith("/") or not key else key + "/"
             chosen = [o for o in objects if o["Key"].startswith(base) and not o["Key"].endswith("/")]
         for o in sorted(chosen, key=lambda o: o["Key"]):
-            out.append((o["Key"], o["Key"][len(base):], int(o["Size"]), str(o.get("ETag", ""))))
+            out.append((o["Key"], o["Key"][len(base) :], int(o["Size"]), str(o.get("ETag", ""))))
         if not out:
-            raise DataError(f"{uri}: no such object in the bucket (nor objects under it). Upload it (aws s3 cp FILE "
-                            f"{uri}), or fix the path; storage.endpoint_url says which store is read.")
+            raise DataError(
+                f"{uri}: no such object in the bucket (nor objects under it). Upload it (aws s3 cp FILE "
+                f"{uri}), or fix the path; storage.endpoint_url says which store is read."
+            )
         _refuse_file_and_folder(uri, out)
         return out
 

@@ -10,6 +10,7 @@ Rules are identified by id, derived from the prefix, so several stores in one
 bucket and rules set by others are kept; only this tool's rules for this
 prefix are replaced.
 """
+
 from __future__ import annotations
 
 import re
@@ -70,20 +71,24 @@ def apply_lifecycle(
     store = _store(uri, endpoint_url, region, profile)
     filter_prefix = f"{store.prefix}/" if store.prefix else ""
     abort_id, expire_id = _rule_ids(store.prefix)
-    applied = [{
-        "ID": abort_id,
-        "Status": "Enabled",
-        "Filter": {"Prefix": filter_prefix},
-        "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": abort_incomplete_days},
-    }]
-    if expire_days is not None:
-        applied.append({
-            "ID": expire_id,
+    applied = [
+        {
+            "ID": abort_id,
             "Status": "Enabled",
             "Filter": {"Prefix": filter_prefix},
-            "Expiration": {"Days": expire_days},
-            "NoncurrentVersionExpiration": {"NoncurrentDays": expire_days},
-        })
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": abort_incomplete_days},
+        }
+    ]
+    if expire_days is not None:
+        applied.append(
+            {
+                "ID": expire_id,
+                "Status": "Enabled",
+                "Filter": {"Prefix": filter_prefix},
+                "Expiration": {"Days": expire_days},
+                "NoncurrentVersionExpiration": {"NoncurrentDays": expire_days},
+            }
+        )
     existing = _get_rules(store)
     ours = {abort_id, expire_id}
     kept = [r for r in existing if r.get("ID") not in ours]

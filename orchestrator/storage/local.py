@@ -6,6 +6,7 @@ the new one, never half of either. Conditional writes hold an ``fcntl`` lock
 file beside the key, so they are safe between processes on one host (and on
 network filesystems whose locks work, such as NFSv4).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,8 +48,11 @@ def _close_inherited_locks() -> None:
     _held_locks.clear()
 
 
-os.register_at_fork(before=lambda: _fork_guard.acquire(), after_in_parent=lambda: _fork_guard.release(),
-                    after_in_child=_close_inherited_locks)
+os.register_at_fork(
+    before=lambda: _fork_guard.acquire(),
+    after_in_parent=lambda: _fork_guard.release(),
+    after_in_child=_close_inherited_locks,
+)
 
 
 def _version_of(data: bytes) -> str:
@@ -71,9 +75,13 @@ class LocalStore(ObjectStore):
     def _path(self, key: str) -> Path:
         parts = key.split("/")
         if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(f"invalid storage key {key!r}: use a relative path like 'run/ledger.json' without '.', '..' or empty parts")
+            raise ValueError(
+                f"invalid storage key {key!r}: use a relative path like 'run/ledger.json' without '.', '..' or empty parts"
+            )
         if any(p.startswith((_TMP_PREFIX, _LOCK_PREFIX)) for p in parts):
-            raise ValueError(f"invalid storage key {key!r}: names starting with {_TMP_PREFIX!r} or {_LOCK_PREFIX!r} are reserved")
+            raise ValueError(
+                f"invalid storage key {key!r}: names starting with {_TMP_PREFIX!r} or {_LOCK_PREFIX!r} are reserved"
+            )
         return self.root.joinpath(*parts)
 
     @contextlib.contextmanager

@@ -13,6 +13,7 @@ Writes are retried as they are: ``put_if`` keeps its condition, so a write that 
 store before the connection dropped comes back as PreconditionFailed and the ledger's transaction
 re-reads and re-applies its change (the changes are idempotent or re-derived from what is read).
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,14 @@ class RetryingStore(ObjectStore):
         sleep, clock: for tests.
     """
 
-    def __init__(self, inner: ObjectStore, *, retry_seconds: float,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        inner: ObjectStore,
+        *,
+        retry_seconds: float,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.inner = inner
         self.uri = inner.uri
         self.retry_seconds = max(0.0, float(retry_seconds))
@@ -72,14 +79,23 @@ class RetryingStore(ObjectStore):
                 waited = self._clock() - started
                 if self.down or waited + delay > self.retry_seconds:
                     if not self.down:
-                        log.error("storage %s unreachable for %.0fs (%d tries, storage.retry_for=%gs): %s",
-                                  self.uri, waited, tries, self.retry_seconds, err)
+                        log.error(
+                            "storage %s unreachable for %.0fs (%d tries, storage.retry_for=%gs): %s",
+                            self.uri,
+                            waited,
+                            tries,
+                            self.retry_seconds,
+                            err,
+                        )
                     self.down = True
-                    raise StorageUnavailable(f"{what}: storage {self.uri} unreachable for {waited:.0f}s "
-                                             f"(storage.retry_for={self.retry_seconds:g}s): {err}") from err
+                    raise StorageUnavailable(
+                        f"{what}: storage {self.uri} unreachable for {waited:.0f}s "
+                        f"(storage.retry_for={self.retry_seconds:g}s): {err}"
+                    ) from err
                 if tries == 1:
-                    log.warning("storage %s: %s failed (%s); retrying for up to %gs", self.uri, what, err,
-                                self.retry_seconds)
+                    log.warning(
+                        "storage %s: %s failed (%s); retrying for up to %gs", self.uri, what, err, self.retry_seconds
+                    )
                 self._sleep(random.uniform(delay / 2, delay))
                 delay = min(MAX_DELAY_S, delay * 2)
                 continue

@@ -7,6 +7,7 @@ through boto3's transfer manager, which uploads in parts above
 that ``abort_incomplete_uploads`` (or a bucket lifecycle rule, see
 ``orchestrator storage init``) cleans up.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,17 @@ MIN_PART_SIZE_BYTES = 5 * MIB
 _NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
 _PRECONDITION_CODES = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
 _TRANSIENT_CODES = {
-    "Throttling", "ThrottlingException", "SlowDown", "RequestTimeout", "RequestTimeoutException",
-    "InternalError", "ServiceUnavailable", "503", "500", "RequestLimitExceeded", "TooManyRequestsException",
+    "Throttling",
+    "ThrottlingException",
+    "SlowDown",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
 }
 _ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403"}
 
@@ -46,7 +56,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     """Split ``s3://bucket/some/prefix`` into ("bucket", "some/prefix"). Raises ValueError."""
     if not uri.startswith("s3://"):
         raise ValueError(f"not an S3 URI: {uri!r}; expected s3://bucket/prefix")
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
     if not bucket:
         raise ValueError(f"S3 URI {uri!r} names no bucket; expected s3://bucket/prefix")
     return bucket, prefix.strip("/")
@@ -101,7 +111,9 @@ class S3Store(ObjectStore):
             raise ValueError(f"storage.multipart_threshold_mb must be at least 1, got {multipart_threshold_mb}")
         config_kwargs: dict = {"retries": {"mode": "standard", "max_attempts": 5}}
         if checksum_compat:
-            config_kwargs.update(request_checksum_calculation="when_required", response_checksum_validation="when_required")
+            config_kwargs.update(
+                request_checksum_calculation="when_required", response_checksum_validation="when_required"
+            )
         try:
             session = _session(profile, region)
         except botocore.exceptions.ProfileNotFound:
@@ -124,7 +136,7 @@ class S3Store(ObjectStore):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _rel(self, full_key: str) -> str:
-        return full_key[len(self.prefix) + 1:] if self.prefix else full_key
+        return full_key[len(self.prefix) + 1 :] if self.prefix else full_key
 
     @contextlib.contextmanager
     def translate_errors(self, key: str = "", *, missing_means_precondition: bool = False) -> Iterator[None]:
@@ -223,7 +235,7 @@ class S3Store(ObjectStore):
     def delete_prefix(self, prefix: str) -> None:
         keys = self.list(prefix)
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-            batch = [{"Key": self._key(k)} for k in keys[start:start + 1000]]
+            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
             with self.translate_errors(prefix):
                 self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
 

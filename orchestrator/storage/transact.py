@@ -1,5 +1,6 @@
 """Read-modify-write of one JSON object in storage with conditional writes: the ledger, the spend index
 and the sweep's state are all written this way, so two writers never lose each other's update."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ RETRY_BASE_SECONDS = 0.02
 RETRY_MAX_SECONDS = 1.0
 
 
-def transact(store: ObjectStore, key: str, mutate: Callable[[dict | None], dict | None], *,
-             decode: Callable[[bytes], dict] = json.loads) -> dict:
+def transact(
+    store: ObjectStore,
+    key: str,
+    mutate: Callable[[dict | None], dict | None],
+    *,
+    decode: Callable[[bytes], dict] = json.loads,
+) -> dict:
     """Read the JSON at ``key``, apply ``mutate``, conditionally write; retry when another writer won.
 
     ``mutate`` gets a fresh copy (None when absent) each round and returns

@@ -18,6 +18,7 @@ which nothing is known ``SUBMIT_GRACE_SECONDS`` after ``launched_at`` (no attemp
 alive, no "submitted ... job" line in the trial's log since the launch: the driver died between writing the
 record and the sbatch) is ``GONE``: the driver launches that trial again under the same number.
 """
+
 from __future__ import annotations
 
 import socket
@@ -35,8 +36,11 @@ SUBMITTING = ("slurm", "skypilot", "kubernetes")
 FAILED_SETTLE_SECONDS = 300.0
 SUBMIT_GRACE_SECONDS = 600.0  # a launcher's start-up and sbatch (SBATCH_TIMEOUT_SECONDS) take less
 GONE = "gone"  # poll(): the trial has no process and no submission: launch it again
-_CODES = {o.ledger_status: o.exit_code for o in exitcodes.OUTCOMES.values()
-          if o.final and o.ledger_status and o.exit_code is not None}
+_CODES = {
+    o.ledger_status: o.exit_code
+    for o in exitcodes.OUTCOMES.values()
+    if o.final and o.ledger_status and o.exit_code is not None
+}
 
 
 def submits(cfg) -> bool:
@@ -82,8 +86,12 @@ def _launcher_of(proc: psutil.Process, run_name: str, since: float) -> bool:
     import os
 
     cmd = proc.cmdline()
-    return ("orchestrator.launch" in cmd and f"run.name={run_name}" in cmd and proc.create_time() >= since - 1.0
-            and proc.uids().real == os.getuid())
+    return (
+        "orchestrator.launch" in cmd
+        and f"run.name={run_name}" in cmd
+        and proc.create_time() >= since - 1.0
+        and proc.uids().real == os.getuid()
+    )
 
 
 def _launcher_started_since(run_name: str, since: float) -> Optional[psutil.Process]:
@@ -148,8 +156,9 @@ def adoptable(trial: TrialEntry, store, *, submits: bool, log_path: Path, grace:
     if submits and trial.submitted is not None:
         known = alive is not None or submission_logged(log_path, trial.log_offset or 0, trial.run_name)
         expires = None if known else (trial.launched_at or 0.0) + grace
-        return SubmittedTrial(_Submitting(alive) if alive else None, store, trial.run_name, trial.submitted,
-                              expires_at=expires)
+        return SubmittedTrial(
+            _Submitting(alive) if alive else None, store, trial.run_name, trial.submitted, expires_at=expires
+        )
     return AdoptedLauncher(alive, store, trial.run_name) if alive is not None and not submits else None
 
 
@@ -160,8 +169,17 @@ class SubmittedTrial:
     driver that died after submitting it); ``before``: the trial's attempts at submission; ``expires_at``: the
     wall time after which a submission with no attempt yet is taken as never made (``GONE``; None: it was made)."""
 
-    def __init__(self, launcher, store, run_name: str, before: int, *, settle: float = FAILED_SETTLE_SECONDS,
-                 clock=time.monotonic, expires_at: Optional[float] = None):
+    def __init__(
+        self,
+        launcher,
+        store,
+        run_name: str,
+        before: int,
+        *,
+        settle: float = FAILED_SETTLE_SECONDS,
+        clock=time.monotonic,
+        expires_at: Optional[float] = None,
+    ):
         self.launcher, self.store, self.run_name, self.before = launcher, store, run_name, before
         self.settle, self.clock, self.expires_at = settle, clock, expires_at
         self._failed_since: Optional[tuple[float, int]] = None
@@ -181,7 +199,7 @@ class SubmittedTrial:
             if self.expires_at is not None and time.time() >= self.expires_at:
                 return GONE  # the dead driver never submitted it
             return None  # queued: no attempt of this submission yet
-        if any(a.running for a in attempts[self.before:]):
+        if any(a.running for a in attempts[self.before :]):
             self._failed_since = None
             return None
         status = ledger.status

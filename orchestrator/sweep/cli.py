@@ -1,6 +1,7 @@
 """``python -m orchestrator.launch -m ...`` / ``sweep=asha``: plan, drive, print the result (``backend.dry_run=true``:
 print the first round's submissions, ``dryrun``); and the sweep's part of ``orchestrator status
 <storage.uri>/<sweep.name>``."""
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,11 @@ def run_sweep(argv: list[str], compose_for_launch) -> int:
             from orchestrator.sweep.dryrun import print_first_round
 
             return print_first_round(plan, compose_for_launch)
-        print(f"sweep {plan.state.name}: {plan.n_trials} trials, {plan.max_parallel} at once, budget "
-              f"${plan.budget_usd:g}; state in {plan.state.uri}; trial logs in {plan.log_dir}", flush=True)
+        print(
+            f"sweep {plan.state.name}: {plan.n_trials} trials, {plan.max_parallel} at once, budget "
+            f"${plan.budget_usd:g}; state in {plan.state.uri}; trial logs in {plan.log_dir}",
+            flush=True,
+        )
         tracking = SweepTracking.open(plan)
         code = Driver(plan, events=tracking.event if tracking else None).run()
         doc = plan.state.loaded()
@@ -49,8 +53,12 @@ def _release(plan) -> None:
     try:
         plan.state.release()
     except Exception as err:  # the sweep's outcome is already decided; storage may be down
-        log.warning("sweep %s: could not give up the driver's lease (%s: %s)", plan.state.name,
-                    type(err).__name__, str(err)[:200])
+        log.warning(
+            "sweep %s: could not give up the driver's lease (%s: %s)",
+            plan.state.name,
+            type(err).__name__,
+            str(err)[:200],
+        )
 
 
 def _spent(plan) -> dict[str, float]:
@@ -68,14 +76,18 @@ def format_sweep(doc: SweepRecord, *, spent: dict[str, float]) -> str:
 
     settings = dict(doc.settings)
     steps = rung_steps(settings)
-    lines = [f"sweep {doc.name}: {len(doc.trials)} trials; rungs at steps {', '.join(map(str, steps))}; "
-             f"{settings['metric']} ({settings['direction']})"]
+    lines = [
+        f"sweep {doc.name}: {len(doc.trials)} trials; rungs at steps {', '.join(map(str, steps))}; "
+        f"{settings['metric']} ({settings['direction']})"
+    ]
     for t in doc.trials:
         values = " ".join(f"r{r}={v:.4f}" for r, v in sorted(t.values.items()))
         params = stored_text(" ".join(f"{k}={v}" for k, v in sorted(t.params.items())))  # from the bucket
         where = f"bracket {bracket(settings, t.number)} " if settings["pruner"] == "hyperband" else ""
-        lines.append(f"  t{t.number:<3} {t.status:<9} {where}rung {t.rung}  "
-                     f"${spent.get(t.run_name, 0.0):.4f}  {values or '-'}  {params}")
+        lines.append(
+            f"  t{t.number:<3} {t.status:<9} {where}rung {t.rung}  "
+            f"${spent.get(t.run_name, 0.0):.4f}  {values or '-'}  {params}"
+        )
         why = t.refused or (t.rung_problem if t.live else None)
         if why:
             lines.append(f"       refused: {stored_text(why)}")

@@ -16,6 +16,7 @@ promoted is then a function of the trials' metrics, not of which process finishe
 interrupted anywhere promotes the same trials as an uninterrupted one with the same seed. A trial waiting for
 its decision holds no worker: it is paused with its checkpoint, and the free worker takes other work.
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,8 +59,9 @@ def _hyperband(min_resource: int, max_resource: int, eta: int):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    pruner = optuna.pruners.HyperbandPruner(min_resource=min_resource, max_resource=max_resource,
-                                            reduction_factor=eta, bootstrap_count=0)
+    pruner = optuna.pruners.HyperbandPruner(
+        min_resource=min_resource, max_resource=max_resource, reduction_factor=eta, bootstrap_count=0
+    )
     study = optuna.create_study(study_name=STUDY_NAME, pruner=pruner)
     pruner._try_initialization(study)
     return pruner, study
@@ -67,7 +69,7 @@ def _hyperband(min_resource: int, max_resource: int, eta: int):
 
 def trial_steps(settings: dict, number: int) -> list[int]:
     """The steps at which trial ``number``'s rungs end: its bracket's (``rung_steps[bracket:]``)."""
-    return rung_steps(settings)[bracket(settings, number):]
+    return rung_steps(settings)[bracket(settings, number) :]
 
 
 def eval_every(settings: dict, number: int) -> int:
@@ -90,7 +92,9 @@ def _direction(settings: dict) -> Literal["minimize", "maximize"]:
 def _sampler(settings: dict, space: SearchSpace, number: int):
     import optuna
 
-    seed = int(settings["seed"]) + number  # trial k samples with seed + k: its draw does not depend on the driver's life
+    seed = (
+        int(settings["seed"]) + number
+    )  # trial k samples with seed + k: its draw does not depend on the driver's life
     if settings["sampler"] == "grid":
         return optuna.samplers.GridSampler(space.grid(), seed=int(settings["seed"]))
     if settings["sampler"] == "tpe":
@@ -115,12 +119,17 @@ def _frozen(trial: TrialEntry, space: SearchSpace, steps: list[int], grid: bool)
             marks["search_space"] = {k: grid_space[k] for k in keys}
             marks["grid_id"] = _grid_id(index, [len(grid_space[k]) for k in keys])
     state = {"completed": TrialState.COMPLETE, "running": TrialState.RUNNING, "paused": TrialState.RUNNING}.get(
-        trial.status, TrialState.PRUNED)
+        trial.status, TrialState.PRUNED
+    )
     last = values[max(values)] if values else None
     return optuna.trial.create_trial(
-        state=state, params=params, distributions={k: dists[k] for k in params},
+        state=state,
+        params=params,
+        distributions={k: dists[k] for k in params},
         value=last if state == TrialState.COMPLETE else None,
-        intermediate_values={steps[r]: v for r, v in values.items() if r < len(steps)}, system_attrs=marks)
+        intermediate_values={steps[r]: v for r, v in values.items() if r < len(steps)},
+        system_attrs=marks,
+    )
 
 
 def _grid_id(index: list[int], sizes: list[int]) -> int:
@@ -164,10 +173,12 @@ def _pruner(settings: dict):
 
     steps, eta = rung_steps(settings), int(settings["reduction_factor"])
     if settings["pruner"] == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=steps[0], max_resource=int(settings["max_steps"]),
-                                              reduction_factor=eta, bootstrap_count=0)
-    return optuna.pruners.SuccessiveHalvingPruner(min_resource=steps[0], reduction_factor=eta,
-                                                  min_early_stopping_rate=0, bootstrap_count=0)
+        return optuna.pruners.HyperbandPruner(
+            min_resource=steps[0], max_resource=int(settings["max_steps"]), reduction_factor=eta, bootstrap_count=0
+        )
+    return optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=steps[0], reduction_factor=eta, min_early_stopping_rate=0, bootstrap_count=0
+    )
 
 
 def _replay(study, trial: TrialEntry, steps: list[int], rung: int) -> bool:

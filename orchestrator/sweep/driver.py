@@ -18,6 +18,7 @@ API for what builds on it (MLflow parent runs, reports, other backends)::
 The driver reads the record decoded (``SweepRecord``, ``TrialEntry``: ``orchestrator.records.sweep_record``); its
 writes are functions of the record as stored (``SweepState.update``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,8 +66,13 @@ class _Outcomes:
 
         number, why = trial.number, stored_text(err)[:500]  # it quotes the record: no control characters
         self.procs.pop(number, None)
-        log.warning("sweep %s: trial %d (%s) is refused: %s. It is not launched again; the sweep's other trials go "
-                    "on.", self.state.name, number, trial.run_name, why)
+        log.warning(
+            "sweep %s: trial %d (%s) is refused: %s. It is not launched again; the sweep's other trials go on.",
+            self.state.name,
+            number,
+            trial.run_name,
+            why,
+        )
 
         def fn(d: dict) -> None:
             t = d["trials"][number]
@@ -82,8 +88,14 @@ class _Outcomes:
         ledger = trust.trial_ledger(self.plan.store, trial.run_name)
         value = ledger.value(step, self.settings["metric"])
         if value is not None and not math.isfinite(value):  # a diverged metric: no result
-            log.warning("sweep %s: trial %d's %s at step %d is %r, not a finite number; no result at this rung",
-                        self.state.name, number, self.settings["metric"], step, value)
+            log.warning(
+                "sweep %s: trial %d's %s at step %d is %r, not a finite number; no result at this rung",
+                self.state.name,
+                number,
+                self.settings["metric"],
+                step,
+                value,
+            )
             value = None
         if code in (exitcodes.COMPLETED, exitcodes.BUDGET_EXHAUSTED) and value is not None:
             status, kind = "paused", "reported"
@@ -91,8 +103,15 @@ class _Outcomes:
             status, kind = "stopped", "ended"  # the sweep's budget (or another cap) stopped it before its rung
         else:
             status, kind = "failed", "ended"
-        log.info("sweep %s: trial %d exited %d at rung %d: %s%s", self.state.name, number, code, rung, status,
-                 f" ({self.settings['metric']}={value:.4f})" if value is not None else "")
+        log.info(
+            "sweep %s: trial %d exited %d at rung %d: %s%s",
+            self.state.name,
+            number,
+            code,
+            rung,
+            status,
+            f" ({self.settings['metric']}={value:.4f})" if value is not None else "",
+        )
 
         def fn(d: dict) -> None:
             t = d["trials"][number]
@@ -121,8 +140,9 @@ class _Outcomes:
             t = d["trials"][number]
             if t["status"] != "paused" or t["rung"] != rung:
                 return  # another driver decided it already
-            d["decisions"].append({"trial": number, "rung": rung, "value": t["values"][str(rung)], "decision": verdict,
-                                   "at": time.time()})
+            d["decisions"].append(
+                {"trial": number, "rung": rung, "value": t["values"][str(rung)], "decision": verdict, "at": time.time()}
+            )
             if verdict == "promote":
                 t["rung"] = rung + 1
             else:
@@ -135,8 +155,15 @@ class _Outcomes:
 
 
 class Driver(_Outcomes):
-    def __init__(self, plan, *, events: Optional[Events] = None, poll_seconds: float = 0.5,
-                 python: str = sys.executable, submit_grace: float = backends.SUBMIT_GRACE_SECONDS):
+    def __init__(
+        self,
+        plan,
+        *,
+        events: Optional[Events] = None,
+        poll_seconds: float = 0.5,
+        python: str = sys.executable,
+        submit_grace: float = backends.SUBMIT_GRACE_SECONDS,
+    ):
         if plan.cfg.backend.dry_run:  # its trials would only print: nothing would ever end (sweep/dryrun.py)
             raise ValueError("a dry run's sweep launches no trial: orchestrator.sweep.dryrun prints them")
         self.plan, self.state, self.settings = plan, plan.state, plan.settings
@@ -179,9 +206,11 @@ class Driver(_Outcomes):
         slot, idle = self._pending
         self._pending = [0.0, 0.0]
         if slot:
+
             def add_usage(d: dict) -> None:
-                d["usage"].update(slot_seconds=d["usage"]["slot_seconds"] + slot,
-                                  idle_seconds=d["usage"]["idle_seconds"] + idle)
+                d["usage"].update(
+                    slot_seconds=d["usage"]["slot_seconds"] + slot, idle_seconds=d["usage"]["idle_seconds"] + idle
+                )
 
             self.state.update(add_usage)
 
@@ -198,11 +227,16 @@ class Driver(_Outcomes):
             if waiting:
                 trial = waiting[0]
             elif len(doc.trials) < self.plan.n_trials and room_for_a_new_trial(self.plan):
-                made = self.state.new_trial(lambda trials: decide.sample(self.plan.space, self.settings, trials,
-                                                                         len(trials)))
+                made = self.state.new_trial(
+                    lambda trials: decide.sample(self.plan.space, self.settings, trials, len(trials))
+                )
                 doc = self.state.loaded()
-                log.info("sweep %s: trial %d samples %s", self.state.name, made.number,
-                         trust.stored_params(dict(made.params)))
+                log.info(
+                    "sweep %s: trial %d samples %s",
+                    self.state.name,
+                    made.number,
+                    trust.stored_params(dict(made.params)),
+                )
                 trial = doc.trials[made.number]
             else:
                 break
@@ -220,13 +254,21 @@ class Driver(_Outcomes):
         a scheduler): wait on it instead of starting it twice (``backends.adoptable``)."""
         if trial.status != "running" or trial.number in self.relaunch:
             return False
-        watch = backends.adoptable(trial, self.plan.store, submits=self.submits,
-                                   log_path=self.logs / f"t{trial.number}.log", grace=self.submit_grace)
+        watch = backends.adoptable(
+            trial,
+            self.plan.store,
+            submits=self.submits,
+            log_path=self.logs / f"t{trial.number}.log",
+            grace=self.submit_grace,
+        )
         if watch is None:
             return False
         self.procs[trial.number] = watch
-        log.info("sweep %s: trial %d was launched by an earlier driver and still runs; waiting on it",
-                 self.state.name, trial.number)
+        log.info(
+            "sweep %s: trial %d was launched by an earlier driver and still runs; waiting on it",
+            self.state.name,
+            trial.number,
+        )
         return True
 
     def _already_at_rung(self, trial: TrialEntry) -> Optional[int]:
@@ -245,23 +287,32 @@ class Driver(_Outcomes):
         if trial.params_problem:
             raise trust.TrialRefused(trial.params_problem)
         params = trust.launch_params(self.plan.space, self.settings, trial, since=doc.space_since)
-        command = trial_command(self.plan, number, params, step, startup=startup_override(self.plan),
-                                python=self.python)
+        command = trial_command(
+            self.plan, number, params, step, startup=startup_override(self.plan), python=self.python
+        )
         before = backends.attempts_so_far(self.plan.store, trial.run_name) if self.submits else None
         path = self.logs / f"t{number}.log"
         offset = path.stat().st_size if path.exists() else 0
 
         def intent(d: dict) -> None:  # recorded before the launch: a driver killed in between is seen on relaunch
             t = d["trials"][number]
-            t.update(status="running", launches=t["launches"] + 1, submitted=before, launched_at=time.time(),
-                     log_offset=offset, launcher=None)
+            t.update(
+                status="running",
+                launches=t["launches"] + 1,
+                submitted=before,
+                launched_at=time.time(),
+                log_offset=offset,
+                launcher=None,
+            )
 
         self.state.update(intent)
         self.relaunch.discard(number)
         with open(path, "ab") as out:
             proc = start_trial(command, out, self.forks)
-        self.procs[number] = proc if before is None else backends.SubmittedTrial(proc, self.plan.store,
-                                                                                 trial.run_name, before)
+        self.procs[number] = (
+            proc if before is None else backends.SubmittedTrial(proc, self.plan.store, trial.run_name, before)
+        )
+
         def launched(d: dict) -> None:
             d["trials"][number].update(launcher=backends.launcher_identity(proc.pid))
 
@@ -282,8 +333,9 @@ class Driver(_Outcomes):
                 continue
             del self.procs[number]
             if code == backends.GONE:  # nothing runs it any more (killed with its launcher, or never submitted)
-                log.warning("sweep %s: trial %d has no process or submission left; launching it again",
-                            self.state.name, number)
+                log.warning(
+                    "sweep %s: trial %d has no process or submission left; launching it again", self.state.name, number
+                )
                 self.relaunch.add(number)
                 continue
             try:
@@ -293,14 +345,24 @@ class Driver(_Outcomes):
         return doc
 
 
-def trial_command(plan, number: int, params: dict, step: int, *, startup: list[str],
-                  python: str = sys.executable) -> list[str]:
+def trial_command(
+    plan, number: int, params: dict, step: int, *, startup: list[str], python: str = sys.executable
+) -> list[str]:
     """What runs trial ``number`` with ``params`` to ``step`` (its rung's): ``python -m orchestrator.launch`` with
     the sweep's fixed overrides, the trial's parameters, its run name, its rung, the sweep's cap and ``startup``
     (``startup_override``)."""
-    return [python, "-m", "orchestrator.launch", *plan.fixed, *(override(k, v) for k, v in sorted(params.items())),
-            f"run.name={trial_name(plan.state.name, number)}", f"train.pause_at_step={step}",
-            f"train.eval_steps={decide.eval_every(plan.settings, number)}", *plan.trial_overrides, *startup]
+    return [
+        python,
+        "-m",
+        "orchestrator.launch",
+        *plan.fixed,
+        *(override(k, v) for k, v in sorted(params.items())),
+        f"run.name={trial_name(plan.state.name, number)}",
+        f"train.pause_at_step={step}",
+        f"train.eval_steps={decide.eval_every(plan.settings, number)}",
+        *plan.trial_overrides,
+        *startup,
+    ]
 
 
 def live_index(plan) -> dict:
@@ -369,8 +431,12 @@ def out_of_budget(plan, waiting: list[TrialEntry]) -> bool:
     the sweep ends (the waiting trials keep their checkpoints) instead of waiting for money that never comes."""
     if not budget_spent(plan):
         return False
-    log.warning("sweep %s: the budget ($%s) is spent; trial(s) %s keep their checkpoints and were not resumed",
-                plan.state.name, plan.budget_usd, ", ".join(str(t.number) for t in waiting))
+    log.warning(
+        "sweep %s: the budget ($%s) is spent; trial(s) %s keep their checkpoints and were not resumed",
+        plan.state.name,
+        plan.budget_usd,
+        ", ".join(str(t.number) for t in waiting),
+    )
     return True
 
 

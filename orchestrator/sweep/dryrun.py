@@ -10,6 +10,7 @@ sweep record, lease, trial ledger, spend reservation or trial log; the store is 
 what a run would refuse there (``_read_store``). Results decide what follows the first rung
 (promotions, and under ``sweep.sampler=tpe`` the later trials' values), so a dry run cannot show it.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -29,23 +30,39 @@ def print_first_round(plan, compose_for_launch) -> int:
 
     name = plan.state.name
     existing, unread = _read_store(plan)  # before any output: a run's refusal is this one's
-    print(f"sweep {name} (dry run: nothing is launched or written): {plan.n_trials} trials, {plan.max_parallel} at "
-          f"once, budget ${plan.budget_usd:g}; each trial at its first rung as backend={plan.cfg.backend.name} "
-          f"would get it", flush=True)
+    print(
+        f"sweep {name} (dry run: nothing is launched or written): {plan.n_trials} trials, {plan.max_parallel} at "
+        f"once, budget ${plan.budget_usd:g}; each trial at its first rung as backend={plan.cfg.backend.name} "
+        f"would get it",
+        flush=True,
+    )
     if unread:
-        print(f"# note: the store {plan.store.uri} could not be read from here ({unread}); a run checks there that "
-              f"sweep {name} names no ordinary job, and resumes its record if it has one.")
+        print(
+            f"# note: the store {plan.store.uri} could not be read from here ({unread}); a run checks there that "
+            f"sweep {name} names no ordinary job, and resumes its record if it has one."
+        )
     if existing is not None:
-        print(f"# note: sweep {name} already has a record ({plan.state.uri}, {len(existing.trials)} trials); a run "
-              "resumes it instead of starting this round. Shown: the first round of the sweep from scratch.")
+        print(
+            f"# note: sweep {name} already has a record ({plan.state.uri}, {len(existing.trials)} trials); a run "
+            "resumes it instead of starting this round. Shown: the first round of the sweep from scratch."
+        )
     if plan.settings["sampler"] == "tpe":
         print("# note: sweep.sampler=tpe samples each trial from the results before it; shown as sampled with none.")
     startup = startup_override(plan) if existing is not None else []  # measured by the record's trials, if any
     trials: list[TrialEntry] = []
     for number in range(plan.n_trials):
         params = decide.sample(plan.space, plan.settings, trials, number)
-        trials.append(TrialEntry(number=number, run_name=trial_run_name(name, number), rung=0, status="running",
-                                 values={}, launches=1, params=trust.stored_params(params)))
+        trials.append(
+            TrialEntry(
+                number=number,
+                run_name=trial_run_name(name, number),
+                rung=0,
+                status="running",
+                values={},
+                launches=1,
+                params=trust.stored_params(params),
+            )
+        )
         step = decide.trial_steps(plan.settings, number)[0]
         command = trial_command(plan, number, params, step, startup=startup)
         cfg, final = compose_for_launch(command[3:])  # what the trial's launcher composes and checks

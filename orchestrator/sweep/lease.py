@@ -10,6 +10,7 @@ time) or it was not renewed for ``LEASE_S`` (another host; the spend index's rul
 ``orchestrator.money.spend_leases``). The lease's fields are decoded with the record
 (``orchestrator.records.sweep_record``); the functions here change the record as stored, inside its write.
 """
+
 from __future__ import annotations
 
 import socket
@@ -69,10 +70,12 @@ def take(doc: dict, holder: dict, where: str, now: Optional[float] = None) -> in
         doc["fence"] = int(doc.get("fence", 0))
         return doc["fence"]
     if alive(who, now):
-        raise SweepBusy(f"the sweep {where} is driven by another driver: pid {who['pid']} on host {who['host']} "
-                        f"(its lease renewed {now - float(who['renewed_at']):.0f} s ago). This driver launches "
-                        f"nothing: wait for that one to end, or stop it; a driver that died is taken over as soon "
-                        f"as its process is gone (same host) or {LEASE_S:.0f} s after its last renewal.")
+        raise SweepBusy(
+            f"the sweep {where} is driven by another driver: pid {who['pid']} on host {who['host']} "
+            f"(its lease renewed {now - float(who['renewed_at']):.0f} s ago). This driver launches "
+            f"nothing: wait for that one to end, or stop it; a driver that died is taken over as soon "
+            f"as its process is gone (same host) or {LEASE_S:.0f} s after its last renewal."
+        )
     doc["fence"] = int(doc.get("fence", 0)) + 1
     doc["driver"] = dict(holder, renewed_at=now)
     return doc["fence"]
@@ -84,8 +87,10 @@ def renew(doc: dict, holder: dict, fence: int, where: str) -> None:
     who: Any = doc.get("driver")
     if doc.get("fence") != fence or not same(who, holder):
         other = f"pid {who['pid']} on host {who['host']}" if isinstance(who, dict) else "no driver"
-        raise SweepLeaseLost(f"the sweep {where} was taken over by another driver ({other}) while this one was "
-                             "presumed dead; this driver stops without writing (its trials go on under the other).")
+        raise SweepLeaseLost(
+            f"the sweep {where} was taken over by another driver ({other}) while this one was "
+            "presumed dead; this driver stops without writing (its trials go on under the other)."
+        )
     who["renewed_at"] = time.time()
 
 

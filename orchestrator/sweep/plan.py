@@ -1,5 +1,6 @@
 """From the launch command to a sweep: the overrides split into fixed ones and a search space, composed and
 checked once (exit 4 before any trial), and the sweep's record opened (resume, or refusal of a changed space)."""
+
 from __future__ import annotations
 
 import math
@@ -64,9 +65,11 @@ def plan_sweep(argv: list[str], compose_for_launch) -> SweepPlan:
     _, from_config = split_sweep_overrides([f"{k}={v}" for k, v in params.items()])
     space = SearchSpace.from_specs({**from_config, **specs})
     if not space.specs:
-        raise ConfigError("the sweep has no search space: give at least one key with several values "
-                          "(-m train.learning_rate=1e-4,2e-4, or 'train.learning_rate=interval(1e-5,1e-3)' with "
-                          "sweep=asha), or drop -m/sweep to run one job.")
+        raise ConfigError(
+            "the sweep has no search space: give at least one key with several values "
+            "(-m train.learning_rate=1e-4,2e-4, or 'train.learning_rate=interval(1e-5,1e-3)' with "
+            "sweep=asha), or drop -m/sweep to run one job."
+        )
     cfg, final = compose_for_launch(fixed + space.representative())
     return _plan(cfg, space, [o for o in final if o not in space.representative()])
 
@@ -78,20 +81,27 @@ def _settings(cfg, space: SearchSpace) -> tuple[dict, int]:
         logged = ("eval_loss", "eval_perplexity")
     metric = logged[0] if s.metric == "auto" else s.metric
     problems = []
-    if s.budget_usd is None or not (isinstance(s.budget_usd, (int, float)) and math.isfinite(s.budget_usd)
-                                    and s.budget_usd > 0):
-        problems.append(f"sweep.budget_usd={s.budget_usd}: a sweep needs a positive dollar budget "
-                        "(sweep.budget_usd=5): it is the cap on every trial's spend together")
+    if s.budget_usd is None or not (
+        isinstance(s.budget_usd, (int, float)) and math.isfinite(s.budget_usd) and s.budget_usd > 0
+    ):
+        problems.append(
+            f"sweep.budget_usd={s.budget_usd}: a sweep needs a positive dollar budget "
+            "(sweep.budget_usd=5): it is the cap on every trial's spend together"
+        )
     if s.max_parallel < 1:
         problems.append(f"sweep.max_parallel={s.max_parallel}: at least 1 trial must run at once")
     if metric.startswith("bench/"):
         problems += _bench_metric_problems(cfg, metric)
     elif metric not in logged:
-        problems.append(f"sweep.metric={metric}: no trial of recipe={cfg.recipe.name} logs it; its evaluations log "
-                        f"{', '.join(logged)}, or bench/<task>/<metric> of an eval.tasks task")
+        problems.append(
+            f"sweep.metric={metric}: no trial of recipe={cfg.recipe.name} logs it; its evaluations log "
+            f"{', '.join(logged)}, or bench/<task>/<metric> of an eval.tasks task"
+        )
     if not (0 < s.min_fraction <= 1) or s.reduction_factor < 2:
-        problems.append(f"sweep.min_fraction={s.min_fraction}, sweep.reduction_factor={s.reduction_factor}: "
-                        "the first rung is a fraction in (0, 1] of train.max_steps, the factor at least 2")
+        problems.append(
+            f"sweep.min_fraction={s.min_fraction}, sweep.reduction_factor={s.reduction_factor}: "
+            "the first rung is a fraction in (0, 1] of train.max_steps, the factor at least 2"
+        )
     if cfg.train.max_steps <= 0:
         problems.append("train.max_steps must be positive in a sweep: its rungs are steps of it")
     n_trials = s.n_trials
@@ -104,9 +114,16 @@ def _settings(cfg, space: SearchSpace) -> tuple[dict, int]:
         raise ConfigError("the sweep cannot start: " + "; ".join(problems) + ". Nothing was launched.")
     # the choices (StrEnum fields, checked at compose) stored as their plain strings, as the sweep's record has them
     direction = str(s.direction) if s.direction != "auto" else ("minimize" if metric in _MINIMIZED else "maximize")
-    settings = dict(sampler=str(s.sampler), seed=int(s.seed), pruner=str(s.pruner), metric=metric, direction=direction,
-                    min_fraction=float(s.min_fraction), reduction_factor=int(s.reduction_factor),
-                    max_steps=int(cfg.train.max_steps))
+    settings = dict(
+        sampler=str(s.sampler),
+        seed=int(s.seed),
+        pruner=str(s.pruner),
+        metric=metric,
+        direction=direction,
+        min_fraction=float(s.min_fraction),
+        reduction_factor=int(s.reduction_factor),
+        max_steps=int(cfg.train.max_steps),
+    )
     return settings, n_trials
 
 
@@ -119,8 +136,10 @@ def _bench_metric_problems(cfg, metric: str) -> list[str]:
     if not (task and name):
         return [f"sweep.metric={metric}: give bench/<task>/<metric> (e.g. bench/tiny_arith_mc/acc)"]
     if not spec.enabled(cfg):
-        return [f"sweep.metric={metric} decides rungs by a benchmark score, but eval.tasks is empty: no trial would "
-                f"log it; set 'eval.tasks=[{task}]', or a held-out sweep.metric (eval_loss)"]
+        return [
+            f"sweep.metric={metric} decides rungs by a benchmark score, but eval.tasks is empty: no trial would "
+            f"log it; set 'eval.tasks=[{task}]', or a held-out sweep.metric (eval_loss)"
+        ]
     try:
         spec.check_metric(cfg.eval, task, name, key=f"sweep.metric={metric}")
     except ConfigError as err:
@@ -144,12 +163,26 @@ def _plan(cfg, space: SearchSpace, final: list[str]) -> SweepPlan:
     state = SweepState(store, name)
     if not cfg.backend.dry_run:  # a dry run writes nothing: no record, no lease (orchestrator.sweep.dryrun)
         refuse_a_jobs_folder(store, name, name_key(cfg))
-        state.open(space=space.to_json(), fixed=[_redacted(o) for o in fixed], settings=settings,
-                   allow_changes=bool(cfg.sweep.allow_changes))
-    return SweepPlan(cfg=cfg, space=space, fixed=fixed, trial_overrides=trial_overrides, settings=settings,
-                     state=state, store=store, experiment=experiment, budget_usd=float(cfg.sweep.budget_usd),
-                     max_parallel=int(cfg.sweep.max_parallel), n_trials=n_trials,
-                     log_dir=str(Path(cfg.run.work_dir) / "sweeps" / name))
+        state.open(
+            space=space.to_json(),
+            fixed=[_redacted(o) for o in fixed],
+            settings=settings,
+            allow_changes=bool(cfg.sweep.allow_changes),
+        )
+    return SweepPlan(
+        cfg=cfg,
+        space=space,
+        fixed=fixed,
+        trial_overrides=trial_overrides,
+        settings=settings,
+        state=state,
+        store=store,
+        experiment=experiment,
+        budget_usd=float(cfg.sweep.budget_usd),
+        max_parallel=int(cfg.sweep.max_parallel),
+        n_trials=n_trials,
+        log_dir=str(Path(cfg.run.work_dir) / "sweeps" / name),
+    )
 
 
 def checked_name(cfg, n_trials: int) -> str:
@@ -162,9 +195,11 @@ def checked_name(cfg, n_trials: int) -> str:
     name = str(cfg.sweep.name if key == "sweep.name" else cfg.run.name)
     last = f"{name}-t{max(n_trials, 1) - 1}"
     if not RUN_NAME.fullmatch(name) or not RUN_NAME.fullmatch(last):
-        raise ConfigError(f"{key}={name!r} cannot name a sweep: it and its trials' run names ({last!r} is the last) "
-                          "must each be 1-63 letters, digits, '.', '_' or '-', starting and ending with a letter or "
-                          f"digit, as run.name; give a shorter plain name, e.g. sweep.name=lr-search.")
+        raise ConfigError(
+            f"{key}={name!r} cannot name a sweep: it and its trials' run names ({last!r} is the last) "
+            "must each be 1-63 letters, digits, '.', '_' or '-', starting and ending with a letter or "
+            f"digit, as run.name; give a shorter plain name, e.g. sweep.name=lr-search."
+        )
     return name
 
 
@@ -182,9 +217,11 @@ def refuse_a_jobs_folder(store, name: str, key: str) -> None:
 
     ledger = f"{name}/{LEDGER_FILENAME}"
     if store.exists(ledger):
-        raise ConfigError(f"{key}={name!r} names an ordinary job ({store.get_uri(ledger)} is its ledger): the "
-                          f"sweep's record would go into that job's folder. Give the sweep a name of its own, e.g. "
-                          f"sweep.name={name}-sweep.")
+        raise ConfigError(
+            f"{key}={name!r} names an ordinary job ({store.get_uri(ledger)} is its ledger): the "
+            f"sweep's record would go into that job's folder. Give the sweep a name of its own, e.g. "
+            f"sweep.name={name}-sweep."
+        )
 
 
 def _redacted(item: str) -> str:

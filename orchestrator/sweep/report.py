@@ -4,6 +4,7 @@ Reads the sweep's parent run (tagged ``orchestrator.kind=sweep``, ``orchestrator
 ``best_<metric>`` and ``spent_usd`` histories, logged at the same steps. One line per sweep, and one chart
 per sweep (a step line: the leader's metric against cumulative USD) beside ``--out``.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,14 +27,19 @@ def sweep_curves(client, experiment_id: str) -> list[SweepCurve]:
     runs = client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = '{SWEEP_KIND}'", max_results=500)
     curves = []
     for run in runs:
-        best = [k for k in run.data.metrics if k.startswith("best_") and k not in ("best_trial", "best_step", "best_rung")]
+        best = [
+            k for k in run.data.metrics if k.startswith("best_") and k not in ("best_trial", "best_step", "best_rung")
+        ]
         if not best:
             continue
         spent = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "spent_usd")}
         history = sorted(client.get_metric_history(run.info.run_id, best[0]), key=lambda m: (m.step, m.timestamp))
-        points = [(spent[m.step], m.value) for m in history
-                  if m.step in spent and math.isfinite(spent[m.step]) and math.isfinite(m.value)]
-        curves.append(SweepCurve(run.data.tags.get("sweep") or run.info.run_name, best[0][len("best_"):], points))
+        points = [
+            (spent[m.step], m.value)
+            for m in history
+            if m.step in spent and math.isfinite(spent[m.step]) and math.isfinite(m.value)
+        ]
+        curves.append(SweepCurve(run.data.tags.get("sweep") or run.info.run_name, best[0][len("best_") :], points))
     return sorted(curves, key=lambda c: c.name)
 
 
@@ -71,8 +77,10 @@ def report_sweeps(client, experiment_id: str, out: str) -> tuple[list[str], list
         files.append(path)
         if curve.points:
             usd, value = curve.points[-1]
-            lines.append(f"sweep {curve.name}: best {curve.metric}={value:.4f} after ${usd:.4f} "
-                         f"({len(curve.points)} points); chart {path}")
+            lines.append(
+                f"sweep {curve.name}: best {curve.metric}={value:.4f} after ${usd:.4f} "
+                f"({len(curve.points)} points); chart {path}"
+            )
         else:
             lines.append(f"sweep {curve.name}: no rung result yet; chart {path}")
     return lines, files

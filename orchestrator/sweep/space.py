@@ -4,6 +4,7 @@
 or a stepped float; ``interval(lo, hi)``: a uniform float (``int(interval(lo, hi))``: an int, as Hydra casts it);
 ``tag(log, interval(...))``: log-uniform. The parsing itself is Hydra's (``compose.split_sweep_overrides``).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,9 +40,11 @@ class SearchSpace:
         out = {}
         for key, spec in self.specs.items():
             if spec[0] == "interval":
-                raise ConfigError(f"{key}=interval({spec[1]},{spec[2]}) has no grid: sweep.sampler=grid (and -m alone) "
-                                  "needs finite values. Give them (a=1,2,3, choice(...), range(...)), or choose "
-                                  "sweep.sampler=random|tpe with sweep.n_trials.")
+                raise ConfigError(
+                    f"{key}=interval({spec[1]},{spec[2]}) has no grid: sweep.sampler=grid (and -m alone) "
+                    "needs finite values. Give them (a=1,2,3, choice(...), range(...)), or choose "
+                    "sweep.sampler=random|tpe with sweep.n_trials."
+                )
             out[key] = _values(spec)
         return out
 
@@ -50,7 +53,9 @@ class SearchSpace:
 
     def representative(self) -> list[str]:
         """One override per key (its first value): composed at launch to check keys and types before any trial."""
-        return [override(key, _values(spec)[0] if spec[0] != "interval" else spec[1]) for key, spec in self.specs.items()]
+        return [
+            override(key, _values(spec)[0] if spec[0] != "interval" else spec[1]) for key, spec in self.specs.items()
+        ]
 
     def difference(self, other: "SearchSpace") -> list[str]:
         """What changed from ``other`` (the stored space) to this one, one line per key."""
@@ -115,11 +120,15 @@ def _check(key: str, spec: tuple) -> None:
         return
     if kind == "interval" and len(spec) == 4 and _finite(spec[1], spec[2]) and spec[1] < spec[2]:
         if spec[3] and spec[1] <= 0:
-            raise ConfigError(f"{key}: a log interval needs a positive low end, not {spec[1]}; "
-                              f"write tag(log, interval(1e-5,{spec[2]})) or drop the log tag.")
+            raise ConfigError(
+                f"{key}: a log interval needs a positive low end, not {spec[1]}; "
+                f"write tag(log, interval(1e-5,{spec[2]})) or drop the log tag."
+            )
         return
-    raise ConfigError(f"{key}: {_show(spec)} is an empty search space; give at least one value "
-                      "(a=1,2 | choice(...) | range(lo,hi) with lo < hi | interval(lo,hi) with lo < hi).")
+    raise ConfigError(
+        f"{key}: {_show(spec)} is an empty search space; give at least one value "
+        "(a=1,2 | choice(...) | range(lo,hi) with lo < hi | interval(lo,hi) with lo < hi)."
+    )
 
 
 def _finite(*values) -> bool:

@@ -27,6 +27,7 @@ Shape::
 The record names its sweep (``name``) and every trial's run name is ``<name>-t<number>``: a record copied under
 another name is refused. A swept secret is stored redacted (``trust.stored_params``).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,10 +45,21 @@ from orchestrator.storage.transact import transact
 from orchestrator.sweep import lease, trust
 
 log = logging.getLogger(__name__)
-__all__ = ["DECISIONS", "LIVE", "STATUSES", "VERSION", "SweepState", "SweepStateCorrupt", "decode_state",
-           "parse_state", "state_key", "trial_run_name"]
-_FIX = ("Restore it from a copy, or start the sweep again under a new sweep.name (its trials' checkpoints are "
-        "untouched).")
+__all__ = [
+    "DECISIONS",
+    "LIVE",
+    "STATUSES",
+    "VERSION",
+    "SweepState",
+    "SweepStateCorrupt",
+    "decode_state",
+    "parse_state",
+    "state_key",
+    "trial_run_name",
+]
+_FIX = (
+    "Restore it from a copy, or start the sweep again under a new sweep.name (its trials' checkpoints are untouched)."
+)
 
 
 class SweepStateCorrupt(UserError):
@@ -66,14 +78,16 @@ def decode_state(raw: bytes, where: str) -> SweepRecord:
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
-        raise SweepStateCorrupt(f"the sweep state {where} is unreadable: it is not JSON ({str(err)[:120]}). "
-                                f"{_FIX}") from None
+        raise SweepStateCorrupt(
+            f"the sweep state {where} is unreadable: it is not JSON ({str(err)[:120]}). {_FIX}"
+        ) from None
     try:
         return SweepRecord.decode(doc, where)
     except CorruptRecord as err:
-        field = err.where[len(where):].strip()
-        raise SweepStateCorrupt(f"the sweep state {where} is unreadable: {field + ' ' if field else ''}"
-                                f"{err.problem}. {_FIX}") from None
+        field = err.where[len(where) :].strip()
+        raise SweepStateCorrupt(
+            f"the sweep state {where} is unreadable: {field + ' ' if field else ''}{err.problem}. {_FIX}"
+        ) from None
 
 
 def parse_state(raw: bytes, where: str) -> dict[str, Any]:
@@ -103,19 +117,26 @@ class SweepState:
 
     def _checked(self, record: SweepRecord) -> SweepRecord:
         if record.name != self.name:
-            raise SweepStateCorrupt(f"the sweep state {self.uri} is refused: it names the sweep {record.name!r}, not "
-                                    f"{self.name!r} (a record copied from another sweep). {_FIX}")
+            raise SweepStateCorrupt(
+                f"the sweep state {self.uri} is refused: it names the sweep {record.name!r}, not "
+                f"{self.name!r} (a record copied from another sweep). {_FIX}"
+            )
         for number in record.broken:
             if (self.uri, number) not in _WARNED:
                 _WARNED.add((self.uri, number))
-                log.warning("sweep %s: trial %d (%s) is refused: %s. It is not launched again; the sweep's other "
-                            "trials go on.", self.name, number, record.trials[number].run_name,
-                            record.trials[number].refused)
+                log.warning(
+                    "sweep %s: trial %d (%s) is refused: %s. It is not launched again; the sweep's other trials go on.",
+                    self.name,
+                    number,
+                    record.trials[number].run_name,
+                    record.trials[number].refused,
+                )
         try:
             return record.within(trust.bounds(record))
         except (UserError, ValueError, KeyError, TypeError) as err:
-            raise SweepStateCorrupt(f"the sweep state {self.uri} is unreadable: its space is not one "
-                                    f"({str(err)[:200]}). {_FIX}") from None
+            raise SweepStateCorrupt(
+                f"the sweep state {self.uri} is unreadable: its space is not one ({str(err)[:200]}). {_FIX}"
+            ) from None
 
     def load(self) -> Optional[SweepRecord]:
         try:
@@ -149,6 +170,7 @@ class SweepState:
     def update(self, fn: Callable[[dict], Any]) -> SweepRecord:
         """Apply ``fn`` to the stored record (it must exist) and write it back conditionally; SweepLeaseLost,
         nothing written, when this driver held the lease and another driver has taken it over."""
+
         def mutate(doc: Optional[dict]) -> dict:
             if doc is None:
                 raise SweepStateCorrupt(f"the sweep state {self.uri} vanished while the sweep ran")
@@ -169,17 +191,28 @@ class SweepState:
 
         def mutate(doc: Optional[dict]) -> dict:
             if doc is None:
-                doc = {"version": VERSION, "name": self.name, "space": space, "fixed": fixed, "settings": settings,
-                       "trials": [], "decisions": [], "usage": {"slot_seconds": 0.0, "idle_seconds": 0.0},
-                       "space_since": 0}
+                doc = {
+                    "version": VERSION,
+                    "name": self.name,
+                    "space": space,
+                    "fixed": fixed,
+                    "settings": settings,
+                    "trials": [],
+                    "decisions": [],
+                    "usage": {"slot_seconds": 0.0, "idle_seconds": 0.0},
+                    "space_since": 0,
+                }
             fence.clear()
             fence.append(lease.take(doc, holder, self.uri))
-            changes = describe_changes(doc["space"], doc["fixed"], doc["settings"], space=space, fixed=fixed,
-                                       settings=settings)
+            changes = describe_changes(
+                doc["space"], doc["fixed"], doc["settings"], space=space, fixed=fixed, settings=settings
+            )
             if changes and not allow_changes:
-                raise ConfigError(f"sweep {self.name!r} ({self.uri}) was started with another search space or "
-                                  f"overrides: {'; '.join(changes)}. Rerun it as it was, give a new sweep.name, or "
-                                  "add sweep.allow_changes=true to go on with the new ones (past trials keep theirs).")
+                raise ConfigError(
+                    f"sweep {self.name!r} ({self.uri}) was started with another search space or "
+                    f"overrides: {'; '.join(changes)}. Rerun it as it was, give a new sweep.name, or "
+                    "add sweep.allow_changes=true to go on with the new ones (past trials keep theirs)."
+                )
             if any(not line.startswith("override ") for line in changes):  # the space or the sampler changed
                 doc["space_since"] = len(doc["trials"])
             doc.update(space=space, fixed=fixed, settings=settings)
@@ -206,23 +239,35 @@ class SweepState:
             number = len(doc["trials"])
             values = params(cast(SweepRecord, self._read).trials) if callable(params) else params
             made.append((number, values))
-            doc["trials"].append(dict(number=number, run_name=trial_run_name(self.name, number),
-                                      params=trust.stored_params(values), rung=0, status="running", values={},
-                                      launches=0))
+            doc["trials"].append(
+                dict(
+                    number=number,
+                    run_name=trial_run_name(self.name, number),
+                    params=trust.stored_params(values),
+                    rung=0,
+                    status="running",
+                    values={},
+                    launches=0,
+                )
+            )
 
         record = self.update(fn)
         number, values = made[-1]
         return replace(record.trials[number], params=values)
 
 
-def describe_changes(old_space: dict, old_fixed: list[str], old_settings: dict, *, space: dict, fixed: list[str],
-                     settings: dict) -> list[str]:
+def describe_changes(
+    old_space: dict, old_fixed: list[str], old_settings: dict, *, space: dict, fixed: list[str], settings: dict
+) -> list[str]:
     from orchestrator.sweep.space import SearchSpace
 
     lines = SearchSpace.from_specs(space).difference(SearchSpace.from_specs(old_space))
     old, new = set(old_fixed), set(fixed)
     lines += [f"override {o} dropped" for o in sorted(old - new)]
     lines += [f"override {o} added" for o in sorted(new - old)]
-    lines += [f"sweep.{k}: {old_settings.get(k)!r} -> {settings.get(k)!r}"
-              for k in sorted(set(settings) | set(old_settings)) if settings.get(k) != old_settings.get(k)]
+    lines += [
+        f"sweep.{k}: {old_settings.get(k)!r} -> {settings.get(k)!r}"
+        for k in sorted(set(settings) | set(old_settings))
+        if settings.get(k) != old_settings.get(k)
+    ]
     return lines

@@ -9,6 +9,7 @@ parent's last, so a relaunched driver goes on after it), and at the end the tria
 artifacts. The dollars are money spent (settled, and what open attempts had spent at their last write), not
 reservations: a hold settles below what it reserved, so a figure with holds in it would fall when a trial ends. MLflow being down never stops the sweep: a warning, and it goes on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,12 @@ def _find_or_create(client, experiment_id: str, name: str, run_id: Optional[str]
         except Exception as err:  # deleted or from another server: found again by tag below
             log.warning("the sweep's MLflow run %s is gone (%s); looking for it by tag", run_id, type(err).__name__)
     quoted = name.replace("\\", "\\\\").replace("'", "\\'")
-    found = client.search_runs([experiment_id], filter_string=f"tags.{SWEEP_TAG} = '{quoted}'", max_results=1,
-                               order_by=["attributes.start_time DESC"])
+    found = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.{SWEEP_TAG} = '{quoted}'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
     if found:
         return found[0].info.run_id
     from mlflow.entities import Param
@@ -86,9 +91,14 @@ class SweepTracking:
             client.update_run(run_id, status="RUNNING")  # a relaunch: running again until finish()
             last_step = max((m.step for m in client.get_metric_history(run_id, "spent_usd")), default=-1)
         except Exception as err:
-            log.warning("MLflow at %s unavailable for the sweep's parent run (%s: %s); trials log as plain jobs",
-                        scrub_text(uri), type(err).__name__, scrub_text(str(err))[:200])
+            log.warning(
+                "MLflow at %s unavailable for the sweep's parent run (%s: %s); trials log as plain jobs",
+                scrub_text(uri),
+                type(err).__name__,
+                scrub_text(str(err))[:200],
+            )
             return None
+
         def note(d: dict) -> None:
             d.update(mlflow_run_id=run_id)
 
@@ -101,8 +111,13 @@ class SweepTracking:
         try:
             fn()
         except Exception as err:
-            log.warning("sweep %s: MLflow %s failed (%s: %s); the sweep goes on", self.plan.state.name, what,
-                        type(err).__name__, str(err)[:200])
+            log.warning(
+                "sweep %s: MLflow %s failed (%s: %s); the sweep goes on",
+                self.plan.state.name,
+                what,
+                type(err).__name__,
+                str(err)[:200],
+            )
 
     def event(self, kind: str, trial: TrialEntry, doc: SweepRecord) -> None:
         if kind in ("reported", "decided"):
@@ -119,27 +134,44 @@ class SweepTracking:
         step = self.last_step + 1
         spent = experiment_total_usd(self.plan.spend_index(), self.plan.experiment, held=False)
         now = int(time.time() * 1000)
-        metrics = [Metric("spent_usd", float(spent), now, step), Metric("decisions", len(doc.decisions), now, step),
-                   Metric("rung_results", sum(len(t.values) for t in doc.trials), now, step)]
+        metrics = [
+            Metric("spent_usd", float(spent), now, step),
+            Metric("decisions", len(doc.decisions), now, step),
+            Metric("rung_results", sum(len(t.values) for t in doc.trials), now, step),
+        ]
         if best is not None:
             at_step, value = cast("tuple[int, float]", reached(settings, best))  # the leader has a result
-            metrics += [Metric(f"best_{settings['metric']}", float(value), now, step),
-                        Metric("best_trial", best.number, now, step), Metric("best_step", at_step, now, step)]
+            metrics += [
+                Metric(f"best_{settings['metric']}", float(value), now, step),
+                Metric("best_trial", best.number, now, step),
+                Metric("best_step", at_step, now, step),
+            ]
         self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)
         self.last_step = step
 
     def finish(self, doc: SweepRecord, spent: dict[str, float], *, code: int) -> None:
         """The trial table and the decisions as artifacts; the run ends FINISHED (0) or FAILED."""
+
         def log_tables() -> None:
             from orchestrator.sweep.decide import leader
 
-            trials = [{"number": t.number, "run_name": t.run_name, "status": t.status, "rung": t.rung,
-                       "params": dict(t.params), "values": {str(r): v for r, v in sorted(t.values.items())},
-                       "spent_usd": spent.get(t.run_name, 0.0)} for t in doc.trials]
+            trials = [
+                {
+                    "number": t.number,
+                    "run_name": t.run_name,
+                    "status": t.status,
+                    "rung": t.rung,
+                    "params": dict(t.params),
+                    "values": {str(r): v for r, v in sorted(t.values.items())},
+                    "spent_usd": spent.get(t.run_name, 0.0),
+                }
+                for t in doc.trials
+            ]
             best = leader(doc.trials, dict(doc.settings))
-            self.client.log_dict(self.run_id, {"trials": trials, "leader": best and best.run_name},
-                                 "sweep/trials.json")
-            self.client.log_dict(self.run_id, {"decisions": [d.encode() for d in doc.decisions]}, "sweep/decisions.json")
+            self.client.log_dict(self.run_id, {"trials": trials, "leader": best and best.run_name}, "sweep/trials.json")
+            self.client.log_dict(
+                self.run_id, {"decisions": [d.encode() for d in doc.decisions]}, "sweep/decisions.json"
+            )
             self._log_best(doc)
             self.client.set_terminated(self.run_id, status="FINISHED" if code == 0 else "FAILED")
 

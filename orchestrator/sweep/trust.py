@@ -18,6 +18,7 @@ The record itself is decoded in the records floor (``orchestrator.records.sweep_
 sweep's space and schedule as plain data, so a parameter outside the space or a rung past the schedule marks its
 trial there.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -68,8 +69,10 @@ def stored_params(params: dict) -> dict:
 
 def stored_space(space_json: dict) -> dict:
     """The space as the record keeps it: a secret key's choices redacted."""
-    return {k: ([spec[0], [_redacted(k, v) for v in spec[1]]] if spec and spec[0] == "choice" else spec)
-            for k, spec in space_json.items()}
+    return {
+        k: ([spec[0], [_redacted(k, v) for v in spec[1]]] if spec and spec[0] == "choice" else spec)
+        for k, spec in space_json.items()
+    }
 
 
 # ---- parameters ---------------------------------------------------------------------------
@@ -99,15 +102,19 @@ def launch_params(space, settings: dict, trial: TrialEntry, *, since: int) -> di
     number = trial.number
     if set(stored) != set(space.specs):
         extra, missing = sorted(set(stored) - set(space.specs)), sorted(set(space.specs) - set(stored))
-        raise TrialRefused(f"its stored parameters name keys outside the sweep's space ({', '.join(extra) or '-'}) "
-                           f"or lack some of it ({', '.join(missing) or '-'})")
+        raise TrialRefused(
+            f"its stored parameters name keys outside the sweep's space ({', '.join(extra) or '-'}) "
+            f"or lack some of it ({', '.join(missing) or '-'})"
+        )
     derived = rederive(space, settings, number) if number >= since else None
     out = {}
     for key, value in sorted(stored.items()):
         if derived is not None:
             if _redacted(key, derived[key]) != value:
-                raise TrialRefused(f"its stored {key}={value!r} is not what the sweep's seeded sampler gives trial "
-                                   f"{number} ({_redacted(key, derived[key])!r})")
+                raise TrialRefused(
+                    f"its stored {key}={value!r} is not what the sweep's seeded sampler gives trial "
+                    f"{number} ({_redacted(key, derived[key])!r})"
+                )
             out[key] = derived[key]
         elif in_domain(space, key, value):
             out[key] = value
@@ -121,8 +128,11 @@ def _secret_choice(space, key: str, value: Any) -> Any:
     from orchestrator.sweep.space import _values
 
     spec = space.specs[key]
-    matches = [c for c in _values(spec) if c != _redacted(key, c) and _redacted(key, c) == value] \
-        if spec[0] != "interval" else []
+    matches = (
+        [c for c in _values(spec) if c != _redacted(key, c) and _redacted(key, c) == value]
+        if spec[0] != "interval"
+        else []
+    )
     if len(matches) != 1:
         raise TrialRefused(f"its stored {key}={value!r} is outside the sweep's space ({_show(spec)})")
     return matches[0]
@@ -144,12 +154,24 @@ def bounds(record: SweepRecord) -> SweepBounds:
     from orchestrator.sweep.space import SearchSpace, _values
 
     space = SearchSpace.from_specs(dict(record.space))
-    domains = {key: ("interval", spec[1], spec[2], isinstance(spec[1], int) and isinstance(spec[2], int))
-               if spec[0] == "interval" else ("choice", tuple(_values(spec))) for key, spec in space.specs.items()}
+    domains = {
+        key: ("interval", spec[1], spec[2], isinstance(spec[1], int) and isinstance(spec[2], int))
+        if spec[0] == "interval"
+        else ("choice", tuple(_values(spec)))
+        for key, spec in space.specs.items()
+    }
     settings = record.settings
-    scheduled = (settings.get("pruner") in choices(Pruner) and isinstance(settings.get("max_steps"), int)
-                 and (settings.get("pruner") == "none" or (isinstance(settings.get("reduction_factor"), int)
-                                                           and isinstance(settings.get("min_fraction"), (int, float)))))
+    scheduled = (
+        settings.get("pruner") in choices(Pruner)
+        and isinstance(settings.get("max_steps"), int)
+        and (
+            settings.get("pruner") == "none"
+            or (
+                isinstance(settings.get("reduction_factor"), int)
+                and isinstance(settings.get("min_fraction"), (int, float))
+            )
+        )
+    )
     rungs = {t.number: len(trial_steps(dict(settings), t.number)) for t in record.trials} if scheduled else {}
     return SweepBounds(domains=domains, rungs=rungs)
 

@@ -4,6 +4,7 @@ A thread sends batches in order, coalesced to one request per interval; while th
 memory and are retried with backoff, so training never waits on MLflow. ``orchestrator.tracking.run`` (the job's
 run) feeds it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,7 +45,9 @@ class MetricsDelivery:
     def __init__(self, send):
         self._send = send
         self._metrics: deque = deque()
-        self._ops: deque = deque()  # ("tags", [RunTag]) | ("text"|"dict"|"file"|"table", data, file) | ("inputs", [...])
+        self._ops: deque = (
+            deque()
+        )  # ("tags", [RunTag]) | ("text"|"dict"|"file"|"table", data, file) | ("inputs", [...])
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._in_flight = False
@@ -60,8 +63,10 @@ class MetricsDelivery:
                 if len(self._metrics) >= MAX_BUFFERED_POINTS:
                     self._dropped_overflow += 1
                     if self._dropped_overflow == 1:
-                        log.warning("MLflow buffer full (%d points, server down?); new points are being dropped",
-                                    MAX_BUFFERED_POINTS)
+                        log.warning(
+                            "MLflow buffer full (%d points, server down?); new points are being dropped",
+                            MAX_BUFFERED_POINTS,
+                        )
                     continue
                 self._metrics.append(point)
             self._cond.notify_all()
@@ -78,8 +83,9 @@ class MetricsDelivery:
         self._wake.set()
         try:
             with self._cond:
-                return self._cond.wait_for(lambda: not self._metrics and not self._ops and not self._in_flight,
-                                           timeout_s)
+                return self._cond.wait_for(
+                    lambda: not self._metrics and not self._ops and not self._in_flight, timeout_s
+                )
         finally:
             with self._cond:
                 self._flushing -= 1
@@ -112,10 +118,16 @@ class MetricsDelivery:
                 outcome = "dropped" if is_permanent(err) else "retry"
                 failures += 1
                 if outcome == "dropped":
-                    log.error("MLflow refused %s and it was dropped: %s", "metrics" if batch or op is None else op[0], err)
+                    log.error(
+                        "MLflow refused %s and it was dropped: %s", "metrics" if batch or op is None else op[0], err
+                    )
                 elif failures == 1 or failures % 20 == 0:
-                    log.warning("MLflow unreachable (%d tries, %d queued); retrying in the background: %s",
-                                failures, len(self._metrics) + len(self._ops), str(err)[:200])
+                    log.warning(
+                        "MLflow unreachable (%d tries, %d queued); retrying in the background: %s",
+                        failures,
+                        len(self._metrics) + len(self._ops),
+                        str(err)[:200],
+                    )
             with self._cond:
                 self._in_flight = False
                 if outcome != "retry":

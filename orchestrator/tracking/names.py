@@ -16,6 +16,7 @@ beside the Trainer's: ``cost_usd`` (the job's cost so far, and its final total o
 x-axis of the score-against-dollars chart, logged at the same steps as the scores), and, set at the run's
 end, ``score`` (the job's ``quality_metric``), ``score_gain_points`` and ``usd_per_point``.
 """
+
 from __future__ import annotations
 
 COST = "cost/"
@@ -27,13 +28,38 @@ HEADLINE_SCORE = "score"
 HEADLINE_GAIN = "score_gain_points"
 HEADLINE_USD_PER_POINT = "usd_per_point"
 
-_COST_KEYS = ("attempt_cost_usd", "gpu_hours", "tokens_trained", "on_demand_cost_usd", "spot_savings_usd",
-              "usd_per_step", "usd_per_million_tokens", "rollouts", "usd_per_1k_rollouts", "lost_work_steps",
-              "lost_work_seconds", "lost_work_usd", "attempt_evaluation_usd")
-_OPS_KEYS = ("attempts", "preemptions", "step_time_s", "data_wait_s", "peak_memory_bytes", "tokens_per_second",
-             "attempt_checkpoint_stall_s", "attempt_checkpoint_upload_s", "attempt_evaluation_s",
-             "checkpoint_interval_s", "checkpoint_cost_s", "preemptions_per_hour", "preemption_notice_share",
-             "mean_s_between_lossy_preemptions", "capacity_on_demand")
+_COST_KEYS = (
+    "attempt_cost_usd",
+    "gpu_hours",
+    "tokens_trained",
+    "on_demand_cost_usd",
+    "spot_savings_usd",
+    "usd_per_step",
+    "usd_per_million_tokens",
+    "rollouts",
+    "usd_per_1k_rollouts",
+    "lost_work_steps",
+    "lost_work_seconds",
+    "lost_work_usd",
+    "attempt_evaluation_usd",
+)
+_OPS_KEYS = (
+    "attempts",
+    "preemptions",
+    "step_time_s",
+    "data_wait_s",
+    "peak_memory_bytes",
+    "tokens_per_second",
+    "attempt_checkpoint_stall_s",
+    "attempt_checkpoint_upload_s",
+    "attempt_evaluation_s",
+    "checkpoint_interval_s",
+    "checkpoint_cost_s",
+    "preemptions_per_hour",
+    "preemption_notice_share",
+    "mean_s_between_lossy_preemptions",
+    "capacity_on_demand",
+)
 _OPS_PREFIXES = ("restart_", "trial_")
 # the run's end logs the cost report's quality figures under the headline names
 _RENAMED = {"quality_gain_points": HEADLINE_GAIN, "usd_per_quality_point": HEADLINE_USD_PER_POINT}

@@ -16,6 +16,7 @@ instead, which reaches the job's log file, not the console (``orchestrator.core.
 The dollars come from the attempt's money watch (``orchestrator/attempt/money.py``:
 its meter and the budget's projection); nothing here prices anything.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,17 +52,26 @@ def format_duration(seconds: Optional[float]) -> str:
     return tqdm.format_interval(seconds)
 
 
-def progress_line(*, step: int, total: int, steps_per_second: Optional[float], spent_usd: float,
-                  projected_usd: Optional[float], loss: Optional[float] = None) -> str:
+def progress_line(
+    *,
+    step: int,
+    total: int,
+    steps_per_second: Optional[float],
+    spent_usd: float,
+    projected_usd: Optional[float],
+    loss: Optional[float] = None,
+) -> str:
     """The figures of a progress line, e.g.
     ``step 40/100 (40%), 4.00 steps/s, ETA 00:15, cost so far $0.0100, projected total $0.0250`` (``, loss 1.234``
     once the Trainer has logged one)."""
     eta = (max(0, total - step) / steps_per_second) if steps_per_second and total > 0 else None
     share = f" ({step / total:.0%})" if total > 0 else ""
     rate = "-" if steps_per_second is None else f"{steps_per_second:.2f}"
-    return (f"step {step}/{total if total > 0 else '?'}{share}, {rate} steps/s, ETA {format_duration(eta)}, "
-            f"cost so far {format_usd(spent_usd)}, projected total {format_usd(projected_usd)}"
-            + ("" if loss is None else f", loss {loss:.4g}"))
+    return (
+        f"step {step}/{total if total > 0 else '?'}{share}, {rate} steps/s, ETA {format_duration(eta)}, "
+        f"cost so far {format_usd(spent_usd)}, projected total {format_usd(projected_usd)}"
+        + ("" if loss is None else f", loss {loss:.4g}")
+    )
 
 
 def quiet_data_progress(show: bool, environ=os.environ) -> bool:
@@ -105,8 +115,7 @@ class TrainingProgress(ProgressCallback):
             # count only the steps it has made since
             from tqdm.contrib.logging import logging_redirect_tqdm
 
-            self.training_bar = tqdm(total=state.max_steps, initial=state.global_step, unit="step",
-                                     dynamic_ncols=True)
+            self.training_bar = tqdm(total=state.max_steps, initial=state.global_step, unit="step", dynamic_ncols=True)
             # the job's log lines go above the bar (through tqdm.write) instead of through it
             self._redirect = logging_redirect_tqdm()
             self._redirect.__enter__()
@@ -121,8 +130,9 @@ class TrainingProgress(ProgressCallback):
         if self.bar:
             spent, projected = self.dollars(step, total)
             if self.training_bar is not None:
-                self.training_bar.set_postfix_str(f"{format_usd(spent)} so far, {format_usd(projected)} projected",
-                                                  refresh=False)
+                self.training_bar.set_postfix_str(
+                    f"{format_usd(spent)} so far, {format_usd(projected)} projected", refresh=False
+                )
             super().on_step_end(args, state, control, **kwargs)
             return
         if self._last_line is not None and now - self._last_line < self.every_s:
@@ -136,8 +146,9 @@ class TrainingProgress(ProgressCallback):
         first_step, first_time = self._first or (step, now)
         rate = (step - first_step) / (now - first_time) if step > first_step and now > first_time else None
         spent, projected = self.dollars(step, total)
-        return progress_line(step=step, total=total, steps_per_second=rate, spent_usd=spent, projected_usd=projected,
-                             loss=self._loss)
+        return progress_line(
+            step=step, total=total, steps_per_second=rate, spent_usd=spent, projected_usd=projected, loss=self._loss
+        )
 
     # the bar's own hooks; in line mode there is no bar to feed
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -181,9 +192,14 @@ def wants_bar(mode: str, stream=None) -> Optional[bool]:
     return mode == "bar"
 
 
-def attach_progress(trainer: Any, tracking_cfg: Any, *, main: bool,
-                    dollars: Callable[[int, int], tuple[float, Optional[float]]],
-                    every_s: Optional[float] = None) -> Optional[TrainingProgress]:
+def attach_progress(
+    trainer: Any,
+    tracking_cfg: Any,
+    *,
+    main: bool,
+    dollars: Callable[[int, int], tuple[float, Optional[float]]],
+    every_s: Optional[float] = None,
+) -> Optional[TrainingProgress]:
     """Add the display to ``trainer`` on the main rank (``tracking_cfg``: ``cfg.tracking``; ``dollars(step, total)``:
     spent so far and the projected total, the money watch's; ``every_s``: ``tracking.job_metrics_every`` as the typed
     view parsed it, else parsed here). Returns the callback, or None."""

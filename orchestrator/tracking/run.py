@@ -10,6 +10,7 @@ are retried with backoff until it is back; training never waits on it. After a
 resume, points at steps the run already has (per key) are dropped, so a step
 replayed from the last checkpoint is not logged twice.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,6 +61,7 @@ def quiet_telemetry() -> None:
     for name, value in NO_TELEMETRY_ENV.items():
         os.environ.setdefault(name, value)
 
+
 def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": "1", "c": "[1, 2]"}``: MLflow params are flat strings."""
     flat: dict[str, str] = {}
@@ -100,10 +102,11 @@ def ensure_experiment(client, name: str, uri: str) -> str:
     if uri.startswith("sqlite:///"):
         # A local SQLite store would otherwise put artifacts in ./mlruns of whatever
         # the working dir is; keep them beside the database.
-        artifact_location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+        artifact_location = (Path(uri[len("sqlite:///") :]).parent / "artifacts").as_uri()
     try:
-        return client.create_experiment(name, artifact_location=artifact_location,
-                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND_TRAINING})
+        return client.create_experiment(
+            name, artifact_location=artifact_location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND_TRAINING}
+        )
     except Exception:
         # Another attempt created it between our lookup and create.
         experiment = client.get_experiment_by_name(name)
@@ -129,10 +132,15 @@ def _find_or_create_run(client, experiment_id: str, job_name: str, run_id: Optio
         except MlflowException as err:
             if not is_permanent(err):
                 raise
-            log.warning("MLflow run %s from the ledger is not in %s; looking for the job's run by tag", run_id, scrub_text(uri))
+            log.warning(
+                "MLflow run %s from the ledger is not in %s; looking for the job's run by tag", run_id, scrub_text(uri)
+            )
     quoted = job_name.replace("\\", "\\\\").replace("'", "\\'")
     found = client.search_runs(
-        [experiment_id], filter_string=f"tags.{JOB_TAG} = '{quoted}'", order_by=["attributes.start_time DESC"], max_results=1
+        [experiment_id],
+        filter_string=f"tags.{JOB_TAG} = '{quoted}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
     )
     if found:
         return found[0], True
@@ -175,8 +183,16 @@ class JobTracker:
         system_metrics: MLflow's system metrics on or off; None: ``tracking_cfg.log_system_metrics`` (unset: off).
     """
 
-    def __init__(self, tracking_cfg: Any, *, job_name: str, tags: Optional[dict] = None, params: Optional[dict] = None,
-                 run_id: Optional[str] = None, system_metrics: Optional[bool] = None):
+    def __init__(
+        self,
+        tracking_cfg: Any,
+        *,
+        job_name: str,
+        tags: Optional[dict] = None,
+        params: Optional[dict] = None,
+        run_id: Optional[str] = None,
+        system_metrics: Optional[bool] = None,
+    ):
         self.cfg = tracking_cfg
         self.enabled = bool(tracking_cfg.enabled)
         self.job_name = job_name
@@ -226,7 +242,13 @@ class JobTracker:
                 f"{scrub_text(str(err))[:300]}). Start the server, fix tracking.uri / MLFLOW_TRACKING_URI, "
                 "or set tracking.enabled=false."
             ) from err
-        log.info("MLflow run %s (%s) for job %r at %s", self.run_id, "resumed" if resumed else "new", self.job_name, scrub_text(self.uri))
+        log.info(
+            "MLflow run %s (%s) for job %r at %s",
+            self.run_id,
+            "resumed" if resumed else "new",
+            self.job_name,
+            scrub_text(self.uri),
+        )
         if self.run_url():
             log.info("MLflow run page: %s", self.run_url())
         self._delivery = MetricsDelivery(self._send)
@@ -248,7 +270,9 @@ class JobTracker:
             old = existing_run.data.params
             changed = sorted(k for k, v in params.items() if k in old and old[k] != v)
             if changed:
-                log.warning("config changed since the run was created (MLflow keeps the first value): %s", ", ".join(changed))
+                log.warning(
+                    "config changed since the run was created (MLflow keeps the first value): %s", ", ".join(changed)
+                )
             params = {k: v for k, v in params.items() if k not in old}
         items = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
@@ -268,8 +292,9 @@ class JobTracker:
             # each sample is a log_batch plus a get_run (MLflow checks whether the run ended) on the
             # server: MLflow's own 10 s default costs a busy server more than the sampling is worth
             every = parse_duration(self.cfg.system_metrics_every, key="tracking.system_metrics_every")
-            self._system_monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed, tracking_uri=self.uri,
-                                                        sampling_interval=every if every > 0 else 10)
+            self._system_monitor = SystemMetricsMonitor(
+                self.run_id, resume_logging=resumed, tracking_uri=self.uri, sampling_interval=every if every > 0 else 10
+            )
             self._system_monitor.start()
         except Exception as err:  # psutil/pynvml missing: tracking goes on without them
             log.warning("MLflow system metrics are off: %s", err)

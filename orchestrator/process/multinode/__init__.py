@@ -13,6 +13,7 @@ The contract with every backend (local supervisor, Slurm, SkyPilot, Kubernetes):
   (``orchestrator.process.multinode.records``);
 - any node lost ends the attempt for every node (restart-the-world, see docs/scale-out.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,12 @@ class NodeEnv:
         return f"{self.host}:{self.port}"
 
     def as_env(self) -> dict[str, str]:
-        env = {NODE_RANK_ENV: str(self.rank), NNODES_ENV: str(self.nnodes), STORE_ENV: self.endpoint,
-               RDZV_ID_ENV: self.rdzv_id}
+        env = {
+            NODE_RANK_ENV: str(self.rank),
+            NNODES_ENV: str(self.nnodes),
+            STORE_ENV: self.endpoint,
+            RDZV_ID_ENV: self.rdzv_id,
+        }
         if self.addr:
             env[NODE_ADDR_ENV] = self.addr
         return env
@@ -69,15 +74,26 @@ def node_env(cfg, environ: Mapping[str, str] = os.environ) -> Optional[NodeEnv]:
         raise ConfigError(
             f"distributed.nodes={nodes}: this worker was started without {', '.join(missing)} (set by the backend "
             "that starts every node). Launch the job with python -m orchestrator.launch (backend=local, slurm, "
-            "skypilot or kubernetes), which starts the rendezvous store and every node.")
+            "skypilot or kubernetes), which starts the rendezvous store and every node."
+        )
     host, _, port = environ[STORE_ENV].rpartition(":")
     try:
         rank, nnodes, port_number = int(environ[NODE_RANK_ENV]), int(environ[NNODES_ENV]), int(port)
     except ValueError:
-        raise ConfigError(f"{NODE_RANK_ENV}, {NNODES_ENV} must be integers and {STORE_ENV} host:port; got "
-                          f"{environ[NODE_RANK_ENV]!r}, {environ[NNODES_ENV]!r}, {environ[STORE_ENV]!r}.") from None
+        raise ConfigError(
+            f"{NODE_RANK_ENV}, {NNODES_ENV} must be integers and {STORE_ENV} host:port; got "
+            f"{environ[NODE_RANK_ENV]!r}, {environ[NNODES_ENV]!r}, {environ[STORE_ENV]!r}."
+        ) from None
     if nnodes != nodes or not 0 <= rank < nnodes or not host:
-        raise ConfigError(f"{NNODES_ENV}={nnodes}, {NODE_RANK_ENV}={rank} do not fit distributed.nodes={nodes} "
-                          f"(node ranks 0..{nodes - 1}, {STORE_ENV}=host:port).")
-    return NodeEnv(rank=rank, nnodes=nnodes, host=host, port=port_number, rdzv_id=environ[RDZV_ID_ENV],
-                   addr=environ.get(NODE_ADDR_ENV) or None)
+        raise ConfigError(
+            f"{NNODES_ENV}={nnodes}, {NODE_RANK_ENV}={rank} do not fit distributed.nodes={nodes} "
+            f"(node ranks 0..{nodes - 1}, {STORE_ENV}=host:port)."
+        )
+    return NodeEnv(
+        rank=rank,
+        nnodes=nnodes,
+        host=host,
+        port=port_number,
+        rdzv_id=environ[RDZV_ID_ENV],
+        addr=environ.get(NODE_ADDR_ENV) or None,
+    )

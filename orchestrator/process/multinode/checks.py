@@ -1,4 +1,5 @@
 """Launch checks of a multi-node job (run by ``orchestrator.app.checks.validate``)."""
+
 from __future__ import annotations
 
 from orchestrator.core.errors import ConfigError
@@ -17,12 +18,14 @@ def node_count(cfg) -> int:
             f"compute.nodes={billed} but distributed.nodes={started}: the machines trained on are the machines "
             "billed (the backend asks the engine for compute.nodes machines and starts a worker on "
             f"distributed.nodes of them). Set both to the same number, e.g. compute.nodes={max(billed, started)} "
-            f"distributed.nodes={max(billed, started)}.")
+            f"distributed.nodes={max(billed, started)}."
+        )
     if billed > 1 and str(cfg.distributed.name) == "none":
         raise ConfigError(
             f"distributed.nodes={billed} with distributed=none trains on one process, which cannot span {billed} "
             "machines. Choose distributed=ddp, zero2, zero3 or fsdp (with distributed.processes_per_node set to "
-            "the GPUs per node) for a multi-node job, or set compute.nodes=1 distributed.nodes=1.")
+            "the GPUs per node) for a multi-node job, or set compute.nodes=1 distributed.nodes=1."
+        )
     return billed
 
 

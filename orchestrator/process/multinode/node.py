@@ -9,6 +9,7 @@ the workers, which would otherwise wait in a collective) and exits 137, which ev
 vanished attempt and requeues. It records its node's host, start, end and exit in the attempt
 (``orchestrator.process.multinode.records``), on every backend.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,9 +37,15 @@ def torchrun_flags(cfg, node: NodeEnv, join_timeout_s: float) -> list[str]:
     conf = f"is_host=false,join_timeout={int(join_timeout_s)}"
     # no --node_rank: c10d ranks the agents by their address (ORCH_NODE_ADDR), so node 0 holds rank 0 where the
     # addresses sort as the nodes do (the local world's 127.0.0.<node+1>)
-    flags = [f"--nnodes={node.nnodes}", f"--nproc_per_node={int(cfg.distributed.processes_per_node)}",
-             "--rdzv_backend=c10d", f"--rdzv_endpoint={node.endpoint}", f"--rdzv_id={node.rdzv_id}",
-             f"--rdzv_conf={conf}", "--max-restarts=0"]
+    flags = [
+        f"--nnodes={node.nnodes}",
+        f"--nproc_per_node={int(cfg.distributed.processes_per_node)}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={node.endpoint}",
+        f"--rdzv_id={node.rdzv_id}",
+        f"--rdzv_conf={conf}",
+        "--max-restarts=0",
+    ]
     if node.addr:
         flags.append(f"--local_addr={node.addr}")
     return flags
@@ -60,17 +67,28 @@ def run_node(cfg, overrides: list[str], work_root: Path, node: NodeEnv, main: Ca
     timeout = heartbeat_timeout_s(cfg.distributed.heartbeat_timeout, attempts)
     work_root.mkdir(parents=True, exist_ok=True)
     exit_file = work_root / f"exit-{node.rdzv_id}-node{node.rank}"
-    env = dict(os.environ, ORCH_ATTEMPT_TOKEN=node.rdzv_id, ORCH_EXIT_FILE=str(exit_file),
-               **{COLLECTIVE_TIMEOUT_ENV: str(collective_timeout_s(timeout, attempts))})
+    env = dict(
+        os.environ,
+        ORCH_ATTEMPT_TOKEN=node.rdzv_id,
+        ORCH_EXIT_FILE=str(exit_file),
+        **{COLLECTIVE_TIMEOUT_ENV: str(collective_timeout_s(timeout, attempts))},
+    )
     watchdog = Watchdog(connect(node.host, node.port, timeout), node.rank, node.nnodes, node.rdzv_id, timeout)
     recorder = NodeRecorder.for_config(cfg, node)
-    log.info("node %d of %d: rendezvous %s on %s; heartbeat timeout %.1fs", node.rank, node.nnodes, node.rdzv_id,
-             node.endpoint, timeout)
+    log.info(
+        "node %d of %d: rendezvous %s on %s; heartbeat timeout %.1fs",
+        node.rank,
+        node.nnodes,
+        node.rdzv_id,
+        node.endpoint,
+        timeout,
+    )
     pending: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: pending.append(signum)) for s in FORWARDED_SIGNALS}
     # torchrun in its own session: a signal to this node's process group reaches the ranks through us only
-    child = forked_ranks.start(cfg, torchrun_flags(cfg, node, join_timeout_s=max(60.0, 4 * timeout)), overrides, env,
-                               main)
+    child = forked_ranks.start(
+        cfg, torchrun_flags(cfg, node, join_timeout_s=max(60.0, 4 * timeout)), overrides, env, main
+    )
     try:
         code = _watch(child, watchdog, pending, timeout, recorder)
     finally:
@@ -98,14 +116,18 @@ def _watch(child: subprocess.Popen, watchdog: Watchdog, pending: list[int], time
         recorder.tick()
         while pending:
             signum = pending.pop(0)
-            log.warning("node %d got %s: passing it to its ranks and to every node", watchdog.rank,
-                        signal.Signals(signum).name)
+            log.warning(
+                "node %d got %s: passing it to its ranks and to every node", watchdog.rank, signal.Signals(signum).name
+            )
             forward(child, signum)
             watchdog.announce_notice(signum)
         verdict = watchdog.tick()
         if verdict.notice is not None:
-            log.warning("node %d: another node got %s; passing it to this node's ranks", watchdog.rank,
-                        signal.Signals(verdict.notice).name)
+            log.warning(
+                "node %d: another node got %s; passing it to this node's ranks",
+                watchdog.rank,
+                signal.Signals(verdict.notice).name,
+            )
             forward(child, verdict.notice)
         failed = {p: c for p, c in verdict.peers_done.items() if c not in CLEAN}
         if failed and peer_failed_at is None:
@@ -113,8 +135,9 @@ def _watch(child: subprocess.Popen, watchdog: Watchdog, pending: list[int], time
         if verdict.lost is None and peer_failed_at is not None and time.monotonic() - peer_failed_at > timeout:
             verdict.lost = f"node(s) {sorted(failed)} ended with {failed} and this node's ranks did not stop"
         if verdict.lost is not None:
-            log.error("node %d: %s; stopping this node's ranks (the attempt restarts the world)", watchdog.rank,
-                      verdict.lost)
+            log.error(
+                "node %d: %s; stopping this node's ranks (the attempt restarts the world)", watchdog.rank, verdict.lost
+            )
             if not verdict.lost.startswith("another node"):
                 watchdog.abort(verdict.lost)
             kill_tree(child)

@@ -14,6 +14,7 @@ The ledger is untrusted: each attempt's rendezvous fields and each node entry de
 entry that does not decode is dropped with a warning naming it (this node's record takes its place), and the other
 nodes are kept.
 """
+
 from __future__ import annotations
 
 import logging
@@ -117,8 +118,14 @@ class NodeRecorder:
 
     def __init__(self, ledger, node: NodeEnv, environ: Mapping[str, str] = os.environ):
         self.ledger, self.rdzv_id = ledger, node.rdzv_id
-        self.record = NodeRecord(node=node.rank, host=node_host(node, environ), pid=os.getpid(), started_at=time.time(),
-                                 ended_at=None, exit=None)
+        self.record = NodeRecord(
+            node=node.rank,
+            host=node_host(node, environ),
+            pid=os.getpid(),
+            started_at=time.time(),
+            ended_at=None,
+            exit=None,
+        )
         self.started = False
         self._thread: Optional[threading.Thread] = None
         self._next_try = 0.0
@@ -148,6 +155,9 @@ class NodeRecorder:
         self.record = replace(self.record, ended_at=time.time(), exit=int(code))
         written = record_nodes(self.ledger, self.rdzv_id, [self.record])
         if not written:
-            log.warning("node %d: no attempt for rendezvous %s in the ledger to record this node in (rank 0 never "
-                        "began one)", self.record.node, self.rdzv_id)
+            log.warning(
+                "node %d: no attempt for rendezvous %s in the ledger to record this node in (rank 0 never began one)",
+                self.record.node,
+                self.rdzv_id,
+            )
         return written

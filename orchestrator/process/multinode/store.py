@@ -5,6 +5,7 @@ joins it as a client (``is_host=false``), and the nodes' watchdogs keep their he
 abort and the spot notice in it. It holds nothing that outlives the attempt: whoever starts the attempt
 starts a fresh one (or reuses it with a fresh ``ORCH_RDZV_ID``) and stops it with SIGTERM.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,9 @@ def serve(host: str, port: int, ready: threading.Event | None = None, stop: thre
     """Run the store until ``stop`` is set (or SIGTERM/SIGINT in the main thread)."""
     from torch.distributed import TCPStore
 
-    store = TCPStore(host, port, is_master=True, wait_for_workers=False, multi_tenant=True,
-                     timeout=timedelta(seconds=30))
+    store = TCPStore(
+        host, port, is_master=True, wait_for_workers=False, multi_tenant=True, timeout=timedelta(seconds=30)
+    )
     log.info("rendezvous store serving on %s:%d", host, store.port)
     stop = stop or threading.Event()
     if ready is not None:
@@ -35,13 +37,16 @@ def connect(host: str, port: int, timeout_seconds: float):
     """A client of the store at ``host:port`` (each call waits at most ``timeout_seconds``)."""
     from torch.distributed import TCPStore
 
-    return TCPStore(host, port, is_master=False, wait_for_workers=False,
-                    timeout=timedelta(seconds=max(1.0, timeout_seconds)))
+    return TCPStore(
+        host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=max(1.0, timeout_seconds))
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.process.multinode.store",
-                                     description="the rendezvous and heartbeat store of one multi-node attempt")
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.process.multinode.store",
+        description="the rendezvous and heartbeat store of one multi-node attempt",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
     parser.add_argument("--port", type=int, required=True, help="port to listen on")
     args = parser.parse_args(argv)

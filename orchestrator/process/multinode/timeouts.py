@@ -6,6 +6,7 @@ stalled the world; never under ``FLOOR_S`` (a loaded host may miss a beat), neve
 ``DEFAULT_S`` before anything was measured. NCCL's 600 s (and gloo's 30 min) are not used: the ranks'
 process group gets ``collective_timeout_s``, a backstop for a rank that hangs while its node still beats.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,12 +33,16 @@ def heartbeat_timeout_s(value, attempts: Iterable = ()) -> float:
     if str(value).strip().lower() != "auto":
         seconds = parse_duration(value, key="distributed.heartbeat_timeout")
         if seconds <= 0:
-            raise ValueError(f"distributed.heartbeat_timeout={value!r} must be positive: a silent node would never "
-                             "be noticed. Use auto or a duration such as 30s.")
+            raise ValueError(
+                f"distributed.heartbeat_timeout={value!r} must be positive: a silent node would never "
+                "be noticed. Use auto or a duration such as 30s."
+            )
         if seconds > MAX_HEARTBEAT_S:  # the ranks' collective timeout is 4x it: past a day, no world waits it out
-            raise ValueError(f"distributed.heartbeat_timeout={value!r} is more than {MAX_HEARTBEAT_S / 3600:g} h: a "
-                             "node silent that long is lost, and the world's collective timeout (4x it) would "
-                             "never end. Use auto or a duration such as 30s.")
+            raise ValueError(
+                f"distributed.heartbeat_timeout={value!r} is more than {MAX_HEARTBEAT_S / 3600:g} h: a "
+                "node silent that long is lost, and the world's collective timeout (4x it) would "
+                "never end. Use auto or a duration such as 30s."
+            )
         return seconds
     attempts = list(attempts)
     step, save = steady_seconds_per_step(attempts), measured_cost_seconds(attempts)

@@ -7,6 +7,7 @@ when it cannot be reached for as long. A node that ends writes its exit code (``
 the world on purpose writes ``abort``; one that got a preemption signal writes ``notice`` (its number),
 which every other node passes to its own ranks, so all of them commit one emergency checkpoint together.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,9 @@ class Verdict:
 
 
 class Watchdog:
-    def __init__(self, store, rank: int, nnodes: int, rdzv_id: str, timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, store, rank: int, nnodes: int, rdzv_id: str, timeout_s: float, clock: Callable[[], float] = time.monotonic
+    ):
         self.store, self.rank, self.nnodes, self.timeout_s, self.clock = store, rank, nnodes, timeout_s, clock
         self.prefix = f"orch/{rdzv_id}/"
         now = clock()
@@ -70,8 +72,10 @@ class Watchdog:
             if current != count:
                 self._seen[peer] = (current, now)
             elif now - moved > self.timeout_s and verdict.lost is None:
-                verdict.lost = (f"node {peer} sent no heartbeat for {now - moved:.1f}s "
-                                f"(distributed.heartbeat_timeout={self.timeout_s:g}s)")
+                verdict.lost = (
+                    f"node {peer} sent no heartbeat for {now - moved:.1f}s "
+                    f"(distributed.heartbeat_timeout={self.timeout_s:g}s)"
+                )
         notice = self._flag("notice")
         if notice is not None and not self._notice_passed:
             self._notice_passed = True

@@ -7,6 +7,7 @@ child process to the supervisor (``poll``, ``wait``, ``send_signal``): its retur
 Once any node has ended, the others get the heartbeat timeout and a margin to stop (their watchdogs see
 the loss); a node still there after that (a frozen one) is killed.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,15 +59,27 @@ class NodeProcess:
 
     def record(self) -> dict:
         """What the ledger keeps of this node in its attempt."""
-        return {"node": self.rank, "host": self.host, "pid": self.proc.pid, "started_at": self.started_at,
-                "ended_at": self.ended_at, "exit": self.proc.returncode}
+        return {
+            "node": self.rank,
+            "host": self.host,
+            "pid": self.proc.pid,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "exit": self.proc.returncode,
+        }
 
 
 class LocalWorld:
     """One attempt's store and nodes on this host."""
 
-    def __init__(self, command: Sequence[str], env: dict, nnodes: int, stop_after_s: float,
-                 start: Optional[Callable[[list[str], dict], Any]] = None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: dict,
+        nnodes: int,
+        stop_after_s: float,
+        start: Optional[Callable[[list[str], dict], Any]] = None,
+    ):
         """``start(command, env)``: how each process of the world starts (forked from the supervisor,
         ``warm_start.start``), each in a session of its own that ends with the supervisor; else a fresh
         interpreter."""
@@ -75,13 +88,15 @@ class LocalWorld:
         host = "127.0.0.1"
         port = free_port(host)
         self.rdzv_id = f"attempt-{uuid.uuid4().hex[:12]}"
-        self.store = start([sys.executable, "-m", "orchestrator.process.multinode.store", "--host", host, "--port", str(port)],
-                           env)
+        self.store = start(
+            [sys.executable, "-m", "orchestrator.process.multinode.store", "--host", host, "--port", str(port)], env
+        )
         wait_listening(host, port, self.store)
         self.nodes: list[NodeProcess] = []
         for rank in range(nnodes):
-            node = NodeEnv(rank=rank, nnodes=nnodes, host=host, port=port, rdzv_id=self.rdzv_id,
-                           addr=f"127.0.0.{rank + 1}")
+            node = NodeEnv(
+                rank=rank, nnodes=nnodes, host=host, port=port, rdzv_id=self.rdzv_id, addr=f"127.0.0.{rank + 1}"
+            )
             proc = start(list(command), dict(env, **node.as_env()))
             self.nodes.append(NodeProcess(rank, cast(str, node.addr), proc))
         self.pid = self.nodes[0].proc.pid

@@ -2,6 +2,7 @@
 does not decode stops at its attempt's start with exit 4 and the fix (issue 41)."""
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -162,18 +163,12 @@ _RAW_READ = re.compile(r"""(?:\.get\(\s*|\[\s*)["'](%s)["']""" % "|".join(LEDGER
 
 
 def _functions(source: str) -> list[tuple[tuple[str, ...], str]]:
-    """(the ``def`` names enclosing it, outermost first; the line) for each line of ``source``."""
-    out, stack = [], []  # stack: (indent of the def, its name)
-    for line in source.splitlines():
-        if line.strip():
-            indent = len(line) - len(line.lstrip())
-            while stack and indent <= stack[-1][0]:
-                stack.pop()
-            found = re.match(r"\s*(?:async\s+)?def\s+(\w+)", line)
-            if found:
-                stack.append((indent, found.group(1)))
-        out.append((tuple(name for _, name in stack), line))
-    return out
+    """(the ``def`` names enclosing it, outermost first; the line) for each line of ``source``: from the syntax
+    tree, so a signature ``ruff format`` wraps over several lines still encloses its body."""
+    spans = sorted((node.lineno, node.end_lineno or node.lineno, node.name) for node in ast.walk(ast.parse(source))
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return [(tuple(name for first, last, name in spans if first <= n <= last), line)
+            for n, line in enumerate(source.splitlines(), 1)]
 
 
 def _raw_reads(module: str, allowed: tuple[str, ...], pattern: re.Pattern) -> list[str]:
