@@ -218,12 +218,15 @@ def overlay(catalog: Mapping[str, Any], prices: Iterable[FetchedPrice], now: flo
             "region": first.region,
             "as_of": iso(newest),
             "basis": "whole machine: fetched instance price",
-            "source": f"{first.source}, {first.machine} {first.region}: {where}, fetched {_ago(now - newest)}",
+            "source": f"{first.source}, {first.machine} {first.region}: {where}, fetched {ago(now - newest)}",
         }
     return out
 
 
-def _ago(seconds: float) -> str:
+def ago(seconds: float) -> str:
+    """How long ago, in words: "just now", "12 min ago", "3.5 h ago", "4 days ago"."""
+    if not math.isfinite(seconds):
+        return "at an unknown time"
     if seconds < 90:
         return "just now"
     if seconds < 5400:
@@ -264,4 +267,4 @@ def provenance(
         return f"prices: {old} (whole-machine list prices; `orchestrator prices refresh` fetches current ones)"
     clouds = ", ".join(sorted({p.cloud for p in used}))
     newest = max(p.fetched_at for p in used)
-    return f"prices: fetched {_ago(now - newest)} from {clouds} (the rest: {old})"
+    return f"prices: fetched {ago(now - newest)} from {clouds} (the rest: {old})"

@@ -5,14 +5,13 @@ Nothing is decided here; the sources of each figure are in ``planning.zone_order
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from orchestrator.core.durations import parse_deadline
 from orchestrator.money.egress import BYTES_PER_GB, egress_price, egress_usd
-from orchestrator.money.prices import FetchedPrice
+from orchestrator.money.prices import FetchedPrice, ago
 from orchestrator.policy import placement as pl
 from orchestrator.policy.history import (
     ZoneHistory,
@@ -202,7 +201,7 @@ def zone_inputs(
     for name in names:
         fetched = next((p for p in prices if p.zone == name), None)  # newest first
         usd = fetched.usd_per_gpu_hour * facts.gpus if fetched else facts.spot_usd
-        source = f"fetched from {fetched.source} {_ago(now - fetched.fetched_at)}" if fetched else "the catalog's"
+        source = f"fetched from {fetched.source} {ago(now - fetched.fetched_at)}" if fetched else "the catalog's"
         region = region_of(name, prices)
         cloud = fetched.cloud if fetched else facts.cloud
         seen = history.get(name, ZoneHistory())
@@ -218,13 +217,3 @@ def zone_inputs(
         )
         out.append(ZoneInput(zone, region, source, seen, facts))
     return out
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 90:
-        return "just now"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min ago"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h ago"
-    return f"{seconds / 86400:.0f} days ago" if math.isfinite(seconds) else "at an unknown time"
