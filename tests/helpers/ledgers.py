@@ -25,3 +25,20 @@ GOOD = {"run_name": "job", "status": "running", "fence": 1, "attempts": [GOOD_AT
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**30, max_value=10**30),
                  st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1e300, -1.0]), st.text(max_size=20),
                  st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3))
+
+
+def corrupted(doc: dict, path: tuple, value):
+    """A deep copy of the stored document ``doc`` with the field at ``path`` set to ``value`` (None: deleted):
+    what the records' corruption tests feed each decode."""
+    import json as _json
+
+    out = _json.loads(_json.dumps(doc))
+    *parents, leaf = path
+    target = out
+    for key in parents:
+        target = target[key]
+    if value is None:
+        del target[leaf]
+    else:
+        target[leaf] = value
+    return out

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from orchestrator.records.fields import MAX_USD, CorruptRecord
 from orchestrator.records.ledger_record import LedgerRecord
-from tests.helpers.ledgers import GOOD, GOOD_ATTEMPT, JUNK, WHERE
+from tests.helpers.ledgers import GOOD, GOOD_ATTEMPT, JUNK, WHERE, corrupted
 
 
 def _decoded_or_named(doc) -> None:
@@ -50,15 +50,7 @@ def test_a_sound_ledger_decodes_into_attributes():
     (("status",), 3, "'status' is '3', not one of"),
 ])
 def test_each_corruption_is_one_error_naming_the_ledger_and_the_field(path, value, problem):
-    doc = json.loads(json.dumps(GOOD))
-    *parents, leaf = path
-    target = doc
-    for key in parents:
-        target = target[key]
-    if value is None:
-        del target[leaf]
-    else:
-        target[leaf] = value
+    doc = corrupted(GOOD, path, value)
     with pytest.raises(CorruptRecord) as err:
         LedgerRecord.decode(doc, WHERE)
     assert str(err.value).startswith(WHERE) and problem in str(err.value)

@@ -21,7 +21,7 @@ from orchestrator.records.node_record import NodeRecord
 from orchestrator.records.reward_record import REWARD_BOUND, RewardShard, RewardShardManifest
 from orchestrator.records.spend_record import SpendIndexRecord
 from orchestrator.storage import LocalStore
-from tests.helpers.ledgers import JUNK
+from tests.helpers.ledgers import JUNK, corrupted
 
 WHERE = "s3://b/runs/_spend/index.json"
 ENTRY = {"month": "2026-12", "base": 0.0, "spent": 0.5, "through": 0.75, "updated_at": 1.7e9}
@@ -85,15 +85,7 @@ def test_a_sound_index_decodes_into_attributes_and_encodes_to_its_stored_shape()
     (("alerts", "2026-12/monthly_cap_50"), 1e300, "alerts: '2026-12/monthly_cap_50' is 1e+300"),
 ])
 def test_each_corruption_of_the_index_is_one_error_naming_the_object_and_the_field(path, value, problem):
-    doc = _copy(INDEX)
-    *parents, leaf = path
-    target = doc
-    for key in parents:
-        target = target[key]
-    if value is None:
-        del target[leaf]
-    else:
-        target[leaf] = value
+    doc = corrupted(INDEX, path, value)
     raw = json.dumps(doc).encode()  # NaN and Infinity as Python's json writes them (and reads them back)
     with pytest.raises(SpendIndexCorrupt) as err:
         parse_index(raw, WHERE, "s3://b/runs")

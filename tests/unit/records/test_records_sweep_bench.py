@@ -16,6 +16,7 @@ from orchestrator.records.bench_result import BenchResult, digest
 from orchestrator.records.fields import MAX_USD, CorruptRecord
 from orchestrator.records.sweep_record import STATUSES, SweepBounds, SweepRecord, TrialLedger
 from tests.helpers.ledgers import GOOD as GOOD_LEDGER
+from tests.helpers.ledgers import corrupted
 from tests.helpers.ledgers import GOOD_ATTEMPT, JUNK
 
 WHERE = "s3://b/runs/sw/sweep.json"
@@ -90,15 +91,7 @@ def test_a_record_written_before_the_lease_and_the_launcher_still_reads():
     (("mlflow_run_id",), "x;rm -rf /", "not a run id"),
 ])
 def test_a_bad_record_as_a_whole_is_one_error_naming_it(path, value, problem):
-    doc = fresh(GOOD_SWEEP)
-    *parents, leaf = path
-    target = doc
-    for key in parents:
-        target = target[key]
-    if value is None:
-        del target[leaf]
-    else:
-        target[leaf] = value
+    doc = corrupted(GOOD_SWEEP, path, value)
     with pytest.raises(CorruptRecord) as err:
         SweepRecord.decode(doc, WHERE)
     assert str(err.value).startswith(WHERE) and problem in str(err.value), str(err.value)
